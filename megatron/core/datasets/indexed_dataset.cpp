@@ -1,0 +1,295 @@
+#include "megatron/core/datasets/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::datasets {
+
+namespace {
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+constexpr size_t kHeaderSize = 34;
+
+void write_all(FILE* f, const void* p, size_t n, const std::string& path) {
+  if (n && std::fwrite(p, 1, n, f) != n) user_error(path, ": write failed: ", std::strerror(errno));
+}
+
+template <class T>
+void store_le(char* dst, T v) {
+  std::memcpy(dst, &v, sizeof(T));  // x86-64 / aarch64 are little-endian
+}
+}  // namespace
+
+size_t index_dtype_size(IndexDType t) {
+  switch (t) {
+    case IndexDType::kUInt8:
+    case IndexDType::kInt8: return 1;
+    case IndexDType::kInt16:
+    case IndexDType::kUInt16: return 2;
+    case IndexDType::kInt32:
+    case IndexDType::kFloat32: return 4;
+    case IndexDType::kInt64:
+    case IndexDType::kFloat64: return 8;
+  }
+  user_error("unknown .idx dtype code ", static_cast<int>(t));
+}
+
+const char* index_dtype_name(IndexDType t) {
+  switch (t) {
+    case IndexDType::kUInt8: return "uint8";
+    case IndexDType::kInt8: return "int8";
+    case IndexDType::kInt16: return "int16";
+    case IndexDType::kInt32: return "int32";
+    case IndexDType::kInt64: return "int64";
+    case IndexDType::kFloat64: return "float64";
+    case IndexDType::kFloat32: return "float32";
+    case IndexDType::kUInt16: return "uint16";
+  }
+  return "?";
+}
+
+IndexDType optimal_index_dtype(int64_t cardinality) {
+  return cardinality < 65500 ? IndexDType::kUInt16 : IndexDType::kInt32;
+}
+
+// ------------------------------------------------------------------------------------------
+// Builder
+// ------------------------------------------------------------------------------------------
+
+IndexedDatasetBuilder::IndexedDatasetBuilder(std::string bin_path, IndexDType dtype)
+    : bin_path_(std::move(bin_path)), dtype_(dtype) {
+  index_dtype_size(dtype_);  // validates
+  std::string tmp = bin_path_ + ".tmp";
+  bin_ = std::fopen(tmp.c_str(), "wb");
+  if (!bin_) user_error(tmp, ": cannot create: ", std::strerror(errno));
+}
+
+IndexedDatasetBuilder::~IndexedDatasetBuilder() {
+  if (bin_) std::fclose(bin_);
+  if (!finalized_) std::remove((bin_path_ + ".tmp").c_str());
+}
+
+void IndexedDatasetBuilder::write_tokens(const int64_t* tokens, size_t n) {
+  size_t isz = index_dtype_size(dtype_);
+  buf_.resize(n * isz);
+  char* out = buf_.data();
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v = tokens[i];
+    bool ok = true;
+    switch (dtype_) {
+      case IndexDType::kUInt8: ok = v >= 0 && v <= 255; store_le<uint8_t>(out + i, static_cast<uint8_t>(v)); break;
+      case IndexDType::kInt8: ok = v >= -128 && v <= 127; store_le<int8_t>(out + i, static_cast<int8_t>(v)); break;
+      case IndexDType::kInt16: ok = v >= -32768 && v <= 32767; store_le<int16_t>(out + 2 * i, static_cast<int16_t>(v)); break;
+      case IndexDType::kUInt16: ok = v >= 0 && v <= 65535; store_le<uint16_t>(out + 2 * i, static_cast<uint16_t>(v)); break;
+      case IndexDType::kInt32:
+        ok = v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+        store_le<int32_t>(out + 4 * i, static_cast<int32_t>(v));
+        break;
+      case IndexDType::kInt64: store_le<int64_t>(out + 8 * i, v); break;
+      case IndexDType::kFloat32: store_le<float>(out + 4 * i, static_cast<float>(v)); break;
+      case IndexDType::kFloat64: store_le<double>(out + 8 * i, static_cast<double>(v)); break;
+    }
+    if (!ok)
+      user_error(bin_path_, ": token id ", v, " does not fit the dataset dtype ", index_dtype_name(dtype_),
+                 " (the tokenizer's vocab_size chose it); check --vocab-size / the tokenizer");
+  }
+  write_all(bin_, buf_.data(), buf_.size(), bin_path_ + ".tmp");
+  tokens_written_ += n;
+}
+
+void IndexedDatasetBuilder::add_item(const int64_t* tokens, size_t n) {
+  if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    user_error(bin_path_, ": a sequence of ", n, " tokens exceeds the int32 length field of the .idx");
+  write_tokens(tokens, n);
+  lengths_.push_back(static_cast<int32_t>(n));
+}
+
+void IndexedDatasetBuilder::end_document() { doc_idx_.push_back(static_cast<int64_t>(lengths_.size())); }
+
+void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths) {
+  int64_t total = 0;
+  for (auto l : lengths) total += l;
+  MEGATRON_CHECK(total == static_cast<int64_t>(tokens.size()))
+      << "add_document: lengths sum " << total << " != " << tokens.size() << " tokens";
+  write_tokens(tokens.data(), tokens.size());
+  for (auto l : lengths) lengths_.push_back(static_cast<int32_t>(l));
+  doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
+}
+
+void IndexedDatasetBuilder::add_index(const std::string& prefix) {
+  IndexedDataset other(prefix, true);
+  if (other.dtype() != dtype_)
+    user_error(prefix, ".idx: dtype ", index_dtype_name(other.dtype()), " differs from the merged dataset's ",
+               index_dtype_name(dtype_));
+  int64_t offset = static_cast<int64_t>(lengths_.size());
+  for (size_t i = 0; i < other.num_sequences(); ++i) lengths_.push_back(other.sequence_lengths()[i]);
+  for (size_t i = 1; i <= other.num_documents(); ++i) doc_idx_.push_back(other.document_indices()[i] + offset);
+  // byte-copy the .bin
+  std::string bin = prefix + ".bin";
+  FILE* in = std::fopen(bin.c_str(), "rb");
+  if (!in) user_error(bin, ": cannot open: ", std::strerror(errno));
+  std::vector<char> chunk(1 << 22);
+  size_t n;
+  uint64_t bytes = 0;
+  while ((n = std::fread(chunk.data(), 1, chunk.size(), in)) > 0) {
+    write_all(bin_, chunk.data(), n, bin_path_ + ".tmp");
+    bytes += n;
+  }
+  std::fclose(in);
+  tokens_written_ += bytes / index_dtype_size(dtype_);
+}
+
+void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
+  MEGATRON_CHECK(!finalized_) << "finalize() called twice";
+  if (std::fflush(bin_) != 0 || std::fclose(bin_) != 0) {
+    bin_ = nullptr;
+    user_error(bin_path_, ".tmp: write failed: ", std::strerror(errno));
+  }
+  bin_ = nullptr;
+  const uint64_t S = lengths_.size(), D = doc_idx_.size();
+  std::vector<int64_t> pointers(S);
+  int64_t p = 0, isz = static_cast<int64_t>(index_dtype_size(dtype_));
+  for (uint64_t i = 0; i < S; ++i) {
+    pointers[i] = p;
+    p += static_cast<int64_t>(lengths_[i]) * isz;
+  }
+  std::string tmp = idx_path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) user_error(tmp, ": cannot create: ", std::strerror(errno));
+  char header[kHeaderSize];
+  std::memcpy(header, kMagic, 9);
+  store_le<uint64_t>(header + 9, 1);
+  header[17] = static_cast<char>(dtype_);
+  store_le<uint64_t>(header + 18, S);
+  store_le<uint64_t>(header + 26, D);
+  write_all(f, header, kHeaderSize, tmp);
+  write_all(f, lengths_.data(), S * 4, tmp);
+  write_all(f, pointers.data(), S * 8, tmp);
+  write_all(f, doc_idx_.data(), D * 8, tmp);
+  if (std::fflush(f) != 0 || std::fclose(f) != 0) user_error(tmp, ": write failed: ", std::strerror(errno));
+  std::filesystem::rename(bin_path_ + ".tmp", bin_path_);
+  std::filesystem::rename(tmp, idx_path);
+  finalized_ = true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Reader
+// ------------------------------------------------------------------------------------------
+
+IndexedDataset::IndexedDataset(const std::string& prefix, bool mmap_bin) : prefix_(prefix), mmap_bin_(mmap_bin) {
+  std::string idx = prefix + ".idx", bin = prefix + ".bin";
+  int fd = ::open(idx.c_str(), O_RDONLY);
+  if (fd < 0) user_error(idx, ": cannot open (", std::strerror(errno), "); is --data-path the prefix without .idx/.bin?");
+  struct stat st {};
+  ::fstat(fd, &st);
+  idx_size_ = static_cast<size_t>(st.st_size);
+  if (idx_size_ < kHeaderSize) {
+    ::close(fd);
+    user_error(idx, ": truncated header (", idx_size_, " bytes; a Megatron .idx has at least 34)");
+  }
+  idx_map_ = ::mmap(nullptr, idx_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (idx_map_ == MAP_FAILED) {
+    idx_map_ = nullptr;
+    user_error(idx, ": mmap failed: ", std::strerror(errno));
+  }
+  const char* base = static_cast<const char*>(idx_map_);
+  if (std::memcmp(base, kMagic, 9) != 0) user_error(idx, ": bad magic (not a Megatron MMIDIDX index file)");
+  uint64_t version, S, D;
+  std::memcpy(&version, base + 9, 8);
+  if (version != 1) user_error(idx, ": unsupported index version ", version, " (expected 1)");
+  uint8_t code = static_cast<uint8_t>(base[17]);
+  if (code < 1 || code > 8) user_error(idx, ": unknown dtype code ", static_cast<int>(code));
+  dtype_ = static_cast<IndexDType>(code);
+  std::memcpy(&S, base + 18, 8);
+  std::memcpy(&D, base + 26, 8);
+  uint64_t need = kHeaderSize + 12 * S + 8 * D;
+  if (S > (1ull << 40) || D > (1ull << 40) || idx_size_ < need)
+    user_error(idx, ": truncated (", idx_size_, " bytes, header says ", need, ")");
+  num_sequences_ = S;
+  num_doc_idx_ = D;
+  lengths_ = reinterpret_cast<const int32_t*>(base + kHeaderSize);
+  pointers_ = reinterpret_cast<const int64_t*>(base + kHeaderSize + 4 * S);
+  doc_idx_ = reinterpret_cast<const int64_t*>(base + kHeaderSize + 12 * S);
+  if (D < 1 || doc_idx_[0] != 0 || static_cast<uint64_t>(doc_idx_[D - 1]) != S)
+    user_error(idx, ": document indices do not span the ", S, " sequences (corrupt index)");
+
+  int bfd = ::open(bin.c_str(), O_RDONLY);
+  if (bfd < 0) user_error(bin, ": cannot open (", std::strerror(errno), ")");
+  ::fstat(bfd, &st);
+  bin_size_ = static_cast<size_t>(st.st_size);
+  uint64_t isz = index_dtype_size(dtype_);
+  uint64_t expect = S ? static_cast<uint64_t>(pointers_[S - 1]) + static_cast<uint64_t>(lengths_[S - 1]) * isz : 0;
+  if (bin_size_ < expect) {
+    ::close(bfd);
+    user_error(bin, ": has ", bin_size_, " bytes but ", idx, " describes ", expect,
+               " (mismatched or truncated pair)");
+  }
+  if (mmap_bin_ && bin_size_ > 0) {
+    bin_map_ = ::mmap(nullptr, bin_size_, PROT_READ, MAP_PRIVATE, bfd, 0);
+    ::close(bfd);
+    if (bin_map_ == MAP_FAILED) {
+      bin_map_ = nullptr;
+      user_error(bin, ": mmap failed: ", std::strerror(errno));
+    }
+  } else {
+    bin_fd_ = bfd;
+  }
+}
+
+IndexedDataset::~IndexedDataset() {
+  if (idx_map_) ::munmap(idx_map_, idx_size_);
+  if (bin_map_) ::munmap(bin_map_, bin_size_);
+  if (bin_fd_ >= 0) ::close(bin_fd_);
+}
+
+void IndexedDataset::get(size_t idx, int64_t offset, int64_t length, std::vector<int64_t>& out) const {
+  MEGATRON_CHECK(idx < num_sequences_) << "sequence " << idx << " of " << num_sequences_ << " in " << prefix_;
+  int64_t len = lengths_[idx];
+  if (length < 0) length = len - offset;
+  MEGATRON_CHECK(offset >= 0 && offset + length <= len)
+      << "get(" << idx << ", " << offset << ", " << length << ") beyond sequence length " << len;
+  size_t isz = index_dtype_size(dtype_);
+  size_t byte_off = static_cast<size_t>(pointers_[idx]) + static_cast<size_t>(offset) * isz;
+  size_t nbytes = static_cast<size_t>(length) * isz;
+  std::vector<char> tmp;
+  const char* src;
+  if (bin_map_) {
+    src = static_cast<const char*>(bin_map_) + byte_off;
+  } else {
+    tmp.resize(nbytes);
+    size_t done = 0;
+    while (done < nbytes) {
+      ssize_t r = ::pread(bin_fd_, tmp.data() + done, nbytes - done, static_cast<off_t>(byte_off + done));
+      if (r <= 0) user_error(prefix_, ".bin: read failed at byte ", byte_off + done);
+      done += static_cast<size_t>(r);
+    }
+    src = tmp.data();
+  }
+  size_t base = out.size();
+  out.resize(base + static_cast<size_t>(length));
+  int64_t* dst = out.data() + base;
+  for (int64_t i = 0; i < length; ++i) {
+    const char* p = src + static_cast<size_t>(i) * isz;
+    switch (dtype_) {
+      case IndexDType::kUInt8: dst[i] = *reinterpret_cast<const uint8_t*>(p); break;
+      case IndexDType::kInt8: dst[i] = *reinterpret_cast<const int8_t*>(p); break;
+      case IndexDType::kInt16: { int16_t v; std::memcpy(&v, p, 2); dst[i] = v; break; }
+      case IndexDType::kUInt16: { uint16_t v; std::memcpy(&v, p, 2); dst[i] = v; break; }
+      case IndexDType::kInt32: { int32_t v; std::memcpy(&v, p, 4); dst[i] = v; break; }
+      case IndexDType::kInt64: { int64_t v; std::memcpy(&v, p, 8); dst[i] = v; break; }
+      case IndexDType::kFloat32: { float v; std::memcpy(&v, p, 4); dst[i] = static_cast<int64_t>(v); break; }
+      case IndexDType::kFloat64: { double v; std::memcpy(&v, p, 8); dst[i] = static_cast<int64_t>(v); break; }
+    }
+  }
+}
+
+}  // namespace megatron::datasets

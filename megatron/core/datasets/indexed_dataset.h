@@ -1,0 +1,123 @@
+// Megatron's IndexedDataset: the MMIDIDX .idx/.bin pair (megatron/core/datasets/indexed_dataset.py).
+//
+// Format (docs/formats.md, reference §1): .idx = 9-byte magic "MMIDIDX\0\0", u64 version 1,
+// u8 dtype code, u64 sequence_count S, u64 document_count D, int32 lengths[S], int64 byte
+// pointers[S], int64 document_indices[D]; .bin = the tokens, concatenated, little-endian.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace megatron::datasets {
+
+/// Megatron's DType codes of the .idx header.
+enum class IndexDType : uint8_t {
+  kUInt8 = 1,
+  kInt8 = 2,
+  kInt16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat64 = 6,
+  kFloat32 = 7,
+  kUInt16 = 8,
+};
+
+/// Bytes per element of a code; throws UserError for an unknown code.
+size_t index_dtype_size(IndexDType t);
+/// Megatron's DType.optimal_dtype(cardinality): uint16 if cardinality < 65500 else int32.
+IndexDType optimal_index_dtype(int64_t cardinality);
+/// "uint16", "int32", ...
+const char* index_dtype_name(IndexDType t);
+
+/// Writes a .bin/.idx pair (Megatron's IndexedDatasetBuilder).
+///
+/// Tokens go to "<bin_path>.tmp"; finalize() writes "<idx_path>.tmp", then renames the .bin
+/// and finally the .idx, so an interrupted run never leaves a pair that looks complete.
+/// Throws UserError if a token does not fit the dtype (e.g. id 70000 with uint16).
+class IndexedDatasetBuilder {
+ public:
+  IndexedDatasetBuilder(std::string bin_path, IndexDType dtype);
+  ~IndexedDatasetBuilder();
+  IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
+  IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
+
+  /// Appends one sequence (Megatron add_item).
+  void add_item(const int64_t* tokens, size_t n);
+  void add_item(const std::vector<int64_t>& tokens) { add_item(tokens.data(), tokens.size()); }
+  /// Marks the end of a document (Megatron end_document).
+  void end_document();
+  /// Appends a document made of sequences of the given lengths (tokens concatenated). An empty
+  /// `lengths` still records a document boundary (repeated index), as Megatron does.
+  void add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths);
+  /// Appends another dataset (prefix without extension); dtypes must match (Megatron add_index).
+  void add_index(const std::string& prefix);
+  /// Writes the .idx and publishes both files.
+  void finalize(const std::string& idx_path);
+
+  size_t num_sequences() const { return lengths_.size(); }
+  size_t num_documents() const { return doc_idx_.size() - 1; }
+  uint64_t num_tokens() const { return tokens_written_; }
+
+ private:
+  void write_tokens(const int64_t* tokens, size_t n);
+  std::string bin_path_;
+  IndexDType dtype_;
+  FILE* bin_ = nullptr;
+  std::vector<int32_t> lengths_;
+  std::vector<int64_t> doc_idx_{0};
+  std::vector<char> buf_;
+  uint64_t tokens_written_ = 0;
+  bool finalized_ = false;
+};
+
+/// Reads a .bin/.idx pair (Megatron IndexedDataset). Validates the header, the array sizes and
+/// that the .bin is large enough; every failure is a UserError naming the file.
+class IndexedDataset {
+ public:
+  /// `prefix` without extension. mmap_bin=false reads tokens with pread (--no-mmap-bin-files).
+  explicit IndexedDataset(const std::string& prefix, bool mmap_bin = true);
+  ~IndexedDataset();
+  IndexedDataset(const IndexedDataset&) = delete;
+  IndexedDataset& operator=(const IndexedDataset&) = delete;
+
+  const std::string& prefix() const { return prefix_; }
+  IndexDType dtype() const { return dtype_; }
+  size_t num_sequences() const { return num_sequences_; }
+  /// Number of documents (document_indices length - 1).
+  size_t num_documents() const { return num_doc_idx_ - 1; }
+  const int32_t* sequence_lengths() const { return lengths_; }
+  const int64_t* sequence_pointers() const { return pointers_; }
+  /// document_indices[0..num_documents()] (inclusive end).
+  const int64_t* document_indices() const { return doc_idx_; }
+
+  /// Tokens [offset, offset+length) of sequence idx appended to `out` as int64
+  /// (length < 0: to the end of the sequence). Megatron's get(idx, offset, length).
+  void get(size_t idx, int64_t offset, int64_t length, std::vector<int64_t>& out) const;
+  std::vector<int64_t> get(size_t idx, int64_t offset = 0, int64_t length = -1) const {
+    std::vector<int64_t> v;
+    get(idx, offset, length, v);
+    return v;
+  }
+
+ private:
+  std::string prefix_;
+  IndexDType dtype_{};
+  size_t num_sequences_ = 0;
+  size_t num_doc_idx_ = 0;
+  // .idx is always memory-mapped
+  void* idx_map_ = nullptr;
+  size_t idx_size_ = 0;
+  const int32_t* lengths_ = nullptr;
+  const int64_t* pointers_ = nullptr;
+  const int64_t* doc_idx_ = nullptr;
+  // .bin: mmap or fd
+  bool mmap_bin_ = true;
+  void* bin_map_ = nullptr;
+  size_t bin_size_ = 0;
+  int bin_fd_ = -1;
+};
+
+}  // namespace megatron::datasets
