@@ -4,30 +4,6 @@
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::ops::cuda {
-void cast(const Tensor& src, Tensor& dst) {
-  MEGATRON_CHECK(false) << "cast: not implemented on CUDA yet";
-}
-void fill(Tensor& x, float value) {
-  MEGATRON_CHECK(false) << "fill: not implemented on CUDA yet";
-}
-void add_(Tensor& y, const Tensor& x, float alpha) {
-  MEGATRON_CHECK(false) << "add_: not implemented on CUDA yet";
-}
-void scale_(Tensor& x, float alpha) {
-  MEGATRON_CHECK(false) << "scale_: not implemented on CUDA yet";
-}
-double sum_of_squares(const Tensor& x) {
-  MEGATRON_CHECK(false) << "sum_of_squares: not implemented on CUDA yet";
-  return {};
-}
-int64_t count_zeros(const Tensor& x) {
-  MEGATRON_CHECK(false) << "count_zeros: not implemented on CUDA yet";
-  return {};
-}
-bool has_inf_or_nan(const Tensor& x) {
-  MEGATRON_CHECK(false) << "has_inf_or_nan: not implemented on CUDA yet";
-  return {};
-}
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
   MEGATRON_CHECK(false) << "gemm: not implemented on CUDA yet";
 }
@@ -42,36 +18,6 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int6
 }
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, int64_t vocab_start) {
   MEGATRON_CHECK(false) << "embedding_backward: not implemented on CUDA yet";
-}
-void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, bool zero_centered_gamma, Tensor& y, Tensor& mean, Tensor& rstd) {
-  MEGATRON_CHECK(false) << "layernorm_forward: not implemented on CUDA yet";
-}
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
-  MEGATRON_CHECK(false) << "layernorm_backward: not implemented on CUDA yet";
-}
-void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y, Tensor& rstd) {
-  MEGATRON_CHECK(false) << "rmsnorm_forward: not implemented on CUDA yet";
-}
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate) {
-  MEGATRON_CHECK(false) << "rmsnorm_backward: not implemented on CUDA yet";
-}
-void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh) {
-  MEGATRON_CHECK(false) << "gelu_forward: not implemented on CUDA yet";
-}
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approximate_tanh) {
-  MEGATRON_CHECK(false) << "gelu_backward: not implemented on CUDA yet";
-}
-void swiglu_forward(const Tensor& x, Tensor& y) {
-  MEGATRON_CHECK(false) << "swiglu_forward: not implemented on CUDA yet";
-}
-void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
-  MEGATRON_CHECK(false) << "swiglu_backward: not implemented on CUDA yet";
-}
-void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t seed, uint64_t offset) {
-  MEGATRON_CHECK(false) << "dropout_forward: not implemented on CUDA yet";
-}
-void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx) {
-  MEGATRON_CHECK(false) << "dropout_backward: not implemented on CUDA yet";
 }
 void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_query_groups, const RopeParams& rope, const Tensor* position_ids, Tensor& q, Tensor& k, Tensor& v) {
   MEGATRON_CHECK(false) << "qkv_split_rope_forward: not implemented on CUDA yet";
@@ -90,8 +36,5 @@ void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t voc
 }
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t vocab_start, const Tensor& lse, const Tensor& dloss, Tensor& dlogits) {
   MEGATRON_CHECK(false) << "cross_entropy_backward: not implemented on CUDA yet";
-}
-void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p, Tensor* model_param) {
-  MEGATRON_CHECK(false) << "adam_step: not implemented on CUDA yet";
 }
 }  // namespace megatron::ops::cuda
