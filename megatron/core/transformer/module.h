@@ -56,6 +56,7 @@ class ParamRegistry {
   std::vector<Parameter>& params() { return params_; }
   const std::vector<Parameter>& params() const { return params_; }
   const Shape& local_shape(size_t i) const { return local_shapes_[i]; }
+  const std::vector<Shape>& local_shapes() const { return local_shapes_; }
 
  private:
   std::vector<Parameter> params_;
