@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/tensor/tensor.h"
 
@@ -502,7 +503,9 @@ void test_attention() {
                                                         {96, 160, 2, 2, 2, 128, false, false},
                                                         {130, 130, 1, 4, 1, 64, false, true},
                                                         {256, 256, 1, 4, 4, 128, true, false}};
+  for (int impl : {2, 1})  // 2: pipelined kernels (used when s % 4 == 0), 1: the simple ones
   for (auto cs : cases) {
+    setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
     const DType dt = DType::kBFloat16;
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
     V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
@@ -580,14 +583,15 @@ void test_attention() {
         }
       }
     char nm[128];
-    std::snprintf(nm, sizeof nm, "attention s=%d sk=%d b=%d np=%d ng=%d d=%d %s", S, SK, B, NP, NG, D,
-                  cs.mask ? "mask" : cs.causal ? "causal" : "full");
+    std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
+                  impl == 1 || S % 4 ? " v1" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
     check(std::string(nm) + " out", oh, ro, 1e-2);
     check(std::string(nm) + " lse", host(L), rl, 1e-3);
     check(std::string(nm) + " dq", host(DQ), rdq, 1e-2);
     check(std::string(nm) + " dk", host(DK), rdk, 1e-2);
     check(std::string(nm) + " dv", host(DV), rdv, 1e-2);
   }
+  unsetenv("MEGATRON_FLASH_V1");
 }
 
 void test_adam() {
@@ -621,6 +625,75 @@ void test_adam() {
     check(nm + " bf16 model param", host(MP), rmp, 1e-2);
   }
 }
+// Ops added with the model (transpose01, bias_add_, rope_forward/backward, CE combine steps):
+// checked against float64 host formulas, and RoPE also against the CPU reference op.
+void test_model_ops() {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (int64_t row : {int64_t(7), int64_t(64)}) {
+      const int64_t d0 = g_small ? 3 : 33, d1 = 4;
+      V x = rounded(randn(d0 * d1 * row), dt);
+      Tensor X = dev(x, {d0, d1, row}, dt), Y = poisoned({d1, d0, row}, dt);
+      cu::transpose01(X, Y);
+      VD r(x.size());
+      for (int64_t a = 0; a < d1; ++a)
+        for (int64_t b = 0; b < d0; ++b)
+          for (int64_t c = 0; c < row; ++c) r[(a * d0 + b) * row + c] = x[(b * d1 + a) * row + c];
+      check(std::string("transpose01 row=") + std::to_string(row) + " " + dn(dt), host(Y), r, 0.0);
+    }
+    for (DType bd : {DType::kFloat32, DType::kBFloat16}) {
+      const int64_t rows = 19, n = 40;
+      V y = rounded(randn(rows * n), dt), b = rounded(randn(n), bd);
+      Tensor Y = dev(y, {rows, n}, dt), B = dev(b, {n}, bd);
+      cu::bias_add_(Y, B);
+      VD r(rows * n);
+      for (int64_t i = 0; i < rows * n; ++i) r[i] = (double)y[i] + b[i % n];
+      check(std::string("bias_add_ y ") + dn(dt) + " bias " + dn(bd), host(Y), r, tol_for(dt));
+    }
+    for (bool inter : {false, true}) {
+      const int64_t s = g_small ? 5 : 29, b = 2, n = 3, d = 64;
+      ops::RopeParams rp;
+      rp.enabled = true;
+      rp.interleaved = inter;
+      rp.percent = inter ? 1.0f : 0.5f;
+      V x = rounded(randn(s * b * n * d), dt);
+      std::vector<int64_t> pos(s * b);
+      std::uniform_int_distribution<int64_t> dp(0, 63);
+      for (auto& p : pos) p = dp(g_rng);
+      Tensor Pc = Tensor::from_vector_i64(pos, {s, b}), P = Pc.to(Device::cuda());
+      Tensor Xc = Tensor::from_vector(x, {s, b, n, d});
+      if (dt != DType::kFloat32) Xc = Xc.to(dt);
+      Tensor Yc = Tensor::empty({s, b, n, d}, dt), DXc = Tensor::empty({s, b, n, d}, dt);
+      ops::cpu::rope_forward(Xc, rp, &Pc, Yc);
+      ops::cpu::rope_backward(Xc, rp, &Pc, DXc);
+      Tensor X = dev(x, {s, b, n, d}, dt), Y = poisoned({s, b, n, d}, dt);
+      cu::rope_forward(X, rp, &P, Y);
+      std::string nm = std::string("rope ") + (inter ? "interleaved" : "half 50%") + " " + dn(dt);
+      check(nm + " fwd vs cpu::rope_forward", host(Y), to_d(Yc.to_float_vector()), tol_for(dt));
+      cu::rope_backward(X, rp, &P, X);  // in place
+      check(nm + " bwd in-place vs cpu::rope_backward", host(X), to_d(DXc.to_float_vector()), tol_for(dt));
+    }
+  }
+  {
+    const int64_t n = 1000;
+    V s = uniform(n, 1.0f, 100.0f), m = randn(n), M(n), P = randn(n);
+    for (int64_t i = 0; i < n; ++i) M[i] = m[i] + std::fabs(randn(1)[0]);
+    Tensor S = dev(s, {n}, DType::kFloat32), Mm = dev(m, {n}, DType::kFloat32), MM = dev(M, {n}, DType::kFloat32);
+    cu::cross_entropy_rescale_(S, Mm, MM);
+    VD r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = s[i] * std::exp((double)m[i] - M[i]);
+    V sg = host(S);
+    check("cross_entropy_rescale_", sg, r, 1e-5);
+    Tensor PP = dev(P, {n}, DType::kFloat32), L = poisoned({n}, DType::kFloat32), LSE = poisoned({n}, DType::kFloat32);
+    cu::cross_entropy_loss(MM, S, PP, L, LSE);
+    VD rl(n), rlse(n);
+    for (int64_t i = 0; i < n; ++i) {
+      rlse[i] = std::log((double)sg[i]) + M[i];
+      rl[i] = rlse[i] - P[i];
+    }
+    check("cross_entropy_loss loss", host(L), rl, 1e-5);
+    check("cross_entropy_loss lse", host(LSE), rlse, 1e-5);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -634,7 +707,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
-      {"attention", test_attention}, {"adam", test_adam}};
+      {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops}};
   for (auto& [name, fn] : groups) {
     try {
       fn();

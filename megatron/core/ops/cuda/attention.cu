@@ -12,6 +12,7 @@
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
 // [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only. Dropout is not supported.
 #include <cmath>
+#include <cstdlib>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -388,6 +389,364 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pipelined versions (v2): K/V tiles (forward) and Q/dO/lse/D tiles (backward) are fetched with
+// cp.async into two shared-memory stages, so the next tile's loads overlap this tile's math;
+// B fragments of row-major tiles come from ldmatrix (non-transposed). Used when s % 4 == 0
+// (16-byte cp.async of the lse/D rows); v1 above is the fallback.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int sz = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(sz));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+
+template <int D, int LD>
+__device__ __forceinline__ void async_tile(bf16_t* s, const bf16_t* g, int64_t stride, int rows, int valid) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += blockDim.x) {
+    int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool ok = r < valid;
+    cp_async16(s + r * LD + c, ok ? g + r * stride + c : g, ok);
+  }
+}
+
+// B fragments for two n-tiles (nt, nt+1) and k-chunk kk from a row-major [n][k] tile (B = M^T).
+__device__ __forceinline__ void ldsm_b_pair(uint32_t (&b)[4], const bf16_t* tile, int ld, int nt, int kk, int lane) {
+  const int mat = lane >> 3, r = lane & 7;
+  ldsm_x4(b[0], b[1], b[2], b[3], tile + ((nt + (mat >> 1)) * 8 + r) * ld + kk * 16 + (mat & 1) * 8);
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) fa_fwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                        const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
+                                                        float* __restrict__ lse, FaArgs a) {
+  constexpr int BM = 64, LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sKV = sQ + BM * LD;  // stage st: K at sKV + st*2*kBN*LD, V after it
+
+  const int qb = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y, bi = bh / a.NP, h = bh % a.NP, grp = h / (a.NP / a.NG);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int q0 = qb * BM;
+  const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
+  const bf16_t* qg = q + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D;
+  const bf16_t* kg = k + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+  const bf16_t* vg = v + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+
+  int nkb = (a.SK + kBN - 1) / kBN;
+  if (a.causal && !a.mask) nkb = min(nkb, (min(a.S, q0 + BM) - 1) / kBN + 1);
+
+  async_tile<D, LD>(sQ, qg, qstride, BM, a.S - q0);
+  async_tile<D, LD>(sKV, kg, kstride, kBN, a.SK);
+  async_tile<D, LD>(sKV + kBN * LD, vg, kstride, kBN, a.SK);
+  cp_async_commit();
+
+  const int m0 = warp * 16;
+  uint32_t qf[D / 16][4];
+  float oacc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int k0 = kb * kBN;
+    if (kb + 1 < nkb) {
+      bf16_t* nk = sKV + ((kb + 1) & 1) * 2 * kBN * LD;
+      async_tile<D, LD>(nk, kg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
+      async_tile<D, LD>(nk + kBN * LD, vg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kb == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int mat = lane >> 3, r = lane & 7;
+        ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                sQ + (m0 + r + (mat & 1) * 8) * LD + kk * 16 + (mat >> 1) * 8);
+      }
+    }
+    const bf16_t* sK = sKV + (kb & 1) * 2 * kBN * LD;
+    const bf16_t* sV = sK + kBN * LD;
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int nt = 0; nt < 8; nt += 2) {
+        uint32_t b[4];
+        ldsm_b_pair(b, sK, LD, nt, kk, lane);
+        mma16816(s[nt], qf[kk], b[0], b[1]);
+        mma16816(s[nt + 1], qf[kk], b[2], b[3]);
+      }
+    const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * a.scale_log2;
+        if (!full) {
+          int qi = q0 + m0 + g + (e >= 2 ? 8 : 0), kj = k0 + nt * 8 + 2 * t + (e & 1);
+          if (!visible(a, bi, qi, kj)) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float muse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float mnew = fmaxf(mrow[r], mx[r]);
+      muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+      float alpha = exp2f(mrow[r] - muse[r]);
+      mrow[r] = mnew;
+      lrow[r] *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        oacc[dt][2 * r] *= alpha;
+        oacc[dt][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[nt][e] - muse[e >> 1]);
+        s[nt][e] = p;
+        lrow[e >> 1] += p;
+      }
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                        pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+        mma16816(oacc[dt], pa, b0, b1);
+        mma16816(oacc[dt + 1], pa, b2, b3);
+      }
+    }
+    __syncthreads();  // this stage is refilled two iterations on
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    const int qi = q0 + m0 + g + r * 8;
+    if (qi >= a.S) continue;
+    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+    bf16_t* orow = o + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
+          pack_bf16(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+    if (t == 0)
+      lse[(int64_t)bh * a.S + qi] = lrow[r] > 0.0f ? (mrow[r] + log2f(lrow[r])) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+template <int D, int BM>
+__global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                        const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+                                                        const float* __restrict__ lse, const float* __restrict__ dvec,
+                                                        float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                                                        bf16_t* __restrict__ dv, FaArgs a) {
+  constexpr int LD = D + 8, LDS = BM + 8;
+  constexpr int NT = BM / 8;
+  constexpr int kStage = 2 * BM * LD + 2 * BM * 2;  // Q, dO, then lse, D (floats as 2 bf16 each)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sV = sK + kBN * LD;
+  bf16_t* sdS = sV + kBN * LD;        // [kBN][LDS]
+  bf16_t* sStage = sdS + kBN * LDS;   // 2 stages of kStage bf16
+
+  const int kb = blockIdx.x, bg = blockIdx.y, bi = bg / a.NG, grp = bg % a.NG;
+  const int npg = a.NP / a.NG;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int k0 = kb * kBN, n0 = warp * 16;
+  const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
+
+  const int nqb = (a.S + BM - 1) / BM;
+  const int qb0 = (a.causal && !a.mask) ? k0 / BM : 0;
+  const int per_head = nqb - qb0, iters = per_head * npg;
+
+  auto issue = [&](int it) {
+    const int hh = it / per_head, qb = qb0 + it % per_head, h = grp * npg + hh, q0 = qb * BM;
+    const int64_t bh = (int64_t)bi * a.NP + h;
+    bf16_t* st = sStage + (it & 1) * kStage;
+    async_tile<D, LD>(st, q + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D, qstride, BM, a.S - q0);
+    async_tile<D, LD>(st + BM * LD, dout + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D, qstride, BM,
+                      a.S - q0);
+    float* sl = reinterpret_cast<float*>(st + 2 * BM * LD);
+    for (int i = threadIdx.x; i < 2 * BM / 4; i += blockDim.x) {
+      const int which = i / (BM / 4), c = (i % (BM / 4)) * 4;
+      const float* src = (which == 0 ? lse : dvec) + bh * a.S + q0 + c;
+      cp_async16(sl + which * BM + c, src, q0 + c < a.S);  // s % 4 == 0: a chunk is all in or all out
+    }
+    cp_async_commit();
+  };
+
+  async_tile<D, LD>(sK, k + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
+  async_tile<D, LD>(sV, v + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
+  if (iters > 0) issue(0);
+  else cp_async_commit();
+
+  float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.0f;
+
+  constexpr int kRowGroups = BM / 16, kColGroups = kWarpsPerBlock / kRowGroups, DC = D / kColGroups;
+  const int dq_m0 = (warp % kRowGroups) * 16, dq_c0 = (warp / kRowGroups) * DC;
+
+  for (int it = 0; it < iters; ++it) {
+    const int hh = it / per_head, qb = qb0 + it % per_head, h = grp * npg + hh, q0 = qb * BM;
+    const int64_t bh = (int64_t)bi * a.NP + h;
+    if (it + 1 < iters) {
+      issue(it + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16_t* sQ = sStage + (it & 1) * kStage;
+    const bf16_t* sdO = sQ + BM * LD;
+    const float* sL = reinterpret_cast<const float*>(sdO + BM * LD);
+    const float* sD = sL + BM;
+
+    float st[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      {
+        const int mat = lane >> 3, r = lane & 7;
+        ldsm_x4(ka[0], ka[1], ka[2], ka[3], sK + (n0 + r + (mat & 1) * 8) * LD + kk * 16 + (mat >> 1) * 8);
+        ldsm_x4(va[0], va[1], va[2], va[3], sV + (n0 + r + (mat & 1) * 8) * LD + kk * 16 + (mat >> 1) * 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t b[4];
+        ldsm_b_pair(b, sQ, LD, nt, kk, lane);
+        mma16816(st[nt], ka, b[0], b[1]);
+        mma16816(st[nt + 1], ka, b[2], b[3]);
+        ldsm_b_pair(b, sdO, LD, nt, kk, lane);
+        mma16816(dp[nt], va, b[0], b[1]);
+        mma16816(dp[nt + 1], va, b[2], b[3]);
+      }
+    }
+    const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kl = n0 + g + (e >= 2 ? 8 : 0), ql = nt * 8 + 2 * t + (e & 1);
+        float x = st[nt][e] * a.scale_log2;
+        if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
+        const float l = sL[ql];
+        const float p = l == -INFINITY ? 0.0f : exp2f(x - l * kLog2e);
+        st[nt][e] = p;
+        dp[nt][e] = p * (dp[nt][e] - sD[ql]);
+      }
+#pragma unroll
+    for (int kc = 0; kc < BM / 16; ++kc) {
+      uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
+                        pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                        pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+      uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                        pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                        pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, sdO + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+        mma16816(dva[dt], pa, b0, b1);
+        mma16816(dva[dt + 1], pa, b2, b3);
+        ldsm_x4_trans(b0, b1, b2, b3, sQ + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+        mma16816(dka[dt], da, b0, b1);
+        mma16816(dka[dt + 1], da, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][0], dp[nt][1]);
+      *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][2], dp[nt][3]);
+    }
+    __syncthreads();
+    {
+      float dqa[DC / 8][4];
+#pragma unroll
+      for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < kBN / 16; ++kc) {
+        uint32_t aa[4];
+        const int mat = lane >> 3, r = lane & 7;
+        ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3], sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
+#pragma unroll
+        for (int dt = 0; dt < DC / 8; dt += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(b0, b1, b2, b3, sK + (kc * 16 + (lane & 15)) * LD + dq_c0 + dt * 8 + (lane >> 4) * 8);
+          mma16816(dqa[dt], aa, b0, b1);
+          mma16816(dqa[dt + 1], aa, b2, b3);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int qi = q0 + dq_m0 + g + r * 8;
+        if (qi >= a.S) continue;
+        float* row = dq_acc + (bh * a.S + qi) * D + dq_c0;
+#pragma unroll
+        for (int dt = 0; dt < DC / 8; ++dt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(row + dt * 8 + 2 * t),
+                    make_float2(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale));
+#else
+          atomicAdd(row + dt * 8 + 2 * t, dqa[dt][2 * r] * a.scale);
+          atomicAdd(row + dt * 8 + 2 * t + 1, dqa[dt][2 * r + 1] * a.scale);
+#endif
+        }
+      }
+    }
+    __syncthreads();  // sdS and this stage are rewritten later
+  }
+  cp_async_wait<0>();  // no copy may be in flight at exit (iters == 0 when sk > s, causal)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kj = k0 + n0 + g + r * 8;
+    if (kj >= a.SK) continue;
+    const int64_t off = ((int64_t)kj * a.B + bi) * a.NG * D + (int64_t)grp * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dk + off + dt * 8 + 2 * t) =
+          pack_bf16(dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dv + off + dt * 8 + 2 * t) = pack_bf16(dva[dt][2 * r], dva[dt][2 * r + 1]);
+    }
+  }
+}
+
 // dq[s, b, np, d] = dq_acc[b, np, s, d]
 template <int D>
 __global__ void fa_dq_convert_kernel(const float* __restrict__ acc, bf16_t* __restrict__ dq, FaArgs a) {
@@ -420,6 +779,8 @@ void check_args(const char* name, const Tensor& q, const Tensor& k, const Tensor
                  q.dtype() == DType::kBFloat16 && k.dtype() == DType::kBFloat16 && v.dtype() == DType::kBFloat16)
       << name << ": q " << q.str() << " k " << k.str() << " v " << v.str() << " (CUDA attention needs bfloat16)";
   MEGATRON_CHECK(q.size(3) == 64 || q.size(3) == 128) << name << ": head dim " << q.size(3) << " (64 or 128 on CUDA)";
+  MEGATRON_CHECK(aligned16(q.data_ptr()) && aligned16(k.data_ptr()) && aligned16(v.data_ptr()))
+      << name << ": q/k/v must be 16-byte aligned";
   MEGATRON_CHECK(p.dropout_p == 0.0f) << name << ": attention dropout is not implemented on CUDA (use p = 0)";
   if (p.attention_mask)
     MEGATRON_CHECK(p.attention_mask->is_cuda() && dtype_size(p.attention_mask->dtype()) == 1 &&
@@ -430,6 +791,14 @@ void check_args(const char* name, const Tensor& q, const Tensor& k, const Tensor
 template <class K>
 void set_smem(K kern, size_t smem) {
   if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+// The pipelined kernels need 16-byte cp.async of lse rows: s % 4 == 0 and an aligned lse.
+// MEGATRON_FLASH_V1=1 forces the simple kernels (tests run both).
+bool use_v2(const FaArgs& a, const Tensor& lse) {
+  const char* e = std::getenv("MEGATRON_FLASH_V1");
+  if (e && e[0] == '1') return false;
+  return a.S % 4 == 0 && aligned16(lse.data_ptr());
 }
 }  // namespace
 
@@ -448,7 +817,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   auto* vp = static_cast<const bf16_t*>(v.data_ptr());
   auto* op = static_cast<bf16_t*>(out.data_ptr());
   auto* lp = static_cast<float*>(lse.data_ptr());
-  if (q.size(3) == 64) {
+  if (use_v2(a, lse)) {
+    if (q.size(3) == 64) {
+      size_t smem = (64 + 4 * kBN) * (64 + 8) * 2;
+      set_smem(fa_fwd_v2_kernel<64>, smem);
+      fa_fwd_v2_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    } else {
+      size_t smem = (64 + 4 * kBN) * (128 + 8) * 2;
+      set_smem(fa_fwd_v2_kernel<128>, smem);
+      fa_fwd_v2_kernel<128><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    }
+  } else if (q.size(3) == 64) {
     size_t smem = 3 * 64 * (64 + 8) * 2;
     set_smem(fa_fwd_kernel<64>, smem);
     fa_fwd_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
@@ -468,6 +847,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                  out.dtype() == DType::kBFloat16 && dq.dtype() == DType::kBFloat16 && dk.dtype() == DType::kBFloat16 &&
                  dv.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32)
       << "attention_backward: dout " << dout.str() << " dq " << dq.str() << " dk " << dk.str();
+  MEGATRON_CHECK(aligned16(dout.data_ptr())) << "attention_backward: dout must be 16-byte aligned";
   FaArgs a = make_args(q, k, p);
   if (a.S == 0 || a.B == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
@@ -486,21 +866,34 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   auto* dkp = static_cast<bf16_t*>(dk.data_ptr());
   auto* dvp = static_cast<bf16_t*>(dv.data_ptr());
   dim3 grid((a.SK + kBN - 1) / kBN, a.B * a.NG);
+  const bool v2 = use_v2(a, lse);
   unsigned g1 = grid_for(rows * 32, 256);
   if (D == 64) {
     fa_bwd_dot_kernel<64><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     constexpr int BM = 64, LD = 72;
-    size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-    set_smem(fa_bwd_kernel<64, BM>, smem);
-    fa_bwd_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    if (v2) {
+      size_t smem = (2 * kBN * LD + kBN * (BM + 8) + 2 * (2 * BM * LD + 4 * BM)) * 2;
+      set_smem(fa_bwd_v2_kernel<64, BM>, smem);
+      fa_bwd_v2_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    } else {
+      size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
+      set_smem(fa_bwd_kernel<64, BM>, smem);
+      fa_bwd_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    }
     CUDA_CHECK_LAUNCH();
     fa_dq_convert_kernel<64><<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
   } else {
     fa_bwd_dot_kernel<128><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     constexpr int BM = 64, LD = 136;
-    size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-    set_smem(fa_bwd_kernel<128, BM>, smem);
-    fa_bwd_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    if (v2) {
+      size_t smem = (2 * kBN * LD + kBN * (BM + 8) + 2 * (2 * BM * LD + 4 * BM)) * 2;
+      set_smem(fa_bwd_v2_kernel<128, BM>, smem);
+      fa_bwd_v2_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    } else {
+      size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
+      set_smem(fa_bwd_kernel<128, BM>, smem);
+      fa_bwd_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    }
     CUDA_CHECK_LAUNCH();
     fa_dq_convert_kernel<128>
         <<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);

@@ -151,16 +151,6 @@ void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tenso
             n, c.dtype(), alpha, beta, bias ? bias->data_ptr() : nullptr, bias ? bias->dtype() : DType::kFloat32);
 }
 
-template <class T>
-__global__ void bias_add_kernel(T* __restrict__ y, const void* __restrict__ bias, bool bias_bf16, int64_t rows,
-                                int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t c = i % n;
-    float bv = bias_bf16 ? to_f(static_cast<const bf16_t*>(bias)[c]) : static_cast<const float*>(bias)[c];
-    y[i] = from_f<T>(to_f(y[i]) + bv);
-  }
-}
-
 // Column sums of dy [rows, n] into partial [G, n]; rows split into G chunks.
 template <class T>
 __global__ void colsum_partial_kernel(const T* __restrict__ dy, int64_t rows, int64_t n, int64_t chunk,
@@ -196,15 +186,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w.size(0);
   const bool fused = bias && bias->dtype() == y.dtype() && y.dtype() != DType::kFloat32;
   rm_gemm(x, false, w, true, y, 1.0f, 0.0f, fused ? bias : nullptr);
-  if (bias && !fused && rows * n > 0) {
-    MEGATRON_CHECK(bias->dtype() == DType::kFloat32 || bias->dtype() == DType::kBFloat16)
-        << "linear_forward: bias " << bias->str();
-    cudaStream_t st = megatron::cuda::current_stream();
-    MCU_FLOAT_SWITCH(y.dtype(), T,
-                     bias_add_kernel<T><<<grid_for(rows * n, 256), 256, 0, st>>>(
-                         static_cast<T*>(y.data_ptr()), bias->data_ptr(), bias->dtype() == DType::kBFloat16, rows, n));
-    CUDA_CHECK_LAUNCH();
-  }
+  if (bias && !fused && rows * n > 0) ops::cuda::bias_add_(y, *bias);
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw, Tensor* dbias,

@@ -138,4 +138,61 @@ void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// RoPE on x [s, b, n, d] in place-safe form: one thread per rotated pair (reads both, writes
+// both) or per pass-through channel. kInverse applies the inverse rotation (backward).
+template <class T, bool kInverse>
+__global__ void rope_pairs_kernel(const T* x, T* y, const int64_t* __restrict__ pos_ids, int64_t s, int64_t b,
+                                  int64_t n, int d, int rot, bool inter, float base) {
+  const int per_head = rot / 2 + (d - rot);
+  const int64_t total = s * b * n * per_head;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int w = static_cast<int>(i % per_head);
+    const int64_t head = i / per_head, tok = head / n;  // tok = si * b + bi
+    const int64_t off = head * d;
+    if (w >= rot / 2) {  // channel beyond the rotary dims: copied
+      const int c = rot + (w - rot / 2);
+      y[off + c] = x[off + c];
+      continue;
+    }
+    const int ca = inter ? 2 * w : w, cb = inter ? 2 * w + 1 : w + rot / 2;
+    const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / b);
+    const float inv_freq = 1.0f / powf(base, static_cast<float>(2 * w) / static_cast<float>(rot));
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    if (kInverse) sn = -sn;
+    const float xa = to_f(x[off + ca]), xb = to_f(x[off + cb]);
+    y[off + ca] = from_f<T>(xa * cs - xb * sn);
+    y[off + cb] = from_f<T>(xb * cs + xa * sn);
+  }
+}
+
+template <bool kInverse>
+void rope_apply(const char* name, const Tensor& x, const RopeParams& rope, const Tensor* position_ids, Tensor& y) {
+  check_cuda(x, name);
+  MEGATRON_CHECK(x.dim() == 4 && y.shape() == x.shape() && y.dtype() == x.dtype() &&
+                 (!position_ids || position_ids->numel() == x.size(0) * x.size(1)))
+      << name << ": x " << x.str() << " y " << y.str();
+  const int d = static_cast<int>(x.size(3));
+  int rot = static_cast<int>(static_cast<float>(d) * rope.percent);
+  MEGATRON_CHECK(rot % 2 == 0 && rot > 0 && rot <= d) << name << ": rotary dim " << rot << " of head dim " << d;
+  const int64_t total = x.size(0) * x.size(1) * x.size(2) * (rot / 2 + (d - rot));
+  if (total == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const int64_t* pos = position_ids ? static_cast<const int64_t*>(position_ids->data_ptr()) : nullptr;
+  MCU_FLOAT_SWITCH(x.dtype(), T,
+                   rope_pairs_kernel<T, kInverse><<<grid_for(total, kThreads), kThreads, 0, st>>>(
+                       static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), pos, x.size(0), x.size(1),
+                       x.size(2), d, rot, rope.interleaved, rope.base));
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void rope_forward(const Tensor& x, const RopeParams& rope, const Tensor* position_ids, Tensor& y) {
+  rope_apply<false>("rope_forward", x, rope, position_ids, y);
+}
+void rope_backward(const Tensor& dy, const RopeParams& rope, const Tensor* position_ids, Tensor& dx) {
+  rope_apply<true>("rope_backward", dy, rope, position_ids, dx);
+}
+
 }  // namespace megatron::ops::cuda
