@@ -117,10 +117,11 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "attention") {
     bench_attention("llama3-8b", 8192, 1, 32, 8, 128);
     bench_attention("gpt2-124m", 1024, 64, 12, 12, 64);
-    setenv("MEGATRON_FLASH_V1", "1", 1);  // the simple (non-pipelined) kernels, for the record
-    bench_attention("v1 llama3-8b", 8192, 1, 32, 8, 128);
-    bench_attention("v1 gpt2-124m", 1024, 64, 12, 12, 64);
-    unsetenv("MEGATRON_FLASH_V1");
+    setenv("MEGATRON_FLASH_SMALL", "1", 1);  // pipelined kernels, 4 warps per block
+    bench_attention("v2-4warps llama3-8b", 8192, 1, 32, 8, 128);
+    setenv("MEGATRON_FLASH_SMALL", "0", 1);  // pipelined kernels, 8 warps per block
+    bench_attention("v2-8warps gpt2-124m", 1024, 64, 12, 12, 64);
+    unsetenv("MEGATRON_FLASH_SMALL");
   }
   if (only.empty() || only == "gemm") {
     // LLaMA-3-8B layer, 8192 tokens (seq 8192, micro-batch 1): forward y = x w^T, backward

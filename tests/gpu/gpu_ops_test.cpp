@@ -503,9 +503,11 @@ void test_attention() {
                                                         {96, 160, 2, 2, 2, 128, false, false},
                                                         {130, 130, 1, 4, 1, 64, false, true},
                                                         {256, 256, 1, 4, 4, 128, true, false}};
-  for (int impl : {2, 1})  // 2: pipelined kernels (used when s % 4 == 0), 1: the simple ones
+  // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple
+  for (int impl : {2, 3, 1})
   for (auto cs : cases) {
     setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
+    setenv("MEGATRON_FLASH_SMALL", impl == 3 ? "1" : "0", 1);
     const DType dt = DType::kBFloat16;
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
     V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
@@ -584,7 +586,7 @@ void test_attention() {
       }
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
-                  impl == 1 || S % 4 ? " v1" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
+                  impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
     check(std::string(nm) + " out", oh, ro, 1e-2);
     check(std::string(nm) + " lse", host(L), rl, 1e-3);
     check(std::string(nm) + " dq", host(DQ), rdq, 1e-2);
@@ -592,6 +594,7 @@ void test_attention() {
     check(std::string(nm) + " dv", host(DV), rdv, 1e-2);
   }
   unsetenv("MEGATRON_FLASH_V1");
+  unsetenv("MEGATRON_FLASH_SMALL");
 }
 
 void test_adam() {

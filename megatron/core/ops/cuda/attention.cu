@@ -428,11 +428,12 @@ __device__ __forceinline__ void ldsm_b_pair(uint32_t (&b)[4], const bf16_t* tile
   ldsm_x4(b[0], b[1], b[2], b[3], tile + ((nt + (mat >> 1)) * 8 + r) * ld + kk * 16 + (mat & 1) * 8);
 }
 
-template <int D>
-__global__ void __launch_bounds__(128) fa_fwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                                        const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
-                                                        float* __restrict__ lse, FaArgs a) {
-  constexpr int BM = 64, LD = D + 8;
+template <int D, int kWarps>  // kWarps warps x 16 query rows per block
+__global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __restrict__ q,
+                                                                 const bf16_t* __restrict__ k,
+                                                                 const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
+                                                                 float* __restrict__ lse, FaArgs a) {
+  constexpr int BM = 16 * kWarps, LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sKV = sQ + BM * LD;  // stage st: K at sKV + st*2*kBN*LD, V after it
@@ -564,25 +565,25 @@ __global__ void __launch_bounds__(128) fa_fwd_v2_kernel(const bf16_t* __restrict
   }
 }
 
-template <int D, int BM>
-__global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+template <int D, int BM, int kWarps>  // kWarps warps x 16 keys per block
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                         const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
                                                         float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
                                                         bf16_t* __restrict__ dv, FaArgs a) {
   constexpr int LD = D + 8, LDS = BM + 8;
-  constexpr int NT = BM / 8;
+  constexpr int NT = BM / 8, kBNB = 16 * kWarps;
   constexpr int kStage = 2 * BM * LD + 2 * BM * 2;  // Q, dO, then lse, D (floats as 2 bf16 each)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
-  bf16_t* sV = sK + kBN * LD;
-  bf16_t* sdS = sV + kBN * LD;        // [kBN][LDS]
-  bf16_t* sStage = sdS + kBN * LDS;   // 2 stages of kStage bf16
+  bf16_t* sV = sK + kBNB * LD;
+  bf16_t* sdS = sV + kBNB * LD;        // [kBNB][LDS]
+  bf16_t* sStage = sdS + kBNB * LDS;   // 2 stages of kStage bf16
 
   const int kb = blockIdx.x, bg = blockIdx.y, bi = bg / a.NG, grp = bg % a.NG;
   const int npg = a.NP / a.NG;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int k0 = kb * kBN, n0 = warp * 16;
+  const int k0 = kb * kBNB, n0 = warp * 16;
   const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
 
   const int nqb = (a.S + BM - 1) / BM;
@@ -605,8 +606,8 @@ __global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict
     cp_async_commit();
   };
 
-  async_tile<D, LD>(sK, k + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
-  async_tile<D, LD>(sV, v + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
+  async_tile<D, LD>(sK, k + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBNB, a.SK - k0);
+  async_tile<D, LD>(sV, v + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBNB, a.SK - k0);
   if (iters > 0) issue(0);
   else cp_async_commit();
 
@@ -616,7 +617,7 @@ __global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict
 #pragma unroll
     for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.0f;
 
-  constexpr int kRowGroups = BM / 16, kColGroups = kWarpsPerBlock / kRowGroups, DC = D / kColGroups;
+  constexpr int kRowGroups = BM / 16, kColGroups = kWarps / kRowGroups, DC = D / kColGroups;
   const int dq_m0 = (warp % kRowGroups) * 16, dq_c0 = (warp / kRowGroups) * DC;
 
   for (int it = 0; it < iters; ++it) {
@@ -658,7 +659,7 @@ __global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict
         mma16816(dp[nt + 1], va, b[2], b[3]);
       }
     }
-    const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+    const bool full = !a.mask && k0 + kBNB <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBNB - 1 <= q0);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -701,7 +702,7 @@ __global__ void __launch_bounds__(128) fa_bwd_v2_kernel(const bf16_t* __restrict
 #pragma unroll
       for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
 #pragma unroll
-      for (int kc = 0; kc < kBN / 16; ++kc) {
+      for (int kc = 0; kc < kBNB / 16; ++kc) {
         uint32_t aa[4];
         const int mat = lane >> 3, r = lane & 7;
         ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3], sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
@@ -795,6 +796,28 @@ void set_smem(K kern, size_t smem) {
 
 // The pipelined kernels need 16-byte cp.async of lse rows: s % 4 == 0 and an aligned lse.
 // MEGATRON_FLASH_V1=1 forces the simple kernels (tests run both).
+// Pipelined kernels with 4 warps per block (64 query rows / keys) or 8 (128). Measured on the
+// H200 (docs/performance.md, run 3): 8 warps win at head dim 128 (LLaMA-3-8B shape, fwd+bwd
+// 10.6 vs 11.7 ms), 4 warps at head dim 64 (GPT-2 shape, 2.81 vs 3.02 ms).
+// MEGATRON_FLASH_SMALL=1 / =0 forces 4 / 8 warps (the tests run both).
+bool small_blocks(int head_dim) {
+  const char* e = std::getenv("MEGATRON_FLASH_SMALL");
+  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return head_dim <= 64;
+}
+
+// Backward v2 with `warps` x 16 keys per block.
+template <class K>
+void launch_bwd_v2(K kern, int warps, int d, int bm, const FaArgs& a, cudaStream_t st, const bf16_t* qp,
+                   const bf16_t* kp, const bf16_t* vp, const bf16_t* dop, const float* lp, const float* dvec,
+                   float* dq_acc, bf16_t* dkp, bf16_t* dvp) {
+  const int keys = 16 * warps, ld = d + 8;
+  size_t smem = (2 * keys * ld + keys * (bm + 8) + 2 * (2 * bm * ld + 4 * bm)) * 2;
+  set_smem(kern, smem);
+  dim3 grid((a.SK + keys - 1) / keys, a.B * a.NG);
+  kern<<<grid, warps * 32, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+}
+
 bool use_v2(const FaArgs& a, const Tensor& lse) {
   const char* e = std::getenv("MEGATRON_FLASH_V1");
   if (e && e[0] == '1') return false;
@@ -818,14 +841,20 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   auto* op = static_cast<bf16_t*>(out.data_ptr());
   auto* lp = static_cast<float*>(lse.data_ptr());
   if (use_v2(a, lse)) {
+    // 8 warps (128 query rows) share each K/V tile; MEGATRON_FLASH_SMALL=1: 4 warps (64 rows).
+    const bool small = small_blocks((int)q.size(3));
+    const dim3 g2(small ? (a.S + 63) / 64 : (a.S + 127) / 128, a.B * a.NP);
+    auto launch = [&](auto kern, int d, int warps) {
+      size_t smem = (16 * warps + 4 * kBN) * (d + 8) * 2;
+      set_smem(kern, smem);
+      kern<<<g2, warps * 32, smem, st>>>(qp, kp, vp, op, lp, a);
+    };
     if (q.size(3) == 64) {
-      size_t smem = (64 + 4 * kBN) * (64 + 8) * 2;
-      set_smem(fa_fwd_v2_kernel<64>, smem);
-      fa_fwd_v2_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+      if (small) launch(fa_fwd_v2_kernel<64, 4>, 64, 4);
+      else launch(fa_fwd_v2_kernel<64, 8>, 64, 8);
     } else {
-      size_t smem = (64 + 4 * kBN) * (128 + 8) * 2;
-      set_smem(fa_fwd_v2_kernel<128>, smem);
-      fa_fwd_v2_kernel<128><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+      if (small) launch(fa_fwd_v2_kernel<128, 4>, 128, 4);
+      else launch(fa_fwd_v2_kernel<128, 8>, 128, 8);
     }
   } else if (q.size(3) == 64) {
     size_t smem = 3 * 64 * (64 + 8) * 2;
@@ -872,9 +901,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     fa_bwd_dot_kernel<64><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     constexpr int BM = 64, LD = 72;
     if (v2) {
-      size_t smem = (2 * kBN * LD + kBN * (BM + 8) + 2 * (2 * BM * LD + 4 * BM)) * 2;
-      set_smem(fa_bwd_v2_kernel<64, BM>, smem);
-      fa_bwd_v2_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      if (small_blocks(64)) launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 4>, 4, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      else launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 8>, 8, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
       set_smem(fa_bwd_kernel<64, BM>, smem);
@@ -886,9 +914,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     fa_bwd_dot_kernel<128><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     constexpr int BM = 64, LD = 136;
     if (v2) {
-      size_t smem = (2 * kBN * LD + kBN * (BM + 8) + 2 * (2 * BM * LD + 4 * BM)) * 2;
-      set_smem(fa_bwd_v2_kernel<128, BM>, smem);
-      fa_bwd_v2_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      if (small_blocks(128)) launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 4>, 4, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      else launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 8>, 8, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
       set_smem(fa_bwd_kernel<128, BM>, smem);
