@@ -119,7 +119,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   float* L = lse.data<float>();
   const int64_t heads_per_group = dm.np / dm.ng;
   SingleThreadedBlas single_threaded_blas;
-#pragma omp parallel for schedule(dynamic)
+  const bool parallel = dm.b * dm.np * dm.s * dm.sk * dm.d > (1 << 16);  // tiny problems: no thread wake-ups
+#pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bh = 0; bh < dm.b * dm.np; ++bh) {
     const int64_t bi = bh / dm.np, h = bh % dm.np, g = h / heads_per_group;
     std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), P(dm.s * dm.sk), O(dm.s * dm.d);
@@ -151,7 +152,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const int64_t heads_per_group = dm.np / dm.ng;
   // One task per (batch, K/V group): the heads of a group accumulate into the same dK/dV.
   SingleThreadedBlas single_threaded_blas;
-#pragma omp parallel for schedule(dynamic)
+  const bool parallel = dm.b * dm.np * dm.s * dm.sk * dm.d > (1 << 16);
+#pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bg = 0; bg < dm.b * dm.ng; ++bg) {
     const int64_t bi = bg / dm.ng, g = bg % dm.ng;
     std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), dO(dm.s * dm.d), P(dm.s * dm.sk),
