@@ -226,6 +226,12 @@ void GPTDataset::build_indices() {
                " token(s); a GPT sample needs at least 2. Use more data or another --split");
   }
 
+  if (tokens_per_epoch < s + x) {
+    // Megatron would tile several epochs into every sample; with real data this is a mistake.
+    user_error(what, ": --seq-length ", s, " needs ", s + x, " tokens per sample but the split holds only ",
+               tokens_per_epoch, " tokens in ", index_end_ - index_beg_,
+               " sequences; use a shorter --seq-length or more data");
+  }
   int64_t num_epochs = 1;
   if (num_samples_) {
     int64_t tokens = tokens_per_epoch;
