@@ -136,9 +136,20 @@ TEST_F(BadInput, EmptySplitWithNoRequestIsFine) {
 }
 
 TEST_F(BadInput, SequenceLongerThanAllTokens) {
-  const std::string p = write("a", 4, 5);  // 20 tokens, train split 16
-  const std::string e = build_error(cfg({p}, "80,20,0", 64));
-  EXPECT_TRUE(contains(e, p) && contains(e, "--seq-length")) << e;
+  // An unweighted blend builds one epoch per dataset (num_samples None): with --seq-length longer
+  // than all tokens of a dataset's split it would yield no sample at all.
+  const std::string a = write("a", 200, 6);
+  const std::string b = write("b", 4, 5);  // 16 train tokens
+  const std::string e = build_error(cfg({a, b}, "80,20,0", 64), {3, 1, 0});
+  EXPECT_TRUE(contains(e, b) && contains(e, "--seq-length")) << e;
+}
+
+TEST_F(BadInput, SequenceLongerThanSplitWithRequestRepeatsAsMegatron) {
+  // With a requested size Megatron tiles epochs instead (e.g. a 1-sequence test split).
+  const std::string p = write("a", 4, 5);
+  auto ds = BlendedMegatronDatasetBuilder({2, 1, 0}, nullptr, cfg({p}, "80,20,0", 32)).build();
+  ASSERT_TRUE(ds[0]);
+  EXPECT_GE(ds[0]->size(), 2);
 }
 
 TEST_F(BadInput, BadSplitString) {
