@@ -27,7 +27,9 @@ const ByteTables& byte_tables() {
   return t;
 }
 
-inline uint64_t hash_bytes(std::string_view s) {
+}  // namespace
+
+uint64_t hash_bytes(std::string_view s) {
   // 64-bit FNV-1a over 8-byte words, finished with a multiply-xorshift mix.
   uint64_t h = 0xcbf29ce484222325ull ^ s.size();
   size_t i = 0;
@@ -43,6 +45,8 @@ inline uint64_t hash_bytes(std::string_view s) {
   return h ^ (h >> 31);
 }
 
+namespace {
+
 inline uint64_t mix64(uint64_t k) {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdull;
@@ -50,59 +54,51 @@ inline uint64_t mix64(uint64_t k) {
   return k;
 }
 
-/// Bounded word -> ids cache of one thread for one model (HF utils/cache.rs: 10,000 entries,
-/// words under 256 bytes). When full it is emptied and refilled, so memory stays bounded.
+/// Bounded word -> ids cache of one thread for one model: 4-way set-associative, LRU within a
+/// set, 2,560 sets = 10,240 entries at most (HF utils/cache.rs bounds its cache to 10,000 words
+/// under 256 bytes; we keep the bound but evict instead of refusing new words, so the frequent
+/// words of the current text stay cached). Memory stays bounded whatever the input.
 class WordCache {
  public:
-  static constexpr size_t kCapacity = 10000;
   static constexpr size_t kMaxWordBytes = 256;
-  static constexpr size_t kSlots = 16384;
+  static constexpr size_t kWays = 4;
+  static constexpr size_t kSets = 2560;
 
-  WordCache() : slots_(kSlots) {}
+  WordCache() : entries_(kSets * kWays) {}
 
-  bool lookup(std::string_view w, std::vector<int64_t>& out) const {
-    uint64_t h = hash_bytes(w);
-    for (size_t i = h & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
-      const Slot& s = slots_[i];
-      if (s.key_len == 0) return false;
-      if (s.hash == h && s.key_len == w.size() && std::memcmp(keys_.data() + s.key_off, w.data(), w.size()) == 0) {
-        out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.ids_len);
+  bool lookup(std::string_view w, uint64_t h, std::vector<int64_t>& out) {
+    // (ids are stored as int64 so that a hit is one memcpy into `out`)
+    Entry* set = &entries_[(h % kSets) * kWays];
+    for (size_t k = 0; k < kWays; ++k) {
+      Entry& e = set[k];
+      if (e.hash == h && e.key == w) {
+        e.stamp = ++clock_;
+        out.insert(out.end(), e.ids.begin(), e.ids.end());
         return true;
       }
     }
+    return false;
   }
-  void insert(std::string_view w, const int32_t* ids, size_t n) {
-    if (count_ >= kCapacity) clear();
-    uint64_t h = hash_bytes(w);
-    size_t i = h & (kSlots - 1);
-    while (slots_[i].key_len != 0) i = (i + 1) & (kSlots - 1);
-    Slot& s = slots_[i];
-    s.hash = h;
-    s.key_off = static_cast<uint32_t>(keys_.size());
-    s.key_len = static_cast<uint16_t>(w.size());
-    s.ids_off = static_cast<uint32_t>(ids_.size());
-    s.ids_len = static_cast<uint16_t>(n);
-    keys_.append(w);
-    ids_.insert(ids_.end(), ids, ids + n);
-    ++count_;
+  void insert(std::string_view w, uint64_t h, const int32_t* ids, size_t n) {
+    Entry* set = &entries_[(h % kSets) * kWays];
+    Entry* victim = set;
+    for (size_t k = 1; k < kWays; ++k)
+      if (set[k].stamp < victim->stamp) victim = &set[k];
+    victim->hash = h;
+    victim->key.assign(w.data(), w.size());
+    victim->ids.assign(ids, ids + n);
+    victim->stamp = ++clock_;
   }
 
  private:
-  struct Slot {
+  struct Entry {
     uint64_t hash = 0;
-    uint32_t key_off = 0, ids_off = 0;
-    uint16_t key_len = 0, ids_len = 0;
+    uint64_t stamp = 0;
+    std::string key;
+    std::vector<int64_t> ids;
   };
-  void clear() {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
-    keys_.clear();
-    ids_.clear();
-    count_ = 0;
-  }
-  std::vector<Slot> slots_;
-  std::string keys_;
-  std::vector<int64_t> ids_;
-  size_t count_ = 0;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
 };
 
 struct ThreadCaches {
@@ -161,22 +157,21 @@ bool byte_level_decode(std::string_view s, std::string& out) {
 void U64Map::reserve(size_t n) {
   size_t cap = 16;
   while (cap < n * 2) cap <<= 1;
-  std::vector<uint64_t> ok = std::move(keys_), ov = std::move(values_);
-  keys_.assign(cap, ~0ull);
-  values_.assign(cap, 0);
+  if (cap <= slots_.size()) return;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(cap, Slot{});
   mask_ = cap - 1;
   size_ = 0;
-  for (size_t i = 0; i < ok.size(); ++i)
-    if (ok[i] != ~0ull) insert(ok[i], ov[i]);
+  for (const auto& s : old)
+    if (s.key != ~0ull) insert(s.key, s.value);
 }
 
 void U64Map::insert(uint64_t key, uint64_t value) {
-  if ((size_ + 1) * 2 > keys_.size()) reserve(std::max<size_t>(size_ + 1, keys_.size()));
+  if ((size_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(size_ + 1, slots_.size()));
   for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-    if (keys_[i] == key) return;
-    if (keys_[i] == ~0ull) {
-      keys_[i] = key;
-      values_[i] = value;
+    if (slots_[i].key == key) return;
+    if (slots_[i].key == ~0ull) {
+      slots_[i] = {key, value};
       ++size_;
       return;
     }
@@ -184,10 +179,51 @@ void U64Map::insert(uint64_t key, uint64_t value) {
 }
 
 const uint64_t* U64Map::find(uint64_t key) const {
-  if (keys_.empty()) return nullptr;
+  if (slots_.empty()) return nullptr;
   for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-    if (keys_[i] == key) return &values_[i];
-    if (keys_[i] == ~0ull) return nullptr;
+    if (slots_[i].key == key) return &slots_[i].value;
+    if (slots_[i].key == ~0ull) return nullptr;
+  }
+}
+
+// --- BytesMap ----------------------------------------------------------------------------------
+void BytesMap::grow() {
+  size_t cap = slots_.empty() ? 1024 : slots_.size() * 2;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  for (const auto& s : old) {
+    if (s.len == kEmpty) continue;
+    size_t i = s.hash & mask_;
+    while (slots_[i].len != kEmpty) i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+}
+
+bool BytesMap::insert(std::string_view key, int32_t id) {
+  if ((size_ + 1) * 2 > slots_.size()) grow();
+  uint64_t h = hash_bytes(key);
+  size_t i = h & mask_;
+  for (;; i = (i + 1) & mask_) {
+    const Slot& s = slots_[i];
+    if (s.len == kEmpty) break;
+    if (s.hash == h && s.len == key.size() && std::memcmp(arena_.data() + s.off, key.data(), key.size()) == 0)
+      return false;
+  }
+  slots_[i] = {h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(key.size()), id};
+  arena_.append(key);
+  ++size_;
+  return true;
+}
+
+int32_t BytesMap::find(std::string_view key) const {
+  if (slots_.empty()) return -1;
+  uint64_t h = hash_bytes(key);
+  for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+    const Slot& s = slots_[i];
+    if (s.len == kEmpty) return -1;
+    if (s.hash == h && s.len == key.size() && std::memcmp(arena_.data() + s.off, key.data(), key.size()) == 0)
+      return s.id;
   }
 }
 
@@ -196,15 +232,12 @@ BytePairModel::BytePairModel() : uid_(g_next_uid.fetch_add(1)) { std::fill(byte_
 BytePairModel::~BytePairModel() = default;
 
 void BytePairModel::add_token(std::string_view bytes, int32_t id) {
-  if (by_bytes_.count(bytes)) return;
-  storage_.push_back(std::make_unique<std::string>(bytes));
-  std::string_view v = *storage_.back();
-  by_bytes_.emplace(v, id);
+  if (!by_bytes_.insert(bytes, id)) return;
   if (id >= 0) {
     if (static_cast<size_t>(id) >= by_id_.size()) by_id_.resize(id + 1);
-    by_id_[id] = v;
+    by_id_[id] = std::string(bytes);
   }
-  if (v.size() == 1) byte_ids_[static_cast<uint8_t>(v[0])] = id;
+  if (bytes.size() == 1) byte_ids_[static_cast<uint8_t>(bytes[0])] = id;
 }
 
 void BytePairModel::add_merge(int32_t left, int32_t right, uint32_t rank, int32_t result) {
@@ -214,21 +247,18 @@ void BytePairModel::add_merge(int32_t left, int32_t right, uint32_t rank, int32_
 
 void BytePairModel::add_tiktoken_ranks() {
   merges_.reserve(by_bytes_.size() * 4);
-  for (const auto& [bytes, id] : by_bytes_) {
+  by_bytes_.for_each([&](std::string_view bytes, int32_t id) {
     for (size_t k = 1; k < bytes.size(); ++k) {
-      auto l = by_bytes_.find(bytes.substr(0, k));
-      if (l == by_bytes_.end()) continue;
-      auto r = by_bytes_.find(bytes.substr(k));
-      if (r == by_bytes_.end()) continue;
-      add_merge(l->second, r->second, static_cast<uint32_t>(id), id);
+      int32_t l = by_bytes_.find(bytes.substr(0, k));
+      if (l < 0) continue;
+      int32_t r = by_bytes_.find(bytes.substr(k));
+      if (r < 0) continue;
+      add_merge(l, r, static_cast<uint32_t>(id), id);
     }
-  }
+  });
 }
 
-int32_t BytePairModel::token_id(std::string_view bytes) const {
-  auto it = by_bytes_.find(bytes);
-  return it == by_bytes_.end() ? -1 : it->second;
-}
+int32_t BytePairModel::token_id(std::string_view bytes) const { return by_bytes_.find(bytes); }
 
 std::string_view BytePairModel::token_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= by_id_.size()) return {};
@@ -237,6 +267,10 @@ std::string_view BytePairModel::token_bytes(int32_t id) const {
 
 void BytePairModel::merge_word(std::string_view word, std::vector<int32_t>& ids) const {
   const size_t n = word.size();
+  if (n <= kSmallWord) {
+    merge_small(word, ids);
+    return;
+  }
   thread_local std::vector<int32_t> sym, next, prev;
   thread_local std::vector<HeapEntry> heap;
   sym.resize(n);
@@ -283,6 +317,41 @@ void BytePairModel::merge_word(std::string_view word, std::vector<int32_t>& ids)
   for (int32_t i = 0; i >= 0; i = next[i]) ids.push_back(sym[i]);
 }
 
+// Words of up to kSmallWord bytes: the same lowest-rank-leftmost merge order as the heap version,
+// with the pair ranks kept in an array and a linear scan for the minimum (tiktoken does the same
+// for short pieces); n finds to start and 2 per merge.
+void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids) const {
+  const size_t n = word.size();
+  int32_t sym[kSmallWord];
+  uint64_t rank[kSmallWord];  // rank << 32 | result of pair (i, i+1); ~0 = no merge
+  for (size_t i = 0; i < n; ++i) {
+    int32_t id = byte_ids_[static_cast<uint8_t>(word[i])];
+    if (id < 0)
+      user_error("tokenizer: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(word[i])),
+                 " has no token in the vocabulary (not a byte-level BPE vocabulary?)");
+    sym[i] = id;
+  }
+  auto pair_rank = [&](size_t i) -> uint64_t {
+    const uint64_t* m = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) |
+                                     static_cast<uint32_t>(sym[i + 1]));
+    return m ? *m : ~0ull;
+  };
+  size_t len = n;
+  for (size_t i = 0; i + 1 < len; ++i) rank[i] = pair_rank(i);
+  while (len > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < len; ++i)
+      if ((rank[i] >> 32) < (rank[best] >> 32)) best = i;
+    if (rank[best] == ~0ull) break;
+    sym[best] = static_cast<int32_t>(rank[best] & 0xFFFFFFFFu);
+    for (size_t i = best + 1; i + 1 < len; ++i) sym[i] = sym[i + 1], rank[i] = rank[i + 1];
+    --len;
+    if (best + 1 < len) rank[best] = pair_rank(best);
+    if (best > 0) rank[best - 1] = pair_rank(best - 1);
+  }
+  ids.insert(ids.end(), sym, sym + len);
+}
+
 void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) const {
   if (word.size() == 1) {
     int32_t id = byte_ids_[static_cast<uint8_t>(word[0])];
@@ -293,9 +362,11 @@ void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) con
   }
   const bool cacheable = word.size() < WordCache::kMaxWordBytes;
   WordCache* cache = nullptr;
+  uint64_t h = 0;
   if (cacheable) {
     cache = &t_caches.get(uid_);
-    if (cache->lookup(word, out)) return;
+    h = hash_bytes(word);
+    if (cache->lookup(word, h, out)) return;
   }
   thread_local std::vector<int32_t> ids;
   ids.clear();
@@ -303,7 +374,7 @@ void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) con
   if (whole >= 0) ids.push_back(whole);
   else merge_word(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
-  if (cache) cache->insert(word, ids.data(), ids.size());
+  if (cache) cache->insert(word, h, ids.data(), ids.size());
 }
 
 }  // namespace megatron::tokenizers

@@ -34,9 +34,43 @@ class U64Map {
   size_t size() const { return size_; }
 
  private:
-  std::vector<uint64_t> keys_, values_;
+  struct Slot {
+    uint64_t key = ~0ull, value = 0;
+  };
+  std::vector<Slot> slots_;
   size_t mask_ = 0, size_ = 0;
 };
+
+/// Open-addressing hash map bytes -> int32 id with the keys in one arena (vocabulary lookup).
+class BytesMap {
+ public:
+  /// Inserts (bytes, id) unless present; returns false if already present.
+  bool insert(std::string_view key, int32_t id);
+  /// Id or -1.
+  int32_t find(std::string_view key) const;
+  size_t size() const { return size_; }
+  /// Calls f(bytes, id) for every entry.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& s : slots_)
+      if (s.len != kEmpty) f(std::string_view(arena_.data() + s.off, s.len), s.id);
+  }
+
+ private:
+  static constexpr uint32_t kEmpty = ~0u;
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t off = 0, len = kEmpty;
+    int32_t id = -1;
+  };
+  void grow();
+  std::vector<Slot> slots_;
+  std::string arena_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+/// Hash of a byte string (used by the vocabulary map and the word cache).
+uint64_t hash_bytes(std::string_view s);
 
 /// A byte-level BPE model: vocabulary (bytes <-> id) and merge table.
 class BytePairModel {
@@ -69,11 +103,12 @@ class BytePairModel {
   void encode(std::string_view word, std::vector<int64_t>& out) const;
 
  private:
+  static constexpr size_t kSmallWord = 32;
   void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
+  void merge_small(std::string_view word, std::vector<int32_t>& ids) const;
 
-  std::vector<std::unique_ptr<std::string>> storage_;
-  std::unordered_map<std::string_view, int32_t> by_bytes_;
-  std::vector<std::string_view> by_id_;
+  BytesMap by_bytes_;
+  std::vector<std::string> by_id_;
   int32_t byte_ids_[256];
   U64Map merges_;  // (left << 32 | right) -> (rank << 32 | result)
   bool ignore_merges_ = false;

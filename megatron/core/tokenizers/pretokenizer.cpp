@@ -81,10 +81,13 @@ class Text {
   explicit Text(std::string_view s) : s_(reinterpret_cast<const unsigned char*>(s.data())), n_(s.size()) {}
   size_t size() const { return n_; }
   unsigned char byte(size_t i) const { return i < n_ ? s_[i] : 0; }
-  Cp at(size_t i) const {
+  __attribute__((always_inline)) Cp at(size_t i) const {
     if (i >= n_) return {0, 0, 0};
     unsigned char c = s_[i];
     if (c < 0x80) return {c, kAscii[c], 1};
+    return at_multibyte(i, c);
+  }
+  __attribute__((noinline)) Cp at_multibyte(size_t i, unsigned char c) const {
     uint32_t cp;
     uint32_t len;
     if ((c & 0xE0) == 0xC0 && i + 1 < n_ && (s_[i + 1] & 0xC0) == 0x80) {
