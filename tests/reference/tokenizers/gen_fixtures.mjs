@@ -13,6 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { createRequire } from 'node:module';
+import crypto from 'node:crypto';
 
 const root = path.resolve(process.argv[2] || '.');
 const npm = path.join(root, 'third_party/npm');
@@ -85,10 +86,33 @@ console.log(`${texts.length} texts`);
 
 // ---- HF oracle -------------------------------------------------------------------------------
 const meta = {};
+// Synthetic "every code point" documents: each scalar value of planes 0-3 (and every 97th above)
+// in one of 10 contexts, cut into documents of > 400 UTF-16 units. tokenizers_test.cpp rebuilds
+// the same documents; their ids are compared through MD5 hashes of groups of 10 documents.
+const synth = [];
+{
+  const ctx = (c) => [c, ' ' + c, 'a' + c + 'b', c + c, "'" + c + 's', '1' + c + '2', 'A' + c + 'a', '\n' + c + ' ', c + "'S", ' ' + c + '  x'];
+  let cur = '';
+  for (let cp = 0; cp <= 0x10FFFF; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    if (cp > 0x3FFFF && cp % 97 !== 0) continue;
+    cur += ctx(String.fromCodePoint(cp))[cp % 10];
+    if (cur.length > 400) { synth.push(cur); cur = ''; }
+  }
+  synth.push(cur);
+}
+function writeHashes(name, lines) {
+  const out_ = [];
+  for (let i = 0; i < lines.length; i += 10) out_.push(crypto.createHash('md5').update(lines.slice(i, i + 10).join('\n')).digest('hex'));
+  fs.writeFileSync(path.join(out, `${name}.synth.md5`), out_.join('\n') + '\n');
+}
+
 async function run(name, file, addSpecial, specialSplit = null) {
   const t = Tokenizer.fromFile(file);
+  for (const [docs, isSynth] of [[texts, false], [synth, true]]) {
+  if (isSynth && name === 'llama3_1_nospecial') continue;
   const lines = [];
-  for (const s of texts) {
+  for (const s of docs) {
     if (specialSplit) {  // tiktoken: split out special strings first, encode the gaps
       const ids = [];
       let last = 0;
@@ -104,9 +128,11 @@ async function run(name, file, addSpecial, specialSplit = null) {
     const e = await t.encode(s, null, { addSpecialTokens: addSpecial });
     lines.push(Array.from(e.getIds()).join(' '));
   }
+  if (isSynth) { writeHashes(name, lines); continue; }
   fs.writeFileSync(path.join(out, `${name}.ids`), lines.join('\n') + '\n');
   meta[name] = { vocab_size_with_added: t.getVocabSize(true) };
   console.log(`${name}: ${lines.reduce((n, l) => n + (l ? l.split(' ').length : 0), 0)} ids`);
+  }
 }
 
 // GPT-2: tokenizer.json equivalent of the official encoder.json + vocab.bpe (transformers GPT-2).

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <openssl/evp.h>
 #include <sstream>
 
 #include "megatron/core/tokenizers/bpe.h"
@@ -133,6 +134,83 @@ std::string make_llama2_model(const std::string& dir) {
   std::string p = dir + "/llama2.model";
   std::ofstream(p, std::ios::binary) << bin;
   return p;
+}
+
+static void append_utf8(std::string& s, uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12)), s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18)), s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+std::vector<std::string> synthetic_docs() {
+  std::vector<std::string> docs;
+  std::string cur;
+  size_t units = 0;  // UTF-16 code units, as JavaScript's String.length
+  for (uint32_t cp = 0; cp <= 0x10FFFF; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    if (cp > 0x3FFFF && cp % 97 != 0) continue;
+    std::string c;
+    append_utf8(c, cp);
+    const size_t cu = cp > 0xFFFF ? 2 : 1;
+    std::string piece;
+    size_t pu = 0;
+    switch (cp % 10) {
+      case 0: piece = c, pu = cu; break;
+      case 1: piece = " " + c, pu = 1 + cu; break;
+      case 2: piece = "a" + c + "b", pu = 2 + cu; break;
+      case 3: piece = c + c, pu = 2 * cu; break;
+      case 4: piece = "'" + c + "s", pu = 2 + cu; break;
+      case 5: piece = "1" + c + "2", pu = 2 + cu; break;
+      case 6: piece = "A" + c + "a", pu = 2 + cu; break;
+      case 7: piece = "\n" + c + " ", pu = 2 + cu; break;
+      case 8: piece = c + "'S", pu = 2 + cu; break;
+      case 9: piece = " " + c + "  x", pu = 4 + cu; break;
+    }
+    cur += piece;
+    units += pu;
+    if (units > 400) {
+      docs.push_back(std::move(cur));
+      cur.clear();
+      units = 0;
+    }
+  }
+  docs.push_back(cur);
+  return docs;
+}
+
+std::vector<std::string> md5_groups(const std::vector<std::vector<int64_t>>& ids) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ids.size(); i += 10) {
+    std::string s;
+    for (size_t k = i; k < std::min(ids.size(), i + 10); ++k) {
+      if (k > i) s += '\n';
+      for (size_t j = 0; j < ids[k].size(); ++j) s += (j ? " " : "") + std::to_string(ids[k][j]);
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_Digest(s.data(), s.size(), md, &len, EVP_md5(), nullptr);
+    static const char* hex = "0123456789abcdef";
+    std::string h;
+    for (unsigned int b = 0; b < len; ++b) h += hex[md[b] >> 4], h += hex[md[b] & 15];
+    out.push_back(h);
+  }
+  return out;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) lines.push_back(line);
+  return lines;
 }
 
 size_t compare_ids(const std::string& what, const std::vector<std::string>& texts,

