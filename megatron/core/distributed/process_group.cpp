@@ -1,0 +1,47 @@
+#include "megatron/core/distributed/process_group.h"
+
+namespace megatron::distributed {
+
+namespace {
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+class SingleRankGroup final : public ProcessGroup {
+ public:
+  explicit SingleRankGroup(int global_rank) : ranks_{global_rank} {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::vector<int>& ranks() const override { return ranks_; }
+  std::unique_ptr<Work> all_reduce(Tensor&, ReduceOp, bool) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out, bool) override {
+    if (!in.shares_storage(out) || in.data_ptr() != out.data_ptr()) out.copy_(in);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out, ReduceOp, bool) override {
+    if (in.data_ptr() != out.data_ptr()) out.copy_(in);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> broadcast(Tensor&, int, bool) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> send(const Tensor&, int, bool) override {
+    MEGATRON_CHECK(false) << "send on a single-rank group";
+    return nullptr;
+  }
+  std::unique_ptr<Work> recv(Tensor&, int, bool) override {
+    MEGATRON_CHECK(false) << "recv on a single-rank group";
+    return nullptr;
+  }
+  void barrier() override {}
+
+ private:
+  std::vector<int> ranks_;
+};
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_single_rank_group(int global_rank) {
+  return std::make_shared<SingleRankGroup>(global_rank);
+}
+
+}  // namespace megatron::distributed
