@@ -112,10 +112,12 @@ int run(int argc, char** argv) {
     char line[512];
     double mb = last.input_bytes / (1024.0 * 1024.0);
     std::snprintf(line, sizeof line,
-                  "Done: %llu documents, %llu tokens, %llu bytes (%.2f MiB) in %.2f s, %.2f MiB/s, %d workers%s",
+                  "Done: %llu documents, %llu tokens, %llu bytes (%.2f MiB) in %.2f s, %.2f MiB/s, %d workers, "
+                  "%.2f CPU s (%.2f MiB per CPU second)%s",
                   static_cast<unsigned long long>(last.documents), static_cast<unsigned long long>(last.tokens),
                   static_cast<unsigned long long>(last.input_bytes), mb, last.seconds,
-                  last.seconds > 0 ? mb / last.seconds : 0.0, w,
+                  last.seconds > 0 ? mb / last.seconds : 0.0, w, last.cpu_seconds,
+                  last.cpu_seconds > 0 ? mb / last.cpu_seconds : 0.0,
                   last.skipped_lines ? (", " + std::to_string(last.skipped_lines) + " invalid lines skipped").c_str()
                                      : "");
     std::cout << line << "\n";

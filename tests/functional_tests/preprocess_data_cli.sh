@@ -24,6 +24,15 @@ grep -qx "Opening $T/golden.jsonl" "$T/out.txt" || fail "Opening line"
 grep -q "^Time to startup: [0-9.e-]*$" "$T/out.txt" || fail "startup line"
 grep -q "^Done: 10 documents, 53 tokens" "$T/out.txt" || fail "summary line"
 
+# --find-optimal-num-workers: one short run per candidate (5 is not divisible by --partitions 2
+# and is removed, as Megatron does), then the table
+"$BIN/preprocess_data" --input "$T/golden.jsonl" --output-prefix "$T/f" --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --workers 1 --partitions 2 --find-optimal-num-workers --workers-to-check 2 5 4 \
+  --max-documents 6 > "$T/out.txt" 2> "$T/err.txt" || { cat "$T/err.txt"; fail "find-optimal run"; }
+grep -q "Removing num_workers (5) from workers list" "$T/out.txt" || fail "removal line"
+grep -q "^The most optimal num of workers is [24] with avg. preprocessed docs/s: " "$T/out.txt" || fail "optimal line"
+[ "$(grep -c '^Done: 6 documents' "$T/out.txt")" = 2 ] || fail "--max-documents"
+
 # unknown flag -> closest known flag
 if "$BIN/preprocess_data" --input x --output-prefix y --workers 1 --tokenizer-type NullTokenizer --vocab-sise 5 \
   2> "$T/err.txt"; then fail "unknown flag accepted"; fi

@@ -1,5 +1,6 @@
 #include "megatron/core/datasets/preprocess/preprocess_pipeline.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,15 @@
 namespace megatron::datasets::preprocess {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
 
 std::string python_float_repr(double v) {
   if (v != v) return "nan";
@@ -397,6 +407,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
   const bool bar = cfg.progress_bar == 1 || (cfg.progress_bar == -1 && ::isatty(2));
   PreprocessStats st;
   const auto proc_start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
   auto last_bar = proc_start;
   uint64_t bytes_before_file = 0, bytes_done = 0;
   std::string cur_file;
@@ -509,6 +520,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
     merged.finalize(final_prefix + ".idx");
   }
   st.seconds = std::chrono::duration<double>(Clock::now() - proc_start).count();
+  st.cpu_seconds = process_cpu_seconds() - cpu_start;
   return st;
 }
 

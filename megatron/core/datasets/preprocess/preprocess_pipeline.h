@@ -48,7 +48,8 @@ struct PreprocessStats {
   uint64_t tokens = 0;           // tokens written, all keys
   uint64_t input_bytes = 0;      // decoded input bytes (line terminators included)
   uint64_t characters = 0;       // Python characters (Megatron's "MB" counter)
-  double seconds = 0;            // processing time (after startup)
+  double seconds = 0;            // processing time (after startup), wall clock
+  double cpu_seconds = 0;        // CPU time of the whole process during processing (user+sys)
   std::vector<double> performance;  // docs/s at each progress line (--find-optimal-num-workers)
 };
 
