@@ -6,6 +6,7 @@
 // Same flags, defaults, output names, log lines and output bytes as Megatron's script; workers
 // are threads. See docs/preprocess_data.md.
 #include <glob.h>
+#include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -142,7 +143,15 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+extern "C" void on_signal(int) { pp::request_stop(); }
+
 int main(int argc, char** argv) {
+  // Ctrl-C / SIGTERM: stop after the current batch and remove the temporary .bin/.idx files.
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   try {
     return run(argc, argv);
   } catch (const megatron::UserError& e) {

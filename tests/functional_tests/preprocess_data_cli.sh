@@ -54,4 +54,15 @@ if [ -e "$T/k_text_document.idx" ]; then
 else
   [ -e "$T/k_text_document.bin" ] && fail "a .bin without .idx under the final name"
 fi
+
+# SIGINT: stops, removes its temporary files, exits non-zero
+timeout -s INT 0.3 "$BIN/preprocess_data" --input "$T/big.jsonl" --output-prefix "$T/i" --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --workers 2 > /dev/null 2> "$T/err.txt" && rc=0 || rc=$?
+if [ -e "$T/i_text_document.idx" ]; then
+  echo "note: the run finished before SIGINT; nothing to check"
+else
+  [ "$rc" != 0 ] || fail "interrupted run exited 0"
+  grep -q "interrupted" "$T/err.txt" || { cat "$T/err.txt"; fail "interrupted message"; }
+  ls "$T"/i_text_document* 2>/dev/null && fail "files left after SIGINT"
+fi
 echo "preprocess_data_cli: ok"

@@ -192,6 +192,19 @@ TEST(PreprocessPipeline, SeveralKeysAndEmptyDocuments) {
   EXPECT_EQ(b.get(3), (std::vector<int64_t>{7, 8, 999}));  // EOD counted in the last sentence
 }
 
+// --split-sentences writes {prefix}_{key}_sentence with one sequence per non-empty sentence
+// (ICU boundaries; NullTokenizer text has none inside "1 2 3", so the list gives the sentences).
+TEST(PreprocessPipeline, SplitSentencesOutputName) {
+  TempDir d;
+  testing::write_file(d / "in.jsonl", "{\"text\": \"1 2 3\"}\n{\"text\": [\"4\", \"5 6\"]}\n");
+  auto tok = tokenizers::build_tokenizer(testing::null_tokenizer_config(1000));
+  auto cfg = base_cfg(d, "in.jsonl", "o");
+  cfg.split_sentences = true;
+  testing::run_pipeline(cfg, *tok);
+  EXPECT_EQ(read_docs(d / "o_text_sentence"), (std::vector<std::vector<int64_t>>{{1, 2, 3, 999}, {4}, {5, 6, 999}}));
+  EXPECT_FALSE(std::filesystem::exists(d / "o_text_document.bin"));
+}
+
 // Progress lines: Megatron's exact text with Python float reprs, every log_interval docs.
 TEST(PreprocessPipeline, ProgressLines) {
   TempDir d;

@@ -28,6 +28,9 @@ namespace megatron::datasets::preprocess {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
 double process_cpu_seconds() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
@@ -35,6 +38,8 @@ double process_cpu_seconds() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 }  // namespace
+
+void request_stop() noexcept { g_stop_requested.store(true, std::memory_order_relaxed); }
 
 std::string python_float_repr(double v) {
   if (v != v) return "nan";
@@ -268,6 +273,8 @@ class Pipeline {
         InputReader reader(path, cfg_.batch_bytes);
         for (;;) {
           LineBatch b;
+          if (g_stop_requested.load(std::memory_order_relaxed))
+            user_error("interrupted; the outputs were not written (temporary files removed)");
           if (!reader.next(b)) break;
           b.seq = seq++;
           std::unique_lock lk(mu_);

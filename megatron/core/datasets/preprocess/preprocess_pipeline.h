@@ -65,6 +65,11 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
                                std::ostream& out, std::ostream& err,
                                std::chrono::steady_clock::time_point startup_begin);
 
+/// Asks a running run_preprocess to stop: it then throws UserError("interrupted") after the
+/// current batch, and its temporary files are removed. Async-signal-safe (a lock-free atomic
+/// store), meant for SIGINT/SIGTERM handlers.
+void request_stop() noexcept;
+
 /// Python's repr() of a float (shortest round-trip digits, always with a '.' or exponent),
 /// used to print Megatron's progress numbers exactly as Python does.
 std::string python_float_repr(double v);
