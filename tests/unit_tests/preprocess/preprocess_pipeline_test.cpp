@@ -172,6 +172,26 @@ TEST(PreprocessPipeline, CompressedInputsGiveSameBytes) {
   EXPECT_EQ(bins[0], bins[2]);
 }
 
+// Lines far longer than the read batch, with every kind of line end at awkward places.
+TEST(PreprocessPipeline, LongLinesAndLineEnds) {
+  TempDir d;
+  std::string big;
+  for (int i = 0; i < 1500000; ++i) big += i ? " 3" : "3";  // 3 MB of text in one record
+  std::string in = "{\"text\": \"1\"}\r\n{\"text\": \"" + big + "\"}\r{\"text\": \"2\"}\r\n{\"text\": \"" + big +
+                   "\"}\n{\"text\": \"4\"}";
+  testing::write_file(d / "in.jsonl", in);
+  auto tok = tokenizers::build_tokenizer(testing::null_tokenizer_config(1000));
+  auto cfg = base_cfg(d, "in.jsonl", "o");
+  cfg.batch_bytes = 1000;
+  auto st = testing::run_pipeline(cfg, *tok);
+  EXPECT_EQ(st.documents, 5u);
+  auto docs = read_docs(d / "o_text_document");
+  ASSERT_EQ(docs.size(), 5u);
+  EXPECT_EQ(docs[1].size(), 1500001u);
+  EXPECT_EQ(docs[2], (std::vector<int64_t>{2, 999}));
+  EXPECT_EQ(docs[4], (std::vector<int64_t>{4, 999}));
+}
+
 // One dataset per key, named {prefix}_{key}_document; --append-eod skips empty documents but
 // they keep a boundary (repeated document index, reference/megatron.md §1.4).
 TEST(PreprocessPipeline, SeveralKeysAndEmptyDocuments) {

@@ -55,6 +55,7 @@ class InputReader {
   std::unique_ptr<Source> src_;
   std::vector<char> pending_;  // decoded bytes not yet handed out
   size_t pending_start_ = 0;
+  size_t scanned_ = 0;  // prefix of the pending bytes known to hold no line end
   bool eof_ = false;
   uint64_t next_line_ = 1;
   uint64_t next_seq_ = 0;
