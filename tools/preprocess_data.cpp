@@ -73,6 +73,10 @@ int run(int argc, char** argv) {
   if (!megatron::training::parse_args(app, argc, argv)) return 0;
   megatron::training::warn_ignored_flags(app);
 
+  // Megatron's get_args() hard-sets vocab_extra_ids = 0 for preprocessing.
+  if (tcfg.vocab_extra_ids != 0)
+    std::cerr << "WARNING: --vocab-extra-ids is set to 0 for preprocessing, as Megatron's preprocess_data.py does\n";
+  tcfg.vocab_extra_ids = 0;
   if (tcfg.tokenizer_type.rfind("Bert", 0) == 0 && !cfg.split_sentences)
     std::cout << "Are you sure you don't want to split sentences?\n";
   if (cfg.partitions < 1) megatron::user_error("--partitions must be at least 1 (got ", cfg.partitions, ")");
