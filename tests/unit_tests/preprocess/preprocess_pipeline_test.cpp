@@ -192,6 +192,22 @@ TEST(PreprocessPipeline, LongLinesAndLineEnds) {
   EXPECT_EQ(docs[4], (std::vector<int64_t>{4, 999}));
 }
 
+// A "\r\n" split exactly across the reader's 1 MiB read boundary is one line end, not two
+// (a blank line in between would be an error).
+TEST(PreprocessPipeline, CrLfAcrossReadBoundary) {
+  TempDir d;
+  const size_t kChunk = 1 << 20;
+  std::string head = "{\"text\": \"1\", \"pad\": \"";
+  std::string line = head + std::string(kChunk - 1 - head.size() - 2, 'x') + "\"}";
+  ASSERT_EQ(line.size(), kChunk - 1);  // '\r' is the chunk's last byte, '\n' the next one's first
+  testing::write_file(d / "in.jsonl", line + "\r\n{\"text\": \"2\"}\r\n");
+  auto tok = tokenizers::build_tokenizer(testing::null_tokenizer_config(1000));
+  auto cfg = base_cfg(d, "in.jsonl", "o");
+  auto st = testing::run_pipeline(cfg, *tok);
+  EXPECT_EQ(st.documents, 2u);
+  EXPECT_EQ(read_docs(d / "o_text_document"), (std::vector<std::vector<int64_t>>{{1, 999}, {2, 999}}));
+}
+
 // One dataset per key, named {prefix}_{key}_document; --append-eod skips empty documents but
 // they keep a boundary (repeated document index, reference/megatron.md §1.4).
 TEST(PreprocessPipeline, SeveralKeysAndEmptyDocuments) {
