@@ -199,12 +199,4 @@ bool InputReader::next(LineBatch& out) {
   }
 }
 
-uint64_t count_lines(const std::string& path) {
-  InputReader r(path);
-  LineBatch b;
-  uint64_t n = 0;
-  while (r.next(b)) n += b.lines.size();
-  return n;
-}
-
 }  // namespace megatron::datasets::preprocess

@@ -61,8 +61,4 @@ class InputReader {
   uint64_t next_seq_ = 0;
 };
 
-/// Counts the lines of a file as Python's `for line in fin` would (used for
-/// --keep-sequential-samples partition sizes).
-uint64_t count_lines(const std::string& path);
-
 }  // namespace megatron::datasets::preprocess
