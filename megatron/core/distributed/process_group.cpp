@@ -34,11 +34,25 @@ class SingleRankGroup final : public ProcessGroup {
     return nullptr;
   }
   void barrier() override {}
+  std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
+    for (const auto& g : groups)
+      for (int r : g)
+        if (r == ranks_[0]) {
+          MEGATRON_CHECK(g.size() == 1) << "split of a single-rank group into a group of " << g.size();
+          return std::make_shared<SingleRankGroup>(ranks_[0]);
+        }
+    return nullptr;
+  }
+  const char* backend_name() const override { return "single"; }
 
  private:
   std::vector<int> ranks_;
 };
 }  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<std::vector<int>>&) {
+  user_error("process group backend '", backend_name(), "' cannot create subgroups");
+}
 
 std::shared_ptr<ProcessGroup> make_single_rank_group(int global_rank) {
   return std::make_shared<SingleRankGroup>(global_rank);

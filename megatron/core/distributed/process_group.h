@@ -45,6 +45,14 @@ class ProcessGroup {
   virtual std::unique_ptr<Work> send(const Tensor& t, int peer, bool async = false) = 0;
   virtual std::unique_ptr<Work> recv(Tensor& t, int peer, bool async = false) = 0;
   virtual void barrier() = 0;
+
+  /// Creates subgroups (like MPI_Comm_split / ncclCommSplit / torch new_group). Collective over
+  /// this group: every member passes the same list of disjoint groups of *global* ranks; returns
+  /// the group containing this process (group ranks in the listed order), or nullptr if this
+  /// process is in none of them. The default throws UserError (backend without subgroups).
+  virtual std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups);
+  /// Short backend name ("single", "mpi", "tcp", "nccl").
+  virtual const char* backend_name() const { return "unknown"; }
 };
 
 /// The group of one process (every collective is the identity). Used when a parallel
