@@ -239,3 +239,10 @@ TEST(DistFailure, KilledOrHungRankEndsTheJob) {
   w->all_reduce(t);  // cannot complete
   FAIL() << "all_reduce completed although rank 1 is gone";
 }
+
+TEST(DistCollectives, BackendMatchesLauncher) {
+  SKIP_UNLESS_MULTI_RANK();
+  const char* expect = std::getenv("MEGATRON_TEST_EXPECT_BACKEND");
+  if (!expect) GTEST_SKIP() << "MEGATRON_TEST_EXPECT_BACKEND not set";
+  EXPECT_STREQ(dist_world()->backend_name(), expect);
+}
