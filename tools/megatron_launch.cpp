@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -176,9 +177,23 @@ int main(int argc, char** argv) {
     pids.erase(it);
     const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (failed && !terminating) {
-      std::fprintf(stderr,
-                   "megatron_launch: rank %d (local rank %d, pid %d) %s; terminating the other %zu rank(s)\n",
-                   node_rank * nproc + local, local, int(p), describe_status(status).c_str(), pids.size());
+      // Report every rank that has already ended: the rank that died first is often reaped
+      // after a peer that merely noticed its death.
+      std::vector<std::pair<int, std::string>> failures{{local, describe_status(status) + " (pid " + std::to_string(p) + ")"}};
+      for (;;) {
+        int st = 0;
+        pid_t q = waitpid(-1, &st, WNOHANG);
+        if (q <= 0) break;
+        auto jt = pids.find(q);
+        if (jt == pids.end()) continue;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+          failures.push_back({jt->second, describe_status(st) + " (pid " + std::to_string(q) + ")"});
+        pids.erase(jt);
+      }
+      std::sort(failures.begin(), failures.end());
+      for (auto& [l, what] : failures)
+        std::fprintf(stderr, "megatron_launch: rank %d (local rank %d) %s\n", node_rank * nproc + l, l, what.c_str());
+      std::fprintf(stderr, "megatron_launch: terminating the other %zu rank(s)\n", pids.size());
       terminate_all(SIGTERM);
       terminating = true;
       exit_code = 1;

@@ -10,7 +10,7 @@ for n in 2 3 4; do
   MEGATRON_TEST_EXPECT_BACKEND=tcp timeout 300 "$L" --nproc-per-node $n --master-port $(free_port) \
     "$BIN/unit_tests" --gtest_filter='DistCollectives*' --gtest_color=no >"$log" 2>&1 \
     || { tail -50 "$log" >&2; fail "launch $n ranks exited with $?"; }
-  expect_passed "$log" 10 $n
+  expect_passed "$log" 11 $n
   echo "megatron_launch --nproc-per-node $n: all collectives pass"
 done
 
@@ -24,8 +24,8 @@ for node in 1 0; do
 done
 wait $pid0 || fail "node 0 failed"
 wait $pid1 || fail "node 1 failed"
-expect_passed "$LOGDIR/node0.log" 10 2
-expect_passed "$LOGDIR/node1.log" 10 2
+expect_passed "$LOGDIR/node0.log" 11 2
+expect_passed "$LOGDIR/node1.log" 11 2
 echo "two nodes x two ranks: all collectives pass"
 
 for mode in kill hang; do
@@ -38,11 +38,11 @@ for mode in kill hang; do
   [ $rc -eq 1 ] || { cat "$log" >&2; fail "$mode: launcher exited with $rc, want 1"; }
   [ $secs -le 60 ] || fail "$mode: took ${secs}s"
   if [ $mode = kill ]; then
-    grep -q "megatron_launch: rank 1 (local rank 1, pid [0-9]*) was killed by signal 9 (SIGKILL)" "$log" \
+    grep -q "megatron_launch: rank 1 (local rank 1) was killed by signal 9 (SIGKILL) (pid [0-9]*)" "$log" \
       || { cat "$log" >&2; fail "kill: no message naming rank 1"; }
   else
     grep -q "watchdog: all_reduce" "$log" || { cat "$log" >&2; fail "hang: no watchdog message"; }
-    grep -q "megatron_launch: rank [02] (local rank [02], pid [0-9]*) exited with code 1" "$log" \
+    grep -q "megatron_launch: rank [02] (local rank [02]) exited with code 1 (pid [0-9]*)" "$log" \
       || { cat "$log" >&2; fail "hang: launcher did not name the failing rank"; }
   fi
   echo "$mode: job ended with status $rc after ${secs}s"

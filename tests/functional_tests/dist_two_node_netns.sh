@@ -27,6 +27,6 @@ for ns in $A $B; do
 done
 wait $pid0 || { tail -30 "$LOGDIR/node0.log" >&2; fail "node 0 failed"; }
 wait $pid1 || { tail -30 "$LOGDIR/node1.log" >&2; fail "node 1 failed"; }
-expect_passed "$LOGDIR/node0.log" 10 2
-expect_passed "$LOGDIR/node1.log" 10 2
+expect_passed "$LOGDIR/node0.log" 11 2
+expect_passed "$LOGDIR/node1.log" 11 2
 echo "two namespaces x two ranks: all collectives pass"

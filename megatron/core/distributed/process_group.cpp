@@ -50,6 +50,33 @@ class SingleRankGroup final : public ProcessGroup {
 };
 }  // namespace
 
+namespace {
+class MultiWork final : public Work {
+ public:
+  explicit MultiWork(std::vector<std::unique_ptr<Work>> w) : w_(std::move(w)) {}
+  void wait() override {
+    for (auto& w : w_) w->wait();
+  }
+  bool is_completed() override {
+    for (auto& w : w_)
+      if (!w->is_completed()) return false;
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> w_;
+};
+}  // namespace
+
+std::unique_ptr<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  std::vector<std::unique_ptr<Work>> works;
+  for (const auto& op : ops) {
+    MEGATRON_CHECK(op.tensor) << "null tensor in batch_isend_irecv";
+    works.push_back(op.kind == P2POp::kSend ? send(*op.tensor, op.peer, true) : recv(*op.tensor, op.peer, true));
+  }
+  return std::make_unique<MultiWork>(std::move(works));
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<std::vector<int>>&) {
   user_error("process group backend '", backend_name(), "' cannot create subgroups");
 }
