@@ -151,8 +151,14 @@ SafetensorsLayout plan_safetensors(const std::vector<SafetensorsItem>& items,
     int ra = dtype_rank(items[a].dtype), rb = dtype_rank(items[b].dtype);
     return ra != rb ? ra > rb : items[a].name < items[b].name;
   });
-  nlohmann::json h = nlohmann::json::object();
-  if (!metadata.empty()) h["__metadata__"] = metadata;
+  // Header as the reference writes it: "__metadata__" first (our keys sorted), then the tensors in
+  // buffer order, each as {"dtype", "shape", "data_offsets"} in that field order.
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = std::move(m);
+  }
   uint64_t off = 0;
   for (size_t i : L.order) {
     const auto& it = items[i];
@@ -165,7 +171,11 @@ SafetensorsLayout plan_safetensors(const std::vector<SafetensorsItem>& items,
     e.begin = off;
     off += static_cast<uint64_t>(shape_numel(it.shape)) * dtype_size(it.dtype);
     e.end = off;
-    h[it.name] = {{"dtype", safetensors_dtype_name(it.dtype)}, {"shape", it.shape}, {"data_offsets", {e.begin, e.end}}};
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = safetensors_dtype_name(it.dtype);
+    entry["shape"] = it.shape;
+    entry["data_offsets"] = {e.begin, e.end};
+    h[it.name] = std::move(entry);
     L.entries.push_back(std::move(e));
   }
   L.data_bytes = off;

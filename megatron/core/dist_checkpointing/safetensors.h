@@ -12,8 +12,10 @@
 // DType for; others — U32, U64, F8_E8M0, F4, F6_* — are rejected with a UserError naming them).
 //
 // Our writer's canonical order is the reference implementation's: tensors sorted by dtype
-// descending in the order above (F64/I64 first ... BOOL last), then by name; the JSON header is
-// compact with keys sorted. Any conforming order is accepted on read.
+// descending in the order above (I64/F64 first ... BOOL last), then by name; the compact JSON
+// header lists "__metadata__" first (keys sorted), then the tensors in buffer order with the fields
+// dtype, shape, data_offsets — byte-identical to the reference writer for files whose metadata has
+// one key (its metadata map order is unspecified). Any conforming order is accepted on read.
 #pragma once
 
 #include <cstdint>

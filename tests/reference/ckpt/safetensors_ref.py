@@ -4,8 +4,9 @@
 N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}},
 then the byte buffer. Canonical order (as the reference implementation): tensors sorted by
 dtype descending in the enum order BOOL < U8 < I8 < F8_E5M2 < F8_E4M3 < I16 < U16 < F16 < BF16 <
-I32 < F32 < F64 < I64, then by name; compact JSON with sorted keys, padded with spaces to a
-multiple of 8 bytes.
+I32 < F32 < F64 < I64, then by name; compact JSON listing "__metadata__" first (its keys sorted),
+then the tensors in buffer order, each {"dtype", "shape", "data_offsets"} in that field order
+(the order the reference implementation serializes), padded with spaces to a multiple of 8 bytes.
 
 Usage:
   safetensors_ref.py write OUT.safetensors     # writes the committed fixture (reference.safetensors)
@@ -57,14 +58,14 @@ def write(path, tensors, metadata):
     names = sorted(names, key=lambda n: -ORDER.index(tensors[n][0]))  # stable: dtype desc, then name
     header = {}
     if metadata:
-        header["__metadata__"] = metadata
+        header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
     buf = b""
     for n in names:
         dt, shape, arr = tensors[n]
         data = np.ascontiguousarray(arr, dtype=NP[dt]).astype("<" + np.dtype(NP[dt]).str[1:]).tobytes()
-        header[n] = {"dtype": dt, "shape": shape, "data_offsets": [len(buf), len(buf) + len(data)]}
+        header[n] = {"dtype": dt, "shape": shape, "data_offsets": [len(buf), len(buf) + len(data)]}  # field order matters
         buf += data
-    hj = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    hj = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hj += b" " * ((8 - len(hj) % 8) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hj)) + hj + buf)

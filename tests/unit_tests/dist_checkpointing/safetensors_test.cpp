@@ -136,3 +136,27 @@ TEST(Safetensors, BadFilesNameTheProblem) {
   expect_error("short.safetensors", "short.safetensors");
   fs::remove_all(dir);
 }
+
+// Files written by the reference implementation itself (safetensors 0.8.0 via transformers'
+// save_pretrained, tests/reference/hf/README.md): we read every tensor, and rewriting them gives
+// the same bytes (same canonical order, header layout and padding).
+TEST(Safetensors, ReferenceImplementationFilesRoundTripByteIdentical) {
+  for (const char* model : {"llama_tiny", "gpt2_tiny"}) {
+    std::string path = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/hf/" + model + "/model.safetensors";
+    SafetensorsReader ref(path);
+    ASSERT_GT(ref.entries().size(), 10u) << model;
+    EXPECT_EQ(ref.metadata().at("format"), "pt");
+    std::vector<SafetensorsItem> items;
+    for (const auto& e : ref.entries()) {
+      EXPECT_EQ(e.dtype, DType::kFloat32) << e.name;
+      items.push_back({e.name, e.dtype, e.shape, ref.bytes(e)});
+    }
+    std::string dir = tmp_dir(std::string("hf_") + model);
+    save_safetensors(dir + "/model.safetensors", items, ref.metadata());
+    EXPECT_TRUE(read_text_file(dir + "/model.safetensors") == read_text_file(path)) << model;
+    fs::remove_all(dir);
+  }
+  SafetensorsReader llama(std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/hf/llama_tiny/model.safetensors");
+  EXPECT_EQ(llama.at("model.layers.0.mlp.gate_proj.weight").shape, (Shape{176, 64}));
+  EXPECT_EQ(llama.at("model.layers.1.self_attn.k_proj.weight").shape, (Shape{32, 64}));
+}
