@@ -12,6 +12,7 @@
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/core/transformer/module.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -116,6 +117,26 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
     out.push_back(ShardedTensor::from_rank_offsets(
         key, piece, {{0, part * ranks.tp_size + ranks.tp_rank, 2 * static_cast<int64_t>(ranks.tp_size)}}, replica, prepend));
   }
+  return out;
+}
+
+std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers, int dp_rank) {
+  if (p.shared) return {};
+  ParallelRanks r;
+  r.tp_rank = p.tp_rank;
+  r.tp_size = p.tp_size;
+  r.dp_rank = dp_rank;
+  ParamSharding sh;
+  sh.tp_axis = p.partition_dim;
+  sh.swiglu_fc1 = p.partition_stride == 2;
+  MEGATRON_CHECK(p.partition_stride == 1 || p.partition_stride == 2) << p.name << ": partition_stride " << p.partition_stride;
+  auto out = model_sharded_tensors(p.name, p.data, sh, num_layers, r);
+  // global_shape from the model is authoritative: check the sharding reproduces it
+  Shape want = p.global_shape;
+  if (stacked_layer_key(p.name).second >= 0) want.insert(want.begin(), num_layers);
+  for (const auto& t : out)
+    MEGATRON_CHECK(t.global_shape == want) << p.name << ": sharded global shape " << shape_str(t.global_shape)
+                                          << " != model global shape " << shape_str(want);
   return out;
 }
 
