@@ -11,7 +11,7 @@ OptimizerParamScheduler::OptimizerParamScheduler(const Options& o) : o_(o) {
   if (o_.min_lr < 0.0) user_error("--min-lr must be >= 0 (got ", o_.min_lr, ")");
   if (o_.max_lr < o_.min_lr) user_error("--lr (", o_.max_lr, ") must be >= --min-lr (", o_.min_lr, ")");
   if (o_.lr_decay_steps <= 0) user_error("the lr decay length (--lr-decay-iters/--lr-decay-samples or the training length) must be > 0");
-  if (o_.lr_warmup_steps >= o_.lr_decay_steps)
+  if (o_.lr_warmup_steps >= static_cast<double>(o_.lr_decay_steps))
     user_error("the lr warmup (", o_.lr_warmup_steps, " samples) must be shorter than the lr decay (",
                o_.lr_decay_steps, " samples)");
   if (o_.init_lr > o_.max_lr) user_error("--lr-warmup-init (", o_.init_lr, ") must be <= --lr (", o_.max_lr, ")");
@@ -44,18 +44,17 @@ double OptimizerParamScheduler::get_wd() const {
 
 double OptimizerParamScheduler::get_lr(double max_lr, double min_lr) const {
   const double n = static_cast<double>(num_steps_);
-  if (o_.lr_warmup_steps > 0 && num_steps_ <= o_.lr_warmup_steps) {
-    return o_.init_lr + (max_lr - o_.init_lr) * n / static_cast<double>(o_.lr_warmup_steps);
+  if (o_.lr_warmup_steps > 0 && n <= o_.lr_warmup_steps) {
+    return o_.init_lr + (max_lr - o_.init_lr) * n / o_.lr_warmup_steps;
   }
   if (o_.lr_decay_style == "constant") return max_lr;
   if (num_steps_ > o_.lr_decay_steps) return min_lr;
   if (o_.lr_decay_style == "inverse-square-root") {
-    const double warmup = static_cast<double>(std::max<int64_t>(o_.lr_warmup_steps, 1));
+    const double warmup = std::max(o_.lr_warmup_steps, 1.0);
     const double steps = static_cast<double>(std::max<int64_t>(num_steps_, 1));
     return std::max(min_lr, max_lr * std::sqrt(warmup) / std::sqrt(steps));
   }
-  const double ratio = static_cast<double>(num_steps_ - o_.lr_warmup_steps) /
-                       static_cast<double>(o_.lr_decay_steps - o_.lr_warmup_steps);
+  const double ratio = (n - o_.lr_warmup_steps) / (static_cast<double>(o_.lr_decay_steps) - o_.lr_warmup_steps);
   const double delta = max_lr - min_lr;
   double coeff = 0.0;
   if (o_.lr_decay_style == "linear") {

@@ -23,7 +23,7 @@ class OptimizerParamScheduler {
     double init_lr = 0.0;         // --lr-warmup-init
     double max_lr = 0.0;          // --lr
     double min_lr = 0.0;          // --min-lr
-    int64_t lr_warmup_steps = 0;
+    double lr_warmup_steps = 0;   // may be fractional (--lr-warmup-fraction × decay steps)
     int64_t lr_decay_steps = 0;
     std::string lr_decay_style = "linear";  // constant|linear|cosine|inverse-square-root|WSD
     double start_wd = 0.01;

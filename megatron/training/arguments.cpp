@@ -154,9 +154,10 @@ class Binder {
   void add1(const std::string& flag, std::function<void(const std::string&)> fn) {
     known_.insert(flag);
     app_.add_option_function<std::string>(flag, [this, flag, fn](const std::string& s) {
-      given(flag);
-      fn(s);
-    });
+          given(flag);
+          fn(s);
+        })
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
   }
   void noted_with(const std::string& flag, int arity, std::string note,
                   std::function<void(const std::string&)> store) {
@@ -169,9 +170,10 @@ class Binder {
       app_.add_flag_callback(flag, record);
     } else if (arity == 1) {
       app_.add_option_function<std::string>(flag, [record, store](const std::string& s) {
-        record();
-        if (store) store(s);
-      });
+            record();
+            if (store) store(s);
+          })
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     } else {
       app_.add_option_function<std::vector<std::string>>(flag, [record](const std::vector<std::string>&) { record(); })
           ->expected(arity < 0 ? 1 : arity, arity < 0 ? CLI::detail::expected_max_vector_size : arity)
@@ -491,11 +493,12 @@ Arguments parse_args(const std::vector<std::string>& in) {
   bind_all(b, a);
   // --timing-log-level is an int with choices.
   app.add_option_function<std::string>("--timing-log-level", [&a](const std::string& s) {
-    a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
-    if (a.timing_log_level < 0 || a.timing_log_level > 2)
-      user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
-    a.given_flags.push_back("--timing-log-level");
-  });
+       a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
+       if (a.timing_log_level < 0 || a.timing_log_level > 2)
+         user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
+       a.given_flags.push_back("--timing-log-level");
+     })
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // CLI11 would read a negative number value ("--null-tokenizer-pad-id -1") as an option name:
   // glue "--flag -1" into "--flag=-1" for flags that take one value.
@@ -684,6 +687,8 @@ void validate_args(Arguments& a) {
     else a.accumulate_allreduce_grads_in_fp32 = true;
   }
   if (a.fp16 && a.loss_scale && *a.loss_scale <= 0) fail("--loss-scale must be > 0");
+  // Dynamic loss scaling expects inf/NaN grads: Megatron turns the NaN check off then.
+  if (a.fp16 && !a.loss_scale) a.check_for_nan_in_loss_and_grad = false;
 
   // Parallel feature combinations.
   if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently

@@ -90,13 +90,19 @@ class _Version:
     def __hash__(self): return hash(self.t)
 
 
-def main():
+def install_stubs(megatron_dir):
+    """Makes `import megatron...` work without torch & co (flag declarations and pure-Python
+    helpers only). Also used by gen_scheduler.py."""
     sys.meta_path.insert(0, _First())
     sys.meta_path.append(_Last())
     pk = types.ModuleType('packaging'); pk.__path__ = []
     pv = types.ModuleType('packaging.version'); pv.Version = _Version; pv.parse = _Version; pk.version = pv
     sys.modules['packaging'] = pk; sys.modules['packaging.version'] = pv
-    sys.path.insert(0, sys.argv[1])
+    sys.path.insert(0, megatron_dir)
+
+
+def main():
+    install_stubs(sys.argv[1])
     from megatron.training import arguments
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     rows = []
