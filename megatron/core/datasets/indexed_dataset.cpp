@@ -115,12 +115,21 @@ void IndexedDatasetBuilder::add_item(const int64_t* tokens, size_t n) {
 void IndexedDatasetBuilder::end_document() { doc_idx_.push_back(static_cast<int64_t>(lengths_.size())); }
 
 void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths) {
+  add_document(tokens.data(), tokens.size(), lengths.data(), lengths.size());
+}
+
+void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_tokens, const int64_t* lengths,
+                                         size_t num_lengths) {
   int64_t total = 0;
-  for (auto l : lengths) total += l;
-  MEGATRON_CHECK(total == static_cast<int64_t>(tokens.size()))
-      << "add_document: lengths sum " << total << " != " << tokens.size() << " tokens";
-  write_tokens(tokens.data(), tokens.size());
-  for (auto l : lengths) lengths_.push_back(static_cast<int32_t>(l));
+  for (size_t i = 0; i < num_lengths; ++i) {
+    if (lengths[i] < 0 || lengths[i] > std::numeric_limits<int32_t>::max())
+      user_error(bin_path_, ": a sequence of ", lengths[i], " tokens does not fit the int32 length field of the .idx");
+    total += lengths[i];
+  }
+  MEGATRON_CHECK(total == static_cast<int64_t>(num_tokens))
+      << "add_document: lengths sum " << total << " != " << num_tokens << " tokens";
+  write_tokens(tokens, num_tokens);
+  for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -175,6 +184,8 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   write_all(f, pointers.data(), S * 8, tmp);
   write_all(f, doc_idx_.data(), D * 8, tmp);
   if (std::fflush(f) != 0 || std::fclose(f) != 0) user_error(tmp, ": write failed: ", std::strerror(errno));
+  std::error_code ec;
+  std::filesystem::remove(idx_path, ec);  // never leave an old .idx beside the new .bin
   std::filesystem::rename(bin_path_ + ".tmp", bin_path_);
   std::filesystem::rename(tmp, idx_path);
   finalized_ = true;

@@ -52,9 +52,13 @@ class IndexedDatasetBuilder {
   /// Appends a document made of sequences of the given lengths (tokens concatenated). An empty
   /// `lengths` still records a document boundary (repeated index), as Megatron does.
   void add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths);
+  /// Same, from raw arrays: `num_tokens` tokens split into `num_lengths` sequences.
+  void add_document(const int64_t* tokens, size_t num_tokens, const int64_t* lengths, size_t num_lengths);
   /// Appends another dataset (prefix without extension); dtypes must match (Megatron add_index).
   void add_index(const std::string& prefix);
-  /// Writes the .idx and publishes both files.
+  /// Writes the .idx and publishes both files: an existing .idx of the same name is removed
+  /// first, then the .bin and last the .idx are renamed into place, so no moment exists where
+  /// a new .bin sits beside an old .idx.
   void finalize(const std::string& idx_path);
 
   size_t num_sequences() const { return lengths_.size(); }

@@ -42,6 +42,11 @@ double sum_of_squares(const Tensor& x);
 int64_t count_zeros(const Tensor& x);
 /// True if any element is inf or NaN (fp16 loss-scaler check).
 bool has_inf_or_nan(const Tensor& x);
+/// y[a, b, rest...] = x[b, a, rest...]: swaps the first two dims (batch-first <-> sequence-first).
+/// Any dtype (elements are moved, not converted); x and y have the same dtype, y is [x1, x0, ...].
+void transpose01(const Tensor& x, Tensor& y);
+/// y[N, n] += bias[n] for every row (RowParallelLinear adds its bias after the TP reduction).
+void bias_add_(Tensor& y, const Tensor& bias);
 
 // ------------------------------------------------------------------------------------------
 // GEMM and linear layers
@@ -128,6 +133,12 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
 void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t num_heads,
                              int64_t num_query_groups, const RopeParams& rope, const Tensor* position_ids, Tensor& dqkv);
 
+/// RoPE alone, on x [s, b, n, d] -> y [s, b, n, d] (y may alias x). Used when --qk-layernorm
+/// puts the norms between the QKV split and the rotation (Megatron's order).
+void rope_forward(const Tensor& x, const RopeParams& rope, const Tensor* position_ids, Tensor& y);
+/// dx from dy (the inverse rotation); dx may alias dy.
+void rope_backward(const Tensor& dy, const RopeParams& rope, const Tensor* position_ids, Tensor& dx);
+
 struct AttentionParams {
   float softmax_scale = 1.0f;  // usually 1/sqrt(d)
   bool causal = true;
@@ -159,6 +170,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 /// loss = log(S) + M - P, lse = log(S) + M.
 void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& row_max,
                          Tensor& row_sumexp, Tensor& pred);
+/// Vocab-parallel combine step: row_sumexp[i] *= exp(row_max[i] - global_max[i]) (all float32 [N]).
+void cross_entropy_rescale_(Tensor& row_sumexp, const Tensor& row_max, const Tensor& global_max);
+/// loss = log(sumexp) + max - pred and lse = log(sumexp) + max (all float32 [N]; loss/lse written).
+void cross_entropy_loss(const Tensor& global_max, const Tensor& global_sumexp, const Tensor& pred, Tensor& loss,
+                        Tensor& lse);
 /// dlogits[N, V_local] = (softmax(logits) - onehot(label)) * dloss[row], with softmax from the
 /// global lse [N]. dlogits may be the same tensor as logits (in-place, saves memory).
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t vocab_start, const Tensor& lse,

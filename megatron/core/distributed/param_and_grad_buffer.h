@@ -1,0 +1,40 @@
+// Contiguous parameter and gradient buffers (Megatron's _ParamAndGradBuffer,
+// megatron/core/distributed/param_and_grad_buffer.py; megatron.md §9.5).
+//
+// All parameters of one (param dtype, grad dtype) live in one flat parameter tensor and one
+// flat gradient tensor, laid out in REVERSE registration order (≈ the order backward produces
+// gradients, so buckets fill front to back). Each Parameter's data/main_grad become views.
+// Buckets, padding for the distributed optimizer and overlapped reduction are added by the
+// distributed data-parallel wrapper on top of this layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/module.h"
+
+namespace megatron::distributed {
+
+class ParamAndGradBuffer {
+ public:
+  /// Lays out `params` (local shapes from `shapes`, same order) in reverse order; allocates
+  /// param_data [total] of param_dtype and grad_data [total] of grad_dtype (zeroed) on
+  /// `device`, and points every Parameter's data/main_grad at its slice.
+  ParamAndGradBuffer(std::vector<transformer::Parameter>& params, const std::vector<Shape>& shapes,
+                     DType param_dtype, DType grad_dtype, Device device);
+
+  Tensor& param_data() { return param_data_; }
+  Tensor& grad_data() { return grad_data_; }
+  /// Element range [start, end) of parameter i (registration index) in the buffers.
+  std::pair<int64_t, int64_t> range(size_t i) const { return ranges_[i]; }
+  int64_t numel() const { return param_data_.numel(); }
+
+ private:
+  Tensor param_data_;
+  Tensor grad_data_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
+}  // namespace megatron::distributed

@@ -1,0 +1,53 @@
+#include "megatron/core/models/common/embeddings/language_model_embedding.h"
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/transformer_layer.h"
+
+namespace megatron::models::common {
+
+using transformer::PositionEmbeddingType;
+
+LanguageModelEmbedding::LanguageModelEmbedding(transformer::ParamRegistry& reg,
+                                               const transformer::TransformerConfig& config, int64_t vocab_size,
+                                               int64_t max_sequence_length, const tensor_parallel::TPContext& tp)
+    : config_(config) {
+  word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
+      reg, "embedding.word_embeddings.weight", vocab_size, config.hidden_size, config.init_method_std, tp);
+  if (config.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute) {
+    transformer::Parameter p;
+    p.name = "embedding.position_embeddings.weight";
+    p.global_shape = {max_sequence_length, config.hidden_size};
+    p.init = transformer::InitKind::kNormal;
+    p.init_std = config.init_method_std;
+    position_embeddings_ = transformer::ParamRef(&reg, reg.add(std::move(p), {max_sequence_length, config.hidden_size}));
+  }
+}
+
+Tensor LanguageModelEmbedding::forward(const Tensor& ids, const Tensor& position_ids, transformer::ForwardContext& fc,
+                                       EmbeddingCtx& ctx) const {
+  ctx.ids = ids;
+  ctx.position_ids = position_ids;
+  Tensor emb = word_embeddings_->forward(ids);
+  if (position_embeddings_.defined()) {
+    Tensor pos = Tensor::empty(emb.shape(), emb.dtype(), emb.device());
+    ops::embedding_forward(position_ids, position_embeddings_.data(), pos, 0);
+    ops::add_(emb, pos);
+  }
+  ctx.dropout_p = config_.hidden_dropout;
+  if (fc.training && ctx.dropout_p > 0.0f) {
+    Tensor out = Tensor::empty(emb.shape(), emb.dtype(), emb.device());
+    ctx.dropout_mask = Tensor::empty(emb.shape(), DType::kUInt8, emb.device());
+    ops::dropout_forward(emb, out, ctx.dropout_mask, ctx.dropout_p, fc.seed, fc.next_offset());
+    return out;
+  }
+  ctx.dropout_mask = Tensor();
+  return emb;
+}
+
+void LanguageModelEmbedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
+  Tensor d = transformer::dropout_add_backward(dy, ctx.dropout_mask, ctx.dropout_p);
+  word_embeddings_->backward(d, ctx.ids);
+  if (position_embeddings_.defined()) ops::embedding_backward(d, ctx.position_ids, position_embeddings_.grad(), 0);
+}
+
+}  // namespace megatron::models::common

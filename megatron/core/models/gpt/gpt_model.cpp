@@ -1,0 +1,183 @@
+#include "megatron/core/models/gpt/gpt_model.h"
+
+#include "megatron/core/models/common/embeddings/language_model_embedding.h"
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor_parallel/layers.h"
+#include "megatron/core/tensor_parallel/random.h"
+#include "megatron/core/transformer/transformer_block.h"
+
+namespace megatron::models::gpt {
+
+struct GPTModel::State {
+  bool has_forward = false;
+  Tensor labels;  // [s, b]
+  common::EmbeddingCtx embedding;
+  transformer::TransformerBlockCtx decoder;
+  tensor_parallel::LinearCtx output_layer;
+  Tensor logits;  // [s, b, V/TP]
+  Tensor lse;     // [s*b] float32
+  uint64_t rng_offset = 0;
+};
+
+namespace {
+/// [b, s, ...] batch tensor -> [s, b, ...] on `device`.
+Tensor to_seq_first(const Tensor& t, Device device) {
+  Tensor src = t.to(device);
+  Shape s = src.shape();
+  std::swap(s[0], s[1]);
+  Tensor out = Tensor::empty(s, src.dtype(), device);
+  ops::transpose01(src, out);
+  return out;
+}
+
+void check_ids(const Tensor& t, int64_t limit, const char* what) {
+  if (!t.is_cpu()) return;
+  const int64_t* p = t.data<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (p[i] < 0 || p[i] >= limit)
+      user_error("GPTModel.forward: ", what, " value ", p[i], " at flat index ", i, " is outside [0, ", limit,
+                 "); check --vocab-size / --max-position-embeddings against the data");
+}
+}  // namespace
+
+GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, int64_t max_sequence_length,
+                   uint64_t seed, Device device, GPTModelParallel parallel)
+    : config_(config),
+      padded_vocab_size_(padded_vocab_size),
+      max_sequence_length_(max_sequence_length),
+      seed_(seed),
+      device_(device),
+      parallel_(std::move(parallel)),
+      state_(std::make_unique<State>()) {
+  config_.validate();
+  if (!parallel_.tp_group) parallel_.tp_group = distributed::make_single_rank_group();
+  if (!parallel_.pre_process || !parallel_.post_process)
+    user_error("GPTModel: pipeline stages (pre_process/post_process false) are not implemented yet");
+  if (parallel_.tp_group->size() != config_.tensor_model_parallel_size)
+    user_error("GPTModel: the TP group has ", parallel_.tp_group->size(),
+               " ranks but --tensor-model-parallel-size is ", config_.tensor_model_parallel_size);
+  if (padded_vocab_size <= 0 || padded_vocab_size % config_.tensor_model_parallel_size != 0)
+    user_error("GPTModel: padded vocab size ", padded_vocab_size,
+               " must be positive and divisible by --tensor-model-parallel-size");
+  if (max_sequence_length <= 0) user_error("GPTModel: --max-position-embeddings must be positive");
+
+  tensor_parallel::TPContext tp{parallel_.tp_group, config_.sequence_parallel};
+  // Registration order = Megatron's named_parameters(): embedding, decoder, output_layer.
+  embedding_ = std::make_unique<common::LanguageModelEmbedding>(registry_, config_, padded_vocab_size,
+                                                                 max_sequence_length, tp);
+  decoder_ = std::make_unique<transformer::TransformerBlock>(registry_, config_, tp, 0, config_.num_layers, true);
+  const bool tied = config_.share_embeddings_and_output_weights;
+  output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+      registry_, "output_layer", config_.hidden_size, padded_vocab_size, /*bias=*/false, config_.init_method_std, tp,
+      1, /*skip_weight=*/tied, /*is_embedding_or_output=*/true);
+  if (tied) output_layer_->set_shared_weight(embedding_->word_embeddings_weight());
+
+  buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
+                                                               config_.params_dtype, config_.main_grads_dtype, device_);
+  for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
+}
+
+GPTModel::~GPTModel() = default;
+
+std::vector<Parameter>& GPTModel::parameters() { return registry_.params(); }
+Tensor& GPTModel::param_buffer() { return buffers_->param_data(); }
+Tensor& GPTModel::grad_buffer() { return buffers_->grad_data(); }
+distributed::ParamAndGradBuffer& GPTModel::buffers() { return *buffers_; }
+void GPTModel::zero_grad() { buffers_->grad_data().zero_(); }
+const Tensor& GPTModel::last_logits() const { return state_->logits; }
+
+Parameter& GPTModel::parameter(const std::string& name) {
+  for (auto& p : registry_.params())
+    if (p.name == name) return p;
+  user_error("GPTModel: no parameter named '", name, "'");
+}
+
+Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
+  MEGATRON_CHECK(batch.tokens.dim() == 2 && batch.labels.shape() == batch.tokens.shape())
+      << "tokens " << batch.tokens.str() << " labels " << batch.labels.str();
+  const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1);
+  check_ids(batch.tokens, padded_vocab_size_, "token id");
+  check_ids(batch.labels, padded_vocab_size_, "label");
+  const bool learned = config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
+  if (learned && s > max_sequence_length_)
+    user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
+
+  State& st = *state_;
+  const uint64_t offset = st.rng_offset;
+  st = State();
+  st.rng_offset = offset;
+  transformer::ForwardContext fc;
+  fc.training = training;
+  fc.seed = seed_;
+  fc.tp_seed = tensor_parallel::model_parallel_seed(seed_, parallel_.tp_group->rank());
+  fc.rng_offset = st.rng_offset;
+  if (batch.attention_mask.defined()) fc.attention_mask = batch.attention_mask.to(device_);
+
+  Tensor ids = to_seq_first(batch.tokens, device_);
+  st.labels = to_seq_first(batch.labels, device_);
+  Tensor position_ids;
+  if (learned) {
+    if (batch.position_ids.defined()) {
+      check_ids(batch.position_ids, max_sequence_length_, "position id");
+      position_ids = to_seq_first(batch.position_ids, device_);
+    } else {
+      std::vector<int64_t> pos(static_cast<size_t>(s * b));
+      for (int64_t i = 0; i < s * b; ++i) pos[i] = i / b;
+      position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+    }
+  }
+  // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
+
+  Tensor h = embedding_->forward(ids, position_ids, fc, st.embedding);
+  h = decoder_->forward(h, fc, st.decoder);
+  st.logits = output_layer_->forward(h, st.output_layer);
+
+  // Vocab-parallel cross entropy in fp32 (megatron.md §9.3).
+  const int64_t n = s * b;
+  Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
+  Tensor labels1d = st.labels.view({n});
+  Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
+  Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
+  Tensor pred = Tensor::empty({n}, DType::kFloat32, device_);
+  ops::cross_entropy_stats(logits2d, labels1d, embedding_->vocab_start(), row_max, sumexp, pred);
+  Tensor global_max = row_max;
+  auto& tpg = *parallel_.tp_group;
+  if (tpg.size() > 1) {
+    global_max = row_max.clone();
+    tpg.all_reduce(global_max, distributed::ReduceOp::kMax);
+    ops::cross_entropy_rescale_(sumexp, row_max, global_max);
+    tpg.all_reduce(sumexp, distributed::ReduceOp::kSum);
+    tpg.all_reduce(pred, distributed::ReduceOp::kSum);
+  }
+  Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
+  st.lse = Tensor::empty({n}, DType::kFloat32, device_);
+  Tensor loss_flat = loss_sb.view({n});
+  ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
+  Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
+  ops::transpose01(loss_sb, loss);
+
+  st.rng_offset = fc.rng_offset;
+  st.has_forward = true;
+  return loss;
+}
+
+void GPTModel::backward(const Tensor& dloss) {
+  State& st = *state_;
+  if (!st.has_forward) user_error("GPTModel.backward called without a preceding forward");
+  const int64_t s = st.labels.size(0), b = st.labels.size(1), n = s * b;
+  MEGATRON_CHECK(dloss.dim() == 2 && dloss.size(0) == b && dloss.size(1) == s && dloss.dtype() == DType::kFloat32)
+      << "dloss " << dloss.str() << " for batch " << b << " x seq " << s;
+  Tensor dloss_sb = to_seq_first(dloss, device_);
+  // dlogits overwrite the logits (they are not needed any more).
+  Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
+  ops::cross_entropy_backward(logits2d, st.labels.view({n}), embedding_->vocab_start(), st.lse, dloss_sb.view({n}),
+                              logits2d);
+  Tensor dh = output_layer_->backward(st.logits, st.output_layer, true);
+  dh = decoder_->backward(dh, st.decoder);
+  embedding_->backward(dh, st.embedding);
+  const uint64_t off = st.rng_offset;
+  st = State();  // release the activations
+  st.rng_offset = off;
+}
+
+}  // namespace megatron::models::gpt

@@ -1,0 +1,114 @@
+// GPTModel: the GPT / LLaMA decoder-only language model (Megatron-Core's
+// megatron/core/models/gpt/gpt_model.py), flavour chosen by TransformerConfig:
+//   GPT:   learned absolute positions, LayerNorm, GeLU MLP, biases, tied output layer;
+//   LLaMA: RoPE, RMSNorm, SwiGLU, GQA, no biases, untied output layer.
+//
+// No autograd: forward() keeps the activations backward() needs; backward() walks the layers
+// in reverse and ACCUMULATES into every Parameter's main_grad (gradient accumulation over
+// micro-batches; zero_grad() clears). One forward must be followed by its backward before
+// the next forward (single in-flight micro-batch; pipeline schedules keep one model per stage
+// and will get explicit context handles from the pipeline layer).
+//
+// Mixed precision as Megatron: parameters and activations in config.params_dtype (bfloat16 /
+// float16 emulated by rounding on CPU), main grads in config.main_grads_dtype (float32 default),
+// softmax and cross entropy in float32.
+//
+// Initialization (megatron.md issue 2 item 3): weights N(0, init_method_std); linear_proj and
+// linear_fc2 N(0, init_method_std / sqrt(2 * num_layers)); biases 0; norm weights 1 (0 with
+// layernorm_zero_centered_gamma). Each global weight is drawn from an RNG keyed by (seed,
+// parameter name), so the values do not depend on the TP/PP layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/core/datasets/gpt_batch.h"
+#include "megatron/core/distributed/param_and_grad_buffer.h"
+#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/transformer_config.h"
+
+namespace megatron::transformer {
+class TransformerBlock;
+}
+namespace megatron::models::common {
+class LanguageModelEmbedding;
+}
+namespace megatron::tensor_parallel {
+class ColumnParallelLinear;
+}
+
+namespace megatron::models::gpt {
+
+using transformer::Parameter;
+using transformer::TransformerConfig;
+
+/// How this model instance is placed in the parallel layout. Defaults = one process.
+struct GPTModelParallel {
+  /// Tensor-parallel group (nullptr = single rank).
+  std::shared_ptr<distributed::ProcessGroup> tp_group;
+  /// Pipeline stage flags (Megatron's pre_process / post_process); reserved for the pipeline
+  /// layer, only true/true is implemented.
+  bool pre_process = true;
+  bool post_process = true;
+};
+
+class GPTModel {
+ public:
+  /// Builds and initializes the model. padded_vocab_size = vocab padded to
+  /// make_vocab_size_divisible_by * TP (megatron.md §3.1); max_sequence_length = size of the
+  /// learned position table (--max-position-embeddings). config.validate() is called here.
+  /// Throws UserError for an inconsistent configuration.
+  GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, int64_t max_sequence_length, uint64_t seed,
+           Device device = Device::cpu(), GPTModelParallel parallel = {});
+  ~GPTModel();
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
+
+  /// All parameters of this rank in Megatron's named_parameters() order.
+  std::vector<Parameter>& parameters();
+  /// Contiguous buffers (reverse registration order, megatron.md §9.5) that every
+  /// Parameter::data / main_grad views.
+  Tensor& param_buffer();
+  Tensor& grad_buffer();
+  distributed::ParamAndGradBuffer& buffers();
+
+  /// Runs the model on a micro-batch (tokens/labels/position_ids [b, s] int64, optional
+  /// attention_mask [b, 1, s, s] uint8, 1 = masked; loss_mask is NOT applied here).
+  /// training=false disables dropout. Returns the per-token cross-entropy loss float32 [b, s]
+  /// (Megatron's compute_language_model_loss output, before loss_mask). Throws UserError if
+  /// s exceeds max_sequence_length (learned positions) or a token id is outside the vocabulary.
+  Tensor forward(const datasets::GPTBatch& batch, bool training);
+  /// Logits of the last forward, [s, b, padded_vocab/TP] in the model dtype (sequence-first).
+  const Tensor& last_logits() const;
+  /// Backward of the last forward: dloss float32 [b, s] = dL/dloss. ACCUMULATES into main_grad.
+  void backward(const Tensor& dloss);
+  /// main_grad = 0 for every parameter (zeros the grad buffer).
+  void zero_grad();
+
+  const TransformerConfig& config() const { return config_; }
+  int64_t padded_vocab_size() const { return padded_vocab_size_; }
+  Device device() const { return device_; }
+  /// Parameter by Megatron name; throws UserError if absent.
+  Parameter& parameter(const std::string& name);
+
+ private:
+  struct State;
+  TransformerConfig config_;
+  int64_t padded_vocab_size_;
+  int64_t max_sequence_length_;
+  uint64_t seed_;
+  Device device_;
+  GPTModelParallel parallel_;
+  transformer::ParamRegistry registry_;
+  std::unique_ptr<models::common::LanguageModelEmbedding> embedding_;
+  std::unique_ptr<transformer::TransformerBlock> decoder_;
+  std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
+  std::unique_ptr<distributed::ParamAndGradBuffer> buffers_;
+  std::unique_ptr<State> state_;  // activations of the in-flight micro-batch
+};
+
+}  // namespace megatron::models::gpt

@@ -1,0 +1,124 @@
+// CPU reference: GeLU (erf and tanh forms), SwiGLU and dropout, forward and backward.
+#include <cmath>
+
+#include "megatron/core/ops/cpu/cpu_ops.h"
+#include "megatron/core/ops/cpu/cpu_util.h"
+
+namespace megatron::ops::cpu {
+
+namespace {
+// tanh GeLU constants as in Megatron's fused bias_gelu (megatron/core/fusions/fused_bias_gelu.py):
+// 0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x^2))).
+constexpr float kTanhC = 0.79788456f;
+constexpr float kTanhA = 0.044715f;
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+float gelu(float x, bool approx) {
+  if (approx) return 0.5f * x * (1.0f + std::tanh(kTanhC * x * (1.0f + kTanhA * x * x)));
+  return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+}
+float gelu_grad(float x, bool approx) {
+  if (approx) {
+    const float t = std::tanh(kTanhC * x * (1.0f + kTanhA * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kTanhC * (1.0f + 3.0f * kTanhA * x * x);
+  }
+  return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
+}
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+/// Uniform [0, 1) number `i` of the dropout stream (seed, offset): counter-based, so any element
+/// can be regenerated (the attention kernel uses it to rebuild its mask in backward).
+float dropout_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
+  const uint64_t stream = mix(seed ^ mix(offset));
+  return static_cast<float>(mix(stream + i) >> 40) * (1.0f / 16777216.0f);
+}
+
+void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh) {
+  MEGATRON_CHECK(x.numel() == y.numel()) << "gelu_forward " << x.str() << " -> " << y.str();
+  FloatIn fx(x);
+  FloatOut fy(y);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) fy[i] = gelu(fx[i], approximate_tanh);
+  fy.commit();
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approximate_tanh) {
+  MEGATRON_CHECK(x.numel() == dy.numel() && dx.numel() == x.numel()) << "gelu_backward " << x.str();
+  FloatIn fx(x), fdy(dy);
+  FloatOut fdx(dx);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) fdx[i] = fdy[i] * gelu_grad(fx[i], approximate_tanh);
+  fdx.commit();
+}
+
+void swiglu_forward(const Tensor& x, Tensor& y) {
+  const int64_t f = y.size(-1), n = rows_of(y);
+  MEGATRON_CHECK(x.size(-1) == 2 * f && rows_of(x) == n) << "swiglu_forward " << x.str() << " -> " << y.str();
+  FloatIn fx(x);
+  FloatOut fy(y);
+#pragma omp parallel for schedule(static) if (n * f > 16384)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const float g = fx[r * 2 * f + j], u = fx[r * 2 * f + f + j];
+      fy[r * f + j] = g * sigmoid(g) * u;
+    }
+  fy.commit();
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const int64_t f = dy.size(-1), n = rows_of(dy);
+  MEGATRON_CHECK(x.size(-1) == 2 * f && rows_of(x) == n && dx.numel() == x.numel()) << "swiglu_backward " << x.str();
+  FloatIn fx(x), fdy(dy);
+  FloatOut fdx(dx);
+#pragma omp parallel for schedule(static) if (n * f > 16384)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const float g = fx[r * 2 * f + j], u = fx[r * 2 * f + f + j], d = fdy[r * f + j];
+      const float s = sigmoid(g);
+      fdx[r * 2 * f + j] = d * u * s * (1.0f + g * (1.0f - s));
+      fdx[r * 2 * f + f + j] = d * g * s;
+    }
+  fdx.commit();
+}
+
+void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t seed, uint64_t offset) {
+  const int64_t n = x.numel();
+  MEGATRON_CHECK(y.numel() == n && mask.numel() == n && mask.dtype() == DType::kUInt8 && p >= 0.0f && p < 1.0f)
+      << "dropout_forward x " << x.str() << " y " << y.str() << " mask " << mask.str() << " p " << p;
+  FloatIn fx(x);
+  FloatOut fy(y);
+  uint8_t* m = mask.data<uint8_t>();
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = p == 0.0f || dropout_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+    m[i] = keep;
+    fy[i] = keep ? fx[i] * scale : 0.0f;
+  }
+  fy.commit();
+}
+
+void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx) {
+  const int64_t n = dy.numel();
+  MEGATRON_CHECK(dx.numel() == n && mask.numel() == n && mask.dtype() == DType::kUInt8) << "dropout_backward " << dy.str();
+  FloatIn fdy(dy);
+  FloatOut fdx(dx);
+  const uint8_t* m = mask.data<uint8_t>();
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) fdx[i] = m[i] ? fdy[i] * scale : 0.0f;
+  fdx.commit();
+}
+
+}  // namespace megatron::ops::cpu

@@ -1,0 +1,196 @@
+// Embedding forward/backward and the vocab cross-entropy statistics/backward on CUDA (ops.h).
+// Cross entropy reads each logit once per pass (online max/sum-exp), never materializes a
+// softmax, and may write dlogits over the logits.
+#include <cfloat>
+
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+
+namespace megatron::ops::cuda {
+using namespace detail;
+
+namespace {
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void embed_fwd_kernel(const int64_t* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,
+                                 int64_t rows, int64_t h, int64_t vstart, int64_t vlocal, bool vec) {
+  const int64_t per = (h + 7) / 8, work = rows * per;
+  for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < work; w += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = w / per, c = (w % per) * 8;
+    int64_t id = ids[r] - vstart;
+    float f[8];
+    if (id >= 0 && id < vlocal) {
+      ld8(table + id * h, c, h, vec, f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+    }
+    st8(out + r * h, c, h, vec, f);
+  }
+}
+
+__device__ __forceinline__ void atomic_add_f(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add_f(bf16_t* p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
+
+template <class X, class D>
+__global__ void embed_bwd_kernel(const X* __restrict__ dout, const int64_t* __restrict__ ids, D* __restrict__ dtable,
+                                 int64_t rows, int64_t h, int64_t vstart, int64_t vlocal, bool vec) {
+  const int64_t per = (h + 7) / 8, work = rows * per;
+  for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < work; w += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = w / per, c = (w % per) * 8;
+    int64_t id = ids[r] - vstart;
+    if (id < 0 || id >= vlocal) continue;
+    float f[8];
+    ld8(dout + r * h, c, h, vec, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < h) atomic_add_f(dtable + id * h + c + j, f[j]);
+  }
+}
+
+// Combines (m, s) pairs: s = sum exp(x - m).
+__device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s2) {
+  float M = fmaxf(m, m2);
+  if (M == -INFINITY) return;
+  s = s * __expf(m - M) + s2 * __expf(m2 - M);
+  m = M;
+}
+
+template <class L>
+__global__ void ce_stats_kernel(const L* __restrict__ logits, const int64_t* __restrict__ labels, int64_t V,
+                                int64_t vstart, float* __restrict__ row_max, float* __restrict__ row_sum,
+                                float* __restrict__ pred, bool vec) {
+  const int64_t r = blockIdx.x;
+  const L* lr = logits + r * V;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t c = threadIdx.x * 8; c < V; c += kThreads * 8) {
+    float f[8];
+    ld8(lr, c, V, vec, f);
+    float bm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < V) bm = fmaxf(bm, f[j]);
+    float bs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < V) bs += __expf(f[j] - bm);
+    ms_combine(m, s, bm, bs);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_combine(m, s, m2, s2);
+  }
+  __shared__ float sm[kThreads / 32], ss[kThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = sm[0], S = ss[0];
+    for (int w = 1; w < kThreads / 32; ++w) ms_combine(M, S, sm[w], ss[w]);
+    row_max[r] = M;
+    row_sum[r] = S;
+    int64_t t = labels[r] - vstart;
+    pred[r] = (t >= 0 && t < V) ? to_f(lr[t]) : 0.0f;
+  }
+}
+
+template <class L, class D>
+__global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ labels, int64_t V, int64_t vstart,
+                              const float* __restrict__ lse, const float* __restrict__ dloss, D* dlogits, bool vec) {
+  const int64_t r = blockIdx.x;
+  const L* lr = logits + r * V;
+  D* dr = dlogits + r * V;
+  const float l = lse[r], g = dloss[r];
+  const int64_t t = labels[r] - vstart;
+  for (int64_t c = threadIdx.x * 8; c < V; c += kThreads * 8) {
+    float f[8];
+    ld8(lr, c, V, vec, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = (__expf(f[j] - l) - (c + j == t ? 1.0f : 0.0f)) * g;
+    st8(dr, c, V, vec, f);
+  }
+}
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
+  check_cuda(table, "embedding_forward");
+  const int64_t h = table.size(-1), rows = ids.numel();
+  MEGATRON_CHECK(ids.dtype() == DType::kInt64 && table.dim() == 2 && out.numel() == rows * h &&
+                 out.dtype() == table.dtype())
+      << "embedding_forward: ids " << ids.str() << " table " << table.str() << " out " << out.str();
+  if (rows == 0 || h == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = h % 8 == 0 && aligned16(table.data_ptr()) && aligned16(out.data_ptr());
+  MCU_FLOAT_SWITCH(table.dtype(), T,
+                   embed_fwd_kernel<T><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads, 0, st>>>(
+                       static_cast<const int64_t*>(ids.data_ptr()), static_cast<const T*>(table.data_ptr()),
+                       static_cast<T*>(out.data_ptr()), rows, h, vocab_start, table.size(0), vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, int64_t vocab_start) {
+  check_cuda(dtable, "embedding_backward");
+  const int64_t h = dtable.size(-1), rows = ids.numel();
+  MEGATRON_CHECK(ids.dtype() == DType::kInt64 && dtable.dim() == 2 && dout.numel() == rows * h)
+      << "embedding_backward: dout " << dout.str() << " ids " << ids.str() << " dtable " << dtable.str();
+  if (rows == 0 || h == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = h % 8 == 0 && aligned16(dout.data_ptr());
+  MCU_F32_BF16_SWITCH(dout.dtype(), X,
+                      MCU_F32_BF16_SWITCH(dtable.dtype(), D,
+                                          embed_bwd_kernel<X, D><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads,
+                                                                   0, st>>>(
+                                              static_cast<const X*>(dout.data_ptr()),
+                                              static_cast<const int64_t*>(ids.data_ptr()),
+                                              static_cast<D*>(dtable.data_ptr()), rows, h, vocab_start,
+                                              dtable.size(0), vec)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& row_max,
+                         Tensor& row_sumexp, Tensor& pred) {
+  check_cuda(logits, "cross_entropy_stats");
+  const int64_t V = logits.size(-1), N = V ? logits.numel() / V : 0;
+  MEGATRON_CHECK(labels.numel() == N && labels.dtype() == DType::kInt64 && row_max.numel() == N &&
+                 row_sumexp.numel() == N && pred.numel() == N && row_max.dtype() == DType::kFloat32 &&
+                 row_sumexp.dtype() == DType::kFloat32 && pred.dtype() == DType::kFloat32)
+      << "cross_entropy_stats: logits " << logits.str() << " labels " << labels.str();
+  if (N == 0) return;
+  MEGATRON_CHECK(N < (1ll << 31)) << "cross_entropy_stats: too many rows " << N;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = V % 8 == 0 && aligned16(logits.data_ptr());
+  MCU_F32_BF16_SWITCH(logits.dtype(), L,
+                      ce_stats_kernel<L><<<(unsigned)N, kThreads, 0, st>>>(
+                          static_cast<const L*>(logits.data_ptr()), static_cast<const int64_t*>(labels.data_ptr()), V,
+                          vocab_start, static_cast<float*>(row_max.data_ptr()),
+                          static_cast<float*>(row_sumexp.data_ptr()), static_cast<float*>(pred.data_ptr()), vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t vocab_start, const Tensor& lse,
+                            const Tensor& dloss, Tensor& dlogits) {
+  check_cuda(logits, "cross_entropy_backward");
+  const int64_t V = logits.size(-1), N = V ? logits.numel() / V : 0;
+  MEGATRON_CHECK(labels.numel() == N && lse.numel() == N && dloss.numel() == N && dlogits.numel() == logits.numel() &&
+                 lse.dtype() == DType::kFloat32 && dloss.dtype() == DType::kFloat32)
+      << "cross_entropy_backward: logits " << logits.str() << " dlogits " << dlogits.str();
+  if (N == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = V % 8 == 0 && aligned16(logits.data_ptr()) && aligned16(dlogits.data_ptr());
+  MCU_F32_BF16_SWITCH(logits.dtype(), L,
+                      MCU_F32_BF16_SWITCH(dlogits.dtype(), D,
+                                          ce_bwd_kernel<L, D><<<(unsigned)N, kThreads, 0, st>>>(
+                                              static_cast<const L*>(logits.data_ptr()),
+                                              static_cast<const int64_t*>(labels.data_ptr()), V, vocab_start,
+                                              static_cast<const float*>(lse.data_ptr()),
+                                              static_cast<const float*>(dloss.data_ptr()),
+                                              static_cast<D*>(dlogits.data_ptr()), vec)));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatron::ops::cuda

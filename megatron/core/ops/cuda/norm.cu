@@ -1,0 +1,214 @@
+// LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h],
+// fp32 statistics. The backward's dgamma/dbeta column sums are accumulated per block in shared
+// memory, written as [blocks, h] partials and summed in a fixed order by a second kernel
+// (deterministic).
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+
+namespace megatron::ops::cuda {
+using namespace detail;
+
+namespace {
+constexpr int kWarps = 8;
+
+// kLN: LayerNorm (mean subtracted, beta added) vs RMSNorm.
+template <bool kLN, class X, class G, class Y>
+__global__ void norm_fwd_kernel(const X* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                                Y* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                int64_t rows, int h, float eps, float gofs, bool vec) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * (int64_t)kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    const X* xr = x + r * h;
+    float mean = 0.0f;
+    if (kLN) {
+      float s = 0.0f;
+      for (int c = lane * 8; c < h; c += 256) {
+        float f[8];
+        ld8(xr, c, h, vec, f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += f[j];
+      }
+      mean = warp_sum(s) / h;
+    }
+    float ss = 0.0f;
+    for (int c = lane * 8; c < h; c += 256) {
+      float f[8];
+      ld8(xr, c, h, vec, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (c + j < h) ss += (f[j] - mean) * (f[j] - mean);
+    }
+    const float rstd = rsqrtf(warp_sum(ss) / h + eps);
+    for (int c = lane * 8; c < h; c += 256) {
+      float f[8], g[8], b[8];
+      ld8(xr, c, h, vec, f);
+      ld8(gamma, c, h, vec, g);
+      if (kLN) ld8(beta, c, h, vec, b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = (f[j] - mean) * rstd * (g[j] + gofs) + (kLN ? b[j] : 0.0f);
+      st8(y + r * h, c, h, vec, f);
+    }
+    if (lane == 0) {
+      if (kLN) mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+template <bool kLN, class X, class G, class D>
+__global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ x, const G* __restrict__ gamma,
+                                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                                D* __restrict__ dx, float* __restrict__ part_g, float* __restrict__ part_b,
+                                int64_t rows, int h, float gofs, bool vec) {
+  extern __shared__ float sm[];
+  float* sg = sm;
+  float* sb = sm + h;
+  for (int c = threadIdx.x; c < (kLN ? 2 * h : h); c += blockDim.x) sm[c] = 0.0f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * (int64_t)kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    const X* xr = x + r * h;
+    const D* dyr = dy + r * h;
+    const float mean = kLN ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+    float a = 0.0f, b = 0.0f;  // sum(dxhat), sum(dxhat * xhat)
+    for (int c = lane * 8; c < h; c += 256) {
+      float f[8], g[8], d[8];
+      ld8(xr, c, h, vec, f);
+      ld8(gamma, c, h, vec, g);
+      ld8(dyr, c, h, vec, d);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (c + j >= h) break;
+        float xh = (f[j] - mean) * rstd;
+        float dxh = d[j] * (g[j] + gofs);
+        a += dxh;
+        b += dxh * xh;
+        atomicAdd(&sg[c + j], d[j] * xh);
+        if (kLN) atomicAdd(&sb[c + j], d[j]);
+      }
+    }
+    a = warp_sum(a) / h;
+    b = warp_sum(b) / h;
+    for (int c = lane * 8; c < h; c += 256) {
+      float f[8], g[8], d[8];
+      ld8(xr, c, h, vec, f);
+      ld8(gamma, c, h, vec, g);
+      ld8(dyr, c, h, vec, d);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float xh = (f[j] - mean) * rstd;
+        float dxh = d[j] * (g[j] + gofs);
+        f[j] = rstd * (dxh - (kLN ? a : 0.0f) - xh * b);
+      }
+      st8(dx + r * h, c, h, vec, f);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    part_g[(int64_t)blockIdx.x * h + c] = sg[c];
+    if (kLN) part_b[(int64_t)blockIdx.x * h + c] = sb[c];
+  }
+}
+
+template <class G>
+__global__ void colsum_kernel(const float* __restrict__ part, int nb, int h, G* __restrict__ out, bool accumulate) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= h) return;
+  float s = 0.0f;
+  for (int b = 0; b < nb; ++b) s += part[(int64_t)b * h + c];
+  if (accumulate) s += to_f(out[c]);
+  out[c] = from_f<G>(s);
+}
+
+template <bool kLN>
+void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const Tensor* beta, float eps, bool zc,
+                  Tensor& y, Tensor* mean, Tensor& rstd) {
+  check_cuda(x, name);
+  const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
+  MEGATRON_CHECK(gamma.numel() == h && y.numel() == x.numel() && rstd.numel() == rows &&
+                 rstd.dtype() == DType::kFloat32 && (!kLN || (beta->numel() == h && beta->dtype() == gamma.dtype() &&
+                                                             mean->numel() == rows && mean->dtype() == DType::kFloat32)))
+      << name << ": x " << x.str() << " gamma " << gamma.str() << " y " << y.str() << " rstd " << rstd.str();
+  if (rows == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
+             (!kLN || aligned16(beta->data_ptr()));
+  unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
+  MCU_F32_BF16_SWITCH(
+      x.dtype(), X,
+      MCU_F32_BF16_SWITCH(
+          gamma.dtype(), G,
+          MCU_F32_BF16_SWITCH(y.dtype(), Y,
+                           norm_fwd_kernel<kLN, X, G, Y><<<grid, kWarps * 32, 0, st>>>(
+                               static_cast<const X*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
+                               kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
+                               static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f, vec))));
+  CUDA_CHECK_LAUNCH();
+}
+
+template <bool kLN>
+void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor* mean,
+                   const Tensor& rstd, bool zc, Tensor& dx, Tensor& dgamma, Tensor* dbeta, bool accumulate) {
+  check_cuda(x, name);
+  const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
+  MEGATRON_CHECK(gamma.numel() == h && dy.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype() == dy.dtype() &&
+                 rstd.numel() == rows && dgamma.numel() == h && (!kLN || (mean->numel() == rows && dbeta->numel() == h &&
+                                                                         dbeta->dtype() == dgamma.dtype())))
+      << name << ": dy " << dy.str() << " x " << x.str() << " gamma " << gamma.str() << " dx " << dx.str()
+      << " dgamma " << dgamma.str();
+  if (h == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(dy.data_ptr()) && aligned16(dx.data_ptr()) &&
+             aligned16(gamma.data_ptr());
+  unsigned grid = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 2)));
+  const int nparts = kLN ? 2 : 1;
+  float* part = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
+  size_t smem = sizeof(float) * h * nparts;
+  MCU_F32_BF16_SWITCH(
+      x.dtype(), X,
+      MCU_F32_BF16_SWITCH(
+          gamma.dtype(), G, MCU_F32_BF16_SWITCH(dy.dtype(), D, {
+            auto kern = norm_bwd_kernel<kLN, X, G, D>;
+            if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            kern<<<grid, kWarps * 32, smem, st>>>(
+                static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
+                static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+                static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part,
+                part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec);
+          })));
+  CUDA_CHECK_LAUNCH();
+  unsigned cg = static_cast<unsigned>((h + 255) / 256);
+  MCU_F32_BF16_SWITCH(dgamma.dtype(), G, {
+    colsum_kernel<G><<<cg, 256, 0, st>>>(part, (int)grid, (int)h, static_cast<G*>(dgamma.data_ptr()), accumulate);
+    if (kLN)
+      colsum_kernel<G><<<cg, 256, 0, st>>>(part + (int64_t)grid * h, (int)grid, (int)h,
+                                           static_cast<G*>(dbeta->data_ptr()), accumulate);
+  });
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaFreeAsync(part, st));
+}
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, bool zero_centered_gamma,
+                       Tensor& y, Tensor& mean, Tensor& rstd) {
+  norm_forward<true>("layernorm_forward", x, gamma, &beta, eps, zero_centered_gamma, y, &mean, rstd);
+}
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  norm_backward<true>("layernorm_backward", dy, x, gamma, &mean, rstd, zero_centered_gamma, dx, dgamma, &dbeta,
+                      accumulate);
+}
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y,
+                     Tensor& rstd) {
+  norm_forward<false>("rmsnorm_forward", x, gamma, nullptr, eps, zero_centered_gamma, y, nullptr, rstd);
+}
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                      bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate) {
+  norm_backward<false>("rmsnorm_backward", dy, x, gamma, nullptr, rstd, zero_centered_gamma, dx, dgamma, nullptr,
+                       accumulate);
+}
+
+}  // namespace megatron::ops::cuda

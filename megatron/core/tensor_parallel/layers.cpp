@@ -1,0 +1,116 @@
+#include "megatron/core/tensor_parallel/layers.h"
+
+#include "megatron/core/ops/ops.h"
+
+namespace megatron::tensor_parallel {
+
+using transformer::InitKind;
+using transformer::Parameter;
+using transformer::ParamRef;
+using transformer::ParamRegistry;
+
+namespace {
+Shape with_last(const Tensor& x, int64_t last) {
+  Shape s = x.shape();
+  s.back() = last;
+  return s;
+}
+
+ParamRef add_param(ParamRegistry& reg, const std::string& name, Shape global, int partition_dim, int stride,
+                   const TPContext& tp, InitKind init, float std, bool is_embedding_or_output) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = global;
+  p.no_weight_decay = global.size() == 1 || name.ends_with(".bias");
+  p.is_embedding_or_output = is_embedding_or_output;
+  p.tensor_parallel = partition_dim >= 0;
+  p.partition_dim = partition_dim;
+  p.partition_stride = stride;
+  p.tp_rank = tp.rank();
+  p.tp_size = tp.size();
+  p.init = init;
+  p.init_std = std;
+  Shape local = global;
+  if (partition_dim >= 0) {
+    if (global[partition_dim] % (tp.size() * stride) != 0)
+      user_error(name, ": dimension ", global[partition_dim], " is not divisible by --tensor-model-parallel-size ",
+                 tp.size(), stride > 1 ? " times 2 (SwiGLU halves)" : "");
+    local[partition_dim] = global[partition_dim] / tp.size();
+  }
+  return ParamRef(&reg, reg.add(std::move(p), local));
+}
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+                                           int64_t output_size, bool bias, float init_std, const TPContext& tp,
+                                           int partition_stride, bool skip_weight, bool is_embedding_or_output)
+    : in_(input_size), out_local_(output_size / tp.size()), tp_(tp) {
+  MEGATRON_CHECK(!tp.sequence_parallel) << "sequence parallelism is not implemented in ColumnParallelLinear yet";
+  if (!skip_weight)
+    weight_ = add_param(reg, prefix + ".weight", {output_size, input_size}, 0, partition_stride, tp, InitKind::kNormal,
+                        init_std, is_embedding_or_output);
+  if (bias) bias_ = add_param(reg, prefix + ".bias", {output_size}, 0, partition_stride, tp, InitKind::kZeros, 0.0f, false);
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
+  ctx.input = x;  // identity into the TP region (no SP)
+  Tensor y = Tensor::empty(with_last(x, out_local_), x.dtype(), x.device());
+  ops::linear_forward(x, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
+  return y;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const {
+  Tensor dx;
+  if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                       bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  if (need_dx && tp_.size() > 1) tp_.group->all_reduce(dx);
+  return dx;
+}
+
+RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+                                     int64_t output_size, bool bias, float init_std, const TPContext& tp)
+    : in_local_(input_size / tp.size()), out_(output_size), tp_(tp) {
+  MEGATRON_CHECK(!tp.sequence_parallel) << "sequence parallelism is not implemented in RowParallelLinear yet";
+  weight_ = add_param(reg, prefix + ".weight", {output_size, input_size}, 1, 1, tp, InitKind::kNormal, init_std, false);
+  if (bias) bias_ = add_param(reg, prefix + ".bias", {output_size}, -1, 1, tp, InitKind::kZeros, 0.0f, false);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
+  ctx.input = x;
+  Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
+  ops::linear_forward(x, weight_.data(), nullptr, y);
+  if (tp_.size() > 1) tp_.group->all_reduce(y);
+  if (bias_.defined()) ops::bias_add_(y, bias_.data());
+  return y;
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const {
+  Tensor dx;
+  if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                       bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  return dx;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(ParamRegistry& reg, const std::string& name, int64_t num_embeddings,
+                                               int64_t embedding_dim, float init_std, const TPContext& tp)
+    : vocab_start_(0), vocab_local_(num_embeddings / tp.size()), dim_(embedding_dim), tp_(tp) {
+  weight_ = add_param(reg, name, {num_embeddings, embedding_dim}, 0, 1, tp, InitKind::kNormal, init_std, true);
+  vocab_start_ = tp.rank() * vocab_local_;
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
+  Shape s = ids.shape();
+  s.push_back(dim_);
+  Tensor out = Tensor::empty(s, weight_.data().dtype(), weight_.data().device());
+  ops::embedding_forward(ids, weight_.data(), out, vocab_start_);
+  if (tp_.size() > 1) tp_.group->all_reduce(out);
+  return out;
+}
+
+void VocabParallelEmbedding::backward(const Tensor& dout, const Tensor& ids) const {
+  ops::embedding_backward(dout, ids, weight_.grad(), vocab_start_);
+}
+
+}  // namespace megatron::tensor_parallel

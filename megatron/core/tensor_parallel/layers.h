@@ -1,0 +1,99 @@
+// Tensor-parallel linear layers and the vocab-parallel embedding (Megatron's
+// megatron/core/tensor_parallel/layers.py; megatron.md §9.2). Activations are sequence-first
+// [s, b, h]; each layer holds this rank's shard of the global weight and talks to the other
+// TP ranks only through the ProcessGroup `tp_group` (a single-rank group when TP = 1).
+// Sequence parallelism (all-gather / reduce-scatter along s) is a flag reserved for the
+// distributed layer; with TP = 1 every collective is the identity.
+//
+// No autograd: forward() stores what backward() needs in a context object owned by the caller.
+// Weight/bias gradients are always ACCUMULATED into the parameters' main_grad.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/module.h"
+
+namespace megatron::tensor_parallel {
+
+/// What ColumnParallelLinear/RowParallelLinear backward needs: their (gathered) input.
+struct LinearCtx {
+  Tensor input;
+};
+
+/// Options shared by the TP layers.
+struct TPContext {
+  std::shared_ptr<distributed::ProcessGroup> group;  // never null (single-rank group when TP = 1)
+  bool sequence_parallel = false;
+  int rank() const { return group->rank(); }
+  int size() const { return group->size(); }
+};
+
+/// Y = X W^T + b with W [out, in] split by rows (output features) across TP ranks: this rank
+/// holds rows [r*out/TP, (r+1)*out/TP) (with partition_stride 2, the rank's rows of each half,
+/// Megatron's SwiGLU fc1 layout). Forward: identity on X (no SP); output stays split (no
+/// gather_output). Backward: dX all-reduced over TP.
+class ColumnParallelLinear {
+ public:
+  /// Registers "<prefix>.weight" (and "<prefix>.bias" if bias) with global shape
+  /// [output_size, input_size], init N(0, init_std). `weight` may instead be supplied by
+  /// set_shared_weight (tied output layer), then nothing is registered for it.
+  ColumnParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+                       int64_t output_size, bool bias, float init_std, const TPContext& tp,
+                       int partition_stride = 1, bool skip_weight = false, bool is_embedding_or_output = false);
+  /// Uses `w` (e.g. the word embedding [V/TP, h]) as the weight.
+  void set_shared_weight(transformer::ParamRef w) { weight_ = w; }
+
+  /// x [..., in] -> y [..., out/TP] in x's dtype.
+  Tensor forward(const Tensor& x, LinearCtx& ctx) const;
+  /// dy [..., out/TP] -> dx [..., in] (undefined if !need_dx); accumulates dW, db.
+  Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+
+  int64_t output_size_per_partition() const { return out_local_; }
+
+ private:
+  transformer::ParamRef weight_, bias_;
+  int64_t in_, out_local_;
+  TPContext tp_;
+};
+
+/// Y = X W^T + b with W [out, in] split by columns (input features): the input arrives split
+/// along its last dim; the partial products are all-reduced over TP and the (unsplit) bias is
+/// added after the reduction. Backward: identity for dY; dX stays split.
+class RowParallelLinear {
+ public:
+  RowParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+                    int64_t output_size, bool bias, float init_std, const TPContext& tp);
+  /// x [..., in/TP] -> y [..., out].
+  Tensor forward(const Tensor& x, LinearCtx& ctx) const;
+  /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
+  Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+
+ private:
+  transformer::ParamRef weight_, bias_;
+  int64_t in_local_, out_;
+  TPContext tp_;
+};
+
+/// Word embedding with rows split across TP ranks (Megatron's VocabParallelEmbedding): ids
+/// outside this rank's range give zero rows, then the outputs are all-reduced.
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(transformer::ParamRegistry& reg, const std::string& name, int64_t num_embeddings,
+                         int64_t embedding_dim, float init_std, const TPContext& tp);
+  /// ids int64 [s, b] -> [s, b, h] in the weight's dtype.
+  Tensor forward(const Tensor& ids) const;
+  /// Accumulates dout [s, b, h] into the weight's main_grad.
+  void backward(const Tensor& dout, const Tensor& ids) const;
+  transformer::ParamRef weight() const { return weight_; }
+  int64_t vocab_start() const { return vocab_start_; }
+
+ private:
+  transformer::ParamRef weight_;
+  int64_t vocab_start_, vocab_local_, dim_;
+  TPContext tp_;
+};
+
+}  // namespace megatron::tensor_parallel

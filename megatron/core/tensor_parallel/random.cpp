@@ -1,0 +1,72 @@
+#include "megatron/core/tensor_parallel/random.h"
+
+#include <cmath>
+#include <vector>
+
+namespace megatron::tensor_parallel {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+float normal_at(uint64_t key, uint64_t index) {
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index));
+  const uint64_t b = splitmix64(key ^ splitmix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+int64_t global_index_of(const transformer::Parameter& p, const Shape& local_shape, int64_t local_index) {
+  const auto& g = p.global_shape;
+  const int64_t nd = static_cast<int64_t>(g.size());
+  // Decompose the local flat index (row-major), map the partitioned coordinate, recompose.
+  std::vector<int64_t> idx(static_cast<size_t>(nd));
+  int64_t rem = local_index;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    idx[d] = rem % local_shape[d];
+    rem /= local_shape[d];
+  }
+  if (p.partition_dim >= 0) {
+    const int64_t pd = p.partition_dim, stride = p.partition_stride;
+    const int64_t block = local_shape[pd] / stride;
+    const int64_t blk = idx[pd] / block, within = idx[pd] % block;
+    idx[pd] = blk * (g[pd] / stride) + p.tp_rank * block + within;
+  }
+  int64_t flat = 0;
+  for (int64_t d = 0; d < nd; ++d) flat = flat * g[d] + idx[d];
+  return flat;
+}
+
+void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
+  const int64_t n = p.data.numel();
+  std::vector<float> v(static_cast<size_t>(n));
+  switch (p.init) {
+    case transformer::InitKind::kZeros: std::fill(v.begin(), v.end(), 0.0f); break;
+    case transformer::InitKind::kOnes: std::fill(v.begin(), v.end(), 1.0f); break;
+    case transformer::InitKind::kNormal: {
+      const uint64_t key = splitmix64(seed ^ hash_name(p.name));
+      const Shape& ls = p.data.shape();
+      for (int64_t i = 0; i < n; ++i)
+        v[i] = p.init_std * normal_at(key, static_cast<uint64_t>(global_index_of(p, ls, i)));
+      break;
+    }
+  }
+  Tensor host = Tensor::empty(p.data.shape(), p.data.dtype());
+  cpu_convert_from_float(v.data(), host.data_ptr(), host.dtype(), n);
+  p.data.copy_(host);
+}
+
+}  // namespace megatron::tensor_parallel

@@ -1,0 +1,88 @@
+#include "megatron/core/transformer/attention.h"
+
+#include <cmath>
+
+namespace megatron::transformer {
+
+SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                             const tensor_parallel::TPContext& tp)
+    : config_(config),
+      heads_local_(config.num_attention_heads / tp.size()),
+      groups_local_(config.num_query_groups / tp.size()) {
+  rope_.enabled = config.position_embedding_type == PositionEmbeddingType::kRope;
+  rope_.base = config.rotary_base;
+  rope_.percent = config.rotary_percent;
+  rope_.interleaved = config.rotary_interleaved;
+  const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
+  const int64_t q_size = config.num_attention_heads * config.kv_channels;
+  linear_proj_ = std::make_unique<tensor_parallel::RowParallelLinear>(reg, prefix + ".linear_proj", q_size,
+                                                                       config.hidden_size, config.add_bias_linear,
+                                                                       out_std, tp);
+  linear_qkv_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+      reg, prefix + ".linear_qkv", config.hidden_size, config.qkv_projection_size(),
+      config.add_bias_linear || config.add_qkv_bias, config.init_method_std, tp);
+  if (config.qk_layernorm) {
+    q_layernorm_ = std::make_unique<Norm>(reg, prefix + ".q_layernorm", config.kv_channels, config);
+    k_layernorm_ = std::make_unique<Norm>(reg, prefix + ".k_layernorm", config.kv_channels, config);
+  }
+}
+
+Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const {
+  const int64_t s = x.size(0), b = x.size(1), d = config_.kv_channels;
+  Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
+  ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
+  ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
+  ctx.v = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
+  if (!q_layernorm_) {
+    ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, rope_, nullptr, ctx.q, ctx.k, ctx.v);
+  } else {
+    ops::RopeParams no_rope;
+    Tensor q_raw = Tensor::empty(ctx.q.shape(), x.dtype(), x.device());
+    Tensor k_raw = Tensor::empty(ctx.k.shape(), x.dtype(), x.device());
+    ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, no_rope, nullptr, q_raw, k_raw, ctx.v);
+    ctx.q = q_layernorm_->forward(q_raw, ctx.q_norm);
+    ctx.k = k_layernorm_->forward(k_raw, ctx.k_norm);
+    if (rope_.enabled) {
+      ops::rope_forward(ctx.q, rope_, nullptr, ctx.q);
+      ops::rope_forward(ctx.k, rope_, nullptr, ctx.k);
+    }
+  }
+  ctx.params = {};
+  ctx.params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ctx.params.causal = true;
+  ctx.mask = fc.attention_mask;
+  ctx.params.attention_mask = ctx.mask.defined() ? &ctx.mask : nullptr;
+  ctx.params.dropout_p = fc.training ? config_.attention_dropout : 0.0f;
+  ctx.params.seed = fc.tp_seed;
+  ctx.params.offset = ctx.params.dropout_p > 0.0f ? fc.next_offset() : 0;
+  ctx.out = Tensor::empty(ctx.q.shape(), x.dtype(), x.device());
+  ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
+  ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.params, ctx.out, ctx.lse);
+  return linear_proj_->forward(ctx.out.view({s, b, heads_local_ * d}), ctx.proj);
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, AttentionCtx& ctx) const {
+  const int64_t s = dy.size(0), b = dy.size(1), d = config_.kv_channels;
+  ctx.params.attention_mask = ctx.mask.defined() ? &ctx.mask : nullptr;
+  Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.q.shape());
+  Tensor dq = Tensor::empty(ctx.q.shape(), dy.dtype(), dy.device());
+  Tensor dk = Tensor::empty(ctx.k.shape(), dy.dtype(), dy.device());
+  Tensor dv = Tensor::empty(ctx.v.shape(), dy.dtype(), dy.device());
+  ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, ctx.params, dq, dk, dv);
+  Tensor dqkv = Tensor::empty({s, b, groups_local_ * (heads_local_ / groups_local_ + 2) * d}, dy.dtype(), dy.device());
+  if (!q_layernorm_) {
+    ops::qkv_split_rope_backward(dq, dk, dv, heads_local_, groups_local_, rope_, nullptr, dqkv);
+  } else {
+    if (rope_.enabled) {
+      ops::rope_backward(dq, rope_, nullptr, dq);
+      ops::rope_backward(dk, rope_, nullptr, dk);
+    }
+    Tensor dq_raw = q_layernorm_->backward(dq, ctx.q_norm);
+    Tensor dk_raw = k_layernorm_->backward(dk, ctx.k_norm);
+    ops::RopeParams no_rope;
+    ops::qkv_split_rope_backward(dq_raw, dk_raw, dv, heads_local_, groups_local_, no_rope, nullptr, dqkv);
+  }
+  return linear_qkv_->backward(dqkv, ctx.qkv, true);
+}
+
+}  // namespace megatron::transformer

@@ -1,0 +1,45 @@
+// SelfAttention (Megatron's megatron/core/transformer/attention.py): linear_qkv
+// (ColumnParallelLinear, rows grouped per query group: [q_1..q_{np/ng}, k, v] per group),
+// split + RoPE, optional q/k layernorm (before RoPE, as Megatron), core attention (causal or
+// masked softmax, GQA without repeated K/V, attention dropout), linear_proj
+// (RowParallelLinear). Input/output [s, b, h].
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor_parallel/layers.h"
+#include "megatron/core/transformer/forward_context.h"
+#include "megatron/core/transformer/norm.h"
+
+namespace megatron::transformer {
+
+struct AttentionCtx {
+  tensor_parallel::LinearCtx qkv, proj;
+  NormCtx q_norm, k_norm;    // with qk_layernorm
+  Tensor q, k, v, out, lse;  // core attention inputs/outputs
+  ops::AttentionParams params;
+  Tensor mask;  // keeps params.attention_mask alive
+};
+
+class SelfAttention {
+ public:
+  /// Registers, in Megatron's order: linear_proj.{weight,bias}, linear_qkv.{weight,bias},
+  /// q_layernorm, k_layernorm (prefix = "decoder.layers.<i>.self_attention").
+  SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                const tensor_parallel::TPContext& tp);
+  Tensor forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const;
+  Tensor backward(const Tensor& dy, AttentionCtx& ctx) const;
+
+ private:
+  const TransformerConfig& config_;
+  int64_t heads_local_, groups_local_;
+  ops::RopeParams rope_;
+  std::unique_ptr<tensor_parallel::RowParallelLinear> linear_proj_;
+  std::unique_ptr<tensor_parallel::ColumnParallelLinear> linear_qkv_;
+  std::unique_ptr<Norm> q_layernorm_, k_layernorm_;
+};
+
+}  // namespace megatron::transformer

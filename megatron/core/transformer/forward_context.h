@@ -1,0 +1,25 @@
+// What every transformer module's forward needs besides its input: train/eval mode, the
+// attention mask, and the dropout random streams (seed + a per-call offset counter, so a
+// recomputed forward can replay the same masks by restoring the counter).
+#pragma once
+
+#include <cstdint>
+
+#include "megatron/core/tensor/tensor.h"
+
+namespace megatron::transformer {
+
+struct ForwardContext {
+  bool training = true;
+  /// uint8 [b, 1, s, s], 1 = masked out; undefined = causal mask.
+  Tensor attention_mask;
+  /// Seed of dropout outside TP regions (hidden/embedding dropout; same on all TP ranks).
+  uint64_t seed = 0;
+  /// Seed of dropout inside TP regions (attention dropout; seed + 2718 + tp_rank).
+  uint64_t tp_seed = 0;
+  /// Next dropout stream offset; each dropout call takes one.
+  uint64_t rng_offset = 0;
+  uint64_t next_offset() { return rng_offset++; }
+};
+
+}  // namespace megatron::transformer

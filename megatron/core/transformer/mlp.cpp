@@ -1,0 +1,44 @@
+#include "megatron/core/transformer/mlp.h"
+
+#include <cmath>
+
+#include "megatron/core/ops/ops.h"
+
+namespace megatron::transformer {
+
+MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+         const tensor_parallel::TPContext& tp)
+    : config_(config) {
+  const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
+  linear_fc1_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+      reg, prefix + ".linear_fc1", config.hidden_size, config.fc1_output_size(), config.add_bias_linear,
+      config.init_method_std, tp, config.gated_linear_unit ? 2 : 1);
+  linear_fc2_ = std::make_unique<tensor_parallel::RowParallelLinear>(
+      reg, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size, config.add_bias_linear, out_std, tp);
+}
+
+Tensor MLP::forward(const Tensor& x, MLPCtx& ctx) const {
+  ctx.fc1_out = linear_fc1_->forward(x, ctx.fc1);
+  Shape s = ctx.fc1_out.shape();
+  if (config_.gated_linear_unit) s.back() /= 2;
+  Tensor act = Tensor::empty(s, x.dtype(), x.device());
+  if (config_.gated_linear_unit) {
+    ops::swiglu_forward(ctx.fc1_out, act);
+  } else {
+    ops::gelu_forward(ctx.fc1_out, act, config_.gelu_tanh());
+  }
+  return linear_fc2_->forward(act, ctx.fc2);
+}
+
+Tensor MLP::backward(const Tensor& dy, MLPCtx& ctx) const {
+  Tensor dact = linear_fc2_->backward(dy, ctx.fc2, true);
+  Tensor dfc1 = Tensor::empty(ctx.fc1_out.shape(), dy.dtype(), dy.device());
+  if (config_.gated_linear_unit) {
+    ops::swiglu_backward(dact, ctx.fc1_out, dfc1);
+  } else {
+    ops::gelu_backward(dact, ctx.fc1_out, dfc1, config_.gelu_tanh());
+  }
+  return linear_fc1_->backward(dfc1, ctx.fc1, true);
+}
+
+}  // namespace megatron::transformer

@@ -1,0 +1,81 @@
+// Parameters of a model built from explicit-forward/backward modules (no autograd).
+//
+// Every module registers its parameters, in Megatron's named_parameters() order, in a
+// ParamRegistry owned by the model. After construction the model lays all parameters out in
+// one contiguous parameter buffer and one contiguous gradient buffer
+// (distributed/param_and_grad_buffer.h) and each Parameter's `data`/`main_grad` become views
+// into them. Modules keep a ParamRef (registry + index) and read the views at call time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tensor/tensor.h"
+
+namespace megatron::transformer {
+
+/// How a parameter is initialized (Megatron: init_method / output-layer scaled init / zeros / ones).
+enum class InitKind { kNormal, kZeros, kOnes };
+
+/// One parameter tensor (this rank's TP shard of a global weight).
+struct Parameter {
+  /// Megatron name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight".
+  std::string name;
+  /// Model dtype; a view into the contiguous parameter buffer. Shape = local (sharded) shape.
+  Tensor data;
+  /// float32 (or bfloat16 with --grad-reduce-in-bf16); a view into the contiguous grad buffer.
+  Tensor main_grad;
+  /// ndim == 1 or a bias (megatron.md §6.4): weight decay multiplier 0.
+  bool no_weight_decay = false;
+  /// Word embedding (first stage) or untied output layer weight (--decoupled-lr group).
+  bool is_embedding_or_output = false;
+  /// Sharded across tensor-parallel ranks (otherwise a TP duplicate: counted once in grad norm).
+  bool tensor_parallel = false;
+  /// Duplicate of the tied embedding on the last pipeline stage (excluded from grad norm).
+  bool shared = false;
+  /// Shape of the unsharded weight.
+  std::vector<int64_t> global_shape;
+
+  // ---- sharding and initialization details (for init and checkpoint resharding) ----
+  /// Dimension split across TP ranks (-1 = not split), and the number of consecutive
+  /// blocks along it that are split separately (2 for SwiGLU fc1 = [gate; up]).
+  int partition_dim = -1;
+  int partition_stride = 1;
+  int tp_rank = 0;
+  int tp_size = 1;
+  InitKind init = InitKind::kZeros;
+  float init_std = 0.0f;
+};
+
+/// The ordered list of a model's parameters.
+class ParamRegistry {
+ public:
+  /// Registers a parameter with its local shape; returns its index (registration order).
+  size_t add(Parameter p, Shape local_shape);
+  std::vector<Parameter>& params() { return params_; }
+  const std::vector<Parameter>& params() const { return params_; }
+  const Shape& local_shape(size_t i) const { return local_shapes_[i]; }
+  const std::vector<Shape>& local_shapes() const { return local_shapes_; }
+
+ private:
+  std::vector<Parameter> params_;
+  std::vector<Shape> local_shapes_;
+};
+
+/// A module's handle on one of its parameters.
+class ParamRef {
+ public:
+  ParamRef() = default;
+  ParamRef(ParamRegistry* reg, size_t index) : reg_(reg), index_(index) {}
+  bool defined() const { return reg_ != nullptr; }
+  Parameter& param() const { return reg_->params()[index_]; }
+  const Tensor& data() const { return param().data; }
+  Tensor& grad() const { return param().main_grad; }
+
+ private:
+  ParamRegistry* reg_ = nullptr;
+  size_t index_ = 0;
+};
+
+}  // namespace megatron::transformer

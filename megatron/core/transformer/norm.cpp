@@ -1,0 +1,51 @@
+#include "megatron/core/transformer/norm.h"
+
+#include "megatron/core/ops/ops.h"
+
+namespace megatron::transformer {
+
+namespace {
+ParamRef add_norm_param(ParamRegistry& reg, const std::string& name, int64_t hidden, InitKind init) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = {hidden};
+  p.no_weight_decay = true;
+  p.init = init;
+  return ParamRef(&reg, reg.add(std::move(p), {hidden}));
+}
+}  // namespace
+
+Norm::Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config)
+    : rms_(config.normalization == Normalization::kRMSNorm),
+      zero_centered_(config.layernorm_zero_centered_gamma),
+      eps_(config.layernorm_epsilon) {
+  weight_ = add_norm_param(reg, prefix + ".weight", hidden, zero_centered_ ? InitKind::kZeros : InitKind::kOnes);
+  if (!rms_) bias_ = add_norm_param(reg, prefix + ".bias", hidden, InitKind::kZeros);
+}
+
+Tensor Norm::forward(const Tensor& x, NormCtx& ctx) const {
+  const int64_t rows = x.numel() / x.size(-1);
+  ctx.input = x;
+  ctx.rstd = Tensor::empty({rows}, DType::kFloat32, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (rms_) {
+    ops::rmsnorm_forward(x, weight_.data(), eps_, zero_centered_, y, ctx.rstd);
+  } else {
+    ctx.mean = Tensor::empty({rows}, DType::kFloat32, x.device());
+    ops::layernorm_forward(x, weight_.data(), bias_.data(), eps_, zero_centered_, y, ctx.mean, ctx.rstd);
+  }
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy, const NormCtx& ctx) const {
+  Tensor dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  if (rms_) {
+    ops::rmsnorm_backward(dy, ctx.input, weight_.data(), ctx.rstd, zero_centered_, dx, weight_.grad(), true);
+  } else {
+    ops::layernorm_backward(dy, ctx.input, weight_.data(), ctx.mean, ctx.rstd, zero_centered_, dx, weight_.grad(),
+                            bias_.grad(), true);
+  }
+  return dx;
+}
+
+}  // namespace megatron::transformer

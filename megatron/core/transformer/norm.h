@@ -1,0 +1,34 @@
+// LayerNorm / RMSNorm over the last dim (Megatron's torch_norm / TENorm), as chosen by
+// TransformerConfig.normalization, with --apply-layernorm-1p (zero-centred gamma).
+#pragma once
+
+#include <string>
+
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/transformer_config.h"
+
+namespace megatron::transformer {
+
+struct NormCtx {
+  Tensor input;
+  Tensor mean;  // LayerNorm only
+  Tensor rstd;
+};
+
+class Norm {
+ public:
+  /// Registers "<prefix>.weight" [hidden] (init 1, or 0 zero-centred) and, for LayerNorm,
+  /// "<prefix>.bias" [hidden] (init 0). Not TP-sharded.
+  Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config);
+  /// x [..., hidden] -> y, same shape/dtype.
+  Tensor forward(const Tensor& x, NormCtx& ctx) const;
+  /// dy -> dx; accumulates the weight (and bias) gradients.
+  Tensor backward(const Tensor& dy, const NormCtx& ctx) const;
+
+ private:
+  ParamRef weight_, bias_;
+  bool rms_, zero_centered_;
+  float eps_;
+};
+
+}  // namespace megatron::transformer

@@ -1,0 +1,32 @@
+// TransformerBlock (Megatron's megatron/core/transformer/transformer_block.py): the decoder's
+// layers followed by final_layernorm (on the last pipeline stage).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "megatron/core/transformer/transformer_layer.h"
+
+namespace megatron::transformer {
+
+struct TransformerBlockCtx {
+  std::vector<TransformerLayerCtx> layers;
+  NormCtx final_layernorm;
+};
+
+class TransformerBlock {
+ public:
+  /// Layers [layer_offset, layer_offset + num_local_layers) named "decoder.layers.<global i>";
+  /// final_layernorm only when post_process.
+  TransformerBlock(ParamRegistry& reg, const TransformerConfig& config, const tensor_parallel::TPContext& tp,
+                   int64_t layer_offset, int64_t num_local_layers, bool post_process);
+  Tensor forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const;
+  Tensor backward(const Tensor& dy, TransformerBlockCtx& ctx) const;
+  size_t num_layers() const { return layers_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::unique_ptr<Norm> final_layernorm_;
+};
+
+}  // namespace megatron::transformer

@@ -1,0 +1,103 @@
+// TransformerConfig: the architecture of a GPT/LLaMA decoder, with Megatron-Core's field names
+// and defaults (megatron/core/transformer/transformer_config.py, ModelParallelConfig).
+// training/arguments maps Megatron's flags onto these fields (e.g. --swiglu -> gated_linear_unit,
+// --disable-bias-linear -> add_bias_linear=false, --apply-layernorm-1p ->
+// layernorm_zero_centered_gamma, --untie-embeddings-and-output-weights ->
+// share_embeddings_and_output_weights=false, --norm-epsilon -> layernorm_epsilon).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "megatron/core/tensor/dtype.h"
+
+namespace megatron::transformer {
+
+enum class Normalization { kLayerNorm, kRMSNorm };
+enum class PositionEmbeddingType { kLearnedAbsolute, kRope, kNone };
+
+/// "LayerNorm"/"RMSNorm" and "learned_absolute"/"rope"/"none" (Megatron's spellings);
+/// parse_* throw UserError naming the field and the accepted values.
+const char* normalization_name(Normalization n);
+Normalization parse_normalization(const std::string& s);
+const char* position_embedding_type_name(PositionEmbeddingType t);
+PositionEmbeddingType parse_position_embedding_type(const std::string& s);
+
+struct TransformerConfig {
+  // ---- model shape ----
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  /// 0 = derive: 4 * hidden_size (Megatron's default, also with --swiglu unless given).
+  int64_t ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  /// Per-head channels; 0 = hidden_size / num_attention_heads.
+  int64_t kv_channels = 0;
+  /// Number of K/V heads (--group-query-attention --num-query-groups); 0 = num_attention_heads.
+  int64_t num_query_groups = 0;
+
+  // ---- regularization / init ----
+  float hidden_dropout = 0.1f;
+  float attention_dropout = 0.1f;
+  float init_method_std = 0.02f;
+  /// --init-method-xavier-uniform is not supported; output projections (linear_proj,
+  /// linear_fc2) use init_method_std / sqrt(2 * num_layers) (Megatron's scaled_init_method).
+
+  // ---- normalization ----
+  Normalization normalization = Normalization::kLayerNorm;
+  float layernorm_epsilon = 1e-5f;
+  /// --apply-layernorm-1p: weights stored zero-centred (init 0), applied as 1 + w.
+  bool layernorm_zero_centered_gamma = false;
+  /// --qk-layernorm: normalize each query/key head (same norm type) before RoPE.
+  bool qk_layernorm = false;
+
+  // ---- MLP / linear layers ----
+  /// --swiglu: fc1 produces [gate; up] (2 * ffn_hidden_size rows), activation silu(gate) * up.
+  bool gated_linear_unit = false;
+  /// false with --disable-bias-linear (no bias in any linear layer).
+  bool add_bias_linear = true;
+  /// --add-qkv-bias: bias in linear_qkv even when add_bias_linear is false.
+  bool add_qkv_bias = false;
+  /// Megatron's bias_activation_fusion (pretrain_gpt sets it true unless --no-bias-gelu-fusion).
+  /// For GeLU with a bias it selects the tanh approximation (Megatron's fused bias_gelu); the
+  /// exact erf GeLU otherwise (as the local spec of run_simple_mcore_train_loop). Megatron
+  /// disables the fusion when there is no bias.
+  bool bias_activation_fusion = false;
+
+  // ---- positions ----
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::kLearnedAbsolute;
+  float rotary_base = 10000.0f;
+  float rotary_percent = 1.0f;
+  bool rotary_interleaved = false;
+
+  // ---- embeddings ----
+  /// false with --untie-embeddings-and-output-weights.
+  bool share_embeddings_and_output_weights = true;
+
+  // ---- precision ----
+  /// Model parameters and activations (--bf16 / --fp16 select bfloat16 / float16).
+  DType params_dtype = DType::kFloat32;
+  /// Dtype of the main gradients (fp32; bfloat16 with --grad-reduce-in-bf16).
+  DType main_grads_dtype = DType::kFloat32;
+
+  // ---- parallelism (ModelParallelConfig) ----
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
+
+  /// Fills derived defaults (ffn_hidden_size, kv_channels, num_query_groups) and checks
+  /// Megatron's consistency rules; throws UserError naming the field/flag:
+  /// hidden_size % num_attention_heads (when kv_channels is derived), num_attention_heads %
+  /// num_query_groups, heads and groups divisible by tensor_model_parallel_size,
+  /// ffn_hidden_size divisible by TP, positive sizes, dropout in [0, 1), dtypes supported,
+  /// rotary_percent in (0, 1] and giving an even rotary dim, sequence_parallel needs TP > 1.
+  void validate();
+
+  int64_t head_dim() const { return kv_channels; }
+  /// Rows of the fused QKV projection: (heads + 2 * groups) * kv_channels.
+  int64_t qkv_projection_size() const { return (num_attention_heads + 2 * num_query_groups) * kv_channels; }
+  /// Rows of fc1: ffn_hidden_size, or 2 * ffn_hidden_size with gated_linear_unit.
+  int64_t fc1_output_size() const { return gated_linear_unit ? 2 * ffn_hidden_size : ffn_hidden_size; }
+  bool gelu_tanh() const { return bias_activation_fusion && add_bias_linear; }
+};
+
+}  // namespace megatron::transformer

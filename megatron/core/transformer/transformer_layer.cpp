@@ -1,0 +1,58 @@
+#include "megatron/core/transformer/transformer_layer.h"
+
+namespace megatron::transformer {
+
+Tensor dropout_add(const Tensor& x, const Tensor& residual, float p, ForwardContext& fc, Tensor& mask) {
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (fc.training && p > 0.0f) {
+    mask = Tensor::empty(x.shape(), DType::kUInt8, x.device());
+    ops::dropout_forward(x, y, mask, p, fc.seed, fc.next_offset());
+  } else {
+    mask = Tensor();
+    y.copy_(x);
+  }
+  ops::add_(y, residual);
+  return y;
+}
+
+Tensor dropout_add_backward(const Tensor& dy, const Tensor& mask, float p) {
+  if (!mask.defined()) return dy;
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  ops::dropout_backward(dy, mask, p, dx);
+  return dx;
+}
+
+TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                                   const tensor_parallel::TPContext& tp)
+    : config_(config) {
+  input_layernorm_ = std::make_unique<Norm>(reg, prefix + ".input_layernorm", config.hidden_size, config);
+  self_attention_ = std::make_unique<SelfAttention>(reg, prefix + ".self_attention", config, tp);
+  pre_mlp_layernorm_ = std::make_unique<Norm>(reg, prefix + ".pre_mlp_layernorm", config.hidden_size, config);
+  mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp);
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const {
+  ctx.hidden_dropout = config_.hidden_dropout;
+  Tensor ln1 = input_layernorm_->forward(x, ctx.input_layernorm);
+  Tensor attn = self_attention_->forward(ln1, fc, ctx.attention);
+  Tensor x1 = dropout_add(attn, x, config_.hidden_dropout, fc, ctx.attn_dropout_mask);
+  Tensor ln2 = pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm);
+  Tensor mlp = mlp_->forward(ln2, ctx.mlp);
+  return dropout_add(mlp, x1, config_.hidden_dropout, fc, ctx.mlp_dropout_mask);
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, TransformerLayerCtx& ctx) const {
+  // y = x1 + drop(mlp(ln2(x1)))
+  Tensor dmlp = dropout_add_backward(dy, ctx.mlp_dropout_mask, ctx.hidden_dropout);
+  Tensor dln2 = mlp_->backward(dmlp, ctx.mlp);
+  Tensor dx1 = pre_mlp_layernorm_->backward(dln2, ctx.pre_mlp_layernorm);
+  ops::add_(dx1, dy);
+  // x1 = x + drop(attn(ln1(x)))
+  Tensor dattn = dropout_add_backward(dx1, ctx.attn_dropout_mask, ctx.hidden_dropout);
+  Tensor dln1 = self_attention_->backward(dattn, ctx.attention);
+  Tensor dx = input_layernorm_->backward(dln1, ctx.input_layernorm);
+  ops::add_(dx, dx1);
+  return dx;
+}
+
+}  // namespace megatron::transformer

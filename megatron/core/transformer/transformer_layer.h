@@ -1,0 +1,46 @@
+// TransformerLayer (Megatron's megatron/core/transformer/transformer_layer.py), pre-norm:
+//   x1 = x  + dropout(self_attention(input_layernorm(x)))
+//   y  = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
+// with hidden_dropout (Megatron's bias-dropout-add; the bias is added inside the linear layer).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megatron/core/transformer/attention.h"
+#include "megatron/core/transformer/mlp.h"
+
+namespace megatron::transformer {
+
+struct TransformerLayerCtx {
+  NormCtx input_layernorm, pre_mlp_layernorm;
+  AttentionCtx attention;
+  MLPCtx mlp;
+  Tensor attn_dropout_mask, mlp_dropout_mask;  // undefined when no dropout was applied
+  float hidden_dropout = 0.0f;
+};
+
+class TransformerLayer {
+ public:
+  /// prefix = "decoder.layers.<global layer index>".
+  TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                   const tensor_parallel::TPContext& tp);
+  /// x [s, b, h] -> [s, b, h].
+  Tensor forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const;
+  /// dy -> dx; accumulates all parameter gradients.
+  Tensor backward(const Tensor& dy, TransformerLayerCtx& ctx) const;
+
+ private:
+  const TransformerConfig& config_;
+  std::unique_ptr<Norm> input_layernorm_;
+  std::unique_ptr<SelfAttention> self_attention_;
+  std::unique_ptr<Norm> pre_mlp_layernorm_;
+  std::unique_ptr<MLP> mlp_;
+};
+
+/// y = residual + dropout(x) (training with p > 0: mask written) else residual + x.
+Tensor dropout_add(const Tensor& x, const Tensor& residual, float p, ForwardContext& fc, Tensor& mask);
+/// Gradient of dropout_add with respect to x (dy passes unchanged to the residual).
+Tensor dropout_add_backward(const Tensor& dy, const Tensor& mask, float p);
+
+}  // namespace megatron::transformer

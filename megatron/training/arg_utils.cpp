@@ -1,0 +1,155 @@
+#include "megatron/training/arg_utils.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <iostream>
+
+#include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::training {
+
+namespace {
+constexpr const char* kIgnoredGroup = "Accepted for compatibility (no effect)";
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_flag(const std::string& flag, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& k : known) {
+    size_t d = edit_distance(flag, k);
+    if (d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  }
+  size_t limit = std::max<size_t>(3, flag.size() / 2);
+  return best_d <= limit ? best : std::string();
+}
+
+std::vector<std::string> known_flags(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* o : app.get_options())
+    for (const auto& n : o->get_lnames()) out.push_back("--" + n);
+  return out;
+}
+
+bool parse_args(CLI::App& app, int argc, const char* const* argv) {
+  std::vector<std::string> known = known_flags(app);
+  std::vector<std::string> args;
+  bool only_values = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (only_values || a.size() < 3 || a.compare(0, 2, "--") != 0) {
+      if (a == "--") only_values = true;
+      args.push_back(a);
+      continue;
+    }
+    std::string name = a, value;
+    bool has_value = false;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::vector<std::string> cands;
+      for (const auto& k : known)
+        if (k.compare(0, name.size(), name) == 0) cands.push_back(k);
+      if (cands.size() == 1) {
+        name = cands[0];
+      } else if (cands.size() > 1) {
+        std::string list;
+        for (const auto& c : cands) list += (list.empty() ? "" : ", ") + c;
+        user_error("ambiguous flag ", name, ": it could be ", list);
+      } else {
+        std::string near = closest_flag(name, known);
+        if (near.empty()) user_error("unknown flag ", name, "; run with --help for the list of flags");
+        user_error("unknown flag ", name, "; did you mean ", near, "?");
+      }
+    }
+    args.push_back(has_value ? name + "=" + value : name);
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return false;
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    user_error(msg.empty() ? std::string("invalid command line") : msg);
+  }
+  return true;
+}
+
+void mark_ignored(CLI::App& app, const std::string& flag) {
+  CLI::Option* o = app.get_option_no_throw(flag);
+  MEGATRON_CHECK(o != nullptr) << "no option " << flag;
+  o->group(kIgnoredGroup);
+}
+
+void warn_ignored_flags(const CLI::App& app) {
+  for (const CLI::Option* o : app.get_options())
+    if (o->get_group() == kIgnoredGroup && o->count() > 0)
+      std::cerr << "WARNING: " << o->get_name() << " is accepted for compatibility with Megatron-LM and ignored\n";
+}
+
+void add_tokenizer_args(CLI::App& app, tokenizers::TokenizerConfig& cfg) {
+  static const std::vector<std::string> kTypes = {
+      "BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+      "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+      "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"};
+  app.add_option("--tokenizer-type", cfg.tokenizer_type, "What type of tokenizer to use")
+      ->check(CLI::IsMember(kTypes));
+  app.add_option("--tokenizer-model", cfg.tokenizer_model,
+                 "Tokenizer model: HF folder/tokenizer.json, SentencePiece model or tiktoken JSON");
+  app.add_option("--vocab-file", cfg.vocab_file, "Path to the vocab file (GPT-2: vocab.json/encoder.json)");
+  app.add_option("--merge-file", cfg.merge_file, "Path to the BPE merge file (GPT-2: merges.txt/vocab.bpe)");
+  app.add_option("--vocab-size", cfg.vocab_size, "Vocabulary size (NullTokenizer)");
+  app.add_option("--vocab-extra-ids", cfg.vocab_extra_ids, "Number of additional vocabulary tokens (T5)");
+  app.add_option("--tiktoken-pattern", cfg.tiktoken_pattern, "Which tiktoken pattern to use: v1 or v2")
+      ->check(CLI::IsMember({"v1", "v2"}));
+  app.add_option("--tiktoken-num-special-tokens", cfg.tiktoken_num_special_tokens,
+                 "Number of special tokens in the tiktoken tokenizer");
+  app.add_option("--tokenizer-special-tokens", cfg.tokenizer_special_tokens, "Special tokens (tiktoken)");
+  app.add_flag_callback("--tokenizer-hf-no-include-special-tokens",
+                        [&cfg] { cfg.tokenizer_hf_include_special_tokens = false; },
+                        "HF tokenizer: do not add special tokens (no BOS)");
+  app.add_flag("--tokenizer-sentencepiece-legacy", cfg.tokenizer_sentencepiece_legacy,
+               "SentencePiece: legacy behaviour");
+  app.add_option("--null-tokenizer-eod-id", cfg.null_tokenizer_eod_id, "NullTokenizer eod id (default vocab_size-1)");
+  app.add_option("--null-tokenizer-pad-id", cfg.null_tokenizer_pad_id, "NullTokenizer pad id");
+  // Accepted, no effect on preprocessing here.
+  static int64_t padded;
+  static std::string str_sink;
+  static bool flag_sink;
+  app.add_option("--padded-vocab-size", padded, "Padded vocabulary size (training only)");
+  app.add_flag("--no-pad-vocab-size,--disable-pad-vocab-size", flag_sink, "Disable vocab padding (training only)");
+  app.add_option("--tokenizer-metadata", str_sink, "Tokenizer metadata JSON path");
+  app.add_flag("--no-tokenizer-sentencepiece-ignore-extra-whitespaces", flag_sink,
+               "SentencePiece: keep extra whitespace");
+  app.add_flag("--tokenizer-hf-no-use-fast", flag_sink, "HF: slow tokenizer (same ids)");
+  app.add_flag("--trust-remote-code", flag_sink, "HF: allow remote code (not applicable)");
+  app.add_option("--chat-template", str_sink, "Chat template (SFT only)");
+  app.add_flag("--use-gigatoken", flag_sink, "Use GigaToken (same ids; our tokenizer is native)");
+  for (const char* f : {"--padded-vocab-size", "--no-pad-vocab-size", "--tokenizer-metadata",
+                        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--tokenizer-hf-no-use-fast",
+                        "--trust-remote-code", "--chat-template", "--use-gigatoken"})
+    mark_ignored(app, f);
+}
+
+}  // namespace megatron::training
