@@ -41,7 +41,7 @@ Timers::Timers(int log_level, std::string log_option)
 Timer& Timers::operator()(const std::string& name, int log_level) {
   auto it = timers_.find(name);
   if (it != timers_.end()) return *it->second;
-  if (log_level > log_level_) return dummy_;
+  if (log_level > log_level_ && !recording_) return dummy_;  // --profile records every timer
   auto t = std::make_unique<Timer>(name);
   t->owner_ = this;
   order_.push_back(name);

@@ -289,8 +289,9 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted("--cross-entropy-loss-fusion",
           "megatron.cpp's cross entropy is always one fused pass (same math); no effect");
   b.noted("--cross-entropy-fusion-impl", "megatron.cpp's cross entropy is always one fused pass; no effect");
-  for (const char* f : {"--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
-                        "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
+  b.flag("--no-bias-gelu-fusion", a.bias_gelu_fusion, false);
+  b.flag("--no-bias-swiglu-fusion", a.bias_swiglu_fusion, false);
+  for (const char* f : {"--no-masked-softmax-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
                         "--no-persist-layer-norm"}) {
     b.noted(f, "selects a PyTorch/Apex fused kernel in Megatron; megatron.cpp's kernels are fixed (same math)");
   }
@@ -660,6 +661,10 @@ void validate_args(Arguments& a) {
   } else if (a.num_virtual_stages_per_pipeline_rank) {
     a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
   }
+
+  // Bias flags (arguments.py): no bias -> no bias-gelu fusion; add_bias_linear implies a QKV bias.
+  if (!a.add_bias_linear) a.bias_gelu_fusion = false;
+  if (a.add_bias_linear) a.add_qkv_bias = true;
 
   // Learning rate and weight decay.
   if (!a.lr) fail("--lr is required");

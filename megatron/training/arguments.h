@@ -52,6 +52,8 @@ struct Arguments {
   bool attention_softmax_in_fp32 = false;
   bool apply_query_key_layer_scaling = false;
   bool fp32_residual_connection = false;
+  bool bias_gelu_fusion = true;    // --no-bias-gelu-fusion: exact erf GeLU instead of the tanh form
+  bool bias_swiglu_fusion = true;  // --no-bias-swiglu-fusion (same math for SwiGLU)
   std::string attention_backend = "auto";           // flash|fused|unfused|local|auto
   std::string transformer_impl = "transformer_engine";  // local|transformer_engine
 

@@ -25,7 +25,7 @@ double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::Process
     const float* p = f32(g);
     const int64_t n = g.numel();
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
     local += s;
   }
@@ -39,7 +39,7 @@ void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_n
   for (const auto& g : grads) {
     float* p = const_cast<float*>(f32(g));
     const int64_t n = g.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) p[i] *= c;
   }
 }
@@ -50,7 +50,7 @@ int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessG
     const float* p = f32(g);
     const int64_t n = g.numel();
     int64_t c = 0;
-#pragma omp parallel for reduction(+ : c) schedule(static)
+#pragma omp parallel for reduction(+ : c) schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) c += (p[i] == 0.0f);
     z += c;
   }
@@ -63,7 +63,7 @@ bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGrou
     const float* p = f32(g);
     const int64_t n = g.numel();
     int b = 0;
-#pragma omp parallel for reduction(| : b) schedule(static)
+#pragma omp parallel for reduction(| : b) schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) b |= !std::isfinite(p[i]);
     bad |= b;
   }

@@ -26,8 +26,14 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     MEGATRON_CHECK(p.param.defined() && p.main_grad.defined()) << p.name;
-    MEGATRON_CHECK(p.main_grad.numel() == p.param.numel() && p.main_grad.dtype() == DType::kFloat32)
+    MEGATRON_CHECK(p.main_grad.numel() == p.param.numel() &&
+                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16))
         << p.name << " grad " << p.main_grad.str() << " param " << p.param.str();
+    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16 grad
+    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads).
+    grads_.push_back(p.main_grad.dtype() == DType::kFloat32
+                         ? p.main_grad
+                         : Tensor::zeros(p.main_grad.shape(), DType::kFloat32, p.main_grad.device()));
     const double wd_mult = (p.no_weight_decay || is_no_weight_decay(p.name, p.param)) ? 0.0 : 1.0;
     const bool decoupled = config_.decoupled_lr.has_value() && p.is_embedding_or_output;
     auto key = std::make_pair(wd_mult, decoupled);
@@ -71,16 +77,12 @@ std::vector<Tensor> MegatronOptimizer::grads_for_norm() const {
   for (const auto& p : params_) {
     if (p.shared) continue;
     if (!p.tensor_parallel && tp_rank_ != 0) continue;
-    out.push_back(p.main_grad);
+    out.push_back(grads_[&p - params_.data()]);
   }
   return out;
 }
 
-std::vector<Tensor> MegatronOptimizer::all_main_grads() const {
-  std::vector<Tensor> out;
-  for (const auto& p : params_) out.push_back(p.main_grad);
-  return out;
-}
+std::vector<Tensor> MegatronOptimizer::all_main_grads() const { return grads_; }
 
 void MegatronOptimizer::zero_grad() {
   for (auto& p : params_) p.main_grad.zero_();
@@ -89,10 +91,24 @@ void MegatronOptimizer::zero_grad() {
 void MegatronOptimizer::scale_gradients(double f) {
   const float c = static_cast<float>(f);
   for (auto& p : params_) {
-    float* g = p.main_grad.data<float>();
     const int64_t n = p.main_grad.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= c;
+    if (p.main_grad.dtype() == DType::kFloat32) {
+      float* g = p.main_grad.data<float>();
+#pragma omp parallel for schedule(static) if (n > 32768)
+      for (int64_t i = 0; i < n; ++i) g[i] *= c;
+    } else {
+      std::vector<float> v = p.main_grad.to_float_vector();
+      for (auto& x : v) x *= c;
+      cpu_convert_from_float(v.data(), p.main_grad.data_ptr(), p.main_grad.dtype(), n);
+    }
+  }
+}
+
+void MegatronOptimizer::copy_model_grads_to_main_grads() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& mg = params_[i].main_grad;
+    if (mg.dtype() == DType::kFloat32) continue;
+    cpu_convert_to_float(mg.data_ptr(), mg.dtype(), grads_[i].data<float>(), mg.numel());
   }
 }
 
@@ -126,7 +142,7 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float 
                  float wd, int64_t step, bool decoupled) {
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
   const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) {
     float gi = g[i];
     if (!decoupled) gi += wd * p[i];
@@ -144,9 +160,16 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float 
 StepResult MegatronOptimizer::step() {
   StepResult r;
   const bool mixed = config_.fp16 || config_.bf16;
+  copy_model_grads_to_main_grads();
   // 1. Unscale and check for inf/NaN (only with a loss scaler, i.e. fp16).
   if (scaler_) {
-    scale_gradients(scaler_->inv_scale());
+    const float inv = static_cast<float>(scaler_->inv_scale());
+    for (auto& g : grads_) {
+      float* d = g.data<float>();
+      const int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n > 32768)
+      for (int64_t k = 0; k < n; ++k) d[k] *= inv;
+    }
     const bool found_inf = found_inf_or_nan(all_main_grads(), group_.get());
     scaler_->update(found_inf);
     if (found_inf) {
@@ -169,7 +192,7 @@ StepResult MegatronOptimizer::step() {
   for (const auto& grp : groups_) {
     for (size_t i : grp.params) {
       Tensor& mp = main_params_[i];
-      const Tensor& g = params_[i].main_grad;
+      const Tensor& g = grads_[i];
       MEGATRON_CHECK(mp.is_cpu()) << "the optimizer runs on CPU tensors for now: " << mp.str();
       const int64_t n = mp.numel();
       if (config_.optimizer == "adam") {

@@ -27,7 +27,7 @@ namespace megatron::optimizer {
 struct OptimizerParam {
   std::string name;            // Megatron's parameter name, e.g. "decoder.layers.0.mlp.linear_fc1.bias"
   Tensor param;                // the model's parameter (float32, bfloat16 or float16), updated in place
-  Tensor main_grad;            // float32 gradient, same numel (DDP's main_grad)
+  Tensor main_grad;            // float32 (or bfloat16, --grad-reduce-in-bf16) gradient, same numel
   bool no_weight_decay = false;         // forced no-decay (1-D params and *.bias never decay anyway)
   bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
   bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)
@@ -71,7 +71,7 @@ class MegatronOptimizer {
   MegatronGradScaler* grad_scaler() { return scaler_.get(); }
   /// Zeroes every main grad.
   void zero_grad();
-  /// Multiplies every main grad by `f` (used by --calculate-per-token-loss, §6.8).
+  /// Multiplies every model main grad by `f` (used by --calculate-per-token-loss, §6.8).
   void scale_gradients(double f);
   /// L2 norm of the fp32 main params that count (not shared; TP-duplicates on TP rank 0 only),
   /// all-reduced over the grad-stats group (--log-params-norm).
@@ -91,10 +91,11 @@ class MegatronOptimizer {
  private:
   std::vector<Tensor> grads_for_norm() const;
   std::vector<Tensor> all_main_grads() const;
+  void copy_model_grads_to_main_grads();
 
   OptimizerConfig config_;
   std::vector<OptimizerParam> params_;
-  std::vector<Tensor> main_params_, exp_avg_, exp_avg_sq_, momentum_;
+  std::vector<Tensor> main_params_, grads_, exp_avg_, exp_avg_sq_, momentum_;
   std::vector<bool> separate_main_;
   std::vector<ParamGroup> groups_;
   std::unique_ptr<MegatronGradScaler> scaler_;

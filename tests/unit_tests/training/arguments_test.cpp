@@ -107,11 +107,11 @@ TEST(Arguments, BoolConventionsAndValues) {
 
 TEST(Arguments, NotedFlagsAreAcceptedOnce) {
   Arguments a = parse_args(with(base_flags(), {"--use-mcore-models", "--manual-gc", "--attention-backend", "fused",
-                                                "--transformer-impl", "local", "--no-bias-gelu-fusion"}));
+                                                "--transformer-impl", "local", "--no-rope-fusion"}));
   ASSERT_EQ(a.notes.size(), 5u);
   std::map<std::string, std::string> notes(a.notes.begin(), a.notes.end());
   EXPECT_TRUE(notes.count("--use-mcore-models"));
-  EXPECT_TRUE(notes.count("--no-bias-gelu-fusion"));
+  EXPECT_TRUE(notes.count("--no-rope-fusion"));
   EXPECT_EQ(a.attention_backend, "fused");
   EXPECT_EQ(a.transformer_impl, "local");
   EXPECT_NE(notes["--manual-gc"].find("garbage collector"), std::string::npos);
