@@ -159,7 +159,6 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float 
 
 StepResult MegatronOptimizer::step() {
   StepResult r;
-  const bool mixed = config_.fp16 || config_.bf16;
   copy_model_grads_to_main_grads();
   // 1. Unscale and check for inf/NaN (only with a loss scaler, i.e. fp16).
   if (scaler_) {
@@ -177,16 +176,13 @@ StepResult MegatronOptimizer::step() {
       return r;
     }
   }
-  // 2. Norm and clipping.
-  if (mixed) r.grad_norm = 0.0;
-  if (config_.clip_grad > 0.0) {
-    const double norm = get_grad_norm_fp32(grads_for_norm(), group_.get());
-    clip_grad_by_total_norm_fp32(all_main_grads(), config_.clip_grad, norm);
-    r.grad_norm = norm;
-  }
-  // 3. Zero count.
+  // 2. Norm (always computed, as Megatron's ChainedOptimizer -- what get_megatron_optimizer
+  //    returns -- does) and clipping when --clip-grad > 0.
+  const double norm = get_grad_norm_fp32(grads_for_norm(), group_.get());
+  r.grad_norm = norm;
+  if (config_.clip_grad > 0.0) clip_grad_by_total_norm_fp32(all_main_grads(), config_.clip_grad, norm);
+  // 3. Zero count (--log-num-zeros-in-grad; None otherwise).
   if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(), group_.get());
-  else if (mixed) r.num_zeros_in_grad = 0;
   // 4. Inner step on the fp32 main params.
   ++step_;
   for (const auto& grp : groups_) {

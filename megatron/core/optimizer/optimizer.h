@@ -1,9 +1,11 @@
 // Megatron's mixed-precision optimizer (megatron/core/optimizer/optimizer.py:
 // MixedPrecisionOptimizer / Float16OptimizerWithFloat16Params / FP32Optimizer) with Adam(W) or SGD.
 //
-// Flow of step() (reference/megatron.md §6.6): (fp16) unscale the fp32 main grads by 1/loss_scale
-// and check for inf/NaN -> skip the step if found (update_successful = false, grad norm None);
-// global grad norm over the grads that count and clipping (--clip-grad); zero count
+// Flow of step() (reference/megatron.md §6.6; Megatron's ChainedOptimizer.step, which is what
+// get_megatron_optimizer returns): copy bf16 model grads to fp32 main grads (--grad-reduce-in-bf16);
+// (fp16) unscale by 1/loss_scale and check for inf/NaN -> skip the step if found
+// (update_successful = false, grad norm None); global grad norm over the grads that count
+// (always computed) and clipping (--clip-grad > 0); zero count
 // (--log-num-zeros-in-grad); Adam(W) on fp32 main params; copy main params -> bf16/fp16 model
 // params. Param groups (§6.4): no weight decay for 1-D params and biases; --decoupled-lr for
 // embedding/output weights.

@@ -185,7 +185,8 @@ TEST(MegatronOptimizer, Bf16ParamsKeepFp32Master) {
   c.clip_grad = 0.0;
   MegatronOptimizer opt(c, ps);
   StepResult r = opt.step();
-  EXPECT_EQ(*r.grad_norm, 0.0);  // mixed precision without clipping reports 0.0 (Megatron)
+  EXPECT_DOUBLE_EQ(*r.grad_norm, std::sqrt(2.0));  // computed even without clipping (ChainedOptimizer)
+  EXPECT_FALSE(r.num_zeros_in_grad.has_value());     // None without --log-num-zeros-in-grad
   // Adam's first step moves by lr * sign(g) (m̂/sqrt(v̂) = ±1): master = 1 ∓ 1e-4 in fp32.
   EXPECT_FLOAT_EQ(opt.main_param(0).data<float>()[0], 1.0f - 1e-4f);
   EXPECT_FLOAT_EQ(opt.main_param(0).data<float>()[1], 1.0f + 1e-4f);
