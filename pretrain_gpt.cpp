@@ -19,6 +19,7 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/datasets/data_samplers.h"
 #include "megatron/training/gpt_trainable.h"
+#include "megatron/training/tensorboard/summary_writer.h"
 #include "megatron/training/training.h"
 #include "megatron/training/training_log.h"
 
@@ -70,8 +71,6 @@ int run(int argc, char** argv) {
   validate_args(args);
   if (args.save) say("note: --save: checkpoint saving is not available in this build yet; no checkpoint will be written");
   if (args.load) say("note: --load: checkpoint loading is not available in this build yet; training starts from scratch");
-  if (args.tensorboard_dir)
-    say("note: --tensorboard-dir: the TensorBoard writer is not available in this build yet; no events are written");
 
   // Tokenizer and vocab padding.
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
@@ -142,7 +141,16 @@ int run(int argc, char** argv) {
 
   std::function<void(const std::string&)> printer;  // default: stdout
   if (args.rank != 0) printer = [](const std::string&) {};
-  Trainer trainer(args, trainable, opt, sched, {}, printer);
+  // TensorBoard: written by the last rank, as Megatron's get_tensorboard_writer.
+  std::unique_ptr<SummaryWriter> writer;
+  TrainingHooks hooks;
+  if (args.tensorboard_dir && args.rank == args.world_size - 1) {
+    say("> setting tensorboard ...");
+    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir);
+    hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
+    hooks.flush = [&writer] { writer->flush(); };
+  }
+  Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
   return 0;
 }
