@@ -18,6 +18,8 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/datasets/data_samplers.h"
+#include "megatron/training/gpt_trainable.h"
+#include "megatron/training/tensorboard/summary_writer.h"
 #include "megatron/training/training.h"
 #include "megatron/training/training_log.h"
 
@@ -32,66 +34,6 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
   }
   return dflt;
 }
-
-/// Megatron's core_transformer_config_from_args for the fields GPTModel has.
-transformer::TransformerConfig transformer_config_from_args(const Arguments& a) {
-  transformer::TransformerConfig c;
-  c.num_layers = *a.num_layers;
-  c.hidden_size = *a.hidden_size;
-  c.ffn_hidden_size = *a.ffn_hidden_size;
-  c.num_attention_heads = *a.num_attention_heads;
-  c.kv_channels = *a.kv_channels;
-  c.num_query_groups = a.num_query_groups;
-  c.hidden_dropout = static_cast<float>(a.hidden_dropout);
-  c.attention_dropout = static_cast<float>(a.attention_dropout);
-  c.init_method_std = static_cast<float>(a.init_method_std);
-  c.normalization = transformer::parse_normalization(a.normalization);
-  c.layernorm_epsilon = static_cast<float>(a.layernorm_epsilon);
-  c.layernorm_zero_centered_gamma = a.layernorm_zero_centered_gamma;
-  c.qk_layernorm = a.qk_layernorm;
-  c.gated_linear_unit = a.swiglu;
-  c.add_bias_linear = a.add_bias_linear;
-  c.add_qkv_bias = a.add_qkv_bias;
-  c.bias_activation_fusion = a.swiglu ? a.bias_swiglu_fusion : a.bias_gelu_fusion;
-  c.position_embedding_type = transformer::parse_position_embedding_type(a.position_embedding_type);
-  c.rotary_base = static_cast<float>(a.rotary_base);
-  c.rotary_percent = static_cast<float>(a.rotary_percent);
-  c.rotary_interleaved = a.rotary_interleaved;
-  c.share_embeddings_and_output_weights = !a.untie_embeddings_and_output_weights;
-  c.params_dtype = a.bf16 ? DType::kBFloat16 : a.fp16 ? DType::kFloat16 : DType::kFloat32;
-  // --grad-reduce-in-bf16 makes the DDP grad buffer bf16 (Megatron's grad_reduce_in_fp32=False).
-  c.main_grads_dtype = (a.bf16 && a.grad_reduce_in_bf16) ? DType::kBFloat16 : DType::kFloat32;
-  c.tensor_model_parallel_size = a.tensor_model_parallel_size;
-  c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
-  c.sequence_parallel = a.sequence_parallel;
-  return c;
-}
-
-/// GPTModel seen through the loop's TrainableModel interface.
-class GPTTrainable final : public TrainableModel {
- public:
-  explicit GPTTrainable(models::gpt::GPTModel& m) : m_(m) {}
-  Tensor forward(const datasets::GPTBatch& b, bool training) override { return m_.forward(b, training); }
-  void backward(const Tensor& dloss) override { m_.backward(dloss); }
-  std::vector<optimizer::OptimizerParam> optimizer_params() override {
-    std::vector<optimizer::OptimizerParam> out;
-    for (auto& p : m_.parameters()) {
-      optimizer::OptimizerParam o;
-      o.name = p.name;
-      o.param = p.data;
-      o.main_grad = p.main_grad;
-      o.no_weight_decay = p.no_weight_decay;
-      o.is_embedding_or_output = p.is_embedding_or_output;
-      o.tensor_parallel = p.tensor_parallel;
-      o.shared = p.shared;
-      out.push_back(std::move(o));
-    }
-    return out;
-  }
-
- private:
-  models::gpt::GPTModel& m_;
-};
 
 BatchIterator iterator_of(training::GPTDataLoader* loader) {
   if (!loader) return nullptr;
@@ -129,8 +71,6 @@ int run(int argc, char** argv) {
   validate_args(args);
   if (args.save) say("note: --save: checkpoint saving is not available in this build yet; no checkpoint will be written");
   if (args.load) say("note: --load: checkpoint loading is not available in this build yet; training starts from scratch");
-  if (args.tensorboard_dir)
-    say("note: --tensorboard-dir: the TensorBoard writer is not available in this build yet; no events are written");
 
   // Tokenizer and vocab padding.
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
@@ -140,7 +80,7 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
-  models::gpt::GPTModel model(transformer_config_from_args(args), args.padded_vocab_size,
+  models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
                               *args.max_position_embeddings, static_cast<uint64_t>(args.seed));
   int64_t nparams = 0;
   for (auto& p : model.parameters()) nparams += p.data.numel();
@@ -201,7 +141,16 @@ int run(int argc, char** argv) {
 
   std::function<void(const std::string&)> printer;  // default: stdout
   if (args.rank != 0) printer = [](const std::string&) {};
-  Trainer trainer(args, trainable, opt, sched, {}, printer);
+  // TensorBoard: written by the last rank, as Megatron's get_tensorboard_writer.
+  std::unique_ptr<SummaryWriter> writer;
+  TrainingHooks hooks;
+  if (args.tensorboard_dir && args.rank == args.world_size - 1) {
+    say("> setting tensorboard ...");
+    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir);
+    hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
+    hooks.flush = [&writer] { writer->flush(); };
+  }
+  Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
   return 0;
 }

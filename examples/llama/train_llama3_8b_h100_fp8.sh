@@ -8,7 +8,7 @@
 # TOKENIZER_ARG / DATA_ARG default to MOCK (NullTokenizer + mock data). DTYPE=bf16 (default) or
 # fp8. megatron.cpp extras (environment):
 #   NPROC_PER_NODE   processes to start (default: number of GPUs, 1 without GPUs)
-#   LAUNCHER         launcher for NPROC_PER_NODE > 1 (default build/bin/launcher if present)
+#   LAUNCHER         torchrun-style launcher for NPROC_PER_NODE > 1 (default build/bin/megatron_launch)
 #   PRETRAIN_GPT     the pretrain_gpt binary (default build/bin/pretrain_gpt)
 #   SCALE_DOWN=1     a CPU-sized run of the same flag list: the model/batch/length values below are
 #                    replaced by NUM_LAYERS, HIDDEN_SIZE, FFN_HIDDEN_SIZE, NUM_ATTENTION_HEADS,
@@ -182,7 +182,7 @@ EVAL_AND_LOGGING_ARGS=(
 )
 
 PRETRAIN_GPT=${PRETRAIN_GPT:-"$ROOT/build/bin/pretrain_gpt"}
-LAUNCHER=${LAUNCHER:-"$ROOT/build/bin/launcher"}
+LAUNCHER=${LAUNCHER:-"$ROOT/build/bin/megatron_launch"}
 # The unquoted expansions of DTYPE_ARGS and DATA_ARGS_LIST are word-split exactly as in
 # Megatron's script (so --split receives the literal '99,1,0', quotes included).
 # shellcheck disable=SC2068

@@ -798,4 +798,37 @@ std::string format_args(const Arguments& a) {
   return os.str();
 }
 
+transformer::TransformerConfig core_transformer_config_from_args(const Arguments& a) {
+  transformer::TransformerConfig c;
+  c.num_layers = *a.num_layers;
+  c.hidden_size = *a.hidden_size;
+  c.ffn_hidden_size = *a.ffn_hidden_size;
+  c.num_attention_heads = *a.num_attention_heads;
+  c.kv_channels = *a.kv_channels;
+  c.num_query_groups = a.num_query_groups;
+  c.hidden_dropout = static_cast<float>(a.hidden_dropout);
+  c.attention_dropout = static_cast<float>(a.attention_dropout);
+  c.init_method_std = static_cast<float>(a.init_method_std);
+  c.normalization = transformer::parse_normalization(a.normalization);
+  c.layernorm_epsilon = static_cast<float>(a.layernorm_epsilon);
+  c.layernorm_zero_centered_gamma = a.layernorm_zero_centered_gamma;
+  c.qk_layernorm = a.qk_layernorm;
+  c.gated_linear_unit = a.swiglu;
+  c.add_bias_linear = a.add_bias_linear;
+  c.add_qkv_bias = a.add_qkv_bias;
+  c.bias_activation_fusion = a.swiglu ? a.bias_swiglu_fusion : a.bias_gelu_fusion;
+  c.position_embedding_type = transformer::parse_position_embedding_type(a.position_embedding_type);
+  c.rotary_base = static_cast<float>(a.rotary_base);
+  c.rotary_percent = static_cast<float>(a.rotary_percent);
+  c.rotary_interleaved = a.rotary_interleaved;
+  c.share_embeddings_and_output_weights = !a.untie_embeddings_and_output_weights;
+  c.params_dtype = a.bf16 ? DType::kBFloat16 : a.fp16 ? DType::kFloat16 : DType::kFloat32;
+  // --grad-reduce-in-bf16 makes the DDP grad buffer bf16 (Megatron's grad_reduce_in_fp32=False).
+  c.main_grads_dtype = (a.bf16 && a.grad_reduce_in_bf16) ? DType::kBFloat16 : DType::kFloat32;
+  c.tensor_model_parallel_size = a.tensor_model_parallel_size;
+  c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
+  c.sequence_parallel = a.sequence_parallel;
+  return c;
+}
+
 }  // namespace megatron::training

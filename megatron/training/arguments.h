@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/transformer/transformer_config.h"
 
 namespace megatron::training {
 
@@ -241,5 +242,11 @@ int64_t num_microbatches(const Arguments& args);
 
 /// Megatron-style dump of the arguments ("------------------------ arguments ---..." block).
 std::string format_args(const Arguments& args);
+
+/// Megatron's core_transformer_config_from_args (megatron/training/arguments.py) for the fields
+/// GPTModel has: sizes, dropout, init, norm, bias/GLU/activation-fusion choices, positions, tying,
+/// params dtype (--bf16/--fp16), main-grad dtype (bf16 with --bf16 --grad-reduce-in-bf16), TP/PP/SP.
+/// Needs validated args.
+transformer::TransformerConfig core_transformer_config_from_args(const Arguments& args);
 
 }  // namespace megatron::training

@@ -48,7 +48,7 @@ struct TrainingHooks {
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
-struct TrainingState {
+struct TrainCounters {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
   int64_t skipped_train_samples = 0;
@@ -102,7 +102,7 @@ class Trainer {
   /// "on validation set" / "on test set" evaluations.
   void pretrain(BatchIterator& train_data, BatchIterator* valid_data, BatchIterator* test_data);
 
-  TrainingState& state() { return state_; }
+  TrainCounters& state() { return state_; }
   Timers& timers() { return timers_; }
   int64_t train_iters() const { return train_iters_; }
   /// Wall-clock start used by --exit-duration-in-mins (Megatron's _TRAIN_START_TIME); tests may
@@ -121,7 +121,7 @@ class Trainer {
   TrainingHooks hooks_;
   std::function<void(const std::string&)> print_;
   Timers timers_;
-  TrainingState state_;
+  TrainCounters state_;
   int64_t train_iters_ = 0;
   int64_t num_microbatches_ = 1;
   std::chrono::steady_clock::time_point start_time_;

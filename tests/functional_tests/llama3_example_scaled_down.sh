@@ -20,4 +20,12 @@ grep -q '^note: --manual-gc is accepted: ' log || { echo "FAIL: no note for --ma
 [[ -s "$OUT/tb/llama/trace_rank0.json" ]] || { cat log; echo "FAIL: --profile trace missing"; exit 1; }
 python3 -c "import json,sys; d=json.load(open('$OUT/tb/llama/trace_rank0.json')); sys.exit(0 if any(e.get('name')=='forward-backward' for e in d['traceEvents']) else 1)" \
   || { echo "FAIL: trace has no forward-backward events"; exit 1; }
+ev=$(ls "$OUT"/tb/llama/events.out.tfevents.* 2>/dev/null | head -1)
+[[ -n "$ev" ]] || { echo "FAIL: no TensorBoard event file in $OUT/tb/llama"; exit 1; }
+if command -v protoc >/dev/null && /usr/bin/python3 -c 'import google.protobuf' 2>/dev/null; then
+  /usr/bin/python3 "$SRC/tests/reference/tensorboard/read_events.py" "$ev" > tb.txt || { cat tb.txt; echo "FAIL: event file unreadable"; exit 1; }
+  for tag in "lm loss" learning-rate grad-norm batch-size loss-scale "lm loss validation"; do
+    grep -q "$tag=" tb.txt || { cat tb.txt; echo "FAIL: no '$tag' scalar in the event file"; exit 1; }
+  done
+fi
 echo "OK"
