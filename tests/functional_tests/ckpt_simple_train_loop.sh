@@ -4,7 +4,7 @@
 # and "Successfully loaded the model". Skips when mpirun is absent.
 # Args: <bin dir> <source dir>
 set -euo pipefail
-BIN=$1
+BIN=$(cd "$1" && pwd)
 command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 0; }
 DIR=$(mktemp -d /tmp/simple_loop.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
