@@ -120,12 +120,14 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
   return out;
 }
 
-std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers, int dp_rank) {
+std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
+                                                     const ParallelRanks& ranks) {
   if (p.shared) return {};
-  ParallelRanks r;
-  r.tp_rank = p.tp_rank;
-  r.tp_size = p.tp_size;
-  r.dp_rank = dp_rank;
+  ParallelRanks r = ranks;
+  if (p.partition_dim >= 0) {
+    r.tp_rank = p.tp_rank;
+    r.tp_size = p.tp_size;
+  }
   ParamSharding sh;
   sh.tp_axis = p.partition_dim;
   sh.swiglu_fc1 = p.partition_stride == 2;

@@ -130,8 +130,10 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
 /// ShardedTensors of a GPTModel parameter (megatron/core/transformer/module.h): uses its name,
 /// data, partition_dim / partition_stride (2 = SwiGLU fc1) and tp_rank / tp_size. The tied
 /// output-layer duplicate on the last stage (p.shared) yields nothing (the embedding is saved).
-/// dp_rank > 0 marks the pieces as replicas.
-std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers, int dp_rank = 0);
+/// `ranks` gives the TP rank for TP-replicated parameters (replica id = tp_rank) and the DP rank
+/// (dp_rank > 0 marks the pieces as replicas).
+std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
+                                                     const ParallelRanks& ranks = {});
 
 /// Adds the fp32 optimizer state of model tensor piece `model_piece` (same local shape as its
 /// data, or a 1-D flat range when `flattened_range` is given) to st.optimizer, keys

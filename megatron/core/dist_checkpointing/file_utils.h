@@ -29,6 +29,7 @@ class FileWriter {
   std::string path_;
   int fd_ = -1;
   uint64_t pos_ = 0;
+  uint64_t synced_ = 0;  // bytes handed to write-back with sync_file_range
 };
 
 /// Writes `contents` to `path` atomically: path.tmp-<pid> → fsync → rename → fsync(dir).

@@ -1,0 +1,189 @@
+// convert_checkpoint: Hugging Face LLaMA / GPT-2 checkpoints <-> our distributed checkpoints
+// (the role of Megatron-LM's tools/checkpoint/convert.py with the llama_mistral / mcore plugins).
+//
+//   convert_checkpoint --loader hf --saver mcore --load-dir HF_DIR --save-dir CKPT_DIR
+//                      [--make-vocab-size-divisible-by 128] [--target-tensor-parallel-size 1]
+//       reads config.json + model.safetensors (or the sharded index), writes CKPT_DIR/release/
+//       and latest_checkpointed_iteration.txt = "release", and prints the Megatron model flags
+//       to train/evaluate it with (the checkpoint reshards to any TP/PP on load).
+//   convert_checkpoint --loader mcore --saver hf --load-dir CKPT_DIR --save-dir HF_DIR
+//                      [--hf-config config.json] [--max-shard-size-mb 5120]
+//       reads the tracker's checkpoint (model tensors only) and writes config.json +
+//       model.safetensors (sharded with model.safetensors.index.json when larger than the shard
+//       size). Without --hf-config the model settings come from the checkpoint's args.
+// Errors (unsupported config options, missing tensors, wrong shapes, unreadable dtypes) are one
+// line naming the key/tensor/file; exit status 1.
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "megatron/core/dist_checkpointing/file_utils.h"
+#include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/training/checkpointing.h"
+#include "megatron/training/hf/hf_checkpoint.h"
+
+using namespace megatron;
+namespace dc = megatron::dist_checkpointing;
+namespace tr = megatron::training;
+using nlohmann::json;
+
+namespace {
+
+struct Args {
+  std::string loader, saver, load_dir, save_dir, hf_config;
+  int64_t divisible_by = 128;
+  int64_t tp = 1;
+  uint64_t max_shard_mb = 5120;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "-h" || k == "--help") {
+      std::puts("usage: convert_checkpoint --loader hf|mcore --saver mcore|hf --load-dir DIR --save-dir DIR "
+                "[--make-vocab-size-divisible-by N] [--target-tensor-parallel-size N] [--hf-config FILE] "
+                "[--max-shard-size-mb N]");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) user_error("convert_checkpoint: flag ", k, " needs a value");
+    std::string v = argv[++i];
+    if (k == "--loader") a.loader = v;
+    else if (k == "--saver") a.saver = v;
+    else if (k == "--load-dir") a.load_dir = v;
+    else if (k == "--save-dir") a.save_dir = v;
+    else if (k == "--hf-config") a.hf_config = v;
+    else if (k == "--make-vocab-size-divisible-by") a.divisible_by = std::stoll(v);
+    else if (k == "--target-tensor-parallel-size") a.tp = std::stoll(v);
+    else if (k == "--max-shard-size-mb") a.max_shard_mb = std::stoull(v);
+    else user_error("convert_checkpoint: unknown flag ", k, " (see --help)");
+  }
+  if (a.load_dir.empty() || a.save_dir.empty()) user_error("convert_checkpoint: --load-dir and --save-dir are required");
+  return a;
+}
+
+json spec_to_args(const hf::HFModelSpec& s, int64_t padded) {
+  return {{"hf_model_type", s.model_type},
+          {"num_layers", s.num_layers},
+          {"hidden_size", s.hidden_size},
+          {"ffn_hidden_size", s.ffn_hidden_size},
+          {"num_attention_heads", s.num_attention_heads},
+          {"num_query_groups", s.num_query_groups},
+          {"group_query_attention", s.num_query_groups != s.num_attention_heads},
+          {"kv_channels", s.kv_channels},
+          {"max_position_embeddings", s.max_position_embeddings},
+          {"vocab_size", s.vocab_size},
+          {"padded_vocab_size", padded},
+          {"normalization", s.normalization},
+          {"norm_epsilon", s.norm_epsilon},
+          {"position_embedding_type", s.position_embedding_type},
+          {"rotary_base", s.rotary_base},
+          {"swiglu", s.swiglu},
+          {"hf_activation", s.activation},
+          {"add_bias_linear", s.add_bias_linear},
+          {"add_qkv_bias", s.add_qkv_bias},
+          {"untie_embeddings_and_output_weights", s.untie_embeddings_and_output_weights},
+          {"tensor_model_parallel_size", 1},
+          {"pipeline_model_parallel_size", 1}};
+}
+
+hf::HFModelSpec spec_from_args(const json& a, const std::string& where) {
+  auto need = [&](const char* k) -> const json& {
+    if (!a.contains(k)) user_error(where, ": checkpoint args lack '", k, "'; pass --hf-config with the model's config.json");
+    return a[k];
+  };
+  hf::HFModelSpec s;
+  s.model_type = a.value("hf_model_type", a.value("swiglu", false) ? "llama" : "gpt2");
+  s.num_layers = need("num_layers").get<int64_t>();
+  s.hidden_size = need("hidden_size").get<int64_t>();
+  s.ffn_hidden_size = need("ffn_hidden_size").get<int64_t>();
+  s.num_attention_heads = need("num_attention_heads").get<int64_t>();
+  s.num_query_groups = a.value("num_query_groups", s.num_attention_heads);
+  s.kv_channels = a.value("kv_channels", s.hidden_size / s.num_attention_heads);
+  s.max_position_embeddings = need("max_position_embeddings").get<int64_t>();
+  s.vocab_size = need("vocab_size").get<int64_t>();
+  s.normalization = a.value("normalization", std::string("LayerNorm"));
+  s.norm_epsilon = a.value("norm_epsilon", 1e-5);
+  s.position_embedding_type = a.value("position_embedding_type", std::string("learned_absolute"));
+  s.rotary_base = a.value("rotary_base", 10000.0);
+  s.swiglu = a.value("swiglu", false);
+  s.activation = a.value("hf_activation", s.swiglu ? std::string("silu") : std::string("gelu_tanh"));
+  s.add_bias_linear = a.value("add_bias_linear", true);
+  s.add_qkv_bias = a.value("add_qkv_bias", s.add_bias_linear);
+  s.untie_embeddings_and_output_weights = a.value("untie_embeddings_and_output_weights", false);
+  return s;
+}
+
+int hf_to_mcore(const Args& a) {
+  hf::HFModelSpec spec = hf::read_hf_config(a.load_dir + "/config.json");
+  const int64_t mult = a.divisible_by * a.tp;
+  const int64_t padded = (spec.vocab_size + mult - 1) / mult * mult;
+  hf::HFWeights w(a.load_dir);
+  auto tensors = hf::hf_to_megatron(w, spec, padded);
+  dc::ShardedStateDict sd;
+  for (const auto& [name, t] : tensors) {
+    auto v = tr::model_sharded_tensors(name, t, {}, spec.num_layers, {});
+    sd.tensors.insert(sd.tensors.end(), v.begin(), v.end());
+  }
+  sd.common = {{"args", spec_to_args(spec, padded)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
+  const std::string dir = tr::checkpoint_dir_name(a.save_dir, 0, /*release=*/true);
+  std::filesystem::create_directories(a.save_dir);
+  dc::save(sd, dir);
+  dc::write_file_atomic(tr::tracker_filename(a.save_dir), "release");
+  std::printf("converted %s (%s, %zu tensors, vocab %lld padded to %lld) to %s\n", a.load_dir.c_str(),
+              spec.model_type.c_str(), tensors.size(), static_cast<long long>(spec.vocab_size),
+              static_cast<long long>(padded), dir.c_str());
+  std::printf("model flags:");
+  for (const auto& f : spec.megatron_args()) std::printf(" %s", f.c_str());
+  std::printf(" --make-vocab-size-divisible-by %lld\n", static_cast<long long>(a.divisible_by));
+  return 0;
+}
+
+int mcore_to_hf(const Args& a) {
+  auto tracker = tr::read_tracker(a.load_dir);
+  if (!tracker) user_error(a.load_dir, ": no latest_checkpointed_iteration.txt");
+  const std::string dir = tr::checkpoint_dir_name(a.load_dir, tracker->first, tracker->second);
+  json common = dc::load_common_state(dir);
+  hf::HFModelSpec spec = a.hf_config.empty() ? spec_from_args(common.value("args", json::object()), dir)
+                                             : hf::read_hf_config(a.hf_config);
+  dc::CheckpointIndex idx = dc::load_index(dir);
+  dc::ShardedStateDict sd;
+  for (const auto& [key, st] : idx.tensors) {
+    if (key.rfind("optimizer.", 0) == 0) continue;
+    sd.tensors.push_back(dc::ShardedTensor::from_tensor(key, Tensor::empty(st.global_shape, st.dtype)));
+  }
+  dc::load(sd, dir);
+  std::map<std::string, Tensor> params;
+  for (const auto& t : sd.tensors) {
+    const std::string pre = "decoder.layers.";
+    if (t.key.rfind(pre, 0) == 0) {  // stacked: split the leading layer axis
+      for (int64_t i = 0; i < t.data.size(0); ++i) {
+        Shape s(t.data.shape().begin() + 1, t.data.shape().end());
+        params[pre + std::to_string(i) + "." + t.key.substr(pre.size())] = t.data.narrow0(i, 1).view(s).clone();
+      }
+    } else {
+      params[t.key] = t.data;
+    }
+  }
+  auto hf_tensors = hf::megatron_to_hf(params, spec);
+  hf::save_hf_checkpoint(a.save_dir, hf_tensors, spec, a.max_shard_mb << 20);
+  std::printf("converted %s (%s, %zu tensors) to %s\n", dir.c_str(), spec.model_type.c_str(), hf_tensors.size(),
+              a.save_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a = parse(argc, argv);
+    if (a.loader == "hf" && a.saver == "mcore") return hf_to_mcore(a);
+    if (a.loader == "mcore" && a.saver == "hf") return mcore_to_hf(a);
+    user_error("convert_checkpoint: --loader hf --saver mcore, or --loader mcore --saver hf (got --loader '", a.loader,
+               "' --saver '", a.saver, "')");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
