@@ -114,7 +114,9 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (!parallel_.pre_process && !input_tensor_.defined())
     user_error("GPTModel.forward: a pipeline stage without pre_process needs set_input_tensor() first");
   // Sizes from the tokens (first stage) or from the received hidden states [s, b, h].
-  if (parallel_.pre_process) MEGATRON_CHECK(batch.tokens.dim() == 2) << "tokens " << batch.tokens.str();
+  if (parallel_.pre_process) {
+    MEGATRON_CHECK(batch.tokens.dim() == 2) << "tokens " << batch.tokens.str();
+  }
   const int64_t b = parallel_.pre_process ? batch.tokens.size(0) : input_tensor_.size(1);
   const int64_t s = parallel_.pre_process ? batch.tokens.size(1) : input_tensor_.size(0);
   if (parallel_.pre_process) check_ids(batch.tokens, padded_vocab_size_, "token id");
