@@ -1,27 +1,62 @@
 #include "megatron/core/transformer/transformer_block.h"
 
+#include <algorithm>
+
 namespace megatron::transformer {
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const TransformerConfig& config,
                                    const tensor_parallel::TPContext& tp, int64_t layer_offset,
-                                   int64_t num_local_layers, bool post_process) {
+                                   int64_t num_local_layers, bool post_process)
+    : config_(config) {
   for (int64_t i = 0; i < num_local_layers; ++i)
     layers_.push_back(std::make_unique<TransformerLayer>(
         reg, "decoder.layers." + std::to_string(layer_offset + i), config, tp));
   if (post_process) final_layernorm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", config.hidden_size, config);
 }
 
+std::vector<std::pair<size_t, size_t>> TransformerBlock::recompute_ranges() const {
+  std::vector<std::pair<size_t, size_t>> r;
+  if (config_.recompute_granularity != RecomputeGranularity::kFull) return r;
+  const size_t n = layers_.size(), k = static_cast<size_t>(config_.recompute_num_layers);
+  if (config_.recompute_method == RecomputeMethod::kUniform) {
+    for (size_t b = 0; b < n; b += k) r.emplace_back(b, std::min(n, b + k));  // chunks of k layers
+  } else {
+    for (size_t b = 0; b < std::min(n, k); ++b) r.emplace_back(b, b + 1);  // first k layers
+  }
+  return r;
+}
+
 Tensor TransformerBlock::forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const {
-  ctx.layers.resize(layers_.size());
+  ctx.layers.assign(layers_.size(), TransformerLayerCtx{});
+  ctx.chunks.clear();
+  const auto ranges = recompute_ranges();
   Tensor h = x;
-  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(h, fc, ctx.layers[i]);
+  size_t next = 0;
+  for (const auto& [b, e] : ranges) {
+    for (; next < b; ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);
+    RecomputeChunk chunk{b, e, h, fc};
+    for (; next < e; ++next) {
+      h = layers_[next]->forward(h, fc, ctx.layers[next]);
+      ctx.layers[next] = {};  // dropped; rebuilt in backward
+    }
+    ctx.chunks.push_back(std::move(chunk));
+  }
+  for (; next < layers_.size(); ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);
   if (final_layernorm_) h = final_layernorm_->forward(h, ctx.final_layernorm);
   return h;
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx) const {
   Tensor d = final_layernorm_ ? final_layernorm_->backward(dy, ctx.final_layernorm) : dy;
+  size_t chunk = ctx.chunks.size();
   for (size_t i = layers_.size(); i-- > 0;) {
+    if (chunk > 0 && i + 1 == ctx.chunks[chunk - 1].end) {
+      // Re-run the chunk's forward from its saved input with the same dropout streams.
+      RecomputeChunk& c = ctx.chunks[--chunk];
+      Tensor h = c.input;
+      for (size_t j = c.begin; j < c.end; ++j) h = layers_[j]->forward(h, c.fc, ctx.layers[j]);
+      c.input = Tensor();
+    }
     d = layers_[i]->backward(d, ctx.layers[i]);
     ctx.layers[i] = {};  // release activations as soon as they are used
   }

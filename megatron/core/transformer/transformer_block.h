@@ -9,8 +9,17 @@
 
 namespace megatron::transformer {
 
+/// A run of layers whose activations are dropped in forward and rebuilt in backward from the
+/// saved input and dropout-stream state (full activation recomputation).
+struct RecomputeChunk {
+  size_t begin = 0, end = 0;  // local layer indices [begin, end)
+  Tensor input;
+  ForwardContext fc;  // as at the chunk's start (replays the same dropout masks)
+};
+
 struct TransformerBlockCtx {
   std::vector<TransformerLayerCtx> layers;
+  std::vector<RecomputeChunk> chunks;  // full recomputation only
   NormCtx final_layernorm;
 };
 
@@ -25,6 +34,9 @@ class TransformerBlock {
   size_t num_layers() const { return layers_.size(); }
 
  private:
+  /// Layer ranges [begin, end) that are recomputed, per the config's recompute settings.
+  std::vector<std::pair<size_t, size_t>> recompute_ranges() const;
+  const TransformerConfig& config_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::unique_ptr<Norm> final_layernorm_;
 };

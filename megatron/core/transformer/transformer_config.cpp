@@ -76,6 +76,16 @@ void TransformerConfig::validate() {
                  " gives rotary dim ", rot, "; it must be even and at least 2");
     if (!(rotary_base > 0.0f)) user_error("--rotary-base must be positive, got ", rotary_base);
   }
+  if (recompute_granularity == RecomputeGranularity::kFull) {
+    if (recompute_method == RecomputeMethod::kNone)
+      user_error("--recompute-granularity full needs --recompute-method uniform or block");
+    if (recompute_num_layers <= 0)
+      user_error("--recompute-granularity full needs a positive --recompute-num-layers, got ", recompute_num_layers);
+    if (recompute_method == RecomputeMethod::kUniform && recompute_num_layers > num_layers)
+      user_error("--recompute-num-layers (", recompute_num_layers, ") must not exceed --num-layers (", num_layers, ")");
+  } else if (recompute_method != RecomputeMethod::kNone) {
+    user_error("--recompute-method needs --recompute-granularity full");
+  }
   auto float_ok = [](DType t) { return t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16; };
   if (!float_ok(params_dtype)) user_error("TransformerConfig.params_dtype must be float32, bfloat16 or float16");
   if (!float_ok(main_grads_dtype)) user_error("TransformerConfig.main_grads_dtype must be float32, bfloat16 or float16");

@@ -15,6 +15,13 @@ namespace megatron::transformer {
 
 enum class Normalization { kLayerNorm, kRMSNorm };
 enum class PositionEmbeddingType { kLearnedAbsolute, kRope, kNone };
+/// --recompute-granularity: none, full (re-run whole layers in backward), selective (core
+/// attention only; our attention kernels already keep only the log-sum-exp, so selective
+/// recomputation is what they always do).
+enum class RecomputeGranularity { kNone, kFull, kSelective };
+/// --recompute-method: uniform (checkpoint every recompute_num_layers-layer chunk) or block
+/// (recompute the first recompute_num_layers layers of the stage, one by one).
+enum class RecomputeMethod { kNone, kUniform, kBlock };
 
 /// "LayerNorm"/"RMSNorm" and "learned_absolute"/"rope"/"none" (Megatron's spellings);
 /// parse_* throw UserError naming the field and the accepted values.
@@ -73,6 +80,11 @@ struct TransformerConfig {
   /// false with --untie-embeddings-and-output-weights.
   bool share_embeddings_and_output_weights = true;
 
+  // ---- activation recomputation (Megatron's --recompute-*) ----
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  RecomputeMethod recompute_method = RecomputeMethod::kNone;
+  int64_t recompute_num_layers = 0;
+
   // ---- precision ----
   /// Model parameters and activations (--bf16 / --fp16 select bfloat16 / float16).
   DType params_dtype = DType::kFloat32;
@@ -89,7 +101,8 @@ struct TransformerConfig {
   /// hidden_size % num_attention_heads (when kv_channels is derived), num_attention_heads %
   /// num_query_groups, heads and groups divisible by tensor_model_parallel_size,
   /// ffn_hidden_size divisible by TP, positive sizes, dropout in [0, 1), dtypes supported,
-  /// rotary_percent in (0, 1] and giving an even rotary dim, sequence_parallel needs TP > 1.
+  /// rotary_percent in (0, 1] and giving an even rotary dim, sequence_parallel needs TP > 1,
+  /// full recomputation needs --recompute-method and a positive --recompute-num-layers.
   void validate();
 
   int64_t head_dim() const { return kv_channels; }

@@ -209,24 +209,25 @@ def llama_reference():
 
 # ----------------------------------------------------------------------------------------------
 # Option variants (Megatron formulas): --qk-layernorm, --apply-layernorm-1p, --add-qkv-bias with
-# --disable-bias-linear, RoPE interleaved with --rotary-percent 0.5, GQA, exact-erf GeLU, untied
+# --disable-bias-linear, --kv-channels 12 (not hidden/heads = 8), RoPE interleaved with
+# --rotary-percent 0.5, GQA, exact-erf GeLU, untied
 # output layer, LayerNorm, and an explicit block-diagonal causal attention mask
 # (--reset-attention-mask style: two documents per sequence).
 # ----------------------------------------------------------------------------------------------
-VARIANT = dict(L=2, h=48, heads=6, groups=3, ffn=80, V=64, s=16, b=2, base=10000.0, percent=0.5, eps=1e-5)
+VARIANT = dict(L=2, h=48, heads=6, groups=3, kv=12, ffn=80, V=64, s=16, b=2, base=10000.0, percent=0.5, eps=1e-5)
 
 
 def variant_reference():
     c = VARIANT
     L, h, heads, groups, V, s, b, ffn = c["L"], c["h"], c["heads"], c["groups"], c["V"], c["s"], c["b"], c["ffn"]
-    d, npg = h // heads, heads // groups
+    d, npg = c["kv"], heads // groups
     gen = torch.Generator().manual_seed(777)
     P = {"embedding.word_embeddings.weight": rand((V, h), 0.02, gen)}
     for i in range(L):
         pre = f"decoder.layers.{i}."
         P[pre + "input_layernorm.weight"] = rand((h,), 0.1, gen)  # zero-centred: scale = 1 + w
         P[pre + "input_layernorm.bias"] = rand((h,), 0.1, gen)
-        P[pre + "self_attention.linear_proj.weight"] = rand((h, h), 0.05, gen)
+        P[pre + "self_attention.linear_proj.weight"] = rand((h, heads * d), 0.05, gen)
         P[pre + "self_attention.linear_qkv.weight"] = rand(((heads + 2 * groups) * d, h), 0.05, gen)
         P[pre + "self_attention.linear_qkv.bias"] = rand(((heads + 2 * groups) * d,), 0.05, gen)
         P[pre + "self_attention.q_layernorm.weight"] = rand((d,), 0.1, gen)
@@ -277,7 +278,7 @@ def variant_reference():
         kh = k.permute(1, 2, 0, 3).repeat_interleave(npg, dim=1)
         vh = v.permute(1, 2, 0, 3).repeat_interleave(npg, dim=1)
         scores = (qh @ kh.transpose(-1, -2) / math.sqrt(d)).masked_fill(mask, float("-inf"))
-        a = (torch.softmax(scores, -1) @ vh).permute(2, 0, 1, 3).reshape(s, b, h)
+        a = (torch.softmax(scores, -1) @ vh).permute(2, 0, 1, 3).reshape(s, b, heads * d)
         x = x + a @ P[pre + "self_attention.linear_proj.weight"].T
         y = ln(x, pre + "pre_mlp_layernorm")
         x = x + F.gelu(y @ P[pre + "mlp.linear_fc1.weight"].T) @ P[pre + "mlp.linear_fc2.weight"].T

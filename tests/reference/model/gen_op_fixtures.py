@@ -146,6 +146,14 @@ for name in ("attention_causal", "attention_mask"):
     dy, (dq, dk, dv) = grads(o, (q, k, v))
     save(name, q=q, k=k, v=v, mask=mask.to(torch.int64), out=o, lse=lse, dout=dy, dq=dq, dk=dk, dv=dv)
 
+# A long causal sequence: several 64-row blocks of the CPU kernel, the last one partial.
+s = 150
+q, k, v = rnd(s, 1, 2, 8), rnd(s, 1, 1, 8), rnd(s, 1, 1, 8)
+mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1).expand(1, 1, s, s)
+o, lse = attention_ref(q, k, v, mask)
+dy, (dq, dk, dv) = grads(o, (q, k, v))
+save("attention_long", q=q, k=k, v=v, out=o, lse=lse, dout=dy, dq=dq, dk=dk, dv=dv)
+
 # ---- cross entropy over two vocab shards [0, 12) and [12, 24) ----------------------------------
 logits = rnd(10, 24, std=3.0)
 labels = torch.randint(0, 24, (10,), generator=gen)

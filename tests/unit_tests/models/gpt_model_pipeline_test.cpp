@@ -114,6 +114,15 @@ TEST(GPTModelPipeline, StageWithoutInputTensorThrows) {
   datasets::GPTBatch batch;
   batch.labels = Tensor::from_vector_i64(std::vector<int64_t>(16, 1), {1, 16});
   EXPECT_THROW(m.forward(batch, false), UserError);
+  // A middle stage (neither first nor last) needs nothing from the batch but the mask.
+  GPTModelParallel mid;
+  mid.pre_process = mid.post_process = false;
+  GPTModel middle(c, 128, 16, 1, Device::cpu(), mid);
+  middle.set_input_tensor(Tensor::zeros({16, 1, 64}, DType::kFloat32));
+  Tensor out = middle.forward(datasets::GPTBatch{}, false);
+  EXPECT_EQ(out.shape(), (Shape{16, 1, 64}));
+  middle.backward(Tensor::zeros({16, 1, 64}, DType::kFloat32));
+  EXPECT_EQ(middle.input_tensor_grad().shape(), (Shape{16, 1, 64}));
   p.layer_offset = 1;
   p.num_layers = 2;
   EXPECT_THROW(GPTModel(c, 128, 16, 1, Device::cpu(), p), UserError);

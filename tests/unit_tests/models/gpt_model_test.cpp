@@ -126,6 +126,7 @@ TransformerConfig tiny_variant_config() {
   c.hidden_size = 48;
   c.num_attention_heads = 6;
   c.num_query_groups = 3;
+  c.kv_channels = 12;  // not hidden / heads = 8
   c.ffn_hidden_size = 80;
   c.hidden_dropout = 0.0f;
   c.attention_dropout = 0.0f;
@@ -142,7 +143,7 @@ TransformerConfig tiny_variant_config() {
 }
 
 TEST(GPTModel, OptionVariantsMatchPyTorch) {
-  // --qk-layernorm, --apply-layernorm-1p, --add-qkv-bias + --disable-bias-linear, interleaved
+  // --qk-layernorm, --apply-layernorm-1p, --add-qkv-bias + --disable-bias-linear, --kv-channels, interleaved
   // RoPE on half the channels, GQA, untied output, explicit block-diagonal attention mask.
   check_against_fixture(tiny_variant_config(), 64, 16, "tiny_variants");
 }

@@ -155,16 +155,19 @@ TEST(CpuOps, QkvSplitRope) {
 }
 
 TEST(CpuOps, AttentionGQACausalAndMasked) {
-  for (std::string name : {"attention_causal", "attention_mask"}) {
+  for (std::string name : {"attention_causal", "attention_mask", "attention_long"}) {
     Tensor q = get(name + "/q"), k = get(name + "/k"), v = get(name + "/v");
-    Tensor mask64 = get(name + "/mask");
-    Tensor mask = Tensor::empty(mask64.shape(), DType::kUInt8);
-    for (int64_t i = 0; i < mask.numel(); ++i) mask.data<uint8_t>()[i] = mask64.data<int64_t>()[i] != 0;
     ops::AttentionParams p;
     p.softmax_scale = 1.0f / std::sqrt(8.0f);
     p.causal = true;
-    if (name == "attention_mask") p.attention_mask = &mask;
-    Tensor out = like(q), lse = f32({2, 4, 7});
+    Tensor mask;
+    if (name == "attention_mask") {
+      Tensor mask64 = get(name + "/mask");
+      mask = Tensor::empty(mask64.shape(), DType::kUInt8);
+      for (int64_t i = 0; i < mask.numel(); ++i) mask.data<uint8_t>()[i] = mask64.data<int64_t>()[i] != 0;
+      p.attention_mask = &mask;
+    }
+    Tensor out = like(q), lse = f32({q.size(1), q.size(2), q.size(0)});
     ops::attention_forward(q, k, v, p, out, lse);
     EXPECT_LE(max_rel_error(out, get(name + "/out")), kTol) << name;
     EXPECT_LE(max_rel_error(lse, get(name + "/lse")), kTol) << name;
@@ -178,42 +181,45 @@ TEST(CpuOps, AttentionGQACausalAndMasked) {
 
 TEST(CpuOps, AttentionDropoutIsConsistentAndUnbiased) {
   // No PyTorch counterpart (different random streams): check that the backward replays the
-  // forward's mask (finite differences of <dout, out> along a random direction of q) and
-  // that p > 0 changes the output.
-  Tensor q = get("attention_causal/q"), k = get("attention_causal/k"), v = get("attention_causal/v");
-  Tensor dout = get("attention_causal/dout");
-  ops::AttentionParams p;
-  p.softmax_scale = 0.35f;
-  p.dropout_p = 0.3f;
-  p.seed = 5;
-  p.offset = 9;
-  auto objective = [&](const Tensor& qq) {
-    Tensor out = like(qq), lse = f32({2, 4, 7});
-    ops::attention_forward(qq, k, v, p, out, lse);
-    double s = 0;
-    auto a = out.to_float_vector(), b = dout.to_float_vector();
-    for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-    return s;
-  };
-  Tensor out = like(q), lse = f32({2, 4, 7});
-  ops::attention_forward(q, k, v, p, out, lse);
-  Tensor dq = like(q), dk = like(k), dv = like(v);
-  ops::attention_backward(dout, q, k, v, out, lse, p, dq, dk, dv);
-  Tensor dir = get("attention_mask/q");  // any fixed direction
-  const float eps = 1e-2f;
-  Tensor qp = q.clone(), qm = q.clone();
-  ops::add_(qp, dir, eps);
-  ops::add_(qm, dir, -eps);
-  const double fd = (objective(qp) - objective(qm)) / (2 * eps);
-  double an = 0;
-  auto g = dq.to_float_vector(), dvec = dir.to_float_vector();
-  for (size_t i = 0; i < g.size(); ++i) an += double(g[i]) * dvec[i];
-  // Central differences in fp32 with eps 1e-2: truncation O(eps^2) and rounding ~1e-5/eps.
-  EXPECT_NEAR(fd, an, 1e-3 * std::max(1.0, std::abs(an)));
-  Tensor out0 = like(q);
-  p.dropout_p = 0.0f;
-  ops::attention_forward(q, k, v, p, out0, lse);
-  EXPECT_GT(max_rel_error(out, out0), 1e-2);
+  // forward's mask (finite differences of <dout, out> along a fixed direction of q, on a short
+  // sequence and on one spanning several row blocks) and that p > 0 changes the output.
+  for (std::string name : {"attention_causal", "attention_long"}) {
+    Tensor q = get(name + "/q"), k = get(name + "/k"), v = get(name + "/v");
+    Tensor dout = get(name + "/dout");
+    const Shape lse_shape{q.size(1), q.size(2), q.size(0)};
+    ops::AttentionParams p;
+    p.softmax_scale = 0.35f;
+    p.dropout_p = 0.3f;
+    p.seed = 5;
+    p.offset = 9;
+    auto objective = [&](const Tensor& qq) {
+      Tensor out = like(qq), lse = f32(lse_shape);
+      ops::attention_forward(qq, k, v, p, out, lse);
+      double s = 0;
+      auto a = out.to_float_vector(), b = dout.to_float_vector();
+      for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+      return s;
+    };
+    Tensor out = like(q), lse = f32(lse_shape);
+    ops::attention_forward(q, k, v, p, out, lse);
+    Tensor dq = like(q), dk = like(k), dv = like(v);
+    ops::attention_backward(dout, q, k, v, out, lse, p, dq, dk, dv);
+    Tensor dir = get(name + "/dq");  // any fixed direction of q's shape
+    const float eps = 1e-2f;
+    Tensor qp = q.clone(), qm = q.clone();
+    ops::add_(qp, dir, eps);
+    ops::add_(qm, dir, -eps);
+    const double fd = (objective(qp) - objective(qm)) / (2 * eps);
+    double an = 0;
+    auto g = dq.to_float_vector(), dvec = dir.to_float_vector();
+    for (size_t i = 0; i < g.size(); ++i) an += double(g[i]) * dvec[i];
+    // Central differences in fp32 with eps 1e-2: truncation O(eps^2) and rounding ~1e-5/eps.
+    EXPECT_NEAR(fd, an, 1e-3 * std::max(1.0, std::abs(an))) << name;
+    Tensor out0 = like(q);
+    p.dropout_p = 0.0f;
+    ops::attention_forward(q, k, v, p, out0, lse);
+    EXPECT_GT(max_rel_error(out, out0), 1e-2) << name;
+  }
 }
 
 TEST(CpuOps, VocabParallelCrossEntropyCombine) {

@@ -111,9 +111,14 @@ Parameter& GPTModel::parameter(const std::string& name) {
 }
 
 Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
-  const Tensor& shape_src = parallel_.pre_process ? batch.tokens : batch.labels;
-  MEGATRON_CHECK(shape_src.dim() == 2) << "tokens " << batch.tokens.str() << " labels " << batch.labels.str();
-  const int64_t b = shape_src.size(0), s = shape_src.size(1);
+  if (!parallel_.pre_process && !input_tensor_.defined())
+    user_error("GPTModel.forward: a pipeline stage without pre_process needs set_input_tensor() first");
+  // Sizes from the tokens (first stage) or from the received hidden states [s, b, h].
+  if (parallel_.pre_process) {
+    MEGATRON_CHECK(batch.tokens.dim() == 2) << "tokens " << batch.tokens.str();
+  }
+  const int64_t b = parallel_.pre_process ? batch.tokens.size(0) : input_tensor_.size(1);
+  const int64_t s = parallel_.pre_process ? batch.tokens.size(1) : input_tensor_.size(0);
   if (parallel_.pre_process) check_ids(batch.tokens, padded_vocab_size_, "token id");
   if (parallel_.post_process) {
     MEGATRON_CHECK(batch.labels.dim() == 2 && batch.labels.size(0) == b && batch.labels.size(1) == s)
@@ -152,8 +157,6 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
     h = embedding_->forward(ids, position_ids, fc, st.embedding);
   } else {
-    if (!input_tensor_.defined())
-      user_error("GPTModel.forward: a pipeline stage without pre_process needs set_input_tensor() first");
     MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) == s && input_tensor_.size(1) == b &&
                    input_tensor_.size(2) == config_.hidden_size)
         << "input tensor " << input_tensor_.str() << " for batch " << b << " x seq " << s;

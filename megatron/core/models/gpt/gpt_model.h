@@ -90,7 +90,8 @@ class GPTModel {
   /// training=false disables dropout. Returns the per-token cross-entropy loss float32 [b, s]
   /// (Megatron's compute_language_model_loss output, before loss_mask); on a stage without
   /// post_process, the output hidden states [s, b, h] in the model dtype instead. A stage
-  /// without pre_process reads only labels/attention_mask from the batch (what it needs).
+  /// without pre_process reads only labels (last stage) and attention_mask from the batch;
+  /// a middle stage needs neither tokens nor labels.
   /// Throws UserError if s exceeds max_sequence_length (learned positions) or a token id or
   /// label is outside the vocabulary.
   Tensor forward(const datasets::GPTBatch& batch, bool training);

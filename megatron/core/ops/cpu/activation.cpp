@@ -14,14 +14,17 @@ constexpr float kTanhA = 0.044715f;
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
+// The tanh form is evaluated through the identity 0.5 (1 + tanh(u)) = sigmoid(2u): one exp,
+// no cancellation near u = 0, and exact limits for large |u|.
 float gelu(float x, bool approx) {
-  if (approx) return 0.5f * x * (1.0f + std::tanh(kTanhC * x * (1.0f + kTanhA * x * x)));
+  if (approx) return x / (1.0f + std::exp(-2.0f * kTanhC * x * (1.0f + kTanhA * x * x)));
   return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
 }
 float gelu_grad(float x, bool approx) {
   if (approx) {
-    const float t = std::tanh(kTanhC * x * (1.0f + kTanhA * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kTanhC * (1.0f + 3.0f * kTanhA * x * x);
+    // d/dx [x s(2u)] = s + x s (1 - s) 2 u', u = c x (1 + a x^2), u' = c (1 + 3 a x^2).
+    const float s = 1.0f / (1.0f + std::exp(-2.0f * kTanhC * x * (1.0f + kTanhA * x * x)));
+    return s + x * s * (1.0f - s) * 2.0f * kTanhC * (1.0f + 3.0f * kTanhA * x * x);
   }
   return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
 }

@@ -6,6 +6,7 @@
 // regenerated from its counter-based stream).
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -57,16 +58,26 @@ void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, 
               1.0f, a, (int)(ta ? m : k), b, (int)(tb ? k : n), beta, c, (int)n);
 }
 
-/// Probabilities P [s, sk] (softmax of the scaled, masked scores) from Q [s, d], K [sk, d];
-/// writes lse[s] when lse_out != nullptr, else uses lse_in to normalize.
-void probabilities(const float* Q, const float* K, const AttentionParams& p, const Dims& dm, int64_t bi, float* P,
-                   float* lse_out, const float* lse_in) {
-  gemm_rm(false, true, dm.s, dm.sk, dm.d, Q, K, 0.0f, P);
+/// Rows are processed in blocks of kRowBlock queries; with the plain causal mask a block
+/// only needs keys [0, last row + 1), which skips about half of the work for long sequences.
+constexpr int64_t kRowBlock = 64;
+
+/// Keys a row block [i0, i1) can attend to: [0, key_end).
+int64_t key_end(const AttentionParams& p, const Dims& dm, int64_t i1) {
+  return (!p.attention_mask && p.causal) ? i1 : dm.sk;
+}
+
+/// Probabilities P [i1 - i0, kend] (leading dim kend) of query rows [i0, i1) against keys
+/// [0, kend): softmax of the scaled, masked scores. Q is [s, d] (all rows), K [sk, d]. Writes
+/// lse for the block rows when lse_out != nullptr, else normalizes with lse_in.
+void probabilities(const float* Q, const float* K, const AttentionParams& p, const Dims& dm, int64_t bi, int64_t i0,
+                   int64_t i1, int64_t kend, float* P, float* lse_out, const float* lse_in) {
+  gemm_rm(false, true, i1 - i0, kend, dm.d, Q + i0 * dm.d, K, 0.0f, P);
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < dm.s; ++i) {
-    float* row = P + i * dm.sk;
+  for (int64_t i = i0; i < i1; ++i) {
+    float* row = P + (i - i0) * kend;
     float mx = ninf;
-    for (int64_t j = 0; j < dm.sk; ++j) {
+    for (int64_t j = 0; j < kend; ++j) {
       row[j] = masked(p, dm, bi, i, j) ? ninf : row[j] * p.softmax_scale;
       mx = std::max(mx, row[j]);
     }
@@ -77,11 +88,11 @@ void probabilities(const float* Q, const float* K, const AttentionParams& p, con
       lse = ninf;  // fully masked row: zero output
     } else {
       double sum = 0.0;
-      for (int64_t j = 0; j < dm.sk; ++j) sum += std::exp(row[j] - mx);
+      for (int64_t j = 0; j < kend; ++j) sum += std::exp(row[j] - mx);
       lse = mx + static_cast<float>(std::log(sum));
     }
     if (lse_out) lse_out[i] = lse;
-    for (int64_t j = 0; j < dm.sk; ++j) row[j] = (lse == ninf || row[j] == ninf) ? 0.0f : std::exp(row[j] - lse);
+    for (int64_t j = 0; j < kend; ++j) row[j] = (lse == ninf || row[j] == ninf) ? 0.0f : std::exp(row[j] - lse);
   }
 }
 
@@ -99,13 +110,17 @@ class SingleThreadedBlas {
 
 /// Dropout keep-scale for element (bi, h, i, j): mask / (1 - p), from the counter-based stream.
 /// Element (bi, h, i, j) of [b, np, s, sk] is number ((bi*np + h)*s + i)*sk + j of the stream.
-/// Writes the keep-scale (mask / (1 - p)) of head (bi, h) into F [s, sk].
-void dropout_factors(const AttentionParams& p, const Dims& dm, int64_t bi, int64_t h, float* F) {
+/// Writes the keep-scale (mask / (1 - p)) of head (bi, h), rows [i0, i1), keys [0, kend) into
+/// F [i1 - i0, kend]; element (i, j) is number ((bi*np + h)*s + i)*sk + j of the stream.
+void dropout_factors(const AttentionParams& p, const Dims& dm, int64_t bi, int64_t h, int64_t i0, int64_t i1,
+                     int64_t kend, float* F) {
   const uint64_t stream = dropout_stream(p.seed, p.offset);
   const float scale = 1.0f / (1.0f - p.dropout_p);
-  const uint64_t base = static_cast<uint64_t>((bi * dm.np + h) * dm.s * dm.sk);
-  for (int64_t e = 0; e < dm.s * dm.sk; ++e)
-    F[e] = dropout_uniform(stream, base + static_cast<uint64_t>(e)) >= p.dropout_p ? scale : 0.0f;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint64_t base = static_cast<uint64_t>(((bi * dm.np + h) * dm.s + i) * dm.sk);
+    for (int64_t j = 0; j < kend; ++j)
+      F[(i - i0) * kend + j] = dropout_uniform(stream, base + static_cast<uint64_t>(j)) >= p.dropout_p ? scale : 0.0f;
+  }
 }
 }  // namespace
 
@@ -123,17 +138,20 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 #pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bh = 0; bh < dm.b * dm.np; ++bh) {
     const int64_t bi = bh / dm.np, h = bh % dm.np, g = h / heads_per_group;
-    std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), P(dm.s * dm.sk), O(dm.s * dm.d);
+    std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), P(kRowBlock * dm.sk), F(kRowBlock * dm.sk),
+        O(dm.s * dm.d);
     gather_head(fq.data(), dm, dm.np, dm.s, bi, h, Q.data());
     gather_head(fk.data(), dm, dm.ng, dm.sk, bi, g, K.data());
     gather_head(fv.data(), dm, dm.ng, dm.sk, bi, g, V.data());
-    probabilities(Q.data(), K.data(), p, dm, bi, P.data(), L + (bi * dm.np + h) * dm.s, nullptr);
-    if (p.dropout_p > 0.0f) {
-      std::vector<float> F(dm.s * dm.sk);
-      dropout_factors(p, dm, bi, h, F.data());
-      for (int64_t e = 0; e < dm.s * dm.sk; ++e) P[e] *= F[e];
+    for (int64_t i0 = 0; i0 < dm.s; i0 += kRowBlock) {
+      const int64_t i1 = std::min(dm.s, i0 + kRowBlock), kend = key_end(p, dm, i1), rows = i1 - i0;
+      probabilities(Q.data(), K.data(), p, dm, bi, i0, i1, kend, P.data(), L + (bi * dm.np + h) * dm.s, nullptr);
+      if (p.dropout_p > 0.0f) {
+        dropout_factors(p, dm, bi, h, i0, i1, kend, F.data());
+        for (int64_t e = 0; e < rows * kend; ++e) P[e] *= F[e];
+      }
+      gemm_rm(false, false, rows, dm.d, kend, P.data(), V.data(), 0.0f, O.data() + i0 * dm.d);
     }
-    gemm_rm(false, false, dm.s, dm.d, dm.sk, P.data(), V.data(), 0.0f, O.data());
     scatter_head(O.data(), dm, dm.np, dm.s, bi, h, fo.data(), false);
   }
   fo.commit();
@@ -156,32 +174,37 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 #pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bg = 0; bg < dm.b * dm.ng; ++bg) {
     const int64_t bi = bg / dm.ng, g = bg % dm.ng;
-    std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), dO(dm.s * dm.d), P(dm.s * dm.sk),
-        Pd(dm.s * dm.sk), dP(dm.s * dm.sk), F(dm.s * dm.sk, 1.0f), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f);
+    const int64_t blk = kRowBlock * dm.sk;
+    std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), dO(dm.s * dm.d), P(blk), Pd(blk), dP(blk),
+        F(blk, 1.0f), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f);
     gather_head(fk.data(), dm, dm.ng, dm.sk, bi, g, K.data());
     gather_head(fv.data(), dm, dm.ng, dm.sk, bi, g, V.data());
     for (int64_t h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
       gather_head(fq.data(), dm, dm.np, dm.s, bi, h, Q.data());
       gather_head(fdo.data(), dm, dm.np, dm.s, bi, h, dO.data());
-      probabilities(Q.data(), K.data(), p, dm, bi, P.data(), nullptr, L + (bi * dm.np + h) * dm.s);
-      // Pd = dropout(P); dV += Pd^T dO; dPd = dO V^T; dP = dPd * dropout factor.
-      if (p.dropout_p > 0.0f) dropout_factors(p, dm, bi, h, F.data());
-      for (int64_t e = 0; e < dm.s * dm.sk; ++e) Pd[e] = P[e] * F[e];
-      gemm_rm(true, false, dm.sk, dm.d, dm.s, Pd.data(), dO.data(), 1.0f, dV.data());
-      gemm_rm(false, true, dm.s, dm.sk, dm.d, dO.data(), V.data(), 0.0f, dP.data());
-      // dS = P * (dP - rowsum(P * dP)), scaled by softmax_scale for the score -> Q/K chain.
-      for (int64_t i = 0; i < dm.s; ++i) {
-        float* dpr = dP.data() + i * dm.sk;
-        const float* pr = P.data() + i * dm.sk;
-        double dsum = 0.0;
-        for (int64_t j = 0; j < dm.sk; ++j) {
-          dpr[j] *= F[i * dm.sk + j];
-          dsum += static_cast<double>(pr[j]) * dpr[j];
+      for (int64_t i0 = 0; i0 < dm.s; i0 += kRowBlock) {
+        const int64_t i1 = std::min(dm.s, i0 + kRowBlock), kend = key_end(p, dm, i1), rows = i1 - i0;
+        probabilities(Q.data(), K.data(), p, dm, bi, i0, i1, kend, P.data(), nullptr, L + (bi * dm.np + h) * dm.s);
+        // Pd = dropout(P); dV += Pd^T dO; dPd = dO V^T; dP = dPd * dropout factor.
+        if (p.dropout_p > 0.0f) dropout_factors(p, dm, bi, h, i0, i1, kend, F.data());
+        for (int64_t e = 0; e < rows * kend; ++e) Pd[e] = P[e] * F[e];
+        gemm_rm(true, false, kend, dm.d, rows, Pd.data(), dO.data() + i0 * dm.d, 1.0f, dV.data());
+        gemm_rm(false, true, rows, kend, dm.d, dO.data() + i0 * dm.d, V.data(), 0.0f, dP.data());
+        // dS = P * (dP - rowsum(P * dP)), scaled by softmax_scale for the score -> Q/K chain.
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dpr = dP.data() + r * kend;
+          const float* pr = P.data() + r * kend;
+          const float* fr = F.data() + r * kend;
+          double dsum = 0.0;
+          for (int64_t j = 0; j < kend; ++j) {
+            dpr[j] *= fr[j];
+            dsum += static_cast<double>(pr[j]) * dpr[j];
+          }
+          for (int64_t j = 0; j < kend; ++j) dpr[j] = pr[j] * (dpr[j] - static_cast<float>(dsum)) * p.softmax_scale;
         }
-        for (int64_t j = 0; j < dm.sk; ++j) dpr[j] = pr[j] * (dpr[j] - static_cast<float>(dsum)) * p.softmax_scale;
+        gemm_rm(false, false, rows, dm.d, kend, dP.data(), K.data(), 0.0f, dQ.data() + i0 * dm.d);
+        gemm_rm(true, false, kend, dm.d, rows, dP.data(), Q.data() + i0 * dm.d, 1.0f, dK.data());
       }
-      gemm_rm(false, false, dm.s, dm.d, dm.sk, dP.data(), K.data(), 0.0f, dQ.data());
-      gemm_rm(true, false, dm.sk, dm.d, dm.s, dP.data(), Q.data(), 1.0f, dK.data());
       scatter_head(dQ.data(), dm, dm.np, dm.s, bi, h, fdq.data(), false);
     }
     scatter_head(dK.data(), dm, dm.ng, dm.sk, bi, g, fdk.data(), false);
