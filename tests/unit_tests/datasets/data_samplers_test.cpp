@@ -233,3 +233,17 @@ TEST(DatasetUtils, SplitMatrix) {
   // 0.25 * 10 = 2.5 -> 2, 0.75 * 10 = 7.5 -> 8 (Python round)
   EXPECT_EQ(split_range(SplitBookend{0.25, 0.75, false}, 10), (std::pair<int64_t, int64_t>{2, 8}));
 }
+
+TEST(DatasetUtils, JsonDumpsLikePython) {
+  // expected string printed by Python 3.11:
+  // json.dumps({'a':'é\t"x\x7f😀','b':[],'c':{},'d':None,'e':[1e-05, 0.1]}, indent=4)
+  JsonValue o = JsonValue::make_object();
+  o.add("a", JsonValue::string("\xc3\xa9\t\"x\x7f\xf0\x9f\x98\x80"));
+  o.add("b", JsonValue::make_list());
+  o.add("c", JsonValue::make_object());
+  o.add("d", JsonValue::null());
+  o.add("e", JsonValue::make_list().push(JsonValue::real(1e-05)).push(JsonValue::real(0.1)));
+  EXPECT_EQ(json_dumps_indent4(o),
+            "{\n    \"a\": \"\\u00e9\\t\\\"x\\u007f\\ud83d\\ude00\",\n    \"b\": [],\n    \"c\": {},\n    \"d\": null,\n"
+            "    \"e\": [\n        1e-05,\n        0.1\n    ]\n}");
+}
