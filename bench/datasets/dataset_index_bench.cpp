@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
   auto again = BlendedMegatronDatasetBuilder(sizes, nullptr, cfg).build();
   const double t_load = now() - t0, c_load = cpu() - c0;
   auto* train = dynamic_cast<GPTDataset*>(ds[0].get());
-  std::printf("index build (3 splits, incl. writing the cache): %.3f s wall, %.3f s CPU; train samples %lld, document_index %zu\n",
-              t_build, c_build, (long long)train->size(), train->document_index().size());
+  std::printf("index build (3 splits, incl. writing the cache): %.3f s wall, %.3f s CPU; train samples %lld, document_index %lld\n",
+              t_build, c_build, (long long)train->size(), (long long)train->document_index().numel());
   std::printf("index load from cache: %.3f s wall, %.3f s CPU\n", t_load, c_load);
 
   auto mcfg = std::make_shared<GPTDatasetConfig>();
