@@ -79,20 +79,25 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<GPTDataset>> datasets
   }
   const auto& dist = config_->distributed;
   if (!config_->path_to_cache || (!hit && (!dist.initialized || dist.rank == 0))) {
+    std::vector<int16_t> di;
+    std::vector<int64_t> dsi;
     if (size_) {
-      build_blending_indices(weights_, *size_, dataset_index_, dataset_sample_index_);
+      build_blending_indices(weights_, *size_, di, dsi);
     } else {
       std::vector<int64_t> sizes;
       for (double w : weights_) sizes.push_back(static_cast<int64_t>(w));
-      build_exhaustive_blending_indices(sizes, dataset_index_, dataset_sample_index_);
+      build_exhaustive_blending_indices(sizes, di, dsi);
     }
     std::vector<int64_t> counts(datasets_.size(), 0);
-    for (auto d : dataset_index_) counts[d]++;
+    for (auto d : di) counts[d]++;
     for (size_t i = 0; i < datasets_.size(); ++i)
       if (counts[i] > datasets_[i]->size())
         user_error("the ", split_name(split_), " blend draws ", counts[i], " samples from ", ds_name(*datasets_[i]),
                    " which has only ", datasets_[i]->size(),
                    "; raise --mid-level-dataset-surplus (now ", config_->mid_level_dataset_surplus, ")");
+    const int64_t n = static_cast<int64_t>(di.size());
+    dataset_index_ = NpyView::own(NpyDType::kInt16, {n}, std::move(di));
+    dataset_sample_index_ = NpyView::own(NpyDType::kInt64, {n}, std::move(dsi));
     if (config_->path_to_cache) {
       std::error_code ec;
       fs::create_directories(*config_->path_to_cache, ec);
@@ -105,33 +110,29 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<GPTDataset>> datasets
         f.close();
         if (!f || std::rename(tmp.c_str(), p.c_str()) != 0) user_error(p, ": write failed (", std::strerror(errno), ")");
       }
-      std::vector<int64_t> di(dataset_index_.begin(), dataset_index_.end());
-      npy_save(base + "-dataset_index.npy", NpyDType::kInt16, {static_cast<int64_t>(di.size())}, di.data());
-      npy_save(base + "-dataset_sample_index.npy", NpyDType::kInt64,
-               {static_cast<int64_t>(dataset_sample_index_.size())}, dataset_sample_index_.data());
+      npy_save_raw(base + "-dataset_index.npy", NpyDType::kInt16, {n}, dataset_index_.data());
+      npy_save_raw(base + "-dataset_sample_index.npy", NpyDType::kInt64, {n}, dataset_sample_index_.data());
     }
     return;
   }
   if (!hit) user_error(base, "-*.npy: the blend cache that rank 0 should have written is missing; make --data-cache-path shared by all ranks");
-  NpyArray a = npy_load(base + "-dataset_index.npy");
-  NpyArray b = npy_load(base + "-dataset_sample_index.npy");
-  if (a.dtype != NpyDType::kInt16 || b.dtype != NpyDType::kInt64 || a.data.size() != b.data.size())
+  NpyView a = NpyView::map(base + "-dataset_index.npy");
+  NpyView b = NpyView::map(base + "-dataset_sample_index.npy");
+  if (a.dtype() != NpyDType::kInt16 || b.dtype() != NpyDType::kInt64 || a.shape().size() != 1 || a.numel() != b.numel())
     user_error(base, "-dataset_index.npy: unexpected dtype or length; delete the cache to rebuild it");
-  dataset_index_.resize(a.data.size());
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    if (a.data[i] < 0 || a.data[i] >= static_cast<int64_t>(datasets_.size()) || b.data[i] < 0 ||
-        b.data[i] >= datasets_[a.data[i]]->size())
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (a[i] < 0 || a[i] >= static_cast<int64_t>(datasets_.size()) || b[i] < 0 || b[i] >= datasets_[a[i]]->size())
       user_error(base, "-dataset_index.npy: entry ", i, " out of range; delete the cache to rebuild it");
-    dataset_index_[i] = static_cast<int16_t>(a.data[i]);
   }
-  dataset_sample_index_ = std::move(b.data);
+  dataset_index_ = std::move(a);
+  dataset_sample_index_ = std::move(b);
   loaded_from_cache_ = true;
 }
 
 void BlendedDataset::get(int64_t idx, GPTSample& out, bool with_attention_mask) const {
   MEGATRON_CHECK(idx >= 0 && idx < size()) << "sample " << idx << " of " << size();
-  const int16_t d = dataset_index_[static_cast<size_t>(idx)];
-  datasets_[d]->get(dataset_sample_index_[static_cast<size_t>(idx)], out, with_attention_mask);
+  const int16_t d = static_cast<int16_t>(dataset_index_[idx]);
+  datasets_[d]->get(dataset_sample_index_[idx], out, with_attention_mask);
   out.dataset_id = d;
 }
 

@@ -22,7 +22,7 @@ class BlendedDataset final : public TopLevelDataset {
                  bool weights_are_int, std::optional<int64_t> size,
                  std::shared_ptr<const GPTDatasetConfig> config);
 
-  int64_t size() const override { return static_cast<int64_t>(dataset_index_.size()); }
+  int64_t size() const override { return dataset_index_.numel(); }
   /// The sample of datasets[dataset_index[idx]] at dataset_sample_index[idx], with dataset_id set.
   void get(int64_t idx, GPTSample& out, bool with_attention_mask = true) const override;
   using TopLevelDataset::get;
@@ -30,8 +30,9 @@ class BlendedDataset final : public TopLevelDataset {
   const std::string& unique_description() const override { return description_; }
   const std::string& unique_description_hash() const override { return hash_; }
 
-  const std::vector<int16_t>& dataset_index() const { return dataset_index_; }
-  const std::vector<int64_t>& dataset_sample_index() const { return dataset_sample_index_; }
+  /// int16 dataset ids and int64 per-dataset sample ids (owned after a build, mapped from the cache).
+  const NpyView& dataset_index() const { return dataset_index_; }
+  const NpyView& dataset_sample_index() const { return dataset_sample_index_; }
   const std::vector<std::shared_ptr<GPTDataset>>& datasets() const { return datasets_; }
   const std::vector<double>& weights() const { return weights_; }
   bool loaded_from_cache() const { return loaded_from_cache_; }
@@ -45,8 +46,8 @@ class BlendedDataset final : public TopLevelDataset {
   Split split_;
   std::string description_;
   std::string hash_;
-  std::vector<int16_t> dataset_index_;
-  std::vector<int64_t> dataset_sample_index_;
+  NpyView dataset_index_;
+  NpyView dataset_sample_index_;
   bool loaded_from_cache_ = false;
 };
 

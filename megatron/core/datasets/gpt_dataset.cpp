@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <type_traits>
 
 #include "megatron/core/datasets/helpers.h"
 #include "megatron/core/datasets/numpy_random.h"
@@ -208,7 +209,9 @@ void GPTDataset::build_indices() {
   if (index_end_ <= index_beg_) {
     if (num_samples_ && *num_samples_ == 0) {
       num_samples_total_ = 0;
-      sample_index_ = {0, 0};
+      document_index_ = NpyView::own(NpyDType::kInt32, {0}, std::vector<int32_t>{});
+      sample_index_ = NpyView::own(NpyDType::kInt32, {1, 2}, std::vector<int32_t>{0, 0});
+      shuffle_index_ = NpyView::own(NpyDType::kUInt32, {0}, std::vector<uint32_t>{});
       return;
     }
     user_error(what, ": --split '", config_->split.value_or(""), "' leaves it no sequences (range [",
@@ -220,7 +223,9 @@ void GPTDataset::build_indices() {
   if (tokens_per_epoch <= 1) {
     if (num_samples_ && *num_samples_ == 0) {
       num_samples_total_ = 0;
-      sample_index_ = {0, 0};
+      document_index_ = NpyView::own(NpyDType::kInt32, {0}, std::vector<int32_t>{});
+      sample_index_ = NpyView::own(NpyDType::kInt32, {1, 2}, std::vector<int32_t>{0, 0});
+      shuffle_index_ = NpyView::own(NpyDType::kUInt32, {0}, std::vector<uint32_t>{});
       return;
     }
     user_error(what, ": its ", index_end_ - index_beg_, " sequences hold only ", tokens_per_epoch,
@@ -263,74 +268,91 @@ void GPTDataset::build_indices() {
     for (int64_t e = 0; e < epochs; ++e)
       for (int64_t i = 0; i < ndocs; ++i) dst[e * ndocs + i] = static_cast<int32_t>(index_beg_ + i);
   };
-  document_index_.resize(static_cast<size_t>(num_epochs * ndocs));
+  std::vector<int32_t> document_index(static_cast<size_t>(num_epochs * ndocs));
   if (!separate_final_epoch) {
-    tile(num_epochs, document_index_.data());
-    rng.shuffle(document_index_.data(), static_cast<int64_t>(document_index_.size()));
+    tile(num_epochs, document_index.data());
+    rng.shuffle(document_index.data(), static_cast<int64_t>(document_index.size()));
   } else {
-    tile(num_epochs - 1, document_index_.data());
-    rng.shuffle(document_index_.data(), (num_epochs - 1) * ndocs);
-    int32_t* last = document_index_.data() + (num_epochs - 1) * ndocs;
+    tile(num_epochs - 1, document_index.data());
+    rng.shuffle(document_index.data(), (num_epochs - 1) * ndocs);
+    int32_t* last = document_index.data() + (num_epochs - 1) * ndocs;
     tile(1, last);
     rng.shuffle(last, ndocs);
   }
 
   bool drop_last = true;
   if (split_ == Split::valid) drop_last = config_->drop_last_partial_validation_sequence;
-  sample_index_ = build_sample_idx(lengths, document_index_.data(), static_cast<int64_t>(document_index_.size()),
-                                   static_cast<int32_t>(s), static_cast<int32_t>(num_epochs), tokens_per_epoch,
-                                   drop_last, x);
+  std::vector<int64_t> sample_index =
+      build_sample_idx(lengths, document_index.data(), static_cast<int64_t>(document_index.size()),
+                       static_cast<int32_t>(s), static_cast<int32_t>(num_epochs), tokens_per_epoch, drop_last, x);
   const int64_t max_len = *std::max_element(lengths, lengths + dataset_->num_sequences());
-  const int64_t sample_idx_max = std::max<int64_t>(static_cast<int64_t>(document_index_.size()), max_len);
-  sample_index_dtype_ = sample_idx_max <= std::numeric_limits<int32_t>::max() ? NpyDType::kInt32 : NpyDType::kInt64;
-  num_samples_total_ = static_cast<int64_t>(sample_index_.size() / 2) - 1;
+  const int64_t sample_idx_max = std::max<int64_t>(static_cast<int64_t>(document_index.size()), max_len);
+  num_samples_total_ = static_cast<int64_t>(sample_index.size() / 2) - 1;
+  const int64_t doc_count = static_cast<int64_t>(document_index.size());
+  document_index_ = NpyView::own(NpyDType::kInt32, {doc_count}, std::move(document_index));
+  if (sample_idx_max <= std::numeric_limits<int32_t>::max()) {
+    std::vector<int32_t> narrow(sample_index.begin(), sample_index.end());
+    sample_index_ = NpyView::own(NpyDType::kInt32, {num_samples_total_ + 1, 2}, std::move(narrow));
+  } else {
+    sample_index_ = NpyView::own(NpyDType::kInt64, {num_samples_total_ + 1, 2}, std::move(sample_index));
+  }
 
   const int64_t total = num_samples_total_;
-  shuffle_index_dtype_ = total >= static_cast<int64_t>(0xffffffffULL) - 1 ? NpyDType::kInt64 : NpyDType::kUInt32;
-  shuffle_index_.resize(static_cast<size_t>(total));
-  for (int64_t i = 0; i < total; ++i) shuffle_index_[i] = i;
-  if (separate_final_epoch) {
-    rng.shuffle(shuffle_index_.data(), sans_final);
-    rng.shuffle(shuffle_index_.data() + sans_final, total - sans_final);
+  auto shuffle = [&](auto* p) {
+    for (int64_t i = 0; i < total; ++i) p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(i);
+    if (separate_final_epoch) {
+      rng.shuffle(p, sans_final);
+      rng.shuffle(p + sans_final, total - sans_final);
+    } else {
+      rng.shuffle(p, total);
+    }
+  };
+  if (total >= static_cast<int64_t>(0xffffffffULL) - 1) {
+    std::vector<int64_t> sh(static_cast<size_t>(total));
+    shuffle(sh.data());
+    shuffle_index_ = NpyView::own(NpyDType::kInt64, {total}, std::move(sh));
   } else {
-    rng.shuffle(shuffle_index_.data(), total);
+    std::vector<uint32_t> sh(static_cast<size_t>(total));
+    shuffle(sh.data());
+    shuffle_index_ = NpyView::own(NpyDType::kUInt32, {total}, std::move(sh));
   }
 }
 
 void GPTDataset::save_indices(const std::string& base) const {
   write_text_atomic(base + "-description.txt", description_);
-  npy_save_i32(base + "-document_index.npy", {static_cast<int64_t>(document_index_.size())}, document_index_.data());
-  npy_save(base + "-sample_index.npy", sample_index_dtype_, {num_samples_total_ + 1, 2}, sample_index_.data());
-  npy_save(base + "-shuffle_index.npy", shuffle_index_dtype_, {num_samples_total_}, shuffle_index_.data());
+  npy_save_raw(base + "-document_index.npy", document_index_.dtype(), document_index_.shape(), document_index_.data());
+  npy_save_raw(base + "-sample_index.npy", sample_index_.dtype(), sample_index_.shape(), sample_index_.data());
+  npy_save_raw(base + "-shuffle_index.npy", shuffle_index_.dtype(), shuffle_index_.shape(), shuffle_index_.data());
 }
 
 bool GPTDataset::load_indices(const std::string& base) {
-  NpyArray d = npy_load(base + "-document_index.npy");
-  NpyArray si = npy_load(base + "-sample_index.npy");
-  NpyArray sh = npy_load(base + "-shuffle_index.npy");
-  if (d.shape.size() != 1 || d.dtype != NpyDType::kInt32)
+  NpyView d = NpyView::map(base + "-document_index.npy");
+  NpyView si = NpyView::map(base + "-sample_index.npy");
+  NpyView sh = NpyView::map(base + "-shuffle_index.npy");
+  if (d.shape().size() != 1 || d.dtype() != NpyDType::kInt32)
     user_error(base, "-document_index.npy: expected a 1-D int32 array; delete the cache to rebuild it");
-  if (si.shape.size() != 2 || si.shape[1] != 2 || si.shape[0] < 1)
-    user_error(base, "-sample_index.npy: expected an [n+1, 2] array; delete the cache to rebuild it");
-  if (sh.shape.size() != 1 || sh.shape[0] != si.shape[0] - 1)
-    user_error(base, "-shuffle_index.npy: length ", sh.shape.empty() ? -1 : sh.shape[0],
-               " disagrees with the sample index; delete the cache to rebuild it");
-  document_index_.resize(d.data.size());
-  for (size_t i = 0; i < d.data.size(); ++i) document_index_[i] = static_cast<int32_t>(d.data[i]);
-  sample_index_ = std::move(si.data);
-  sample_index_dtype_ = si.dtype;
-  shuffle_index_ = std::move(sh.data);
-  shuffle_index_dtype_ = sh.dtype;
-  num_samples_total_ = static_cast<int64_t>(shuffle_index_.size());
-  const int64_t nd = static_cast<int64_t>(document_index_.size());
+  if (si.shape().size() != 2 || si.shape()[1] != 2 || si.shape()[0] < 1 ||
+      (si.dtype() != NpyDType::kInt32 && si.dtype() != NpyDType::kInt64))
+    user_error(base, "-sample_index.npy: expected an [n+1, 2] int32/int64 array; delete the cache to rebuild it");
+  if (sh.shape().size() != 1 || sh.shape()[0] != si.shape()[0] - 1 ||
+      (sh.dtype() != NpyDType::kUInt32 && sh.dtype() != NpyDType::kInt64))
+    user_error(base, "-shuffle_index.npy: its length or dtype disagrees with the sample index; delete the cache to rebuild it");
+  num_samples_total_ = sh.numel();
+  // Validate what get() will dereference (cheap next to building; catches a stale or damaged cache).
+  const int64_t nd = d.numel();
   const int64_t nseq = dataset_->num_sequences();
-  for (auto v : document_index_)
-    if (v < 0 || v >= nseq) user_error(base, "-document_index.npy: sequence id ", v, " out of range; delete the cache to rebuild it");
+  for (int64_t i = 0; i < nd; ++i)
+    if (d[i] < 0 || d[i] >= nseq)
+      user_error(base, "-document_index.npy: sequence id ", d[i], " out of range; delete the cache to rebuild it");
   for (int64_t r = 0; r <= num_samples_total_; ++r)
-    if (sample_index_[2 * r] < 0 || sample_index_[2 * r] >= std::max<int64_t>(nd, 1))
+    if (si[2 * r] < 0 || si[2 * r] >= std::max<int64_t>(nd, 1))
       user_error(base, "-sample_index.npy: row ", r, " out of range; delete the cache to rebuild it");
-  for (auto v : shuffle_index_)
-    if (v < 0 || v >= num_samples_total_) user_error(base, "-shuffle_index.npy: entry out of range; delete the cache to rebuild it");
+  for (int64_t i = 0; i < num_samples_total_; ++i)
+    if (sh[i] < 0 || sh[i] >= num_samples_total_)
+      user_error(base, "-shuffle_index.npy: entry out of range; delete the cache to rebuild it");
+  document_index_ = std::move(d);
+  sample_index_ = std::move(si);
+  shuffle_index_ = std::move(sh);
   return true;
 }
 
@@ -338,7 +360,7 @@ void GPTDataset::get(int64_t idx, GPTSample& out, bool with_attention_mask) cons
   MEGATRON_CHECK(idx >= 0 && idx < num_samples_total_) << "sample " << idx << " of " << num_samples_total_;
   const int64_t s = config_->sequence_length;
   const int64_t x = config_->add_extra_token_to_sequence ? 1 : 0;
-  const int64_t i = shuffle_index_[static_cast<size_t>(idx)];
+  const int64_t i = shuffle_index_[idx];
   const int64_t d0 = sample_index_[2 * i], o0 = sample_index_[2 * i + 1];
   const int64_t d1 = sample_index_[2 * i + 2], o1 = sample_index_[2 * i + 3];
   thread_local std::vector<int64_t> text;

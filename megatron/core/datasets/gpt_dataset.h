@@ -72,12 +72,11 @@ class GPTDataset : public TopLevelDataset {
   std::optional<int64_t> num_samples() const { return num_samples_; }
   const LowLevelDataset& low_level_dataset() const { return *dataset_; }
 
-  const std::vector<int32_t>& document_index() const { return document_index_; }
-  /// Flattened [size()+1, 2].
-  const std::vector<int64_t>& sample_index() const { return sample_index_; }
-  const std::vector<int64_t>& shuffle_index() const { return shuffle_index_; }
-  NpyDType sample_index_dtype() const { return sample_index_dtype_; }
-  NpyDType shuffle_index_dtype() const { return shuffle_index_dtype_; }
+  /// The indices in their file dtypes (int32; [size()+1, 2] int32|int64; uint32|int64), owned
+  /// after a build, memory-mapped after a cache load.
+  const NpyView& document_index() const { return document_index_; }
+  const NpyView& sample_index() const { return sample_index_; }
+  const NpyView& shuffle_index() const { return shuffle_index_; }
   /// Cache folder used (empty when the indices were not cached).
   const std::string& cache_dir() const { return cache_dir_; }
   /// Whether the indices were read from the cache rather than built.
@@ -111,11 +110,9 @@ class GPTDataset : public TopLevelDataset {
   std::optional<int64_t> pad_token_id_;
   int64_t eod_ = -1;
 
-  std::vector<int32_t> document_index_;
-  std::vector<int64_t> sample_index_;
-  std::vector<int64_t> shuffle_index_;
-  NpyDType sample_index_dtype_ = NpyDType::kInt32;
-  NpyDType shuffle_index_dtype_ = NpyDType::kUInt32;
+  NpyView document_index_;
+  NpyView sample_index_;
+  NpyView shuffle_index_;
   int64_t num_samples_total_ = 0;
   std::string cache_dir_;
   bool loaded_from_cache_ = false;

@@ -1,5 +1,8 @@
 #include "megatron/core/datasets/npy.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -94,6 +97,110 @@ void npy_save_i32(const std::string& path, const std::vector<int64_t>& shape, co
   int64_t n = 1;
   for (auto s : shape) n *= s;
   write_file(path, npy_header(NpyDType::kInt32, shape), data, static_cast<size_t>(n) * 4);
+}
+
+void npy_save_raw(const std::string& path, NpyDType dtype, const std::vector<int64_t>& shape, const void* data) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  write_file(path, npy_header(dtype, shape), data, static_cast<size_t>(n) * npy_itemsize(dtype));
+}
+
+std::vector<int64_t> NpyView::to_vector() const {
+  std::vector<int64_t> v(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) v[i] = (*this)[i];
+  return v;
+}
+
+namespace {
+struct Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (base && size) ::munmap(base, size);
+  }
+};
+
+// Parses the header dict at `h`; fills dtype and shape.
+void parse_header(const std::string& path, const std::string& h, NpyDType& dtype, std::vector<int64_t>& shape) {
+  auto field = [&](const std::string& key) -> std::string {
+    const size_t k = h.find("'" + key + "'");
+    if (k == std::string::npos) user_error(path, ": .npy header lacks '", key, "'; delete the cache file to rebuild it");
+    return h.substr(h.find(':', k) + 1);
+  };
+  std::string d = field("descr");
+  const size_t q1 = d.find('\'');
+  const size_t q2 = d.find('\'', q1 + 1);
+  const std::string descr = d.substr(q1 + 1, q2 - q1 - 1);
+  if (descr == "<i2") dtype = NpyDType::kInt16;
+  else if (descr == "<i4") dtype = NpyDType::kInt32;
+  else if (descr == "<u4") dtype = NpyDType::kUInt32;
+  else if (descr == "<i8") dtype = NpyDType::kInt64;
+  else user_error(path, ": unsupported .npy dtype '", descr, "' (expected <i2, <i4, <u4 or <i8)");
+  if (field("fortran_order").find("False") > 2) user_error(path, ": Fortran-order .npy is not supported");
+  std::string s = field("shape");
+  const size_t p1 = s.find('(');
+  const size_t p2 = s.find(')');
+  if (p1 == std::string::npos || p2 == std::string::npos) user_error(path, ": bad .npy shape");
+  std::string inner = s.substr(p1 + 1, p2 - p1 - 1);
+  size_t i = 0;
+  shape.clear();
+  while (i < inner.size()) {
+    while (i < inner.size() && (inner[i] == ' ' || inner[i] == ',')) ++i;
+    if (i >= inner.size()) break;
+    size_t j = i;
+    while (j < inner.size() && inner[j] >= '0' && inner[j] <= '9') ++j;
+    if (j == i) user_error(path, ": bad .npy shape");
+    shape.push_back(std::stoll(inner.substr(i, j - i)));
+    i = j;
+  }
+}
+}  // namespace
+
+NpyView NpyView::map(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) user_error(path, ": cannot open (", std::strerror(errno), ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    user_error(path, ": cannot stat (", std::strerror(errno), ")");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  auto m = std::make_shared<Mapping>();
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      user_error(path, ": mmap failed (", std::strerror(errno), ")");
+    }
+    m->base = p;
+    m->size = size;
+  }
+  ::close(fd);
+  const char* b = static_cast<const char*>(m->base);
+  if (size < 10 || std::memcmp(b, "\x93NUMPY", 6) != 0)
+    user_error(path, ": not a NumPy .npy file (bad magic); delete the cache file to rebuild it");
+  size_t hstart, hlen;
+  if (b[6] == 1) {
+    hlen = static_cast<unsigned char>(b[8]) | (static_cast<unsigned char>(b[9]) << 8);
+    hstart = 10;
+  } else if ((b[6] == 2 || b[6] == 3) && size >= 12) {
+    hlen = static_cast<unsigned char>(b[8]) | (static_cast<unsigned char>(b[9]) << 8) |
+           (static_cast<unsigned char>(b[10]) << 16) | (static_cast<size_t>(static_cast<unsigned char>(b[11])) << 24);
+    hstart = 12;
+  } else {
+    user_error(path, ": unsupported .npy version ", int(b[6]));
+  }
+  if (hstart + hlen > size) user_error(path, ": truncated .npy header; delete the cache file to rebuild it");
+  NpyView v;
+  parse_header(path, std::string(b + hstart, hlen), v.dtype_, v.shape_);
+  v.numel_ = 1;
+  for (auto s : v.shape_) v.numel_ *= s;
+  const size_t need = hstart + hlen + static_cast<size_t>(v.numel_) * npy_itemsize(v.dtype_);
+  if (need > size)
+    user_error(path, ": truncated .npy data (", size, " bytes, header says ", need, "); delete the cache file to rebuild it");
+  v.data_ = b + hstart + hlen;
+  v.holder_ = m;
+  return v;
 }
 
 NpyArray npy_load(const std::string& path) {

@@ -2,6 +2,10 @@
 
 #include <openssl/evp.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -152,6 +156,68 @@ Blend get_blend_from_list(const std::vector<std::string>& list, const std::strin
     for (const auto& p : list) b.prefixes.push_back(strip(p));
   }
   return b;
+}
+
+namespace {
+std::string read_text(const std::string& path, const char* flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) user_error(flag, " ", path, ": cannot open (", std::strerror(errno), ")");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+std::vector<std::string> split_ws(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  std::string w;
+  while (is >> w) out.push_back(w);
+  return out;
+}
+}  // namespace
+
+std::pair<std::optional<Blend>, std::optional<std::array<std::optional<Blend>, 3>>> get_blend_and_blend_per_split(
+    const DataPathArgs& a) {
+  const bool use_data_path = a.data_path || a.data_args_path;
+  const bool use_per_split = a.train_data_path || a.valid_data_path || a.test_data_path || a.per_split_data_args_path;
+  if (use_data_path && use_per_split)
+    user_error("--data-path/--data-args-path cannot be combined with --train-data-path/--valid-data-path/"
+               "--test-data-path/--per-split-data-args-path");
+  if (use_data_path) {
+    if (a.data_args_path) {
+      if (a.data_path) user_error("give either --data-path or --data-args-path, not both");
+      return {get_blend_from_list(split_ws(read_text(*a.data_args_path, "--data-args-path")), "--data-args-path"),
+              std::nullopt};
+    }
+    return {get_blend_from_list(*a.data_path, "--data-path"), std::nullopt};
+  }
+  if (!use_per_split) return {std::nullopt, std::nullopt};
+  std::array<std::optional<Blend>, 3> per;
+  if (a.per_split_data_args_path) {
+    const std::string& path = *a.per_split_data_args_path;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text(path, "--per-split-data-args-path"));
+    } catch (const nlohmann::json::exception& e) {
+      user_error("--per-split-data-args-path ", path, ": not valid JSON (", e.what(), ")");
+    }
+    const char* keys[3] = {"train", "valid", "test"};
+    for (int i = 0; i < 3; ++i) {
+      if (!j.contains(keys[i]))
+        user_error("--per-split-data-args-path ", path, ": missing key \"", keys[i], "\"");
+      const auto& v = j[keys[i]];
+      std::vector<std::string> list;
+      if (v.is_string()) list = split_ws(v.get<std::string>());
+      else if (v.is_array()) for (const auto& e : v) list.push_back(e.is_string() ? e.get<std::string>() : e.dump());
+      else user_error("--per-split-data-args-path ", path, ": \"", keys[i], "\" must be a string or a list");
+      per[i] = get_blend_from_list(list, std::string("--per-split-data-args-path ") + keys[i]);
+    }
+  } else {
+    const std::optional<std::vector<std::string>>* lists[3] = {&a.train_data_path, &a.valid_data_path, &a.test_data_path};
+    const char* flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+    for (int i = 0; i < 3; ++i)
+      if (*lists[i]) per[i] = get_blend_from_list(**lists[i], flags[i]);
+  }
+  return {std::nullopt, per};
 }
 
 std::string python_float_repr(double v) {

@@ -59,6 +59,25 @@ struct Blend {
 /// weight, or weights where some but not all entries parse.
 Blend get_blend_from_list(const std::vector<std::string>& list, const std::string& flag = "--data-path");
 
+/// Megatron's --split default when --data-path is given without --split (arguments.py); the raw
+/// string, spaces included, enters the cache hash.
+inline constexpr const char* kLegacyDefaultSplit = "969, 30, 1";
+
+/// The data-path flags of pretrain_gpt (megatron/training/utils: get_blend_and_blend_per_split).
+struct DataPathArgs {
+  std::optional<std::vector<std::string>> data_path;        ///< --data-path
+  std::optional<std::string> data_args_path;                ///< --data-args-path (file, whitespace-split)
+  std::optional<std::vector<std::string>> train_data_path;  ///< --train-data-path
+  std::optional<std::vector<std::string>> valid_data_path;  ///< --valid-data-path
+  std::optional<std::vector<std::string>> test_data_path;   ///< --test-data-path
+  std::optional<std::string> per_split_data_args_path;      ///< --per-split-data-args-path (JSON)
+};
+/// (blend, blend_per_split) as Megatron derives them: --data-path/--data-args-path give `blend`;
+/// otherwise any per-split flag gives `blend_per_split` (missing splits nullopt); neither -> mock.
+/// Throws UserError naming the flag or file on an unreadable file, bad JSON, or both kinds given.
+std::pair<std::optional<Blend>, std::optional<std::array<std::optional<Blend>, 3>>> get_blend_and_blend_per_split(
+    const DataPathArgs& args);
+
 /// Python repr() of a float (shortest round-trip digits; exponent form below 1e-4 and from 1e16).
 std::string python_float_repr(double v);
 /// Lower-case hex MD5 of `s`.

@@ -190,8 +190,60 @@ TEST(DatasetDistributed, RankZeroBuildsOthersLoad) {
     ASSERT_TRUE(a && b);
     EXPECT_FALSE(a->loaded_from_cache());
     EXPECT_TRUE(b->loaded_from_cache());
-    EXPECT_EQ(a->shuffle_index(), b->shuffle_index());
+    EXPECT_EQ(a->shuffle_index().to_vector(), b->shuffle_index().to_vector());
     EXPECT_EQ(a->get(3).tokens, b->get(3).tokens);
   }
   fs::remove_all(cache);
+}
+
+TEST(DatasetUtils, BlendFromFlags) {
+  // get_blend_from_list: weights and prefixes, prefixes only, strip()
+  Blend b = get_blend_from_list({"30", " a ", "70", "b"});
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  ASSERT_TRUE(b.weights);
+  EXPECT_EQ(*b.weights, (std::vector<double>{30.0, 70.0}));
+  b = get_blend_from_list({"a", "b"});
+  EXPECT_FALSE(b.weights);
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  // Megatron: a non-float among the even entries -> all entries are prefixes
+  b = get_blend_from_list({"1", "a", "b", "c"});
+  EXPECT_FALSE(b.weights);
+  EXPECT_EQ(b.prefixes.size(), 4u);
+  DataPathArgs a;
+  a.train_data_path = std::vector<std::string>{"t1"};
+  a.test_data_path = std::vector<std::string>{"0.5", "x", "0.5", "y"};
+  auto [blend, per] = get_blend_and_blend_per_split(a);
+  EXPECT_FALSE(blend);
+  ASSERT_TRUE(per);
+  EXPECT_TRUE((*per)[0] && !(*per)[1] && (*per)[2]);
+  EXPECT_EQ((*per)[2]->prefixes, (std::vector<std::string>{"x", "y"}));
+  a.data_path = std::vector<std::string>{"z"};
+  EXPECT_THROW(get_blend_and_blend_per_split(a), megatron::UserError);
+}
+
+TEST(DatasetUtils, SplitMatrix) {
+  // "99,1,0" -> [(0, 0.99), (0.99, 1.0), None]; bounds over 10 elements round half to even
+  auto m = convert_split_vector_to_split_matrix(parse_and_normalize_split("99,1,0"));
+  ASSERT_TRUE(m[0] && m[1]);
+  EXPECT_FALSE(m[2]);
+  EXPECT_TRUE(m[0]->lo_is_int);
+  EXPECT_EQ(m[0]->hi, 0.99);
+  EXPECT_EQ(m[1]->hi, 1.0);
+  EXPECT_EQ(json_dumps_indent4(split_matrix_json(m)), "[\n    [\n        0,\n        0.99\n    ],\n    [\n        0.99,\n        1.0\n    ],\n    null\n]");
+  // 0.25 * 10 = 2.5 -> 2, 0.75 * 10 = 7.5 -> 8 (Python round)
+  EXPECT_EQ(split_range(SplitBookend{0.25, 0.75, false}, 10), (std::pair<int64_t, int64_t>{2, 8}));
+}
+
+TEST(DatasetUtils, JsonDumpsLikePython) {
+  // expected string printed by Python 3.11:
+  // json.dumps({'a':'é\t"x\x7f😀','b':[],'c':{},'d':None,'e':[1e-05, 0.1]}, indent=4)
+  JsonValue o = JsonValue::make_object();
+  o.add("a", JsonValue::string("\xc3\xa9\t\"x\x7f\xf0\x9f\x98\x80"));
+  o.add("b", JsonValue::make_list());
+  o.add("c", JsonValue::make_object());
+  o.add("d", JsonValue::null());
+  o.add("e", JsonValue::make_list().push(JsonValue::real(1e-05)).push(JsonValue::real(0.1)));
+  EXPECT_EQ(json_dumps_indent4(o),
+            "{\n    \"a\": \"\\u00e9\\t\\\"x\\u007f\\ud83d\\ude00\",\n    \"b\": [],\n    \"c\": {},\n    \"d\": null,\n"
+            "    \"e\": [\n        1e-05,\n        0.1\n    ]\n}");
 }

@@ -92,11 +92,13 @@ TEST(GPTDatasetGolden, AppendixA) {
   auto* valid = dynamic_cast<GPTDataset*>(ds[1].get());
   ASSERT_TRUE(train && valid);
   EXPECT_EQ(train->unique_description_hash(), "5e3acf55dd0112e05b6bfb58f3d3acf0");
-  EXPECT_EQ(train->document_index(), (std::vector<int32_t>{5, 3, 0, 4, 6, 2, 2, 7, 1, 1, 0, 4, 5, 6, 3, 7, 5, 1, 3, 4, 0, 7, 6, 2}));
-  EXPECT_EQ(train->sample_index(), flat({{0, 0}, {1, 3}, {3, 0}, {4, 4}, {6, 0}, {7, 2}, {8, 3}, {10, 1}, {12, 1}, {13, 4},
+  EXPECT_EQ(train->document_index().to_vector(), (std::vector<int64_t>{5, 3, 0, 4, 6, 2, 2, 7, 1, 1, 0, 4, 5, 6, 3, 7, 5, 1, 3, 4, 0, 7, 6, 2}));
+  EXPECT_EQ(train->sample_index().to_vector(), flat({{0, 0}, {1, 3}, {3, 0}, {4, 4}, {6, 0}, {7, 2}, {8, 3}, {10, 1}, {12, 1}, {13, 4},
                                          {14, 6}, {16, 0}, {17, 3}, {18, 6}, {20, 3}, {22, 0}, {23, 2}}));
-  EXPECT_EQ(train->shuffle_index(), (std::vector<int64_t>{7, 4, 1, 5, 3, 9, 2, 8, 6, 0, 15, 11, 10, 14, 13, 12}));
+  EXPECT_EQ(train->shuffle_index().to_vector(), (std::vector<int64_t>{7, 4, 1, 5, 3, 9, 2, 8, 6, 0, 15, 11, 10, 14, 13, 12}));
   EXPECT_EQ(train->size(), 16);
+  EXPECT_EQ(train->sample_index().dtype(), NpyDType::kInt32);
+  EXPECT_EQ(train->shuffle_index().dtype(), NpyDType::kUInt32);
   GPTSample s0 = train->get(0);
   EXPECT_EQ(s0.tokens, (std::vector<int64_t>{2, 3, 999, 41, 42, 43, 999, 51}));
   EXPECT_EQ(s0.labels, (std::vector<int64_t>{3, 999, 41, 42, 43, 999, 51, 52}));
@@ -107,9 +109,9 @@ TEST(GPTDatasetGolden, AppendixA) {
     for (int k = 0; k < 8; ++k) EXPECT_EQ(s0.attention_mask[q * 8 + k], k > q ? 1 : 0);
 
   EXPECT_EQ(valid->unique_description_hash(), "ce16281b8c0a6150e410a604a6531989");
-  EXPECT_EQ(valid->document_index(), (std::vector<int32_t>{8, 9, 8, 8, 8, 9, 9, 9}));
-  EXPECT_EQ(valid->sample_index(), flat({{0, 0}, {1, 4}, {3, 3}, {5, 3}, {7, 1}}));
-  EXPECT_EQ(valid->shuffle_index(), (std::vector<int64_t>{0, 2, 1, 3}));
+  EXPECT_EQ(valid->document_index().to_vector(), (std::vector<int64_t>{8, 9, 8, 8, 8, 9, 9, 9}));
+  EXPECT_EQ(valid->sample_index().to_vector(), flat({{0, 0}, {1, 4}, {3, 3}, {5, 3}, {7, 1}}));
+  EXPECT_EQ(valid->shuffle_index().to_vector(), (std::vector<int64_t>{0, 2, 1, 3}));
   GPTSample v0 = valid->get(0);
   EXPECT_EQ(v0.tokens, (std::vector<int64_t>{81, 82, 83, 999, 91, 92, 93, 94}));
   EXPECT_EQ(v0.labels, (std::vector<int64_t>{82, 83, 999, 91, 92, 93, 94, 999}));
@@ -123,9 +125,9 @@ TEST(GPTDatasetGolden, AppendixA) {
   auto* t2 = dynamic_cast<GPTDataset*>(again[0].get());
   ASSERT_TRUE(t2);
   EXPECT_TRUE(t2->loaded_from_cache());
-  EXPECT_EQ(t2->document_index(), train->document_index());
-  EXPECT_EQ(t2->sample_index(), train->sample_index());
-  EXPECT_EQ(t2->shuffle_index(), train->shuffle_index());
+  EXPECT_EQ(t2->document_index().to_vector(), train->document_index().to_vector());
+  EXPECT_EQ(t2->sample_index().to_vector(), train->sample_index().to_vector());
+  EXPECT_EQ(t2->shuffle_index().to_vector(), train->shuffle_index().to_vector());
   fs::remove_all(dir);
 }
 
