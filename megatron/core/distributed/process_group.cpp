@@ -34,11 +34,52 @@ class SingleRankGroup final : public ProcessGroup {
     return nullptr;
   }
   void barrier() override {}
+  std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
+    for (const auto& g : groups)
+      for (int r : g)
+        if (r == ranks_[0]) {
+          MEGATRON_CHECK(g.size() == 1) << "split of a single-rank group into a group of " << g.size();
+          return std::make_shared<SingleRankGroup>(ranks_[0]);
+        }
+    return nullptr;
+  }
+  const char* backend_name() const override { return "single"; }
 
  private:
   std::vector<int> ranks_;
 };
 }  // namespace
+
+namespace {
+class MultiWork final : public Work {
+ public:
+  explicit MultiWork(std::vector<std::unique_ptr<Work>> w) : w_(std::move(w)) {}
+  void wait() override {
+    for (auto& w : w_) w->wait();
+  }
+  bool is_completed() override {
+    for (auto& w : w_)
+      if (!w->is_completed()) return false;
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> w_;
+};
+}  // namespace
+
+std::unique_ptr<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  std::vector<std::unique_ptr<Work>> works;
+  for (const auto& op : ops) {
+    MEGATRON_CHECK(op.tensor) << "null tensor in batch_isend_irecv";
+    works.push_back(op.kind == P2POp::kSend ? send(*op.tensor, op.peer, true) : recv(*op.tensor, op.peer, true));
+  }
+  return std::make_unique<MultiWork>(std::move(works));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<std::vector<int>>&) {
+  user_error("process group backend '", backend_name(), "' cannot create subgroups");
+}
 
 std::shared_ptr<ProcessGroup> make_single_rank_group(int global_rank) {
   return std::make_shared<SingleRankGroup>(global_rank);

@@ -21,6 +21,14 @@ class Work {
   virtual bool is_completed() = 0;
 };
 
+/// One point-to-point operation of batch_isend_irecv (peer is a group rank). The tensor is
+/// held by reference: it must stay alive until the returned Work completed.
+struct P2POp {
+  enum Kind { kSend, kRecv } kind;
+  Tensor* tensor;
+  int peer;
+};
+
 /// A group of ranks. Collectives must be called by every member in the same order.
 /// All tensors are contiguous; sizes are in elements.
 class ProcessGroup {
@@ -45,6 +53,20 @@ class ProcessGroup {
   virtual std::unique_ptr<Work> send(const Tensor& t, int peer, bool async = false) = 0;
   virtual std::unique_ptr<Work> recv(Tensor& t, int peer, bool async = false) = 0;
   virtual void barrier() = 0;
+
+  /// Posts all sends and receives at once (torch.distributed.batch_isend_irecv); the Work
+  /// completes when all did. Use this when a rank both sends and receives in one step (pipeline
+  /// p2p): NCCL requires such exchanges to be grouped to avoid deadlock. The default posts each
+  /// op asynchronously (fine for MPI/TCP whose sends never wait for the matching receive).
+  virtual std::unique_ptr<Work> batch_isend_irecv(const std::vector<P2POp>& ops);
+
+  /// Creates subgroups (like MPI_Comm_split / ncclCommSplit / torch new_group). Collective over
+  /// this group: every member passes the same list of disjoint groups of *global* ranks; returns
+  /// the group containing this process (group ranks in the listed order), or nullptr if this
+  /// process is in none of them. The default throws UserError (backend without subgroups).
+  virtual std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups);
+  /// Short backend name ("single", "mpi", "tcp", "nccl").
+  virtual const char* backend_name() const { return "unknown"; }
 };
 
 /// The group of one process (every collective is the identity). Used when a parallel

@@ -1,0 +1,111 @@
+// DistributedDataParallel: bucketed gradient reduction over the model's contiguous gradient
+// buffer (Megatron's megatron/core/distributed/distributed_data_parallel.py and
+// param_and_grad_buffer.py; megatron.md §9.5, §9.6).
+//
+// * Buckets: parameters are taken in buffer order (the reverse of registration order, ≈ the
+//   order backward finishes them); a bucket is closed once it holds >= bucket_size elements.
+//   Without --overlap-grad-reduce and without an explicit bucket size there is one bucket;
+//   with it the default size is max(40,000,000, 1,000,000 x DP) elements.
+// * Reduction: grads are pre-scaled by 1/DP (DP = the dp-cp group; none with
+//   --calculate-per-token-loss) and SUM-reduced: all-reduce, or with --use-distributed-optimizer
+//   a reduce-scatter leaving rank r the reduced slice r of each bucket.
+// * Overlap: register_grad_ready(i) marks parameter i's gradient final for this iteration; when
+//   every parameter of a bucket is ready the bucket's collective is launched asynchronously.
+//   finish_grad_sync() waits for all buckets (launching any that were not launched).
+// * Distributed optimizer: each bucket of n elements is cut into DP equal slices of
+//   ceil(n/DP) elements (the last padded by a staging copy when n is not divisible; Megatron pads
+//   the buffer itself to lcm(DP, 128) instead, which only changes where padding lives);
+//   start_param_sync() all-gathers the updated parameter slices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "megatron/core/distributed/param_and_grad_buffer.h"
+#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/transformer/module.h"
+
+namespace megatron::distributed {
+
+/// Megatron's DistributedDataParallelConfig (the fields we implement).
+struct DistributedDataParallelConfig {
+  bool overlap_grad_reduce = false;        // --overlap-grad-reduce
+  bool overlap_param_gather = false;       // --overlap-param-gather (needs the distributed optimizer)
+  bool use_distributed_optimizer = false;  // --use-distributed-optimizer
+  std::optional<int64_t> bucket_size;      // --ddp-bucket-size (elements)
+  bool average_in_collective = false;      // --ddp-average-in-collective: AVG instead of pre-scale + SUM
+  bool calculate_per_token_loss = false;   // --calculate-per-token-loss: no 1/DP pre-scale
+};
+
+/// One bucket: a contiguous element range of the buffers and the parameters inside it.
+struct Bucket {
+  int64_t start = 0, end = 0;       // [start, end) in buffer elements
+  std::vector<size_t> params;       // registration indices
+  /// Distributed optimizer: this rank's slice [shard_start, shard_end) (buffer elements,
+  /// clipped to the bucket; may be empty on the last ranks of a small bucket).
+  int64_t shard_start = 0, shard_end = 0;
+  int64_t slice = 0;                // ceil((end - start) / DP)
+};
+
+class DistributedDataParallel {
+ public:
+  /// `buffers`/`params` are the model's (Parameter::main_grad must view buffers.grad_data());
+  /// `dp_group` is the data-parallel group with context parallelism (dp-cp). Throws UserError
+  /// for --overlap-param-gather without --use-distributed-optimizer.
+  DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
+                          std::vector<transformer::Parameter>& params, std::shared_ptr<ProcessGroup> dp_group);
+  ~DistributedDataParallel();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const DistributedDataParallelConfig& config() const { return config_; }
+  ProcessGroup& dp_group() const { return *dp_group_; }
+  std::vector<transformer::Parameter>& parameters() { return params_; }
+  Tensor& grad_buffer() { return buffers_.grad_data(); }
+  Tensor& param_buffer() { return buffers_.param_data(); }
+
+  /// Zeros the grad buffer and resets the per-iteration bucket state.
+  void zero_grad_buffer();
+  /// Overlap: parameter `param_index`'s gradient is complete; launches its bucket when full.
+  void register_grad_ready(size_t param_index);
+  /// Launches every bucket not yet launched (asynchronously).
+  void start_grad_sync();
+  /// Waits until every bucket is reduced (launching the missing ones first).
+  void finish_grad_sync();
+  /// Distributed optimizer: all-gathers every bucket's parameter slices (async when
+  /// overlap_param_gather; finish_param_sync() waits).
+  void start_param_sync();
+  void finish_param_sync();
+
+ private:
+  void launch(size_t bucket);
+  void wait_param(size_t bucket);
+  DistributedDataParallelConfig config_;
+  ParamAndGradBuffer& buffers_;
+  std::vector<transformer::Parameter>& params_;
+  std::shared_ptr<ProcessGroup> dp_group_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_param_;
+  struct BucketState;
+  std::vector<std::unique_ptr<BucketState>> state_;
+  bool warned_ = false;
+};
+
+/// Megatron's finalize_model_grads (megatron/core/distributed/finalize_model_grads.py):
+///  1. finish the DP gradient sync of every model chunk;
+///  2. (sequence parallelism: TP all-reduce of norm grads -- raises UserError, not supported yet);
+///  3. all-reduce the word-embedding grad ("embedding.word_embeddings.weight" on the first stage,
+///     the `shared` output weight on the last) over `embedding_group` (tied embeddings, PP > 1;
+///     skipped when the group is null or of size 1);
+///  4. with num_tokens (--calculate-per-token-loss): num_tokens is broadcast from the last pipeline
+///     stage over `pp_group`, summed over `dp_group`, and every grad is scaled by 1/num_tokens.
+struct FinalizeGroups {
+  std::shared_ptr<ProcessGroup> tp_group, pp_group, dp_group, embedding_group;
+  bool sequence_parallel = false;
+  bool share_embeddings_and_output_weights = true;
+};
+void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const FinalizeGroups& groups,
+                          Tensor* num_tokens = nullptr);
+
+}  // namespace megatron::distributed

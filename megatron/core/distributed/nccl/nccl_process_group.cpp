@@ -1,0 +1,354 @@
+// NCCL backend of ProcessGroup for CUDA tensors (compiled into megatron_cuda only).
+//
+// * Bootstrap without MPI: rank 0 creates the ncclUniqueId and publishes it in the TCPStore at
+//   MASTER_ADDR:MASTER_PORT; every rank calls ncclCommInitRank on device LOCAL_RANK % #devices.
+// * Subgroups: ncclCommSplit (collective over the parent communicator).
+// * Streams: each group owns a non-blocking communication stream. An operation first makes that
+//   stream wait for an event recorded on the caller's compute stream (megatron::cuda::
+//   current_stream()), then enqueues the NCCL call and records a completion event. Work::wait()
+//   makes the caller's current stream wait for that event (host does not block), exactly like
+//   torch's ProcessGroupNCCL; is_completed() queries the event.
+// * The tensors of in-flight operations are kept alive until their completion event fired.
+// * Watchdog: a thread polls in-flight operations; an asynchronous NCCL error or an operation
+//   older than the distributed timeout aborts the communicators and ends the job with a message.
+#if defined(MEGATRON_WITH_NCCL)
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "megatron/core/distributed/comm_worker.h"
+#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/distributed/reduction.h"
+#include "megatron/core/ops/cuda/cuda_utils.h"
+
+namespace megatron::distributed {
+
+namespace {
+
+#define NCCL_CHECK(expr, what)                                                                   \
+  do {                                                                                           \
+    ncclResult_t _r = (expr);                                                                    \
+    if (_r != ncclSuccess)                                                                       \
+      user_error(#expr, " failed in ", what, ": ", ncclGetErrorString(_r), " (", ncclGetLastError(nullptr), ")"); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t, bool for_reduction) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kInt8: return ncclInt8;
+    case DType::kUInt8: return ncclUint8;
+    default:
+      if (for_reduction) user_error("NCCL cannot reduce dtype ", dtype_name(t));
+      return ncclUint8;  // byte-wise movement (fp8, bool, ...): caller passes nbytes
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kAvg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+// One in-flight operation.
+struct NcclOp {
+  cudaEvent_t done = nullptr;
+  std::vector<Tensor> keep;
+  std::string desc;
+  std::chrono::steady_clock::time_point start;
+  int device = 0;
+  bool completed = false;
+  bool query() {
+    if (completed) return true;
+    cudaError_t e = cudaEventQuery(done);
+    if (e == cudaSuccess) completed = true;
+    else if (e != cudaErrorNotReady) abort_job("CUDA error while waiting for " + desc + ": " + cudaGetErrorString(e));
+    return completed;
+  }
+  ~NcclOp() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+// Process-wide watchdog over every NCCL communicator and in-flight op.
+class NcclWatchdog {
+ public:
+  static NcclWatchdog& get() {
+    static NcclWatchdog* w = new NcclWatchdog();
+    return *w;
+  }
+  void add_comm(ncclComm_t c) {
+    std::lock_guard<std::mutex> l(mu_);
+    comms_.push_back(c);
+    start();
+  }
+  void remove_comm(ncclComm_t c) {
+    std::lock_guard<std::mutex> l(mu_);
+    comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
+  }
+  void add_op(std::shared_ptr<NcclOp> op) {
+    std::lock_guard<std::mutex> l(mu_);
+    ops_.push_back(std::move(op));
+  }
+
+ private:
+  void start() {
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  void loop() {
+    for (;;) {
+      const auto timeout = distributed_timeout();
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp<int64_t>(timeout.count() / 20, 20, 1000)));
+      std::string fatal;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (ncclComm_t c : comms_) {
+          ncclResult_t async_err = ncclSuccess;
+          if (ncclCommGetAsyncError(c, &async_err) == ncclSuccess && async_err != ncclSuccess &&
+              async_err != ncclInProgress) {
+            fatal = std::string("NCCL asynchronous error: ") + ncclGetErrorString(async_err) +
+                    " (a peer rank has likely died). Ending the job.";
+            break;
+          }
+        }
+        auto now = std::chrono::steady_clock::now();
+        for (auto it = ops_.begin(); fatal.empty() && it != ops_.end();) {
+          auto& op = *it;
+          cudaSetDevice(op->device);
+          if (op->query()) {
+            it = ops_.erase(it);  // releases the kept tensors
+            continue;
+          }
+          if (now - op->start > timeout)
+            fatal = "watchdog: " + op->desc + " did not complete within " + std::to_string(timeout.count() / 1000.0) +
+                    " s (--distributed-timeout-minutes); a peer rank has likely died, hung or skipped this "
+                    "collective. Ending the job.";
+          ++it;
+        }
+        if (!fatal.empty())
+          for (ncclComm_t c : comms_) ncclCommAbort(c);
+      }
+      if (!fatal.empty()) abort_job(fatal, 1);
+    }
+  }
+  std::mutex mu_;
+  std::vector<ncclComm_t> comms_;
+  std::list<std::shared_ptr<NcclOp>> ops_;
+  std::thread thread_;
+};
+
+class NcclWork final : public Work {
+ public:
+  explicit NcclWork(std::shared_ptr<NcclOp> op) : op_(std::move(op)) {}
+  /// Makes the caller's current stream wait for the operation (host does not block).
+  void wait() override { CUDA_CHECK(cudaStreamWaitEvent(megatron::cuda::current_stream(), op_->done, 0)); }
+  bool is_completed() override { return op_->query(); }
+
+ private:
+  std::shared_ptr<NcclOp> op_;
+};
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(ncclComm_t comm, std::vector<int> ranks, int device) : comm_(comm), ranks_(std::move(ranks)), device_(device) {
+    NCCL_CHECK(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    NCCL_CHECK(ncclCommCount(comm_, &size_), "ncclCommCount");
+    MEGATRON_CHECK(static_cast<int>(ranks_.size()) == size_) << ranks_.size() << " vs " << size_;
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    NcclWatchdog::get().add_comm(comm_);
+  }
+  ~NcclGroup() override {
+    NcclWatchdog::get().remove_comm(comm_);
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& ranks() const override { return ranks_; }
+  const char* backend_name() const override { return "nccl"; }
+
+  std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op, bool async) override {
+    check(t, "all_reduce");
+    return launch(describe("all_reduce", t, ranks_, reduce_op_name(op)), {t}, async, [&] {
+      NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype(), true), nccl_op(op), comm_, stream_),
+                 "all_reduce");
+    });
+  }
+  std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out, bool async) override {
+    check(in, "all_gather");
+    check(out, "all_gather");
+    if (out.numel() != in.numel() * size_ || out.dtype() != in.dtype())
+      user_error("all_gather: output ", out.str(), " must hold ", size_, " x input ", in.str());
+    return launch(describe("all_gather", in, ranks_), {in, out}, async, [&] {
+      NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, stream_), "all_gather");
+    });
+  }
+  std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) override {
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    if (in.numel() != out.numel() * size_ || out.dtype() != in.dtype())
+      user_error("reduce_scatter: input ", in.str(), " must hold ", size_, " x output ", out.str());
+    return launch(describe("reduce_scatter", in, ranks_, reduce_op_name(op)), {in, out}, async, [&] {
+      NCCL_CHECK(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.dtype(), true), nccl_op(op),
+                                   comm_, stream_),
+                 "reduce_scatter");
+    });
+  }
+  std::unique_ptr<Work> broadcast(Tensor& t, int root, bool async) override {
+    check(t, "broadcast");
+    if (root < 0 || root >= size_) user_error("broadcast: root ", root, " outside group of ", size_);
+    return launch(describe("broadcast", t, ranks_), {t}, async, [&] {
+      NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, stream_), "broadcast");
+    });
+  }
+  std::unique_ptr<Work> send(const Tensor& t, int peer, bool async) override {
+    check(t, "send");
+    check_peer(peer);
+    return launch(describe("send", t, ranks_) + " to group rank " + std::to_string(peer), {t}, async, [&] {
+      NCCL_CHECK(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, stream_), "send");
+    });
+  }
+  std::unique_ptr<Work> recv(Tensor& t, int peer, bool async) override {
+    check(t, "recv");
+    check_peer(peer);
+    return launch(describe("recv", t, ranks_) + " from group rank " + std::to_string(peer), {t}, async, [&] {
+      NCCL_CHECK(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, stream_), "recv");
+    });
+  }
+  std::unique_ptr<Work> batch_isend_irecv(const std::vector<P2POp>& ops) override {
+    std::vector<Tensor> keep;
+    for (const auto& op : ops) {
+      MEGATRON_CHECK(op.tensor) << "null tensor";
+      check(*op.tensor, "batch_isend_irecv");
+      check_peer(op.peer);
+      keep.push_back(*op.tensor);
+    }
+    return launch("batch_isend_irecv(" + std::to_string(ops.size()) + " ops) on group " + ranks_str(ranks_), keep, true,
+                  [&] {
+                    NCCL_CHECK(ncclGroupStart(), "batch_isend_irecv");
+                    for (const auto& op : ops) {
+                      if (op.kind == P2POp::kSend)
+                        NCCL_CHECK(ncclSend(op.tensor->data_ptr(), op.tensor->nbytes(), ncclUint8, op.peer, comm_, stream_),
+                                   "batch send");
+                      else
+                        NCCL_CHECK(ncclRecv(op.tensor->data_ptr(), op.tensor->nbytes(), ncclUint8, op.peer, comm_, stream_),
+                                   "batch recv");
+                    }
+                    NCCL_CHECK(ncclGroupEnd(), "batch_isend_irecv");
+                  });
+  }
+  void barrier() override {
+    Tensor t = Tensor::zeros({1}, DType::kFloat32, Device::cuda(device_));
+    all_reduce(t, ReduceOp::kSum, false);
+    CUDA_CHECK(cudaStreamSynchronize(megatron::cuda::current_stream()));
+  }
+  std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
+    const int me = ranks_[rank_];
+    int color = NCCL_SPLIT_NOCOLOR, key = 0;
+    std::vector<int> mine;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto it = std::find(groups[g].begin(), groups[g].end(), me);
+      if (it == groups[g].end()) continue;
+      color = static_cast<int>(g);
+      key = static_cast<int>(it - groups[g].begin());
+      mine = groups[g];
+    }
+    ncclComm_t nc = nullptr;
+    CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CHECK(ncclCommSplit(comm_, color, key, &nc, nullptr), "split of group " + ranks_str(ranks_));
+    if (color == NCCL_SPLIT_NOCOLOR || nc == nullptr) return nullptr;
+    return std::make_shared<NcclGroup>(nc, mine, device_);
+  }
+
+ private:
+  void check(const Tensor& t, const char* op) const {
+    if (!t.defined()) user_error("nccl ", op, ": undefined tensor");
+    if (!t.is_cuda() || t.device().index != device_)
+      user_error("nccl ", op, ": tensor on ", t.device().str(), "; this rank's NCCL communicator uses cuda:", device_,
+                 " (use the mpi/tcp backend for CPU tensors)");
+  }
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) user_error("nccl p2p: bad peer ", peer, " in group of ", size_);
+  }
+  template <class F>
+  std::unique_ptr<Work> launch(std::string desc, std::vector<Tensor> keep, bool async, F&& enqueue) {
+    std::lock_guard<std::mutex> l(mu_);
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaStream_t compute = megatron::cuda::current_stream();
+    CUDA_CHECK(cudaEventRecord(ready_, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    enqueue();
+    auto op = std::make_shared<NcclOp>();
+    CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(op->done, stream_));
+    op->keep = std::move(keep);
+    op->desc = std::move(desc);
+    op->start = std::chrono::steady_clock::now();
+    op->device = device_;
+    NcclWatchdog::get().add_op(op);
+    auto w = std::make_unique<NcclWork>(op);
+    if (!async) w->wait();
+    return w;
+  }
+
+  ncclComm_t comm_;
+  std::vector<int> ranks_;
+  int device_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::mutex mu_;
+};
+
+std::shared_ptr<ProcessGroup> make_nccl_world(const LaunchEnv& e, const InitOptions&) {
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count == 0) user_error("--distributed-backend nccl: no CUDA device visible");
+  const int device = e.local_rank % count;
+  CUDA_CHECK(cudaSetDevice(device));
+  auto store = get_store();
+  ncclUniqueId id;
+  if (e.rank == 0) {
+    NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    store->set("nccl/world/unique_id", std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  } else {
+    std::string v = store->get("nccl/world/unique_id");
+    MEGATRON_CHECK(v.size() == sizeof(id)) << "bad ncclUniqueId size " << v.size();
+    std::memcpy(&id, v.data(), sizeof(id));
+  }
+  ncclComm_t comm;
+  NCCL_CHECK(ncclCommInitRank(&comm, e.world_size, id, e.rank), "ncclCommInitRank (world)");
+  std::vector<int> ranks(e.world_size);
+  for (int i = 0; i < e.world_size; ++i) ranks[i] = i;
+  return std::make_shared<NcclGroup>(comm, ranks, device);
+}
+
+[[maybe_unused]] const bool registered = [] {
+  register_process_group_backend("nccl", make_nccl_world);
+  return true;
+}();
+
+}  // namespace
+}  // namespace megatron::distributed
+
+#endif  // MEGATRON_WITH_NCCL

@@ -1,0 +1,140 @@
+// NCCL backend collectives on CUDA tensors. Run by tests/gpu/run_nccl_tests.sh on a 2-GPU machine
+// (megatron_launch --nproc-per-node 2 with MEGATRON_TEST_DIST_BACKEND=nccl); skipped elsewhere.
+// Expected values are closed forms of the ranks; inputs are small integers, exact in every dtype
+// used, so comparisons are exact.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "dist_test_util.h"
+#include "megatron/core/parallel_state.h"
+
+using megatron::Device;
+using megatron::DType;
+using megatron::Tensor;
+using megatron::distributed::P2POp;
+using megatron::distributed::ReduceOp;
+using megatron::testing::dist_world;
+
+namespace {
+bool nccl_world() {
+  const char* b = std::getenv("MEGATRON_TEST_DIST_BACKEND");
+  return b && std::string(b) == "nccl" && megatron::backend_available(megatron::DeviceType::kCUDA);
+}
+Device dev() {
+  const char* lr = std::getenv("LOCAL_RANK");
+  return Device::cuda(lr ? std::atoi(lr) : 0);
+}
+Tensor cuda_vec(const std::vector<float>& v, DType dt = DType::kFloat32) {
+  return Tensor::from_vector(v, {int64_t(v.size())}).to(dt).to(dev());
+}
+std::vector<float> host(const Tensor& t) { return t.to_float_vector(); }
+}  // namespace
+
+#define SKIP_UNLESS_NCCL()                                                                  \
+  do {                                                                                      \
+    if (!nccl_world()) GTEST_SKIP() << "needs MEGATRON_TEST_DIST_BACKEND=nccl and GPUs";    \
+    SKIP_UNLESS_MULTI_RANK();                                                               \
+  } while (0)
+
+TEST(DistNccl, AllReduceDtypesAndOps) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  ASSERT_STREQ(w->backend_name(), "nccl");
+  const int n = w->size(), r = w->rank();
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    Tensor t = cuda_vec({float(r + 1), float(2 * (r + 1)), 3.f}, dt);
+    w->all_reduce(t);
+    auto h = host(t);
+    EXPECT_EQ(h[0], float(n * (n + 1) / 2)) << megatron::dtype_name(dt);
+    EXPECT_EQ(h[1], float(n * (n + 1)));
+    EXPECT_EQ(h[2], float(3 * n));
+  }
+  Tensor m = cuda_vec({float(r), float(-r)});
+  w->all_reduce(m, ReduceOp::kMax);
+  EXPECT_EQ(host(m)[0], float(n - 1));
+  EXPECT_EQ(host(m)[1], 0.f);
+  Tensor a = cuda_vec({float(2 * r)});
+  w->all_reduce(a, ReduceOp::kAvg);
+  EXPECT_EQ(host(a)[0], float(n - 1));
+  Tensor i = Tensor::from_vector_i64({(int64_t(1) << 53) + 1}, {1}).to(dev());
+  w->all_reduce(i);
+  EXPECT_EQ(i.to(Device::cpu()).data<int64_t>()[0], ((int64_t(1) << 53) + 1) * n);
+}
+
+TEST(DistNccl, AllGatherReduceScatterBroadcast) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  const int n = w->size(), r = w->rank();
+  Tensor in = cuda_vec({float(10 * r), float(10 * r + 1)}, DType::kBFloat16);
+  Tensor out = Tensor::zeros({2 * n}, DType::kBFloat16, dev());
+  w->all_gather(in, out);
+  auto g = host(out);
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(g[2 * q], float(10 * q));
+    EXPECT_EQ(g[2 * q + 1], float(10 * q + 1));
+  }
+  std::vector<float> v(2 * n);
+  for (int j = 0; j < 2 * n; ++j) v[j] = float((r + 1) * j);
+  Tensor rs_in = cuda_vec(v);
+  Tensor rs_out = Tensor::zeros({2}, DType::kFloat32, dev());
+  w->reduce_scatter(rs_in, rs_out);
+  auto h = host(rs_out);
+  EXPECT_EQ(h[0], float(2 * r * n * (n + 1) / 2));
+  EXPECT_EQ(h[1], float((2 * r + 1) * n * (n + 1) / 2));
+  Tensor b = cuda_vec({float(r + 5)});
+  w->broadcast(b, n - 1);
+  EXPECT_EQ(host(b)[0], float(n - 1 + 5));
+}
+
+TEST(DistNccl, BatchIsendIrecvRingAndAsync) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  const int n = w->size(), r = w->rank();
+  const int64_t N = 1 << 22;
+  Tensor s = Tensor::from_vector(std::vector<float>(N, float(r)), {N}).to(dev());
+  Tensor q = Tensor::zeros({N}, DType::kFloat32, dev());
+  auto work = w->batch_isend_irecv({P2POp{P2POp::kSend, &s, (r + 1) % n}, P2POp{P2POp::kRecv, &q, (r - 1 + n) % n}});
+  work->wait();
+  EXPECT_EQ(host(q)[N - 1], float((r - 1 + n) % n));
+  std::vector<Tensor> ts;
+  std::vector<std::unique_ptr<megatron::distributed::Work>> ws;
+  for (int k = 0; k < 3; ++k) {
+    ts.push_back(cuda_vec(std::vector<float>(1000, float(k + 1))));
+    ws.push_back(w->all_reduce(ts.back(), ReduceOp::kSum, true));
+  }
+  for (int k = 2; k >= 0; --k) ws[k]->wait();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(host(ts[k])[999], float((k + 1) * n));
+  w->barrier();
+}
+
+TEST(DistNccl, SplitIntoParallelStateGroups) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  const int n = w->size(), r = w->rank();
+  namespace ps = megatron::parallel_state;
+  ps::ParallelConfig c;
+  c.tensor_model_parallel_size = n;  // TP over all ranks, DP 1
+  ps::initialize_model_parallel(w, c);
+  auto tp = ps::get_tensor_model_parallel_group();
+  ASSERT_EQ(tp->size(), n);
+  Tensor t = cuda_vec({float(r)});
+  tp->all_reduce(t);
+  EXPECT_EQ(host(t)[0], float(n * (n - 1) / 2));
+  EXPECT_EQ(ps::get_data_parallel_world_size(), 1);
+  ps::destroy_model_parallel();
+}
+
+TEST(DistNcclFailure, HungRankEndsTheJob) {
+  const char* mode = std::getenv("MEGATRON_TEST_DIST_FAILURE");
+  if (!mode) GTEST_SKIP() << "set MEGATRON_TEST_DIST_FAILURE=hang";
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  w->barrier();
+  if (w->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(600));
+  Tensor t = cuda_vec({1.f});
+  w->all_reduce(t);
+  host(t);  // blocks on the stream until the watchdog ends the job
+  FAIL() << "all_reduce completed although rank 1 never joined";
+}
