@@ -47,12 +47,6 @@ uint64_t hash_bytes(std::string_view s) {
 
 namespace {
 
-inline uint64_t mix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  return k;
-}
 
 /// Bounded word -> ids cache of one thread for one model: 4-way set-associative, LRU within a
 /// set, 2,560 sets = 10,240 entries at most (HF utils/cache.rs bounds its cache to 10,000 words
@@ -153,37 +147,35 @@ bool byte_level_decode(std::string_view s, std::string& out) {
   return true;
 }
 
-// --- U64Map ------------------------------------------------------------------------------------
-void U64Map::reserve(size_t n) {
+// --- MergeTable --------------------------------------------------------------------------------
+void MergeTable::reserve(size_t n) {
   size_t cap = 16;
   while (cap < n * 2) cap <<= 1;
   if (cap <= slots_.size()) return;
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(cap, Slot{});
+  std::vector<uint64_t> old = std::move(slots_);
+  slots_.assign(cap, ~0ull);
   mask_ = cap - 1;
-  size_ = 0;
-  for (const auto& s : old)
-    if (s.key != ~0ull) insert(s.key, s.value);
+  for (uint64_t s : old) {
+    if (s == ~0ull) continue;
+    size_t i = slot_of(s >> 24);
+    while (slots_[i] != ~0ull) i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
 }
 
-void U64Map::insert(uint64_t key, uint64_t value) {
+void MergeTable::insert(int32_t left, int32_t right, uint32_t rank, int32_t result) {
+  if (left < 0 || right < 0 || left >= (1 << 20) || right >= (1 << 20) || rank >= (1u << 24))
+    user_error("tokenizer: merge (", left, ", ", right, ") rank ", rank,
+               " is outside the supported range (ids < 2^20, ranks < 2^24)");
   if ((size_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(size_ + 1, slots_.size()));
-  for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-    if (slots_[i].key == key) return;
-    if (slots_[i].key == ~0ull) {
-      slots_[i] = {key, value};
-      ++size_;
-      return;
-    }
-  }
-}
-
-const uint64_t* U64Map::find(uint64_t key) const {
-  if (slots_.empty()) return nullptr;
-  for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-    if (slots_[i].key == key) return &slots_[i].value;
-    if (slots_[i].key == ~0ull) return nullptr;
-  }
+  const uint64_t key = (static_cast<uint64_t>(left) << 20) | static_cast<uint64_t>(right);
+  size_t i = slot_of(key);
+  for (; slots_[i] != ~0ull; i = (i + 1) & mask_)
+    if ((slots_[i] >> 24) == key) return;
+  slots_[i] = (key << 24) | rank;
+  if (rank >= result_.size()) result_.resize(rank + 1, -1);
+  result_[rank] = result;
+  ++size_;
 }
 
 // --- BytesMap ----------------------------------------------------------------------------------
@@ -241,8 +233,7 @@ void BytePairModel::add_token(std::string_view bytes, int32_t id) {
 }
 
 void BytePairModel::add_merge(int32_t left, int32_t right, uint32_t rank, int32_t result) {
-  merges_.insert((static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right),
-                 (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(result));
+  merges_.insert(left, right, rank, result);
 }
 
 void BytePairModel::add_tiktoken_ranks() {
@@ -290,8 +281,8 @@ void BytePairModel::merge_word(std::string_view word, std::vector<int32_t>& ids)
     if (pos < 0) return;
     int32_t r = next[pos];
     if (r < 0) return;
-    const uint64_t* m = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[pos])) << 32) |
-                                     static_cast<uint32_t>(sym[r]));
+    const uint64_t mv = merges_.lookup(sym[pos], sym[r]);
+    const uint64_t* m = mv == ~0ull ? nullptr : &mv;
     if (!m) return;
     heap.push_back({static_cast<uint32_t>(*m >> 32), static_cast<uint32_t>(pos), sym[pos], sym[r]});
     std::push_heap(heap.begin(), heap.end(), std::greater<>());
@@ -305,8 +296,8 @@ void BytePairModel::merge_word(std::string_view word, std::vector<int32_t>& ids)
     if (sym[pos] != e.left) continue;  // stale: the left symbol changed (or was merged away)
     int32_t r = next[pos];
     if (r < 0 || sym[r] != e.right) continue;
-    const uint64_t* m = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(e.left)) << 32) |
-                                     static_cast<uint32_t>(e.right));
+    const uint64_t mv = merges_.lookup(e.left, e.right);
+    const uint64_t* m = mv == ~0ull ? nullptr : &mv;
     sym[pos] = static_cast<int32_t>(*m & 0xFFFFFFFFu);
     sym[r] = -1;  // dead
     next[pos] = next[r];
@@ -332,8 +323,8 @@ void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids
     sym[i] = id;
   }
   auto pair_rank = [&](size_t i) -> uint64_t {
-    const uint64_t* m = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) |
-                                     static_cast<uint32_t>(sym[i + 1]));
+    const uint64_t mv = merges_.lookup(sym[i], sym[i + 1]);
+    const uint64_t* m = mv == ~0ull ? nullptr : &mv;
     return m ? *m : ~0ull;
   };
   size_t len = n;

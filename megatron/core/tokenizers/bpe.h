@@ -25,19 +25,37 @@ uint32_t byte_to_unicode(uint8_t b);
 /// Returns false when a character is not one of the 256 stand-ins.
 bool byte_level_decode(std::string_view s, std::string& out);
 
-/// Open-addressing hash map uint64 -> uint64 (merge table); keys must not be ~0.
-class U64Map {
+/// The merge table: (left id, right id) -> (rank, merged id). Open addressing over packed 8-byte
+/// slots (left:20 | right:20 | rank:24 bits) plus a rank -> merged id array, so the table of a
+/// 280k-merge vocabulary is 4 MB (lookups are cache-miss bound). Ids must be < 2^20 and ranks
+/// < 2^24 (UserError otherwise).
+class MergeTable {
  public:
   void reserve(size_t n);
-  void insert(uint64_t key, uint64_t value);  // keeps the first value for a key
-  const uint64_t* find(uint64_t key) const;
+  /// Adds a merge; a pair already present keeps its first rank.
+  void insert(int32_t left, int32_t right, uint32_t rank, int32_t result);
+  /// (rank << 32 | merged id), or ~0 when the pair does not merge.
+  uint64_t lookup(int32_t left, int32_t right) const {
+    if (slots_.empty()) return ~0ull;
+    const uint64_t key = (static_cast<uint64_t>(left) << 20) | static_cast<uint64_t>(right);
+    for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+      const uint64_t s = slots_[i];
+      if (s == ~0ull) return ~0ull;
+      if ((s >> 24) == key) {
+        const uint32_t rank = static_cast<uint32_t>(s & 0xFFFFFF);
+        return (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(result_[rank]);
+      }
+    }
+  }
   size_t size() const { return size_; }
 
  private:
-  struct Slot {
-    uint64_t key = ~0ull, value = 0;
-  };
-  std::vector<Slot> slots_;
+  size_t slot_of(uint64_t key) const {
+    key *= 0x9E3779B97F4A7C15ull;
+    return (key ^ (key >> 29)) & mask_;
+  }
+  std::vector<uint64_t> slots_;
+  std::vector<int32_t> result_;  // by rank
   size_t mask_ = 0, size_ = 0;
 };
 
@@ -110,7 +128,7 @@ class BytePairModel {
   BytesMap by_bytes_;
   std::vector<std::string> by_id_;
   int32_t byte_ids_[256];
-  U64Map merges_;  // (left << 32 | right) -> (rank << 32 | result)
+  MergeTable merges_;
   bool ignore_merges_ = false;
   uint64_t uid_;   // identifies this model's per-thread cache
 };
