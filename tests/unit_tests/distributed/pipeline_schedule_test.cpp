@@ -124,5 +124,73 @@ TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
   }
 }
 
+struct VirtualToy : pipeline_parallel::VirtualPipelineStage {
+  std::vector<std::unique_ptr<ToyStage>> chunks;
+  std::vector<std::pair<char, int>> trace;  // ('F'|'B', chunk)
+  VirtualToy(int rank, int P, int V, int M) {
+    for (int c = 0; c < V; ++c) chunks.push_back(std::make_unique<ToyStage>(c * P + rank, P * V, M));
+  }
+  Tensor forward_step(int c, int mb, const Tensor& in) override {
+    trace.push_back({'F', c});
+    return chunks[c]->forward_step(mb, in);
+  }
+  Tensor backward_step(int c, int mb, const Tensor& g) override {
+    trace.push_back({'B', c});
+    return chunks[c]->backward_step(mb, g);
+  }
+};
+
+TEST(DistPipeline, InterleavedMatchesSequentialRun) {
+  SKIP_UNLESS_MULTI_RANK();
+  auto world = testing::dist_world();
+  const int P = world->size(), r = world->rank();
+  pipeline_parallel::InterleavedPipeline pipe(world, {kRows, kH}, DType::kFloat32);
+  struct Case { int V, M, G; };
+  for (Case cs : {Case{2, P, 0}, Case{2, 2 * P, 0}, Case{3, 2 * P, 0}, Case{2, 2 * P + P, 2 * P}}) {
+    const int V = cs.V, M = cs.M, S = P * V;
+    std::vector<std::unique_ptr<ToyStage>> ref;
+    for (int s = 0; s < S; ++s) ref.push_back(std::make_unique<ToyStage>(s, S, M));
+    std::vector<float> ref_losses;
+    for (int mb = 0; mb < M; ++mb) {
+      Tensor x;
+      for (int s = 0; s < S; ++s) x = ref[s]->forward_step(mb, x);
+      ref_losses.push_back(float(x.item()));
+      Tensor g;
+      for (int s = S - 1; s >= 0; --s) g = ref[s]->backward_step(mb, g);
+    }
+    VirtualToy mine(r, P, V, M);
+    auto losses = pipe.run(mine, M, V, cs.G);
+    const int G = cs.G ? cs.G : P;
+    if (r == P - 1) {
+      // Losses arrive in schedule-table order of the last chunk = micro-batch order.
+      ASSERT_EQ(int(losses.size()), M);
+      for (int mb = 0; mb < M; ++mb) EXPECT_NEAR(losses[mb].item(), ref_losses[mb], 1e-6 * std::fabs(ref_losses[mb]) + 1e-7);
+    }
+    for (int c = 0; c < V; ++c) {
+      const auto& got = mine.chunks[c]->dw;
+      const auto& want = ref[c * P + r]->dw;
+      float mx = 0, err = 0;
+      for (int k = 0; k < kH * kH; ++k) mx = std::max(mx, std::fabs(want[k])), err = std::max(err, std::fabs(got[k] - want[k]));
+      EXPECT_LE(err, 1e-6 * mx) << "dW of chunk " << c << " (model stage " << c * P + r << "), V=" << V << " M=" << M;
+    }
+    // Megatron's warm-up: (P - r - 1)*2 + (V - 1)*G forwards (capped at M*V) before the first backward.
+    const int warmup = std::min((P - r - 1) * 2 + (V - 1) * G, M * V);
+    for (int i = 0; i < warmup; ++i) EXPECT_EQ(mine.trace[i].first, 'F') << i;
+    if (warmup < M * V) EXPECT_EQ(mine.trace[warmup + 1].first, 'B');
+    EXPECT_EQ(int(mine.trace.size()), 2 * M * V);
+  }
+}
+
+TEST(PipelineSchedule, ScheduleTableFollowsMegatron) {
+  // get_schedule_table(M=5, V=2, G=2) written out from Megatron's definition: groups of G
+  // starting at 0, 2, 4; the group whose end reaches M ([4]) takes what is left; each group goes
+  // through chunk 0 then chunk 1.
+  using P = std::pair<int, int>;
+  EXPECT_EQ(pipeline_parallel::get_schedule_table(5, 2, 2),
+            (std::vector<P>{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {3, 0}, {2, 1}, {3, 1}, {4, 0}, {4, 1}}));
+  EXPECT_EQ(pipeline_parallel::get_schedule_table(4, 2, 4),
+            (std::vector<P>{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+}
+
 }  // namespace
 }  // namespace megatron
