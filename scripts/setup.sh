@@ -12,8 +12,10 @@ APT_PACKAGES=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libcli11-dev libsimdjson-dev nlohmann-json3-dev libpcre2-dev
   libsentencepiece-dev sentencepiece libicu-dev libssl-dev zlib1g-dev libzstd-dev zstd
-  libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
+  libprotobuf-dev protobuf-compiler python3-protobuf libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm
+  # real text for the preprocess_data benchmark corpus (tests/reference/preprocess/make_corpus.py)
+  dict-gcide dict-foldoc dict-jargon fortunes fortunes-ru fortunes-zh
 )
 
 missing=()

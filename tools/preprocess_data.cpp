@@ -6,6 +6,7 @@
 // Same flags, defaults, output names, log lines and output bytes as Megatron's script; workers
 // are threads. See docs/preprocess_data.md.
 #include <glob.h>
+#include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -72,6 +73,10 @@ int run(int argc, char** argv) {
   if (!megatron::training::parse_args(app, argc, argv)) return 0;
   megatron::training::warn_ignored_flags(app);
 
+  // Megatron's get_args() hard-sets vocab_extra_ids = 0 for preprocessing.
+  if (tcfg.vocab_extra_ids != 0)
+    std::cerr << "WARNING: --vocab-extra-ids is set to 0 for preprocessing, as Megatron's preprocess_data.py does\n";
+  tcfg.vocab_extra_ids = 0;
   if (tcfg.tokenizer_type.rfind("Bert", 0) == 0 && !cfg.split_sentences)
     std::cout << "Are you sure you don't want to split sentences?\n";
   if (cfg.partitions < 1) megatron::user_error("--partitions must be at least 1 (got ", cfg.partitions, ")");
@@ -112,10 +117,12 @@ int run(int argc, char** argv) {
     char line[512];
     double mb = last.input_bytes / (1024.0 * 1024.0);
     std::snprintf(line, sizeof line,
-                  "Done: %llu documents, %llu tokens, %llu bytes (%.2f MiB) in %.2f s, %.2f MiB/s, %d workers%s",
+                  "Done: %llu documents, %llu tokens, %llu bytes (%.2f MiB) in %.2f s, %.2f MiB/s, %d workers, "
+                  "%.2f CPU s (%.2f MiB per CPU second)%s",
                   static_cast<unsigned long long>(last.documents), static_cast<unsigned long long>(last.tokens),
                   static_cast<unsigned long long>(last.input_bytes), mb, last.seconds,
-                  last.seconds > 0 ? mb / last.seconds : 0.0, w,
+                  last.seconds > 0 ? mb / last.seconds : 0.0, w, last.cpu_seconds,
+                  last.cpu_seconds > 0 ? mb / last.cpu_seconds : 0.0,
                   last.skipped_lines ? (", " + std::to_string(last.skipped_lines) + " invalid lines skipped").c_str()
                                      : "");
     std::cout << line << "\n";
@@ -140,7 +147,15 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+extern "C" void on_signal(int) { pp::request_stop(); }
+
 int main(int argc, char** argv) {
+  // Ctrl-C / SIGTERM: stop after the current batch and remove the temporary .bin/.idx files.
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   try {
     return run(argc, argv);
   } catch (const megatron::UserError& e) {

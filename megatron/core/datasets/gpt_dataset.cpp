@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -226,6 +227,12 @@ void GPTDataset::build_indices() {
                " token(s); a GPT sample needs at least 2. Use more data or another --split");
   }
 
+  if (tokens_per_epoch < s + x && num_samples_ && *num_samples_ > 0 && (!config_->distributed.initialized || config_->distributed.rank == 0)) {
+    // Megatron tiles several epochs into every sample here (a tiny test split does this with the
+    // default --split); allowed, but worth a line.
+    std::fprintf(stderr, "WARNING: %s holds %lld tokens, fewer than one sample of --seq-length %lld; samples repeat its tokens\n",
+                 what.c_str(), static_cast<long long>(tokens_per_epoch), static_cast<long long>(s));
+  }
   int64_t num_epochs = 1;
   if (num_samples_) {
     int64_t tokens = tokens_per_epoch;

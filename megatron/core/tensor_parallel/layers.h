@@ -52,6 +52,7 @@ class ColumnParallelLinear {
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
 
   int64_t output_size_per_partition() const { return out_local_; }
+  transformer::ParamRef weight() const { return weight_; }
 
  private:
   transformer::ParamRef weight_, bias_;

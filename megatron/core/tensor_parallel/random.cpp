@@ -57,7 +57,7 @@ void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
     case transformer::InitKind::kZeros: std::fill(v.begin(), v.end(), 0.0f); break;
     case transformer::InitKind::kOnes: std::fill(v.begin(), v.end(), 1.0f); break;
     case transformer::InitKind::kNormal: {
-      const uint64_t key = splitmix64(seed ^ hash_name(p.name));
+      const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
       const Shape& ls = p.data.shape();
       for (int64_t i = 0; i < n; ++i)
         v[i] = p.init_std * normal_at(key, static_cast<uint64_t>(global_index_of(p, ls, i)));

@@ -46,6 +46,10 @@ struct Parameter {
   int tp_size = 1;
   InitKind init = InitKind::kZeros;
   float init_std = 0.0f;
+  /// Name whose random stream initializes this parameter (empty = `name`). The last pipeline
+  /// stage's copy of a tied embedding ("output_layer.weight", shared = true) uses
+  /// "embedding.word_embeddings.weight", so both copies start equal without communication.
+  std::string init_key;
 };
 
 /// The ordered list of a model's parameters.

@@ -207,7 +207,94 @@ def llama_reference():
     write_fixture("tiny_llama", out)
 
 
+# ----------------------------------------------------------------------------------------------
+# Option variants (Megatron formulas): --qk-layernorm, --apply-layernorm-1p, --add-qkv-bias with
+# --disable-bias-linear, RoPE interleaved with --rotary-percent 0.5, GQA, exact-erf GeLU, untied
+# output layer, LayerNorm, and an explicit block-diagonal causal attention mask
+# (--reset-attention-mask style: two documents per sequence).
+# ----------------------------------------------------------------------------------------------
+VARIANT = dict(L=2, h=48, heads=6, groups=3, ffn=80, V=64, s=16, b=2, base=10000.0, percent=0.5, eps=1e-5)
+
+
+def variant_reference():
+    c = VARIANT
+    L, h, heads, groups, V, s, b, ffn = c["L"], c["h"], c["heads"], c["groups"], c["V"], c["s"], c["b"], c["ffn"]
+    d, npg = h // heads, heads // groups
+    gen = torch.Generator().manual_seed(777)
+    P = {"embedding.word_embeddings.weight": rand((V, h), 0.02, gen)}
+    for i in range(L):
+        pre = f"decoder.layers.{i}."
+        P[pre + "input_layernorm.weight"] = rand((h,), 0.1, gen)  # zero-centred: scale = 1 + w
+        P[pre + "input_layernorm.bias"] = rand((h,), 0.1, gen)
+        P[pre + "self_attention.linear_proj.weight"] = rand((h, h), 0.05, gen)
+        P[pre + "self_attention.linear_qkv.weight"] = rand(((heads + 2 * groups) * d, h), 0.05, gen)
+        P[pre + "self_attention.linear_qkv.bias"] = rand(((heads + 2 * groups) * d,), 0.05, gen)
+        P[pre + "self_attention.q_layernorm.weight"] = rand((d,), 0.1, gen)
+        P[pre + "self_attention.q_layernorm.bias"] = rand((d,), 0.1, gen)
+        P[pre + "self_attention.k_layernorm.weight"] = rand((d,), 0.1, gen)
+        P[pre + "self_attention.k_layernorm.bias"] = rand((d,), 0.1, gen)
+        P[pre + "pre_mlp_layernorm.weight"] = rand((h,), 0.1, gen)
+        P[pre + "pre_mlp_layernorm.bias"] = rand((h,), 0.1, gen)
+        P[pre + "mlp.linear_fc1.weight"] = rand((ffn, h), 0.05, gen)
+        P[pre + "mlp.linear_fc2.weight"] = rand((h, ffn), 0.05, gen)
+    P["decoder.final_layernorm.weight"] = rand((h,), 0.1, gen)
+    P["decoder.final_layernorm.bias"] = rand((h,), 0.1, gen)
+    P["output_layer.weight"] = rand((V, h), 0.05, gen)
+
+    tokens = torch.randint(0, V, (b, s), generator=gen)
+    labels = torch.randint(0, V, (b, s), generator=gen)
+    dloss = torch.rand((b, s), generator=gen, dtype=torch.float32)
+    # Two documents per row, boundaries at 5 and 11: causal within a document only.
+    doc = torch.stack([(torch.arange(s) >= 5).long(), (torch.arange(s) >= 11).long()])
+    allowed = (doc[:, :, None] == doc[:, None, :]) & torch.tril(torch.ones(s, s, dtype=torch.bool))
+    mask = ~allowed[:, None]  # [b, 1, s, s], True = masked
+
+    def ln(x, pre):  # LayerNorm with zero-centred gamma
+        return F.layer_norm(x, (x.shape[-1],), 1.0 + P[pre + ".weight"], P[pre + ".bias"], c["eps"])
+
+    rot = int(d * c["percent"])
+    inv_freq = 1.0 / (c["base"] ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    freqs = torch.arange(s).float()[:, None] * inv_freq
+    emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)  # interleaved
+    cos, sin = emb.cos().to(DT)[:, None, None, :], emb.sin().to(DT)[:, None, None, :]
+
+    def rope(t):  # [s, b, n, d], interleaved pairs (2i, 2i+1) on the first `rot` channels
+        tr, tp = t[..., :rot], t[..., rot:]
+        rotated = torch.stack((-tr[..., 1::2], tr[..., 0::2]), dim=-1).flatten(-2)
+        return torch.cat((tr * cos + rotated * sin, tp), dim=-1)
+
+    x = P["embedding.word_embeddings.weight"][tokens].transpose(0, 1)  # [s, b, h], no positions
+    for i in range(L):
+        pre = f"decoder.layers.{i}."
+        y = ln(x, pre + "input_layernorm")
+        qkv = y @ P[pre + "self_attention.linear_qkv.weight"].T + P[pre + "self_attention.linear_qkv.bias"]
+        qkv = qkv.view(s, b, groups, npg + 2, d)
+        q = qkv[:, :, :, :npg].reshape(s, b, heads, d)
+        k, v = qkv[:, :, :, npg], qkv[:, :, :, npg + 1]
+        q = rope(ln(q, pre + "self_attention.q_layernorm"))
+        k = rope(ln(k, pre + "self_attention.k_layernorm"))
+        qh = q.permute(1, 2, 0, 3)
+        kh = k.permute(1, 2, 0, 3).repeat_interleave(npg, dim=1)
+        vh = v.permute(1, 2, 0, 3).repeat_interleave(npg, dim=1)
+        scores = (qh @ kh.transpose(-1, -2) / math.sqrt(d)).masked_fill(mask, float("-inf"))
+        a = (torch.softmax(scores, -1) @ vh).permute(2, 0, 1, 3).reshape(s, b, h)
+        x = x + a @ P[pre + "self_attention.linear_proj.weight"].T
+        y = ln(x, pre + "pre_mlp_layernorm")
+        x = x + F.gelu(y @ P[pre + "mlp.linear_fc1.weight"].T) @ P[pre + "mlp.linear_fc2.weight"].T
+    x = ln(x, "decoder.final_layernorm")
+    logits = x @ P["output_layer.weight"].T  # [s, b, V]
+    loss = F.cross_entropy(logits.reshape(s * b, V), labels.T.reshape(-1), reduction="none").view(s, b).T
+    (loss * dloss.to(DT)).sum().backward()
+    out = {"tokens": tokens, "labels": labels, "position_ids": torch.arange(s).expand(b, s).contiguous(),
+           "attention_mask": mask.to(torch.int64), "dloss": dloss, "logits": logits.detach(), "loss": loss.detach()}
+    for k, p in P.items():
+        out["param/" + k] = p.detach()
+        out["grad/" + k] = p.grad
+    write_fixture("tiny_variants", out)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     gpt_reference()
     llama_reference()
+    variant_reference()

@@ -54,6 +54,11 @@ datasets::GPTBatch batch_from(const Fixture& f) {
   b.position_ids = f.get("position_ids");
   b.loss_mask = Tensor::zeros(b.tokens.shape(), DType::kFloat32);
   b.loss_mask.fill_(1.0f);
+  if (f.has("attention_mask")) {
+    Tensor m64 = f.get("attention_mask");
+    b.attention_mask = Tensor::empty(m64.shape(), DType::kUInt8);
+    for (int64_t i = 0; i < m64.numel(); ++i) b.attention_mask.data<uint8_t>()[i] = m64.data<int64_t>()[i] != 0;
+  }
   return b;
 }
 
@@ -107,6 +112,40 @@ void check_against_fixture(const TransformerConfig& config, int64_t vocab, int64
 TEST(GPTModel, TinyGPTMatchesPyTorch) { check_against_fixture(tiny_gpt_config(), 128, 40, "tiny_gpt"); }
 
 TEST(GPTModel, TinyLlamaMatchesPyTorchHFMath) { check_against_fixture(tiny_llama_config(), 256, 32, "tiny_llama"); }
+
+TEST(GPTModel, TinyLlamaMatchesTransformers) {
+  // Written by tests/reference/model/hf_llama_reference.py with transformers' LlamaForCausalLM
+  // (run where transformers is installed); same weights/batch as tiny_llama.
+  if (!Fixture::exists("tiny_llama_hf")) GTEST_SKIP() << "tiny_llama_hf fixture not generated yet";
+  check_against_fixture(tiny_llama_config(), 256, 32, "tiny_llama_hf");
+}
+
+TransformerConfig tiny_variant_config() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 48;
+  c.num_attention_heads = 6;
+  c.num_query_groups = 3;
+  c.ffn_hidden_size = 80;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  c.layernorm_zero_centered_gamma = true;
+  c.qk_layernorm = true;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = true;
+  c.bias_activation_fusion = true;  // no bias -> exact erf GeLU (Megatron disables the fusion)
+  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
+  c.rotary_interleaved = true;
+  c.rotary_percent = 0.5f;
+  c.share_embeddings_and_output_weights = false;
+  return c;
+}
+
+TEST(GPTModel, OptionVariantsMatchPyTorch) {
+  // --qk-layernorm, --apply-layernorm-1p, --add-qkv-bias + --disable-bias-linear, interleaved
+  // RoPE on half the channels, GQA, untied output, explicit block-diagonal attention mask.
+  check_against_fixture(tiny_variant_config(), 64, 16, "tiny_variants");
+}
 
 TEST(GPTModel, ParameterNamesAndOrderFollowMegatron) {
   GPTModel gpt(tiny_gpt_config(), 128, 40, 1);

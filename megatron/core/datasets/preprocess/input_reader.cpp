@@ -155,7 +155,8 @@ bool InputReader::next(LineBatch& out) {
     // Find the end of the last complete line within avail. A trailing '\r' at the very end is
     // only complete at EOF (it could be the start of "\r\n").
     size_t cut = std::string::npos;
-    for (size_t i = avail; i-- > 0;) {
+    // bytes [0, scanned_) were already found to hold no usable terminator (long lines)
+    for (size_t i = avail; i-- > scanned_;) {
       char c = base[i];
       if (c == '\n') { cut = i + 1; break; }
       if (c == '\r') {
@@ -164,9 +165,12 @@ bool InputReader::next(LineBatch& out) {
     }
     if (cut == std::string::npos && eof_) cut = avail;  // last line without terminator
     if (cut == std::string::npos) {  // a line longer than what we have: read more
-      fill();
+      // keep the last byte unscanned: a '\r' there may turn out to be a complete terminator
+      scanned_ = avail > 0 ? avail - 1 : 0;
+      fill();  // compaction keeps offsets relative to pending_start_ unchanged
       continue;
     }
+    scanned_ = 0;
     out.seq = next_seq_++;
     out.first_line = next_line_;
     out.file = path_;
@@ -193,14 +197,6 @@ bool InputReader::next(LineBatch& out) {
     if (eof_ && pending_start_ == pending_.size()) out.input_bytes_done = file_size_;
     return true;
   }
-}
-
-uint64_t count_lines(const std::string& path) {
-  InputReader r(path);
-  LineBatch b;
-  uint64_t n = 0;
-  while (r.next(b)) n += b.lines.size();
-  return n;
 }
 
 }  // namespace megatron::datasets::preprocess

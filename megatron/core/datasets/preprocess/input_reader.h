@@ -55,13 +55,10 @@ class InputReader {
   std::unique_ptr<Source> src_;
   std::vector<char> pending_;  // decoded bytes not yet handed out
   size_t pending_start_ = 0;
+  size_t scanned_ = 0;  // prefix of the pending bytes known to hold no line end
   bool eof_ = false;
   uint64_t next_line_ = 1;
   uint64_t next_seq_ = 0;
 };
-
-/// Counts the lines of a file as Python's `for line in fin` would (used for
-/// --keep-sequential-samples partition sizes).
-uint64_t count_lines(const std::string& path);
 
 }  // namespace megatron::datasets::preprocess

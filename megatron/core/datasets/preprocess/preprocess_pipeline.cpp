@@ -1,5 +1,6 @@
 #include "megatron/core/datasets/preprocess/preprocess_pipeline.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,20 @@
 namespace megatron::datasets::preprocess {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
+
+void request_stop() noexcept { g_stop_requested.store(true, std::memory_order_relaxed); }
 
 std::string python_float_repr(double v) {
   if (v != v) return "nan";
@@ -258,6 +273,8 @@ class Pipeline {
         InputReader reader(path, cfg_.batch_bytes);
         for (;;) {
           LineBatch b;
+          if (g_stop_requested.load(std::memory_order_relaxed))
+            user_error("interrupted; the outputs were not written (temporary files removed)");
           if (!reader.next(b)) break;
           b.seq = seq++;
           std::unique_lock lk(mu_);
@@ -397,6 +414,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
   const bool bar = cfg.progress_bar == 1 || (cfg.progress_bar == -1 && ::isatty(2));
   PreprocessStats st;
   const auto proc_start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
   auto last_bar = proc_start;
   uint64_t bytes_before_file = 0, bytes_done = 0;
   std::string cur_file;
@@ -509,6 +527,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
     merged.finalize(final_prefix + ".idx");
   }
   st.seconds = std::chrono::duration<double>(Clock::now() - proc_start).count();
+  st.cpu_seconds = process_cpu_seconds() - cpu_start;
   return st;
 }
 

@@ -48,7 +48,8 @@ struct PreprocessStats {
   uint64_t tokens = 0;           // tokens written, all keys
   uint64_t input_bytes = 0;      // decoded input bytes (line terminators included)
   uint64_t characters = 0;       // Python characters (Megatron's "MB" counter)
-  double seconds = 0;            // processing time (after startup)
+  double seconds = 0;            // processing time (after startup), wall clock
+  double cpu_seconds = 0;        // CPU time of the whole process during processing (user+sys)
   std::vector<double> performance;  // docs/s at each progress line (--find-optimal-num-workers)
 };
 
@@ -63,6 +64,11 @@ std::string output_dataset_prefix(const PreprocessConfig& cfg, const std::string
 PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::MegatronTokenizer& tokenizer,
                                std::ostream& out, std::ostream& err,
                                std::chrono::steady_clock::time_point startup_begin);
+
+/// Asks a running run_preprocess to stop: it then throws UserError("interrupted") after the
+/// current batch, and its temporary files are removed. Async-signal-safe (a lock-free atomic
+/// store), meant for SIGINT/SIGTERM handlers.
+void request_stop() noexcept;
 
 /// Python's repr() of a float (shortest round-trip digits, always with a '.' or exponent),
 /// used to print Megatron's progress numbers exactly as Python does.

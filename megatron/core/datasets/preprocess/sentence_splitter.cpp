@@ -66,9 +66,19 @@ std::vector<std::string_view> SentenceSplitter::split(std::string_view text) {
     int32_t start = impl_->it->first();
     for (int32_t end = impl_->it->next(); end != icu::BreakIterator::DONE; start = end, end = impl_->it->next()) {
       size_t a = static_cast<size_t>(start), b = static_cast<size_t>(end);
+      size_t first = a;
       while (a < b && is_space(chunk[a])) ++a;
-      if (!impl_->keep_newlines)
+      if (impl_->keep_newlines) {
+        // whitespace (e.g. the 2nd newline of a blank line, a segment of its own under UAX #29
+        // rule SB4) stays with the sentence before it
+        if (a == b) {
+          if (!out.empty() && out.back().data() + out.back().size() == chunk.data() + first)
+            out.back() = std::string_view(out.back().data(), out.back().size() + (b - first));
+          continue;
+        }
+      } else {
         while (b > a && is_space(chunk[b - 1])) --b;
+      }
       if (b > a) out.push_back(chunk.substr(a, b - a));
     }
     utext_close(ut);

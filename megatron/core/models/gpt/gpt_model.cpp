@@ -51,8 +51,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       state_(std::make_unique<State>()) {
   config_.validate();
   if (!parallel_.tp_group) parallel_.tp_group = distributed::make_single_rank_group();
-  if (!parallel_.pre_process || !parallel_.post_process)
-    user_error("GPTModel: pipeline stages (pre_process/post_process false) are not implemented yet");
   if (parallel_.tp_group->size() != config_.tensor_model_parallel_size)
     user_error("GPTModel: the TP group has ", parallel_.tp_group->size(),
                " ranks but --tensor-model-parallel-size is ", config_.tensor_model_parallel_size);
@@ -62,15 +60,33 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (max_sequence_length <= 0) user_error("GPTModel: --max-position-embeddings must be positive");
 
   tensor_parallel::TPContext tp{parallel_.tp_group, config_.sequence_parallel};
-  // Registration order = Megatron's named_parameters(): embedding, decoder, output_layer.
-  embedding_ = std::make_unique<common::LanguageModelEmbedding>(registry_, config_, padded_vocab_size,
-                                                                 max_sequence_length, tp);
-  decoder_ = std::make_unique<transformer::TransformerBlock>(registry_, config_, tp, 0, config_.num_layers, true);
+  const int64_t stage_layers = parallel_.num_layers < 0 ? config_.num_layers : parallel_.num_layers;
+  if (parallel_.layer_offset < 0 || stage_layers < 0 || parallel_.layer_offset + stage_layers > config_.num_layers)
+    user_error("GPTModel: pipeline stage layers [", parallel_.layer_offset, ", ", parallel_.layer_offset + stage_layers,
+               ") are outside --num-layers ", config_.num_layers);
   const bool tied = config_.share_embeddings_and_output_weights;
-  output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
-      registry_, "output_layer", config_.hidden_size, padded_vocab_size, /*bias=*/false, config_.init_method_std, tp,
-      1, /*skip_weight=*/tied, /*is_embedding_or_output=*/true);
-  if (tied) output_layer_->set_shared_weight(embedding_->word_embeddings_weight());
+  // Registration order = Megatron's named_parameters(): embedding, decoder, output_layer.
+  if (parallel_.pre_process)
+    embedding_ = std::make_unique<common::LanguageModelEmbedding>(registry_, config_, padded_vocab_size,
+                                                                   max_sequence_length, tp);
+  decoder_ = std::make_unique<transformer::TransformerBlock>(registry_, config_, tp, parallel_.layer_offset,
+                                                             stage_layers, parallel_.post_process);
+  if (parallel_.post_process) {
+    // Tied and on the embedding's stage: reuse the word embedding. Tied on another stage:
+    // a copy ("output_layer.weight", shared) initialized from the embedding's stream; the
+    // pipeline layer all-reduces the two copies' gradients (embedding group).
+    const bool reuse = tied && parallel_.pre_process;
+    output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+        registry_, "output_layer", config_.hidden_size, padded_vocab_size, /*bias=*/false, config_.init_method_std, tp,
+        1, /*skip_weight=*/reuse, /*is_embedding_or_output=*/true);
+    if (reuse) {
+      output_layer_->set_shared_weight(embedding_->word_embeddings_weight());
+    } else if (tied) {
+      transformer::Parameter& copy = output_layer_->weight().param();
+      copy.shared = true;
+      copy.init_key = "embedding.word_embeddings.weight";
+    }
+  }
 
   buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
                                                                config_.params_dtype, config_.main_grads_dtype, device_);
@@ -85,6 +101,8 @@ Tensor& GPTModel::grad_buffer() { return buffers_->grad_data(); }
 distributed::ParamAndGradBuffer& GPTModel::buffers() { return *buffers_; }
 void GPTModel::zero_grad() { buffers_->grad_data().zero_(); }
 const Tensor& GPTModel::last_logits() const { return state_->logits; }
+void GPTModel::set_input_tensor(const Tensor& hidden) { input_tensor_ = hidden; }
+const Tensor& GPTModel::input_tensor_grad() const { return input_tensor_grad_; }
 
 Parameter& GPTModel::parameter(const std::string& name) {
   for (auto& p : registry_.params())
@@ -93,11 +111,15 @@ Parameter& GPTModel::parameter(const std::string& name) {
 }
 
 Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
-  MEGATRON_CHECK(batch.tokens.dim() == 2 && batch.labels.shape() == batch.tokens.shape())
-      << "tokens " << batch.tokens.str() << " labels " << batch.labels.str();
-  const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1);
-  check_ids(batch.tokens, padded_vocab_size_, "token id");
-  check_ids(batch.labels, padded_vocab_size_, "label");
+  const Tensor& shape_src = parallel_.pre_process ? batch.tokens : batch.labels;
+  MEGATRON_CHECK(shape_src.dim() == 2) << "tokens " << batch.tokens.str() << " labels " << batch.labels.str();
+  const int64_t b = shape_src.size(0), s = shape_src.size(1);
+  if (parallel_.pre_process) check_ids(batch.tokens, padded_vocab_size_, "token id");
+  if (parallel_.post_process) {
+    MEGATRON_CHECK(batch.labels.dim() == 2 && batch.labels.size(0) == b && batch.labels.size(1) == s)
+        << "labels " << batch.labels.str() << " for batch " << b << " x seq " << s;
+    check_ids(batch.labels, padded_vocab_size_, "label");
+  }
   const bool learned = config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
   if (learned && s > max_sequence_length_)
     user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
@@ -108,38 +130,53 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   st.rng_offset = offset;
   transformer::ForwardContext fc;
   fc.training = training;
-  fc.seed = seed_;
-  fc.tp_seed = tensor_parallel::model_parallel_seed(seed_, parallel_.tp_group->rank());
+  fc.seed = seed_ + 100 * static_cast<uint64_t>(parallel_.pp_rank);
+  fc.tp_seed = tensor_parallel::model_parallel_seed(fc.seed, parallel_.tp_group->rank());
   fc.rng_offset = st.rng_offset;
   if (batch.attention_mask.defined()) fc.attention_mask = batch.attention_mask.to(device_);
 
-  Tensor ids = to_seq_first(batch.tokens, device_);
-  st.labels = to_seq_first(batch.labels, device_);
-  Tensor position_ids;
-  if (learned) {
-    if (batch.position_ids.defined()) {
-      check_ids(batch.position_ids, max_sequence_length_, "position id");
-      position_ids = to_seq_first(batch.position_ids, device_);
-    } else {
-      std::vector<int64_t> pos(static_cast<size_t>(s * b));
-      for (int64_t i = 0; i < s * b; ++i) pos[i] = i / b;
-      position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+  Tensor h;
+  if (parallel_.pre_process) {
+    Tensor ids = to_seq_first(batch.tokens, device_);
+    Tensor position_ids;
+    if (learned) {
+      if (batch.position_ids.defined()) {
+        check_ids(batch.position_ids, max_sequence_length_, "position id");
+        position_ids = to_seq_first(batch.position_ids, device_);
+      } else {
+        std::vector<int64_t> pos(static_cast<size_t>(s * b));
+        for (int64_t i = 0; i < s * b; ++i) pos[i] = i / b;
+        position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+      }
     }
+    // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
+    h = embedding_->forward(ids, position_ids, fc, st.embedding);
+  } else {
+    if (!input_tensor_.defined())
+      user_error("GPTModel.forward: a pipeline stage without pre_process needs set_input_tensor() first");
+    MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) == s && input_tensor_.size(1) == b &&
+                   input_tensor_.size(2) == config_.hidden_size)
+        << "input tensor " << input_tensor_.str() << " for batch " << b << " x seq " << s;
+    h = input_tensor_;
+    input_tensor_ = Tensor();
   }
-  // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
-
-  Tensor h = embedding_->forward(ids, position_ids, fc, st.embedding);
   h = decoder_->forward(h, fc, st.decoder);
+  st.rng_offset = fc.rng_offset;
+  st.has_forward = true;
+  if (!parallel_.post_process) return h;
+
+  st.labels = to_seq_first(batch.labels, device_);
   st.logits = output_layer_->forward(h, st.output_layer);
 
   // Vocab-parallel cross entropy in fp32 (megatron.md §9.3).
   const int64_t n = s * b;
+  const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
   Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
   Tensor labels1d = st.labels.view({n});
   Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor pred = Tensor::empty({n}, DType::kFloat32, device_);
-  ops::cross_entropy_stats(logits2d, labels1d, embedding_->vocab_start(), row_max, sumexp, pred);
+  ops::cross_entropy_stats(logits2d, labels1d, vocab_start, row_max, sumexp, pred);
   Tensor global_max = row_max;
   auto& tpg = *parallel_.tp_group;
   if (tpg.size() > 1) {
@@ -155,26 +192,33 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
   Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
   ops::transpose01(loss_sb, loss);
-
-  st.rng_offset = fc.rng_offset;
-  st.has_forward = true;
   return loss;
 }
 
 void GPTModel::backward(const Tensor& dloss) {
   State& st = *state_;
   if (!st.has_forward) user_error("GPTModel.backward called without a preceding forward");
-  const int64_t s = st.labels.size(0), b = st.labels.size(1), n = s * b;
-  MEGATRON_CHECK(dloss.dim() == 2 && dloss.size(0) == b && dloss.size(1) == s && dloss.dtype() == DType::kFloat32)
-      << "dloss " << dloss.str() << " for batch " << b << " x seq " << s;
-  Tensor dloss_sb = to_seq_first(dloss, device_);
-  // dlogits overwrite the logits (they are not needed any more).
-  Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
-  ops::cross_entropy_backward(logits2d, st.labels.view({n}), embedding_->vocab_start(), st.lse, dloss_sb.view({n}),
-                              logits2d);
-  Tensor dh = output_layer_->backward(st.logits, st.output_layer, true);
+  Tensor dh;
+  if (parallel_.post_process) {
+    const int64_t s = st.labels.size(0), b = st.labels.size(1), n = s * b;
+    MEGATRON_CHECK(dloss.dim() == 2 && dloss.size(0) == b && dloss.size(1) == s && dloss.dtype() == DType::kFloat32)
+        << "dloss " << dloss.str() << " for batch " << b << " x seq " << s;
+    const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
+    Tensor dloss_sb = to_seq_first(dloss, device_);
+    // dlogits overwrite the logits (they are not needed any more).
+    Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
+    ops::cross_entropy_backward(logits2d, st.labels.view({n}), vocab_start, st.lse, dloss_sb.view({n}), logits2d);
+    dh = output_layer_->backward(st.logits, st.output_layer, true);
+  } else {
+    dh = dloss.to(device_);
+  }
   dh = decoder_->backward(dh, st.decoder);
-  embedding_->backward(dh, st.embedding);
+  if (parallel_.pre_process) {
+    embedding_->backward(dh, st.embedding);
+    input_tensor_grad_ = Tensor();
+  } else {
+    input_tensor_grad_ = dh;
+  }
   const uint64_t off = st.rng_offset;
   st = State();  // release the activations
   st.rng_offset = off;

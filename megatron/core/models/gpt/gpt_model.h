@@ -50,10 +50,19 @@ using transformer::TransformerConfig;
 struct GPTModelParallel {
   /// Tensor-parallel group (nullptr = single rank).
   std::shared_ptr<distributed::ProcessGroup> tp_group;
-  /// Pipeline stage flags (Megatron's pre_process / post_process); reserved for the pipeline
-  /// layer, only true/true is implemented.
+  /// Pipeline stage (Megatron's pre_process / post_process): the first stage owns the
+  /// embedding, the last stage the final norm, output layer and loss. A stage that is not
+  /// first takes its input from set_input_tensor(); a stage that is not last returns its
+  /// hidden states from forward() and takes their gradient in backward().
   bool pre_process = true;
   bool post_process = true;
+  /// Decoder layers of this stage: global indices [layer_offset, layer_offset + num_layers)
+  /// (num_layers = -1: all config.num_layers). Parameter names use the global index.
+  int64_t layer_offset = 0;
+  int64_t num_layers = -1;
+  /// Pipeline rank: dropout seeds are seed + 100 * pp_rank as in Megatron (init is not
+  /// affected: weights are keyed by name).
+  int pp_rank = 0;
 };
 
 class GPTModel {
@@ -79,13 +88,24 @@ class GPTModel {
   /// Runs the model on a micro-batch (tokens/labels/position_ids [b, s] int64, optional
   /// attention_mask [b, 1, s, s] uint8, 1 = masked; loss_mask is NOT applied here).
   /// training=false disables dropout. Returns the per-token cross-entropy loss float32 [b, s]
-  /// (Megatron's compute_language_model_loss output, before loss_mask). Throws UserError if
-  /// s exceeds max_sequence_length (learned positions) or a token id is outside the vocabulary.
+  /// (Megatron's compute_language_model_loss output, before loss_mask); on a stage without
+  /// post_process, the output hidden states [s, b, h] in the model dtype instead. A stage
+  /// without pre_process reads only labels/attention_mask from the batch (what it needs).
+  /// Throws UserError if s exceeds max_sequence_length (learned positions) or a token id or
+  /// label is outside the vocabulary.
   Tensor forward(const datasets::GPTBatch& batch, bool training);
-  /// Logits of the last forward, [s, b, padded_vocab/TP] in the model dtype (sequence-first).
+  /// Logits of the last forward, [s, b, padded_vocab/TP] in the model dtype (sequence-first);
+  /// valid until backward() (which reuses their memory for the logits' gradient).
   const Tensor& last_logits() const;
-  /// Backward of the last forward: dloss float32 [b, s] = dL/dloss. ACCUMULATES into main_grad.
+  /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
+  /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad.
   void backward(const Tensor& dloss);
+  /// Megatron's set_input_tensor: the hidden states [s, b, h] from the previous pipeline
+  /// stage, used by the next forward() of a stage without pre_process.
+  void set_input_tensor(const Tensor& hidden);
+  /// After backward() on a stage without pre_process: dL/d(input hidden states) [s, b, h],
+  /// to send to the previous stage.
+  const Tensor& input_tensor_grad() const;
   /// main_grad = 0 for every parameter (zeros the grad buffer).
   void zero_grad();
 
@@ -109,6 +129,8 @@ class GPTModel {
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   std::unique_ptr<distributed::ParamAndGradBuffer> buffers_;
   std::unique_ptr<State> state_;  // activations of the in-flight micro-batch
+  Tensor input_tensor_;           // set_input_tensor()
+  Tensor input_tensor_grad_;
 };
 
 }  // namespace megatron::models::gpt

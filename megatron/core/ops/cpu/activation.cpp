@@ -26,21 +26,7 @@ float gelu_grad(float x, bool approx) {
   return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
 }
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 }  // namespace
-
-/// Uniform [0, 1) number `i` of the dropout stream (seed, offset): counter-based, so any element
-/// can be regenerated (the attention kernel uses it to rebuild its mask in backward).
-float dropout_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
-  const uint64_t stream = mix(seed ^ mix(offset));
-  return static_cast<float>(mix(stream + i) >> 40) * (1.0f / 16777216.0f);
-}
 
 void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh) {
   MEGATRON_CHECK(x.numel() == y.numel()) << "gelu_forward " << x.str() << " -> " << y.str();
@@ -100,9 +86,10 @@ void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t
   FloatOut fy(y);
   uint8_t* m = mask.data<uint8_t>();
   const float scale = 1.0f / (1.0f - p);
+  const uint64_t stream = dropout_stream(seed, offset);
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    const bool keep = p == 0.0f || dropout_uniform(seed, offset, static_cast<uint64_t>(i)) >= p;
+    const bool keep = p == 0.0f || dropout_uniform(stream, static_cast<uint64_t>(i)) >= p;
     m[i] = keep;
     fy[i] = keep ? fx[i] * scale : 0.0f;
   }

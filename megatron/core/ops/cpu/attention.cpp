@@ -85,11 +85,27 @@ void probabilities(const float* Q, const float* K, const AttentionParams& p, con
   }
 }
 
+/// Makes OpenBLAS single-threaded while alive: the attention kernels call sgemm from inside
+/// their own OpenMP loop over heads, and a multi-threaded BLAS there would oversubscribe the
+/// cores (threads inside threads).
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
 /// Dropout keep-scale for element (bi, h, i, j): mask / (1 - p), from the counter-based stream.
-float dropout_factor(const AttentionParams& p, const Dims& dm, int64_t bi, int64_t h, int64_t i, int64_t j) {
-  if (p.dropout_p == 0.0f) return 1.0f;
-  const uint64_t idx = static_cast<uint64_t>(((bi * dm.np + h) * dm.s + i) * dm.sk + j);
-  return dropout_uniform(p.seed, p.offset, idx) >= p.dropout_p ? 1.0f / (1.0f - p.dropout_p) : 0.0f;
+/// Element (bi, h, i, j) of [b, np, s, sk] is number ((bi*np + h)*s + i)*sk + j of the stream.
+/// Writes the keep-scale (mask / (1 - p)) of head (bi, h) into F [s, sk].
+void dropout_factors(const AttentionParams& p, const Dims& dm, int64_t bi, int64_t h, float* F) {
+  const uint64_t stream = dropout_stream(p.seed, p.offset);
+  const float scale = 1.0f / (1.0f - p.dropout_p);
+  const uint64_t base = static_cast<uint64_t>((bi * dm.np + h) * dm.s * dm.sk);
+  for (int64_t e = 0; e < dm.s * dm.sk; ++e)
+    F[e] = dropout_uniform(stream, base + static_cast<uint64_t>(e)) >= p.dropout_p ? scale : 0.0f;
 }
 }  // namespace
 
@@ -102,7 +118,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   FloatOut fo(out);
   float* L = lse.data<float>();
   const int64_t heads_per_group = dm.np / dm.ng;
-#pragma omp parallel for schedule(dynamic)
+  SingleThreadedBlas single_threaded_blas;
+  const bool parallel = dm.b * dm.np * dm.s * dm.sk * dm.d > (1 << 16);  // tiny problems: no thread wake-ups
+#pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bh = 0; bh < dm.b * dm.np; ++bh) {
     const int64_t bi = bh / dm.np, h = bh % dm.np, g = h / heads_per_group;
     std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), P(dm.s * dm.sk), O(dm.s * dm.d);
@@ -110,9 +128,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     gather_head(fk.data(), dm, dm.ng, dm.sk, bi, g, K.data());
     gather_head(fv.data(), dm, dm.ng, dm.sk, bi, g, V.data());
     probabilities(Q.data(), K.data(), p, dm, bi, P.data(), L + (bi * dm.np + h) * dm.s, nullptr);
-    if (p.dropout_p > 0.0f)
-      for (int64_t i = 0; i < dm.s; ++i)
-        for (int64_t j = 0; j < dm.sk; ++j) P[i * dm.sk + j] *= dropout_factor(p, dm, bi, h, i, j);
+    if (p.dropout_p > 0.0f) {
+      std::vector<float> F(dm.s * dm.sk);
+      dropout_factors(p, dm, bi, h, F.data());
+      for (int64_t e = 0; e < dm.s * dm.sk; ++e) P[e] *= F[e];
+    }
     gemm_rm(false, false, dm.s, dm.d, dm.sk, P.data(), V.data(), 0.0f, O.data());
     scatter_head(O.data(), dm, dm.np, dm.s, bi, h, fo.data(), false);
   }
@@ -131,11 +151,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const float* L = lse.data<float>();
   const int64_t heads_per_group = dm.np / dm.ng;
   // One task per (batch, K/V group): the heads of a group accumulate into the same dK/dV.
-#pragma omp parallel for schedule(dynamic)
+  SingleThreadedBlas single_threaded_blas;
+  const bool parallel = dm.b * dm.np * dm.s * dm.sk * dm.d > (1 << 16);
+#pragma omp parallel for schedule(dynamic) if (parallel)
   for (int64_t bg = 0; bg < dm.b * dm.ng; ++bg) {
     const int64_t bi = bg / dm.ng, g = bg % dm.ng;
     std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), dO(dm.s * dm.d), P(dm.s * dm.sk),
-        Pd(dm.s * dm.sk), dP(dm.s * dm.sk), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f);
+        Pd(dm.s * dm.sk), dP(dm.s * dm.sk), F(dm.s * dm.sk, 1.0f), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f);
     gather_head(fk.data(), dm, dm.ng, dm.sk, bi, g, K.data());
     gather_head(fv.data(), dm, dm.ng, dm.sk, bi, g, V.data());
     for (int64_t h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
@@ -143,8 +165,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
       gather_head(fdo.data(), dm, dm.np, dm.s, bi, h, dO.data());
       probabilities(Q.data(), K.data(), p, dm, bi, P.data(), nullptr, L + (bi * dm.np + h) * dm.s);
       // Pd = dropout(P); dV += Pd^T dO; dPd = dO V^T; dP = dPd * dropout factor.
-      for (int64_t i = 0; i < dm.s; ++i)
-        for (int64_t j = 0; j < dm.sk; ++j) Pd[i * dm.sk + j] = P[i * dm.sk + j] * dropout_factor(p, dm, bi, h, i, j);
+      if (p.dropout_p > 0.0f) dropout_factors(p, dm, bi, h, F.data());
+      for (int64_t e = 0; e < dm.s * dm.sk; ++e) Pd[e] = P[e] * F[e];
       gemm_rm(true, false, dm.sk, dm.d, dm.s, Pd.data(), dO.data(), 1.0f, dV.data());
       gemm_rm(false, true, dm.s, dm.sk, dm.d, dO.data(), V.data(), 0.0f, dP.data());
       // dS = P * (dP - rowsum(P * dP)), scaled by softmax_scale for the score -> Q/K chain.
@@ -153,7 +175,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         const float* pr = P.data() + i * dm.sk;
         double dsum = 0.0;
         for (int64_t j = 0; j < dm.sk; ++j) {
-          dpr[j] *= dropout_factor(p, dm, bi, h, i, j);
+          dpr[j] *= F[i * dm.sk + j];
           dsum += static_cast<double>(pr[j]) * dpr[j];
         }
         for (int64_t j = 0; j < dm.sk; ++j) dpr[j] = pr[j] * (dpr[j] - static_cast<float>(dsum)) * p.softmax_scale;

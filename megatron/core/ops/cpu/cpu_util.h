@@ -58,7 +58,19 @@ class FloatOut {
 /// Rows N and row length of a tensor viewed as [N, last_dim].
 inline int64_t rows_of(const Tensor& t) { return t.dim() == 0 ? 1 : t.numel() / t.size(-1); }
 
-/// Uniform [0, 1) number `i` of the counter-based dropout stream (seed, offset) (activation.cpp).
-float dropout_uniform(uint64_t seed, uint64_t offset, uint64_t i);
+/// SplitMix64 finalizer (Steele, Lea & Flood 2014), the mixer of the dropout streams.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+/// Key of the counter-based dropout stream (seed, offset).
+inline uint64_t dropout_stream(uint64_t seed, uint64_t offset) { return mix64(seed ^ mix64(offset)); }
+/// Uniform [0, 1) number `i` of a dropout stream: any element can be regenerated, which the
+/// attention kernel uses to rebuild its mask in backward.
+inline float dropout_uniform(uint64_t stream, uint64_t i) {
+  return static_cast<float>(mix64(stream + i) >> 40) * (1.0f / 16777216.0f);
+}
 
 }  // namespace megatron::ops::cpu

@@ -23,7 +23,7 @@ void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t voc
   FloatIn fl(logits);
   const int64_t* lab = labels.data<int64_t>();
   float *m = row_max.data<float>(), *s = row_sumexp.data<float>(), *pr = pred.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * v > 16384)
   for (int64_t r = 0; r < n; ++r) {
     const float* row = fl.data() + r * v;
     float mx = row[0];
@@ -68,7 +68,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
   FloatOut fd(dlogits);
   const int64_t* lab = labels.data<int64_t>();
   const float *ls = lse.data<float>(), *dl = dloss.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * v > 16384)
   for (int64_t r = 0; r < n; ++r) {
     const int64_t local = lab[r] - vocab_start;
     for (int64_t j = 0; j < v; ++j) {

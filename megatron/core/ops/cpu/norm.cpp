@@ -1,6 +1,7 @@
 // CPU reference: LayerNorm and RMSNorm over the last dim, forward and backward.
 // Statistics in fp32 (two-pass mean/variance in double for robustness); gamma may be applied
 // zero-centred (Megatron --apply-layernorm-1p: scale = 1 + gamma).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -14,6 +15,24 @@ void check_norm(const Tensor& x, const Tensor& gamma, const Tensor& y, const Ten
   MEGATRON_CHECK(x.dim() >= 1 && gamma.numel() == x.size(-1) && y.numel() == x.numel() && stat.numel() == rows_of(x) &&
                  stat.dtype() == DType::kFloat32)
       << op << " x " << x.str() << " gamma " << gamma.str() << " y " << y.str() << " stat " << stat.str();
+}
+/// Column sums over rows of f(r, j) for j < h, in double: rows are split into fixed chunks
+/// whose partial sums are added in chunk order (deterministic for any thread count), and each
+/// chunk walks its rows contiguously.
+template <class F>
+std::vector<double> column_sums(int64_t n, int64_t h, int width, F f) {
+  constexpr int64_t kChunk = 256;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(static_cast<size_t>(chunks * h * width), 0.0);
+#pragma omp parallel for schedule(static) if (n * h > 16384)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double* acc = part.data() + c * h * width;
+    for (int64_t r = c * kChunk; r < std::min(n, (c + 1) * kChunk); ++r) f(r, acc);
+  }
+  std::vector<double> total(static_cast<size_t>(h * width), 0.0);
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < h * width; ++j) total[j] += part[c * h * width + j];
+  return total;
 }
 }  // namespace
 
@@ -70,16 +89,17 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   }
   fdx.commit();
   FloatOut fdg(dgamma, accumulate), fdb(dbeta, accumulate);
-#pragma omp parallel for schedule(static) if (n * h > 16384)
-  for (int64_t j = 0; j < h; ++j) {
-    double sg = 0.0, sb = 0.0;
-    for (int64_t r = 0; r < n; ++r) {
+  // sums[j] = sum_r dy * xhat (dgamma), sums[h + j] = sum_r dy (dbeta).
+  const auto sums = column_sums(n, h, 2, [&](int64_t r, double* acc) {
+    for (int64_t j = 0; j < h; ++j) {
       const float xhat = (fx[r * h + j] - mu[r]) * rs[r];
-      sg += fdy[r * h + j] * xhat;
-      sb += fdy[r * h + j];
+      acc[j] += fdy[r * h + j] * xhat;
+      acc[h + j] += fdy[r * h + j];
     }
-    fdg[j] = static_cast<float>((accumulate ? fdg[j] : 0.0f) + sg);
-    fdb[j] = static_cast<float>((accumulate ? fdb[j] : 0.0f) + sb);
+  });
+  for (int64_t j = 0; j < h; ++j) {
+    fdg[j] = static_cast<float>((accumulate ? fdg[j] : 0.0f) + sums[j]);
+    fdb[j] = static_cast<float>((accumulate ? fdb[j] : 0.0f) + sums[h + j]);
   }
   fdg.commit();
   fdb.commit();
@@ -125,12 +145,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
   }
   fdx.commit();
   FloatOut fdg(dgamma, accumulate);
-#pragma omp parallel for schedule(static) if (n * h > 16384)
-  for (int64_t j = 0; j < h; ++j) {
-    double sg = 0.0;
-    for (int64_t r = 0; r < n; ++r) sg += fdy[r * h + j] * fx[r * h + j] * rs[r];
-    fdg[j] = static_cast<float>((accumulate ? fdg[j] : 0.0f) + sg);
-  }
+  const auto sums = column_sums(n, h, 1, [&](int64_t r, double* acc) {
+    for (int64_t j = 0; j < h; ++j) acc[j] += fdy[r * h + j] * fx[r * h + j] * rs[r];
+  });
+  for (int64_t j = 0; j < h; ++j) fdg[j] = static_cast<float>((accumulate ? fdg[j] : 0.0f) + sums[j]);
   fdg.commit();
 }
 

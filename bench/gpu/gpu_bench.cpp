@@ -1,0 +1,178 @@
+// Times the CUDA kernels of megatron/core/ops/cuda with CUDA events (warm-up, then the median
+// of repeated runs) on random data at LLaMA-3-8B and GPT-2-124M shapes. Prints one line per
+// case: name, median ms, TFLOP/s (matrix work) or GB/s (memory-bound kernels, bytes read +
+// written once). The PyTorch peers on the same shapes: bench/gpu/torch_peers.py.
+// Attention FLOPs: forward 4*s*sk*d*np*b (two matmuls), halved when causal; backward 2.5x the
+// forward (five matmuls); same convention as FlashAttention's benchmarks.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/tensor/tensor.h"
+
+using namespace megatron;
+namespace cu = megatron::ops::cuda;
+
+namespace {
+Tensor rnd(const Shape& s, DType dt, float scale = 1.0f) {
+  // Random normal values generated on the host in chunks would be slow for GBs; fill a small
+  // random block and tile it (data is still non-zero and non-repeating within each row block).
+  const int64_t n = shape_numel(s);
+  const int64_t blk = std::min<int64_t>(n, 1 << 22);
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> h(blk);
+  for (auto& x : h) x = d(rng);
+  Tensor small = Tensor::from_vector(h, {blk});
+  if (dt != DType::kFloat32) small = small.to(dt);
+  Tensor sd = small.to(Device::cuda());
+  Tensor t = Tensor::empty(s, dt, Device::cuda());
+  const size_t es = dtype_size(dt);
+  for (int64_t off = 0; off < n; off += blk) {
+    int64_t len = std::min(blk, n - off);
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(t.data_ptr()) + off * es, sd.data_ptr(), len * es,
+                               cudaMemcpyDeviceToDevice, megatron::cuda::current_stream()));
+  }
+  return t;
+}
+
+float time_ms(const std::function<void()>& fn, int warm = 3, int reps = 10) {
+  for (int i = 0; i < warm; ++i) fn();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> ts;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, megatron::cuda::current_stream());
+    fn();
+    cudaEventRecord(b, megatron::cuda::current_stream());
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+void report_flops(const std::string& name, float ms, double flops) {
+  std::printf("%-62s %9.3f ms %8.1f TFLOP/s\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12);
+  std::fflush(stdout);
+}
+void report_bw(const std::string& name, float ms, double bytes) {
+  std::printf("%-62s %9.3f ms %8.1f GB/s\n", name.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
+  std::fflush(stdout);
+}
+
+void bench_attention(const char* tag, int S, int B, int NP, int NG, int D) {
+  Tensor q = rnd({S, B, NP, D}, DType::kBFloat16), k = rnd({S, B, NG, D}, DType::kBFloat16),
+         v = rnd({S, B, NG, D}, DType::kBFloat16), dout = rnd({S, B, NP, D}, DType::kBFloat16);
+  Tensor o = Tensor::empty({S, B, NP, D}, DType::kBFloat16, Device::cuda());
+  Tensor lse = Tensor::empty({B, NP, S}, DType::kFloat32, Device::cuda());
+  Tensor dq = Tensor::empty(q.shape(), DType::kBFloat16, Device::cuda()), dk = Tensor::empty(k.shape(), DType::kBFloat16, Device::cuda()),
+         dv = Tensor::empty(v.shape(), DType::kBFloat16, Device::cuda());
+  ops::AttentionParams p;
+  p.softmax_scale = 1.0f / std::sqrt((float)D);
+  p.causal = true;
+  const double fwd = 4.0 * S * (double)S * D * NP * B / 2.0;
+  float tf = time_ms([&] { cu::attention_forward(q, k, v, p, o, lse); });
+  float tb = time_ms([&] { cu::attention_backward(dout, q, k, v, o, lse, p, dq, dk, dv); });
+  char nm[160];
+  std::snprintf(nm, sizeof nm, "attention %s s=%d b=%d np=%d ng=%d d=%d causal fwd", tag, S, B, NP, NG, D);
+  report_flops(nm, tf, fwd);
+  std::snprintf(nm, sizeof nm, "attention %s s=%d b=%d np=%d ng=%d d=%d causal bwd", tag, S, B, NP, NG, D);
+  report_flops(nm, tb, 2.5 * fwd);
+  std::snprintf(nm, sizeof nm, "attention %s s=%d b=%d np=%d ng=%d d=%d causal fwd+bwd", tag, S, B, NP, NG, D);
+  report_flops(nm, tf + tb, 3.5 * fwd);
+}
+
+void bench_gemm(const char* name, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType out, float beta = 0.0f) {
+  Tensor a = rnd(ta ? Shape{k, m} : Shape{m, k}, DType::kBFloat16, 0.1f);
+  Tensor b = rnd(tb ? Shape{n, k} : Shape{k, n}, DType::kBFloat16, 0.1f);
+  Tensor c = rnd({m, n}, out, 0.1f);
+  float t = time_ms([&] { cu::gemm(a, ta, b, tb, c, 1.0f, beta); });
+  char nm[160];
+  std::snprintf(nm, sizeof nm, "gemm %s %ldx%ldx%ld %s%s ->%s", name, (long)m, (long)n, (long)k, ta ? "T" : "N",
+                tb ? "T" : "N", dtype_name(out));
+  report_flops(nm, t, 2.0 * m * n * k);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only = argc > 1 ? argv[1] : "";
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (only.empty() || only == "attention") {
+    bench_attention("llama3-8b", 8192, 1, 32, 8, 128);
+    bench_attention("gpt2-124m", 1024, 64, 12, 12, 64);
+  }
+  if (only.empty() || only == "gemm") {
+    // LLaMA-3-8B layer, 8192 tokens (seq 8192, micro-batch 1): forward y = x w^T, backward
+    // dx = dy w, dw += dy^T x (fp32 main grad).
+    const int64_t T = 8192, H = 4096, QKV = 6144, F = 14336;
+    bench_gemm("qkv fwd", T, QKV, H, false, true, DType::kBFloat16);
+    bench_gemm("proj fwd", T, H, H, false, true, DType::kBFloat16);
+    bench_gemm("fc1 fwd", T, 2 * F, H, false, true, DType::kBFloat16);
+    bench_gemm("fc2 fwd", T, H, F, false, true, DType::kBFloat16);
+    bench_gemm("fc1 dgrad", T, H, 2 * F, false, false, DType::kBFloat16);
+    bench_gemm("fc2 dgrad", T, F, H, false, false, DType::kBFloat16);
+    bench_gemm("fc1 wgrad fp32+=", 2 * F, H, T, true, false, DType::kFloat32, 1.0f);
+    bench_gemm("fc2 wgrad fp32+=", H, F, T, true, false, DType::kFloat32, 1.0f);
+    bench_gemm("lm-head fwd", T, 128256, H, false, true, DType::kBFloat16);
+    bench_gemm("square 8192", 8192, 8192, 8192, false, true, DType::kBFloat16);
+  }
+  if (only.empty() || only == "mem") {
+    const int64_t T = 8192, H = 4096, Vv = 128256;
+    {
+      Tensor x = rnd({T, H}, DType::kBFloat16), g = rnd({H}, DType::kFloat32), y = rnd({T, H}, DType::kBFloat16);
+      Tensor r = Tensor::empty({T}, DType::kFloat32, Device::cuda()), dx = rnd({T, H}, DType::kBFloat16),
+             dg = rnd({H}, DType::kFloat32);
+      float t = time_ms([&] { cu::rmsnorm_forward(x, g, 1e-5f, false, y, r); });
+      report_bw("rmsnorm fwd 8192x4096 bf16", t, 2.0 * T * H * 2);
+      t = time_ms([&] { cu::rmsnorm_backward(y, x, g, r, false, dx, dg, true); });
+      report_bw("rmsnorm bwd 8192x4096 bf16", t, 3.0 * T * H * 2);
+    }
+    {
+      Tensor l = rnd({T, Vv}, DType::kBFloat16, 3.0f);
+      std::vector<int64_t> lab(T);
+      for (int64_t i = 0; i < T; ++i) lab[i] = (i * 7919) % Vv;
+      Tensor labels = Tensor::from_vector_i64(lab, {T}).to(Device::cuda());
+      Tensor m = Tensor::empty({T}, DType::kFloat32, Device::cuda()), s = Tensor::empty({T}, DType::kFloat32, Device::cuda()),
+             p = Tensor::empty({T}, DType::kFloat32, Device::cuda());
+      float t = time_ms([&] { cu::cross_entropy_stats(l, labels, 0, m, s, p); });
+      report_bw("cross_entropy_stats 8192x128256 bf16", t, 1.0 * T * Vv * 2);
+      Tensor dl = rnd({T}, DType::kFloat32);
+      t = time_ms([&] { cu::cross_entropy_backward(l, labels, 0, m, dl, l); });
+      report_bw("cross_entropy_backward in-place 8192x128256 bf16", t, 2.0 * T * Vv * 2);
+    }
+    {
+      const int64_t n = 1ll << 28;  // 268M params
+      Tensor p = rnd({n}, DType::kFloat32, 0.1f), g = rnd({n}, DType::kFloat32, 0.01f), mm = rnd({n}, DType::kFloat32, 0.01f),
+             vv = rnd({n}, DType::kFloat32, 0.0f), mp = Tensor::empty({n}, DType::kBFloat16, Device::cuda());
+      cu::fill(vv, 1e-4f);
+      ops::AdamParams ap;
+      ap.lr = 1e-4f;
+      float t = time_ms([&] { cu::adam_step(p, g, mm, vv, ap, &mp); });
+      report_bw("adam_step 268M fp32 + bf16 param", t, n * (4.0 * 4 + 3 * 4 + 2));
+      t = time_ms([&] { cu::sum_of_squares(g); });
+      report_bw("sum_of_squares 268M fp32", t, n * 4.0);
+    }
+    {
+      Tensor x = rnd({T, 2 * 14336}, DType::kBFloat16), y = Tensor::empty({T, 14336}, DType::kBFloat16, Device::cuda());
+      float t = time_ms([&] { cu::swiglu_forward(x, y); });
+      report_bw("swiglu fwd 8192x2x14336 bf16", t, T * 14336 * 2.0 * 3);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,548 @@
+#include "megatron/core/dist_checkpointing/serialization.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "megatron/core/dist_checkpointing/file_utils.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
+#include "megatron/core/utils/crc32c.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::dist_checkpointing {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kShardsMetaKey = "megatron_cpp.shards";
+constexpr const char* kIndexFile = ".metadata";
+constexpr const char* kCommonFile = "common.json";
+constexpr const char* kMarkerFile = "metadata.json";
+
+std::string rank_file(int rank) { return "__" + std::to_string(rank) + "_0.safetensors"; }
+
+std::string shard_name(const std::string& key, const Shape& offset,
+                       const std::optional<std::pair<int64_t, int64_t>>& flat) {
+  std::string n = key + "/shard";
+  for (auto o : offset) n += "_" + std::to_string(o);
+  if (flat) n += "_flat_" + std::to_string(flat->first) + "_" + std::to_string(flat->second);
+  return n;
+}
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", v);
+  return b;
+}
+
+// Error flag agreement across ranks: returns true if any rank reported failure.
+bool any_rank_failed(distributed::ProcessGroup* g, bool failed) {
+  Tensor t = Tensor::from_vector({failed ? 1.0f : 0.0f}, {1});
+  g->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+  return t.to_float_vector()[0] > 0.5f;
+}
+
+json shard_json(const StoredShard& s) {
+  json j = {{"global_offset", s.global_offset}, {"local_shape", s.local_shape}, {"file", s.file},
+            {"name", s.name},                   {"byte_range", {s.byte_begin, s.byte_end}}, {"crc32c", s.crc32c}};
+  if (s.flattened_range) j["flattened_range"] = {s.flattened_range->first, s.flattened_range->second};
+  return j;
+}
+
+StoredShard shard_from_json(const json& j) {
+  StoredShard s;
+  s.global_offset = j.at("global_offset").get<Shape>();
+  s.local_shape = j.at("local_shape").get<Shape>();
+  if (j.contains("flattened_range"))
+    s.flattened_range = std::make_pair(j["flattened_range"][0].get<int64_t>(), j["flattened_range"][1].get<int64_t>());
+  s.file = j.at("file").get<std::string>();
+  s.name = j.at("name").get<std::string>();
+  s.byte_begin = j.at("byte_range")[0].get<uint64_t>();
+  s.byte_end = j.at("byte_range")[1].get<uint64_t>();
+  s.crc32c = j.at("crc32c").get<uint32_t>();
+  return s;
+}
+
+int64_t shard_numel(const StoredShard& s) {
+  return s.flattened_range ? s.flattened_range->second - s.flattened_range->first : shape_numel(s.local_shape);
+}
+
+// Atomically installs directory `src` at `dst` (replacing an existing `dst`).
+void install_dir(const std::string& src, const std::string& dst) {
+  if (fs::exists(dst)) {
+    if (::renameat2(AT_FDCWD, src.c_str(), AT_FDCWD, dst.c_str(), RENAME_EXCHANGE) != 0)
+      user_error("cannot replace ", dst, " with ", src, ": ", std::strerror(errno));
+    fs::remove_all(src);  // now holds the old checkpoint
+  } else {
+    if (std::rename(src.c_str(), dst.c_str()) != 0)
+      user_error("cannot rename ", src, " to ", dst, ": ", std::strerror(errno));
+  }
+  auto parent = fs::path(dst).parent_path();
+  fsync_dir(parent.empty() ? "." : parent.string());
+}
+
+std::string normalize_dir(const std::string& d) {
+  std::string s = d;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Save
+// ---------------------------------------------------------------------------------------------
+
+struct AsyncSaveRequest::State {
+  std::shared_ptr<distributed::ProcessGroup> owned_group;
+  distributed::ProcessGroup* group = nullptr;
+  int rank = 0;
+  int size = 1;
+  std::string tmp_dir;
+  json common;
+  std::vector<Tensor> keep;         // CPU data (snapshot copies for async)
+  std::vector<std::string> blobs;   // serialized ShardedObjects
+  std::vector<SafetensorsItem> items;
+  json records = json::array();
+  std::thread writer;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+
+  void write_rank_file() {
+    try {
+      for (size_t i = 0; i < items.size(); ++i) {
+        size_t nb = static_cast<size_t>(shape_numel(items[i].shape)) * dtype_size(items[i].dtype);
+        records[i]["crc32c"] = crc32c(items[i].data, nb);
+      }
+      SafetensorsLayout L = plan_safetensors(items, {{kShardsMetaKey, records.dump()}});
+      FileWriter w(tmp_dir + "/" + rank_file(rank));
+      w.write(L.header.data(), L.header.size());
+      for (size_t k = 0; k < L.order.size(); ++k) w.write(items[L.order[k]].data, L.entries[k].nbytes());
+      w.close();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done = true;
+  }
+};
+
+namespace {
+
+std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, const std::string& dir,
+                                                 distributed::ProcessGroup* group, bool snapshot) {
+  auto st = std::make_unique<AsyncSaveRequest::State>();
+  if (!group) {
+    st->owned_group = distributed::make_single_rank_group();
+    group = st->owned_group.get();
+  }
+  st->group = group;
+  st->rank = group->rank();
+  st->size = group->size();
+  // Everyone writes into <dir>.tmp-<pid of rank 0>.
+  Tensor pid = Tensor::from_vector_i64({static_cast<int64_t>(::getpid())}, {1});
+  group->broadcast(pid, 0)->wait();
+  st->tmp_dir = dir + ".tmp-" + std::to_string(pid.data<int64_t>()[0]);
+  std::error_code ec;
+  fs::create_directories(st->tmp_dir, ec);
+  if (ec) user_error("cannot create checkpoint directory ", st->tmp_dir, ": ", ec.message());
+  if (st->rank == 0) st->common = sd.common;
+
+  std::set<std::string> names;
+  for (const auto& t : sd.tensors) {
+    if (t.replica_id != 0) continue;
+    t.validate();
+    Tensor cpu = t.data.to(Device::cpu());
+    if (snapshot && cpu.shares_storage(t.data)) cpu = t.data.clone();
+    std::string name = shard_name(t.key, t.global_offset, t.flattened_range);
+    if (!names.insert(name).second) user_error("checkpoint save: two shards of '", t.key, "' at the same offset on rank ", st->rank);
+    Shape shape = t.flattened_range ? Shape{t.local_numel()} : t.local_shape;
+    json r = {{"kind", "tensor"},          {"name", name},
+              {"key", t.key},              {"global_shape", t.global_shape},
+              {"global_offset", t.global_offset}, {"local_shape", t.local_shape}};
+    if (t.flattened_range) r["flattened_range"] = {t.flattened_range->first, t.flattened_range->second};
+    st->records.push_back(r);
+    st->items.push_back({name, cpu.dtype(), shape, cpu.data_ptr()});
+    st->keep.push_back(std::move(cpu));
+  }
+  st->blobs.reserve(sd.objects.size());
+  for (const auto& o : sd.objects) {
+    if (o.replica_id != 0) continue;
+    MEGATRON_CHECK(o.global_shape.size() == o.global_offset.size()) << o.key << ": object grid/offset rank mismatch";
+    std::string name = shard_name(o.key, o.global_offset, std::nullopt);
+    if (!names.insert(name).second) user_error("checkpoint save: object '", o.key, "' twice at the same offset");
+    st->blobs.push_back(o.value.dump());
+    st->records.push_back({{"kind", "object"},
+                           {"name", name},
+                           {"key", o.key},
+                           {"global_shape", o.global_shape},
+                           {"global_offset", o.global_offset},
+                           {"local_shape", Shape(o.global_shape.size(), 1)}});
+    st->items.push_back({name, DType::kUInt8, Shape{static_cast<int64_t>(st->blobs.back().size())}, st->blobs.back().data()});
+  }
+  return st;
+}
+
+// Rank 0: reads every rank file's header and writes common.json, .metadata, metadata.json.
+void write_index(const AsyncSaveRequest::State& st) {
+  json tensors = json::object(), objects = json::object();
+  std::map<std::string, StoredTensor> index[2];
+  for (int r = 0; r < st.size; ++r) {
+    const std::string file = rank_file(r);
+    SafetensorsReader rd(st.tmp_dir + "/" + file);
+    auto it = rd.metadata().find(kShardsMetaKey);
+    if (it == rd.metadata().end()) user_error(st.tmp_dir, "/", file, ": no shard records (", kShardsMetaKey, ")");
+    for (const auto& rec : json::parse(it->second)) {
+      const auto& e = rd.at(rec.at("name").get<std::string>());
+      bool is_obj = rec.at("kind") == "object";
+      auto& idx = index[is_obj ? 1 : 0];
+      const std::string key = rec.at("key");
+      Shape gshape = rec.at("global_shape").get<Shape>();
+      auto [pos, inserted] = idx.try_emplace(key);
+      StoredTensor& stt = pos->second;
+      if (inserted) {
+        stt.key = key;
+        stt.dtype = e.dtype;
+        stt.global_shape = gshape;
+      } else if (stt.global_shape != gshape || (!is_obj && stt.dtype != e.dtype)) {
+        user_error("checkpoint save: ranks disagree on '", key, "': ", shape_str(stt.global_shape), " ",
+                   dtype_name(stt.dtype), " vs ", shape_str(gshape), " ", dtype_name(e.dtype), " (rank ", r, ")");
+      }
+      StoredShard s;
+      s.global_offset = rec.at("global_offset").get<Shape>();
+      s.local_shape = rec.at("local_shape").get<Shape>();
+      if (rec.contains("flattened_range"))
+        s.flattened_range = std::make_pair(rec["flattened_range"][0].get<int64_t>(), rec["flattened_range"][1].get<int64_t>());
+      s.file = file;
+      s.name = e.name;
+      s.byte_begin = rd.data_start() + e.begin;
+      s.byte_end = rd.data_start() + e.end;
+      s.crc32c = rec.at("crc32c").get<uint32_t>();
+      for (const auto& o : stt.shards)
+        if (o.global_offset == s.global_offset && o.flattened_range == s.flattened_range)
+          user_error("checkpoint save: shard of '", key, "' at offset ", shape_str(s.global_offset),
+                     " is written by two ranks (", o.file, " and ", file, "): set replica_id != 0 on replicas");
+      stt.shards.push_back(std::move(s));
+    }
+  }
+  for (auto& [key, stt] : index[0]) {
+    int64_t covered = 0;
+    for (const auto& s : stt.shards) covered += shard_numel(s);
+    if (covered != shape_numel(stt.global_shape))
+      user_error("checkpoint save: the shards of '", key, "' hold ", covered, " elements but its global shape ",
+                 shape_str(stt.global_shape), " has ", shape_numel(stt.global_shape),
+                 " (a rank did not contribute its piece, or replica ids are wrong)");
+  }
+  auto dump = [](const std::map<std::string, StoredTensor>& m) {
+    json out = json::object();
+    for (const auto& [key, stt] : m) {
+      json shards = json::array();
+      for (const auto& s : stt.shards) shards.push_back(shard_json(s));
+      out[key] = {{"dtype", safetensors_dtype_name(stt.dtype)}, {"global_shape", stt.global_shape}, {"shards", shards}};
+    }
+    return out;
+  };
+  json meta = {{"format", kShardedBackend},    {"version", kShardedBackendVersion}, {"world_size", st.size},
+               {"tensors", dump(index[0])}, {"objects", dump(index[1])}};
+  auto write = [&](const char* name, const std::string& text) {
+    FileWriter w(st.tmp_dir + "/" + name);
+    w.write(text.data(), text.size());
+    w.close();
+  };
+  write(kCommonFile, st.common.dump(1));
+  write(kIndexFile, meta.dump());
+  write(kMarkerFile, json({{"sharded_backend", kShardedBackend}, {"sharded_backend_version", kShardedBackendVersion}}).dump());
+  fsync_dir(st.tmp_dir);
+}
+
+}  // namespace
+
+AsyncSaveRequest::~AsyncSaveRequest() {
+  if (st_ && st_->writer.joinable()) st_->writer.join();
+}
+
+bool AsyncSaveRequest::write_done() const { return !st_ || st_->done.load(); }
+
+void AsyncSaveRequest::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
+  State& st = *st_;
+  if (st.writer.joinable()) st.writer.join();
+  bool failed = static_cast<bool>(st.error);
+  if (any_rank_failed(st.group, failed)) {
+    if (st.error) std::rethrow_exception(st.error);
+    user_error("checkpoint save to ", dir_, " failed on another rank");
+  }
+  std::exception_ptr err;
+  if (st.rank == 0) {
+    try {
+      write_index(st);
+      install_dir(st.tmp_dir, dir_);
+      // Leftovers of earlier killed saves of the same directory.
+      const fs::path d(dir_);
+      const std::string prefix = d.filename().string() + ".tmp-";
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(d.parent_path().empty() ? fs::path(".") : d.parent_path(), ec))
+        if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
+      for (auto& fn : finalize_fns_) fn();
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  if (any_rank_failed(st.group, static_cast<bool>(err))) {
+    if (err) std::rethrow_exception(err);
+    user_error("checkpoint save to ", dir_, " failed on rank 0");
+  }
+  st.keep.clear();
+  st.blobs.clear();
+}
+
+std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const std::string& checkpoint_dir,
+                                             distributed::ProcessGroup* group) {
+  auto req = std::unique_ptr<AsyncSaveRequest>(new AsyncSaveRequest());
+  req->dir_ = normalize_dir(checkpoint_dir);
+  req->st_ = prepare(sd, req->dir_, group, /*snapshot=*/true);
+  AsyncSaveRequest::State* s = req->st_.get();
+  s->writer = std::thread([s] { s->write_rank_file(); });
+  return req;
+}
+
+void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, distributed::ProcessGroup* group) {
+  AsyncSaveRequest req;
+  req.dir_ = normalize_dir(checkpoint_dir);
+  req.st_ = prepare(sd, req.dir_, group, /*snapshot=*/false);
+  req.st_->write_rank_file();
+  req.finalize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+// ---------------------------------------------------------------------------------------------
+
+void check_is_distributed_checkpoint(const std::string& dir) {
+  const std::string marker = dir + "/" + kMarkerFile;
+  if (!fs::exists(dir)) user_error("checkpoint directory ", dir, " does not exist");
+  if (!fs::exists(marker))
+    user_error(dir, " is not a complete distributed checkpoint (no metadata.json; an interrupted save?)");
+  json m;
+  try {
+    m = json::parse(read_text_file(marker));
+  } catch (const json::exception& e) {
+    user_error(marker, ": not valid JSON (", e.what(), ")");
+  }
+  std::string backend = m.value("sharded_backend", "");
+  if (backend != kShardedBackend) {
+    if (backend == "torch_dist" || backend == "zarr")
+      user_error(dir, ": written by Megatron-LM's '", backend, "' backend, which this program cannot read; "
+                 "export it from Megatron-LM to Hugging Face safetensors and import with convert_checkpoint");
+    user_error(marker, ": unknown sharded_backend '", backend, "' (expected ", kShardedBackend, ")");
+  }
+  if (m.value("sharded_backend_version", 0) > kShardedBackendVersion)
+    user_error(marker, ": sharded_backend_version ", m.value("sharded_backend_version", 0),
+               " is newer than this program supports (", kShardedBackendVersion, ")");
+}
+
+CheckpointIndex load_index(const std::string& checkpoint_dir) {
+  const std::string dir = normalize_dir(checkpoint_dir);
+  check_is_distributed_checkpoint(dir);
+  const std::string path = dir + "/" + kIndexFile;
+  CheckpointIndex idx;
+  idx.dir = dir;
+  try {
+    json m = json::parse(read_text_file(path));
+    for (int k = 0; k < 2; ++k) {
+      auto& out = k == 0 ? idx.tensors : idx.objects;
+      for (auto it = m.at(k == 0 ? "tensors" : "objects").begin(); it != m.at(k == 0 ? "tensors" : "objects").end(); ++it) {
+        StoredTensor s;
+        s.key = it.key();
+        s.dtype = safetensors_dtype_from_name(it.value().at("dtype").get<std::string>(), path + ": '" + s.key + "'");
+        s.global_shape = it.value().at("global_shape").get<Shape>();
+        for (const auto& sh : it.value().at("shards")) s.shards.push_back(shard_from_json(sh));
+        out.emplace(s.key, std::move(s));
+      }
+    }
+  } catch (const json::exception& e) {
+    user_error(path, ": corrupt checkpoint index (", e.what(), ")");
+  }
+  return idx;
+}
+
+nlohmann::json load_common_state(const std::string& checkpoint_dir) {
+  const std::string dir = normalize_dir(checkpoint_dir);
+  check_is_distributed_checkpoint(dir);
+  const std::string path = dir + "/" + kCommonFile;
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    user_error(path, ": not valid JSON (", e.what(), ")");
+  }
+}
+
+int64_t copy_box_overlap(const uint8_t* src, DType sdt, const Shape& so_in, const Shape& ss_in, int64_t sb, int64_t se,
+                         uint8_t* dst, DType ddt, const Shape& do_in, const Shape& ds_in, int64_t db, int64_t de) {
+  Shape so = so_in, ss = ss_in, dof = do_in, ds = ds_in;
+  if (so.empty()) so = dof = {0}, ss = ds = {1};
+  const size_t nd = so.size();
+  MEGATRON_CHECK(ss.size() == nd && dof.size() == nd && ds.size() == nd) << "box ranks differ";
+  if (sdt != ddt) {
+    MEGATRON_CHECK(is_floating(sdt) && is_floating(ddt)) << "cannot convert " << dtype_name(sdt) << " to " << dtype_name(ddt);
+  }
+  Shape lo(nd), hi(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    lo[i] = std::max(so[i], dof[i]);
+    hi[i] = std::min(so[i] + ss[i], dof[i] + ds[i]);
+    if (lo[i] >= hi[i]) return 0;
+  }
+  Shape sstr(nd, 1), dstr(nd, 1);
+  for (size_t i = nd - 1; i > 0; --i) {
+    sstr[i - 1] = sstr[i] * ss[i];
+    dstr[i - 1] = dstr[i] * ds[i];
+  }
+  // Merge trailing axes that both boxes hold whole into one contiguous run.
+  size_t k = nd - 1;
+  while (k > 0 && lo[k] == so[k] && lo[k] == dof[k] && hi[k] - lo[k] == ss[k] && ss[k] == ds[k]) --k;
+  const int64_t run = (hi[k] - lo[k]) * sstr[k];
+  const size_t sz = dtype_size(sdt), dz = dtype_size(ddt);
+  std::vector<float> tmp;
+  int64_t copied = 0;
+  Shape p(lo.begin(), lo.begin() + static_cast<long>(k));  // index over axes [0, k)
+  while (true) {
+    int64_t fs0 = (lo[k] - so[k]) * sstr[k], fd0 = (lo[k] - dof[k]) * dstr[k];
+    for (size_t i = 0; i < k; ++i) {
+      fs0 += (p[i] - so[i]) * sstr[i];
+      fd0 += (p[i] - dof[i]) * dstr[i];
+    }
+    const int64_t a = std::max<int64_t>({0, sb - fs0, db - fd0});
+    const int64_t b = std::min<int64_t>({run, se - fs0, de - fd0});
+    if (a < b) {
+      const uint8_t* s = src + (fs0 + a - sb) * static_cast<int64_t>(sz);
+      uint8_t* d = dst + (fd0 + a - db) * static_cast<int64_t>(dz);
+      const int64_t n = b - a;
+      if (sdt == ddt) {
+        std::memcpy(d, s, static_cast<size_t>(n) * sz);
+      } else {
+        tmp.resize(static_cast<size_t>(n));
+        cpu_convert_to_float(s, sdt, tmp.data(), n);
+        cpu_convert_from_float(tmp.data(), d, ddt, n);
+      }
+      copied += n;
+    }
+    // next index tuple over axes [0, k)
+    size_t i = k;
+    while (i > 0) {
+      --i;
+      if (++p[i] < hi[i]) break;
+      p[i] = lo[i];
+      if (i == 0) return copied;
+    }
+    if (k == 0) return copied;
+  }
+}
+
+namespace {
+
+class ShardReaderCache {
+ public:
+  explicit ShardReaderCache(std::string dir, bool verify) : dir_(std::move(dir)), verify_(verify) {}
+
+  // Bytes of a stored shard, verified once.
+  const uint8_t* bytes(const StoredTensor& t, const StoredShard& s) {
+    auto it = files_.find(s.file);
+    if (it == files_.end()) {
+      try {
+        it = files_.emplace(s.file, std::make_unique<SafetensorsReader>(dir_ + "/" + s.file)).first;
+      } catch (const UserError& e) {
+        user_error("checkpoint ", dir_, ": shard file ", s.file, " holding '", t.key, "' at offset ",
+                   shape_str(s.global_offset), " is missing or unreadable (", e.what(), ")");
+      }
+    }
+    const SafetensorsReader& rd = *it->second;
+    const SafetensorsEntry* e = rd.find(s.name);
+    if (!e || rd.data_start() + e->begin != s.byte_begin || rd.data_start() + e->end != s.byte_end)
+      user_error("checkpoint ", dir_, ": shard '", s.name, "' of '", t.key, "' is missing from ", s.file,
+                 " or at other bytes than the index says (file replaced?)");
+    const uint8_t* p = rd.bytes(*e);
+    if (verify_ && verified_.insert(s.file + "\n" + s.name).second) {
+      uint32_t c = crc32c(p, e->nbytes());
+      if (c != s.crc32c)
+        user_error("checkpoint ", dir_, ": corrupt shard '", s.name, "' of '", t.key, "' in ", s.file, " (bytes ",
+                   s.byte_begin, "..", s.byte_end, "): crc32c ", hex32(c), " != stored ", hex32(s.crc32c));
+    }
+    return p;
+  }
+
+ private:
+  std::string dir_;
+  bool verify_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
+  std::set<std::string> verified_;
+};
+
+}  // namespace
+
+nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, const LoadOptions& opts) {
+  const std::string dir = normalize_dir(checkpoint_dir);
+  CheckpointIndex idx = load_index(dir);
+  json common = load_common_state(dir);
+  ShardReaderCache cache(dir, opts.verify_checksums);
+  for (auto& t : sd.tensors) {
+    t.validate();
+    auto it = idx.tensors.find(t.key);
+    if (it == idx.tensors.end()) user_error("checkpoint ", dir, " has no tensor '", t.key, "'");
+    const StoredTensor& stt = it->second;
+    if (stt.global_shape != t.global_shape)
+      user_error("checkpoint ", dir, ": '", t.key, "' has global shape ", shape_str(stt.global_shape),
+                 " but the model expects ", shape_str(t.global_shape), " (different model configuration?)");
+    if (stt.dtype != t.data.dtype() && !(is_floating(stt.dtype) && is_floating(t.data.dtype())))
+      user_error("checkpoint ", dir, ": '", t.key, "' is stored as ", dtype_name(stt.dtype), ", cannot load into ",
+                 dtype_name(t.data.dtype()));
+    Tensor target = t.data.is_cpu() ? t.data : Tensor::empty(t.data.shape(), t.data.dtype(), Device::cpu());
+    const int64_t db = t.flattened_range ? t.flattened_range->first : 0;
+    const int64_t de = t.flattened_range ? t.flattened_range->second : shape_numel(t.local_shape);
+    int64_t copied = 0;
+    for (const auto& s : stt.shards) {
+      bool overlap = true;
+      for (size_t i = 0; i < s.global_offset.size() && overlap; ++i)
+        overlap = std::max(s.global_offset[i], t.global_offset[i]) <
+                  std::min(s.global_offset[i] + s.local_shape[i], t.global_offset[i] + t.local_shape[i]);
+      if (!overlap) continue;
+      const uint8_t* p = cache.bytes(stt, s);
+      const int64_t sb = s.flattened_range ? s.flattened_range->first : 0;
+      const int64_t se = s.flattened_range ? s.flattened_range->second : shape_numel(s.local_shape);
+      copied += copy_box_overlap(p, stt.dtype, s.global_offset, s.local_shape, sb, se,
+                                 static_cast<uint8_t*>(target.data_ptr()), target.dtype(), t.global_offset,
+                                 t.local_shape, db, de);
+    }
+    if (copied != de - db)
+      user_error("checkpoint ", dir, ": the stored shards of '", t.key, "' cover ", copied, " of the ", de - db,
+                 " elements requested at offset ", shape_str(t.global_offset), " (a shard is missing from the index)");
+    if (!t.data.is_cpu()) t.data.copy_(target);
+  }
+  for (auto& o : sd.objects) {
+    o.loaded = false;
+    auto it = idx.objects.find(o.key);
+    if (it == idx.objects.end()) continue;
+    for (const auto& s : it->second.shards) {
+      if (s.global_offset != o.global_offset || it->second.global_shape != o.global_shape) continue;
+      const uint8_t* p = cache.bytes(it->second, s);
+      try {
+        o.value = json::parse(reinterpret_cast<const char*>(p), reinterpret_cast<const char*>(p) + (s.byte_end - s.byte_begin));
+      } catch (const json::exception& e) {
+        user_error("checkpoint ", dir, ": object '", o.key, "' in ", s.file, " is not valid JSON (", e.what(), ")");
+      }
+      o.loaded = true;
+    }
+  }
+  return common;
+}
+
+}  // namespace megatron::dist_checkpointing

@@ -1,0 +1,513 @@
+// Flash attention forward and backward on CUDA (ops.h attention_forward / attention_backward).
+//
+// Our own kernels on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), after
+// FlashAttention-2 (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+// Partitioning", 2023): the score matrix is never stored; the forward keeps a running max and
+// sum per query row (online softmax) and saves lse = log-sum-exp of the scaled scores; the
+// backward recomputes the probabilities from lse, one thread block per 64 keys of one K/V group
+// looping over that group's query heads (grouped-query attention without repeating K/V), with
+// dK/dV in registers and dQ accumulated in fp32 through atomics.
+//
+// Layouts (ops.h): q, out [s, b, np, d]; k, v [sk, b, ng, d]; lse float32 [b, np, s].
+// Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
+// [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only. Dropout is not supported.
+#include <cmath>
+
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+
+namespace megatron::ops::cuda {
+using namespace detail;
+
+namespace {
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBN = 64;  // keys per tile
+constexpr int kWarpsPerBlock = 4;
+
+struct FaArgs {
+  int S, SK, B, NP, NG;
+  float scale, scale_log2;
+  bool causal;
+  const uint8_t* mask;  // [B, S, SK] or null
+};
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t lds32(const bf16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies `rows` rows of D bf16 (global row stride `stride` elements) into shared memory
+// (row stride LD); rows at or past `valid` are zero-filled.
+template <int D, int LD>
+__device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int64_t stride, int rows, int valid) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += blockDim.x) {
+    int r = i / kChunks, c = (i % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) v = *reinterpret_cast<const uint4*>(g + r * stride + c);
+    *reinterpret_cast<uint4*>(s + r * LD + c) = v;
+  }
+}
+
+__device__ __forceinline__ bool visible(const FaArgs& a, int b, int qi, int kj) {
+  if (kj >= a.SK || qi >= a.S) return false;
+  if (a.mask) return a.mask[((int64_t)b * a.S + qi) * a.SK + kj] == 0;
+  return !a.causal || kj <= qi;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: block = 4 warps x 16 query rows; loops over 64-key tiles.
+// ---------------------------------------------------------------------------------------------
+template <int D>
+__global__ void __launch_bounds__(128) fa_fwd_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                     const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
+                                                     float* __restrict__ lse, FaArgs a) {
+  constexpr int BM = 64, LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sK = sQ + BM * LD;
+  bf16_t* sV = sK + kBN * LD;
+
+  const int qb = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+  const int bh = blockIdx.y, bi = bh / a.NP, h = bh % a.NP, grp = h / (a.NP / a.NG);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int q0 = qb * BM;
+  const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
+  const bf16_t* qg = q + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D;
+  const bf16_t* kg = k + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+  const bf16_t* vg = v + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+
+  load_tile<D, LD>(sQ, qg, qstride, BM, a.S - q0);
+  __syncthreads();
+  const int m0 = warp * 16;
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qf[kk][0] = lds32(sQ + (m0 + g) * LD + kk * 16 + 2 * t);
+    qf[kk][1] = lds32(sQ + (m0 + g + 8) * LD + kk * 16 + 2 * t);
+    qf[kk][2] = lds32(sQ + (m0 + g) * LD + kk * 16 + 8 + 2 * t);
+    qf[kk][3] = lds32(sQ + (m0 + g + 8) * LD + kk * 16 + 8 + 2 * t);
+  }
+  float oacc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+  int nkb = (a.SK + kBN - 1) / kBN;
+  if (a.causal && !a.mask) nkb = min(nkb, (min(a.S, q0 + BM) - 1) / kBN + 1);
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int k0 = kb * kBN;
+    __syncthreads();
+    load_tile<D, LD>(sK, kg + (int64_t)k0 * kstride, kstride, kBN, a.SK - k0);
+    load_tile<D, LD>(sV, vg + (int64_t)k0 * kstride, kstride, kBN, a.SK - k0);
+    __syncthreads();
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        uint32_t b0 = lds32(sK + (nt * 8 + g) * LD + kk * 16 + 2 * t);
+        uint32_t b1 = lds32(sK + (nt * 8 + g) * LD + kk * 16 + 8 + 2 * t);
+        mma16816(s[nt], qf[kk], b0, b1);
+      }
+    // scale, mask, online softmax
+    const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * a.scale_log2;
+        if (!full) {
+          int qi = q0 + m0 + g + (e >= 2 ? 8 : 0), kj = k0 + nt * 8 + 2 * t + (e & 1);
+          if (!visible(a, bi, qi, kj)) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float muse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float mnew = fmaxf(mrow[r], mx[r]);
+      muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+      float alpha = exp2f(mrow[r] - muse[r]);
+      mrow[r] = mnew;
+      lrow[r] *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        oacc[dt][2 * r] *= alpha;
+        oacc[dt][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[nt][e] - muse[e >> 1]);
+        s[nt][e] = p;
+        lrow[e >> 1] += p;
+      }
+    // O += P V
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                        pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+        mma16816(oacc[dt], pa, b0, b1);
+        mma16816(oacc[dt + 1], pa, b2, b3);
+      }
+    }
+  }
+  // finalize
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    const int qi = q0 + m0 + g + r * 8;
+    if (qi >= a.S) continue;
+    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+    bf16_t* orow = o + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
+          pack_bf16(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+    if (t == 0)
+      lse[(int64_t)bh * a.S + qi] = lrow[r] > 0.0f ? (mrow[r] + log2f(lrow[r])) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------
+// Dvec[b, np, s] = sum_d dO * O (one warp per row).
+template <int D>
+__global__ void fa_bwd_dot_kernel(const bf16_t* __restrict__ dout, const bf16_t* __restrict__ out,
+                                  float* __restrict__ dvec, FaArgs a) {
+  const int64_t rows = (int64_t)a.S * a.B * a.NP;
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < rows;
+       r += (int64_t)gridDim.x * blockDim.x / 32) {
+    // r indexes [s, b, np]
+    float acc = 0.0f;
+    for (int c = lane; c < D; c += 32) acc += to_f(dout[r * D + c]) * to_f(out[r * D + c]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      const int64_t h = r % a.NP, bi = (r / a.NP) % a.B, qi = r / ((int64_t)a.NP * a.B);
+      dvec[(bi * a.NP + h) * a.S + qi] = acc;
+    }
+  }
+}
+
+template <int D, int BM>
+__global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                     const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+                                                     const float* __restrict__ lse, const float* __restrict__ dvec,
+                                                     float* __restrict__ dq_acc, bf16_t* __restrict__ dk,
+                                                     bf16_t* __restrict__ dv, FaArgs a) {
+  constexpr int LD = D + 8, LDS = BM + 8;
+  constexpr int NT = BM / 8;  // query n-tiles per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sV = sK + kBN * LD;
+  bf16_t* sQ = sV + kBN * LD;
+  bf16_t* sdO = sQ + BM * LD;
+  bf16_t* sdS = sdO + BM * LD;  // [kBN][LDS], dS^T
+  float* sL = reinterpret_cast<float*>(sdS + kBN * LDS);
+  float* sD = sL + BM;
+
+  const int kb = blockIdx.x, bg = blockIdx.y, bi = bg / a.NG, grp = bg % a.NG;
+  const int npg = a.NP / a.NG;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int k0 = kb * kBN, n0 = warp * 16;
+  const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
+  load_tile<D, LD>(sK, k + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
+  load_tile<D, LD>(sV, v + ((int64_t)k0 * a.B + bi) * a.NG * D + (int64_t)grp * D, kstride, kBN, a.SK - k0);
+
+  float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.0f;
+
+  const int nqb = (a.S + BM - 1) / BM;
+  const int qb0 = (a.causal && !a.mask) ? k0 / BM : 0;
+  // dQ tile split among warps: BM/16 row groups x (4 / (BM/16)) column groups.
+  constexpr int kRowGroups = BM / 16, kColGroups = kWarpsPerBlock / kRowGroups, DC = D / kColGroups;
+  const int dq_m0 = (warp % kRowGroups) * 16, dq_c0 = (warp / kRowGroups) * DC;
+
+  for (int hh = 0; hh < npg; ++hh) {
+    const int h = grp * npg + hh;
+    const int64_t bh = (int64_t)bi * a.NP + h;
+    for (int qb = qb0; qb < nqb; ++qb) {
+      const int q0 = qb * BM;
+      __syncthreads();
+      load_tile<D, LD>(sQ, q + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D, qstride, BM, a.S - q0);
+      load_tile<D, LD>(sdO, dout + ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D, qstride, BM, a.S - q0);
+      for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+        const int qi = q0 + i;
+        float l = qi < a.S ? lse[bh * a.S + qi] : INFINITY;
+        sL[i] = l == -INFINITY ? INFINITY : l * kLog2e;  // fully masked rows: P = 0
+        sD[i] = qi < a.S ? dvec[bh * a.S + qi] : 0.0f;
+      }
+      __syncthreads();
+      // S^T = K Q^T (rows: this warp's 16 keys; cols: BM queries)
+      float st[NT][4], dp[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4] = {lds32(sK + (n0 + g) * LD + kk * 16 + 2 * t), lds32(sK + (n0 + g + 8) * LD + kk * 16 + 2 * t),
+                          lds32(sK + (n0 + g) * LD + kk * 16 + 8 + 2 * t),
+                          lds32(sK + (n0 + g + 8) * LD + kk * 16 + 8 + 2 * t)};
+        uint32_t va[4] = {lds32(sV + (n0 + g) * LD + kk * 16 + 2 * t), lds32(sV + (n0 + g + 8) * LD + kk * 16 + 2 * t),
+                          lds32(sV + (n0 + g) * LD + kk * 16 + 8 + 2 * t),
+                          lds32(sV + (n0 + g + 8) * LD + kk * 16 + 8 + 2 * t)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma16816(st[nt], ka, lds32(sQ + (nt * 8 + g) * LD + kk * 16 + 2 * t),
+                   lds32(sQ + (nt * 8 + g) * LD + kk * 16 + 8 + 2 * t));
+          mma16816(dp[nt], va, lds32(sdO + (nt * 8 + g) * LD + kk * 16 + 2 * t),
+                   lds32(sdO + (nt * 8 + g) * LD + kk * 16 + 8 + 2 * t));
+        }
+      }
+      // P^T and dS^T = P^T * (dP^T - D)
+      const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kl = n0 + g + (e >= 2 ? 8 : 0), ql = nt * 8 + 2 * t + (e & 1);
+          float x = st[nt][e] * a.scale_log2;
+          if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
+          const float p = exp2f(x - sL[ql]);
+          st[nt][e] = p;
+          dp[nt][e] = p * (dp[nt][e] - sD[ql]);
+        }
+      // dV += P^T dO ; dK += dS^T Q (k-dim = queries)
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
+                          pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                          pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+        uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                          pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                          pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(b0, b1, b2, b3, sdO + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+          mma16816(dva[dt], pa, b0, b1);
+          mma16816(dva[dt + 1], pa, b2, b3);
+          ldsm_x4_trans(b0, b1, b2, b3, sQ + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+          mma16816(dka[dt], da, b0, b1);
+          mma16816(dka[dt + 1], da, b2, b3);
+        }
+      }
+      // dS^T to shared memory for dQ = dS K
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][0], dp[nt][1]);
+        *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][2], dp[nt][3]);
+      }
+      __syncthreads();
+      {
+        float dqa[DC / 8][4];
+#pragma unroll
+        for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < kBN / 16; ++kc) {
+          uint32_t aa[4];
+          const int mat = lane >> 3, r = lane & 7;
+          ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3],
+                        sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
+#pragma unroll
+          for (int dt = 0; dt < DC / 8; dt += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_trans(b0, b1, b2, b3, sK + (kc * 16 + (lane & 15)) * LD + dq_c0 + dt * 8 + (lane >> 4) * 8);
+            mma16816(dqa[dt], aa, b0, b1);
+            mma16816(dqa[dt + 1], aa, b2, b3);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int qi = q0 + dq_m0 + g + r * 8;
+          if (qi >= a.S) continue;
+          float* row = dq_acc + (bh * a.S + qi) * D + dq_c0;
+#pragma unroll
+          for (int dt = 0; dt < DC / 8; ++dt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2*>(row + dt * 8 + 2 * t),
+                      make_float2(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale));
+#else
+            atomicAdd(row + dt * 8 + 2 * t, dqa[dt][2 * r] * a.scale);
+            atomicAdd(row + dt * 8 + 2 * t + 1, dqa[dt][2 * r + 1] * a.scale);
+#endif
+          }
+        }
+      }
+    }
+  }
+  // write dK (scaled), dV
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kj = k0 + n0 + g + r * 8;
+    if (kj >= a.SK) continue;
+    const int64_t off = ((int64_t)kj * a.B + bi) * a.NG * D + (int64_t)grp * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dk + off + dt * 8 + 2 * t) =
+          pack_bf16(dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dv + off + dt * 8 + 2 * t) = pack_bf16(dva[dt][2 * r], dva[dt][2 * r + 1]);
+    }
+  }
+}
+
+// dq[s, b, np, d] = dq_acc[b, np, s, d]
+template <int D>
+__global__ void fa_dq_convert_kernel(const float* __restrict__ acc, bf16_t* __restrict__ dq, FaArgs a) {
+  const int64_t total = (int64_t)a.S * a.B * a.NP * D;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = i % D, r = i / D;
+    const int64_t h = r % a.NP, bi = (r / a.NP) % a.B, qi = r / ((int64_t)a.NP * a.B);
+    dq[i] = __float2bfloat16_rn(acc[((bi * a.NP + h) * a.S + qi) * D + c]);
+  }
+}
+
+FaArgs make_args(const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  FaArgs a{};
+  a.S = (int)q.size(0);
+  a.B = (int)q.size(1);
+  a.NP = (int)q.size(2);
+  a.SK = (int)k.size(0);
+  a.NG = (int)k.size(2);
+  a.scale = p.softmax_scale;
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.causal = p.causal;
+  a.mask = p.attention_mask ? static_cast<const uint8_t*>(p.attention_mask->data_ptr()) : nullptr;
+  return a;
+}
+
+void check_args(const char* name, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  check_cuda(q, name);
+  MEGATRON_CHECK(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && k.size(1) == q.size(1) &&
+                 k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0 &&
+                 q.dtype() == DType::kBFloat16 && k.dtype() == DType::kBFloat16 && v.dtype() == DType::kBFloat16)
+      << name << ": q " << q.str() << " k " << k.str() << " v " << v.str() << " (CUDA attention needs bfloat16)";
+  MEGATRON_CHECK(q.size(3) == 64 || q.size(3) == 128) << name << ": head dim " << q.size(3) << " (64 or 128 on CUDA)";
+  MEGATRON_CHECK(p.dropout_p == 0.0f) << name << ": attention dropout is not implemented on CUDA (use p = 0)";
+  if (p.attention_mask)
+    MEGATRON_CHECK(p.attention_mask->is_cuda() && dtype_size(p.attention_mask->dtype()) == 1 &&
+                   p.attention_mask->numel() == q.size(1) * q.size(0) * k.size(0))
+        << name << ": attention_mask " << p.attention_mask->str() << " must be a bool [b, 1, s, sk] CUDA tensor";
+}
+
+template <class K>
+void set_smem(K kern, size_t smem) {
+  if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out,
+                       Tensor& lse) {
+  check_args("attention_forward", q, k, v, p);
+  MEGATRON_CHECK(out.shape() == q.shape() && out.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32 &&
+                 lse.numel() == q.size(1) * q.size(2) * q.size(0))
+      << "attention_forward: out " << out.str() << " lse " << lse.str();
+  FaArgs a = make_args(q, k, p);
+  if (a.S == 0 || a.B == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  dim3 grid((a.S + 63) / 64, a.B * a.NP);
+  auto* qp = static_cast<const bf16_t*>(q.data_ptr());
+  auto* kp = static_cast<const bf16_t*>(k.data_ptr());
+  auto* vp = static_cast<const bf16_t*>(v.data_ptr());
+  auto* op = static_cast<bf16_t*>(out.data_ptr());
+  auto* lp = static_cast<float*>(lse.data_ptr());
+  if (q.size(3) == 64) {
+    size_t smem = 3 * 64 * (64 + 8) * 2;
+    set_smem(fa_fwd_kernel<64>, smem);
+    fa_fwd_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+  } else {
+    size_t smem = 3 * 64 * (128 + 8) * 2;
+    set_smem(fa_fwd_kernel<128>, smem);
+    fa_fwd_kernel<128><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_args("attention_backward", q, k, v, p);
+  MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
+                 dk.shape() == k.shape() && dv.shape() == v.shape() && dout.dtype() == DType::kBFloat16 &&
+                 out.dtype() == DType::kBFloat16 && dq.dtype() == DType::kBFloat16 && dk.dtype() == DType::kBFloat16 &&
+                 dv.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32)
+      << "attention_backward: dout " << dout.str() << " dq " << dq.str() << " dk " << dk.str();
+  FaArgs a = make_args(q, k, p);
+  if (a.S == 0 || a.B == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const int D = (int)q.size(3);
+  const int64_t rows = (int64_t)a.S * a.B * a.NP;
+  float *dvec = nullptr, *dq_acc = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&dvec, sizeof(float) * rows, st));
+  CUDA_CHECK(cudaMallocAsync(&dq_acc, sizeof(float) * rows * D, st));
+  CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st));
+  auto* dop = static_cast<const bf16_t*>(dout.data_ptr());
+  auto* qp = static_cast<const bf16_t*>(q.data_ptr());
+  auto* kp = static_cast<const bf16_t*>(k.data_ptr());
+  auto* vp = static_cast<const bf16_t*>(v.data_ptr());
+  auto* outp = static_cast<const bf16_t*>(out.data_ptr());
+  auto* lp = static_cast<const float*>(lse.data_ptr());
+  auto* dkp = static_cast<bf16_t*>(dk.data_ptr());
+  auto* dvp = static_cast<bf16_t*>(dv.data_ptr());
+  dim3 grid((a.SK + kBN - 1) / kBN, a.B * a.NG);
+  unsigned g1 = grid_for(rows * 32, 256);
+  if (D == 64) {
+    fa_bwd_dot_kernel<64><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
+    constexpr int BM = 64, LD = 72;
+    size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
+    set_smem(fa_bwd_kernel<64, BM>, smem);
+    fa_bwd_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    CUDA_CHECK_LAUNCH();
+    fa_dq_convert_kernel<64><<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
+  } else {
+    fa_bwd_dot_kernel<128><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
+    constexpr int BM = 64, LD = 136;
+    size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
+    set_smem(fa_bwd_kernel<128, BM>, smem);
+    fa_bwd_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+    CUDA_CHECK_LAUNCH();
+    fa_dq_convert_kernel<128>
+        <<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
+  }
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaFreeAsync(dvec, st));
+  CUDA_CHECK(cudaFreeAsync(dq_acc, st));
+}
+
+}  // namespace megatron::ops::cuda

@@ -1,0 +1,73 @@
+#include "megatron/core/optimizer/clip_grads.h"
+
+#include <cmath>
+
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::optimizer {
+namespace {
+const float* f32(const Tensor& t) {
+  MEGATRON_CHECK(t.is_cpu() && t.dtype() == DType::kFloat32) << "fp32 CPU grad expected, got " << t.str();
+  return t.data<float>();
+}
+double all_reduce_scalar(double v, distributed::ProcessGroup* g, distributed::ReduceOp op) {
+  if (g == nullptr || g->size() == 1) return v;
+  Tensor t = Tensor::empty({1}, DType::kFloat64);
+  t.data<double>()[0] = v;
+  g->all_reduce(t, op);
+  return t.data<double>()[0];
+}
+}  // namespace
+
+double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+  double local = 0.0;
+  for (const auto& g : grads) {
+    const float* p = f32(g);
+    const int64_t n = g.numel();
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    local += s;
+  }
+  return std::sqrt(all_reduce_scalar(local, group, distributed::ReduceOp::kSum));
+}
+
+void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_norm, double total_norm) {
+  const double coeff = max_norm / (total_norm + 1e-6);
+  if (!(coeff < 1.0)) return;
+  const float c = static_cast<float>(coeff);
+  for (const auto& g : grads) {
+    float* p = const_cast<float*>(f32(g));
+    const int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) p[i] *= c;
+  }
+}
+
+int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+  int64_t z = 0;
+  for (const auto& g : grads) {
+    const float* p = f32(g);
+    const int64_t n = g.numel();
+    int64_t c = 0;
+#pragma omp parallel for reduction(+ : c) schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) c += (p[i] == 0.0f);
+    z += c;
+  }
+  return static_cast<int64_t>(all_reduce_scalar(static_cast<double>(z), group, distributed::ReduceOp::kSum));
+}
+
+bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+  int bad = 0;
+  for (const auto& g : grads) {
+    const float* p = f32(g);
+    const int64_t n = g.numel();
+    int b = 0;
+#pragma omp parallel for reduction(| : b) schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) b |= !std::isfinite(p[i]);
+    bad |= b;
+  }
+  return all_reduce_scalar(bad, group, distributed::ReduceOp::kMax) > 0.0;
+}
+
+}  // namespace megatron::optimizer

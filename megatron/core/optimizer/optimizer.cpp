@@ -1,0 +1,223 @@
+#include "megatron/core/optimizer/optimizer.h"
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "megatron/core/optimizer/clip_grads.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::optimizer {
+
+bool is_no_weight_decay(const std::string& name, const Tensor& param) {
+  const std::string suffix = ".bias";
+  const bool bias = name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return param.dim() == 1 || bias;
+}
+
+MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params,
+                                     std::shared_ptr<distributed::ProcessGroup> grad_stats_group, int tp_rank)
+    : config_(config), params_(std::move(params)), group_(std::move(grad_stats_group)), tp_rank_(tp_rank) {
+  if (config_.optimizer != "adam" && config_.optimizer != "sgd")
+    user_error("--optimizer: unsupported '", config_.optimizer, "' (choose from adam, sgd)");
+  if (config_.fp16 && config_.bf16) user_error("--fp16 and --bf16 cannot be used together");
+  // Param groups, keyed like Megatron's _get_param_groups: (wd_mult, is_decoupled_lr), first-seen order.
+  std::map<std::pair<double, bool>, size_t> key_to_group;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    MEGATRON_CHECK(p.param.defined() && p.main_grad.defined()) << p.name;
+    MEGATRON_CHECK(p.main_grad.numel() == p.param.numel() &&
+                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16))
+        << p.name << " grad " << p.main_grad.str() << " param " << p.param.str();
+    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16 grad
+    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads).
+    grads_.push_back(p.main_grad.dtype() == DType::kFloat32
+                         ? p.main_grad
+                         : Tensor::zeros(p.main_grad.shape(), DType::kFloat32, p.main_grad.device()));
+    const double wd_mult = (p.no_weight_decay || is_no_weight_decay(p.name, p.param)) ? 0.0 : 1.0;
+    const bool decoupled = config_.decoupled_lr.has_value() && p.is_embedding_or_output;
+    auto key = std::make_pair(wd_mult, decoupled);
+    auto it = key_to_group.find(key);
+    if (it == key_to_group.end()) {
+      ParamGroup g;
+      g.wd_mult = wd_mult;
+      g.is_decoupled_lr = decoupled;
+      g.max_lr = decoupled ? *config_.decoupled_lr : config_.lr;
+      g.min_lr = (decoupled && config_.decoupled_min_lr) ? *config_.decoupled_min_lr : config_.min_lr;
+      g.lr = g.max_lr;
+      g.weight_decay = config_.weight_decay * wd_mult;
+      it = key_to_group.emplace(key, groups_.size()).first;
+      groups_.push_back(g);
+    }
+    groups_[it->second].params.push_back(i);
+
+    // fp32 main params: a master copy for bf16/fp16 params, the param itself for fp32.
+    const bool separate = p.param.dtype() != DType::kFloat32;
+    separate_main_.push_back(separate);
+    main_params_.push_back(separate ? p.param.to(DType::kFloat32) : p.param);
+    if (config_.optimizer == "adam") {
+      exp_avg_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
+      exp_avg_sq_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
+    } else {
+      momentum_.push_back(Tensor());
+    }
+  }
+  if (config_.fp16) {
+    if (config_.loss_scale) {
+      scaler_ = std::make_unique<ConstantGradScaler>(*config_.loss_scale);
+    } else {
+      scaler_ = std::make_unique<DynamicGradScaler>(config_.initial_loss_scale, config_.min_loss_scale, 2.0, 0.5,
+                                                    config_.loss_scale_window, config_.hysteresis);
+    }
+  }
+}
+
+std::vector<Tensor> MegatronOptimizer::grads_for_norm() const {
+  std::vector<Tensor> out;
+  for (const auto& p : params_) {
+    if (p.shared) continue;
+    if (!p.tensor_parallel && tp_rank_ != 0) continue;
+    out.push_back(grads_[&p - params_.data()]);
+  }
+  return out;
+}
+
+std::vector<Tensor> MegatronOptimizer::all_main_grads() const { return grads_; }
+
+void MegatronOptimizer::zero_grad() {
+  for (auto& p : params_) p.main_grad.zero_();
+}
+
+void MegatronOptimizer::scale_gradients(double f) {
+  const float c = static_cast<float>(f);
+  for (auto& p : params_) {
+    const int64_t n = p.main_grad.numel();
+    if (p.main_grad.dtype() == DType::kFloat32) {
+      float* g = p.main_grad.data<float>();
+#pragma omp parallel for schedule(static) if (n > 32768)
+      for (int64_t i = 0; i < n; ++i) g[i] *= c;
+    } else {
+      std::vector<float> v = p.main_grad.to_float_vector();
+      for (auto& x : v) x *= c;
+      cpu_convert_from_float(v.data(), p.main_grad.data_ptr(), p.main_grad.dtype(), n);
+    }
+  }
+}
+
+void MegatronOptimizer::copy_model_grads_to_main_grads() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& mg = params_[i].main_grad;
+    if (mg.dtype() == DType::kFloat32) continue;
+    cpu_convert_to_float(mg.data_ptr(), mg.dtype(), grads_[i].data<float>(), mg.numel());
+  }
+}
+
+void MegatronOptimizer::apply_schedule(const OptimizerParamScheduler& sched) {
+  const double wd = sched.get_wd();
+  for (auto& g : groups_) {
+    g.lr = sched.get_lr(g.max_lr, g.min_lr) * g.lr_mult;
+    g.weight_decay = wd * g.wd_mult;
+  }
+}
+
+double MegatronOptimizer::logged_lr() const {
+  for (const auto& g : groups_)
+    if (!g.is_decoupled_lr) return g.lr;
+  return groups_.empty() ? 0.0 : groups_.front().lr;
+}
+
+double MegatronOptimizer::params_norm() const {
+  std::vector<Tensor> ps;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].shared) continue;
+    if (!params_[i].tensor_parallel && tp_rank_ != 0) continue;
+    ps.push_back(main_params_[i]);
+  }
+  return get_grad_norm_fp32(ps, group_.get());
+}
+
+namespace {
+// Adam(W) on fp32 CPU tensors (reference/megatron.md §6.5), fp32 math like FusedAdam.
+void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
+                 float wd, int64_t step, bool decoupled) {
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i];
+    if (!decoupled) gi += wd * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    const float mhat = m[i] / bc1;
+    const float vhat = v[i] / bc2;
+    float update = mhat / (std::sqrt(vhat) + eps);
+    if (decoupled) update += wd * p[i];
+    p[i] -= lr * update;
+  }
+}
+}  // namespace
+
+StepResult MegatronOptimizer::step() {
+  StepResult r;
+  copy_model_grads_to_main_grads();
+  // 1. Unscale and check for inf/NaN (only with a loss scaler, i.e. fp16).
+  if (scaler_) {
+    const float inv = static_cast<float>(scaler_->inv_scale());
+    for (auto& g : grads_) {
+      float* d = g.data<float>();
+      const int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n > 32768)
+      for (int64_t k = 0; k < n; ++k) d[k] *= inv;
+    }
+    const bool found_inf = found_inf_or_nan(all_main_grads(), group_.get());
+    scaler_->update(found_inf);
+    if (found_inf) {
+      r.update_successful = false;
+      return r;
+    }
+  }
+  // 2. Norm (always computed, as Megatron's ChainedOptimizer -- what get_megatron_optimizer
+  //    returns -- does) and clipping when --clip-grad > 0.
+  const double norm = get_grad_norm_fp32(grads_for_norm(), group_.get());
+  r.grad_norm = norm;
+  if (config_.clip_grad > 0.0) clip_grad_by_total_norm_fp32(all_main_grads(), config_.clip_grad, norm);
+  // 3. Zero count (--log-num-zeros-in-grad; None otherwise).
+  if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(), group_.get());
+  // 4. Inner step on the fp32 main params.
+  ++step_;
+  for (const auto& grp : groups_) {
+    for (size_t i : grp.params) {
+      Tensor& mp = main_params_[i];
+      const Tensor& g = grads_[i];
+      MEGATRON_CHECK(mp.is_cpu()) << "the optimizer runs on CPU tensors for now: " << mp.str();
+      const int64_t n = mp.numel();
+      if (config_.optimizer == "adam") {
+        adam_update(mp.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
+                    static_cast<float>(grp.lr), static_cast<float>(config_.adam_beta1),
+                    static_cast<float>(config_.adam_beta2), static_cast<float>(config_.adam_eps),
+                    static_cast<float>(grp.weight_decay), step_, config_.decoupled_weight_decay);
+      } else {
+        // torch.optim.SGD with momentum and L2 weight decay (Megatron's --optimizer sgd).
+        if (!momentum_[i].defined()) momentum_[i] = Tensor::zeros({n}, DType::kFloat32);
+        float* p = mp.data<float>();
+        const float* gg = g.data<float>();
+        float* buf = momentum_[i].data<float>();
+        const float lr = static_cast<float>(grp.lr), wd = static_cast<float>(grp.weight_decay);
+        const float mom = static_cast<float>(config_.sgd_momentum);
+        const bool first = step_ == 1;
+        for (int64_t k = 0; k < n; ++k) {
+          const float d = gg[k] + wd * p[k];
+          buf[k] = (first || mom == 0.0f) ? d : mom * buf[k] + d;
+          p[k] -= lr * buf[k];
+        }
+      }
+      // 5. Copy main -> model params.
+      if (separate_main_[i]) {
+        cpu_convert_from_float(mp.data<float>(), params_[i].param.data_ptr(), params_[i].param.dtype(), n);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace megatron::optimizer

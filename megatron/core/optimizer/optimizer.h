@@ -1,0 +1,112 @@
+// Megatron's mixed-precision optimizer (megatron/core/optimizer/optimizer.py:
+// MixedPrecisionOptimizer / Float16OptimizerWithFloat16Params / FP32Optimizer) with Adam(W) or SGD.
+//
+// Flow of step() (reference/megatron.md §6.6; Megatron's ChainedOptimizer.step, which is what
+// get_megatron_optimizer returns): copy bf16 model grads to fp32 main grads (--grad-reduce-in-bf16);
+// (fp16) unscale by 1/loss_scale and check for inf/NaN -> skip the step if found
+// (update_successful = false, grad norm None); global grad norm over the grads that count
+// (always computed) and clipping (--clip-grad > 0); zero count
+// (--log-num-zeros-in-grad); Adam(W) on fp32 main params; copy main params -> bf16/fp16 model
+// params. Param groups (§6.4): no weight decay for 1-D params and biases; --decoupled-lr for
+// embedding/output weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/optimizer/grad_scaler.h"
+#include "megatron/core/optimizer/optimizer_config.h"
+#include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/tensor/tensor.h"
+
+namespace megatron::optimizer {
+
+/// One model parameter as the optimizer sees it.
+struct OptimizerParam {
+  std::string name;            // Megatron's parameter name, e.g. "decoder.layers.0.mlp.linear_fc1.bias"
+  Tensor param;                // the model's parameter (float32, bfloat16 or float16), updated in place
+  Tensor main_grad;            // float32 (or bfloat16, --grad-reduce-in-bf16) gradient, same numel
+  bool no_weight_decay = false;         // forced no-decay (1-D params and *.bias never decay anyway)
+  bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
+  bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)
+  bool shared = false;                  // duplicate of a tied weight owned elsewhere (not counted)
+};
+
+/// A parameter group (Megatron's param_groups entry).
+struct ParamGroup {
+  std::vector<size_t> params;  // indices into the optimizer's parameter list
+  double wd_mult = 1.0;
+  double lr_mult = 1.0;
+  bool is_decoupled_lr = false;
+  double max_lr = 0.0;
+  double min_lr = 0.0;
+  double lr = 0.0;            // current lr (set by apply_schedule)
+  double weight_decay = 0.0;  // current wd (set by apply_schedule)
+};
+
+/// What optimizer.step() returns: (update_successful, grad_norm, num_zeros_in_grad).
+struct StepResult {
+  bool update_successful = true;
+  std::optional<double> grad_norm;
+  std::optional<int64_t> num_zeros_in_grad;
+};
+
+class MegatronOptimizer {
+ public:
+  /// `params` in model order. `grad_stats_group`: the group over which grad norms / zero counts /
+  /// inf checks are all-reduced (model-parallel group; nullptr = single rank). `tp_rank` decides
+  /// whether TP-duplicated params count in norms. Throws UserError for an unknown optimizer.
+  MegatronOptimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params,
+                    std::shared_ptr<distributed::ProcessGroup> grad_stats_group = nullptr, int tp_rank = 0);
+
+  /// One optimizer step as described above.
+  StepResult step();
+  /// Sets every group's lr and weight decay from the scheduler's current step (Megatron's
+  /// OptimizerParamScheduler.step body): lr = get_lr(max_lr, min_lr) * lr_mult, wd = get_wd() * wd_mult.
+  void apply_schedule(const OptimizerParamScheduler& sched);
+  /// Current loss scale (1.0 without a scaler, i.e. bf16/fp32).
+  double get_loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  MegatronGradScaler* grad_scaler() { return scaler_.get(); }
+  /// Zeroes every main grad.
+  void zero_grad();
+  /// Multiplies every model main grad by `f` (used by --calculate-per-token-loss, §6.8).
+  void scale_gradients(double f);
+  /// L2 norm of the fp32 main params that count (not shared; TP-duplicates on TP rank 0 only),
+  /// all-reduced over the grad-stats group (--log-params-norm).
+  double params_norm() const;
+  /// LR to log: the first group whose schedule is not overridden (§6.4).
+  double logged_lr() const;
+
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const std::vector<OptimizerParam>& params() const { return params_; }
+  /// fp32 master copy of param i (the param itself when it is float32).
+  const Tensor& main_param(size_t i) const { return main_params_[i]; }
+  const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  int64_t step_count() const { return step_; }
+  const OptimizerConfig& config() const { return config_; }
+
+ private:
+  std::vector<Tensor> grads_for_norm() const;
+  std::vector<Tensor> all_main_grads() const;
+  void copy_model_grads_to_main_grads();
+
+  OptimizerConfig config_;
+  std::vector<OptimizerParam> params_;
+  std::vector<Tensor> main_params_, grads_, exp_avg_, exp_avg_sq_, momentum_;
+  std::vector<bool> separate_main_;
+  std::vector<ParamGroup> groups_;
+  std::unique_ptr<MegatronGradScaler> scaler_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+  int tp_rank_;
+  int64_t step_ = 0;
+};
+
+/// Megatron's no-weight-decay rule: 1-D params and names ending in ".bias".
+bool is_no_weight_decay(const std::string& name, const Tensor& param);
+
+}  // namespace megatron::optimizer

@@ -1,0 +1,56 @@
+// OptimizerParamScheduler: learning-rate warmup/decay and weight-decay increment, counted in
+// samples (megatron/core/optimizer_param_scheduler.py; reference/megatron.md §6.2, §6.3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace megatron {
+
+/// Per-group overrides of the schedule (Megatron's param_group 'max_lr'/'min_lr'/'lr_mult'/'wd_mult').
+struct SchedulerGroup {
+  double max_lr;
+  double min_lr;
+  double lr_mult = 1.0;
+  double wd_mult = 1.0;
+};
+
+/// All step counts are in samples (iteration-based runs multiply iterations by the global batch
+/// size, §6.2). Throws UserError for an unknown style or an inconsistent configuration.
+class OptimizerParamScheduler {
+ public:
+  struct Options {
+    double init_lr = 0.0;         // --lr-warmup-init
+    double max_lr = 0.0;          // --lr
+    double min_lr = 0.0;          // --min-lr
+    double lr_warmup_steps = 0;   // may be fractional (--lr-warmup-fraction × decay steps)
+    int64_t lr_decay_steps = 0;
+    std::string lr_decay_style = "linear";  // constant|linear|cosine|inverse-square-root|WSD
+    double start_wd = 0.01;
+    double end_wd = 0.01;
+    int64_t wd_incr_steps = 0;
+    std::string wd_incr_style = "constant";  // constant|linear|cosine
+    int64_t wsd_decay_steps = 0;             // WSD only
+    std::string lr_wsd_decay_style = "exponential";  // exponential|linear|cosine|minus_sqrt
+  };
+  /// Constructs and steps with 0, as Megatron does.
+  explicit OptimizerParamScheduler(const Options& o);
+
+  /// LR for a group with the given max/min (the §6.3 function of num_steps()).
+  double get_lr(double max_lr, double min_lr) const;
+  /// LR for the default group (max_lr/min_lr of the options).
+  double get_lr() const { return get_lr(o_.max_lr, o_.min_lr); }
+  /// Weight decay at num_steps() (before the group's wd_mult).
+  double get_wd() const;
+  /// Advances by `increment` samples (the global batch size after a successful step).
+  void step(int64_t increment) { num_steps_ += increment; }
+  int64_t num_steps() const { return num_steps_; }
+  void set_num_steps(int64_t n) { num_steps_ = n; }
+  const Options& options() const { return o_; }
+
+ private:
+  Options o_;
+  int64_t num_steps_ = 0;
+};
+
+}  // namespace megatron

@@ -1,0 +1,118 @@
+// Byte-level byte-pair encoding: the merge kernel shared by the HF BPE, GPT-2 and tiktoken paths.
+//
+// Symbols are raw bytes; a merge table maps an adjacent pair (left id, right id) to (rank, merged
+// id). encode() repeatedly merges the lowest-rank adjacent pair, leftmost on ties, using a binary
+// heap over a linked list of symbols (O(n log n) per word), which is Hugging Face's
+// models/bpe/word.rs::merge_all and, for merge tables derived from tiktoken ranks
+// (add_tiktoken_rank), tiktoken's byte_pair_encode. Results for words shorter than 256 bytes go
+// into a bounded per-thread cache (10,000 entries, HF's utils/cache.rs limits).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace megatron::tokenizers {
+
+/// GPT-2's bytes_to_unicode() table: byte -> code point of the printable stand-in character
+/// (OpenAI encoder.py, HF pre_tokenizers/byte_level.rs).
+uint32_t byte_to_unicode(uint8_t b);
+
+/// Decodes a byte-level vocabulary string (UTF-8 of stand-in characters) to raw bytes.
+/// Returns false when a character is not one of the 256 stand-ins.
+bool byte_level_decode(std::string_view s, std::string& out);
+
+/// Open-addressing hash map uint64 -> uint64 (merge table); keys must not be ~0.
+class U64Map {
+ public:
+  void reserve(size_t n);
+  void insert(uint64_t key, uint64_t value);  // keeps the first value for a key
+  const uint64_t* find(uint64_t key) const;
+  size_t size() const { return size_; }
+
+ private:
+  struct Slot {
+    uint64_t key = ~0ull, value = 0;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+/// Open-addressing hash map bytes -> int32 id with the keys in one arena (vocabulary lookup).
+class BytesMap {
+ public:
+  /// Inserts (bytes, id) unless present; returns false if already present.
+  bool insert(std::string_view key, int32_t id);
+  /// Id or -1.
+  int32_t find(std::string_view key) const;
+  size_t size() const { return size_; }
+  /// Calls f(bytes, id) for every entry.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& s : slots_)
+      if (s.len != kEmpty) f(std::string_view(arena_.data() + s.off, s.len), s.id);
+  }
+
+ private:
+  static constexpr uint32_t kEmpty = ~0u;
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t off = 0, len = kEmpty;
+    int32_t id = -1;
+  };
+  void grow();
+  std::vector<Slot> slots_;
+  std::string arena_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+/// Hash of a byte string (used by the vocabulary map and the word cache).
+uint64_t hash_bytes(std::string_view s);
+
+/// A byte-level BPE model: vocabulary (bytes <-> id) and merge table.
+class BytePairModel {
+ public:
+  BytePairModel();
+  ~BytePairModel();
+  BytePairModel(const BytePairModel&) = delete;
+  BytePairModel& operator=(const BytePairModel&) = delete;
+
+  /// Adds a token (raw bytes) with its id. A later add with the same bytes is ignored.
+  void add_token(std::string_view bytes, int32_t id);
+  /// Adds merge `rank`: (left, right) -> result (ids). Lower rank merges first; a repeated pair
+  /// keeps its first rank (HF keeps the first occurrence).
+  void add_merge(int32_t left, int32_t right, uint32_t rank, int32_t result);
+  /// Derives the merges of a tiktoken rank table: for every token, every split into two tokens
+  /// becomes a merge whose rank is the token's rank. Call after all add_token calls.
+  void add_tiktoken_ranks();
+  /// HF BPE ignore_merges (LLaMA-3), also tiktoken's rule: a word that is a token is emitted as is.
+  void set_ignore_merges(bool v) { ignore_merges_ = v; }
+
+  /// Id of the token with these bytes, or -1.
+  int32_t token_id(std::string_view bytes) const;
+  /// Bytes of token id (empty if unknown).
+  std::string_view token_bytes(int32_t id) const;
+  /// Number of distinct tokens.
+  size_t num_tokens() const { return by_bytes_.size(); }
+
+  /// Appends the ids of one pre-tokenized word (raw bytes, non-empty) to `out`. Uses the calling
+  /// thread's word cache. Throws UserError if a byte has no token.
+  void encode(std::string_view word, std::vector<int64_t>& out) const;
+
+ private:
+  static constexpr size_t kSmallWord = 32;
+  void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
+  void merge_small(std::string_view word, std::vector<int32_t>& ids) const;
+
+  BytesMap by_bytes_;
+  std::vector<std::string> by_id_;
+  int32_t byte_ids_[256];
+  U64Map merges_;  // (left << 32 | right) -> (rank << 32 | result)
+  bool ignore_merges_ = false;
+  uint64_t uid_;   // identifies this model's per-thread cache
+};
+
+}  // namespace megatron::tokenizers

@@ -1,0 +1,78 @@
+#include "megatron/core/utils/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+namespace megatron {
+
+namespace {
+
+// Slicing-by-8 tables for the reflected polynomial 0x82F63B78.
+struct Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : (c >> 1);
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+  }
+};
+
+const Tables& tables() {
+  static const Tables tb;
+  return tb;
+}
+
+uint32_t crc_sw(uint32_t crc, const uint8_t* p, size_t n) {
+  const auto& t = tables().t;
+  crc = ~crc;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    v ^= crc;
+    crc = t[7][v & 0xff] ^ t[6][(v >> 8) & 0xff] ^ t[5][(v >> 16) & 0xff] ^ t[4][(v >> 24) & 0xff] ^
+          t[3][(v >> 32) & 0xff] ^ t[2][(v >> 40) & 0xff] ^ t[1][(v >> 48) & 0xff] ^ t[0][v >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xff];
+  return ~crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
+  uint64_t c = ~crc;
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+    p += 8;
+    n -= 8;
+  }
+  while (n--) c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p++);
+  return ~static_cast<uint32_t>(c);
+}
+bool have_hw() {
+  static const bool h = __builtin_cpu_supports("sse4.2");
+  return h;
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+#if defined(__x86_64__)
+  if (have_hw()) return crc_hw(crc, p, n);
+#endif
+  return crc_sw(crc, p, n);
+}
+
+}  // namespace megatron

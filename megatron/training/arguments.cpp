@@ -1,0 +1,801 @@
+// Megatron's flags -> Arguments (CLI11 tokenizes; conversions and checks are ours so that every
+// error names the flag). Facts: megatron/training/arguments.py, reference/megatron.md §6.1, §7.2.
+#include "megatron/training/arguments.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::training {
+namespace {
+
+struct MegatronFlag {
+  const char* name;
+  int arity;  // 0 flag, n values, -1 one or more
+};
+// Every flag of Megatron-LM's pretrain_gpt parser (generated; see the .inc header).
+const MegatronFlag kMegatronFlags[] = {
+#include "megatron/training/megatron_flag_names.inc"
+};
+
+const std::unordered_map<std::string_view, int>& megatron_flag_map() {
+  static const auto* m = [] {
+    auto* mp = new std::unordered_map<std::string_view, int>();
+    for (const auto& f : kMegatronFlags) (*mp)[f.name] = f.arity;
+    return mp;
+  }();
+  return *m;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+template <class T>
+T parse_number(const std::string& flag, const std::string& s) {
+  T v{};
+  const char* b = s.data();
+  const char* e = s.data() + s.size();
+  if constexpr (std::is_integral_v<T>) {
+    auto r = std::from_chars(b, e, v);
+    if (r.ec != std::errc() || r.ptr != e) {
+      // Python's int() also accepts e.g. "1e3"? No: argparse type=int rejects it. Match that.
+      user_error(flag, ": expected an integer, got '", s, "'");
+    }
+  } else {
+    char* end = nullptr;
+    errno = 0;
+    double d = std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE) {
+      user_error(flag, ": expected a number, got '", s, "'");
+    }
+    v = static_cast<T>(d);
+  }
+  return v;
+}
+
+/// Registers our flags on a CLI11 app, each writing into Arguments.
+class Binder {
+ public:
+  Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
+
+  template <class T>
+  void num(const std::string& flag, T& field) {
+    add1(flag, [this, flag, &field](const std::string& s) { field = parse_number<T>(flag, s); });
+  }
+  template <class T>
+  void num(const std::string& flag, std::optional<T>& field) {
+    add1(flag, [flag, &field](const std::string& s) { field = parse_number<T>(flag, s); });
+  }
+  void str(const std::string& flag, std::string& field, std::vector<std::string> choices = {}) {
+    add1(flag, [flag, &field, choices](const std::string& s) {
+      check_choice(flag, s, choices);
+      field = s;
+    });
+  }
+  void str(const std::string& flag, std::optional<std::string>& field, std::vector<std::string> choices = {}) {
+    add1(flag, [flag, &field, choices](const std::string& s) {
+      check_choice(flag, s, choices);
+      field = s;
+    });
+  }
+  void strs(const std::string& flag, std::vector<std::string>& field) {
+    known_.insert(flag);
+    app_.add_option_function<std::vector<std::string>>(
+            flag, [this, flag, &field](const std::vector<std::string>& v) {
+              given(flag);
+              field = v;
+            })
+        ->expected(0, CLI::detail::expected_max_vector_size)
+        ->allow_extra_args();
+  }
+  void ints(const std::string& flag, std::vector<int64_t>& field) {
+    known_.insert(flag);
+    app_.add_option_function<std::vector<std::string>>(
+            flag, [this, flag, &field](const std::vector<std::string>& v) {
+              given(flag);
+              field.clear();
+              for (const auto& s : v) field.push_back(parse_number<int64_t>(flag, s));
+            })
+        ->expected(1, CLI::detail::expected_max_vector_size)
+        ->allow_extra_args();
+  }
+  /// A store_true / store_false style flag: sets `field` to `value`.
+  void flag(const std::string& flag, bool& field, bool value) {
+    known_.insert(flag);
+    app_.add_flag_callback(flag, [this, flag, &field, value] {
+      given(flag);
+      field = value;
+    });
+  }
+  /// A flag accepted with a one-time note. arity from Megatron's table.
+  void noted(const std::string& flag, std::string note) {
+    auto it = megatron_flag_map().find(flag);
+    MEGATRON_CHECK(it != megatron_flag_map().end()) << flag << " is not a Megatron flag";
+    noted_with(flag, it->second, std::move(note), nullptr);
+  }
+  /// Noted flag that also stores its value.
+  void noted_str(const std::string& flag, std::string note, std::function<void(const std::string&)> store) {
+    auto it = megatron_flag_map().find(flag);
+    MEGATRON_CHECK(it != megatron_flag_map().end()) << flag << " is not a Megatron flag";
+    noted_with(flag, it->second, std::move(note), std::move(store));
+  }
+
+  const std::set<std::string>& known() const { return known_; }
+
+ private:
+  void given(const std::string& flag) { a_.given_flags.push_back(flag); }
+  static void check_choice(const std::string& flag, const std::string& s, const std::vector<std::string>& choices) {
+    if (choices.empty() || std::find(choices.begin(), choices.end(), s) != choices.end()) return;
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    user_error(flag, ": invalid choice '", s, "' (choose from ", list, ")");
+  }
+  void add1(const std::string& flag, std::function<void(const std::string&)> fn) {
+    known_.insert(flag);
+    app_.add_option_function<std::string>(flag, [this, flag, fn](const std::string& s) {
+          given(flag);
+          fn(s);
+        })
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
+  }
+  void noted_with(const std::string& flag, int arity, std::string note,
+                  std::function<void(const std::string&)> store) {
+    known_.insert(flag);
+    auto record = [this, flag, note] {
+      given(flag);
+      a_.notes.emplace_back(flag, note);
+    };
+    if (arity == 0) {
+      app_.add_flag_callback(flag, record);
+    } else if (arity == 1) {
+      app_.add_option_function<std::string>(flag, [record, store](const std::string& s) {
+            record();
+            if (store) store(s);
+          })
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    } else {
+      app_.add_option_function<std::vector<std::string>>(flag, [record](const std::vector<std::string>&) { record(); })
+          ->expected(arity < 0 ? 1 : arity, arity < 0 ? CLI::detail::expected_max_vector_size : arity)
+          ->allow_extra_args();
+    }
+  }
+
+  CLI::App& app_;
+  Arguments& a_;
+  std::set<std::string> known_;
+};
+
+void bind_all(Binder& b, Arguments& a) {
+  // ---- network size ----
+  b.num("--num-layers", a.num_layers);
+  b.num("--hidden-size", a.hidden_size);
+  b.num("--ffn-hidden-size", a.ffn_hidden_size);
+  b.num("--num-attention-heads", a.num_attention_heads);
+  b.num("--kv-channels", a.kv_channels);
+  b.flag("--group-query-attention", a.group_query_attention, true);
+  b.num("--num-query-groups", a.num_query_groups);
+  b.num("--max-position-embeddings", a.max_position_embeddings);
+  b.str("--position-embedding-type", a.position_embedding_type, {"learned_absolute", "rope", "none"});
+  b.num("--rotary-base", a.rotary_base);
+  b.num("--rotary-percent", a.rotary_percent);
+  b.flag("--rotary-interleaved", a.rotary_interleaved, true);
+  b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor);
+  b.flag("--use-rope-scaling", a.use_rope_scaling, true);
+  b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by);
+  b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
+  b.num("--norm-epsilon", a.layernorm_epsilon);
+  b.flag("--apply-layernorm-1p", a.layernorm_zero_centered_gamma, true);
+  b.flag("--apply-residual-connection-post-layernorm", a.apply_residual_connection_post_layernorm, true);
+  b.flag("--openai-gelu", a.openai_gelu, true);
+  b.flag("--squared-relu", a.squared_relu, true);
+  b.flag("--swiglu", a.swiglu, true);
+  b.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights, true);
+  b.flag("--disable-bias-linear", a.add_bias_linear, false);
+  b.flag("--add-qkv-bias", a.add_qkv_bias, true);
+  b.flag("--qk-layernorm", a.qk_layernorm, true);
+  b.num("--init-method-std", a.init_method_std);
+  b.num("--hidden-dropout", a.hidden_dropout);
+  b.num("--attention-dropout", a.attention_dropout);
+  b.flag("--attention-softmax-in-fp32", a.attention_softmax_in_fp32, true);
+  b.flag("--apply-query-key-layer-scaling", a.apply_query_key_layer_scaling, true);
+  b.flag("--fp32-residual-connection", a.fp32_residual_connection, true);
+  b.noted_str("--attention-backend",
+              "attention uses megatron.cpp's own kernels (CPU reference, CUDA flash-style); the backend choice "
+              "has no effect",
+              [&a](const std::string& s) {
+                static const std::vector<std::string> ok = {"flash", "fused", "unfused", "local", "auto"};
+                if (std::find(ok.begin(), ok.end(), s) == ok.end())
+                  user_error("--attention-backend: invalid choice '", s,
+                             "' (choose from flash, fused, unfused, local, auto)");
+                a.attention_backend = s;
+              });
+  b.noted_str("--transformer-impl",
+              "megatron.cpp has one native transformer implementation (same math as Transformer Engine's); "
+              "the choice has no effect",
+              [&a](const std::string& s) {
+                if (s != "local" && s != "transformer_engine" && s != "inference_optimized")
+                  user_error("--transformer-impl: invalid choice '", s,
+                             "' (choose from local, transformer_engine, inference_optimized)");
+                a.transformer_impl = s;
+              });
+  b.noted("--use-mcore-models", "deprecated no-op in Megatron; megatron.cpp only has the Megatron-Core model");
+
+  // ---- training ----
+  b.num("--micro-batch-size", a.micro_batch_size);
+  b.num("--global-batch-size", a.global_batch_size);
+  b.num("--train-iters", a.train_iters);
+  b.num("--train-samples", a.train_samples);
+  b.num("--exit-interval", a.exit_interval);
+  b.num("--exit-duration-in-mins", a.exit_duration_in_mins);
+  b.flag("--exit-signal-handler", a.exit_signal_handler, true);
+  b.num("--seed", a.seed);
+  b.flag("--calculate-per-token-loss", a.calculate_per_token_loss, true);
+  b.noted_str("--empty-unused-memory-level",
+              "empties PyTorch's caching allocator in Megatron; megatron.cpp's memory pool is managed by the "
+              "runtime, so this has no effect",
+              [&a](const std::string& s) {
+                a.empty_unused_memory_level = parse_number<int64_t>("--empty-unused-memory-level", s);
+                if (a.empty_unused_memory_level < 0 || a.empty_unused_memory_level > 2)
+                  user_error("--empty-unused-memory-level: invalid choice '", s, "' (choose from 0, 1, 2)");
+              });
+  b.flag("--skip-train", a.skip_train, true);
+  b.noted_str("--recompute-granularity",
+              "activation recomputation is not implemented yet: all activations are kept (same results, more "
+              "memory)",
+              [&a](const std::string& s) {
+                if (s != "full" && s != "selective")
+                  user_error("--recompute-granularity: invalid choice '", s, "' (choose from full, selective)");
+                a.recompute_granularity = s;
+              });
+  b.noted_str("--recompute-method", "activation recomputation is not implemented yet (see --recompute-granularity)",
+              [&a](const std::string& s) {
+                if (s != "uniform" && s != "block")
+                  user_error("--recompute-method: invalid choice '", s, "' (choose from uniform, block)");
+                a.recompute_method = s;
+              });
+  b.noted_str("--recompute-num-layers",
+              "activation recomputation is not implemented yet (see --recompute-granularity)",
+              [&a](const std::string& s) { a.recompute_num_layers = parse_number<int64_t>("--recompute-num-layers", s); });
+  b.noted("--recompute-activations",
+          "selective activation recomputation is not implemented yet: all activations are kept");
+  b.flag("--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, false);
+  b.flag("--check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, true);
+  b.noted("--deterministic-mode", "megatron.cpp's CPU kernels are deterministic; on CUDA the reductions "
+                                  "already use a fixed order");
+  b.noted("--manual-gc", "controls Python's garbage collector in Megatron; there is none here (no effect)");
+  b.noted("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here");
+  b.noted("--no-manual-gc-eval", "controls Python's garbage collector in Megatron; there is none here");
+  b.noted("--cross-entropy-loss-fusion",
+          "megatron.cpp's cross entropy is always one fused pass (same math); no effect");
+  b.noted("--cross-entropy-fusion-impl", "megatron.cpp's cross entropy is always one fused pass; no effect");
+  b.flag("--no-bias-gelu-fusion", a.bias_gelu_fusion, false);
+  b.flag("--no-bias-swiglu-fusion", a.bias_swiglu_fusion, false);
+  for (const char* f : {"--no-masked-softmax-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
+                        "--no-persist-layer-norm"}) {
+    b.noted(f, "selects a PyTorch/Apex fused kernel in Megatron; megatron.cpp's kernels are fixed (same math)");
+  }
+  b.noted("--use-cpu-initialization",
+          "megatron.cpp's initialization is already device-independent (same values on CPU and GPU)");
+
+  // ---- optimizer / learning rate ----
+  b.str("--optimizer", a.optimizer, {"adam", "sgd"});
+  b.num("--lr", a.lr);
+  b.num("--min-lr", a.min_lr);
+  b.str("--lr-decay-style", a.lr_decay_style, {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
+  b.str("--lr-wsd-decay-style", a.lr_wsd_decay_style, {"exponential", "linear", "cosine", "minus_sqrt"});
+  b.num("--lr-decay-iters", a.lr_decay_iters);
+  b.num("--lr-decay-samples", a.lr_decay_samples);
+  b.num("--lr-wsd-decay-iters", a.lr_wsd_decay_iters);
+  b.num("--lr-wsd-decay-samples", a.lr_wsd_decay_samples);
+  b.num("--lr-warmup-fraction", a.lr_warmup_fraction);
+  b.num("--lr-warmup-iters", a.lr_warmup_iters);
+  b.num("--lr-warmup-samples", a.lr_warmup_samples);
+  b.num("--lr-warmup-init", a.lr_warmup_init);
+  b.num("--decoupled-lr", a.decoupled_lr);
+  b.num("--decoupled-min-lr", a.decoupled_min_lr);
+  b.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler, true);
+  b.flag("--use-checkpoint-opt_param-scheduler", a.use_checkpoint_opt_param_scheduler, true);
+  b.num("--weight-decay", a.weight_decay);
+  b.num("--start-weight-decay", a.start_weight_decay);
+  b.num("--end-weight-decay", a.end_weight_decay);
+  b.str("--weight-decay-incr-style", a.weight_decay_incr_style, {"constant", "linear", "cosine"});
+  b.num("--clip-grad", a.clip_grad);
+  b.num("--adam-beta1", a.adam_beta1);
+  b.num("--adam-beta2", a.adam_beta2);
+  b.num("--adam-eps", a.adam_eps);
+  b.num("--sgd-momentum", a.sgd_momentum);
+  b.flag("--no-decoupled-weight-decay", a.decoupled_weight_decay, false);
+  b.flag("--decoupled-weight-decay", a.decoupled_weight_decay, true);
+
+  // ---- mixed precision ----
+  b.flag("--fp16", a.fp16, true);
+  b.flag("--bf16", a.bf16, true);
+  b.num("--loss-scale", a.loss_scale);
+  b.num("--initial-loss-scale", a.initial_loss_scale);
+  b.num("--min-loss-scale", a.min_loss_scale);
+  b.num("--loss-scale-window", a.loss_scale_window);
+  b.num("--hysteresis", a.hysteresis);
+  b.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, true);
+  b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
+  b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
+
+  // ---- FP8 ----
+  const std::string fp8_note = "FP8 GEMMs are not implemented yet: the GEMMs run in the --bf16/--fp16 dtype";
+  b.noted_str("--fp8-format", fp8_note, [&a](const std::string& s) {
+    if (s != "e4m3" && s != "hybrid") user_error("--fp8-format: invalid choice '", s, "' (choose from e4m3, hybrid)");
+    a.fp8 = s;
+  });
+  b.noted_str("--fp8-recipe", fp8_note, [&a](const std::string& s) {
+    static const std::vector<std::string> ok = {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"};
+    if (std::find(ok.begin(), ok.end(), s) == ok.end())
+      user_error("--fp8-recipe: invalid choice '", s, "' (choose from tensorwise, delayed, mxfp8, blockwise, custom)");
+    a.fp8_recipe = s;
+  });
+  b.noted_str("--fp8-margin", fp8_note,
+              [&a](const std::string& s) { a.fp8_margin = parse_number<int64_t>("--fp8-margin", s); });
+  b.noted_str("--fp8-interval", fp8_note,
+              [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
+  b.noted_str("--fp8-amax-history-len", fp8_note, [&a](const std::string& s) {
+    a.fp8_amax_history_len = parse_number<int64_t>("--fp8-amax-history-len", s);
+  });
+  b.noted_str("--fp8-amax-compute-algo", fp8_note, [&a](const std::string& s) {
+    if (s != "most_recent" && s != "max")
+      user_error("--fp8-amax-compute-algo: invalid choice '", s, "' (choose from most_recent, max)");
+    a.fp8_amax_compute_algo = s;
+  });
+  b.noted("--fp8-param-gather", fp8_note);
+  b.noted("--no-fp8-wgrad", fp8_note);
+
+  // ---- parallelism ----
+  b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size);
+  b.num("--pipeline-model-parallel-size", a.pipeline_model_parallel_size);
+  b.num("--context-parallel-size", a.context_parallel_size);
+  b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
+  b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
+  b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
+  b.flag("--sequence-parallel", a.sequence_parallel, true);
+  b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
+  b.flag("--overlap-grad-reduce", a.overlap_grad_reduce, true);
+  b.flag("--overlap-param-gather", a.overlap_param_gather, true);
+  b.num("--ddp-bucket-size", a.ddp_bucket_size);
+  b.str("--distributed-backend", a.distributed_backend, {"nccl", "gloo"});
+  b.num("--distributed-timeout-minutes", a.distributed_timeout_minutes);
+
+  // ---- data and tokenizer ----
+  b.strs("--data-path", a.data_path);
+  b.str("--split", a.split);
+  b.strs("--train-data-path", a.train_data_path);
+  b.strs("--valid-data-path", a.valid_data_path);
+  b.strs("--test-data-path", a.test_data_path);
+  b.str("--data-cache-path", a.data_cache_path);
+  b.flag("--mock-data", a.mock_data, true);
+  b.flag("--no-mmap-bin-files", a.mmap_bin_files, false);
+  b.noted_str("--num-workers",
+              "Megatron's DataLoader worker processes; megatron.cpp prefetches with one background thread",
+              [&a](const std::string& s) { a.num_workers = parse_number<int64_t>("--num-workers", s); });
+  b.flag("--reset-position-ids", a.reset_position_ids, true);
+  b.flag("--reset-attention-mask", a.reset_attention_mask, true);
+  b.flag("--eod-mask-loss", a.eod_mask_loss, true);
+  b.flag("--no-create-attention-mask-in-dataloader", a.create_attention_mask_in_dataloader, false);
+  b.num("--num-dataset-builder-threads", a.num_dataset_builder_threads);
+  b.num("--mid-level-dataset-surplus", a.mid_level_dataset_surplus);
+  b.str("--dataloader-type", a.dataloader_type, {"single", "cyclic", "external"});
+  b.num("--seq-length", a.seq_length);
+  auto& t = a.tokenizer;
+  b.str("--tokenizer-type", t.tokenizer_type,
+        {"BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+         "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+         "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"});
+  b.str("--tokenizer-model", t.tokenizer_model);
+  b.str("--vocab-file", t.vocab_file);
+  b.str("--merge-file", t.merge_file);
+  b.num("--vocab-size", t.vocab_size);
+  b.num("--vocab-extra-ids", t.vocab_extra_ids);
+  b.str("--tiktoken-pattern", t.tiktoken_pattern, {"v1", "v2"});
+  b.num("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens);
+  b.strs("--tokenizer-special-tokens", t.tokenizer_special_tokens);
+  b.flag("--tokenizer-hf-no-include-special-tokens", t.tokenizer_hf_include_special_tokens, false);
+  b.flag("--tokenizer-sentencepiece-legacy", t.tokenizer_sentencepiece_legacy, true);
+  b.num("--null-tokenizer-eod-id", t.null_tokenizer_eod_id);
+  b.num("--null-tokenizer-pad-id", t.null_tokenizer_pad_id);
+
+  // ---- evaluation ----
+  b.num("--eval-iters", a.eval_iters);
+  b.num("--eval-interval", a.eval_interval);
+
+  // ---- logging ----
+  b.num("--log-interval", a.log_interval);
+  b.flag("--log-params-norm", a.log_params_norm, true);
+  b.flag("--log-num-zeros-in-grad", a.log_num_zeros_in_grad, true);
+  b.flag("--log-throughput", a.log_throughput, true);
+  b.flag("--log-progress", a.log_progress, true);
+  b.noted("--log-energy", "no energy counters are read here; the energy/power fields are not printed");
+  b.str("--timing-log-option", a.timing_log_option, {"max", "minmax", "all"});
+  b.flag("--no-barrier-with-level-1-timing", a.barrier_with_L1_time, false);
+  b.str("--tensorboard-dir", a.tensorboard_dir);
+  b.num("--tensorboard-log-interval", a.tensorboard_log_interval);
+  b.num("--tensorboard-queue-size", a.tensorboard_queue_size);
+  b.flag("--log-timers-to-tensorboard", a.log_timers_to_tensorboard, true);
+  b.flag("--no-log-loss-scale-to-tensorboard", a.log_loss_scale_to_tensorboard, false);
+  b.flag("--no-log-learning-rate-to-tensorboard", a.log_learning_rate_to_tensorboard, false);
+  b.flag("--log-validation-ppl-to-tensorboard", a.log_validation_ppl_to_tensorboard, true);
+  b.flag("--log-memory-to-tensorboard", a.log_memory_to_tensorboard, true);
+  b.flag("--log-world-size-to-tensorboard", a.log_world_size_to_tensorboard, true);
+  b.flag("--no-log-batch-size-to-tensorboard", a.log_batch_size_to_tensorboard, false);
+  for (const char* f : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity"}) {
+    if (megatron_flag_map().count(f)) b.noted(f, "there is no Weights & Biases writer; use --tensorboard-dir");
+  }
+
+  // ---- checkpointing ----
+  b.str("--save", a.save);
+  b.str("--load", a.load);
+  b.num("--save-interval", a.save_interval);
+  b.flag("--no-save-optim", a.no_save_optim, true);
+  b.flag("--no-save-rng", a.no_save_rng, true);
+  b.flag("--no-load-optim", a.no_load_optim, true);
+  b.flag("--no-load-rng", a.no_load_rng, true);
+  b.flag("--finetune", a.finetune, true);
+  b.str("--ckpt-format", a.ckpt_format, {"torch", "torch_dist", "torch_dcp", "fsdp_dtensor"});
+  b.num("--ckpt-step", a.ckpt_step);
+  b.flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint, true);
+  b.flag("--async-save", a.async_save, true);
+
+  // ---- profiling ----
+  b.flag("--profile", a.profile, true);
+  b.num("--profile-step-start", a.profile_step_start);
+  b.num("--profile-step-end", a.profile_step_end);
+  b.ints("--profile-ranks", a.profile_ranks);
+  b.noted("--use-pytorch-profiler",
+          "there is no PyTorch profiler; --profile writes a Chrome/Perfetto trace of megatron.cpp's timers");
+}
+
+}  // namespace
+
+std::string closest_flag(const std::string& flag) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& f : kMegatronFlags) {
+    size_t d = edit_distance(flag, f.name);
+    if (d < best_d) {
+      best_d = d;
+      best = f.name;
+    }
+  }
+  return best;
+}
+
+Arguments parse_args(const std::vector<std::string>& in) {
+  Arguments a;
+  CLI::App app{"pretrain_gpt: GPT/LLaMA pretraining with Megatron-LM's flags (megatron.cpp)"};
+  app.allow_extras(true);
+  app.set_help_flag("-h,--help", "show this help message and exit");
+  Binder b(app, a);
+  bind_all(b, a);
+  // --timing-log-level is an int with choices.
+  app.add_option_function<std::string>("--timing-log-level", [&a](const std::string& s) {
+       a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
+       if (a.timing_log_level < 0 || a.timing_log_level > 2)
+         user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
+       a.given_flags.push_back("--timing-log-level");
+     })
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  // CLI11 would read a negative number value ("--null-tokenizer-pad-id -1") as an option name:
+  // glue "--flag -1" into "--flag=-1" for flags that take one value.
+  std::vector<std::string> args;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& s = in[i];
+    if (s.rfind("--", 0) == 0 && s.find('=') == std::string::npos && i + 1 < in.size()) {
+      const std::string& nxt = in[i + 1];
+      bool negative_number = nxt.size() > 1 && nxt[0] == '-' && (std::isdigit(static_cast<unsigned char>(nxt[1])) ||
+                                                                  nxt[1] == '.');
+      const CLI::Option* opt = nullptr;
+      try {
+        opt = app.get_option(s);
+      } catch (const CLI::OptionNotFound&) {
+      }
+      if (negative_number && opt && opt->get_items_expected_max() >= 1) {
+        args.push_back(s + "=" + nxt);
+        ++i;
+        continue;
+      }
+    }
+    args.push_back(s);
+  }
+  // Megatron's argparse rejects "--flag=value" for flags that take no value, and so does CLI11.
+  std::vector<std::string> rev(args.rbegin(), args.rend());
+  try {
+    app.parse(rev);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    user_error("command line: ", e.what());
+  }
+  for (const auto& r : app.remaining()) {
+    std::string name = r.substr(0, r.find('='));
+    if (name.rfind("-", 0) != 0) {
+      user_error("unexpected argument '", r, "' (pretrain_gpt takes only --flags; values follow their flag)");
+    }
+    if (megatron_flag_map().count(name)) {
+      user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
+                       "(see docs/training.md for the supported flags)");
+    }
+    user_error("unknown flag ", name, "; did you mean ", closest_flag(name), "?");
+  }
+  return a;
+}
+
+Arguments parse_args(int argc, const char* const* argv) {
+  std::vector<std::string> v;
+  for (int i = 1; i < argc; ++i) v.emplace_back(argv[i]);
+  return parse_args(v);
+}
+
+namespace {
+[[noreturn]] void fail(const std::string& msg) { throw UserError(msg); }
+}  // namespace
+
+void validate_args(Arguments& a) {
+  // Parallel sizes -> data-parallel size.
+  for (auto [flag, v] : {std::pair{"--tensor-model-parallel-size", a.tensor_model_parallel_size},
+                         {"--pipeline-model-parallel-size", a.pipeline_model_parallel_size},
+                         {"--context-parallel-size", a.context_parallel_size},
+                         {"--expert-model-parallel-size", a.expert_model_parallel_size}}) {
+    if (v < 1) user_error(flag, " must be >= 1 (got ", v, ")");
+  }
+  const int64_t model_size = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size;
+  if (a.world_size % model_size != 0) {
+    user_error("world size (", a.world_size, ") is not divisible by --tensor-model-parallel-size (",
+               a.tensor_model_parallel_size, ") x --pipeline-model-parallel-size (", a.pipeline_model_parallel_size,
+               ") x --context-parallel-size (", a.context_parallel_size, ")");
+  }
+  a.data_parallel_size = a.world_size / model_size;
+
+  // Batch sizes.
+  if (!a.micro_batch_size) fail("--micro-batch-size is required");
+  if (*a.micro_batch_size <= 0) user_error("--micro-batch-size must be > 0 (got ", *a.micro_batch_size, ")");
+  if (!a.global_batch_size) a.global_batch_size = *a.micro_batch_size * a.data_parallel_size;
+  if (*a.global_batch_size <= 0) user_error("--global-batch-size must be > 0 (got ", *a.global_batch_size, ")");
+  if (*a.global_batch_size % (*a.micro_batch_size * a.data_parallel_size) != 0) {
+    user_error("--global-batch-size (", *a.global_batch_size, ") is not divisible by --micro-batch-size (",
+               *a.micro_batch_size, ") x data-parallel size (", a.data_parallel_size, ")");
+  }
+  if (!a.dataloader_type) a.dataloader_type = "single";
+  if (a.num_dataset_builder_threads <= 0) fail("--num-dataset-builder-threads must be > 0");
+
+  // Iteration- vs sample-based training (exactly one of them unless --skip-train).
+  if (!a.skip_train) {
+    if (a.train_iters && a.train_samples) fail("use either --train-iters or --train-samples, not both");
+    if (!a.train_iters && !a.train_samples) fail("one of --train-iters or --train-samples is required");
+  }
+  if (a.train_iters && !a.skip_train) {
+    if (a.lr_decay_samples) fail("--lr-decay-samples cannot be used with --train-iters (use --lr-decay-iters)");
+    if (a.lr_warmup_samples != 0) fail("--lr-warmup-samples cannot be used with --train-iters (use --lr-warmup-iters)");
+    if (a.lr_warmup_fraction && a.lr_warmup_iters != 0)
+      fail("use either --lr-warmup-fraction or --lr-warmup-iters, not both");
+  }
+  if (a.train_samples && !a.skip_train) {
+    if (a.lr_decay_iters) fail("--lr-decay-iters cannot be used with --train-samples (use --lr-decay-samples)");
+    if (a.lr_warmup_iters != 0) fail("--lr-warmup-iters cannot be used with --train-samples (use --lr-warmup-samples)");
+    if (a.lr_warmup_fraction && a.lr_warmup_samples != 0)
+      fail("use either --lr-warmup-fraction or --lr-warmup-samples, not both");
+  }
+
+  // Required model arguments.
+  if (!a.num_layers) fail("--num-layers is required");
+  if (!a.hidden_size) fail("--hidden-size is required");
+  if (!a.num_attention_heads) fail("--num-attention-heads is required");
+  if (!a.max_position_embeddings) fail("--max-position-embeddings is required");
+  if (*a.num_layers <= 0 || *a.hidden_size <= 0 || *a.num_attention_heads <= 0)
+    fail("--num-layers, --hidden-size and --num-attention-heads must be > 0");
+  if (!a.ffn_hidden_size) {
+    a.ffn_hidden_size = a.swiglu ? static_cast<int64_t>((4.0 * static_cast<double>(*a.hidden_size) * 2.0 / 3.0) / 64.0) * 64
+                                 : 4 * *a.hidden_size;
+  }
+  if (!a.kv_channels) {
+    if (*a.hidden_size % *a.num_attention_heads != 0) {
+      user_error("--hidden-size (", *a.hidden_size, ") must be divisible by --num-attention-heads (",
+                 *a.num_attention_heads, ") (or give --kv-channels)");
+    }
+    a.kv_channels = *a.hidden_size / *a.num_attention_heads;
+  }
+  if (a.group_query_attention) {
+    if (a.num_query_groups <= 0 || *a.num_attention_heads % a.num_query_groups != 0) {
+      user_error("--num-attention-heads (", *a.num_attention_heads, ") must be divisible by --num-query-groups (",
+                 a.num_query_groups, ")");
+    }
+  } else {
+    a.num_query_groups = *a.num_attention_heads;  // Megatron: no GQA -> one group per head
+  }
+  if (*a.num_attention_heads % a.tensor_model_parallel_size != 0) {
+    user_error("--num-attention-heads (", *a.num_attention_heads, ") must be divisible by --tensor-model-parallel-size (",
+               a.tensor_model_parallel_size, ")");
+  }
+  if (a.num_query_groups % a.tensor_model_parallel_size != 0) {
+    user_error("--num-query-groups (", a.num_query_groups, ") must be divisible by --tensor-model-parallel-size (",
+               a.tensor_model_parallel_size, ")");
+  }
+  if (!a.seq_length) fail("--seq-length is required");
+  if (a.context_parallel_size > 1 && *a.seq_length % (2 * a.context_parallel_size) != 0) {
+    user_error("--seq-length (", *a.seq_length, ") must be a multiple of 2 x --context-parallel-size (",
+               a.context_parallel_size, ")");
+  }
+  if (*a.max_position_embeddings < *a.seq_length) {
+    user_error("--max-position-embeddings (", *a.max_position_embeddings,
+               ") must be greater than or equal to --seq-length (", *a.seq_length, ")");
+  }
+  if (*a.num_layers % a.pipeline_model_parallel_size != 0) {
+    user_error("--num-layers (", *a.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
+               a.pipeline_model_parallel_size, ")");
+  }
+  if (a.num_layers_per_virtual_pipeline_stage) {
+    if (a.pipeline_model_parallel_size <= 2)
+      fail("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2");
+    const int64_t per_stage = *a.num_layers / a.pipeline_model_parallel_size;
+    if (per_stage % *a.num_layers_per_virtual_pipeline_stage != 0)
+      user_error("layers per pipeline stage (", per_stage, ") must be divisible by --num-layers-per-virtual-pipeline-stage (",
+                 *a.num_layers_per_virtual_pipeline_stage, ")");
+    a.virtual_pipeline_model_parallel_size = per_stage / *a.num_layers_per_virtual_pipeline_stage;
+  } else if (a.num_virtual_stages_per_pipeline_rank) {
+    a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
+  }
+
+  // Bias flags (arguments.py): no bias -> no bias-gelu fusion; add_bias_linear implies a QKV bias.
+  if (!a.add_bias_linear) a.bias_gelu_fusion = false;
+  if (a.add_bias_linear) a.add_qkv_bias = true;
+
+  // Learning rate and weight decay.
+  if (!a.lr) fail("--lr is required");
+  if (a.min_lr > *a.lr) user_error("--min-lr (", a.min_lr, ") must be <= --lr (", *a.lr, ")");
+  if (a.weight_decay_incr_style == "constant") {
+    if (a.start_weight_decay || a.end_weight_decay)
+      fail("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    a.start_weight_decay = a.weight_decay;
+    a.end_weight_decay = a.weight_decay;
+  } else if (!a.start_weight_decay || !a.end_weight_decay) {
+    user_error("--weight-decay-incr-style ", a.weight_decay_incr_style,
+               " needs both --start-weight-decay and --end-weight-decay");
+  }
+  if (a.lr_decay_style == "WSD" && !a.lr_wsd_decay_iters && !a.lr_wsd_decay_samples) {
+    fail("--lr-decay-style WSD needs --lr-wsd-decay-iters (or --lr-wsd-decay-samples)");
+  }
+
+  // Precision.
+  if (a.fp16 && a.bf16) fail("--fp16 and --bf16 cannot be used together");
+  if (a.fp16_lm_cross_entropy && !a.fp16) fail("--fp16-lm-cross-entropy needs --fp16");
+  if (a.fp32_residual_connection && !(a.fp16 || a.bf16))
+    fail("--fp32-residual-connection only makes sense with --fp16 or --bf16");
+  if (a.bf16) {
+    if (a.grad_reduce_in_bf16) a.accumulate_allreduce_grads_in_fp32 = false;
+    else a.accumulate_allreduce_grads_in_fp32 = true;
+  }
+  if (a.fp16 && a.loss_scale && *a.loss_scale <= 0) fail("--loss-scale must be > 0");
+  // Dynamic loss scaling expects inf/NaN grads: Megatron turns the NaN check off then.
+  if (a.fp16 && !a.loss_scale) a.check_for_nan_in_loss_and_grad = false;
+
+  // Parallel feature combinations.
+  if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently
+  if (a.overlap_param_gather && !a.use_distributed_optimizer)
+    fail("--overlap-param-gather needs --use-distributed-optimizer");
+
+  // Data.
+  if (!a.mock_data && a.data_path.empty() && a.train_data_path.empty() && !a.skip_train)
+    fail("give --data-path (or --train-data-path/--valid-data-path/--test-data-path) or --mock-data");
+  if (!a.mock_data && !a.data_path.empty() && !a.split) a.split = "969, 30, 1";
+  if (a.tokenizer.tokenizer_type.empty()) fail("--tokenizer-type is required");
+  if (a.tokenizer.tokenizer_type == "NullTokenizer" && !a.tokenizer.vocab_size)
+    fail("--tokenizer-type NullTokenizer needs --vocab-size");
+
+  // Logging, checkpointing, profiling, exit.
+  if (a.log_interval <= 0) user_error("--log-interval must be > 0 (got ", a.log_interval, ")");
+  if (a.eval_interval && *a.eval_interval <= 0) user_error("--eval-interval must be > 0 (got ", *a.eval_interval, ")");
+  if (a.eval_iters < 0) user_error("--eval-iters must be >= 0 (got ", a.eval_iters, ")");
+  if (a.save && (!a.save_interval || *a.save_interval <= 0)) fail("--save needs --save-interval > 0");
+  if (a.profile && a.profile_step_end < a.profile_step_start)
+    user_error("--profile-step-end (", a.profile_step_end, ") must be >= --profile-step-start (",
+               a.profile_step_start, ")");
+  if (a.exit_interval && *a.exit_interval <= 0) fail("--exit-interval must be > 0");
+  if (a.tensorboard_log_interval <= 0) fail("--tensorboard-log-interval must be > 0");
+}
+
+std::string set_padded_vocab_size(Arguments& a, int64_t vocab_size) {
+  const int64_t multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size;
+  if (multiple <= 0) user_error("--make-vocab-size-divisible-by must be > 0");
+  a.padded_vocab_size = (vocab_size + multiple - 1) / multiple * multiple;
+  std::ostringstream os;
+  os << " > padded vocab (size: " << vocab_size << ") with " << (a.padded_vocab_size - vocab_size)
+     << " dummy tokens (new size: " << a.padded_vocab_size << ")";
+  return os.str();
+}
+
+int64_t num_microbatches(const Arguments& a) {
+  MEGATRON_CHECK(a.global_batch_size && a.micro_batch_size) << "validate_args not run";
+  return *a.global_batch_size / (*a.micro_batch_size * a.data_parallel_size);
+}
+
+std::string format_args(const Arguments& a) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  auto opt = [](const auto& o) -> std::string {
+    if (!o) return "None";
+    std::ostringstream os;
+    os << *o;
+    return os.str();
+  };
+  auto b = [](bool v) -> std::string { return v ? "True" : "False"; };
+  auto n = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  kv = {{"num_layers", opt(a.num_layers)},
+        {"hidden_size", opt(a.hidden_size)},
+        {"ffn_hidden_size", opt(a.ffn_hidden_size)},
+        {"num_attention_heads", opt(a.num_attention_heads)},
+        {"kv_channels", opt(a.kv_channels)},
+        {"num_query_groups", n(a.num_query_groups)},
+        {"seq_length", opt(a.seq_length)},
+        {"max_position_embeddings", opt(a.max_position_embeddings)},
+        {"position_embedding_type", a.position_embedding_type},
+        {"normalization", a.normalization},
+        {"swiglu", b(a.swiglu)},
+        {"micro_batch_size", opt(a.micro_batch_size)},
+        {"global_batch_size", opt(a.global_batch_size)},
+        {"train_iters", opt(a.train_iters)},
+        {"train_samples", opt(a.train_samples)},
+        {"lr", opt(a.lr)},
+        {"min_lr", n(a.min_lr)},
+        {"lr_decay_style", a.lr_decay_style},
+        {"weight_decay", n(a.weight_decay)},
+        {"clip_grad", n(a.clip_grad)},
+        {"adam_beta1", n(a.adam_beta1)},
+        {"adam_beta2", n(a.adam_beta2)},
+        {"adam_eps", n(a.adam_eps)},
+        {"bf16", b(a.bf16)},
+        {"fp16", b(a.fp16)},
+        {"seed", n(a.seed)},
+        {"tensor_model_parallel_size", n(a.tensor_model_parallel_size)},
+        {"pipeline_model_parallel_size", n(a.pipeline_model_parallel_size)},
+        {"context_parallel_size", n(a.context_parallel_size)},
+        {"data_parallel_size", n(a.data_parallel_size)},
+        {"world_size", n(a.world_size)},
+        {"tokenizer_type", a.tokenizer.tokenizer_type},
+        {"vocab_size", opt(a.tokenizer.vocab_size)},
+        {"padded_vocab_size", n(a.padded_vocab_size)},
+        {"calculate_per_token_loss", b(a.calculate_per_token_loss)},
+        {"log_interval", n(a.log_interval)},
+        {"eval_iters", n(a.eval_iters)},
+        {"eval_interval", opt(a.eval_interval)}};
+  std::sort(kv.begin(), kv.end());
+  std::ostringstream os;
+  os << "------------------------ arguments ------------------------\n";
+  for (const auto& [k, v] : kv) {
+    std::string dots(std::max<int>(0, 48 - static_cast<int>(k.size())), '.');
+    os << "  " << k << " " << dots << " " << v << "\n";
+  }
+  os << "-------------------- end of arguments ---------------------";
+  return os.str();
+}
+
+}  // namespace megatron::training

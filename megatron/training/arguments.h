@@ -1,0 +1,245 @@
+// Megatron-LM's command line (megatron/training/arguments.py) for pretrain_gpt.
+//
+// Arguments is Megatron's `args` namespace as a plain struct: every field is named after the
+// flag's argparse `dest` (--hidden-size -> hidden_size, --norm-epsilon -> layernorm_epsilon,
+// --disable-bias-linear -> add_bias_linear), with Megatron's default. std::nullopt is Python's
+// None. parse_args() fills it from argv (CLI11), validate_args() applies Megatron's derived
+// defaults and consistency checks. See docs/training.md for the list of flags and for those
+// that are accepted with a note.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tokenizers/megatron_tokenizer.h"
+
+namespace megatron::training {
+
+struct Arguments {
+  // ---- network size (arguments.py _add_network_size_args / TransformerConfig) ----
+  std::optional<int64_t> num_layers;
+  std::optional<int64_t> hidden_size;
+  std::optional<int64_t> ffn_hidden_size;           // None -> 4h (swiglu: int(8h/3/64)*64)
+  std::optional<int64_t> num_attention_heads;
+  std::optional<int64_t> kv_channels;               // None -> h / heads
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
+  std::optional<int64_t> max_position_embeddings;
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute|rope|none|...
+  int64_t rotary_base = 10000;
+  double rotary_percent = 1.0;
+  bool rotary_interleaved = false;
+  std::optional<double> rotary_seq_len_interpolation_factor;
+  bool use_rope_scaling = false;
+  int64_t make_vocab_size_divisible_by = 128;
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  double layernorm_epsilon = 1e-5;          // --norm-epsilon
+  bool layernorm_zero_centered_gamma = false;  // --apply-layernorm-1p
+  bool apply_residual_connection_post_layernorm = false;
+  bool openai_gelu = false;
+  bool squared_relu = false;
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;   // --disable-bias-linear
+  bool add_qkv_bias = false;
+  bool qk_layernorm = false;
+  double init_method_std = 0.02;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  bool attention_softmax_in_fp32 = false;
+  bool apply_query_key_layer_scaling = false;
+  bool fp32_residual_connection = false;
+  bool bias_gelu_fusion = true;    // --no-bias-gelu-fusion: exact erf GeLU instead of the tanh form
+  bool bias_swiglu_fusion = true;  // --no-bias-swiglu-fusion (same math for SwiGLU)
+  std::string attention_backend = "auto";           // flash|fused|unfused|local|auto
+  std::string transformer_impl = "transformer_engine";  // local|transformer_engine
+
+  // ---- training ----
+  std::optional<int64_t> micro_batch_size;
+  std::optional<int64_t> global_batch_size;  // None -> mbs * DP
+  std::optional<int64_t> train_iters;
+  std::optional<int64_t> train_samples;
+  std::optional<int64_t> exit_interval;
+  std::optional<int64_t> exit_duration_in_mins;
+  bool exit_signal_handler = false;
+  int64_t seed = 1234;
+  bool calculate_per_token_loss = false;
+  int64_t empty_unused_memory_level = 0;
+  bool skip_train = false;
+  std::optional<std::string> recompute_granularity;  // full | selective
+  std::optional<std::string> recompute_method;       // uniform | block
+  std::optional<int64_t> recompute_num_layers;
+  bool check_for_nan_in_loss_and_grad = true;
+  bool deterministic_mode = false;
+
+  // ---- optimizer / learning rate (§6.1) ----
+  std::string optimizer = "adam";  // adam | sgd
+  std::optional<double> lr;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";  // constant|linear|cosine|inverse-square-root|WSD
+  std::string lr_wsd_decay_style = "exponential";  // exponential|linear|cosine|minus_sqrt
+  std::optional<int64_t> lr_decay_iters;
+  std::optional<int64_t> lr_decay_samples;
+  std::optional<int64_t> lr_wsd_decay_iters;
+  std::optional<int64_t> lr_wsd_decay_samples;
+  std::optional<double> lr_warmup_fraction;
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_warmup_samples = 0;
+  double lr_warmup_init = 0.0;
+  std::optional<double> decoupled_lr;
+  std::optional<double> decoupled_min_lr;
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  double weight_decay = 0.01;
+  std::optional<double> start_weight_decay;
+  std::optional<double> end_weight_decay;
+  std::string weight_decay_incr_style = "constant";  // constant|linear|cosine
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+  bool decoupled_weight_decay = true;  // --no-decoupled-weight-decay
+
+  // ---- mixed precision (§6.7) ----
+  bool fp16 = false;
+  bool bf16 = false;
+  std::optional<double> loss_scale;  // constant scale; None -> dynamic (fp16)
+  double initial_loss_scale = 4294967296.0;
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool grad_reduce_in_bf16 = false;
+  bool accumulate_allreduce_grads_in_fp32 = false;
+  bool fp16_lm_cross_entropy = false;
+
+  // ---- FP8 (§10; stored for the FP8 code) ----
+  std::optional<std::string> fp8;  // --fp8-format: e4m3 | hybrid
+  std::string fp8_recipe = "delayed";
+  int64_t fp8_margin = 0;
+  int64_t fp8_interval = 1;
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
+  bool fp8_wgrad = true;
+  bool fp8_param_gather = false;
+
+  // ---- parallelism (stored for the distributed code) ----
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
+  std::optional<int64_t> virtual_pipeline_model_parallel_size;  // derived
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  std::optional<int64_t> ddp_bucket_size;
+  std::string distributed_backend = "nccl";
+  int64_t distributed_timeout_minutes = 10;
+  int64_t world_size = 1;          // from the launcher environment, not a flag
+  int64_t rank = 0;                // global rank
+  int64_t data_parallel_size = 1;  // derived
+
+  // ---- data and tokenizer ----
+  std::vector<std::string> data_path;
+  std::optional<std::string> split;
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::optional<std::string> data_cache_path;
+  bool mock_data = false;
+  bool mmap_bin_files = true;
+  int64_t num_workers = 2;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  bool create_attention_mask_in_dataloader = true;
+  int64_t num_dataset_builder_threads = 1;
+  double mid_level_dataset_surplus = 0.005;
+  std::optional<std::string> dataloader_type;  // None -> single
+  std::optional<int64_t> seq_length;
+  tokenizers::TokenizerConfig tokenizer;  // --tokenizer-type, --vocab-size, ...
+
+  // ---- evaluation ----
+  int64_t eval_iters = 100;
+  std::optional<int64_t> eval_interval;
+
+  // ---- logging ----
+  int64_t log_interval = 100;
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
+  bool log_throughput = false;
+  bool log_progress = false;
+  int64_t timing_log_level = 0;
+  std::string timing_log_option = "minmax";
+  bool barrier_with_L1_time = true;
+  std::optional<std::string> tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  int64_t tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_batch_size_to_tensorboard = true;
+
+  // ---- checkpointing (passed to megatron/training/checkpointing) ----
+  std::optional<std::string> save;
+  std::optional<std::string> load;
+  std::optional<int64_t> save_interval;
+  bool no_save_optim = false;
+  bool no_save_rng = false;
+  bool no_load_optim = false;
+  bool no_load_rng = false;
+  bool finetune = false;
+  std::string ckpt_format = "torch_dist";
+  std::optional<int64_t> ckpt_step;
+  bool exit_on_missing_checkpoint = false;
+  bool async_save = false;
+
+  // ---- profiling ----
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<int64_t> profile_ranks = {0};
+  bool use_pytorch_profiler = false;
+
+  // ---- derived by validate_args ----
+  int64_t padded_vocab_size = 0;  // §3.1, set by set_padded_vocab_size()
+  /// Flags given on the command line that are accepted with a note (flag -> note), in order.
+  std::vector<std::pair<std::string, std::string>> notes;
+  /// All flags given on the command line (as typed, e.g. "--bf16").
+  std::vector<std::string> given_flags;
+};
+
+/// Parses argv (argv[0] is the program name) into Arguments with Megatron's defaults.
+/// Throws UserError (one line) for: a flag Megatron does not have (naming the closest
+/// Megatron flag), a Megatron flag megatron.cpp does not implement, a bad value or choice.
+/// Does not run validate_args.
+Arguments parse_args(int argc, const char* const* argv);
+/// Same, from a list of arguments without the program name.
+Arguments parse_args(const std::vector<std::string>& args);
+
+/// Megatron's validate_args subset for pretrain_gpt (arguments.py): derives data_parallel_size
+/// from world_size, global_batch_size, ffn_hidden_size, kv_channels, start/end weight decay,
+/// dataloader_type, and checks the combinations (one UserError line each, naming the flags).
+void validate_args(Arguments& args);
+
+/// Megatron's vocab padding (§3.1): sets args.padded_vocab_size from the tokenizer's vocab size
+/// and returns Megatron's log line " > padded vocab (size: V) with K dummy tokens (new size: Vp)".
+std::string set_padded_vocab_size(Arguments& args, int64_t vocab_size);
+
+/// The known Megatron flag closest to `flag` by edit distance (for error messages).
+std::string closest_flag(const std::string& flag);
+
+/// Number of micro-batches per iteration: global_batch_size / (micro_batch_size * DP).
+int64_t num_microbatches(const Arguments& args);
+
+/// Megatron-style dump of the arguments ("------------------------ arguments ---..." block).
+std::string format_args(const Arguments& args);
+
+}  // namespace megatron::training

@@ -1,0 +1,314 @@
+#include "megatron/training/checkpointing.h"
+
+#include <sys/time.h>
+
+#include <cctype>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <regex>
+
+#include "megatron/core/dist_checkpointing/file_utils.h"
+#include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+namespace dc = dist_checkpointing;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kCheckpointVersion = 3.0;
+
+std::string timestamp() {
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  tm t{};
+  localtime_r(&tv.tv_sec, &t);
+  char b[64];
+  std::snprintf(b, sizeof b, "%04d-%02d-%02d %02d:%02d:%02d.%06ld", t.tm_year + 1900, t.tm_mon + 1, t.tm_mday,
+                t.tm_hour, t.tm_min, t.tm_sec, static_cast<long>(tv.tv_usec));
+  return b;
+}
+
+int group_rank(distributed::ProcessGroup* g) { return g ? g->rank() : 0; }
+
+void print0(distributed::ProcessGroup* g, const std::string& line) {
+  if (group_rank(g) != 0) return;
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+std::string fmt_it(int64_t it) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%7" PRId64, it);
+  return b;
+}
+
+std::string prefixed(const std::string& what, const std::string& key) { return "optimizer.state." + what + "." + key; }
+
+struct Pending {
+  std::unique_ptr<dc::AsyncSaveRequest> req;
+};
+Pending& pending() {
+  static Pending p;
+  return p;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(const std::string& root, int64_t iteration, bool release) {
+  if (release) return root + "/release";
+  char b[32];
+  std::snprintf(b, sizeof b, "iter_%07" PRId64, iteration);
+  return root + "/" + b;
+}
+
+std::string tracker_filename(const std::string& root) { return root + "/latest_checkpointed_iteration.txt"; }
+
+std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root) {
+  const std::string path = tracker_filename(root);
+  if (!fs::exists(path)) return std::nullopt;
+  std::string s = dc::read_text_file(path);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t b = 0;
+  while (b < s.size() && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  s = s.substr(b);
+  if (s == "release") return std::make_pair(int64_t(0), true);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+    user_error(path, ": expected an iteration number or 'release', found '", s, "'");
+  return std::make_pair(static_cast<int64_t>(std::stoll(s)), false);
+}
+
+std::pair<std::string, int64_t> stacked_layer_key(const std::string& name) {
+  static const std::regex re(R"(^((?:.*\.)?decoder\.layers\.)(\d+)\.(.+)$)");
+  std::smatch m;
+  if (std::regex_match(name, m, re)) return {m[1].str() + m[3].str(), std::stoll(m[2].str())};
+  return {name, -1};
+}
+
+std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
+                                                 int64_t num_layers, const ParallelRanks& ranks) {
+  auto [key, layer] = stacked_layer_key(name);
+  std::vector<std::pair<int64_t, int64_t>> prepend;
+  if (layer >= 0) {
+    MEGATRON_CHECK(layer < num_layers) << name << ": layer index " << layer << " >= num_layers " << num_layers
+                            << " (pass global layer numbers)";
+    prepend.push_back({layer, num_layers});
+  }
+  const int replica = (sh.tp_axis < 0 ? ranks.tp_rank : 0) + ranks.dp_rank * ranks.tp_size;
+  std::vector<dc::AxisFragment> frags;
+  if (sh.tp_axis >= 0 && ranks.tp_size > 1) frags.push_back({sh.tp_axis, ranks.tp_rank, ranks.tp_size});
+  if (!sh.swiglu_fc1) return {ShardedTensor::from_rank_offsets(key, data, frags, replica, prepend)};
+  // SwiGLU fc1: local rows = [gate shard (f/tp rows); up shard (f/tp rows)]; global = [gate(f); up(f)].
+  MEGATRON_CHECK(data.dim() == 2 || data.dim() == 1) << name << ": fc1 must be 1-D or 2-D, got " << data.str();
+  const int64_t half = data.size(0) / 2;
+  MEGATRON_CHECK(half * 2 == data.size(0)) << name << ": fc1 rows must be even, got " << data.str();
+  std::vector<ShardedTensor> out;
+  for (int part = 0; part < 2; ++part) {
+    Tensor piece = data.narrow0(part * half, half);
+    // Global rows: part * f + tp_rank * half, with f = half * tp_size: a fragment of 2*tp parts.
+    out.push_back(ShardedTensor::from_rank_offsets(
+        key, piece, {{0, part * ranks.tp_size + ranks.tp_rank, 2 * static_cast<int64_t>(ranks.tp_size)}}, replica, prepend));
+  }
+  return out;
+}
+
+std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers, int dp_rank) {
+  if (p.shared) return {};
+  ParallelRanks r;
+  r.tp_rank = p.tp_rank;
+  r.tp_size = p.tp_size;
+  r.dp_rank = dp_rank;
+  ParamSharding sh;
+  sh.tp_axis = p.partition_dim;
+  sh.swiglu_fc1 = p.partition_stride == 2;
+  MEGATRON_CHECK(p.partition_stride == 1 || p.partition_stride == 2) << p.name << ": partition_stride " << p.partition_stride;
+  auto out = model_sharded_tensors(p.name, p.data, sh, num_layers, r);
+  // global_shape from the model is authoritative: check the sharding reproduces it
+  Shape want = p.global_shape;
+  if (stacked_layer_key(p.name).second >= 0) want.insert(want.begin(), num_layers);
+  for (const auto& t : out)
+    MEGATRON_CHECK(t.global_shape == want) << p.name << ": sharded global shape " << shape_str(t.global_shape)
+                                          << " != model global shape " << shape_str(want);
+  return out;
+}
+
+void add_optimizer_state(TrainingState& st, const ShardedTensor& piece, const Tensor& main_param, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, std::optional<std::pair<int64_t, int64_t>> flattened_range,
+                         int replica_id) {
+  const std::pair<const char*, const Tensor*> parts[] = {
+      {"fp32_param", &main_param}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}};
+  for (const auto& [what, t] : parts) {
+    if (!t->defined()) continue;
+    ShardedTensor s;
+    s.key = prefixed(what, piece.key);
+    s.data = *t;
+    s.global_shape = piece.global_shape;
+    s.global_offset = piece.global_offset;
+    s.local_shape = piece.local_shape;
+    s.flattened_range = flattened_range;
+    s.replica_id = flattened_range ? replica_id : piece.replica_id;
+    s.validate();
+    st.optimizer.push_back(std::move(s));
+  }
+}
+
+bool maybe_finalize_async_save(distributed::ProcessGroup* world, bool blocking) {
+  auto& p = pending();
+  if (!p.req) return true;
+  if (!blocking) {
+    Tensor done = Tensor::from_vector({p.req->write_done() ? 1.0f : 0.0f}, {1});
+    if (world) world->all_reduce(done, distributed::ReduceOp::kMin)->wait();
+    if (done.to_float_vector()[0] < 0.5f) return false;
+  }
+  auto req = std::move(p.req);
+  req->finalize();
+  return true;
+}
+
+void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                     distributed::ProcessGroup* world) {
+  if (cfg.save.empty()) user_error("save_checkpoint: --save is not set");
+  maybe_finalize_async_save(world, /*blocking=*/true);
+  const int64_t it = st.iteration;
+  const std::string dir = checkpoint_dir_name(cfg.save, it);
+  print0(world, "[" + timestamp() + "] saving checkpoint at iteration " + fmt_it(it) + " to " + cfg.save + " in " +
+                    cfg.ckpt_format + " format");
+  std::error_code ec;
+  fs::create_directories(cfg.save, ec);
+  if (ec) user_error("--save ", cfg.save, ": cannot create directory (", ec.message(), ")");
+
+  dc::ShardedStateDict sd;
+  sd.tensors = st.model;
+  json args = st.args;
+  args["iteration"] = it;
+  args["consumed_train_samples"] = st.consumed_train_samples;
+  args["consumed_valid_samples"] = st.consumed_valid_samples;
+  args["tensor_model_parallel_size"] = ranks.tp_size;
+  args["pipeline_model_parallel_size"] = ranks.pp_size;
+  args["data_parallel_size"] = ranks.dp_size;
+  sd.common = {{"args", args},
+               {"checkpoint_version", kCheckpointVersion},
+               {"iteration", it},
+               {"num_floating_point_operations_so_far", st.num_floating_point_operations_so_far},
+               {"opt_param_scheduler", st.opt_param_scheduler},
+               {"content_metadata", {{"distrib_optim_sharding_type", "fully_reshardable"},
+                                     {"singleton_local_shards", false},
+                                     {"chained_optim_avoid_prefix", true}}}};
+  if (!cfg.no_save_optim) {
+    sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
+    sd.common["optimizer"] = st.optimizer_common;
+  }
+  if (!cfg.no_save_rng)
+    sd.objects.push_back({"rng_state", st.rng_state, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank},
+                          ranks.dp_rank});
+
+  const std::string root = cfg.save;
+  const std::string done_line = "  [" + std::string("%s") + "] successfully saved checkpoint from iteration " + fmt_it(it) +
+                                " to " + root + " [ t " + std::to_string(ranks.tp_rank + 1) + "/" +
+                                std::to_string(ranks.tp_size) + ", gtp_remat 1/1, p " + std::to_string(ranks.pp_rank + 1) +
+                                "/" + std::to_string(ranks.pp_size) + " ]";
+  auto finalize_fn = [root, it, done_line, world] {
+    dc::write_file_atomic(tracker_filename(root), std::to_string(it));
+    std::string line = done_line;
+    line.replace(line.find("%s"), 2, timestamp());
+    print0(world, line);
+  };
+  if (cfg.async_save) {
+    auto req = dc::save_async(sd, dir, world);
+    req->add_finalize_fn(finalize_fn);
+    pending().req = std::move(req);
+  } else {
+    dc::save(sd, dir, world);
+    if (group_rank(world) == 0) finalize_fn();
+    if (world) world->barrier();
+  }
+}
+
+LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                           distributed::ProcessGroup* world) {
+  LoadResult res;
+  if (cfg.load.empty()) return res;
+  int64_t it = 0;
+  bool release = false;
+  if (cfg.ckpt_step >= 0) {
+    it = cfg.ckpt_step;
+  } else {
+    auto tr = read_tracker(cfg.load);
+    if (!tr) {
+      if (cfg.exit_on_missing_checkpoint)
+        user_error("--load ", cfg.load, ": no checkpoint found (", tracker_filename(cfg.load),
+                   " is missing) and --exit-on-missing-checkpoint is set");
+      print0(world, "WARNING: could not find the metadata file " + tracker_filename(cfg.load));
+      print0(world, "    will not load any checkpoints and will start from random");
+      return res;
+    }
+    std::tie(it, release) = *tr;
+  }
+  // All ranks must agree on the iteration (Megatron: all-reduce MAX of the tracker's value).
+  if (world) {
+    Tensor t = Tensor::from_vector_i64({it}, {1});
+    world->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+    if (t.data<int64_t>()[0] != it)
+      user_error("--load ", cfg.load, ": ranks read different iterations from ", tracker_filename(cfg.load),
+                 " (", it, " vs ", t.data<int64_t>()[0], "): is the directory shared by all ranks?");
+  }
+  const std::string dir = checkpoint_dir_name(cfg.load, it, release);
+  print0(world, " loading distributed checkpoint from " + cfg.load + " at iteration " + std::to_string(it));
+  json common = dc::load_common_state(dir);
+  const bool want_optim = !cfg.no_load_optim && !cfg.finetune && !release;
+  bool want_rng = !cfg.no_load_rng && !cfg.finetune && !release;
+  const json args = common.value("args", json::object());
+  int ck_tp = args.value("tensor_model_parallel_size", ranks.tp_size);
+  int ck_pp = args.value("pipeline_model_parallel_size", ranks.pp_size);
+  if (want_rng && (ck_tp != ranks.tp_size || ck_pp != ranks.pp_size)) {
+    print0(world, "(TP, PP) mismatch after resume ((" + std::to_string(ranks.tp_size) + ", " +
+                      std::to_string(ranks.pp_size) + ") vs (" + std::to_string(ck_tp) + ", " + std::to_string(ck_pp) +
+                      ") from checkpoint): RNG state will be ignored");
+    want_rng = false;
+  }
+  dc::ShardedStateDict sd;
+  sd.tensors = st.model;
+  const size_t n_model = sd.tensors.size();
+  if (want_optim) {
+    if (!common.contains("optimizer"))
+      user_error(dir, ": the checkpoint has no optimizer state (saved with --no-save-optim?); "
+                 "use --no-load-optim or --finetune to load only the weights");
+    sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
+  }
+  if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
+  dc::load(sd, dir);
+  (void)n_model;  // tensors share storage with st's views: loaded in place
+
+  res.loaded = true;
+  res.checkpoint_dir = dir;
+  res.args = args;
+  if (!cfg.finetune && !release) {
+    res.iteration = common.value("iteration", it);
+    res.consumed_train_samples = args.value("consumed_train_samples", int64_t(0));
+    res.consumed_valid_samples = args.value("consumed_valid_samples", int64_t(0));
+    res.num_floating_point_operations_so_far = common.value("num_floating_point_operations_so_far", 0.0);
+  }
+  if (want_optim) {
+    res.optimizer_loaded = true;
+    res.optimizer_common = common["optimizer"];
+    res.opt_param_scheduler = common.value("opt_param_scheduler", json::object());
+  }
+  if (want_rng && !sd.objects.empty() && sd.objects[0].loaded) {
+    res.rng_loaded = true;
+    res.rng_state = sd.objects[0].value;
+  }
+  print0(world, "  successfully loaded checkpoint from " + cfg.load + " [ t " + std::to_string(ranks.tp_rank + 1) + "/" +
+                    std::to_string(ranks.tp_size) + ", p " + std::to_string(ranks.pp_rank + 1) + "/" +
+                    std::to_string(ranks.pp_size) + " ] at iteration " + std::to_string(res.iteration));
+  return res;
+}
+
+}  // namespace megatron::training

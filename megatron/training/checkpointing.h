@@ -1,0 +1,170 @@
+// Trainer-side checkpointing (Megatron's megatron/training/checkpointing.py): --save/--load
+// directory conventions, the tracker file, what goes into a checkpoint, and the
+// --no-load-optim / --no-load-rng / --finetune / --async-save semantics.
+//
+// Layout (docs/checkpointing.md):
+//   <save>/latest_checkpointed_iteration.txt   "<iteration>" without newline (written last)
+//   <save>/iter_0000100/                        a dist_checkpointing directory
+//
+// How the trainer uses it (every rank calls every function, in the same order):
+//
+//   TrainingState st;
+//   st.model = model_sharded_tensors(...);              // this rank's params, global coordinates
+//   add_optimizer_state(st, i, main_param, exp_avg, exp_avg_sq);  // per param (fp32), optional
+//   st.optimizer_common = {{"step", step}, {"param_groups", ...}};
+//   st.opt_param_scheduler = scheduler.state_dict();   st.rng_state = rng.state();
+//   LoadResult r = load_checkpoint(st, cfg, ranks, world);  // fills tensors in place
+//   ... train; every --save-interval:
+//   st.iteration = it; st.consumed_train_samples = ...;
+//   save_checkpoint(st, cfg, ranks, world);
+//   maybe_finalize_async_save(world, /*blocking=*/false) each iteration; blocking at exit.
+//
+// The tensors in TrainingState are *views* of the live parameters/optimizer state: load writes
+// into them; a synchronous save reads them; an async save copies them before returning.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "megatron/core/dist_checkpointing/mapping.h"
+#include "megatron/core/distributed/process_group.h"
+
+namespace megatron::transformer {
+struct Parameter;
+}
+
+namespace megatron::training {
+
+using dist_checkpointing::ShardedTensor;
+
+/// Checkpoint flags, named as Megatron's.
+struct CheckpointConfig {
+  std::string save;                        // --save
+  std::string load;                        // --load
+  bool no_save_optim = false;              // --no-save-optim
+  bool no_save_rng = false;                // --no-save-rng
+  bool no_load_optim = false;              // --no-load-optim (also skips the scheduler)
+  bool no_load_rng = false;                // --no-load-rng
+  bool finetune = false;                   // --finetune: weights only, iteration and samples start at 0
+  bool async_save = false;                 // --async-save
+  bool exit_on_missing_checkpoint = false; // --exit-on-missing-checkpoint
+  int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration instead of the tracker's
+  std::string ckpt_format = "torch_dist";  // --ckpt-format (printed; our on-disk format is always ours)
+};
+
+/// This rank's position (printed in the log lines, RNG state grid).
+struct ParallelRanks {
+  int tp_rank = 0, tp_size = 1;
+  int pp_rank = 0, pp_size = 1;
+  int dp_rank = 0, dp_size = 1;
+};
+
+/// What a checkpoint holds for one rank.
+struct TrainingState {
+  /// Model parameters: Megatron keys, global shapes, this rank's boxes (see model_sharded_tensors).
+  std::vector<ShardedTensor> model;
+  /// fp32 optimizer state pieces, keys "optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model key>"
+  /// (use add_optimizer_state). Saved unless --no-save-optim; loaded unless --no-load-optim/--finetune.
+  std::vector<ShardedTensor> optimizer;
+  /// Non-tensor optimizer state, e.g. {"step": 100, "param_groups": [...], "grad_scaler": {...}}.
+  nlohmann::json optimizer_common = nlohmann::json::object();
+  /// OptimizerParamScheduler state (Megatron keys: max_lr, lr_warmup_steps, num_steps, ...).
+  nlohmann::json opt_param_scheduler = nlohmann::json::object();
+  /// This rank's RNG state (any JSON). Stored per (pp, tp) position, written by dp rank 0.
+  nlohmann::json rng_state = nlohmann::json::object();
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  double num_floating_point_operations_so_far = 0.0;
+  /// All arguments (flag name → value); stored as common "args".
+  nlohmann::json args = nlohmann::json::object();
+};
+
+/// Result of load_checkpoint.
+struct LoadResult {
+  bool loaded = false;             // false: no checkpoint found (start from scratch)
+  int64_t iteration = 0;           // iteration to continue from (0 with --finetune)
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  double num_floating_point_operations_so_far = 0.0;
+  bool optimizer_loaded = false;   // optimizer tensors + optimizer_common + scheduler were loaded
+  bool rng_loaded = false;         // rng_state was loaded
+  nlohmann::json optimizer_common;
+  nlohmann::json opt_param_scheduler;
+  nlohmann::json rng_state;
+  nlohmann::json args;             // the checkpoint's arguments
+  std::string checkpoint_dir;      // the iter_XXXXXXX directory read
+};
+
+/// "<save>/iter_0000100" (Megatron's get_checkpoint_name for the dist format), or
+/// "<save>/release" for release checkpoints.
+std::string checkpoint_dir_name(const std::string& root, int64_t iteration, bool release = false);
+/// "<root>/latest_checkpointed_iteration.txt".
+std::string tracker_filename(const std::string& root);
+/// Reads the tracker: {iteration, release}. nullopt when the file does not exist. Throws UserError
+/// naming the file when its content is neither an integer nor "release".
+std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root);
+
+/// Stacked-layer key mapping (§8.2): "decoder.layers.3.self_attention.linear_qkv.weight" →
+/// ("decoder.layers.self_attention.linear_qkv.weight", 3). Other names → (name, -1).
+std::pair<std::string, int64_t> stacked_layer_key(const std::string& param_name);
+
+/// How one model parameter is split across tensor-parallel ranks.
+struct ParamSharding {
+  int tp_axis = -1;          // axis split over TP (-1: replicated over TP)
+  bool swiglu_fc1 = false;   // linear_fc1 of a SwiGLU MLP: local [gate_shard; up_shard] rows
+};
+
+/// ShardedTensors of one parameter: `name` with a GLOBAL layer index (decoder.layers.{i}.…),
+/// `data` this rank's piece, split as `sh` over ranks.tp_size. Layer parameters become the
+/// stacked key with a leading layer axis of size `num_layers`; TP-replicated tensors get
+/// replica_id = tp_rank; everything gets replica ids over DP (dp_rank). SwiGLU fc1 returns two
+/// pieces (gate and up rows) so the global tensor is [W_gate; W_up] whatever the TP size.
+std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
+                                                 int64_t num_layers, const ParallelRanks& ranks);
+
+/// ShardedTensors of a GPTModel parameter (megatron/core/transformer/module.h): uses its name,
+/// data, partition_dim / partition_stride (2 = SwiGLU fc1) and tp_rank / tp_size. The tied
+/// output-layer duplicate on the last stage (p.shared) yields nothing (the embedding is saved).
+/// dp_rank > 0 marks the pieces as replicas.
+std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers, int dp_rank = 0);
+
+/// Adds the fp32 optimizer state of model tensor piece `model_piece` (same local shape as its
+/// data, or a 1-D flat range when `flattened_range` is given) to st.optimizer, keys
+/// "optimizer.state.fp32_param.<key>", "optimizer.state.exp_avg.<key>", "optimizer.state.exp_avg_sq.<key>".
+/// Undefined tensors are skipped. replica_id: without a flat range the model piece's (state is
+/// replicated like the parameter); with one (distributed optimizer: each DP rank owns a different
+/// range) pass the TP-replica id (tp_rank for TP-replicated parameters, else 0).
+void add_optimizer_state(TrainingState& st, const ShardedTensor& model_piece, const Tensor& main_param,
+                         const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                         std::optional<std::pair<int64_t, int64_t>> flattened_range = std::nullopt,
+                         int replica_id = 0);
+
+/// Saves `st` to <cfg.save>/iter_{st.iteration:07d} (collective over `world`; nullptr = single
+/// rank) and then updates the tracker (rank 0, atomically). Prints Megatron's lines on rank 0:
+///   "[<time>] saving checkpoint at iteration {it:7d} to {save} in {format} format"
+///   "  [<time>] successfully saved checkpoint from iteration {it:7d} to {save} [ t a/b, gtp_remat 1/1, p c/d ]"
+/// With cfg.async_save the data is snapshotted and written in the background; the tracker and
+/// the second line come from maybe_finalize_async_save(). A pending async save is finalized
+/// (blocking) before a new one starts. Throws UserError when cfg.save is empty or on I/O errors.
+void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                     distributed::ProcessGroup* world = nullptr);
+
+/// Finalizes a pending async save when every rank's write is done (blocking: waits for it).
+/// Returns true if nothing is pending afterwards. Collective when a save is pending.
+bool maybe_finalize_async_save(distributed::ProcessGroup* world = nullptr, bool blocking = false);
+
+/// Loads from cfg.load (tracker → iter dir, or cfg.ckpt_step) into the tensors of `st` (in place)
+/// following --no-load-optim/--no-load-rng/--finetune. With no tracker file it prints Megatron's
+/// warning and returns loaded=false (UserError with --exit-on-missing-checkpoint). RNG state is
+/// skipped with a message when (TP, PP) differ from the checkpoint's. Prints
+/// " loading distributed checkpoint from {load} at iteration {it}" and
+/// "  successfully loaded checkpoint from {load} [ t a/b, p c/d ] at iteration {it}" on rank 0.
+LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                           distributed::ProcessGroup* world = nullptr);
+
+}  // namespace megatron::training

@@ -1,0 +1,480 @@
+#include "megatron/training/hf/hf_checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "megatron/core/dist_checkpointing/file_utils.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
+#include "megatron/core/utils/errors.h"
+#include "megatron/training/hf/hf_mapping.h"
+
+namespace megatron::hf {
+
+namespace fs = std::filesystem;
+namespace dc = megatron::dist_checkpointing;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Cfg {
+  const json& j;
+  const std::string& path;
+  int64_t req_int(const char* key) const {
+    if (!j.contains(key) || !j[key].is_number_integer())
+      user_error(path, ": key '", key, "' is missing or not an integer");
+    int64_t v = j[key].get<int64_t>();
+    if (v <= 0) user_error(path, ": key '", key, "' must be positive, got ", v);
+    return v;
+  }
+  int64_t opt_int(const char* key, int64_t def) const {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_number_integer()) user_error(path, ": key '", key, "' is not an integer");
+    return j[key].get<int64_t>();
+  }
+  double opt_num(const char* key, double def) const {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_number()) user_error(path, ": key '", key, "' is not a number");
+    return j[key].get<double>();
+  }
+  bool opt_bool(const char* key, bool def) const {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_boolean()) user_error(path, ": key '", key, "' is not true/false");
+    return j[key].get<bool>();
+  }
+  std::string opt_str(const char* key, const std::string& def) const {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_string()) user_error(path, ": key '", key, "' is not a string");
+    return j[key].get<std::string>();
+  }
+};
+
+void check_rope_object(const json& r, const std::string& path, const char* key) {
+  if (r.is_null()) return;
+  if (!r.is_object()) user_error(path, ": '", key, "' must be an object or null");
+  std::string type = r.value("rope_type", r.value("type", std::string("default")));
+  if (type != "default")
+    user_error(path, ": ", key, ".rope_type '", type,
+               "' is not supported (only plain RoPE; scaled variants such as llama3/linear/dynamic/yarn would "
+               "give a different model)");
+}
+
+}  // namespace
+
+HFModelSpec read_hf_config(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(dc::read_text_file(path));
+  } catch (const json::exception& e) {
+    user_error(path, ": not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) user_error(path, ": not a JSON object");
+  Cfg c{j, path};
+  HFModelSpec s;
+  s.model_type = c.opt_str("model_type", "");
+  if (s.model_type == "llama") {
+    s.hidden_size = c.req_int("hidden_size");
+    s.ffn_hidden_size = c.req_int("intermediate_size");
+    s.num_layers = c.req_int("num_hidden_layers");
+    s.num_attention_heads = c.req_int("num_attention_heads");
+    s.num_query_groups = c.opt_int("num_key_value_heads", s.num_attention_heads);
+    if (s.num_query_groups <= 0 || s.num_attention_heads % s.num_query_groups != 0)
+      user_error(path, ": num_key_value_heads ", s.num_query_groups, " must divide num_attention_heads ",
+                 s.num_attention_heads);
+    s.kv_channels = c.opt_int("head_dim", s.hidden_size / s.num_attention_heads);
+    s.max_position_embeddings = c.req_int("max_position_embeddings");
+    s.vocab_size = c.req_int("vocab_size");
+    s.normalization = "RMSNorm";
+    s.norm_epsilon = c.opt_num("rms_norm_eps", 1e-6);
+    s.position_embedding_type = "rope";
+    s.rotary_base = c.opt_num("rope_theta", 10000.0);
+    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+      check_rope_object(j["rope_parameters"], path, "rope_parameters");
+      if (j["rope_parameters"].contains("rope_theta")) s.rotary_base = j["rope_parameters"]["rope_theta"].get<double>();
+      if (j["rope_parameters"].contains("partial_rotary_factor") &&
+          j["rope_parameters"]["partial_rotary_factor"].get<double>() != 1.0)
+        user_error(path, ": rope_parameters.partial_rotary_factor != 1 is not supported for LLaMA import");
+    }
+    if (j.contains("rope_scaling")) check_rope_object(j["rope_scaling"], path, "rope_scaling");
+    std::string act = c.opt_str("hidden_act", "silu");
+    if (act != "silu") user_error(path, ": hidden_act '", act, "' is not supported (LLaMA uses silu for SwiGLU)");
+    s.swiglu = true;
+    s.activation = "silu";
+    if (c.opt_int("pretraining_tp", 1) != 1) user_error(path, ": pretraining_tp must be 1");
+    const bool ab = c.opt_bool("attention_bias", false), mb = c.opt_bool("mlp_bias", false);
+    if (ab != mb)
+      user_error(path, ": attention_bias=", ab ? "true" : "false", " with mlp_bias=", mb ? "true" : "false",
+                 " is not supported (Megatron's --add-bias-linear covers attention and MLP together)");
+    s.add_bias_linear = ab;
+    s.add_qkv_bias = ab;
+    s.untie_embeddings_and_output_weights = !c.opt_bool("tie_word_embeddings", false);
+  } else if (s.model_type == "gpt2") {
+    s.hidden_size = c.req_int("n_embd");
+    s.num_layers = c.req_int("n_layer");
+    s.num_attention_heads = c.req_int("n_head");
+    s.num_query_groups = s.num_attention_heads;
+    if (s.hidden_size % s.num_attention_heads != 0)
+      user_error(path, ": n_embd ", s.hidden_size, " is not a multiple of n_head ", s.num_attention_heads);
+    s.kv_channels = s.hidden_size / s.num_attention_heads;
+    s.ffn_hidden_size = c.opt_int("n_inner", 4 * s.hidden_size);
+    s.max_position_embeddings = c.req_int("n_positions");
+    s.vocab_size = c.req_int("vocab_size");
+    s.normalization = "LayerNorm";
+    s.norm_epsilon = c.opt_num("layer_norm_epsilon", 1e-5);
+    s.position_embedding_type = "learned_absolute";
+    std::string act = c.opt_str("activation_function", "gelu_new");
+    if (act == "gelu_new" || act == "gelu_pytorch_tanh") s.activation = "gelu_tanh";
+    else if (act == "gelu") s.activation = "gelu";
+    else user_error(path, ": activation_function '", act, "' is not supported (gelu_new or gelu)");
+    if (c.opt_bool("scale_attn_by_inverse_layer_idx", false))
+      user_error(path, ": scale_attn_by_inverse_layer_idx=true is not supported");
+    if (!c.opt_bool("scale_attn_weights", true)) user_error(path, ": scale_attn_weights=false is not supported");
+    if (c.opt_bool("add_cross_attention", false)) user_error(path, ": add_cross_attention=true is not supported");
+    s.add_bias_linear = true;
+    s.add_qkv_bias = true;
+    s.untie_embeddings_and_output_weights = !c.opt_bool("tie_word_embeddings", true);
+  } else {
+    user_error(path, ": model_type '", s.model_type, "' is not supported (llama or gpt2)");
+  }
+  return s;
+}
+
+std::vector<std::string> HFModelSpec::megatron_args() const {
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  std::vector<std::string> a = {"--num-layers", std::to_string(num_layers), "--hidden-size", std::to_string(hidden_size),
+                                "--ffn-hidden-size", std::to_string(ffn_hidden_size), "--num-attention-heads",
+                                std::to_string(num_attention_heads), "--kv-channels", std::to_string(kv_channels),
+                                "--max-position-embeddings", std::to_string(max_position_embeddings),
+                                "--normalization", normalization, "--norm-epsilon", num(norm_epsilon),
+                                "--position-embedding-type", position_embedding_type};
+  if (num_query_groups != num_attention_heads) {
+    a.insert(a.end(), {"--group-query-attention", "--num-query-groups", std::to_string(num_query_groups)});
+  }
+  if (position_embedding_type == "rope") a.insert(a.end(), {"--rotary-base", num(rotary_base)});
+  if (swiglu) a.push_back("--swiglu");
+  if (!add_bias_linear) a.push_back("--disable-bias-linear");
+  if (add_qkv_bias && !add_bias_linear) a.push_back("--add-qkv-bias");
+  if (untie_embeddings_and_output_weights) a.push_back("--untie-embeddings-and-output-weights");
+  if (activation == "gelu_tanh") a.push_back("--openai-gelu");
+  return a;
+}
+
+json hf_config_json(const HFModelSpec& s) {
+  if (s.model_type == "llama") {
+    return {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"hidden_size", s.hidden_size},
+            {"intermediate_size", s.ffn_hidden_size},
+            {"num_hidden_layers", s.num_layers},
+            {"num_attention_heads", s.num_attention_heads},
+            {"num_key_value_heads", s.num_query_groups},
+            {"head_dim", s.kv_channels},
+            {"max_position_embeddings", s.max_position_embeddings},
+            {"vocab_size", s.vocab_size},
+            {"rms_norm_eps", s.norm_epsilon},
+            {"rope_theta", s.rotary_base},
+            {"rope_scaling", nullptr},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", !s.untie_embeddings_and_output_weights},
+            {"attention_bias", s.add_bias_linear},
+            {"mlp_bias", s.add_bias_linear},
+            {"pretraining_tp", 1}};
+  }
+  MEGATRON_CHECK(s.model_type == "gpt2") << "model_type " << s.model_type;
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_embd", s.hidden_size},
+          {"n_layer", s.num_layers},
+          {"n_head", s.num_attention_heads},
+          {"n_inner", s.ffn_hidden_size == 4 * s.hidden_size ? json(nullptr) : json(s.ffn_hidden_size)},
+          {"n_positions", s.max_position_embeddings},
+          {"vocab_size", s.vocab_size},
+          {"layer_norm_epsilon", s.norm_epsilon},
+          {"activation_function", s.activation == "gelu" ? "gelu" : "gelu_new"},
+          {"tie_word_embeddings", !s.untie_embeddings_and_output_weights}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------------------------
+
+HFWeights::HFWeights(const std::string& dir) : dir_(dir) {
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::set<std::string> files;
+  if (fs::exists(index)) {
+    json j;
+    try {
+      j = json::parse(dc::read_text_file(index));
+    } catch (const json::exception& e) {
+      user_error(index, ": not valid JSON (", e.what(), ")");
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) user_error(index, ": no 'weight_map' object");
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      where_[it.key()] = it.value().get<std::string>();
+      files.insert(it.value().get<std::string>());
+    }
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    files.insert("model.safetensors");
+  } else {
+    user_error(dir, ": no model.safetensors or model.safetensors.index.json (is this a Hugging Face model directory?)");
+  }
+  for (const auto& f : files) {
+    const std::string p = dir + "/" + f;
+    if (!fs::exists(p)) user_error(index, ": names shard ", f, " which does not exist in ", dir);
+    auto rd = std::make_unique<dc::SafetensorsReader>(p);
+    if (!fs::exists(index))
+      for (const auto& e : rd->entries()) where_[e.name] = f;
+    files_[f] = std::move(rd);
+  }
+  for (const auto& [name, f] : where_)
+    if (!files_.at(f)->find(name)) user_error(index, ": tensor '", name, "' is mapped to ", f, " but not stored there");
+}
+
+HFWeights::~HFWeights() = default;
+
+bool HFWeights::has(const std::string& name) const { return where_.count(name) > 0; }
+
+Tensor HFWeights::get(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) user_error(dir_, ": missing tensor '", name, "'");
+  return files_.at(it->second)->tensor(name);
+}
+
+std::vector<std::string> HFWeights::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : where_) n.push_back(k);
+  return n;
+}
+
+std::string HFWeights::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? std::string() : dir_ + "/" + it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Name/layout mapping
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+class Taker {
+ public:
+  Taker(const HFWeights& w) : w_(w) {}
+  Tensor take(const std::string& name, const Shape& shape) {
+    if (!w_.has(name)) user_error("Hugging Face checkpoint: missing tensor '", name, "'");
+    Tensor t = w_.get(name);
+    if (t.shape() != shape)
+      user_error(w_.file_of(name), ": tensor '", name, "' has shape ", shape_str(t.shape()), ", config.json implies ",
+                 shape_str(shape));
+    used_.insert(name);
+    return t;
+  }
+  void check_all_used() const {
+    for (const auto& n : w_.names()) {
+      if (used_.count(n)) continue;
+      auto ends = [&](const std::string& suf) { return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0; };
+      if (ends("rotary_emb.inv_freq") || ends(".attn.bias") || ends(".attn.masked_bias")) continue;
+      user_error(w_.file_of(n), ": unexpected tensor '", n, "' (not part of the model config.json describes)");
+    }
+  }
+  void mark_used(const std::string& n) { used_.insert(n); }
+
+ private:
+  const HFWeights& w_;
+  std::set<std::string> used_;
+};
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> hf_to_megatron(const HFWeights& w, const HFModelSpec& s, int64_t padded_vocab) {
+  if (padded_vocab == 0) padded_vocab = s.vocab_size;
+  if (padded_vocab < s.vocab_size) user_error("padded vocab size ", padded_vocab, " < vocab_size ", s.vocab_size);
+  Taker t(w);
+  std::vector<std::pair<std::string, Tensor>> out;
+  const int64_t h = s.hidden_size, f = s.ffn_hidden_size, nh = s.num_attention_heads, ng = s.num_query_groups,
+                d = s.kv_channels, V = s.vocab_size;
+  auto L = [](int64_t i) { return "decoder.layers." + std::to_string(i) + "."; };
+  if (s.model_type == "llama") {
+    Tensor emb = t.take("model.embed_tokens.weight", {V, h});
+    out.push_back({"embedding.word_embeddings.weight", resize_rows(emb, padded_vocab)});
+    for (int64_t i = 0; i < s.num_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      out.push_back({L(i) + "input_layernorm.weight", t.take(p + "input_layernorm.weight", {h})});
+      Tensor q = t.take(p + "self_attn.q_proj.weight", {nh * d, h});
+      Tensor k = t.take(p + "self_attn.k_proj.weight", {ng * d, h});
+      Tensor v = t.take(p + "self_attn.v_proj.weight", {ng * d, h});
+      out.push_back({L(i) + "self_attention.linear_qkv.weight", qkv_to_megatron(q, k, v, nh, ng)});
+      if (s.add_qkv_bias)
+        out.push_back({L(i) + "self_attention.linear_qkv.bias",
+                       qkv_to_megatron(t.take(p + "self_attn.q_proj.bias", {nh * d}), t.take(p + "self_attn.k_proj.bias", {ng * d}),
+                                       t.take(p + "self_attn.v_proj.bias", {ng * d}), nh, ng)});
+      out.push_back({L(i) + "self_attention.linear_proj.weight", t.take(p + "self_attn.o_proj.weight", {h, nh * d})});
+      if (s.add_bias_linear) out.push_back({L(i) + "self_attention.linear_proj.bias", t.take(p + "self_attn.o_proj.bias", {h})});
+      out.push_back({L(i) + "pre_mlp_layernorm.weight", t.take(p + "post_attention_layernorm.weight", {h})});
+      out.push_back({L(i) + "mlp.linear_fc1.weight",
+                     fc1_to_megatron(t.take(p + "mlp.gate_proj.weight", {f, h}), t.take(p + "mlp.up_proj.weight", {f, h}))});
+      if (s.add_bias_linear)
+        out.push_back({L(i) + "mlp.linear_fc1.bias",
+                       fc1_to_megatron(t.take(p + "mlp.gate_proj.bias", {f}), t.take(p + "mlp.up_proj.bias", {f}))});
+      out.push_back({L(i) + "mlp.linear_fc2.weight", t.take(p + "mlp.down_proj.weight", {h, f})});
+      if (s.add_bias_linear) out.push_back({L(i) + "mlp.linear_fc2.bias", t.take(p + "mlp.down_proj.bias", {h})});
+    }
+    out.push_back({"decoder.final_layernorm.weight", t.take("model.norm.weight", {h})});
+    if (s.untie_embeddings_and_output_weights) {
+      if (!w.has("lm_head.weight"))
+        user_error("Hugging Face checkpoint: tie_word_embeddings is false but lm_head.weight is missing");
+      out.push_back({"output_layer.weight", resize_rows(t.take("lm_head.weight", {V, h}), padded_vocab)});
+    } else if (w.has("lm_head.weight")) {
+      if (!same_bytes(t.take("lm_head.weight", {V, h}), emb))
+        user_error(w.file_of("lm_head.weight"),
+                   ": tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight");
+    }
+  } else {
+    const std::string pre = w.has("transformer.wte.weight") ? "transformer." : "";
+    Tensor wte = t.take(pre + "wte.weight", {V, h});
+    out.push_back({"embedding.word_embeddings.weight", resize_rows(wte, padded_vocab)});
+    out.push_back({"embedding.position_embeddings.weight", t.take(pre + "wpe.weight", {s.max_position_embeddings, h})});
+    for (int64_t i = 0; i < s.num_layers; ++i) {
+      const std::string p = pre + "h." + std::to_string(i) + ".";
+      out.push_back({L(i) + "input_layernorm.weight", t.take(p + "ln_1.weight", {h})});
+      out.push_back({L(i) + "input_layernorm.bias", t.take(p + "ln_1.bias", {h})});
+      out.push_back({L(i) + "self_attention.linear_qkv.weight", gpt2_c_attn_to_megatron(t.take(p + "attn.c_attn.weight", {h, 3 * h}), nh)});
+      out.push_back({L(i) + "self_attention.linear_qkv.bias", gpt2_c_attn_to_megatron(t.take(p + "attn.c_attn.bias", {3 * h}), nh)});
+      out.push_back({L(i) + "self_attention.linear_proj.weight", transpose2d(t.take(p + "attn.c_proj.weight", {h, h}))});
+      out.push_back({L(i) + "self_attention.linear_proj.bias", t.take(p + "attn.c_proj.bias", {h})});
+      out.push_back({L(i) + "pre_mlp_layernorm.weight", t.take(p + "ln_2.weight", {h})});
+      out.push_back({L(i) + "pre_mlp_layernorm.bias", t.take(p + "ln_2.bias", {h})});
+      out.push_back({L(i) + "mlp.linear_fc1.weight", transpose2d(t.take(p + "mlp.c_fc.weight", {h, f}))});
+      out.push_back({L(i) + "mlp.linear_fc1.bias", t.take(p + "mlp.c_fc.bias", {f})});
+      out.push_back({L(i) + "mlp.linear_fc2.weight", transpose2d(t.take(p + "mlp.c_proj.weight", {f, h}))});
+      out.push_back({L(i) + "mlp.linear_fc2.bias", t.take(p + "mlp.c_proj.bias", {h})});
+    }
+    out.push_back({"decoder.final_layernorm.weight", t.take(pre + "ln_f.weight", {h})});
+    out.push_back({"decoder.final_layernorm.bias", t.take(pre + "ln_f.bias", {h})});
+    if (s.untie_embeddings_and_output_weights) {
+      if (!w.has("lm_head.weight"))
+        user_error("Hugging Face checkpoint: tie_word_embeddings is false but lm_head.weight is missing");
+      out.push_back({"output_layer.weight", resize_rows(t.take("lm_head.weight", {V, h}), padded_vocab)});
+    } else if (w.has("lm_head.weight")) {
+      if (!same_bytes(t.take("lm_head.weight", {V, h}), wte))
+        user_error(w.file_of("lm_head.weight"), ": tie_word_embeddings is true but lm_head.weight differs from wte.weight");
+    }
+  }
+  t.check_all_used();
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> megatron_to_hf(const std::map<std::string, Tensor>& params,
+                                                           const HFModelSpec& s) {
+  auto get = [&](const std::string& n) -> const Tensor& {
+    auto it = params.find(n);
+    if (it == params.end()) user_error("export: missing Megatron tensor '", n, "'");
+    return it->second;
+  };
+  std::vector<std::pair<std::string, Tensor>> out;
+  const int64_t nh = s.num_attention_heads, ng = s.num_query_groups, V = s.vocab_size;
+  auto L = [](int64_t i) { return "decoder.layers." + std::to_string(i) + "."; };
+  if (s.model_type == "llama") {
+    out.push_back({"model.embed_tokens.weight", resize_rows(get("embedding.word_embeddings.weight"), V)});
+    for (int64_t i = 0; i < s.num_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      out.push_back({p + "input_layernorm.weight", get(L(i) + "input_layernorm.weight")});
+      auto qkv = qkv_from_megatron(get(L(i) + "self_attention.linear_qkv.weight"), nh, ng);
+      out.push_back({p + "self_attn.q_proj.weight", qkv[0]});
+      out.push_back({p + "self_attn.k_proj.weight", qkv[1]});
+      out.push_back({p + "self_attn.v_proj.weight", qkv[2]});
+      if (s.add_qkv_bias) {
+        auto b = qkv_from_megatron(get(L(i) + "self_attention.linear_qkv.bias"), nh, ng);
+        out.push_back({p + "self_attn.q_proj.bias", b[0]});
+        out.push_back({p + "self_attn.k_proj.bias", b[1]});
+        out.push_back({p + "self_attn.v_proj.bias", b[2]});
+      }
+      out.push_back({p + "self_attn.o_proj.weight", get(L(i) + "self_attention.linear_proj.weight")});
+      if (s.add_bias_linear) out.push_back({p + "self_attn.o_proj.bias", get(L(i) + "self_attention.linear_proj.bias")});
+      out.push_back({p + "post_attention_layernorm.weight", get(L(i) + "pre_mlp_layernorm.weight")});
+      auto gu = fc1_from_megatron(get(L(i) + "mlp.linear_fc1.weight"));
+      out.push_back({p + "mlp.gate_proj.weight", gu[0]});
+      out.push_back({p + "mlp.up_proj.weight", gu[1]});
+      if (s.add_bias_linear) {
+        auto b = fc1_from_megatron(get(L(i) + "mlp.linear_fc1.bias"));
+        out.push_back({p + "mlp.gate_proj.bias", b[0]});
+        out.push_back({p + "mlp.up_proj.bias", b[1]});
+      }
+      out.push_back({p + "mlp.down_proj.weight", get(L(i) + "mlp.linear_fc2.weight")});
+      if (s.add_bias_linear) out.push_back({p + "mlp.down_proj.bias", get(L(i) + "mlp.linear_fc2.bias")});
+    }
+    out.push_back({"model.norm.weight", get("decoder.final_layernorm.weight")});
+    if (s.untie_embeddings_and_output_weights) out.push_back({"lm_head.weight", resize_rows(get("output_layer.weight"), V)});
+  } else {
+    out.push_back({"transformer.wte.weight", resize_rows(get("embedding.word_embeddings.weight"), V)});
+    out.push_back({"transformer.wpe.weight", get("embedding.position_embeddings.weight")});
+    for (int64_t i = 0; i < s.num_layers; ++i) {
+      const std::string p = "transformer.h." + std::to_string(i) + ".";
+      out.push_back({p + "ln_1.weight", get(L(i) + "input_layernorm.weight")});
+      out.push_back({p + "ln_1.bias", get(L(i) + "input_layernorm.bias")});
+      out.push_back({p + "attn.c_attn.weight", gpt2_c_attn_from_megatron(get(L(i) + "self_attention.linear_qkv.weight"), nh)});
+      out.push_back({p + "attn.c_attn.bias", gpt2_c_attn_from_megatron(get(L(i) + "self_attention.linear_qkv.bias"), nh)});
+      out.push_back({p + "attn.c_proj.weight", transpose2d(get(L(i) + "self_attention.linear_proj.weight"))});
+      out.push_back({p + "attn.c_proj.bias", get(L(i) + "self_attention.linear_proj.bias")});
+      out.push_back({p + "ln_2.weight", get(L(i) + "pre_mlp_layernorm.weight")});
+      out.push_back({p + "ln_2.bias", get(L(i) + "pre_mlp_layernorm.bias")});
+      out.push_back({p + "mlp.c_fc.weight", transpose2d(get(L(i) + "mlp.linear_fc1.weight"))});
+      out.push_back({p + "mlp.c_fc.bias", get(L(i) + "mlp.linear_fc1.bias")});
+      out.push_back({p + "mlp.c_proj.weight", transpose2d(get(L(i) + "mlp.linear_fc2.weight"))});
+      out.push_back({p + "mlp.c_proj.bias", get(L(i) + "mlp.linear_fc2.bias")});
+    }
+    out.push_back({"transformer.ln_f.weight", get("decoder.final_layernorm.weight")});
+    out.push_back({"transformer.ln_f.bias", get("decoder.final_layernorm.bias")});
+    if (s.untie_embeddings_and_output_weights) out.push_back({"lm_head.weight", resize_rows(get("output_layer.weight"), V)});
+  }
+  return out;
+}
+
+void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        const HFModelSpec& spec, uint64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) user_error(dir, ": cannot create directory (", ec.message(), ")");
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+  uint64_t cur = 0, total = 0;
+  for (const auto& nt : tensors) {
+    const uint64_t nb = nt.second.nbytes();
+    if (cur > 0 && cur + nb > max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(nt);
+    cur += nb;
+    total += nb;
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    dc::save_safetensors(dir + "/model.safetensors", shards[0], meta);
+  } else {
+    json wm = json::object();
+    for (size_t k = 0; k < shards.size(); ++k) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      dc::save_safetensors(dir + "/" + name, shards[k], meta);
+      for (const auto& nt : shards[k]) wm[nt.first] = name;
+    }
+    dc::write_file_atomic(dir + "/model.safetensors.index.json",
+                          json({{"metadata", {{"total_size", total}}}, {"weight_map", wm}}).dump(2) + "\n");
+  }
+  dc::write_file_atomic(dir + "/config.json", hf_config_json(spec).dump(2) + "\n");
+}
+
+}  // namespace megatron::hf

@@ -1,0 +1,429 @@
+#include "megatron/training/training.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "megatron/core/utils/errors.h"
+#include "megatron/training/training_log.h"
+
+namespace megatron::training {
+
+namespace {
+std::atomic<bool> g_sigterm{false};
+extern "C" void on_sigterm(int) { g_sigterm.store(true); }
+
+// Σ(loss·mask) and Σ(mask) of one micro-batch (pretrain_gpt.py loss_func), fp64 accumulation.
+LossReport reduce_loss(const Tensor& loss, const Tensor& mask) {
+  MEGATRON_CHECK(loss.dtype() == DType::kFloat32 && mask.dtype() == DType::kFloat32 && loss.numel() == mask.numel())
+      << "loss " << loss.str() << " mask " << mask.str();
+  const Tensor l = loss.is_cpu() ? loss : loss.to(Device::cpu());
+  const Tensor m = mask.is_cpu() ? mask : mask.to(Device::cpu());
+  const float* lp = l.data<float>();
+  const float* mp = m.data<float>();
+  LossReport r;
+  for (int64_t i = 0; i < l.numel(); ++i) {
+    r.loss_sum += static_cast<double>(lp[i]) * static_cast<double>(mp[i]);
+    r.num_tokens += static_cast<double>(mp[i]);
+  }
+  return r;
+}
+}  // namespace
+
+void install_exit_signal_handler() { std::signal(SIGTERM, on_sigterm); }
+bool exit_signal_received() { return g_sigterm.load(); }
+
+std::string memory_report(const std::string& name, int rank) {
+  double rss_mb = 0.0, hwm_mb = 0.0;
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss_mb = kb / 1024.0;
+    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &kb) == 1) hwm_mb = kb / 1024.0;
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "[Rank %d] %s memory (MB) | resident: %.2f | max resident: %.2f", rank, name.c_str(),
+                rss_mb, hwm_mb);
+  return buf;
+}
+
+OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& a) {
+  OptimizerParamScheduler::Options o;
+  const int64_t gbs = *a.global_batch_size;
+  if (a.train_iters) {
+    const int64_t decay_iters = a.lr_decay_iters.value_or(*a.train_iters);
+    o.lr_decay_steps = decay_iters * gbs;
+    o.wd_incr_steps = *a.train_iters * gbs;
+    o.wsd_decay_steps = a.lr_wsd_decay_iters ? *a.lr_wsd_decay_iters * gbs : 0;
+    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
+                                             : static_cast<double>(a.lr_warmup_iters * gbs);
+  } else if (a.train_samples) {
+    o.lr_decay_steps = a.lr_decay_samples.value_or(*a.train_samples);
+    o.wd_incr_steps = *a.train_samples;
+    o.wsd_decay_steps = a.lr_wsd_decay_samples.value_or(0);
+    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
+                                             : static_cast<double>(a.lr_warmup_samples);
+  } else {
+    user_error("one of --train-iters or --train-samples is required");
+  }
+  o.init_lr = a.lr_warmup_init;
+  o.max_lr = *a.lr;
+  o.min_lr = a.min_lr;
+  o.lr_decay_style = a.lr_decay_style;
+  o.start_wd = a.start_weight_decay.value_or(a.weight_decay);
+  o.end_wd = a.end_weight_decay.value_or(a.weight_decay);
+  o.wd_incr_style = a.weight_decay_incr_style;
+  o.lr_wsd_decay_style = a.lr_wsd_decay_style;
+  return o;
+}
+
+optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& a) {
+  optimizer::OptimizerConfig c;
+  c.optimizer = a.optimizer;
+  c.lr = *a.lr;
+  c.min_lr = a.min_lr;
+  c.decoupled_lr = a.decoupled_lr;
+  c.decoupled_min_lr = a.decoupled_min_lr;
+  c.weight_decay = a.weight_decay;
+  c.decoupled_weight_decay = a.decoupled_weight_decay;
+  c.fp16 = a.fp16;
+  c.bf16 = a.bf16;
+  c.loss_scale = a.loss_scale;
+  c.initial_loss_scale = a.initial_loss_scale;
+  c.min_loss_scale = a.min_loss_scale;
+  c.loss_scale_window = static_cast<int>(a.loss_scale_window);
+  c.hysteresis = static_cast<int>(a.hysteresis);
+  c.adam_beta1 = a.adam_beta1;
+  c.adam_beta2 = a.adam_beta2;
+  c.adam_eps = a.adam_eps;
+  c.sgd_momentum = a.sgd_momentum;
+  c.use_distributed_optimizer = a.use_distributed_optimizer;
+  c.clip_grad = a.clip_grad;
+  c.log_num_zeros_in_grad = a.log_num_zeros_in_grad;
+  return c;
+}
+
+Trainer::Trainer(const Arguments& args, TrainableModel& model, optimizer::MegatronOptimizer& optimizer,
+                 OptimizerParamScheduler& scheduler, TrainingHooks hooks,
+                 std::function<void(const std::string&)> print)
+    : args_(args),
+      model_(model),
+      optimizer_(optimizer),
+      scheduler_(scheduler),
+      hooks_(std::move(hooks)),
+      print_(print ? std::move(print)
+                   : std::function<void(const std::string&)>([](const std::string& s) {
+                       std::fputs(s.c_str(), stdout);
+                       std::fputc('\n', stdout);
+                       std::fflush(stdout);
+                     })),
+      timers_(static_cast<int>(args.timing_log_level), args.timing_log_option),
+      start_time_(std::chrono::steady_clock::now()) {
+  MEGATRON_CHECK(args.global_batch_size && args.micro_batch_size) << "validate_args must run first";
+  train_iters_ = args.train_iters ? *args.train_iters
+                                  : (args.train_samples ? *args.train_samples / *args.global_batch_size : 0);
+  num_microbatches_ = num_microbatches(args);
+  optimizer_.apply_schedule(scheduler_);
+}
+
+TrainStepResult Trainer::train_step(BatchIterator& train_data) {
+  TrainStepResult r;
+  optimizer_.zero_grad();
+  const double loss_scale = optimizer_.get_loss_scale();
+  timers_("forward-backward", 1).start();
+  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+    timers_("batch-generator", 2).start();
+    std::optional<datasets::GPTBatch> batch = train_data();
+    timers_("batch-generator", 2).stop();
+    if (!batch) user_error("the training data ran out at iteration ", state_.iteration + 1, " (micro-batch ", mb,
+                           "); use more data or fewer --train-iters/--train-samples");
+    timers_("forward-compute", 2).start();
+    Tensor loss = model_.forward(*batch, /*training=*/true);
+    timers_("forward-compute", 2).stop();
+    const LossReport rep = reduce_loss(loss, batch->loss_mask);
+    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep.loss_sum)) {
+      throw InternalError("found NaN in local forward loss calculation (iteration " +
+                          std::to_string(state_.iteration + 1) + ")");
+    }
+    // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
+    double c = loss_scale;
+    if (!args_.calculate_per_token_loss) c /= std::max(rep.num_tokens, 1.0) * static_cast<double>(num_microbatches_);
+    Tensor dloss = batch->loss_mask.clone();
+    {
+      float* d = dloss.data<float>();
+      const float cf = static_cast<float>(c);
+      for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= cf;
+    }
+    timers_("backward-compute", 2).start();
+    model_.backward(dloss);
+    timers_("backward-compute", 2).stop();
+    r.lm_loss.loss_sum += rep.loss_sum;
+    r.lm_loss.num_tokens += rep.num_tokens;
+  }
+  timers_("forward-backward", 1).stop();
+  // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
+  // number of tokens (all-reduced over DP×CP; single rank here).
+  if (args_.calculate_per_token_loss) optimizer_.scale_gradients(1.0 / std::max(r.lm_loss.num_tokens, 1.0));
+
+  timers_("optimizer", 1).start();
+  const optimizer::StepResult s = optimizer_.step();
+  timers_("optimizer", 1).stop();
+  r.skipped = !s.update_successful;
+  r.grad_norm = s.grad_norm;
+  r.num_zeros_in_grad = s.num_zeros_in_grad;
+  if (s.update_successful) {
+    scheduler_.step(*args_.global_batch_size);
+    optimizer_.apply_schedule(scheduler_);
+  }
+  return r;
+}
+
+std::optional<double> Trainer::evaluate(BatchIterator& data) {
+  LossReport total;
+  bool any = false;
+  for (int64_t it = 0; it < args_.eval_iters; ++it) {
+    for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+      std::optional<datasets::GPTBatch> batch = data();
+      if (!batch) return any ? std::optional<double>(total.loss_sum / total.num_tokens) : std::nullopt;
+      Tensor loss = model_.forward(*batch, /*training=*/false);
+      const LossReport rep = reduce_loss(loss, batch->loss_mask);
+      total.loss_sum += rep.loss_sum;
+      total.num_tokens += rep.num_tokens;
+      any = true;
+    }
+    state_.consumed_valid_samples += *args_.global_batch_size;
+  }
+  if (!any) return std::nullopt;
+  return total.loss_sum / total.num_tokens;
+}
+
+void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test) {
+  timers_("eval-time", 0).start();
+  std::optional<double> v = evaluate(data);
+  timers_("eval-time", 0).stop();
+  if (!v) {
+    print(std::string(" > no ") + (is_test ? "test" : "validation") + " data left for the evaluation at " + prefix);
+    return;
+  }
+  for (const auto& line : format_validation_lines(prefix, "", {{"lm loss", *v}})) print(line);
+  if (hooks_.add_scalar && !is_test) {
+    hooks_.add_scalar("lm loss validation", *v, state_.iteration);
+    hooks_.add_scalar("lm loss validation vs samples", *v, state_.consumed_train_samples);
+    if (args_.log_validation_ppl_to_tensorboard) {
+      const double ppl = std::exp(std::min(20.0, *v));
+      hooks_.add_scalar("lm loss validation ppl", ppl, state_.iteration);
+      hooks_.add_scalar("lm loss validation ppl vs samples", ppl, state_.consumed_train_samples);
+    }
+  }
+}
+
+void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
+  const int64_t it = state_.iteration;
+  const double iter_loss = r.lm_loss.loss_sum / std::max(r.lm_loss.num_tokens, 1.0);
+  // Megatron's total_loss_dict bookkeeping.
+  if (!r.skipped) {
+    interval_loss_sum_ += iter_loss;
+    advanced_iters_ += 1;
+  } else {
+    skipped_iters_ += 1;
+    if (!std::isfinite(iter_loss)) nan_iters_ += 1;
+  }
+  interval_iters_ += 1;
+  const int64_t batch_size = *args_.global_batch_size;
+  const double lr = optimizer_.logged_lr();
+
+  // TensorBoard (every --tensorboard-log-interval).
+  if (hooks_.add_scalar && it % args_.tensorboard_log_interval == 0) {
+    auto& add = hooks_.add_scalar;
+    if (args_.log_learning_rate_to_tensorboard) {
+      add("learning-rate", lr, it);
+      add("learning-rate vs samples", lr, state_.consumed_train_samples);
+    }
+    if (args_.log_batch_size_to_tensorboard) {
+      add("batch-size", static_cast<double>(batch_size), it);
+      add("batch-size vs samples", static_cast<double>(batch_size), state_.consumed_train_samples);
+    }
+    if (!r.skipped) {
+      add("lm loss", iter_loss, it);
+      add("lm loss vs samples", iter_loss, state_.consumed_train_samples);
+    }
+    if (args_.log_loss_scale_to_tensorboard) {
+      add("loss-scale", optimizer_.get_loss_scale(), it);
+      add("loss-scale vs samples", optimizer_.get_loss_scale(), state_.consumed_train_samples);
+    }
+    if (args_.log_world_size_to_tensorboard) add("world-size", static_cast<double>(args_.world_size), it);
+    if (r.grad_norm) {
+      add("grad-norm", *r.grad_norm, it);
+      add("grad-norm vs samples", *r.grad_norm, state_.consumed_train_samples);
+    }
+    if (r.num_zeros_in_grad) add("num-zeros", static_cast<double>(*r.num_zeros_in_grad), it);
+    if (args_.log_params_norm) add("params-norm", optimizer_.params_norm(), it);
+    if (args_.log_memory_to_tensorboard) {
+      double rss = 0;
+      std::ifstream f("/proc/self/status");
+      std::string line;
+      while (std::getline(f, line)) {
+        long kb = 0;
+        if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss = kb * 1024.0;
+      }
+      add("mem-allocated-bytes", rss, it);
+    }
+  }
+
+  if (it % args_.log_interval == 0 || first_iteration) {
+    const double elapsed = timers_("interval-time", 0).elapsed(/*reset=*/true);
+    const double per_iter = elapsed / static_cast<double>(std::max<int64_t>(interval_iters_, 1));
+    TrainingLogFields f;
+    f.timestamp = format_log_timestamp(std::chrono::system_clock::now());
+    f.iteration = it;
+    f.train_iters = train_iters_;
+    f.consumed_samples = state_.consumed_train_samples;
+    f.skipped_samples = state_.skipped_train_samples;
+    f.elapsed_ms_per_iteration = per_iter * 1000.0;
+    const double throughput = num_floating_point_operations(args_, batch_size) /
+                              (per_iter * 1e12 * static_cast<double>(args_.world_size));
+    if (args_.log_throughput) {
+      f.throughput_tflops = throughput;
+      if (hooks_.add_scalar && args_.log_timers_to_tensorboard) hooks_.add_scalar("throughput", throughput, it);
+    }
+    if (hooks_.add_scalar && args_.log_timers_to_tensorboard && !first_iteration)
+      hooks_.add_scalar("iteration-time", per_iter, it);
+    f.learning_rate = lr;
+    f.global_batch_size = batch_size;
+    f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
+    f.loss_scale = optimizer_.get_loss_scale();
+    f.grad_norm = r.grad_norm;
+    f.num_zeros = r.num_zeros_in_grad;
+    if (args_.log_params_norm) f.params_norm = optimizer_.params_norm();
+    f.skipped_iterations = skipped_iters_;
+    f.nan_iterations = nan_iters_;
+    print(format_training_log_line(f));
+    interval_loss_sum_ = 0.0;
+    advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
+    if (!memory_reported_) {
+      print(memory_report("(after " + std::to_string(it) + " iterations)", static_cast<int>(args_.rank)));
+      memory_reported_ = it > 1;  // report again after the second logged iteration (optimizer state allocated)
+    }
+    if (args_.timing_log_level >= 1) {
+      std::vector<std::string> names = {"forward-backward", "optimizer"};
+      if (args_.timing_log_level >= 2) {
+        names.insert(names.end(), {"batch-generator", "forward-compute", "backward-compute"});
+      }
+      const std::string t = timers_.log_string(names, static_cast<double>(args_.log_interval), true);
+      if (!t.empty()) print(t);
+    }
+  }
+}
+
+bool Trainer::checkpoint_and_decide_exit() {
+  const int64_t it = state_.iteration;
+  bool saved = false;
+  auto save = [&] {
+    if (args_.save && hooks_.save_checkpoint && !saved) {
+      hooks_.save_checkpoint(it);
+      saved = true;
+    }
+  };
+  auto datetime_line = [&](const std::string& what) {
+    print("[" + what + "] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
+  };
+  if (args_.exit_signal_handler && exit_signal_received()) {
+    save();
+    datetime_line("exiting program after receiving SIGTERM.");
+    return true;
+  }
+  if (args_.save && args_.save_interval && it % *args_.save_interval == 0) save();
+  if (args_.exit_duration_in_mins) {
+    const double train_time =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
+    if (train_time > static_cast<double>(*args_.exit_duration_in_mins)) {
+      save();
+      std::ostringstream os;
+      os.precision(17);
+      os << "exiting program after " << train_time << " minutes";
+      datetime_line(os.str());
+      return true;
+    }
+  }
+  if (args_.exit_interval && it % *args_.exit_interval == 0) {
+    save();
+    datetime_line("exiting program at iteration " + std::to_string(it));
+    return true;
+  }
+  return false;
+}
+
+bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
+  if (args_.exit_signal_handler) install_exit_signal_handler();
+  const int64_t start_iteration = state_.iteration;
+  bool profiling = false;
+  timers_("interval-time", 0).start();
+  bool exited = false;
+  while (state_.iteration < train_iters_) {
+    if (args_.profile && state_.iteration == args_.profile_step_start &&
+        std::find(args_.profile_ranks.begin(), args_.profile_ranks.end(), args_.rank) != args_.profile_ranks.end()) {
+      timers_.clear_events();
+      timers_.set_recording(true);
+      profiling = true;
+    }
+    timers_("iteration", 0).start();
+    TrainStepResult r = train_step(train_data);
+    timers_("iteration", 0).stop();
+    state_.iteration += 1;
+    const int64_t batch_size = *args_.global_batch_size;
+    state_.consumed_train_samples += batch_size;
+    state_.floating_point_operations_so_far += num_floating_point_operations(args_, batch_size);
+    training_log(r, state_.iteration == start_iteration + 1);
+    if (profiling && state_.iteration == args_.profile_step_end) {
+      timers_.set_recording(false);
+      profiling = false;
+      const std::string dir = args_.tensorboard_dir.value_or(".");
+      const std::string path = dir + "/trace_rank" + std::to_string(args_.rank) + ".json";
+      timers_.write_chrome_trace(path, static_cast<int>(args_.rank));
+      print(" > profile: wrote a Chrome/Perfetto trace of iterations " + std::to_string(args_.profile_step_start + 1) +
+            "-" + std::to_string(args_.profile_step_end) + " to " + path);
+    }
+    if (args_.eval_interval && state_.iteration % *args_.eval_interval == 0 && valid_data && args_.eval_iters > 0) {
+      timers_("interval-time", 0).stop();
+      evaluate_and_print_results("iteration " + std::to_string(state_.iteration), *valid_data);
+      timers_("interval-time", 0).start();
+    }
+    if (checkpoint_and_decide_exit()) {
+      exited = true;
+      break;
+    }
+  }
+  timers_("interval-time", 0).stop();
+  if (hooks_.flush) hooks_.flush();
+  return exited;
+}
+
+void Trainer::pretrain(BatchIterator& train_data, BatchIterator* valid_data, BatchIterator* test_data) {
+  if (!args_.skip_train) {
+    print("[before the start of training step] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) +
+          " ");
+    const bool exited = train(train_data, valid_data);
+    if (exited) return;  // Megatron sys.exit()s on exit conditions: no final evaluation
+    print("[after training is done] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
+    if (args_.save && hooks_.save_checkpoint && state_.iteration != 0 && args_.save_interval &&
+        state_.iteration % *args_.save_interval != 0) {
+      hooks_.save_checkpoint(state_.iteration);
+    }
+  } else {
+    print("skipping training (--skip-train is on) ...");
+  }
+  const std::string it = std::to_string(state_.iteration);
+  if (valid_data && args_.eval_iters > 0)
+    evaluate_and_print_results("iteration " + it + " on validation set", *valid_data);
+  if (test_data && args_.eval_iters > 0)
+    evaluate_and_print_results("iteration " + it + " on test set", *test_data, /*is_test=*/true);
+  if (hooks_.flush) hooks_.flush();
+}
+
+}  // namespace megatron::training

@@ -1,0 +1,149 @@
+// Megatron's pretraining loop (megatron/training/training.py: pretrain, train, train_step,
+// training_log, evaluate_and_print_results, checkpoint_and_decide_exit) for a model that
+// implements TrainableModel. No pipelining here: every micro-batch runs forward then backward
+// (Megatron's forward_backward_no_pipelining).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megatron/core/datasets/gpt_batch.h"
+#include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/timers.h"
+#include "megatron/training/arguments.h"
+
+namespace megatron::training {
+
+/// What the loop needs from a model (GPTModel is adapted to this in pretrain_gpt.cpp).
+class TrainableModel {
+ public:
+  virtual ~TrainableModel() = default;
+  /// Per-token loss, float32 [b, s] (unmasked; the loop applies loss_mask).
+  virtual Tensor forward(const datasets::GPTBatch& batch, bool training) = 0;
+  /// Backward of the last training forward: dloss float32 [b, s]; accumulates into the params'
+  /// main grads.
+  virtual void backward(const Tensor& dloss) = 0;
+  /// The parameters as the optimizer sees them (their main grads are what backward fills).
+  virtual std::vector<optimizer::OptimizerParam> optimizer_params() = 0;
+};
+
+/// Yields the next micro-batch; std::nullopt when the data is exhausted.
+using BatchIterator = std::function<std::optional<datasets::GPTBatch>()>;
+
+/// Optional integrations (TensorBoard writer, checkpoint save) called by the loop.
+struct TrainingHooks {
+  /// TensorBoard scalar: (tag, value, step). Called only every --tensorboard-log-interval.
+  std::function<void(const std::string&, double, int64_t)> add_scalar;
+  /// Flush pending TensorBoard events.
+  std::function<void()> flush;
+  /// Save a checkpoint at this iteration (--save / --save-interval / exit paths).
+  std::function<void(int64_t iteration)> save_checkpoint;
+};
+
+/// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
+struct TrainingState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t skipped_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  double floating_point_operations_so_far = 0.0;
+};
+
+/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (§6.8).
+struct LossReport {
+  double loss_sum = 0.0;
+  double num_tokens = 0.0;
+};
+
+/// Result of one train_step.
+struct TrainStepResult {
+  LossReport lm_loss;  // summed over micro-batches (and DP×CP)
+  bool skipped = false;
+  std::optional<double> grad_norm;
+  std::optional<int64_t> num_zeros_in_grad;
+};
+
+/// The training run: owns timers and counters, prints Megatron's lines through `print`.
+class Trainer {
+ public:
+  /// `args` must be validated and have padded_vocab_size. `print` receives whole lines (no
+  /// newline); default prints to stdout and flushes.
+  Trainer(const Arguments& args, TrainableModel& model, optimizer::MegatronOptimizer& optimizer,
+          OptimizerParamScheduler& scheduler, TrainingHooks hooks = {},
+          std::function<void(const std::string&)> print = nullptr);
+
+  /// One iteration: zero grads; forward/backward of num_microbatches micro-batches with §6.8
+  /// loss normalisation; per-token grad scaling; optimizer step; scheduler step on success.
+  /// Throws UserError when the data runs out, InternalError on a NaN loss with
+  /// --check-for-nan-in-loss-and-grad.
+  TrainStepResult train_step(BatchIterator& train_data);
+
+  /// Megatron's evaluate(): eval_iters global batches, token-weighted lm loss Σloss·mask / Σmask.
+  /// Returns nullopt when the iterator ran out before any batch.
+  std::optional<double> evaluate(BatchIterator& data);
+  /// evaluate() + the validation block (prefix e.g. "iteration 100", "iteration 40 on test set").
+  void evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test = false);
+
+  /// Megatron's train(): runs until train_iters, an exit condition, or SIGTERM (with
+  /// --exit-signal-handler); logs, evaluates every --eval-interval, saves every --save-interval,
+  /// profiles --profile-step-start..end. Returns true when it stopped on an exit condition
+  /// (--exit-interval/--exit-duration-in-mins/signal), in which case pretrain skips the final
+  /// evaluation, as Megatron's sys.exit does.
+  bool train(BatchIterator& train_data, BatchIterator* valid_data);
+
+  /// Megatron's pretrain() after setup: train (unless --skip-train), then the final
+  /// "on validation set" / "on test set" evaluations.
+  void pretrain(BatchIterator& train_data, BatchIterator* valid_data, BatchIterator* test_data);
+
+  TrainingState& state() { return state_; }
+  Timers& timers() { return timers_; }
+  int64_t train_iters() const { return train_iters_; }
+  /// Wall-clock start used by --exit-duration-in-mins (Megatron's _TRAIN_START_TIME); tests may
+  /// move it back.
+  void set_start_time(std::chrono::steady_clock::time_point t) { start_time_ = t; }
+
+ private:
+  void training_log(const TrainStepResult& r, bool first_iteration);
+  bool checkpoint_and_decide_exit();
+  void print(const std::string& s) { print_(s); }
+
+  const Arguments& args_;
+  TrainableModel& model_;
+  optimizer::MegatronOptimizer& optimizer_;
+  OptimizerParamScheduler& scheduler_;
+  TrainingHooks hooks_;
+  std::function<void(const std::string&)> print_;
+  Timers timers_;
+  TrainingState state_;
+  int64_t train_iters_ = 0;
+  int64_t num_microbatches_ = 1;
+  std::chrono::steady_clock::time_point start_time_;
+  // Interval accumulators (Megatron's total_loss_dict).
+  double interval_loss_sum_ = 0.0;
+  int64_t advanced_iters_ = 0, skipped_iters_ = 0, nan_iters_ = 0, interval_iters_ = 0;
+  bool memory_reported_ = false;
+};
+
+/// Builds the OptimizerParamScheduler from args exactly as Megatron's get_optimizer_param_scheduler
+/// (§6.2): iteration-based runs count iters × global batch size, sample-based runs samples.
+OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& args);
+/// OptimizerConfig from args (--lr, --decoupled-lr, --clip-grad, --adam-*, --fp16/--bf16, ...).
+optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& args);
+
+/// Installs a SIGTERM handler that only sets a flag (Megatron's --exit-signal-handler).
+void install_exit_signal_handler();
+/// True once SIGTERM was received after install_exit_signal_handler().
+bool exit_signal_received();
+
+/// Megatron-style " (after N iterations) memory (MB) | ..." report of this process (CPU: resident
+/// set size and its peak from /proc/self/status).
+std::string memory_report(const std::string& name, int rank);
+
+}  // namespace megatron::training

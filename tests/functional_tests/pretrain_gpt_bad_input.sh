@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# pretrain_gpt on bad input: one clear line on stderr, non-zero exit. Args: bin dir, source dir.
+set -uo pipefail
+BIN=$1
+BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+      --micro-batch-size 2 --global-batch-size 8 --train-iters 2 --lr 1e-3 --mock-data
+      --tokenizer-type NullTokenizer --vocab-size 128)
+fail=0
+expect() {  # expect "<stderr line>" args...
+  local want=$1; shift
+  local err rc
+  err=$("$BIN/pretrain_gpt" "$@" 2>&1 >/dev/null); rc=$?
+  if [[ $rc -eq 0 ]]; then echo "FAIL: exit 0 for: $*"; fail=1; return; fi
+  if [[ "$err" != "$want" ]]; then echo "FAIL: got '$err' want '$want'"; fail=1; return; fi
+  echo "ok: $want"
+}
+expect "error: unknown flag --hiden-size; did you mean --hidden-size?" "${BASE[@]}" --hiden-size 3
+expect "error: --hidden-size (64) must be divisible by --num-attention-heads (5) (or give --kv-channels)" "${BASE[@]}" --num-attention-heads 5
+expect "error: --global-batch-size (7) is not divisible by --micro-batch-size (2) x data-parallel size (1)" "${BASE[@]}" --global-batch-size 7
+expect "error: --max-position-embeddings (32) must be greater than or equal to --seq-length (64)" "${BASE[@]}" --seq-length 64
+expect "error: use either --train-iters or --train-samples, not both" "${BASE[@]}" --train-samples 16
+expect "error: --lr-decay-style: invalid choice 'exp' (choose from constant, linear, cosine, inverse-square-root, WSD)" "${BASE[@]}" --lr-decay-style exp
+exit $fail

@@ -1,0 +1,33 @@
+#include "hf_reference_util.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace megatron::testing {
+
+std::map<std::string, Tensor> read_safetensors_f32(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MEGATRON_CHECK(f.good()) << "cannot open " << path;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  MEGATRON_CHECK(bytes.size() >= 8) << path;
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(header_len));
+  const char* data = bytes.data() + 8 + header_len;
+  std::map<std::string, Tensor> out;
+  for (auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    MEGATRON_CHECK(e["dtype"] == "F32") << path << ": " << name << " is " << e["dtype"];
+    Tensor t = Tensor::empty(e["shape"].get<Shape>(), DType::kFloat32);
+    const auto begin = e["data_offsets"][0].get<size_t>(), end = e["data_offsets"][1].get<size_t>();
+    MEGATRON_CHECK(end - begin == t.nbytes()) << path << ": " << name;
+    std::memcpy(t.data_ptr(), data + begin, t.nbytes());
+    out[name] = t;
+  }
+  return out;
+}
+
+}  // namespace megatron::testing
