@@ -8,11 +8,11 @@ for n in 2 3 4; do
   log=$LOGDIR/np$n.log
   timeout 600 "${MPIRUN[@]}" -np $n "$BIN/unit_tests" --gtest_filter='DistDDP*' --gtest_color=no >"$log" 2>&1 \
     || { tail -50 "$log" >&2; fail "mpirun -np $n exited with $?"; }
-  expect_passed "$log" 4 $n
+  expect_passed "$log" 6 $n
   echo "DP$n (mpirun): losses, gradients and parameters equal the single-rank run"
 done
 log=$LOGDIR/launch.log
 timeout 600 "$BIN/megatron_launch" --nproc-per-node 2 --master-port $(free_port) \
   "$BIN/unit_tests" --gtest_filter='DistDDP*' --gtest_color=no >"$log" 2>&1 || { tail -50 "$log" >&2; fail "launch"; }
-expect_passed "$log" 4 2
+expect_passed "$log" 6 2
 echo "DP2 (megatron_launch, tcp backend): equal to the single-rank run"

@@ -1,0 +1,57 @@
+#include "megatron/core/distributed/distributed_optimizer.h"
+
+#include <algorithm>
+
+namespace megatron::distributed {
+
+namespace {
+optimizer::OptimizerParam base(const transformer::Parameter& p) {
+  optimizer::OptimizerParam o;
+  o.name = p.name;
+  o.no_weight_decay = p.no_weight_decay || optimizer::is_no_weight_decay(p.name, p.data);
+  o.is_embedding_or_output = p.is_embedding_or_output;
+  o.tensor_parallel = p.tensor_parallel;
+  o.shared = p.shared;
+  return o;
+}
+}  // namespace
+
+std::vector<optimizer::OptimizerParam> optimizer_params(std::vector<transformer::Parameter>& params) {
+  std::vector<optimizer::OptimizerParam> out;
+  for (auto& p : params) {
+    auto o = base(p);
+    o.param = p.data;
+    o.main_grad = p.main_grad;
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+std::vector<optimizer::OptimizerParam> distributed_optimizer_params(DistributedDataParallel& ddp) {
+  if (!ddp.config().use_distributed_optimizer)
+    user_error("distributed_optimizer_params needs DistributedDataParallel with --use-distributed-optimizer");
+  auto& params = ddp.parameters();
+  std::vector<optimizer::OptimizerParam> out;
+  // Registration order, as Megatron's param groups list them.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    // The parameter's element range in the buffer = where its main_grad view starts.
+    const int64_t ps = (static_cast<const char*>(p.main_grad.data_ptr()) -
+                        static_cast<const char*>(ddp.grad_buffer().data_ptr())) /
+                       static_cast<int64_t>(dtype_size(p.main_grad.dtype()));
+    const int64_t pe = ps + p.main_grad.numel();
+    for (const auto& b : ddp.buckets()) {
+      const int64_t lo = std::max(ps, b.shard_start), hi = std::min(pe, b.shard_end);
+      if (lo >= hi) continue;
+      const int64_t n = hi - lo;
+      const Shape shape = p.data.dim() >= 2 ? Shape{1, n} : Shape{n};
+      auto o = base(p);
+      o.param = ddp.param_buffer().flat_slice(lo, shape);
+      o.main_grad = ddp.grad_buffer().flat_slice(lo, shape);
+      out.push_back(std::move(o));
+    }
+  }
+  return out;
+}
+
+}  // namespace megatron::distributed

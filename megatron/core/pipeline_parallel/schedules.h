@@ -1,0 +1,83 @@
+// Pipeline schedules (Megatron's megatron/core/pipeline_parallel/schedules.py; megatron.md §9.4).
+//
+// The model side is a PipelineStage: it runs one micro-batch forward or backward on this rank's
+// stage and keeps the activations of every in-flight micro-batch itself. The schedule decides the
+// order and moves activations/gradients between stages (P2PCommunicator).
+#pragma once
+
+#include <vector>
+
+#include "megatron/core/pipeline_parallel/p2p_communication.h"
+
+namespace megatron::pipeline_parallel {
+
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  /// Forward of micro-batch `microbatch`. `input` is the previous stage's output (undefined on
+  /// the first stage, which reads its own data). Returns the activation to send on, or on the
+  /// last stage the micro-batch loss (a 1-element float32 tensor, already divided by the number
+  /// of micro-batches as Megatron's loss_func does).
+  virtual Tensor forward_step(int microbatch, const Tensor& input) = 0;
+  /// Backward of micro-batch `microbatch` (called in the same micro-batch order as forward).
+  /// `output_grad` is the gradient of the forward output (undefined on the last stage, which
+  /// starts from its loss). Accumulates parameter grads; returns the gradient of `input`
+  /// (undefined on the first stage).
+  virtual Tensor backward_step(int microbatch, const Tensor& output_grad) = 0;
+};
+
+/// No pipelining (PP = 1): forward then backward of each micro-batch. Returns the losses.
+std::vector<Tensor> forward_backward_no_pipelining(PipelineStage& stage, int num_microbatches, bool forward_only = false);
+
+/// 1F1B: warm-up forwards min(PP - rank - 1, M), steady one-forward-one-backward, cool-down
+/// backwards. Returns the micro-batch losses on the last stage (empty elsewhere).
+std::vector<Tensor> forward_backward_pipelining_without_interleaving(PipelineStage& stage, int num_microbatches,
+                                                                     P2PCommunicator& p2p, bool forward_only = false);
+
+}  // namespace megatron::pipeline_parallel
+
+namespace megatron::pipeline_parallel {
+
+/// A rank's share of an interleaved pipeline: `vp` model chunks; chunk c on pipeline rank r is
+/// model stage c*PP + r (Megatron's virtual pipeline layout).
+class VirtualPipelineStage {
+ public:
+  virtual ~VirtualPipelineStage() = default;
+  /// As PipelineStage::forward_step for chunk `chunk` (input undefined on rank 0 / chunk 0; the
+  /// last rank's last chunk returns the loss).
+  virtual Tensor forward_step(int chunk, int microbatch, const Tensor& input) = 0;
+  /// As PipelineStage::backward_step (output_grad undefined on the last rank's last chunk;
+  /// returns undefined on rank 0 / chunk 0).
+  virtual Tensor backward_step(int chunk, int microbatch, const Tensor& output_grad) = 0;
+};
+
+/// Megatron's get_schedule_table: (microbatch, chunk) in forward order; micro-batches go in
+/// groups of `group_size` (microbatch_group_size_per_vp_stage), each group through chunk 0, 1, ...
+std::vector<std::pair<int, int>> get_schedule_table(int num_microbatches, int num_chunks, int group_size);
+
+/// The interleaved (virtual pipeline) schedule: the order of forward/backward steps is Megatron's
+/// (schedule table; warm-up = (PP - rank - 1)*2 + (VP - 1)*G capped at M*VP; steady 1F1B;
+/// cool-down). Activations/gradients travel on two dedicated subgroups of the pipeline group
+/// (forward and backward traffic), sent asynchronously and received when needed, which keeps the
+/// messages of each direction in order without Megatron's lock-step exchanges. That relies on
+/// sends that do not wait for the receiver: the MPI and TCP backends; with NCCL it raises
+/// UserError (not supported yet).
+class InterleavedPipeline {
+ public:
+  /// Collective over pp_group (creates the two traffic subgroups).
+  InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp_group, Shape shape, DType dtype,
+                      Device device = Device::cpu());
+  /// group_size 0 = PP (Megatron's default). Throws UserError (Megatron's checks) when
+  /// group_size is outside [PP, M] or the last group has 0 < size < PP micro-batches.
+  /// Returns the micro-batch losses on the last rank (empty elsewhere), in schedule order.
+  std::vector<Tensor> run(VirtualPipelineStage& stage, int num_microbatches, int vp, int group_size = 0,
+                          bool forward_only = false);
+
+ private:
+  std::shared_ptr<distributed::ProcessGroup> pp_, fwd_, bwd_;
+  Shape shape_;
+  DType dtype_;
+  Device device_;
+};
+
+}  // namespace megatron::pipeline_parallel
