@@ -14,8 +14,6 @@ APT_PACKAGES=(
   libsentencepiece-dev sentencepiece libicu-dev libssl-dev zlib1g-dev libzstd-dev zstd
   libprotobuf-dev protobuf-compiler python3-protobuf libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm
-  # real text for the preprocess_data benchmark corpus (tests/reference/preprocess/make_corpus.py)
-  dict-gcide dict-foldoc dict-jargon fortunes fortunes-ru fortunes-zh
 )
 
 missing=()

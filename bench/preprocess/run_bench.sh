@@ -10,6 +10,11 @@ BIN=${1:-$ROOT/build/bin}
 CORPUS=${2:-$ROOT/build/bench_preprocess/bench.jsonl}
 WORKERS=${3:-"1 2"}
 NPM=$ROOT/third_party/npm
+# The corpus sources are benchmark-only Debian packages (not installed by scripts/setup.sh).
+for p in dict-gcide dict-foldoc dict-jargon fortunes fortunes-ru fortunes-zh; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || NEED="${NEED:-} $p"
+done
+[ -n "${NEED:-}" ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $NEED >/dev/null
 OUT=$(dirname "$CORPUS")/out
 mkdir -p "$(dirname "$CORPUS")" "$OUT"
 if [ ! -f "$CORPUS" ]; then
