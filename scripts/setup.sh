@@ -13,8 +13,10 @@ APT_PACKAGES=(
   libcli11-dev libsimdjson-dev nlohmann-json3-dev libpcre2-dev
   libsentencepiece-dev sentencepiece libicu-dev libssl-dev zlib1g-dev libzstd-dev zstd
   libprotobuf-dev protobuf-compiler python3-protobuf libgtest-dev libgmock-dev libbenchmark-dev
-  nodejs npm
+
 )
+# Node.js + npm fetch the test assets; machines that already have them (any source) keep theirs.
+command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
