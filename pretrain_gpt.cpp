@@ -11,6 +11,10 @@
 
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/datasets/utils.h"
+#include "megatron/core/distributed/distributed_data_parallel.h"
+#include "megatron/core/distributed/distributed_optimizer.h"
+#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/parallel_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
@@ -44,14 +48,39 @@ BatchIterator iterator_of(training::GPTDataLoader* loader) {
   };
 }
 
+// Rejects the parallel layouts pretrain_gpt does not run yet, naming the flag (never a silent
+// no-op).
+void check_supported_parallelism(const Arguments& args) {
+  if (args.pipeline_model_parallel_size > 1)
+    user_error("--pipeline-model-parallel-size ", args.pipeline_model_parallel_size,
+               ": pipeline parallelism is not wired into pretrain_gpt yet; use --pipeline-model-parallel-size 1");
+  if (args.context_parallel_size > 1)
+    user_error("--context-parallel-size ", args.context_parallel_size,
+               ": context-parallel attention is not available yet; use --context-parallel-size 1");
+  if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
+    user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
+  if (args.num_layers_per_virtual_pipeline_stage || args.num_virtual_stages_per_pipeline_rank)
+    user_error("--num-layers-per-virtual-pipeline-stage/--num-virtual-stages-per-pipeline-rank: the interleaved "
+               "pipeline schedule is not wired into pretrain_gpt yet; drop the flag");
+  if (args.expert_model_parallel_size > 1)
+    user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
+               ": expert parallelism is not available; use --expert-model-parallel-size 1");
+}
+
+// --distributed-backend -> init_process_group backend. pretrain_gpt trains on the CPU here, so
+// "nccl" (Megatron's default) maps to the CPU backend of the launcher: MPI under mpirun/PMI, TCP
+// under torchrun/megatron_launch ("auto"); "gloo" is the TCP backend.
+std::string cpu_backend_for(const std::string& flag) { return flag == "gloo" ? "tcp" : "auto"; }
+
 int run(int argc, char** argv) {
   Arguments args = parse_args(argc, argv);
-  args.world_size = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", 1);
-  args.rank = env_int("RANK", "OMPI_COMM_WORLD_RANK", 0);
-  if (args.world_size != 1) {
-    user_error("WORLD_SIZE=", args.world_size,
-               ": multi-process training is not available in this build of pretrain_gpt yet; run one process");
+  {
+    const distributed::LaunchEnv env = distributed::detect_launch_env();
+    args.world_size = env.world_size;
+    args.rank = env.rank;
   }
+  // Megatron prints most setup lines on rank 0 (print_rank_0) and the training/validation log
+  // lines on the last rank (print_rank_last).
   auto say = [&](const std::string& s) {
     if (args.rank == 0) {
       std::fputs(s.c_str(), stdout);
@@ -60,8 +89,9 @@ int run(int argc, char** argv) {
     }
   };
   say("using world size: " + std::to_string(args.world_size) + ", data-parallel size: " +
-      std::to_string(args.world_size / (args.tensor_model_parallel_size * args.pipeline_model_parallel_size *
-                                        std::max<int64_t>(args.context_parallel_size, 1))) +
+      std::to_string(args.world_size / std::max<int64_t>(1, args.tensor_model_parallel_size *
+                                                                 args.pipeline_model_parallel_size *
+                                                                 std::max<int64_t>(args.context_parallel_size, 1))) +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   std::set<std::string> noted;
@@ -69,6 +99,22 @@ int run(int argc, char** argv) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
   }
   validate_args(args);
+  check_supported_parallelism(args);
+
+  // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
+  distributed::InitOptions io;
+  io.backend = cpu_backend_for(args.distributed_backend);
+  io.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
+  auto world = distributed::init_process_group(io);
+  namespace ps = parallel_state;
+  ps::ParallelConfig pc;
+  pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
+  pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);
+  pc.context_parallel_size = static_cast<int>(args.context_parallel_size);
+  ps::initialize_model_parallel(world, pc);
+  const int tp_rank = ps::get_tensor_model_parallel_rank();
+  const int pp_rank = ps::get_pipeline_model_parallel_rank();
+  auto dp_group = ps::get_data_parallel_group(/*with_context_parallel=*/true);
   if (args.save) say("note: --save: checkpoint saving is not available in this build yet; no checkpoint will be written");
   if (args.load) say("note: --load: checkpoint loading is not available in this build yet; training starts from scratch");
 
@@ -80,13 +126,38 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
+  models::gpt::GPTModelParallel par;
+  par.tp_group = ps::get_tensor_model_parallel_group();
+  par.pp_rank = pp_rank;
   models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
-                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed));
+                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed), Device::cpu(), par);
   int64_t nparams = 0;
   for (auto& p : model.parameters()) nparams += p.data.numel();
-  say(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " + std::to_string(nparams));
+  // Megatron prints this on data-parallel rank 0 of every model-parallel rank.
+  if (ps::get_data_parallel_rank(true) == 0) {
+    std::printf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", tp_rank,
+                pp_rank, static_cast<long long>(nparams));
+    std::fflush(stdout);
+  }
+  world->barrier();
   GPTTrainable trainable(model);
-  optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), trainable.optimizer_params());
+  // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
+  // 1/DP and summed (none with --calculate-per-token-loss), reduce-scattered with
+  // --use-distributed-optimizer.
+  distributed::DistributedDataParallelConfig dc;
+  dc.overlap_grad_reduce = args.overlap_grad_reduce;
+  dc.overlap_param_gather = args.overlap_param_gather;
+  dc.use_distributed_optimizer = args.use_distributed_optimizer;
+  dc.bucket_size = args.ddp_bucket_size;
+  dc.calculate_per_token_loss = args.calculate_per_token_loss;
+  distributed::DistributedDataParallel ddp(dc, model.buffers(), model.parameters(), dp_group);
+  // Grad norm / zero counts: over the model-parallel group (grads are equal across DP), or with
+  // the distributed optimizer over DP x model-parallel (each rank holds disjoint slices);
+  // TP-duplicated parameters count on TP rank 0 only.
+  optimizer::MegatronOptimizer opt(
+      optimizer_config_from_args(args),
+      args.use_distributed_optimizer ? distributed::distributed_optimizer_params(ddp) : trainable.optimizer_params(),
+      args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(), tp_rank);
   OptimizerParamScheduler sched(scheduler_options_from_args(args));
 
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
@@ -128,6 +199,7 @@ int run(int argc, char** argv) {
   training::DataLoaderOptions lo;
   lo.micro_batch_size = *args.micro_batch_size;
   lo.data_parallel_size = args.data_parallel_size;
+  lo.data_parallel_rank = ps::get_data_parallel_rank();
   lo.num_workers = static_cast<int>(args.num_workers);
   lo.attention_mask = args.reset_attention_mask && args.create_attention_mask_in_dataloader;
   auto train_loader = training::build_pretraining_data_loader(ds[0], lo);
@@ -139,8 +211,8 @@ int run(int argc, char** argv) {
   BatchIterator test_it = iterator_of(test_loader.get());
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
 
-  std::function<void(const std::string&)> printer;  // default: stdout
-  if (args.rank != 0) printer = [](const std::string&) {};
+  std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
+  if (args.rank != args.world_size - 1) printer = [](const std::string&) {};
   // TensorBoard: written by the last rank, as Megatron's get_tensorboard_writer.
   std::unique_ptr<SummaryWriter> writer;
   TrainingHooks hooks;
@@ -150,8 +222,44 @@ int run(int argc, char** argv) {
     hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
     hooks.flush = [&writer] { writer->flush(); };
   }
+  hooks.zero_grad = [&ddp] { ddp.zero_grad_buffer(); };
+  distributed::FinalizeGroups fg;
+  fg.tp_group = ps::get_tensor_model_parallel_group();
+  fg.pp_group = ps::get_pipeline_model_parallel_group();
+  fg.dp_group = dp_group;
+  fg.embedding_group = ps::get_embedding_group();
+  fg.sequence_parallel = args.sequence_parallel;
+  fg.share_embeddings_and_output_weights = !args.untie_embeddings_and_output_weights;
+  hooks.finalize_model_grads = [&ddp, fg, &args](double num_tokens) {
+    if (args.calculate_per_token_loss) {
+      Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
+      distributed::finalize_model_grads({&ddp}, fg, &n);
+    } else {
+      distributed::finalize_model_grads({&ddp}, fg);
+    }
+  };
+  if (args.use_distributed_optimizer) {
+    hooks.after_optimizer_step = [&ddp] {
+      ddp.start_param_sync();
+      ddp.finish_param_sync();
+    };
+  }
+  if (dp_group->size() > 1) {
+    hooks.reduce_loss = [dp_group](LossReport& r) {
+      Tensor t = Tensor::empty({2}, DType::kFloat64);
+      double* p = t.data<double>();
+      p[0] = r.loss_sum;
+      p[1] = r.num_tokens;
+      dp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      r.loss_sum = p[0];
+      r.num_tokens = p[1];
+    };
+  }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
+  world->barrier();
+  ps::destroy_model_parallel();
+  distributed::destroy_process_group();
   return 0;
 }
 
