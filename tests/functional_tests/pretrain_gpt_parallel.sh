@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pretrain_gpt data parallel and tensor parallel under mpirun and megatron_launch: the tiny GPT on
 # mock data, 4 iterations of global batch 8, run as one rank, as DP2 (mpirun), DP2 with
-# --use-distributed-optimizer (mpirun), TP2 (mpirun) and DP2 under megatron_launch (TCP backend).
+# --use-distributed-optimizer (mpirun), TP2 (mpirun), DP2 under megatron_launch (TCP backend), and
+# DP2 + distributed optimizer with --calculate-per-token-loss against its own single-rank run.
 # Every printed per-iteration lm loss and the validation/test losses must equal the single-rank run
 # within 1e-5 relative: the runs differ only in fp32 summation order (a few ulp, ~1e-7 relative)
 # and the log prints 7 significant digits (rounding <= 5e-7 relative), so 1e-5 leaves a wide
@@ -42,8 +43,8 @@ for line in open(sys.argv[1]):
 EOF
 }
 
-compare() {  # compare NAME: against single
-  python3 - "$LOGDIR/single.sum" "$LOGDIR/$1.sum" "$1" <<'EOF'
+compare() {  # compare NAME [REF]: against the single-rank run REF (default single)
+  python3 - "$LOGDIR/${2:-single}.sum" "$LOGDIR/$1.sum" "$1" <<'EOF'
 import sys
 ref = [l.split() for l in open(sys.argv[1])]
 got = [l.split() for l in open(sys.argv[2])]
@@ -76,6 +77,13 @@ for name in dp2 dp2_distopt tp2 dp2_launch; do
   [ "$n" = 4 ] || fail "$name: $n training log lines (expected 4: printed by the last rank only)"
   echo "$name: lm loss, grad norm, consumed samples, global batch size and validation losses equal the single-rank run"
 done
+# --calculate-per-token-loss: grads scaled by 1/(tokens summed over DP) instead of 1/DP.
+run single_ptl env -- --calculate-per-token-loss
+run dp2_ptl "${MPIRUN[@]}" -np 2 -- --calculate-per-token-loss --use-distributed-optimizer
+summary "$LOGDIR/single_ptl.log" >"$LOGDIR/single_ptl.sum"
+summary "$LOGDIR/dp2_ptl.log" >"$LOGDIR/dp2_ptl.sum"
+compare dp2_ptl single_ptl || fail "DP2 with --calculate-per-token-loss differs from the single-rank run"
+echo "dp2 + --calculate-per-token-loss + --use-distributed-optimizer: equal to the single-rank run"
 grep -q 'data-parallel size: 2' "$LOGDIR/dp2.log" || fail "dp2: no 'data-parallel size: 2' line"
 
 # Unsupported layouts are one clear error naming the flag.
