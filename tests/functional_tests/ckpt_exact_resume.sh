@@ -40,6 +40,19 @@ done
 va=$(grep 'validation loss at iteration 8 on validation set' "$OUT/a.log"); vb=$(grep 'validation loss at iteration 8 on validation set' "$OUT/b2.log")
 [[ -n "$va" && "$va" == "$vb" ]] || fail "final validation differs: '$va' vs '$vb'"
 
+# SIGTERM with --exit-signal-handler (later flags override ARGS, as argparse): the current
+# iteration finishes, a checkpoint is saved, exit 0.
+"$BIN/pretrain_gpt" "${ARGS[@]}" --train-iters 20000 \
+  --eval-interval 20000 --save "$OUT/sig" --save-interval 20000 --exit-signal-handler > "$OUT/e.log" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do grep -q ' iteration        2/' "$OUT/e.log" && break; sleep 0.1; done
+grep -q ' iteration        2/' "$OUT/e.log" || { kill -KILL "$pid"; wait "$pid" || true; fail "SIGTERM run did not start"; }
+kill -TERM "$pid"
+wait "$pid" || fail "SIGTERM exit status non-zero"
+grep -q 'exiting program after receiving SIGTERM' "$OUT/e.log" || fail "no SIGTERM exit line"
+sig_it=$(cat "$OUT/sig/latest_checkpointed_iteration.txt")
+[[ -d "$OUT/sig/$(printf 'iter_%07d' "$sig_it")" ]] || fail "no checkpoint saved on SIGTERM"
+
 # Missing directory: one-line error, non-zero exit (--exit-on-missing-checkpoint) ...
 if "$BIN/pretrain_gpt" "${ARGS[@]}" --load "$OUT/nope" --exit-on-missing-checkpoint > "$OUT/c.log" 2>&1; then fail "missing --load dir accepted"; fi
 [[ $(grep -c '^error: ' "$OUT/c.log") -eq 1 ]] || fail "no one-line error for a missing --load directory"
