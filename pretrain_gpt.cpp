@@ -170,6 +170,15 @@ int run(int argc, char** argv) {
       if (loaded.opt_param_scheduler.contains("num_steps"))
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
+    if (loaded.loaded && !loaded.optimizer_loaded) {
+      // Megatron's optimizer.reload_model_params(): separate fp32 main params (bf16/fp16) start
+      // from the loaded weights, not from the initialization they were copied from.
+      auto params = model.parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        Tensor mp = opt.main_param(i);
+        if (mp.data_ptr() != params[i].data.data_ptr()) mp.copy_(params[i].data.to(DType::kFloat32));
+      }
+    }
     if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
       model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
   }
