@@ -16,11 +16,13 @@
 #include "megatron/core/distributed/init_process_group.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/checkpointing.h"
 #include "megatron/training/datasets/data_samplers.h"
 #include "megatron/training/gpt_trainable.h"
 #include "megatron/training/tensorboard/summary_writer.h"
@@ -72,6 +74,59 @@ void check_supported_parallelism(const Arguments& args) {
 // under torchrun/megatron_launch ("auto"); "gloo" is the TCP backend.
 std::string cpu_backend_for(const std::string& flag) { return flag == "gloo" ? "tcp" : "auto"; }
 
+CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
+  CheckpointConfig c;
+  c.save = a.save.value_or("");
+  c.load = a.load.value_or("");
+  c.no_save_optim = a.no_save_optim;
+  c.no_save_rng = a.no_save_rng;
+  c.no_load_optim = a.no_load_optim;
+  c.no_load_rng = a.no_load_rng;
+  c.finetune = a.finetune;
+  c.async_save = a.async_save;
+  c.exit_on_missing_checkpoint = a.exit_on_missing_checkpoint;
+  c.ckpt_step = a.ckpt_step.value_or(-1);
+  c.ckpt_format = a.ckpt_format;
+  return c;
+}
+
+// Megatron's OptimizerParamScheduler.state_dict keys.
+nlohmann::json scheduler_state(const OptimizerParamScheduler& s) {
+  const auto& o = s.options();
+  return {{"max_lr", o.max_lr},           {"lr_warmup_steps", o.lr_warmup_steps}, {"num_steps", s.num_steps()},
+          {"lr_decay_style", o.lr_decay_style}, {"lr_decay_steps", o.lr_decay_steps}, {"min_lr", o.min_lr},
+          {"start_wd", o.start_wd},       {"end_wd", o.end_wd},                   {"wd_incr_style", o.wd_incr_style},
+          {"wd_incr_steps", o.wd_incr_steps}};
+}
+
+// Views of the live model parameters and fp32 optimizer state (TrainingState's tensors are
+// views: load writes into them, save reads them). Optimizer param i is model parameter i.
+TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt, bool with_optim) {
+  TrainingState st;
+  const int64_t num_layers = model.config().num_layers;
+  auto params = model.parameters();
+  MEGATRON_CHECK(params.size() == opt.params().size()) << params.size() << " vs " << opt.params().size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto pieces = parameter_sharded_tensors(params[i], num_layers);
+    const bool adam = opt.exp_avg(i).defined();
+    for (auto& piece : pieces) {
+      if (with_optim) {
+        // The piece is a view into the parameter: take the same element range of the
+        // (flat) optimizer tensors.
+        const auto* base = static_cast<const char*>(params[i].data.data_ptr());
+        const auto* at = static_cast<const char*>(piece.data.data_ptr());
+        const int64_t off = (at - base) / static_cast<int64_t>(dtype_size(params[i].data.dtype()));
+        const Shape shape = piece.data.shape();
+        add_optimizer_state(st, piece, opt.main_param(i).flat_slice(off, shape),
+                            adam ? opt.exp_avg(i).flat_slice(off, shape) : Tensor(),
+                            adam ? opt.exp_avg_sq(i).flat_slice(off, shape) : Tensor());
+      }
+      st.model.push_back(std::move(piece));
+    }
+  }
+  return st;
+}
+
 int run(int argc, char** argv) {
   Arguments args = parse_args(argc, argv);
   {
@@ -100,6 +155,9 @@ int run(int argc, char** argv) {
   }
   validate_args(args);
   check_supported_parallelism(args);
+  if (args.world_size > 1 && (args.save || args.load))
+    user_error("--save/--load: checkpointing is wired for single-process pretrain_gpt runs only so far; "
+               "run with one process, or drop --save/--load");
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
   distributed::InitOptions io;
@@ -115,8 +173,6 @@ int run(int argc, char** argv) {
   const int tp_rank = ps::get_tensor_model_parallel_rank();
   const int pp_rank = ps::get_pipeline_model_parallel_rank();
   auto dp_group = ps::get_data_parallel_group(/*with_context_parallel=*/true);
-  if (args.save) say("note: --save: checkpoint saving is not available in this build yet; no checkpoint will be written");
-  if (args.load) say("note: --load: checkpoint loading is not available in this build yet; training starts from scratch");
 
   // Tokenizer and vocab padding.
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
@@ -160,6 +216,47 @@ int run(int argc, char** argv) {
       args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(), tp_rank);
   OptimizerParamScheduler sched(scheduler_options_from_args(args));
 
+  // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
+  // so they resume at consumed_train_samples).
+  const CheckpointConfig ckpt_cfg = checkpoint_config_from_args(args);
+  const ParallelRanks ranks;
+  auto optimizer_common = [&opt]() {
+    nlohmann::json c = {{"step", opt.step_count()}};
+    if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler())) {
+      c["grad_scaler"] = {{"scale", d->scale()},
+                          {"growth_tracker", d->growth_tracker()},
+                          {"hysteresis_tracker", d->hysteresis_tracker()}};
+    }
+    return c;
+  };
+  LoadResult loaded;
+  if (!ckpt_cfg.load.empty()) {
+    TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_load_optim && !args.finetune);
+    loaded = load_checkpoint(st, ckpt_cfg, ranks);
+    if (loaded.loaded && loaded.optimizer_loaded) {
+      const auto& c = loaded.optimizer_common;
+      if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
+      if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler()); d && c.contains("grad_scaler")) {
+        const auto& g = c.at("grad_scaler");
+        d->load_state(g.at("scale").get<double>(), g.at("growth_tracker").get<int>(),
+                      g.at("hysteresis_tracker").get<int>());
+      }
+      if (loaded.opt_param_scheduler.contains("num_steps"))
+        sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
+    }
+    if (loaded.loaded && !loaded.optimizer_loaded) {
+      // Megatron's optimizer.reload_model_params(): separate fp32 main params (bf16/fp16) start
+      // from the loaded weights, not from the initialization they were copied from.
+      auto params = model.parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        Tensor mp = opt.main_param(i);
+        if (mp.data_ptr() != params[i].data.data_ptr()) mp.copy_(params[i].data.to(DType::kFloat32));
+      }
+    }
+    if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
+      model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
+  }
+
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
   say("> building train, validation, and test datasets ...");
   auto cfg = std::make_shared<datasets::GPTDatasetConfig>();
@@ -202,9 +299,12 @@ int run(int argc, char** argv) {
   lo.data_parallel_rank = ps::get_data_parallel_rank();
   lo.num_workers = static_cast<int>(args.num_workers);
   lo.attention_mask = args.reset_attention_mask && args.create_attention_mask_in_dataloader;
+  lo.consumed_samples = loaded.consumed_train_samples;
   auto train_loader = training::build_pretraining_data_loader(ds[0], lo);
   lo.cyclic = true;  // Megatron iterates valid/test cyclically
+  lo.consumed_samples = args.skip_train ? 0 : loaded.consumed_valid_samples;
   auto valid_loader = training::build_pretraining_data_loader(ds[1], lo);
+  lo.consumed_samples = 0;
   auto test_loader = training::build_pretraining_data_loader(ds[2], lo);
   BatchIterator train_it = iterator_of(train_loader.get());
   BatchIterator valid_it = iterator_of(valid_loader.get());
@@ -255,7 +355,36 @@ int run(int argc, char** argv) {
       r.num_tokens = p[1];
     };
   }
+  Trainer* trainer_ptr = nullptr;
+  if (args.save) {
+    hooks.save_checkpoint = [&](int64_t iteration) {
+      TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_save_optim);
+      st.optimizer_common = optimizer_common();
+      st.opt_param_scheduler = scheduler_state(sched);
+      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
+      const TrainCounters& c = trainer_ptr->state();
+      st.iteration = iteration;
+      st.consumed_train_samples = c.consumed_train_samples;
+      st.consumed_valid_samples = c.consumed_valid_samples;
+      st.num_floating_point_operations_so_far = c.floating_point_operations_so_far;
+      st.args = {{"num_layers", args.num_layers.value_or(0)}, {"hidden_size", args.hidden_size.value_or(0)},
+                 {"num_attention_heads", args.num_attention_heads.value_or(0)}, {"seq_length", *args.seq_length},
+                 {"padded_vocab_size", args.padded_vocab_size}, {"micro_batch_size", *args.micro_batch_size},
+                 {"global_batch_size", *args.global_batch_size}, {"seed", args.seed},
+                 {"tensor_model_parallel_size", args.tensor_model_parallel_size},
+                 {"pipeline_model_parallel_size", args.pipeline_model_parallel_size}};
+      save_checkpoint(st, ckpt_cfg, ranks);
+      maybe_finalize_async_save(nullptr, /*blocking=*/true);
+    };
+  }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
+  trainer_ptr = &trainer;
+  if (loaded.loaded) {
+    trainer.state().iteration = loaded.iteration;
+    trainer.state().consumed_train_samples = loaded.consumed_train_samples;
+    trainer.state().consumed_valid_samples = loaded.consumed_valid_samples;
+    trainer.state().floating_point_operations_so_far = loaded.num_floating_point_operations_so_far;
+  }
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
   world->barrier();
   ps::destroy_model_parallel();
