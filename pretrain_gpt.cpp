@@ -279,6 +279,12 @@ int run(int argc, char** argv) {
   cfg->reset_attention_mask = args.reset_attention_mask;
   cfg->eod_mask_loss = args.eod_mask_loss;
   cfg->create_attention_mask = args.create_attention_mask_in_dataloader;
+  if (world->size() > 1) {
+    // Megatron builds the index caches on global rank 0 while the other ranks wait, then they read them.
+    cfg->distributed.initialized = true;
+    cfg->distributed.rank = args.rank;
+    cfg->distributed.barrier = [world] { world->barrier(); };
+  }
   cfg->finalize();
   datasets::NumSamplesArgs ns;
   const int64_t train_iters =
