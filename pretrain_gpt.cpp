@@ -35,6 +35,23 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
   return dflt;
 }
 
+// Megatron trains on the GPU whenever one is present (torch.cuda.set_device(LOCAL_RANK)). Here:
+// CUDA device LOCAL_RANK when the CUDA backend is compiled in and a GPU is visible, else the CPU.
+// MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
+// fails with a UserError when none is usable. Any other value is a UserError.
+Device choose_device() {
+  const char* want = std::getenv("MEGATRON_DEVICE");
+  const std::string w = want ? want : "";
+  if (!w.empty() && w != "cpu" && w != "cuda")
+    user_error("MEGATRON_DEVICE=", w, ": unknown device (use cpu or cuda, or leave it unset for GPU when present)");
+  if (w == "cpu") return Device::cpu();
+  const bool have_cuda = backend_available(DeviceType::kCUDA);
+  if (w == "cuda" && !have_cuda)
+    user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
+  if (!have_cuda) return Device::cpu();
+  return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
+}
+
 BatchIterator iterator_of(training::GPTDataLoader* loader) {
   if (!loader) return nullptr;
   return [loader]() -> std::optional<datasets::GPTBatch> {
@@ -80,8 +97,10 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
+  const Device device = choose_device();
+  if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
-                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed));
+                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed), device);
   int64_t nparams = 0;
   for (auto& p : model.parameters()) nparams += p.data.numel();
   say(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " + std::to_string(nparams));
