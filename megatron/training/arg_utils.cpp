@@ -91,6 +91,17 @@ bool parse_args(CLI::App& app, int argc, const char* const* argv) {
     return false;
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
+    // CLI11 says "--flag: 1 required TEXT missing"; say it as argparse does, naming the flag.
+    std::string flag = msg.substr(0, msg.find(':'));
+    if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) && flag.rfind("--", 0) == 0 &&
+        msg.find("required") != std::string::npos)
+      user_error(flag, ": expected one argument (give its value after the flag)");
+    // CLI11: "Could not convert: --workers = abc" (argparse: "invalid int value: 'abc'").
+    const std::string conv = "Could not convert: ";
+    size_t eq = msg.find(" = ");
+    if (msg.rfind(conv, 0) == 0 && eq != std::string::npos)
+      user_error(msg.substr(conv.size(), eq - conv.size()), ": invalid value '", msg.substr(eq + 3),
+                 "' (expected a number)");
     user_error(msg.empty() ? std::string("invalid command line") : msg);
   }
   return true;

@@ -530,6 +530,13 @@ Arguments parse_args(const std::vector<std::string>& in) {
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     std::exit(0);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--flag: 1 required TEXT missing"; say it as argparse does, naming the flag.
+    std::string msg = e.what();
+    std::string flag = msg.substr(0, msg.find(':'));
+    if (flag.rfind("--", 0) == 0 && msg.find("required") != std::string::npos)
+      user_error(flag, ": expected one argument (give its value after the flag)");
+    user_error("command line: ", msg);
   } catch (const CLI::ParseError& e) {
     user_error("command line: ", e.what());
   }
@@ -703,6 +710,10 @@ void validate_args(Arguments& a) {
   // Data.
   if (!a.mock_data && a.data_path.empty() && a.train_data_path.empty() && !a.skip_train)
     fail("give --data-path (or --train-data-path/--valid-data-path/--test-data-path) or --mock-data");
+  // Megatron's validate_args: "A single data source must be provided in training mode".
+  const bool per_split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
+  if (int(a.mock_data) + int(!a.data_path.empty()) + int(per_split_paths) > 1)
+    fail("give one data source: --mock-data, --data-path, or --train-data-path/--valid-data-path/--test-data-path");
   if (!a.mock_data && !a.data_path.empty() && !a.split) a.split = "969, 30, 1";
   if (a.tokenizer.tokenizer_type.empty()) fail("--tokenizer-type is required");
   if (a.tokenizer.tokenizer_type == "NullTokenizer" && !a.tokenizer.vocab_size)

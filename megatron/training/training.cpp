@@ -134,7 +134,11 @@ Trainer::Trainer(const Arguments& args, TrainableModel& model, optimizer::Megatr
 
 TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   TrainStepResult r;
-  optimizer_.zero_grad();
+  if (hooks_.zero_grad) {
+    hooks_.zero_grad();
+  } else {
+    optimizer_.zero_grad();
+  }
   const double loss_scale = optimizer_.get_loss_scale();
   timers_("forward-backward", 1).start();
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
@@ -169,10 +173,16 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   timers_("forward-backward", 1).stop();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
   // number of tokens (all-reduced over DP×CP; single rank here).
-  if (args_.calculate_per_token_loss) optimizer_.scale_gradients(1.0 / std::max(r.lm_loss.num_tokens, 1.0));
+  if (hooks_.finalize_model_grads) {
+    hooks_.finalize_model_grads(r.lm_loss.num_tokens);
+  } else if (args_.calculate_per_token_loss) {
+    optimizer_.scale_gradients(1.0 / std::max(r.lm_loss.num_tokens, 1.0));
+  }
+  if (hooks_.reduce_loss) hooks_.reduce_loss(r.lm_loss);
 
   timers_("optimizer", 1).start();
   const optimizer::StepResult s = optimizer_.step();
+  if (hooks_.after_optimizer_step) hooks_.after_optimizer_step();
   timers_("optimizer", 1).stop();
   r.skipped = !s.update_successful;
   r.grad_norm = s.grad_norm;
@@ -190,7 +200,10 @@ std::optional<double> Trainer::evaluate(BatchIterator& data) {
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
     for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
       std::optional<datasets::GPTBatch> batch = data();
-      if (!batch) return any ? std::optional<double>(total.loss_sum / total.num_tokens) : std::nullopt;
+      if (!batch) {
+        if (hooks_.reduce_loss) hooks_.reduce_loss(total);
+        return any ? std::optional<double>(total.loss_sum / total.num_tokens) : std::nullopt;
+      }
       Tensor loss = model_.forward(*batch, /*training=*/false);
       const LossReport rep = reduce_loss(loss, batch->loss_mask);
       total.loss_sum += rep.loss_sum;
@@ -199,6 +212,7 @@ std::optional<double> Trainer::evaluate(BatchIterator& data) {
     }
     state_.consumed_valid_samples += *args_.global_batch_size;
   }
+  if (hooks_.reduce_loss) hooks_.reduce_loss(total);
   if (!any) return std::nullopt;
   return total.loss_sum / total.num_tokens;
 }

@@ -37,7 +37,13 @@ class TrainableModel {
 /// Yields the next micro-batch; std::nullopt when the data is exhausted.
 using BatchIterator = std::function<std::optional<datasets::GPTBatch>()>;
 
-/// Optional integrations (TensorBoard writer, checkpoint save) called by the loop.
+/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (§6.8).
+struct LossReport {
+  double loss_sum = 0.0;
+  double num_tokens = 0.0;
+};
+
+/// Optional integrations (TensorBoard writer, checkpoint save, data parallelism) called by the loop.
 struct TrainingHooks {
   /// TensorBoard scalar: (tag, value, step). Called only every --tensorboard-log-interval.
   std::function<void(const std::string&, double, int64_t)> add_scalar;
@@ -45,6 +51,20 @@ struct TrainingHooks {
   std::function<void()> flush;
   /// Save a checkpoint at this iteration (--save / --save-interval / exit paths).
   std::function<void(int64_t iteration)> save_checkpoint;
+
+  // Data parallelism (pretrain_gpt.cpp wires these to DistributedDataParallel; unset = one rank).
+  /// Zeros the model's whole gradient buffer at the start of train_step (replaces
+  /// optimizer.zero_grad(), which with the distributed optimizer only sees this rank's slices).
+  std::function<void()> zero_grad;
+  /// Megatron's finalize_model_grads after the last backward of train_step; `num_tokens` is this
+  /// rank's Σ(loss_mask). With --calculate-per-token-loss the hook sums it over DP and scales the
+  /// grads by 1/total (the loop then does not scale them itself).
+  std::function<void(double num_tokens)> finalize_model_grads;
+  /// After optimizer.step(): the distributed optimizer's parameter all-gather.
+  std::function<void()> after_optimizer_step;
+  /// Sums {loss_sum, num_tokens} over the data-parallel group, in place (Megatron's loss_func
+  /// all-reduce of the reporting loss): training log and evaluation.
+  std::function<void(LossReport&)> reduce_loss;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
@@ -54,12 +74,6 @@ struct TrainCounters {
   int64_t skipped_train_samples = 0;
   int64_t consumed_valid_samples = 0;
   double floating_point_operations_so_far = 0.0;
-};
-
-/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (§6.8).
-struct LossReport {
-  double loss_sum = 0.0;
-  double num_tokens = 0.0;
 };
 
 /// Result of one train_step.

@@ -88,6 +88,8 @@ class MegatronOptimizer {
   const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
   int64_t step_count() const { return step_; }
+  /// Restores the step counter (Adam bias correction) from a checkpoint.
+  void set_step_count(int64_t step) { step_ = step; }
   const OptimizerConfig& config() const { return config_; }
 
  private:

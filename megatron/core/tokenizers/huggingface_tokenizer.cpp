@@ -211,10 +211,10 @@ int64_t count_vocab(const Loader& l) {
 // vocab.json + merges.txt (GPT-2 layout) into a loader with the GPT-2 byte-level pre-tokenizer.
 void load_vocab_merges(Loader& l, const fs::path& vocab_file, const fs::path& merge_file) {
   l.where = vocab_file.string();
-  json v = load_json(vocab_file, "vocab file");
+  json v = load_json(vocab_file, "--vocab-file");
   l.load_vocab(v);
   std::ifstream f(merge_file, std::ios::binary);
-  if (!f) user_error("merge file: cannot open ", merge_file.string());
+  if (!f) user_error("--merge-file: cannot open ", merge_file.string());
   l.where = merge_file.string();
   std::string line;
   size_t rank = 0, lineno = 0;

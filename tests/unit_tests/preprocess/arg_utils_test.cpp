@@ -62,6 +62,15 @@ TEST(ArgUtils, AmbiguousPrefix) {
   EXPECT_NE(e.find("ambiguous flag --vocab"), std::string::npos) << e;
 }
 
+// argparse's wording for a missing value and a non-numeric value, naming the flag.
+TEST(ArgUtils, MissingAndNonNumericValues) {
+  Args a;
+  EXPECT_EQ(a.parse({"--workers", "2", "--output-prefix"}),
+            "--output-prefix: expected one argument (give its value after the flag)");
+  Args b;
+  EXPECT_EQ(b.parse({"--workers", "abc"}), "--workers: invalid value 'abc' (expected a number)");
+}
+
 TEST(ArgUtils, BadChoice) {
   Args a;
   EXPECT_NE(a.parse({"--tokenizer-type", "Foo"}), "");

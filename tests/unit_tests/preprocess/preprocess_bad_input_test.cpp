@@ -108,6 +108,16 @@ TEST(PreprocessBadInput, InvalidUtf8Stops) {
   EXPECT_NE(e.find("in.jsonl:2: invalid JSON: invalid UTF-8"), std::string::npos) << e;
 }
 
+// --output-prefix in a folder that does not exist: Megatron dies (FileNotFoundError); we stop
+// before reading, naming the folder and how to fix it, and write nothing.
+TEST(PreprocessBadInput, MissingOutputFolderStops) {
+  Fixture f;
+  f.cfg.output_prefix = f.dir / "nodir/out";
+  std::string e = f.run_error("{\"text\": \"1\"}\n");
+  EXPECT_NE(e.find("does not exist; create it first (mkdir -p "), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(f.dir / "nodir"));
+}
+
 // "\ud800" in the tokenized value: json.loads accepts it, the tokenizer cannot encode it.
 // In another field Python accepts it and so do we.
 TEST(PreprocessBadInput, LoneSurrogate) {

@@ -172,6 +172,35 @@ TEST(PreprocessPipeline, CompressedInputsGiveSameBytes) {
   EXPECT_EQ(bins[0], bins[2]);
 }
 
+// A truncated .gz/.zst (cut inside the compressed stream, here right after a complete line's
+// worth of data may already be decodable) is an error naming the file, not a shorter dataset:
+// Python's gzip/zstd readers raise EOFError there.
+TEST(PreprocessPipeline, TruncatedCompressedInputStops) {
+  TempDir d;
+  std::vector<std::vector<int64_t>> docs;
+  std::string text = random_corpus(300, docs);
+  gzFile gz = gzopen((d / "in.jsonl.gz").c_str(), "wb");
+  gzwrite(gz, text.data(), static_cast<unsigned>(text.size()));
+  gzclose(gz);
+  std::string z(ZSTD_compressBound(text.size()), '\0');
+  z.resize(ZSTD_compress(z.data(), z.size(), text.data(), text.size(), 3));
+  std::string g = testing::read_file(d / "in.jsonl.gz");
+  testing::write_file(d / "in.jsonl.gz", g.substr(0, g.size() - 12));  // drop part of the deflate end + trailer
+  testing::write_file(d / "in.jsonl.zst", z.substr(0, z.size() - 8));
+  auto tok = tokenizers::build_tokenizer(testing::null_tokenizer_config(1000));
+  for (std::string in : {"in.jsonl.gz", "in.jsonl.zst"}) {
+    auto cfg = base_cfg(d, in, "o");
+    std::string err;
+    try {
+      testing::run_pipeline(cfg, *tok);
+    } catch (const UserError& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find(in + ": truncated"), std::string::npos) << in << ": " << err;
+    EXPECT_FALSE(std::filesystem::exists(d / "o_text_document.idx")) << in;
+  }
+}
+
 // Lines far longer than the read batch, with every kind of line end at awkward places.
 TEST(PreprocessPipeline, LongLinesAndLineEnds) {
   TempDir d;

@@ -137,6 +137,9 @@ TEST(Arguments, BadValues) {
   EXPECT_EQ(error_of(with(base_flags(), {"--lr-decay-style", "exp"}), false),
             "--lr-decay-style: invalid choice 'exp' (choose from constant, linear, cosine, inverse-square-root, WSD)");
   EXPECT_EQ(error_of(with(base_flags(), {"--lr", "x1"}), false), "--lr: expected a number, got 'x1'");
+  // A value flag given last without its value (argparse: "expected one argument").
+  EXPECT_EQ(error_of(with(base_flags(), {"--hidden-size"}), false),
+            "--hidden-size: expected one argument (give its value after the flag)");
 }
 
 TEST(Arguments, ConsistencyChecks) {
@@ -155,6 +158,9 @@ TEST(Arguments, ConsistencyChecks) {
   EXPECT_EQ(error_of(with(base_flags(), {"--save", "/tmp/c"})), "--save needs --save-interval > 0");
   EXPECT_EQ(error_of(with(base_flags(), {"--start-weight-decay", "0.1"})),
             "--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+  // Megatron's validate_args allows a single data source.
+  EXPECT_EQ(error_of(with(base_flags(), {"--data-path", "corpus_text_document"})),
+            "give one data source: --mock-data, --data-path, or --train-data-path/--valid-data-path/--test-data-path");
   // Required flags.
   std::vector<std::string> no_lr = base_flags();
   no_lr.erase(no_lr.begin() + 16, no_lr.begin() + 18);  // drop --lr 1e-3

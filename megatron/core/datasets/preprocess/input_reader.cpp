@@ -71,6 +71,13 @@ class GzipFile final : public InputReader::Source {
       const char* msg = gzerror(gz_, &err);
       user_error(path_, ": gzip decompression failed: ", msg ? msg : "unknown error");
     }
+    if (r == 0) {
+      // zlib: Z_BUF_ERROR at end of input = the file ended inside a gzip stream (Python's gzip
+      // raises EOFError there, so Megatron's run dies too).
+      int err = Z_OK;
+      gzerror(gz_, &err);
+      if (err == Z_BUF_ERROR) user_error(path_, ": truncated gzip stream (the file ends before the end-of-stream marker)");
+    }
     return static_cast<size_t>(r);
   }
   uint64_t consumed() const override { return static_cast<uint64_t>(gzoffset(gz_)); }

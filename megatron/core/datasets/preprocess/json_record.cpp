@@ -296,7 +296,7 @@ const char* dom_type_name(simdjson::dom::element_type t) {
 std::string parse_record_python_compatible(std::string_view line, const std::vector<std::string>& keys,
                                            std::vector<KeyValue>& out) {
   if (!simdjson::validate_utf8(line.data(), line.size()))
-    return "invalid UTF-8 (Python cannot decode the line; Megatron's run dies here)";
+    return "invalid UTF-8 (Python cannot decode the line)";
   return PyJson(line, keys, out).run();
 }
 

@@ -387,7 +387,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
     std::string final_prefix = output_dataset_prefix(cfg, cfg.json_keys[k]);
     auto parent = std::filesystem::path(final_prefix).parent_path();
     if (!parent.empty() && !std::filesystem::is_directory(parent))
-      user_error("--output-prefix ", cfg.output_prefix, ": folder ", parent.string(), " does not exist");
+      user_error("--output-prefix ", cfg.output_prefix, ": folder ", parent.string(), " does not exist; create it first (mkdir -p ", parent.string(), ")");
     for (size_t p = 0; p < P; ++p) {
       std::string pre = P == 1 ? final_prefix : final_prefix + ".tmp-partition" + std::to_string(p);
       if (P > 1) {

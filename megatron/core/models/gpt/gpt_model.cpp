@@ -227,4 +227,7 @@ void GPTModel::backward(const Tensor& dloss) {
   st.rng_offset = off;
 }
 
+uint64_t GPTModel::rng_offset() const { return state_->rng_offset; }
+void GPTModel::set_rng_offset(uint64_t offset) { state_->rng_offset = offset; }
+
 }  // namespace megatron::models::gpt

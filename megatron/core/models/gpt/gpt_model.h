@@ -115,6 +115,10 @@ class GPTModel {
   Device device() const { return device_; }
   /// Parameter by Megatron name; throws UserError if absent.
   Parameter& parameter(const std::string& name);
+  /// Dropout stream position (offset counter of the per-call random streams); saved in
+  /// checkpoints so a resumed run draws the same dropout masks (Megatron saves its RNG tracker).
+  uint64_t rng_offset() const;
+  void set_rng_offset(uint64_t offset);
 
  private:
   struct State;
