@@ -41,6 +41,32 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
   return dflt;
 }
 
+// Megatron trains on the GPU whenever one is present (torch.cuda.set_device(LOCAL_RANK)). Here:
+// CUDA device LOCAL_RANK when the CUDA backend is compiled in and a GPU is visible, else the CPU.
+// MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
+// fails with a UserError when none is usable. Any other value is a UserError.
+// Not wired for the GPU yet (the CPU is used, with a note): more than one process (the process
+// groups are CPU backends) and --save/--load (checkpointing reads CPU tensors).
+Device choose_device(const Arguments& args, const std::function<void(const std::string&)>& say) {
+  const char* want = std::getenv("MEGATRON_DEVICE");
+  const std::string w = want ? want : "";
+  if (!w.empty() && w != "cpu" && w != "cuda")
+    user_error("MEGATRON_DEVICE=", w, ": unknown device (use cpu or cuda, or leave it unset for GPU when present)");
+  if (w == "cpu") return Device::cpu();
+  const bool have_cuda = backend_available(DeviceType::kCUDA);
+  if (w == "cuda" && !have_cuda)
+    user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
+  if (!have_cuda) return Device::cpu();
+  const char* why = args.world_size > 1 ? "more than one process"
+                    : (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
+  if (why) {
+    if (w == "cuda") user_error("MEGATRON_DEVICE=cuda: ", why, " is not supported on the GPU yet; unset MEGATRON_DEVICE");
+    say(std::string("note: training on the CPU: ") + why + " is not supported on the GPU yet");
+    return Device::cpu();
+  }
+  return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
+}
+
 BatchIterator iterator_of(training::GPTDataLoader* loader) {
   if (!loader) return nullptr;
   return [loader]() -> std::optional<datasets::GPTBatch> {
@@ -182,11 +208,13 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
+  const Device device = choose_device(args, say);
+  if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   models::gpt::GPTModelParallel par;
   par.tp_group = ps::get_tensor_model_parallel_group();
   par.pp_rank = pp_rank;
   models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
-                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed), Device::cpu(), par);
+                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed), device, par);
   int64_t nparams = 0;
   for (auto& p : model.parameters()) nparams += p.data.numel();
   // Megatron prints this on data-parallel rank 0 of every model-parallel rank.

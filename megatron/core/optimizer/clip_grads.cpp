@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::optimizer {
@@ -22,6 +23,10 @@ double all_reduce_scalar(double v, distributed::ProcessGroup* g, distributed::Re
 double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   double local = 0.0;
   for (const auto& g : grads) {
+    if (!g.is_cpu()) {  // device grads: fp64-accumulated kernel reduction
+      local += ops::sum_of_squares(g);
+      continue;
+    }
     const float* p = f32(g);
     const int64_t n = g.numel();
     double s = 0.0;
@@ -37,6 +42,11 @@ void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_n
   if (!(coeff < 1.0)) return;
   const float c = static_cast<float>(coeff);
   for (const auto& g : grads) {
+    if (!g.is_cpu()) {
+      Tensor t = g;
+      ops::scale_(t, c);
+      continue;
+    }
     float* p = const_cast<float*>(f32(g));
     const int64_t n = g.numel();
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -47,6 +57,10 @@ void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_n
 int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   int64_t z = 0;
   for (const auto& g : grads) {
+    if (!g.is_cpu()) {
+      z += ops::count_zeros(g);
+      continue;
+    }
     const float* p = f32(g);
     const int64_t n = g.numel();
     int64_t c = 0;
@@ -60,6 +74,10 @@ int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessG
 bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   int bad = 0;
   for (const auto& g : grads) {
+    if (!g.is_cpu()) {
+      bad |= ops::has_inf_or_nan(g) ? 1 : 0;
+      continue;
+    }
     const float* p = f32(g);
     const int64_t n = g.numel();
     int b = 0;

@@ -4,6 +4,7 @@
 #include <map>
 #include <tuple>
 
+#include "megatron/core/ops/ops.h"
 #include "megatron/core/optimizer/clip_grads.h"
 #include "megatron/core/utils/errors.h"
 
@@ -54,7 +55,16 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     // fp32 main params: a master copy for bf16/fp16 params, the param itself for fp32.
     const bool separate = p.param.dtype() != DType::kFloat32;
     separate_main_.push_back(separate);
-    main_params_.push_back(separate ? p.param.to(DType::kFloat32) : p.param);
+    if (separate && !p.param.is_cpu()) {
+      // Device params: the fp32 master copy is cast on the device (Tensor::to(dtype) is CPU only).
+      Tensor mp = Tensor::empty(p.param.shape(), DType::kFloat32, p.param.device());
+      ops::cast(p.param, mp);
+      main_params_.push_back(mp);
+    } else {
+      main_params_.push_back(separate ? p.param.to(DType::kFloat32) : p.param);
+    }
+    if (config_.optimizer != "adam" && !p.param.is_cpu())
+      user_error("--optimizer ", config_.optimizer, ": runs on CPU tensors only; use --optimizer adam on a GPU");
     if (config_.optimizer == "adam") {
       exp_avg_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
       exp_avg_sq_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
@@ -92,7 +102,9 @@ void MegatronOptimizer::scale_gradients(double f) {
   const float c = static_cast<float>(f);
   for (auto& p : params_) {
     const int64_t n = p.main_grad.numel();
-    if (p.main_grad.dtype() == DType::kFloat32) {
+    if (!p.main_grad.is_cpu()) {
+      ops::scale_(p.main_grad, c);
+    } else if (p.main_grad.dtype() == DType::kFloat32) {
       float* g = p.main_grad.data<float>();
 #pragma omp parallel for schedule(static) if (n > 32768)
       for (int64_t i = 0; i < n; ++i) g[i] *= c;
@@ -108,6 +120,10 @@ void MegatronOptimizer::copy_model_grads_to_main_grads() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& mg = params_[i].main_grad;
     if (mg.dtype() == DType::kFloat32) continue;
+    if (!mg.is_cpu()) {
+      ops::cast(mg, grads_[i]);
+      continue;
+    }
     cpu_convert_to_float(mg.data_ptr(), mg.dtype(), grads_[i].data<float>(), mg.numel());
   }
 }
@@ -164,6 +180,10 @@ StepResult MegatronOptimizer::step() {
   if (scaler_) {
     const float inv = static_cast<float>(scaler_->inv_scale());
     for (auto& g : grads_) {
+      if (!g.is_cpu()) {
+        ops::scale_(g, inv);
+        continue;
+      }
       float* d = g.data<float>();
       const int64_t n = g.numel();
 #pragma omp parallel for schedule(static) if (n > 32768)
@@ -189,8 +209,21 @@ StepResult MegatronOptimizer::step() {
     for (size_t i : grp.params) {
       Tensor& mp = main_params_[i];
       const Tensor& g = grads_[i];
-      MEGATRON_CHECK(mp.is_cpu()) << "the optimizer runs on CPU tensors for now: " << mp.str();
       const int64_t n = mp.numel();
+      if (!mp.is_cpu()) {
+        // Device tensors: one fused Adam(W) kernel that also writes the bf16/fp16 model param.
+        MEGATRON_CHECK(config_.optimizer == "adam") << "device optimizer " << config_.optimizer;
+        ops::AdamParams ap;
+        ap.lr = static_cast<float>(grp.lr);
+        ap.beta1 = static_cast<float>(config_.adam_beta1);
+        ap.beta2 = static_cast<float>(config_.adam_beta2);
+        ap.eps = static_cast<float>(config_.adam_eps);
+        ap.weight_decay = static_cast<float>(grp.weight_decay);
+        ap.step = step_;
+        ap.decoupled = config_.decoupled_weight_decay;
+        ops::adam_step(mp, g, exp_avg_[i], exp_avg_sq_[i], ap, separate_main_[i] ? &params_[i].param : nullptr);
+        continue;
+      }
       if (config_.optimizer == "adam") {
         adam_update(mp.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
                     static_cast<float>(grp.lr), static_cast<float>(config_.adam_beta1),

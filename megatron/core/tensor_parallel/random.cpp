@@ -59,8 +59,14 @@ void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
     case transformer::InitKind::kNormal: {
       const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
       const Shape& ls = p.data.shape();
+      // Unpartitioned (or TP = 1): the global index is the local one, no per-element index
+      // arithmetic. Every element is a pure function of (key, index), so the threads give the
+      // same values as one thread (LLaMA-3-8B-sized layers: minutes -> seconds).
+      const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
+      const float std_ = p.init_std;
+#pragma omp parallel for schedule(static) if (n > 65536)
       for (int64_t i = 0; i < n; ++i)
-        v[i] = p.init_std * normal_at(key, static_cast<uint64_t>(global_index_of(p, ls, i)));
+        v[i] = std_ * normal_at(key, static_cast<uint64_t>(identity ? i : global_index_of(p, ls, i)));
       break;
     }
   }
