@@ -8,6 +8,10 @@
 
 #include "megatron/core/utils/errors.h"
 
+#if defined(MEGATRON_WITH_CUDA)
+#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
+#endif
+
 namespace megatron {
 
 void Timer::start() {
@@ -15,6 +19,10 @@ void Timer::start() {
   MEGATRON_CHECK(!started_) << "timer " << name_ << " has already been started";
   start_ = std::chrono::steady_clock::now();
   started_ = true;
+#if defined(MEGATRON_WITH_CUDA)
+  // Start/end ranges (not push/pop): timers may stop out of nesting order.
+  if (owner_->recording_) nvtx_range_ = nvtxRangeStartA(name_.c_str());
+#endif
 }
 
 void Timer::stop() {
@@ -23,6 +31,12 @@ void Timer::stop() {
   const auto end = std::chrono::steady_clock::now();
   elapsed_ += std::chrono::duration<double>(end - start_).count();
   started_ = false;
+#if defined(MEGATRON_WITH_CUDA)
+  if (nvtx_range_) {
+    nvtxRangeEnd(nvtx_range_);
+    nvtx_range_ = 0;
+  }
+#endif
   if (owner_->recording_) owner_->record(name_, start_, end);
 }
 

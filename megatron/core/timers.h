@@ -27,6 +27,7 @@ class Timer {
   bool started_ = false;
   std::chrono::steady_clock::time_point start_;
   double elapsed_ = 0.0;
+  uint64_t nvtx_range_ = 0;  // open NVTX range while profiling (CUDA builds), 0 = none
   class Timers* owner_ = nullptr;
 };
 
@@ -47,7 +48,9 @@ class Timers {
   /// Megatron's timers.log() text for `names` (skipping unknown ones), times divided by
   /// `normalizer`, in ms. Returns "" when nothing is to be printed.
   std::string log_string(const std::vector<std::string>& names, double normalizer = 1.0, bool reset = true);
-  /// Starts / stops recording every timer interval as a trace event.
+  /// Starts / stops recording every timer interval as a trace event (--profile window). In a
+  /// CUDA build every recorded interval is also an NVTX range named after the timer, so
+  /// Nsight Systems (nsys profile) shows the same steps on its timeline.
   void set_recording(bool on) { recording_ = on; }
   bool recording() const { return recording_; }
   const std::vector<TraceEvent>& events() const { return events_; }
