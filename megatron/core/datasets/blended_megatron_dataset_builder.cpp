@@ -6,6 +6,40 @@
 
 namespace megatron::datasets {
 
+namespace {
+// Weights and size of one split's BlendedDataset (Megatron's builder): with --data-path weights,
+// the weights as given and the sum of the per-dataset target sizes; without weights, each
+// dataset's own size as its weight and min(requested, sum of sizes).
+struct BlendSpec {
+  std::vector<double> weights;
+  bool weights_are_sizes = false;
+  std::optional<int64_t> size;
+};
+
+BlendSpec blend_spec(const std::vector<std::shared_ptr<GPTDataset>>& ds,
+                     const std::optional<std::vector<double>>& weights, const std::vector<SplitSizes>& target,
+                     const std::optional<int64_t>& requested, int i, const char* what) {
+  BlendSpec b;
+  if (weights && requested) {
+    b.weights = *weights;
+    int64_t sum = 0;
+    for (auto& t : target) sum += *t[i];
+    b.size = sum;
+  } else if (!weights) {
+    b.weights_are_sizes = true;
+    int64_t sum = 0;
+    for (auto& d : ds) {
+      b.weights.push_back(d ? static_cast<double>(d->size()) : 0.0);
+      sum += d ? d->size() : 0;
+    }
+    if (requested) b.size = std::min(*requested, sum);
+  } else {
+    user_error(what, " a requested size for the ", split_name(static_cast<Split>(i)), " split");
+  }
+  return b;
+}
+}  // namespace
+
 SplitSizes get_train_valid_test_num_samples(const NumSamplesArgs& a) {
   // With --train-samples, Megatron's argument validation sets train_iters = samples // gbs.
   const int64_t train_iters = a.train_samples ? *a.train_samples / a.global_batch_size : a.train_iters;
@@ -164,26 +198,8 @@ std::array<std::shared_ptr<TopLevelDataset>, 3> BlendedMegatronDatasetBuilder::b
         if (!split[i]) continue;
         std::vector<std::shared_ptr<GPTDataset>> ds;
         for (auto& m : mids) ds.push_back(m[i]);
-        std::vector<double> w;
-        bool is_int = false;
-        std::optional<int64_t> size;
-        if (weights && sizes_[i]) {
-          w = *weights;
-          int64_t sum = 0;
-          for (auto& t : target) sum += *t[i];
-          size = sum;
-        } else if (!weights) {
-          is_int = true;
-          int64_t sum = 0;
-          for (auto& d : ds) {
-            w.push_back(d ? static_cast<double>(d->size()) : 0.0);
-            sum += d ? d->size() : 0;
-          }
-          if (sizes_[i]) size = std::min(*sizes_[i], sum);
-        } else {
-          user_error("using --data-path weights requires a requested size for the ", split_name(static_cast<Split>(i)), " split");
-        }
-        result[i] = build_blended(ds, w, is_int, size);
+        BlendSpec b = blend_spec(ds, weights, target, sizes_[i], i, "using --data-path weights requires");
+        result[i] = build_blended(ds, b.weights, b.weights_are_sizes, b.size);
       }
     }
   } else {
@@ -210,26 +226,8 @@ std::array<std::shared_ptr<TopLevelDataset>, 3> BlendedMegatronDatasetBuilder::b
       auto mids = build_megatron_datasets_parallel(bo->prefixes, spoof, buffer);
       std::vector<std::shared_ptr<GPTDataset>> ds;
       for (auto& m : mids) ds.push_back(m[i]);
-      std::vector<double> w;
-      bool is_int = false;
-      std::optional<int64_t> size;
-      if (weights && sizes_[i]) {
-        w = *weights;
-        int64_t sum = 0;
-        for (auto& t : target) sum += *t[i];
-        size = sum;
-      } else if (!weights) {
-        is_int = true;
-        int64_t sum = 0;
-        for (auto& d : ds) {
-          w.push_back(d ? static_cast<double>(d->size()) : 0.0);
-          sum += d ? d->size() : 0;
-        }
-        if (sizes_[i]) size = std::min(*sizes_[i], sum);
-      } else {
-        user_error("per-split weights require a requested size for the ", split_name(static_cast<Split>(i)), " split");
-      }
-      result[i] = build_blended(ds, w, is_int, size);
+      BlendSpec b = blend_spec(ds, weights, target, sizes_[i], i, "per-split weights require");
+      result[i] = build_blended(ds, b.weights, b.weights_are_sizes, b.size);
     }
   }
   for (int i = 0; i < 3; ++i) {
