@@ -85,8 +85,9 @@ void check_supported_parallelism(const Arguments& args) {
   if (args.context_parallel_size > 1)
     user_error("--context-parallel-size ", args.context_parallel_size,
                ": context-parallel attention is not available yet; use --context-parallel-size 1");
-  if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
-    user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
+  if (args.sequence_parallel && *args.seq_length % args.tensor_model_parallel_size != 0)
+    user_error("--sequence-parallel: --seq-length (", *args.seq_length,
+               ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
