@@ -123,32 +123,37 @@ nlohmann::json scheduler_state(const OptimizerParamScheduler& s) {
           {"wd_incr_steps", o.wd_incr_steps}};
 }
 
-// Views of the live model parameters and fp32 optimizer state (TrainingState's tensors are
-// views: load writes into them, save reads them). Optimizer param i is model parameter i.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt, bool with_optim) {
-  TrainingState st;
-  const int64_t num_layers = model.config().num_layers;
-  auto params = model.parameters();
-  MEGATRON_CHECK(params.size() == opt.params().size()) << params.size() << " vs " << opt.params().size();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto pieces = parameter_sharded_tensors(params[i], num_layers);
-    const bool adam = opt.exp_avg(i).defined();
-    for (auto& piece : pieces) {
-      if (with_optim) {
-        // The piece is a view into the parameter: take the same element range of the
-        // (flat) optimizer tensors.
-        const auto* base = static_cast<const char*>(params[i].data.data_ptr());
-        const auto* at = static_cast<const char*>(piece.data.data_ptr());
-        const int64_t off = (at - base) / static_cast<int64_t>(dtype_size(params[i].data.dtype()));
-        const Shape shape = piece.data.shape();
-        add_optimizer_state(st, piece, opt.main_param(i).flat_slice(off, shape),
-                            adam ? opt.exp_avg(i).flat_slice(off, shape) : Tensor(),
-                            adam ? opt.exp_avg_sq(i).flat_slice(off, shape) : Tensor());
-      }
-      st.model.push_back(std::move(piece));
-    }
+// ---- Checkpointing glue (megatron/training/checkpointing.h) ----
+// This rank's position for the checkpoint (DP = the dp-cp group: every rank holding the same
+// model piece).
+ParallelRanks checkpoint_ranks() {
+  namespace ps = parallel_state;
+  ParallelRanks r;
+  r.tp_rank = ps::get_tensor_model_parallel_rank();
+  r.tp_size = ps::get_tensor_model_parallel_world_size();
+  r.pp_rank = ps::get_pipeline_model_parallel_rank();
+  r.pp_size = ps::get_pipeline_model_parallel_world_size();
+  r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
+  r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
+  return r;
+}
+
+// Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
+// them), in global coordinates whatever the layout.
+TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
+                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
+  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
+                                   with_optim);
+}
+
+// Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
+// separate fp32 main params (bf16/fp16 models) start from the loaded weights.
+void reload_main_params(optimizer::MegatronOptimizer& opt) {
+  const auto& ops = opt.params();
+  for (size_t j = 0; j < ops.size(); ++j) {
+    Tensor mp = opt.main_param(j);
+    if (mp.data_ptr() != ops[j].param.data_ptr()) mp.copy_(ops[j].param.to(DType::kFloat32));
   }
-  return st;
 }
 
 int run(int argc, char** argv) {
@@ -179,9 +184,6 @@ int run(int argc, char** argv) {
   }
   validate_args(args);
   check_supported_parallelism(args);
-  if (args.world_size > 1 && (args.save || args.load))
-    user_error("--save/--load: checkpointing is wired for single-process pretrain_gpt runs only so far; "
-               "run with one process, or drop --save/--load");
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
   distributed::InitOptions io;
@@ -275,7 +277,7 @@ int run(int argc, char** argv) {
   // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
   // so they resume at consumed_train_samples).
   const CheckpointConfig ckpt_cfg = checkpoint_config_from_args(args);
-  const ParallelRanks ranks;
+  const ParallelRanks ranks = checkpoint_ranks();
   auto optimizer_common = [&opt]() {
     nlohmann::json c = {{"step", opt.step_count()}};
     if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler())) {
@@ -287,8 +289,9 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_load_optim && !args.finetune);
-    loaded = load_checkpoint(st, ckpt_cfg, ranks);
+    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+                                      /*with_optim=*/!args.no_load_optim && !args.finetune);
+    loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
       const auto& c = loaded.optimizer_common;
       if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
@@ -300,15 +303,7 @@ int run(int argc, char** argv) {
       if (loaded.opt_param_scheduler.contains("num_steps"))
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
-    if (loaded.loaded && !loaded.optimizer_loaded) {
-      // Megatron's optimizer.reload_model_params(): separate fp32 main params (bf16/fp16) start
-      // from the loaded weights, not from the initialization they were copied from.
-      auto params = model.parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        Tensor mp = opt.main_param(i);
-        if (mp.data_ptr() != params[i].data.data_ptr()) mp.copy_(params[i].data.to(DType::kFloat32));
-      }
-    }
+    if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
     if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
       model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
   }
@@ -448,7 +443,8 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_save_optim);
+      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+                                        /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
       st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
@@ -462,10 +458,20 @@ int run(int argc, char** argv) {
                  {"padded_vocab_size", args.padded_vocab_size}, {"micro_batch_size", *args.micro_batch_size},
                  {"global_batch_size", *args.global_batch_size}, {"seed", args.seed},
                  {"tensor_model_parallel_size", args.tensor_model_parallel_size},
-                 {"pipeline_model_parallel_size", args.pipeline_model_parallel_size}};
-      save_checkpoint(st, ckpt_cfg, ranks);
-      maybe_finalize_async_save(nullptr, /*blocking=*/true);
+                 {"pipeline_model_parallel_size", args.pipeline_model_parallel_size},
+                 {"data_parallel_size", ranks.dp_size},
+                 {"use_distributed_optimizer", args.use_distributed_optimizer}};
+      // --async-save: returns after the snapshot; the write overlaps the next iterations.
+      save_checkpoint(st, ckpt_cfg, ranks, world.get());
     };
+    if (args.async_save) {
+      // Publish a finished background save at the start of the next iteration (all ranks agree
+      // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
+      hooks.zero_grad = [&ddp, w = world.get()] {
+        maybe_finalize_async_save(w, /*blocking=*/false);
+        ddp.zero_grad_buffer();
+      };
+    }
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;
@@ -482,6 +488,7 @@ int run(int argc, char** argv) {
     dump_parameters(dump, pp_rank, raw, *ps::get_tensor_model_parallel_group(),
                     tp_rank == 0 && ps::get_data_parallel_rank(true) == 0);
   }
+  maybe_finalize_async_save(world.get(), /*blocking=*/true);  // a pending --async-save completes before exit
   world->barrier();
   ps::destroy_model_parallel();
   distributed::destroy_process_group();
