@@ -115,3 +115,15 @@ grep -q "pipeline-model-parallel size: 2" "$LOGDIR/gpt_pp2.log" || fail "gpt_pp2
 check gpt_tp2_sp gpt 2 --tensor-model-parallel-size 2 --sequence-parallel
 check llama_tp2_sp llama 2 --tensor-model-parallel-size 2 --sequence-parallel
 check gpt_tp2_pp2_sp gpt 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel
+# --overlap-grad-reduce with buckets of ~one layer (--ddp-bucket-size 20000 elements; a GPT layer
+# has 49,984): the reductions start during backward. A bucket that backward never reported
+# complete would print a warning (and be reduced late): there must be none.
+check gpt_dp2_overlap_distopt gpt 2 --overlap-grad-reduce --ddp-bucket-size 20000 --use-distributed-optimizer
+check llama_dp2_overlap_distopt llama 2 --overlap-grad-reduce --ddp-bucket-size 20000 --use-distributed-optimizer
+check gpt_tp2_dp2_overlap gpt 4 --tensor-model-parallel-size 2 --overlap-grad-reduce --ddp-bucket-size 20000
+check llama_dp2_pp2_overlap llama 4 --pipeline-model-parallel-size 2 --overlap-grad-reduce --ddp-bucket-size 20000 \
+  --use-distributed-optimizer
+for n in gpt_dp2_overlap_distopt llama_dp2_overlap_distopt gpt_tp2_dp2_overlap llama_dp2_pp2_overlap; do
+  if grep -q "was not reported complete" "$LOGDIR/$n.log"; then fail "$n: a gradient bucket was not launched during backward"; fi
+done
+echo "--overlap-grad-reduce: every bucket launched during backward"
