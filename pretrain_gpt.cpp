@@ -140,10 +140,11 @@ ParallelRanks checkpoint_ranks() {
 
 // Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
 // them), in global coordinates whatever the layout.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
-                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
-  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
-                                   with_optim);
+// `params`: every model chunk's parameters of this rank (virtual pipeline stages: all chunks).
+TrainingState training_state(std::vector<transformer::Parameter>& params, int64_t num_layers,
+                             const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
+                             bool distributed_optimizer, bool with_optim) {
+  return model_and_optimizer_state(params, opt, num_layers, ranks, distributed_optimizer, with_optim);
 }
 
 // Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
@@ -230,6 +231,8 @@ int run(int argc, char** argv) {
                                                              static_cast<uint64_t>(args.seed), device, par));
   }
   models::gpt::GPTModel& model = *chunks.front();
+  std::vector<transformer::Parameter> all_params;  // views; checkpointing sees every chunk
+  for (auto& m : chunks) all_params.insert(all_params.end(), m->parameters().begin(), m->parameters().end());
   int64_t nparams = 0;
   for (auto& m : chunks)
     for (auto& p : m->parameters()) nparams += p.data.numel();
@@ -289,7 +292,7 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+    TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
@@ -443,7 +446,7 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+      TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
