@@ -13,6 +13,7 @@
 #    per-rank RNG state matters): iterations 3..5 (consumed samples,
 #    learning rate, lm loss, grad norm) and the final validation loss must be bitwise identical
 #    as printed.
+#  * --async-save under DP2: same losses as the synchronous run, and its checkpoint resumes exactly.
 #  * --finetune loads the weights only and restarts at iteration 1 / sample 0; --no-load-rng loads.
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
@@ -96,6 +97,12 @@ load_run tp2_norng tp2 2 "${TP2[@]}" --no-load-rng;             exact tp2_norng 
 DROP=(--attention-dropout 0.1 --hidden-dropout 0.1)
 save_run tp2dp2_drop 4 "${TP2[@]}" "${DROP[@]}"
 load_run tp2dp2_drop_resume tp2dp2_drop 4 "${TP2[@]}" "${DROP[@]}"; exact tp2dp2_drop_resume tp2dp2_drop
+
+# --async-save (snapshot, background write, published at a later iteration): training is not
+# perturbed, every save is published (tracker 5), and its iteration-2 checkpoint resumes exactly.
+save_run dp2do_async 2 "${DO[@]}" --async-save;                 exact dp2do_async dp2do
+[ "$(cat "$LOGDIR/dp2do_async/latest_checkpointed_iteration.txt")" = 5 ] || fail "--async-save: tracker is not 5"
+load_run dp2do_async_resume dp2do_async 2 "${DO[@]}";           exact dp2do_async_resume dp2do
 
 # Control: without the optimizer state iteration 4 must move (the comparison above sees it).
 load_run tp2_nooptim tp2 1 --no-load-optim "${ONE[@]}"
