@@ -137,11 +137,15 @@ ParallelRanks checkpoint_ranks() {
   return r;
 }
 
-// Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
-// them), in global coordinates whatever the layout.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
-                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
-  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
+// Views of the live model parameters (every model chunk of this pipeline rank) and fp32
+// optimizer state (load writes into them, save reads them), in global coordinates whatever the
+// layout.
+TrainingState training_state(const std::vector<std::unique_ptr<models::gpt::GPTModel>>& chunks,
+                             const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
+                             bool distributed_optimizer, bool with_optim) {
+  std::vector<transformer::Parameter> params;
+  for (const auto& m : chunks) params.insert(params.end(), m->parameters().begin(), m->parameters().end());
+  return model_and_optimizer_state(params, opt, chunks.front()->config().num_layers, ranks, distributed_optimizer,
                                    with_optim);
 }
 
@@ -288,7 +292,7 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+    TrainingState st = training_state(chunks, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
@@ -303,8 +307,15 @@ int run(int argc, char** argv) {
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
     if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
-    if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
-      model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
+    if (loaded.loaded && loaded.rng_loaded) {
+      // Dropout stream position of every model chunk (virtual stages: one stream per chunk).
+      const auto& r = loaded.rng_state;
+      if (r.contains("dropout_rng_offsets") && r["dropout_rng_offsets"].size() == chunks.size()) {
+        for (size_t c = 0; c < chunks.size(); ++c) chunks[c]->set_rng_offset(r["dropout_rng_offsets"][c].get<uint64_t>());
+      } else if (r.contains("dropout_rng_offset")) {
+        model.set_rng_offset(r.at("dropout_rng_offset").get<uint64_t>());
+      }
+    }
   }
 
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
@@ -442,11 +453,13 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+      TrainingState st = training_state(chunks, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
-      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
+      nlohmann::json offsets = nlohmann::json::array();
+      for (const auto& m : chunks) offsets.push_back(m->rng_offset());
+      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}, {"dropout_rng_offsets", offsets}};
       const TrainCounters& c = trainer_ptr->state();
       st.iteration = iteration;
       st.consumed_train_samples = c.consumed_train_samples;
