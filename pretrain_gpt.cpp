@@ -479,11 +479,18 @@ int run(int argc, char** argv) {
     if (args.async_save) {
       // Publish a finished background save at the start of the next iteration (all ranks agree
       // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
-      hooks.zero_grad = [&ddp, w = world.get()] {
+      hooks.zero_grad = [zero = hooks.zero_grad, w = world.get()] {
         maybe_finalize_async_save(w, /*blocking=*/false);
-        ddp.zero_grad_buffer();
+        zero();
       };
     }
+  }
+  if (world->size() > 1) {
+    hooks.any_rank = [w = world.get()](bool flag) {
+      Tensor t = Tensor::from_vector({flag ? 1.0f : 0.0f}, {1});
+      w->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+      return t.to_float_vector()[0] > 0.5f;
+    };
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;

@@ -132,3 +132,23 @@ launch 2 "$LOGDIR/finetune.log" "${DO[@]}" --load "$LOGDIR/tp2dp2do" --finetune 
 grep -qE '\] iteration +1/ +5 \| consumed samples: +8 ' "$LOGDIR/finetune.log" || fail "--finetune did not start at iteration 1"
 grep -q 'successfully loaded checkpoint from .* at iteration 0' "$LOGDIR/finetune.log" || fail "--finetune: no load line"
 echo "OK --no-load-optim (iteration 4: $b vs $a), --finetune, --no-load-rng"
+
+# SIGTERM delivered to one rank only (--exit-signal-handler): the ranks agree (all-reduce of the
+# flag, as Megatron's DistributedSignalHandler), all save the same iteration and exit with 0.
+timeout 180 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${ARGS[@]}" "${DO[@]}" --train-iters 20000 \
+  --save "$LOGDIR/sig" --save-interval 20000 --exit-signal-handler >"$LOGDIR/sig.log" 2>&1 &
+mp=$!
+for _ in $(seq 1200); do grep -q ' iteration        2/' "$LOGDIR/sig.log" && break; sleep 0.1; done
+mpid=$(pgrep -P "$mp" -x mpirun || true)  # $mp is timeout; its child is mpirun, whose children are the ranks
+ranks=($( [ -n "$mpid" ] && pgrep -P "$mpid" -x pretrain_gpt || true))
+if [ "${#ranks[@]}" != 2 ]; then
+  kill -KILL ${ranks[@]+"${ranks[@]}"} $mpid "$mp" 2>/dev/null; wait "$mp"
+  fail "SIGTERM: expected 2 pretrain_gpt children of mpirun, got '${ranks[*]}'"
+fi
+kill -TERM "${ranks[1]}"
+wait "$mp" || { tail -20 "$LOGDIR/sig.log" >&2; fail "SIGTERM to one rank: exit status non-zero"; }
+grep -q 'exiting program after receiving SIGTERM' "$LOGDIR/sig.log" || fail "SIGTERM: no exit line"
+it=$(cat "$LOGDIR/sig/latest_checkpointed_iteration.txt")
+launch 1 "$LOGDIR/sig_load.log" --load "$LOGDIR/sig" --train-iters 20000 --exit-interval $((it + 1))
+grep -q "successfully loaded checkpoint from .* at iteration $it\$" "$LOGDIR/sig_load.log" || fail "SIGTERM checkpoint does not load"
+echo "OK SIGTERM to one rank: both ranks saved iteration $it, which loads"
