@@ -307,8 +307,15 @@ int run(int argc, char** argv) {
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
     if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
-    if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
-      model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
+    if (loaded.loaded && loaded.rng_loaded) {
+      // Dropout stream position of every model chunk (virtual stages: one stream per chunk).
+      const auto& r = loaded.rng_state;
+      if (r.contains("dropout_rng_offsets") && r["dropout_rng_offsets"].size() == chunks.size()) {
+        for (size_t c = 0; c < chunks.size(); ++c) chunks[c]->set_rng_offset(r["dropout_rng_offsets"][c].get<uint64_t>());
+      } else if (r.contains("dropout_rng_offset")) {
+        model.set_rng_offset(r.at("dropout_rng_offset").get<uint64_t>());
+      }
+    }
   }
 
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
@@ -450,7 +457,9 @@ int run(int argc, char** argv) {
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
-      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
+      nlohmann::json offsets = nlohmann::json::array();
+      for (const auto& m : chunks) offsets.push_back(m->rng_offset());
+      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}, {"dropout_rng_offsets", offsets}};
       const TrainCounters& c = trainer_ptr->state();
       st.iteration = iteration;
       st.consumed_train_samples = c.consumed_train_samples;
@@ -470,11 +479,18 @@ int run(int argc, char** argv) {
     if (args.async_save) {
       // Publish a finished background save at the start of the next iteration (all ranks agree
       // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
-      hooks.zero_grad = [&ddp, w = world.get()] {
+      hooks.zero_grad = [zero = hooks.zero_grad, w = world.get()] {
         maybe_finalize_async_save(w, /*blocking=*/false);
-        ddp.zero_grad_buffer();
+        zero();
       };
     }
+  }
+  if (world->size() > 1) {
+    hooks.any_rank = [w = world.get()](bool flag) {
+      Tensor t = Tensor::from_vector({flag ? 1.0f : 0.0f}, {1});
+      w->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+      return t.to_float_vector()[0] > 0.5f;
+    };
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;
