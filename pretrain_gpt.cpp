@@ -20,6 +20,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
@@ -67,12 +68,14 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
 }
 
-BatchIterator iterator_of(training::GPTDataLoader* loader) {
+// The loader's micro-batches as the model sees them: with context parallelism each rank keeps
+// its two sequence chunks (Megatron's get_batch -> get_batch_on_this_cp_rank).
+BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_rank) {
   if (!loader) return nullptr;
-  return [loader]() -> std::optional<datasets::GPTBatch> {
+  return [loader, cp_size, cp_rank]() -> std::optional<datasets::GPTBatch> {
     datasets::GPTBatch b;
     if (!loader->next(b)) return std::nullopt;
-    return b;
+    return transformer::get_batch_on_this_cp_rank(b, cp_size, cp_rank);
   };
 }
 
@@ -82,9 +85,10 @@ void check_supported_parallelism(const Arguments& args) {
   if (args.pipeline_model_parallel_size > 1)
     user_error("--pipeline-model-parallel-size ", args.pipeline_model_parallel_size,
                ": pipeline parallelism is not wired into pretrain_gpt yet; use --pipeline-model-parallel-size 1");
-  if (args.context_parallel_size > 1)
-    user_error("--context-parallel-size ", args.context_parallel_size,
-               ": context-parallel attention is not available yet; use --context-parallel-size 1");
+  for (const auto& t : args.cp_comm_type) {
+    if (args.context_parallel_size > 1 && t != "p2p")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+  }
   if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
     user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
   if (args.num_layers_per_virtual_pipeline_stage || args.num_virtual_stages_per_pipeline_rank)
@@ -173,6 +177,8 @@ int run(int argc, char** argv) {
       std::to_string(args.world_size / std::max<int64_t>(1, args.tensor_model_parallel_size *
                                                                  args.pipeline_model_parallel_size *
                                                                  std::max<int64_t>(args.context_parallel_size, 1))) +
+      ", context-parallel size: " + std::to_string(args.context_parallel_size) +
+      ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   std::set<std::string> noted;
@@ -213,6 +219,8 @@ int run(int argc, char** argv) {
   models::gpt::GPTModelParallel par;
   par.tp_group = ps::get_tensor_model_parallel_group();
   par.pp_rank = pp_rank;
+  par.cp_group = ps::get_context_parallel_group();
+  par.cp_comm_type = args.cp_comm_type.front();
   models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
                               *args.max_position_embeddings, static_cast<uint64_t>(args.seed), device, par);
   int64_t nparams = 0;
@@ -226,7 +234,7 @@ int run(int argc, char** argv) {
   world->barrier();
   GPTTrainable trainable(model);
   // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
-  // 1/DP and summed (none with --calculate-per-token-loss), reduce-scattered with
+  // 1/(DP x CP) and summed (none with --calculate-per-token-loss), reduce-scattered with
   // --use-distributed-optimizer.
   distributed::DistributedDataParallelConfig dc;
   dc.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -340,9 +348,10 @@ int run(int argc, char** argv) {
   auto valid_loader = training::build_pretraining_data_loader(ds[1], lo);
   lo.consumed_samples = 0;
   auto test_loader = training::build_pretraining_data_loader(ds[2], lo);
-  BatchIterator train_it = iterator_of(train_loader.get());
-  BatchIterator valid_it = iterator_of(valid_loader.get());
-  BatchIterator test_it = iterator_of(test_loader.get());
+  const int cp_size = ps::get_context_parallel_world_size(), cp_rank = ps::get_context_parallel_rank();
+  BatchIterator train_it = iterator_of(train_loader.get(), cp_size, cp_rank);
+  BatchIterator valid_it = iterator_of(valid_loader.get(), cp_size, cp_rank);
+  BatchIterator test_it = iterator_of(test_loader.get(), cp_size, cp_rank);
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
 
   std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
@@ -376,6 +385,16 @@ int run(int argc, char** argv) {
     hooks.after_optimizer_step = [&ddp] {
       ddp.start_param_sync();
       ddp.finish_param_sync();
+    };
+  }
+  if (cp_size > 1) {
+    // Loss normalisation over the whole sequence: its tokens are spread over the CP ranks.
+    auto cp_group = ps::get_context_parallel_group();
+    hooks.microbatch_loss_tokens = [cp_group, cp_size](double local_tokens) {
+      Tensor t = Tensor::empty({1}, DType::kFloat64);
+      t.data<double>()[0] = local_tokens;
+      cp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
   }
   if (dp_group->size() > 1) {
