@@ -21,6 +21,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
@@ -70,23 +71,27 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
 }
 
-BatchIterator iterator_of(training::GPTDataLoader* loader) {
+// The loader's micro-batches as the model sees them: with context parallelism each rank keeps
+// its two sequence chunks (Megatron's get_batch -> get_batch_on_this_cp_rank).
+BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_rank) {
   if (!loader) return nullptr;
-  return [loader]() -> std::optional<datasets::GPTBatch> {
+  return [loader, cp_size, cp_rank]() -> std::optional<datasets::GPTBatch> {
     datasets::GPTBatch b;
     if (!loader->next(b)) return std::nullopt;
-    return b;
+    return transformer::get_batch_on_this_cp_rank(b, cp_size, cp_rank);
   };
 }
 
 // Rejects the parallel layouts pretrain_gpt does not run yet, naming the flag (never a silent
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
-  if (args.context_parallel_size > 1)
-    user_error("--context-parallel-size ", args.context_parallel_size,
-               ": context-parallel attention is not available yet; use --context-parallel-size 1");
-  if (args.sequence_parallel && *args.seq_length % args.tensor_model_parallel_size != 0)
-    user_error("--sequence-parallel: --seq-length (", *args.seq_length,
+  for (const auto& t : args.cp_comm_type) {
+    if (args.context_parallel_size > 1 && t != "p2p")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+  }
+  const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
+  if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
+    user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
                ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
@@ -177,6 +182,8 @@ int run(int argc, char** argv) {
       std::to_string(args.world_size / std::max<int64_t>(1, args.tensor_model_parallel_size *
                                                                  args.pipeline_model_parallel_size *
                                                                  std::max<int64_t>(args.context_parallel_size, 1))) +
+      ", context-parallel size: " + std::to_string(args.context_parallel_size) +
+      ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   std::set<std::string> noted;
@@ -222,6 +229,8 @@ int run(int argc, char** argv) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;
+    par.cp_group = ps::get_context_parallel_group();
+    par.cp_comm_type = args.cp_comm_type.front();
     par.pre_process = c.pre_process;
     par.post_process = c.post_process;
     par.layer_offset = c.layer_offset;
@@ -245,7 +254,7 @@ int run(int argc, char** argv) {
   world->barrier();
   GPTTrainable trainable(model);
   // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
-  // 1/DP and summed (none with --calculate-per-token-loss), reduce-scattered with
+  // 1/(DP x CP) and summed (none with --calculate-per-token-loss), reduce-scattered with
   // --use-distributed-optimizer.
   distributed::DistributedDataParallelConfig dc;
   dc.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -373,9 +382,10 @@ int run(int argc, char** argv) {
   auto valid_loader = training::build_pretraining_data_loader(ds[1], lo);
   lo.consumed_samples = 0;
   auto test_loader = training::build_pretraining_data_loader(ds[2], lo);
-  BatchIterator train_it = iterator_of(train_loader.get());
-  BatchIterator valid_it = iterator_of(valid_loader.get());
-  BatchIterator test_it = iterator_of(test_loader.get());
+  const int cp_size = ps::get_context_parallel_world_size(), cp_rank = ps::get_context_parallel_rank();
+  BatchIterator train_it = iterator_of(train_loader.get(), cp_size, cp_rank);
+  BatchIterator valid_it = iterator_of(valid_loader.get(), cp_size, cp_rank);
+  BatchIterator test_it = iterator_of(test_loader.get(), cp_size, cp_rank);
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
 
   std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
@@ -428,7 +438,9 @@ int run(int argc, char** argv) {
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     const int64_t tp = args.tensor_model_parallel_size;
-    const int64_t s_local = args.sequence_parallel ? *args.seq_length / tp : *args.seq_length;
+    // Activations between stages: this rank's sequence share, [s/(CP*TP if SP), mbs, h].
+    const int64_t s_cp = *args.seq_length / std::max<int64_t>(args.context_parallel_size, 1);
+    const int64_t s_local = args.sequence_parallel ? s_cp / tp : s_cp;
     pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
                                              Shape{s_local, *args.micro_batch_size, *args.hidden_size},
                                              model.config().params_dtype, device, num_microbatches(args),
@@ -437,6 +449,16 @@ int run(int argc, char** argv) {
       for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
     hooks.forward_backward = [&pipeline](BatchIterator& data, bool forward_only, double loss_scale) {
       return pipeline->forward_backward(data, forward_only, loss_scale);
+    };
+  }
+  if (cp_size > 1) {
+    // Loss normalisation over the whole sequence: its tokens are spread over the CP ranks.
+    auto cp_group = ps::get_context_parallel_group();
+    hooks.microbatch_loss_tokens = [cp_group, cp_size](double local_tokens) {
+      Tensor t = Tensor::empty({1}, DType::kFloat64);
+      t.data<double>()[0] = local_tokens;
+      cp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
   }
   if (dp_group->size() > 1) {
