@@ -76,16 +76,25 @@ for part in $PARTS; do
   8b)
     # The real LLaMA-3 8B shape with examples/llama/train_llama3_8b_h100_fp8.sh's flags (bf16,
     # DP2 + distributed optimizer); bench/gpu/llama3_8b_bench_args.sh makes the run short.
+    # If that fails (e.g. out of memory), TP2 (BENCH_TP=2) in the time left.
     export REAL_PRETRAIN_GPT=$B/pretrain_gpt BENCH_ITERS=${BENCH_ITERS:-6} BENCH_GBS=${BENCH_GBS:-8}
-    (nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$O/8b_dp2_mem.csv" 2>/dev/null &
-     echo $! >/tmp/gpudist_smi.pid)
     D=$(cd "$(dirname "$0")" && pwd)
-    NPROC_PER_NODE=2 LAUNCHER=$B/megatron_launch PRETRAIN_GPT=$D/llama3_8b_bench_args.sh MASTER_PORT=29690 \
-      timeout 400 bash "$D/../../examples/llama/train_llama3_8b_h100_fp8.sh" /tmp/ckpt8b /tmp/tb8b >"$O/8b_dp2.log" 2>&1
-    echo "rc $?" >>"$O/8b_dp2.log"
-    kill "$(cat /tmp/gpudist_smi.pid)" 2>/dev/null
-    grep -E "iteration +[0-9]+/|error|rc " "$O/8b_dp2.log" | cut -c1-400 | tail -n 8
-    awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) print "peak memory.used GPU " g ": " m[g] " MiB"}' "$O/8b_dp2_mem.csv"
+    end=$(( $(date +%s) + ${BENCH_TIMEOUT:-400} ))
+    for layout in dp2 tp2; do
+      left=$(( end - $(date +%s) )); [ $left -gt 30 ] || break
+      (nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$O/8b_${layout}_mem.csv" 2>/dev/null &
+       echo $! >/tmp/gpudist_smi.pid)
+      echo "== 8b_$layout ($(date -u +%T), ${left} s left)"
+      if [ $layout = tp2 ]; then export BENCH_TP=2; fi
+      NPROC_PER_NODE=2 LAUNCHER=$B/megatron_launch PRETRAIN_GPT=$D/llama3_8b_bench_args.sh MASTER_PORT=$([ $layout = dp2 ] && echo 29691 || echo 29692) \
+        timeout $left bash "$D/../../examples/llama/train_llama3_8b_h100_fp8.sh" /tmp/ckpt8b /tmp/tb8b >"$O/8b_$layout.log" 2>&1
+      rc=$?
+      echo "rc $rc" >>"$O/8b_$layout.log"
+      kill "$(cat /tmp/gpudist_smi.pid)" 2>/dev/null
+      grep -E "iteration +[0-9]+/|error|rc " "$O/8b_$layout.log" | cut -c1-420 | tail -n 8
+      awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) print "peak memory.used GPU " g ": " m[g] " MiB"}' "$O/8b_${layout}_mem.csv"
+      [ $rc = 0 ] && break
+    done
     ;;
   esac
 done
