@@ -106,6 +106,9 @@ class NcclWatchdog {
   void remove_comm(ncclComm_t c) {
     std::lock_guard<std::mutex> l(mu_);
     comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
+    // Without communicators nothing is in flight: release the kept tensors now (on the caller's
+    // thread), so the watchdog makes no CUDA call while the process exits.
+    if (comms_.empty()) ops_.clear();
   }
   void add_op(std::shared_ptr<NcclOp> op) {
     std::lock_guard<std::mutex> l(mu_);
@@ -133,6 +136,7 @@ class NcclWatchdog {
           }
         }
         auto now = std::chrono::steady_clock::now();
+        if (comms_.empty()) ops_.clear();
         for (auto it = ops_.begin(); fatal.empty() && it != ops_.end();) {
           auto& op = *it;
           cudaSetDevice(op->device);
@@ -188,9 +192,13 @@ class NcclGroup final : public ProcessGroup {
     NcclWatchdog::get().add_comm(comm_);
   }
   ~NcclGroup() override {
-    NcclWatchdog::get().remove_comm(comm_);
     cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    NcclWatchdog::get().remove_comm(comm_);
+    // ncclCommAbort, not ncclCommDestroy: destroy finalizes collectively and must then run in the
+    // same order on every rank, which the order of the last references dropping (data-loader
+    // threads, hooks) does not guarantee; a rank then hung at exit on two H200 (2026-11-29). Our
+    // operations on this communicator are complete (stream synchronized), so abort only frees.
+    ncclCommAbort(comm_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
