@@ -72,6 +72,8 @@ for part in $PARTS; do
     run ll_dp2 launch 150 $LL $COMMON --global-batch-size 2
     run ll_dp2_distopt launch 150 $LL $COMMON --global-batch-size 2 --use-distributed-optimizer
     run ll_dp2_bf16grad launch 150 $LL $COMMON --global-batch-size 2 --use-distributed-optimizer --grad-reduce-in-bf16
+    run ll_dp2_overlap launch 150 $LL $COMMON --global-batch-size 2 --use-distributed-optimizer --grad-reduce-in-bf16 \
+      --overlap-grad-reduce --overlap-param-gather
     ;;
   8b)
     # The real LLaMA-3 8B shape with examples/llama/train_llama3_8b_h100_fp8.sh's flags (bf16,
