@@ -49,8 +49,9 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
 // CUDA device LOCAL_RANK when the CUDA backend is compiled in and a GPU is visible, else the CPU.
 // MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
 // fails with a UserError when none is usable. Any other value is a UserError.
-// Not wired for the GPU yet (the CPU is used, with a note): more than one process (the process
-// groups are CPU backends) and --save/--load (checkpointing reads CPU tensors).
+// Several processes train on the GPU with NCCL (each rank on cuda:LOCAL_RANK, as Megatron).
+// Not wired for the GPU yet (the CPU is used, with a note): --save/--load (checkpointing reads
+// CPU tensors).
 Device choose_device(const Arguments& args, const std::function<void(const std::string&)>& say) {
   const char* want = std::getenv("MEGATRON_DEVICE");
   const std::string w = want ? want : "";
@@ -61,8 +62,7 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   if (w == "cuda" && !have_cuda)
     user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
   if (!have_cuda) return Device::cpu();
-  const char* why = args.world_size > 1 ? "more than one process"
-                    : (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
+  const char* why = (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
   if (why) {
     if (w == "cuda") user_error("MEGATRON_DEVICE=cuda: ", why, " is not supported on the GPU yet; unset MEGATRON_DEVICE");
     say(std::string("note: training on the CPU: ") + why + " is not supported on the GPU yet");
@@ -98,10 +98,19 @@ void check_supported_parallelism(const Arguments& args) {
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
 }
 
-// --distributed-backend -> init_process_group backend. pretrain_gpt trains on the CPU here, so
-// "nccl" (Megatron's default) maps to the CPU backend of the launcher: MPI under mpirun/PMI, TCP
-// under torchrun/megatron_launch ("auto"); "gloo" is the TCP backend.
-std::string cpu_backend_for(const std::string& flag) { return flag == "gloo" ? "tcp" : "auto"; }
+// --distributed-backend -> init_process_group backend. On the GPU, "nccl" (Megatron's default) is
+// NCCL over CUDA tensors; "gloo" (CPU tensors only) is refused. On the CPU, "nccl" maps to the CPU
+// backend of the launcher: MPI under mpirun/PMI, TCP under torchrun/megatron_launch ("auto");
+// "gloo" is the TCP backend.
+std::string backend_for(const std::string& flag, const Device& device, int64_t world_size) {
+  if (device.is_cuda() && world_size > 1) {
+    if (flag == "gloo")
+      user_error("--distributed-backend gloo: the gloo/TCP backend moves CPU tensors only; training on the GPU "
+                 "needs --distributed-backend nccl (or MEGATRON_DEVICE=cpu to train on the CPU)");
+    return "nccl";
+  }
+  return flag == "gloo" ? "tcp" : "auto";
+}
 
 CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   CheckpointConfig c;
@@ -194,8 +203,9 @@ int run(int argc, char** argv) {
   check_supported_parallelism(args);
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
+  const Device device = choose_device(args, say);
   distributed::InitOptions io;
-  io.backend = cpu_backend_for(args.distributed_backend);
+  io.backend = backend_for(args.distributed_backend, device, args.world_size);
   io.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   auto world = distributed::init_process_group(io);
   namespace ps = parallel_state;
@@ -218,7 +228,6 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
-  const Device device = choose_device(args, say);
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
   // layers split evenly as Megatron's (megatron/training/gpt_pipeline.h).
