@@ -115,13 +115,23 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   if (only.empty() || only == "attention") {
-    bench_attention("llama3-8b", 8192, 1, 32, 8, 128);
-    bench_attention("gpt2-124m", 1024, 64, 12, 12, 64);
+    // cuDNN SDPA (backend graph API, cudnn_attention.cpp) and our flash kernels, same inputs
+    setenv("MEGATRON_ATTENTION_BACKEND", "cudnn", 1);
+    bench_attention("cudnn llama3-8b", 8192, 1, 32, 8, 128);
+    bench_attention("cudnn gpt2-124m", 1024, 64, 12, 12, 64);
+    bench_attention("cudnn llama3-8b s=4096", 4096, 1, 32, 8, 128);
+    bench_attention("cudnn gpt2-124m b=8", 1024, 8, 12, 12, 64);
+    setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
+    bench_attention("flash llama3-8b", 8192, 1, 32, 8, 128);
+    bench_attention("flash gpt2-124m", 1024, 64, 12, 12, 64);
+    bench_attention("flash llama3-8b s=4096", 4096, 1, 32, 8, 128);
+    bench_attention("flash gpt2-124m b=8", 1024, 8, 12, 12, 64);
     setenv("MEGATRON_FLASH_SMALL", "1", 1);  // pipelined kernels, 4 warps per block
     bench_attention("v2-4warps llama3-8b", 8192, 1, 32, 8, 128);
     setenv("MEGATRON_FLASH_SMALL", "0", 1);  // pipelined kernels, 8 warps per block
     bench_attention("v2-8warps gpt2-124m", 1024, 64, 12, 12, 64);
     unsetenv("MEGATRON_FLASH_SMALL");
+    unsetenv("MEGATRON_ATTENTION_BACKEND");
   }
   if (only.empty() || only == "gemm") {
     // LLaMA-3-8B layer, 8192 tokens (seq 8192, micro-batch 1): forward y = x w^T, backward

@@ -18,6 +18,7 @@
 
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/tensor/tensor.h"
 
 using namespace megatron;
@@ -503,11 +504,17 @@ void test_attention() {
                                                         {96, 160, 2, 2, 2, 128, false, false},
                                                         {130, 130, 1, 4, 1, 64, false, true},
                                                         {256, 256, 1, 4, 4, 128, true, false}};
-  // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple
-  for (int impl : {2, 3, 1})
+  // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple;
+  // 0: cuDNN SDPA (MEGATRON_ATTENTION_BACKEND=cudnn; not for explicit masks); 4: cuDNN forward,
+  // our backward from cuDNN's out and lse (the lse contract that ring attention relies on).
+  const bool have_cudnn = cu::cudnn_sdpa::available();
+  check_true("cuDNN SDPA available", have_cudnn, cu::cudnn_sdpa::last_error());
+  for (int impl : {0, 4, 2, 3, 1})
   for (auto cs : cases) {
+    if ((impl == 0 || impl == 4) && (cs.mask || !have_cudnn)) continue;
     setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
     setenv("MEGATRON_FLASH_SMALL", impl == 3 ? "1" : "0", 1);
+    setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 ? "cudnn" : "flash", 1);
     const DType dt = DType::kBFloat16;
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
     V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
@@ -535,6 +542,7 @@ void test_attention() {
     V oh = host(O);
     Tensor DO = dev(dout, {S, B, NP, D}, dt);
     Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
+    if (impl == 4) setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
     cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
     // reference
     VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
@@ -586,7 +594,7 @@ void test_attention() {
       }
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
-                  impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
+                  impl == 0 ? " cudnn" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
     check(std::string(nm) + " out", oh, ro, 1e-2);
     check(std::string(nm) + " lse", host(L), rl, 1e-3);
     check(std::string(nm) + " dq", host(DQ), rdq, 1e-2);
@@ -595,6 +603,7 @@ void test_attention() {
   }
   unsetenv("MEGATRON_FLASH_V1");
   unsetenv("MEGATRON_FLASH_SMALL");
+  unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
 void test_adam() {
