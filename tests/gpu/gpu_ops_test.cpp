@@ -138,6 +138,14 @@ void test_elementwise() {
     Tensor t = dev(x, {n}, dt);
     double got = cu::sum_of_squares(t);
     check(std::string("sum_of_squares ") + dn(dt), {(float)got}, {ss}, 1e-6);
+    {  // several tensors (odd sizes, an empty one, unaligned views), one synchronization
+      V y = rounded(randn(n / 3 + 5), dt);
+      double ssy = 0;
+      for (float v : y) ssy += (double)v * v;
+      Tensor ty = dev(y, {(int64_t)y.size()}, dt), te = Tensor::empty({0}, dt, Device::cuda());
+      double many = cu::sum_of_squares_many({t, te, ty});
+      check(std::string("sum_of_squares_many ") + dn(dt), {(float)many}, {ss + ssy}, 1e-6);
+    }
     check_true(std::string("count_zeros ") + dn(dt), cu::count_zeros(t) == zeros,
                std::to_string(cu::count_zeros(t)) + " vs " + std::to_string(zeros));
     check_true(std::string("has_inf_or_nan clean ") + dn(dt), !cu::has_inf_or_nan(t));
