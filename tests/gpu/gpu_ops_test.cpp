@@ -5,7 +5,8 @@
 // ||got - ref|| / ||ref|| <= 1e-5 for float32 outputs computed from float32 inputs, <= 1e-2 for
 // bfloat16 outputs (bf16 has an 8-bit mantissa: rounding alone gives ~2e-3) and for results of
 // bf16 tensor-core arithmetic (attention rounds P and dS to bf16 like FlashAttention does).
-// Usage: gpu_ops_test [--seed N] [--small]   (--small: tiny shapes, for compute-sanitizer)
+// Usage: gpu_ops_test [--seed N] [--small] [--only GROUP,...]   (--small: tiny shapes, for
+// compute-sanitizer; --only: run the named groups, e.g. attention,elementwise)
 // Exit status 0 iff every check passed.
 #include <cmath>
 #include <cstdio>
@@ -29,6 +30,7 @@ using VD = std::vector<double>;
 namespace {
 std::mt19937_64 g_rng;
 bool g_small = false;
+std::string g_only;  // --only a,b: run only these groups
 int g_fail = 0, g_total = 0;
 
 V randn(int64_t n, float scale = 1.0f) {
@@ -721,6 +723,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--small")) g_small = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
   }
   g_rng.seed(seed);
   std::printf("gpu_ops_test seed %llu%s\n", (unsigned long long)seed, g_small ? " (small)" : "");
@@ -729,6 +732,7 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops}};
   for (auto& [name, fn] : groups) {
+    if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {
       fn();
     } catch (const std::exception& e) {

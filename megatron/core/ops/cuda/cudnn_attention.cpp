@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -503,6 +504,21 @@ void execute(Plan& pl, const std::vector<int64_t>& uids, std::vector<void*>& ptr
   ck(g_api.execute(hd, pl.plan, vp), "cudnnBackendExecute");
 }
 
+// Executes; on a cuDNN error the plan is marked unusable (later calls of this shape go to our
+// kernels) and false is returned so that the caller runs its fallback now.
+bool run_plan(Plan& pl, const Shape& x, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
+  try {
+    execute(pl, uids, ptrs, ws);
+    return true;
+  } catch (const CudnnError& e) {
+    pl.ok = false;
+    pl.err = g_err = e.what;
+    std::fprintf(stderr, "cuDNN attention %s failed, using our kernels for this shape: %s\n", x.bwd ? "bwd" : "fwd",
+                 e.what.c_str());
+    return false;
+  }
+}
+
 }  // namespace
 
 bool available() {
@@ -532,14 +548,9 @@ bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
-  try {
-    execute(*pl, uids, ptrs, ws);
-  } catch (const CudnnError& e) {
-    if (ws) cudaFreeAsync(ws, st);
-    MEGATRON_CHECK(false) << "cuDNN attention forward: " << e.what;
-  }
+  bool ok = run_plan(*pl, x, uids, ptrs, ws);
   if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
-  return true;
+  return ok;
 }
 
 bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -569,14 +580,9 @@ bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
-  try {
-    execute(*pl, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
-  } catch (const CudnnError& e) {
-    cudaFreeAsync(buf, st);
-    MEGATRON_CHECK(false) << "cuDNN attention backward: " << e.what;
-  }
+  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
   CUDA_CHECK(cudaFreeAsync(buf, st));
-  return true;
+  return ok;
 }
 
 #endif
