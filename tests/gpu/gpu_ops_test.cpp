@@ -20,6 +20,7 @@
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
+#include "megatron/core/ops/cuda/fused_optimizer.h"
 #include "megatron/core/tensor/tensor.h"
 
 using namespace megatron;
@@ -618,6 +619,8 @@ void test_attention() {
 
 void test_adam() {
   const int64_t n = g_small ? 1000 : 100001;
+  // gscale != 1: adam_step_scaled, the clip coefficient applied as the gradient is read
+  for (float gscale : {1.0f, 0.37f})
   for (bool dec : {true, false}) {
     V p = randn(n), g = randn(n, 0.1f), m = randn(n, 0.01f), v = uniform(n, 0.0f, 0.01f);
     ops::AdamParams ap;
@@ -627,7 +630,9 @@ void test_adam() {
     ap.decoupled = dec;
     Tensor P = dev(p, {n}, DType::kFloat32), G = dev(g, {n}, DType::kFloat32), M = dev(m, {n}, DType::kFloat32),
            Vt = dev(v, {n}, DType::kFloat32), MP = poisoned({n}, DType::kBFloat16);
-    cu::adam_step(P, G, M, Vt, ap, &MP);
+    if (gscale == 1.0f) cu::adam_step(P, G, M, Vt, ap, &MP);
+    else cu::adam_step_scaled(P, G, M, Vt, ap, &MP, gscale);
+    for (auto& x : g) x *= gscale;  // the reference clips first (fp32 product, like scale_)
     VD rp(n), rm(n), rv(n), rmp(n);
     const double bc1 = 1 - std::pow((double)ap.beta1, 7.0), bc2 = 1 - std::pow((double)ap.beta2, 7.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -640,7 +645,7 @@ void test_adam() {
       rv[i] = vi;
       rmp[i] = round_bf16((float)rp[i]);
     }
-    std::string nm = dec ? "adam_step adamw" : "adam_step L2";
+    std::string nm = std::string(dec ? "adam_step adamw" : "adam_step L2") + (gscale != 1.0f ? " clip-scaled" : "");
     check(nm + " param", host(P), rp, 1e-5);
     check(nm + " exp_avg", host(M), rm, 1e-5);
     check(nm + " exp_avg_sq", host(Vt), rv, 1e-5);
