@@ -10,12 +10,13 @@ from collections import defaultdict
 
 def category(name):
     n = name.lower()
-    if "sdpa" in n or "fa_fwd" in n or "fa_bwd" in n or "fa_dq" in n or "flash" in n: return "attention"
-    if "gemm" in n or "nvjet" in n or "xmma" in n or "cutlass" in n or "sm90_" in n: return "gemm"
+    if "sdpa" in n or "cudnn::" in n or "fmha" in n or re.search(r"\bfa_(fwd|bwd|dq)", n): return "attention"
+    if "gemm" in n or "nvjet" in n or "xmma" in n or "cutlass" in n or "splitkreduce" in n: return "gemm"
     if "adam" in n: return "optimizer (adam)"
     if "reduce_stage" in n or "scale_kernel" in n: return "grad norm / clip"
     if "norm" in n: return "layernorm/rmsnorm"
-    if "cross_entropy" in n or "embedding" in n: return "embedding / cross entropy"
+    if "ce_" in n or "cross_entropy" in n or "embed" in n: return "embedding / cross entropy"
+    if "colsum" in n: return "bias grads (column sums)"
     if "rope" in n or "qkv_split" in n: return "qkv split / rope"
     if "gelu" in n or "swiglu" in n: return "activation"
     if "cast" in n: return "cast"
