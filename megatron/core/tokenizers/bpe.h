@@ -5,7 +5,8 @@
 // heap over a linked list of symbols (O(n log n) per word), which is Hugging Face's
 // models/bpe/word.rs::merge_all and, for merge tables derived from tiktoken ranks
 // (add_tiktoken_rank), tiktoken's byte_pair_encode. Results for words shorter than 256 bytes go
-// into a bounded per-thread cache (10,000 entries, HF's utils/cache.rs limits).
+// into a bounded per-thread cache (65,536 inline entries for words of up to 24 bytes, 4,096 for
+// longer words; HF's utils/cache.rs caps its cache at 10,000 words under 256 bytes).
 #pragma once
 
 #include <cstdint>
@@ -66,6 +67,8 @@ class BytesMap {
   bool insert(std::string_view key, int32_t id);
   /// Id or -1.
   int32_t find(std::string_view key) const;
+  /// Same, with h = hash_bytes(key) computed by the caller.
+  int32_t find(std::string_view key, uint64_t h) const;
   size_t size() const { return size_; }
   /// Calls f(bytes, id) for every entry.
   template <class F>
