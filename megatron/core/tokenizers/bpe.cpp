@@ -124,6 +124,9 @@ class InlineWordCache {
     MEGATRON_CHECK((sets & (sets - 1)) == 0) << "sets must be a power of two";
   }
 
+  /// Hints the first way of the word's set (a later find()).
+  void prefetch(uint64_t h) const { __builtin_prefetch(&entries_[(h & mask_) * kWays]); }
+
   /// The entry of the word, or nullptr.
   const Entry* find(const uint64_t w[3], size_t n, uint64_t h) {
     Entry* set = &entries_[(h & mask_) * kWays];
@@ -267,31 +270,28 @@ bool byte_level_decode(std::string_view s, std::string& out) {
 // --- MergeTable --------------------------------------------------------------------------------
 void MergeTable::reserve(size_t n) {
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;
+  while (cap * 3 < n * 5) cap <<= 1;  // load <= 0.6
   if (cap <= slots_.size()) return;
-  std::vector<uint64_t> old = std::move(slots_);
-  slots_.assign(cap, ~0ull);
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(cap, Slot{});
   mask_ = cap - 1;
-  for (uint64_t s : old) {
-    if (s == ~0ull) continue;
-    size_t i = slot_of(s >> 24);
-    while (slots_[i] != ~0ull) i = (i + 1) & mask_;
+  for (const Slot& s : old) {
+    if (s.key == kEmpty) continue;
+    size_t i = slot_of(s.key);
+    while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
     slots_[i] = s;
   }
 }
 
 void MergeTable::insert(int32_t left, int32_t right, uint32_t rank, int32_t result) {
-  if (left < 0 || right < 0 || left >= (1 << 20) || right >= (1 << 20) || rank >= (1u << 24))
-    user_error("tokenizer: merge (", left, ", ", right, ") rank ", rank,
-               " is outside the supported range (ids < 2^20, ranks < 2^24)");
-  if ((size_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(size_ + 1, slots_.size()));
-  const uint64_t key = (static_cast<uint64_t>(left) << 20) | static_cast<uint64_t>(right);
+  if (left < 0 || right < 0)
+    user_error("tokenizer: merge (", left, ", ", right, ") rank ", rank, " uses a negative token id");
+  if ((size_ + 1) * 5 > slots_.size() * 3) reserve(std::max<size_t>(size_ + 1, slots_.size()));
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
   size_t i = slot_of(key);
-  for (; slots_[i] != ~0ull; i = (i + 1) & mask_)
-    if ((slots_[i] >> 24) == key) return;
-  slots_[i] = (key << 24) | rank;
-  if (rank >= result_.size()) result_.resize(rank + 1, -1);
-  result_[rank] = result;
+  for (; slots_[i].key != kEmpty; i = (i + 1) & mask_)
+    if (slots_[i].key == key) return;
+  slots_[i] = {key, rank, result};
   ++size_;
 }
 
@@ -461,35 +461,27 @@ void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids
   ids.insert(ids.end(), sym, sym + len);
 }
 
-void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) const {
-  const size_t n = word.size();
-  if (n == 1) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(word[0])];
-    if (id >= 0) {
-      out.push_back(id);
-      return;
-    }
-  }
-  thread_local std::vector<int32_t> ids;
-  if (n <= InlineWordCache::kMaxBytes) {
-    uint64_t w[3];
-    load_padded24(word.data(), n, w);
-    const uint64_t h = hash_words(w, n);
-    InlineWordCache& cache = t_caches.get(uid_).small;
-    if (const auto* e = cache.find(w, n, h)) {
-      const size_t k = out.size();
-      out.resize(k + e->nids);
-      for (size_t i = 0; i < e->nids; ++i) out[k + i] = e->ids[i];
-      return;
-    }
-    ids.clear();
-    int32_t whole = ignore_merges_ ? by_bytes_.find(word, h) : -1;
-    if (whole >= 0) ids.push_back(whole);
-    else merge_word(word, ids);
-    out.insert(out.end(), ids.begin(), ids.end());
-    if (ids.size() <= InlineWordCache::kMaxIds) cache.insert(w, n, h, ids.data(), ids.size());
+void BytePairModel::encode_short(std::string_view word, const uint64_t w[3], uint64_t h, void* cache_ptr,
+                                 std::vector<int64_t>& out) const {
+  auto& cache = *static_cast<InlineWordCache*>(cache_ptr);
+  if (const auto* e = cache.find(w, word.size(), h)) {
+    const size_t k = out.size();
+    out.resize(k + e->nids);
+    for (size_t i = 0; i < e->nids; ++i) out[k + i] = e->ids[i];
     return;
   }
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  int32_t whole = ignore_merges_ ? by_bytes_.find(word, h) : -1;
+  if (whole >= 0) ids.push_back(whole);
+  else merge_word(word, ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (ids.size() <= InlineWordCache::kMaxIds) cache.insert(w, word.size(), h, ids.data(), ids.size());
+}
+
+void BytePairModel::encode_long(std::string_view word, std::vector<int64_t>& out) const {
+  const size_t n = word.size();
+  thread_local std::vector<int32_t> ids;
   const bool cacheable = n < LongWordCache::kMaxWordBytes;
   LongWordCache* cache = nullptr;
   uint64_t h = 0;
@@ -504,6 +496,48 @@ void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) con
   else merge_word(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cache) cache->insert(word, h, ids.data(), ids.size());
+}
+
+void BytePairModel::encode(std::string_view word, std::vector<int64_t>& out) const { encode_words(&word, 1, out); }
+
+void BytePairModel::encode_words(const std::string_view* words, size_t n, std::vector<int64_t>& out) const {
+  // Software pipeline: the cache set of word i + kAhead is hashed and prefetched while word i is
+  // encoded, so the (mostly L2-missing) cache lookups overlap instead of stalling one by one.
+  constexpr size_t kAhead = 8;
+  struct Prepared {
+    uint64_t w[3];
+    uint64_t h;
+  };
+  Prepared ring[kAhead];
+  InlineWordCache& cache = t_caches.get(uid_).small;
+  auto prepare = [&](size_t i) {
+    const size_t len = words[i].size();
+    if (len < 2 || len > InlineWordCache::kMaxBytes) return;
+    Prepared& p = ring[i % kAhead];
+    load_padded24(words[i].data(), len, p.w);
+    p.h = hash_words(p.w, len);
+    cache.prefetch(p.h);
+  };
+  for (size_t i = 0; i < n && i < kAhead; ++i) prepare(i);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string_view word = words[i];
+    const Prepared p = ring[i % kAhead];
+    if (i + kAhead < n) prepare(i + kAhead);
+    const size_t len = word.size();
+    if (len == 1) {
+      const int32_t id = byte_ids_[static_cast<uint8_t>(word[0])];
+      if (id >= 0) {
+        out.push_back(id);
+        continue;
+      }
+      std::vector<int32_t> ids;
+      merge_word(word, ids);  // throws: the byte has no token
+      out.insert(out.end(), ids.begin(), ids.end());
+      continue;
+    }
+    if (len <= InlineWordCache::kMaxBytes) encode_short(word, p.w, p.h, &cache, out);
+    else encode_long(word, out);
+  }
 }
 
 }  // namespace megatron::tokenizers
