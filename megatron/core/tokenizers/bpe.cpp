@@ -203,12 +203,12 @@ class LongWordCache {
   uint64_t clock_ = 0;
 };
 
-/// The word cache of one thread for one model. Bounded: 16,384 x 4 inline entries (4 MiB) plus
+/// The word cache of one thread for one model. Bounded: 32,768 x 4 inline entries (8 MiB) plus
 /// 4,096 long-word entries, whatever the input size. (HF tokenizers bounds its cache to 10,000
 /// words under 256 bytes, utils/cache.rs; ours is larger, and evicts instead of refusing new
 /// words, so the frequent words of the current text stay cached.)
 struct WordCache {
-  static constexpr size_t kInlineSets = 16384;
+  static constexpr size_t kInlineSets = 32768;
   InlineWordCache small{kInlineSets};
   LongWordCache large;
 };
@@ -446,6 +446,7 @@ void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids
     return m ? *m : ~0ull;
   };
   size_t len = n;
+  for (size_t i = 0; i + 1 < len; ++i) merges_.prefetch(sym[i], sym[i + 1]);
   for (size_t i = 0; i + 1 < len; ++i) rank[i] = pair_rank(i);
   while (len > 1) {
     size_t best = 0;
@@ -455,6 +456,9 @@ void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids
     sym[best] = static_cast<int32_t>(rank[best] & 0xFFFFFFFFu);
     for (size_t i = best + 1; i + 1 < len; ++i) sym[i] = sym[i + 1], rank[i] = rank[i + 1];
     --len;
+    // the two new pairs are independent: start both memory accesses before using either
+    if (best + 1 < len) merges_.prefetch(sym[best], sym[best + 1]);
+    if (best > 0) merges_.prefetch(sym[best - 1], sym[best]);
     if (best + 1 < len) rank[best] = pair_rank(best);
     if (best > 0) rank[best - 1] = pair_rank(best - 1);
   }

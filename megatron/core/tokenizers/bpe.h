@@ -5,7 +5,7 @@
 // heap over a linked list of symbols (O(n log n) per word), which is Hugging Face's
 // models/bpe/word.rs::merge_all and, for merge tables derived from tiktoken ranks
 // (add_tiktoken_rank), tiktoken's byte_pair_encode. Results for words shorter than 256 bytes go
-// into a bounded per-thread cache (65,536 inline entries for words of up to 24 bytes, 4,096 for
+// into a bounded per-thread cache (131,072 inline entries for words of up to 24 bytes, 4,096 for
 // longer words; HF's utils/cache.rs caps its cache at 10,000 words under 256 bytes).
 #pragma once
 
