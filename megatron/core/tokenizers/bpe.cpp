@@ -296,8 +296,13 @@ void MergeTable::insert(int32_t left, int32_t right, uint32_t rank, int32_t resu
 }
 
 // --- BytesMap ----------------------------------------------------------------------------------
-void BytesMap::grow() {
-  size_t cap = slots_.empty() ? 1024 : slots_.size() * 2;
+void BytesMap::reserve(size_t n) {
+  size_t cap = 1024;
+  while (cap < n * 2) cap <<= 1;
+  if (cap > slots_.size()) grow(cap);
+}
+
+void BytesMap::grow(size_t cap) {
   std::vector<Slot> old = std::move(slots_);
   slots_.assign(cap, Slot{});
   mask_ = cap - 1;
@@ -310,7 +315,7 @@ void BytesMap::grow() {
 }
 
 bool BytesMap::insert(std::string_view key, int32_t id) {
-  if ((size_ + 1) * 2 > slots_.size()) grow();
+  if ((size_ + 1) * 2 > slots_.size()) grow(slots_.empty() ? 1024 : slots_.size() * 2);
   uint64_t h = hash_bytes(key);
   size_t i = h & mask_;
   for (;; i = (i + 1) & mask_) {

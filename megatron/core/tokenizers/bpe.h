@@ -70,6 +70,8 @@ class MergeTable {
 /// Open-addressing hash map bytes -> int32 id with the keys in one arena (vocabulary lookup).
 class BytesMap {
  public:
+  /// Makes room for n entries without rehashing.
+  void reserve(size_t n);
   /// Inserts (bytes, id) unless present; returns false if already present.
   bool insert(std::string_view key, int32_t id);
   /// Id or -1.
@@ -91,7 +93,7 @@ class BytesMap {
     uint32_t off = 0, len = kEmpty;
     int32_t id = -1;
   };
-  void grow();
+  void grow(size_t cap);
   std::vector<Slot> slots_;
   std::string arena_;
   size_t mask_ = 0, size_ = 0;
@@ -110,6 +112,11 @@ class BytePairModel {
 
   /// Adds a token (raw bytes) with its id. A later add with the same bytes is ignored.
   void add_token(std::string_view bytes, int32_t id);
+  /// Makes room for n tokens and m merges (optional; speeds up loading).
+  void reserve(size_t n, size_t m) {
+    by_bytes_.reserve(n);
+    merges_.reserve(m);
+  }
   /// Adds merge `rank`: (left, right) -> result (ids). Lower rank merges first; a repeated pair
   /// keeps its first rank (HF keeps the first occurrence).
   void add_merge(int32_t left, int32_t right, uint32_t rank, int32_t result);
