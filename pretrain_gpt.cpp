@@ -218,7 +218,9 @@ int run(int argc, char** argv) {
   const int pp_size = static_cast<int>(args.pipeline_model_parallel_size);
   const int vp_size = static_cast<int>(args.virtual_pipeline_model_parallel_size.value_or(1));
   std::vector<std::unique_ptr<models::gpt::GPTModel>> chunks;
-  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size)) {
+  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size,
+                                                           args.decoder_first_pipeline_num_layers,
+                                                           args.decoder_last_pipeline_num_layers)) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;

@@ -373,6 +373,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--context-parallel-size", a.context_parallel_size);
   b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
   b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
+  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
+  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
   b.flag("--sequence-parallel", a.sequence_parallel, true);
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
@@ -653,7 +655,10 @@ void validate_args(Arguments& a) {
     user_error("--max-position-embeddings (", *a.max_position_embeddings,
                ") must be greater than or equal to --seq-length (", *a.seq_length, ")");
   }
-  if (*a.num_layers % a.pipeline_model_parallel_size != 0) {
+  // Uneven splits (--decoder-first/last-pipeline-num-layers) are checked where the layers are
+  // assigned (megatron/training/gpt_pipeline.h).
+  const bool uneven_pipeline = a.decoder_first_pipeline_num_layers || a.decoder_last_pipeline_num_layers;
+  if (!uneven_pipeline && *a.num_layers % a.pipeline_model_parallel_size != 0) {
     user_error("--num-layers (", *a.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
                a.pipeline_model_parallel_size, ")");
   }

@@ -133,6 +133,8 @@ struct Arguments {
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> decoder_first_pipeline_num_layers;  // uneven pipeline split (first stage)
+  std::optional<int64_t> decoder_last_pipeline_num_layers;   // uneven pipeline split (last stage)
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // derived
   bool sequence_parallel = false;
