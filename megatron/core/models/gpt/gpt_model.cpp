@@ -4,6 +4,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/transformer_block.h"
 
 namespace megatron::models::gpt {
@@ -161,6 +162,13 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   fc.tp_seed = tensor_parallel::model_parallel_seed(fc.seed, parallel_.tp_group->rank());
   fc.rng_offset = rng_offset_;
   if (batch.attention_mask.defined()) fc.attention_mask = batch.attention_mask.to(device_);
+  const int cp = parallel_.cp_group ? parallel_.cp_group->size() : 1;
+  if (cp > 1) {  // the batch holds this rank's two chunks (get_batch_on_this_cp_rank)
+    fc.cp_group = parallel_.cp_group;
+    fc.cp_comm_type = parallel_.cp_comm_type;
+    if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
+      fc.rotary_position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
+  }
 
   Tensor h;
   if (parallel_.pre_process) {
@@ -170,13 +178,16 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
       if (batch.position_ids.defined()) {
         check_ids(batch.position_ids, max_sequence_length_, "position id");
         position_ids = to_seq_first(batch.position_ids, device_);
+      } else if (cp > 1) {
+        position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
       } else {
         std::vector<int64_t> pos(static_cast<size_t>(s * b));
         for (int64_t i = 0; i < s * b; ++i) pos[i] = i / b;
         position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
       }
     }
-    // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
+    // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training;
+    // with CP the global positions of this rank's chunks, fc.rotary_position_ids).
     h = embedding_->forward(ids, position_ids, fc, st.embedding);
   } else {
     MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) * sp_factor == s && input_tensor_.size(1) == b &&
