@@ -471,6 +471,7 @@ int run(int argc, char** argv) {
       cp_group->all_reduce(t, distributed::ReduceOp::kSum);
       return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
+    if (pipeline) pipeline->set_microbatch_loss_tokens(hooks.microbatch_loss_tokens);
   }
   if (dp_group->size() > 1) {
     hooks.reduce_loss = [dp_group](LossReport& r) {

@@ -87,6 +87,8 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
   // Per global batch.
   std::vector<datasets::GPTBatch> batches;
   std::vector<LossReport> reports;
+  std::vector<double> seed_tokens;  // per micro-batch: the backward seed's token count
+  std::function<double(double)> loss_tokens;
   bool forward_only = false;
   double loss_scale = 1.0;
 
@@ -103,6 +105,8 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
     if (!loss_chunk(c)) return out;
     const LossReport r = masked_loss(out, b.loss_mask);
     reports[static_cast<size_t>(mb)] = r;
+    if (!forward_only && !per_token)
+      seed_tokens[static_cast<size_t>(mb)] = loss_tokens ? loss_tokens(r.num_tokens) : std::max(r.num_tokens, 1.0);
     // Megatron's loss_func output, divided by the number of micro-batches (reporting only).
     const double v = per_token ? r.loss_sum : r.loss_sum / std::max(r.num_tokens, 1.0) / static_cast<double>(M);
     return Tensor::from_vector({static_cast<float>(v)}, {1});
@@ -118,7 +122,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
       const datasets::GPTBatch& b = batches[static_cast<size_t>(mb)];
       // §6.8: the backward seed of Σ(loss·mask)·k is mask·k.
       double k = loss_scale;
-      if (!per_token) k /= std::max(reports[static_cast<size_t>(mb)].num_tokens, 1.0) * static_cast<double>(M);
+      if (!per_token) k /= seed_tokens[static_cast<size_t>(mb)] * static_cast<double>(M);
       Tensor dloss = b.loss_mask.to(Device::cpu()).clone();
       float* d = dloss.data<float>();
       const float kf = static_cast<float>(k);
@@ -169,6 +173,8 @@ void GPTPipeline::set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyH
   impl_->grad_ready[chunk] = std::move(hook);
 }
 
+void GPTPipeline::set_microbatch_loss_tokens(std::function<double(double)> fn) { impl_->loss_tokens = std::move(fn); }
+
 std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, bool forward_only, double loss_scale) {
   Impl& d = *impl_;
   d.batches.clear();
@@ -178,6 +184,7 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
     d.batches.push_back(std::move(*b));
   }
   d.reports.assign(static_cast<size_t>(d.M), LossReport{});
+  d.seed_tokens.assign(static_cast<size_t>(d.M), 1.0);
   d.forward_only = forward_only;
   d.loss_scale = loss_scale;
   const int M = static_cast<int>(d.M);

@@ -53,6 +53,10 @@ class GPTPipeline {
   /// --overlap-grad-reduce: called (per chunk) during the LAST micro-batch's backward with the
   /// parameters whose gradients are complete (DistributedDataParallel::register_grad_ready).
   void set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyHook hook);
+  /// TrainingHooks::microbatch_loss_tokens (context parallelism): the token count that divides a
+  /// micro-batch's loss in the backward seed, from this rank's Σ(loss_mask). Unset = max(Σ, 1).
+  /// Called on the last stage, once per micro-batch, in micro-batch order.
+  void set_microbatch_loss_tokens(std::function<double(double)> fn);
 
   /// TrainingHooks::forward_backward: reads num_microbatches batches from `data` (nullopt if it
   /// runs out), runs them forward (and backward unless forward_only; dL/dloss = loss_mask ·

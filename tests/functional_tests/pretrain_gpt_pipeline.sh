@@ -119,6 +119,7 @@ check gpt_dp2_pp2_distopt gpt 4 --pipeline-model-parallel-size 2 --use-distribut
 run gpt_ptl 1 --calculate-per-token-loss
 check gpt_dp2_pp2_ptl gpt_ptl 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer --calculate-per-token-loss
 grep -q "pipeline-model-parallel size: 2" "$LOGDIR/gpt_pp2.log" || fail "gpt_pp2: no 'pipeline-model-parallel size: 2' line"
+check llama_cp2_pp2 llama 4 --context-parallel-size 2 --pipeline-model-parallel-size 2
 check gpt_tp2_sp gpt 2 --tensor-model-parallel-size 2 --sequence-parallel
 check llama_tp2_sp llama 2 --tensor-model-parallel-size 2 --sequence-parallel
 check gpt_tp2_pp2_sp gpt 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel
