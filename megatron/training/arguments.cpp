@@ -671,9 +671,15 @@ void validate_args(Arguments& a) {
     user_error("--num-layers (", *a.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
                a.pipeline_model_parallel_size, ")");
   }
+  // Megatron: the two virtual-pipeline flags exclude each other, and the interleaved schedule
+  // needs PP > 1 (PP > 2 only with --no-overlap-p2p-communication, which is not implemented).
+  if (a.num_layers_per_virtual_pipeline_stage && a.num_virtual_stages_per_pipeline_rank)
+    fail("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be set at the same time");
+  if ((a.num_layers_per_virtual_pipeline_stage || a.num_virtual_stages_per_pipeline_rank) &&
+      a.pipeline_model_parallel_size <= 1)
+    fail("the interleaved schedule (--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank) "
+         "needs --pipeline-model-parallel-size > 1");
   if (a.num_layers_per_virtual_pipeline_stage) {
-    if (a.pipeline_model_parallel_size <= 2)
-      fail("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2");
     const int64_t per_stage = *a.num_layers / a.pipeline_model_parallel_size;
     if (per_stage % *a.num_layers_per_virtual_pipeline_stage != 0)
       user_error("layers per pipeline stage (", per_stage, ") must be divisible by --num-layers-per-virtual-pipeline-stage (",
