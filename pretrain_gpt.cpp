@@ -234,7 +234,9 @@ int run(int argc, char** argv) {
   const int pp_size = static_cast<int>(args.pipeline_model_parallel_size);
   const int vp_size = static_cast<int>(args.virtual_pipeline_model_parallel_size.value_or(1));
   std::vector<std::unique_ptr<models::gpt::GPTModel>> chunks;
-  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size)) {
+  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size,
+                                                           args.decoder_first_pipeline_num_layers,
+                                                           args.decoder_last_pipeline_num_layers)) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;
@@ -469,6 +471,7 @@ int run(int argc, char** argv) {
       cp_group->all_reduce(t, distributed::ReduceOp::kSum);
       return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
+    if (pipeline) pipeline->set_microbatch_loss_tokens(hooks.microbatch_loss_tokens);
   }
   if (dp_group->size() > 1) {
     hooks.reduce_loss = [dp_group](LossReport& r) {

@@ -374,6 +374,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.strs("--cp-comm-type", a.cp_comm_type);
   b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
   b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
+  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
+  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
   b.flag("--sequence-parallel", a.sequence_parallel, true);
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
@@ -662,13 +664,22 @@ void validate_args(Arguments& a) {
     user_error("--max-position-embeddings (", *a.max_position_embeddings,
                ") must be greater than or equal to --seq-length (", *a.seq_length, ")");
   }
-  if (*a.num_layers % a.pipeline_model_parallel_size != 0) {
+  // Uneven splits (--decoder-first/last-pipeline-num-layers) are checked where the layers are
+  // assigned (megatron/training/gpt_pipeline.h).
+  const bool uneven_pipeline = a.decoder_first_pipeline_num_layers || a.decoder_last_pipeline_num_layers;
+  if (!uneven_pipeline && *a.num_layers % a.pipeline_model_parallel_size != 0) {
     user_error("--num-layers (", *a.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
                a.pipeline_model_parallel_size, ")");
   }
+  // Megatron: the two virtual-pipeline flags exclude each other, and the interleaved schedule
+  // needs PP > 1 (PP > 2 only with --no-overlap-p2p-communication, which is not implemented).
+  if (a.num_layers_per_virtual_pipeline_stage && a.num_virtual_stages_per_pipeline_rank)
+    fail("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be set at the same time");
+  if ((a.num_layers_per_virtual_pipeline_stage || a.num_virtual_stages_per_pipeline_rank) &&
+      a.pipeline_model_parallel_size <= 1)
+    fail("the interleaved schedule (--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank) "
+         "needs --pipeline-model-parallel-size > 1");
   if (a.num_layers_per_virtual_pipeline_stage) {
-    if (a.pipeline_model_parallel_size <= 2)
-      fail("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2");
     const int64_t per_stage = *a.num_layers / a.pipeline_model_parallel_size;
     if (per_stage % *a.num_layers_per_virtual_pipeline_stage != 0)
       user_error("layers per pipeline stage (", per_stage, ") must be divisible by --num-layers-per-virtual-pipeline-stage (",

@@ -33,8 +33,9 @@ struct TPContext {
 
 /// Y = X W^T + b with W [out, in] split by rows (output features) across TP ranks: this rank
 /// holds rows [r*out/TP, (r+1)*out/TP) (with partition_stride 2, the rank's rows of each half,
-/// Megatron's SwiGLU fc1 layout). Forward: identity on X (no SP); output stays split (no
-/// gather_output). Backward: dX all-reduced over TP.
+/// Megatron's SwiGLU fc1 layout). Forward: identity on X, or with sequence parallelism the
+/// all-gather of X's sequence shards [s/TP, ...] -> [s, ...]; output stays split (no
+/// gather_output). Backward: dX all-reduced over TP (SP: reduce-scattered back to [s/TP, ...]).
 class ColumnParallelLinear {
  public:
   /// Registers "<prefix>.weight" (and "<prefix>.bias" if bias) with global shape
@@ -62,7 +63,10 @@ class ColumnParallelLinear {
 
 /// Y = X W^T + b with W [out, in] split by columns (input features): the input arrives split
 /// along its last dim; the partial products are all-reduced over TP and the (unsplit) bias is
-/// added after the reduction. Backward: identity for dY; dX stays split.
+/// added after the reduction. With sequence parallelism the reduction is a reduce-scatter along
+/// the sequence ([s, ...] -> [s/TP, ...]) and backward all-gathers dY first (the bias gradient of
+/// the gathered dY equals Megatron's per-shard bias gradient all-reduced over TP). Backward:
+/// identity for dY; dX stays split.
 class RowParallelLinear {
  public:
   RowParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
