@@ -15,6 +15,7 @@
 #include "megatron/core/distributed/distributed_optimizer.h"
 #include "megatron/core/distributed/init_process_group.h"
 #include "megatron/core/parallel_state.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
@@ -150,6 +151,8 @@ TrainingState training_state(models::gpt::GPTModel& model, const optimizer::Mega
       st.model.push_back(std::move(piece));
     }
   }
+  // FP8 amax histories and scales (replicated over the amax group: one copy per pipeline stage).
+  if (auto* f8 = model.fp8_state()) st.extra = f8->checkpoint_tensors();
   return st;
 }
 
@@ -261,6 +264,7 @@ int run(int argc, char** argv) {
   if (!ckpt_cfg.load.empty()) {
     TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks);
+    if (auto* f8 = model.fp8_state(); f8 && loaded.loaded) f8->restore_checkpoint_tensors(st.extra, loaded.extra_loaded_keys);
     if (loaded.loaded && loaded.optimizer_loaded) {
       const auto& c = loaded.optimizer_common;
       if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
@@ -364,13 +368,17 @@ int run(int argc, char** argv) {
   fg.embedding_group = ps::get_embedding_group();
   fg.sequence_parallel = args.sequence_parallel;
   fg.share_embeddings_and_output_weights = !args.untie_embeddings_and_output_weights;
-  hooks.finalize_model_grads = [&ddp, fg, &args](double num_tokens) {
+  // FP8: after the step's last backward, the amaxes are reduced (MAX) over TP x DP x CP (Megatron's
+  // amax reduction group) and every scale is updated for the next step.
+  auto amax_group = ps::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true);
+  hooks.finalize_model_grads = [&ddp, fg, &args, &model, amax_group](double num_tokens) {
     if (args.calculate_per_token_loss) {
       Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
       distributed::finalize_model_grads({&ddp}, fg, &n);
     } else {
       distributed::finalize_model_grads({&ddp}, fg);
     }
+    if (auto* f8 = model.fp8_state()) f8->reduce_and_update(amax_group.get());
   };
   if (args.use_distributed_optimizer) {
     hooks.after_optimizer_step = [&ddp] {

@@ -189,6 +189,7 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
 
   dc::ShardedStateDict sd;
   sd.tensors = st.model;
+  sd.tensors.insert(sd.tensors.end(), st.extra.begin(), st.extra.end());
   json args = st.args;
   args["iteration"] = it;
   args["consumed_train_samples"] = st.consumed_train_samples;
@@ -284,6 +285,14 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
       user_error(dir, ": the checkpoint has no optimizer state (saved with --no-save-optim?); "
                  "use --no-load-optim or --finetune to load only the weights");
     sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
+  }
+  if (!st.extra.empty() && !release) {  // named extra state: only what this checkpoint has
+    const dc::CheckpointIndex index = dc::load_index(dir);
+    for (const auto& t : st.extra)
+      if (index.tensors.count(t.key)) {
+        sd.tensors.push_back(t);
+        res.extra_loaded_keys.push_back(t.key);
+      }
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
   dc::load(sd, dir);

@@ -82,6 +82,10 @@ struct TrainingState {
   double num_floating_point_operations_so_far = 0.0;
   /// All arguments (flag name → value); stored as common "args".
   nlohmann::json args = nlohmann::json::object();
+  /// Named extra state saved with the model (e.g. FP8 amax histories and scales,
+  /// "<layer>._extra_state.fp8.*"). On load only the keys the checkpoint has are read
+  /// (LoadResult::extra_loaded_keys), so older checkpoints without them still load.
+  std::vector<ShardedTensor> extra;
 };
 
 /// Result of load_checkpoint.
@@ -98,6 +102,7 @@ struct LoadResult {
   nlohmann::json rng_state;
   nlohmann::json args;             // the checkpoint's arguments
   std::string checkpoint_dir;      // the iter_XXXXXXX directory read
+  std::vector<std::string> extra_loaded_keys;  // TrainingState::extra keys found and loaded
 };
 
 /// "<save>/iter_0000100" (Megatron's get_checkpoint_name for the dist format), or
