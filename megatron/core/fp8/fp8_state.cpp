@@ -24,9 +24,16 @@ int Fp8State::register_linear(const std::string& prefix) {
   return base;
 }
 
+namespace {
+// Each role's amax/scale/scale_inv sits in its own 256-byte slot: cuBLASLt reads the scale
+// pointers with aligned loads (a 4-byte-aligned scale pointer gives CUBLAS_STATUS_NOT_SUPPORTED
+// on the H200).
+constexpr int64_t kSlot = 64;
+}  // namespace
+
 void Fp8State::ensure_device() {
   if (d_amax_.defined()) return;
-  const int64_t n = std::max<int64_t>(1, num_roles());
+  const int64_t n = std::max<int64_t>(1, num_roles()) * kSlot;
   d_amax_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
@@ -36,8 +43,8 @@ void Fp8State::ensure_device() {
 void Fp8State::push_scales() {
   std::vector<float> s(d_scale_.numel(), 1.0f), si(d_scale_.numel(), 1.0f);
   for (size_t r = 0; r < metas_.size(); ++r) {
-    s[r] = metas_[r].scale;
-    si[r] = metas_[r].scale_inv;
+    s[r * kSlot] = metas_[r].scale;
+    si[r * kSlot] = metas_[r].scale_inv;
   }
   d_scale_.copy_(Tensor::from_vector(s, {d_scale_.numel()}));
   d_scale_inv_.copy_(Tensor::from_vector(si, {d_scale_inv_.numel()}));
@@ -45,15 +52,15 @@ void Fp8State::push_scales() {
 
 Tensor Fp8State::scale(int r) {
   ensure_device();
-  return d_scale_.flat_slice(r, {1});
+  return d_scale_.flat_slice(r * kSlot, {1});
 }
 Tensor Fp8State::scale_inv(int r) {
   ensure_device();
-  return d_scale_inv_.flat_slice(r, {1});
+  return d_scale_inv_.flat_slice(r * kSlot, {1});
 }
 Tensor Fp8State::amax(int r) {
   ensure_device();
-  return d_amax_.flat_slice(r, {1});
+  return d_amax_.flat_slice(r * kSlot, {1});
 }
 
 void Fp8State::set_scale(int r, float s) {
@@ -61,14 +68,14 @@ void Fp8State::set_scale(int r, float s) {
   MEGATRON_CHECK(device_.is_cpu()) << "Fp8State::set_scale is the CPU path";
   metas_.at(r).scale = s;
   metas_.at(r).scale_inv = 1.0f / s;
-  d_scale_.data<float>()[r] = s;
-  d_scale_inv_.data<float>()[r] = 1.0f / s;
+  d_scale_.data<float>()[r * kSlot] = s;
+  d_scale_inv_.data<float>()[r * kSlot] = 1.0f / s;
 }
 
 void Fp8State::record_host_amax(int r, float a) {
   ensure_device();
   MEGATRON_CHECK(device_.is_cpu()) << "Fp8State::record_host_amax is the CPU path";
-  float& slot = d_amax_.data<float>()[r];
+  float& slot = d_amax_.data<float>()[r * kSlot];
   if (std::isnan(a) || a > slot) slot = a;
 }
 
@@ -79,7 +86,7 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   std::vector<float> amax = d_amax_.to_float_vector();  // one device-to-host copy per step
   for (size_t r = 0; r < metas_.size(); ++r) {
     Fp8TensorMeta& m = metas_[r];
-    m.record_amax(amax[r]);
+    m.record_amax(amax[r * kSlot]);
     if (cfg_.recipe == Fp8Recipe::kDelayed) {
       m.update(cfg_);
     } else {

@@ -105,12 +105,26 @@ __global__ void quantize_transpose_kernel(const T* __restrict__ x, int64_t rows,
     tile[i][tx] = b;
   }
   __syncthreads();
-  // qt [cols, rows]: row (c0 + i), columns r0 + tx.
-  const int64_t r = r0 + tx;
+  // qt [cols, rows]: row (c0 + i) gets columns [r0, r0 + 64). Full tiles with rows % 4 == 0:
+  // 16 threads per row, 4 bytes each (one 32-bit store); otherwise one byte per thread.
+  if ((rows & 3) == 0 && r0 + kTile <= rows) {
+    const int w = threadIdx.x % 16, i0 = threadIdx.x / 16;  // 16 rows per pass
+#pragma unroll
+    for (int i = i0; i < kTile; i += kThreads / 16) {
+      const int64_t cc = c0 + i;
+      if (cc < cols) {
+        const uint32_t v = (uint32_t)tile[4 * w][i] | ((uint32_t)tile[4 * w + 1][i] << 8) |
+                           ((uint32_t)tile[4 * w + 2][i] << 16) | ((uint32_t)tile[4 * w + 3][i] << 24);
+        *reinterpret_cast<uint32_t*>(qt + cc * rows + r0 + 4 * w) = v;
+      }
+    }
+  } else {
+    const int64_t r = r0 + tx;
 #pragma unroll 4
-  for (int i = ty; i < kTile; i += kThreads / kTile) {
-    const int64_t cc = c0 + i;
-    if (cc < cols && r < rows) qt[cc * rows + r] = tile[tx][i];
+    for (int i = ty; i < kTile; i += kThreads / kTile) {
+      const int64_t cc = c0 + i;
+      if (cc < cols && r < rows) qt[cc * rows + r] = tile[tx][i];
+    }
   }
   if (amax) block_amax_to(a, amax);
 }
