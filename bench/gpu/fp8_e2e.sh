@@ -1,5 +1,11 @@
 #!/bin/bash
-# fp8 helper: FP8 GPU checks, 300-step small LLaMA on real text (bf16 vs fp8), LLaMA-3-8B-shaped bench.
+# FP8 on one H200 (docs/fp8.md, docs/performance.md): fp8_gpu_test, a 300-step small LLaMA on the
+# bundled real text in bf16 / fp8 delayed / fp8 tensorwise, and the LLaMA-3-8B-shaped 4-layer
+# step at seq 8192 in fp8 and bf16. Runs on the device machine from a folder holding this script
+# and fp8.tar.xz = stage/{pretrain_gpt,fp8_gpu_test} (stripped, CUDA build), stage/lib/ (the
+# non-CUDA shared libraries they need, from ldd) and stage/data/ (corpus_text_document.{bin,idx}
+# from examples/quickstart_real_data.sh's preprocessing, encoder.json, vocab.bpe).
+# Usage: bash fp8_e2e.sh [all|test|train|bench]; logs in $OUT.
 D=$(cd "$(dirname "$0")" && pwd); O=${OUT:-/tmp/out}; mkdir -p $O
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=0
 mkdir -p /tmp/f8 && tar xJf $D/fp8.tar.xz -C /tmp/f8; S=/tmp/f8/stage
