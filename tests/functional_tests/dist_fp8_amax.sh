@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# FP8 amax reduction across tensor-parallel ranks (docs/fp8.md): pretrain_gpt --fp8-format hybrid
+# FP8 amax reduction across tensor-parallel ranks and FP8 state in multi-process checkpoints
+# (docs/fp8.md): pretrain_gpt --fp8-format hybrid
 # on the CPU (emulated FP8 GEMMs), tiny GPT, 6 iterations, as one rank and as TP2 under mpirun.
 # With the amaxes all-reduced (MAX) over TP x DP x CP every step, each TP rank's scales equal the
 # single-rank scales (a shard's amax max-reduced over the shards is the full tensor's amax), so
@@ -36,3 +37,17 @@ for it in a:
     if rel > bound: sys.exit(1)
 PY
 echo "OK: FP8 TP2 equals the single-rank FP8 run (amaxes reduced over the TP group)"
+
+# TP2 x DP2 checkpoint: the FP8 state is written once per amax group (replica ids) and restored on
+# every rank; a resume from iteration 4 reproduces iterations 5..6 of the straight run exactly.
+P4=("${MPIRUN[@]}" -np 4 -x MEGATRON_DEVICE "$BIN/pretrain_gpt" "${ARGS[@]}" --tensor-model-parallel-size 2)
+timeout 120 "${P4[@]}" > "$LOGDIR/s4.log" 2>&1 || { tail -30 "$LOGDIR/s4.log"; fail "TP2xDP2 straight"; }
+timeout 120 "${P4[@]}" --save "$LOGDIR/ck" --save-interval 100 --exit-interval 4 > "$LOGDIR/r1.log" 2>&1 ||
+  { tail -30 "$LOGDIR/r1.log"; fail "TP2xDP2 first half"; }
+timeout 120 "${P4[@]}" --load "$LOGDIR/ck" > "$LOGDIR/r2.log" 2>&1 || { tail -30 "$LOGDIR/r2.log"; fail "TP2xDP2 resume"; }
+loss() { grep " iteration *$2/ *6 " "$1" | sed 's/.*lm loss: \([0-9.E+-]*\) .*/\1/'; }
+for it in 5 6; do
+  a=$(loss "$LOGDIR/s4.log" $it); b=$(loss "$LOGDIR/r2.log" $it)
+  [[ -n "$a" && "$a" == "$b" ]] || fail "TP2xDP2 iteration $it differs after resume: straight $a vs resumed $b"
+done
+echo "OK: FP8 TP2xDP2 resume from iteration 4 exact"
