@@ -15,6 +15,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -167,7 +168,10 @@ class Binder {
       a_.notes.emplace_back(flag, note);
     };
     if (arity == 0) {
-      app_.add_flag_callback(flag, record);
+      app_.add_flag_callback(flag, [record, store] {
+        record();
+        if (store) store("");
+      });
     } else if (arity == 1) {
       app_.add_option_function<std::string>(flag, [record, store](const std::string& s) {
             record();
@@ -340,32 +344,19 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
   b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
 
-  // ---- FP8 ----
-  const std::string fp8_note = "FP8 GEMMs are not implemented yet: the GEMMs run in the --bf16/--fp16 dtype";
-  b.noted_str("--fp8-format", fp8_note, [&a](const std::string& s) {
-    if (s != "e4m3" && s != "hybrid") user_error("--fp8-format: invalid choice '", s, "' (choose from e4m3, hybrid)");
-    a.fp8 = s;
-  });
-  b.noted_str("--fp8-recipe", fp8_note, [&a](const std::string& s) {
-    static const std::vector<std::string> ok = {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"};
-    if (std::find(ok.begin(), ok.end(), s) == ok.end())
-      user_error("--fp8-recipe: invalid choice '", s, "' (choose from tensorwise, delayed, mxfp8, blockwise, custom)");
-    a.fp8_recipe = s;
-  });
-  b.noted_str("--fp8-margin", fp8_note,
-              [&a](const std::string& s) { a.fp8_margin = parse_number<int64_t>("--fp8-margin", s); });
-  b.noted_str("--fp8-interval", fp8_note,
+  // ---- FP8 (§10; megatron/core/fp8) ----
+  b.str("--fp8-format", a.fp8, {"e4m3", "hybrid"});
+  b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+  b.num("--fp8-margin", a.fp8_margin);
+  b.noted_str("--fp8-interval", "deprecated in Megatron-LM and ignored (the scales update every step)",
               [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
-  b.noted_str("--fp8-amax-history-len", fp8_note, [&a](const std::string& s) {
-    a.fp8_amax_history_len = parse_number<int64_t>("--fp8-amax-history-len", s);
-  });
-  b.noted_str("--fp8-amax-compute-algo", fp8_note, [&a](const std::string& s) {
-    if (s != "most_recent" && s != "max")
-      user_error("--fp8-amax-compute-algo: invalid choice '", s, "' (choose from most_recent, max)");
-    a.fp8_amax_compute_algo = s;
-  });
-  b.noted("--fp8-param-gather", fp8_note);
-  b.noted("--no-fp8-wgrad", fp8_note);
+  b.num("--fp8-amax-history-len", a.fp8_amax_history_len);
+  b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
+  b.noted_str("--fp8-param-gather",
+          "the weights are all-gathered in the model dtype and quantized to FP8 at each GEMM (FP8 primary "
+          "weights are not implemented); the FP8 GEMMs and their scales are the same",
+              [&a](const std::string&) { a.fp8_param_gather = true; });
+  b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);
 
   // ---- parallelism ----
   b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size);
@@ -722,6 +713,18 @@ void validate_args(Arguments& a) {
   // Dynamic loss scaling expects inf/NaN grads: Megatron turns the NaN check off then.
   if (a.fp16 && !a.loss_scale) a.check_for_nan_in_loss_and_grad = false;
 
+  // FP8 (Megatron's validate_args and TE's recipe constraints).
+  if (a.fp8) {
+    fp8::parse_fp8_recipe(a.fp8_recipe);  // UserError for mxfp8/blockwise/custom (not Hopper recipes here)
+    if (a.fp8_margin < 0) user_error("--fp8-margin must be >= 0 (got ", a.fp8_margin, ")");
+    if (a.fp8_amax_history_len < 1)
+      user_error("--fp8-amax-history-len must be >= 1 (got ", a.fp8_amax_history_len, ")");
+    if (a.fp8_param_gather && !a.use_distributed_optimizer)
+      fail("--fp8-param-gather needs --use-distributed-optimizer");
+  } else if (a.fp8_param_gather) {
+    fail("--fp8-param-gather needs --fp8-format");
+  }
+
   // Parallel feature combinations.
   if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently
   if (a.overlap_param_gather && !a.use_distributed_optimizer)
@@ -859,6 +862,17 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.tensor_model_parallel_size = a.tensor_model_parallel_size;
   c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
   c.sequence_parallel = a.sequence_parallel;
+  if (a.fp8) {
+    fp8::Fp8Config f;
+    f.format = fp8::parse_fp8_format(*a.fp8);
+    f.recipe = fp8::parse_fp8_recipe(a.fp8_recipe);
+    f.margin = static_cast<int>(a.fp8_margin);
+    f.amax_history_len = static_cast<int>(a.fp8_amax_history_len);
+    f.amax_compute_algo = fp8::parse_amax_compute_algo(a.fp8_amax_compute_algo);
+    f.wgrad = a.fp8_wgrad;
+    f.param_gather = a.fp8_param_gather;
+    c.fp8 = f;
+  }
   return c;
 }
 

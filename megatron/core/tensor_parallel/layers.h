@@ -16,6 +16,10 @@
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/module.h"
 
+namespace megatron::fp8 {
+class Fp8State;
+}
+
 namespace megatron::tensor_parallel {
 
 /// What ColumnParallelLinear/RowParallelLinear backward needs: their (gathered) input.
@@ -54,11 +58,15 @@ class ColumnParallelLinear {
 
   int64_t output_size_per_partition() const { return out_local_; }
   transformer::ParamRef weight() const { return weight_; }
+  /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
+  void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
 
  private:
   transformer::ParamRef weight_, bias_;
   int64_t in_, out_local_;
   TPContext tp_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
+  int fp8_base_ = -1;
 };
 
 /// Y = X W^T + b with W [out, in] split by columns (input features): the input arrives split
@@ -75,11 +83,15 @@ class RowParallelLinear {
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+  /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
+  void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
 
  private:
   transformer::ParamRef weight_, bias_;
   int64_t in_local_, out_;
   TPContext tp_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
+  int fp8_base_ = -1;
 };
 
 /// Word embedding with rows split across TP ranks (Megatron's VocabParallelEmbedding): ids
