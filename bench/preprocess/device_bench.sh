@@ -16,6 +16,7 @@ tar xzf "$D/lib.tar.gz"   # used only for our binary (LD_LIBRARY_PATH would also
 OURS="env LD_LIBRARY_PATH=$W/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} $D/preprocess_data"
 tar xzf "$D/tok.tar.gz"; tar xJf "$D/megatron-lm.tar.xz"
 gzip -dc "$D/bench.jsonl.gz" > bench.jsonl
+[ -n "$LIMIT_LINES" ] && { head -n "$LIMIT_LINES" bench.jsonl > b && mv b bench.jsonl; }   # dry runs
 head -c 10000000 bench.jsonl | head -n -1 > sub10.jsonl   # whole lines, ~10 MB (Megatron, 1 worker)
 { date -u; nproc; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L2|L3'; free -g | head -2;
   python3 -c "import sys,numpy,transformers,tokenizers;print(sys.version.split()[0], numpy.__version__, transformers.__version__, tokenizers.__version__)";
