@@ -37,7 +37,7 @@ meg() {  # tok workers input tag timeout
   [ $t -gt $5 ] && t=$5
   if [ $t -lt 8 ]; then echo "megatron $1 w=$2 $4: skipped (time budget)"; return; fi
   { time timeout $t python3 megatron-lm/tools/preprocess_data.py --input "$3" --output-prefix $W/meg_$1_w$2$4 \
-      --tokenizer-type HuggingFaceTokenizer --tokenizer-model $W/$1-tok --append-eod --workers $2 --log-interval 10000 ; } > $log 2>&1
+      --tokenizer-type HuggingFaceTokenizer --tokenizer-model $W/$1-tok --append-eod --workers $2 --log-interval 2000 ; } > $log 2>&1
   echo "megatron $1 w=$2 $4: $(grep -E 'Time to startup' $log) | $(grep -E '^Processed' $log | tail -1) | real/user/sys $(tail -1 $log)"
 }
 for tok in llama3 gpt2; do
