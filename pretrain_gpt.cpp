@@ -21,6 +21,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
@@ -48,8 +49,9 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
 // CUDA device LOCAL_RANK when the CUDA backend is compiled in and a GPU is visible, else the CPU.
 // MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
 // fails with a UserError when none is usable. Any other value is a UserError.
-// Not wired for the GPU yet (the CPU is used, with a note): more than one process (the process
-// groups are CPU backends) and --save/--load (checkpointing reads CPU tensors).
+// Several processes train on the GPU with NCCL (each rank on cuda:LOCAL_RANK, as Megatron).
+// Not wired for the GPU yet (the CPU is used, with a note): --save/--load (checkpointing reads
+// CPU tensors).
 Device choose_device(const Arguments& args, const std::function<void(const std::string&)>& say) {
   const char* want = std::getenv("MEGATRON_DEVICE");
   const std::string w = want ? want : "";
@@ -60,8 +62,7 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   if (w == "cuda" && !have_cuda)
     user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
   if (!have_cuda) return Device::cpu();
-  const char* why = args.world_size > 1 ? "more than one process"
-                    : (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
+  const char* why = (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
   if (why) {
     if (w == "cuda") user_error("MEGATRON_DEVICE=cuda: ", why, " is not supported on the GPU yet; unset MEGATRON_DEVICE");
     say(std::string("note: training on the CPU: ") + why + " is not supported on the GPU yet");
@@ -70,32 +71,46 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
 }
 
-BatchIterator iterator_of(training::GPTDataLoader* loader) {
+// The loader's micro-batches as the model sees them: with context parallelism each rank keeps
+// its two sequence chunks (Megatron's get_batch -> get_batch_on_this_cp_rank).
+BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_rank) {
   if (!loader) return nullptr;
-  return [loader]() -> std::optional<datasets::GPTBatch> {
+  return [loader, cp_size, cp_rank]() -> std::optional<datasets::GPTBatch> {
     datasets::GPTBatch b;
     if (!loader->next(b)) return std::nullopt;
-    return b;
+    return transformer::get_batch_on_this_cp_rank(b, cp_size, cp_rank);
   };
 }
 
 // Rejects the parallel layouts pretrain_gpt does not run yet, naming the flag (never a silent
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
-  if (args.context_parallel_size > 1)
-    user_error("--context-parallel-size ", args.context_parallel_size,
-               ": context-parallel attention is not available yet; use --context-parallel-size 1");
-  if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
-    user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
+  for (const auto& t : args.cp_comm_type) {
+    if (args.context_parallel_size > 1 && t != "p2p")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+  }
+  const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
+  if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
+    user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
+               ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
 }
 
-// --distributed-backend -> init_process_group backend. pretrain_gpt trains on the CPU here, so
-// "nccl" (Megatron's default) maps to the CPU backend of the launcher: MPI under mpirun/PMI, TCP
-// under torchrun/megatron_launch ("auto"); "gloo" is the TCP backend.
-std::string cpu_backend_for(const std::string& flag) { return flag == "gloo" ? "tcp" : "auto"; }
+// --distributed-backend -> init_process_group backend. On the GPU, "nccl" (Megatron's default) is
+// NCCL over CUDA tensors; "gloo" (CPU tensors only) is refused. On the CPU, "nccl" maps to the CPU
+// backend of the launcher: MPI under mpirun/PMI, TCP under torchrun/megatron_launch ("auto");
+// "gloo" is the TCP backend.
+std::string backend_for(const std::string& flag, const Device& device, int64_t world_size) {
+  if (device.is_cuda() && world_size > 1) {
+    if (flag == "gloo")
+      user_error("--distributed-backend gloo: the gloo/TCP backend moves CPU tensors only; training on the GPU "
+                 "needs --distributed-backend nccl (or MEGATRON_DEVICE=cpu to train on the CPU)");
+    return "nccl";
+  }
+  return flag == "gloo" ? "tcp" : "auto";
+}
 
 CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   CheckpointConfig c;
@@ -137,16 +152,13 @@ ParallelRanks checkpoint_ranks() {
   return r;
 }
 
-// Views of the live model parameters (every model chunk of this pipeline rank) and fp32
-// optimizer state (load writes into them, save reads them), in global coordinates whatever the
-// layout.
-TrainingState training_state(const std::vector<std::unique_ptr<models::gpt::GPTModel>>& chunks,
+// Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
+// them), in global coordinates whatever the layout.
+// `params`: every model chunk's parameters of this rank (virtual pipeline stages: all chunks).
+TrainingState training_state(std::vector<transformer::Parameter>& params, int64_t num_layers,
                              const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
                              bool distributed_optimizer, bool with_optim) {
-  std::vector<transformer::Parameter> params;
-  for (const auto& m : chunks) params.insert(params.end(), m->parameters().begin(), m->parameters().end());
-  return model_and_optimizer_state(params, opt, chunks.front()->config().num_layers, ranks, distributed_optimizer,
-                                   with_optim);
+  return model_and_optimizer_state(params, opt, num_layers, ranks, distributed_optimizer, with_optim);
 }
 
 // Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
@@ -179,6 +191,8 @@ int run(int argc, char** argv) {
       std::to_string(args.world_size / std::max<int64_t>(1, args.tensor_model_parallel_size *
                                                                  args.pipeline_model_parallel_size *
                                                                  std::max<int64_t>(args.context_parallel_size, 1))) +
+      ", context-parallel size: " + std::to_string(args.context_parallel_size) +
+      ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   std::set<std::string> noted;
@@ -189,8 +203,9 @@ int run(int argc, char** argv) {
   check_supported_parallelism(args);
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
+  const Device device = choose_device(args, say);
   distributed::InitOptions io;
-  io.backend = cpu_backend_for(args.distributed_backend);
+  io.backend = backend_for(args.distributed_backend, device, args.world_size);
   io.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   auto world = distributed::init_process_group(io);
   namespace ps = parallel_state;
@@ -213,7 +228,6 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
-  const Device device = choose_device(args, say);
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
   // layers split evenly as Megatron's (megatron/training/gpt_pipeline.h).
@@ -224,6 +238,8 @@ int run(int argc, char** argv) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;
+    par.cp_group = ps::get_context_parallel_group();
+    par.cp_comm_type = args.cp_comm_type.front();
     par.pre_process = c.pre_process;
     par.post_process = c.post_process;
     par.layer_offset = c.layer_offset;
@@ -233,6 +249,8 @@ int run(int argc, char** argv) {
                                                              static_cast<uint64_t>(args.seed), device, par));
   }
   models::gpt::GPTModel& model = *chunks.front();
+  std::vector<transformer::Parameter> all_params;  // views; checkpointing sees every chunk
+  for (auto& m : chunks) all_params.insert(all_params.end(), m->parameters().begin(), m->parameters().end());
   int64_t nparams = 0;
   for (auto& m : chunks)
     for (auto& p : m->parameters()) nparams += p.data.numel();
@@ -245,7 +263,7 @@ int run(int argc, char** argv) {
   world->barrier();
   GPTTrainable trainable(model);
   // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
-  // 1/DP and summed (none with --calculate-per-token-loss), reduce-scattered with
+  // 1/(DP x CP) and summed (none with --calculate-per-token-loss), reduce-scattered with
   // --use-distributed-optimizer.
   distributed::DistributedDataParallelConfig dc;
   dc.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -292,7 +310,7 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(chunks, opt, ranks, args.use_distributed_optimizer,
+    TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
@@ -373,9 +391,10 @@ int run(int argc, char** argv) {
   auto valid_loader = training::build_pretraining_data_loader(ds[1], lo);
   lo.consumed_samples = 0;
   auto test_loader = training::build_pretraining_data_loader(ds[2], lo);
-  BatchIterator train_it = iterator_of(train_loader.get());
-  BatchIterator valid_it = iterator_of(valid_loader.get());
-  BatchIterator test_it = iterator_of(test_loader.get());
+  const int cp_size = ps::get_context_parallel_world_size(), cp_rank = ps::get_context_parallel_rank();
+  BatchIterator train_it = iterator_of(train_loader.get(), cp_size, cp_rank);
+  BatchIterator valid_it = iterator_of(valid_loader.get(), cp_size, cp_rank);
+  BatchIterator test_it = iterator_of(test_loader.get(), cp_size, cp_rank);
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
 
   std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
@@ -428,7 +447,9 @@ int run(int argc, char** argv) {
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     const int64_t tp = args.tensor_model_parallel_size;
-    const int64_t s_local = args.sequence_parallel ? *args.seq_length / tp : *args.seq_length;
+    // Activations between stages: this rank's sequence share, [s/(CP*TP if SP), mbs, h].
+    const int64_t s_cp = *args.seq_length / std::max<int64_t>(args.context_parallel_size, 1);
+    const int64_t s_local = args.sequence_parallel ? s_cp / tp : s_cp;
     pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
                                              Shape{s_local, *args.micro_batch_size, *args.hidden_size},
                                              model.config().params_dtype, device, num_microbatches(args),
@@ -437,6 +458,16 @@ int run(int argc, char** argv) {
       for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
     hooks.forward_backward = [&pipeline](BatchIterator& data, bool forward_only, double loss_scale) {
       return pipeline->forward_backward(data, forward_only, loss_scale);
+    };
+  }
+  if (cp_size > 1) {
+    // Loss normalisation over the whole sequence: its tokens are spread over the CP ranks.
+    auto cp_group = ps::get_context_parallel_group();
+    hooks.microbatch_loss_tokens = [cp_group, cp_size](double local_tokens) {
+      Tensor t = Tensor::empty({1}, DType::kFloat64);
+      t.data<double>()[0] = local_tokens;
+      cp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
   }
   if (dp_group->size() > 1) {
@@ -453,7 +484,7 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(chunks, opt, ranks, args.use_distributed_optimizer,
+      TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);

@@ -167,7 +167,11 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     }
     // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
     double c = loss_scale;
-    if (!args_.calculate_per_token_loss) c /= std::max(rep.num_tokens, 1.0) * static_cast<double>(num_microbatches_);
+    if (!args_.calculate_per_token_loss) {
+      const double n = hooks_.microbatch_loss_tokens ? hooks_.microbatch_loss_tokens(rep.num_tokens)
+                                                     : std::max(rep.num_tokens, 1.0);
+      c /= n * static_cast<double>(num_microbatches_);
+    }
     Tensor dloss = batch->loss_mask.clone();
     {
       float* d = dloss.data<float>();

@@ -60,6 +60,11 @@ struct TrainingHooks {
   /// rank's Σ(loss_mask). With --calculate-per-token-loss the hook sums it over DP and scales the
   /// grads by 1/total (the loop then does not scale them itself).
   std::function<void(double num_tokens)> finalize_model_grads;
+  /// Context parallelism: the token count a micro-batch's loss is normalised by, given this
+  /// rank's Σ(loss_mask) (unset = max(that count, 1)). pretrain_gpt returns max(Σ(loss_mask) summed
+  /// over the CP group, 1) / CP: the sequence's tokens are spread over the CP ranks and the DDP
+  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (megatron.md §6.8).
+  std::function<double(double num_tokens)> microbatch_loss_tokens;
   /// After optimizer.step(): the distributed optimizer's parameter all-gather.
   std::function<void()> after_optimizer_step;
   /// Sums {loss_sum, num_tokens} over the data-parallel group, in place (Megatron's loss_func

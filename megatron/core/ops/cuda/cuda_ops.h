@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "megatron/core/ops/ops.h"
 
@@ -17,6 +18,10 @@ void fill(Tensor& x, float value);
 void add_(Tensor& y, const Tensor& x, float alpha);
 void scale_(Tensor& x, float alpha);
 double sum_of_squares(const Tensor& x);
+/// Σ of sum_of_squares over CUDA tensors with one host synchronization for the whole list
+/// (the global gradient norm); fp64, deterministic. Not in ops.h: called by
+/// optimizer/clip_grads.cpp for device grads.
+double sum_of_squares_many(const std::vector<Tensor>& xs);
 int64_t count_zeros(const Tensor& x);
 bool has_inf_or_nan(const Tensor& x);
 void transpose01(const Tensor& x, Tensor& y);
@@ -42,6 +47,7 @@ void rope_forward(const Tensor& x, const RopeParams& rope, const Tensor* positio
 void rope_backward(const Tensor& dy, const RopeParams& rope, const Tensor* position_ids, Tensor& dx);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv);
+void attention_merge_(Tensor& acc_out, Tensor& acc_lse, const Tensor& part_out, const Tensor& part_lse);
 void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& row_max, Tensor& row_sumexp, Tensor& pred);
 void cross_entropy_rescale_(Tensor& row_sumexp, const Tensor& row_max, const Tensor& global_max);
 void cross_entropy_loss(const Tensor& global_max, const Tensor& global_sumexp, const Tensor& pred, Tensor& loss, Tensor& lse);
