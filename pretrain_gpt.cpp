@@ -539,7 +539,16 @@ int run(int argc, char** argv) {
                  {"data_parallel_size", ranks.dp_size},
                  {"use_distributed_optimizer", args.use_distributed_optimizer}};
       // --async-save: returns after the snapshot; the write overlaps the next iterations.
+      // Megatron's save_checkpoint_and_time: the time training was blocked, on the last rank.
+      Timers& timers = trainer_ptr->timers();
+      timers("save-checkpoint", 0).start();
       save_checkpoint(st, ckpt_cfg, ranks, world.get());
+      timers("save-checkpoint", 0).stop();
+      const std::string line = timers.log_string({"save-checkpoint"});
+      if (args.rank == args.world_size - 1 && !line.empty()) {
+        std::fputs((line + "\n").c_str(), stdout);
+        std::fflush(stdout);
+      }
     };
     if (args.async_save) {
       // Publish a finished background save at the start of the next iteration (all ranks agree
