@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -25,7 +26,9 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/datasets/data_samplers.h"
+#include "megatron/training/gpt_pipeline.h"
 #include "megatron/training/gpt_trainable.h"
+#include "megatron/training/param_dump.h"
 #include "megatron/training/tensorboard/summary_writer.h"
 #include "megatron/training/training.h"
 #include "megatron/training/training_log.h"
@@ -82,18 +85,12 @@ BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_r
 // Rejects the parallel layouts pretrain_gpt does not run yet, naming the flag (never a silent
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
-  if (args.pipeline_model_parallel_size > 1)
-    user_error("--pipeline-model-parallel-size ", args.pipeline_model_parallel_size,
-               ": pipeline parallelism is not wired into pretrain_gpt yet; use --pipeline-model-parallel-size 1");
   for (const auto& t : args.cp_comm_type) {
     if (args.context_parallel_size > 1 && t != "p2p")
       user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
   }
   if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
     user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
-  if (args.num_layers_per_virtual_pipeline_stage || args.num_virtual_stages_per_pipeline_rank)
-    user_error("--num-layers-per-virtual-pipeline-stage/--num-virtual-stages-per-pipeline-rank: the interleaved "
-               "pipeline schedule is not wired into pretrain_gpt yet; drop the flag");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
@@ -129,32 +126,37 @@ nlohmann::json scheduler_state(const OptimizerParamScheduler& s) {
           {"wd_incr_steps", o.wd_incr_steps}};
 }
 
-// Views of the live model parameters and fp32 optimizer state (TrainingState's tensors are
-// views: load writes into them, save reads them). Optimizer param i is model parameter i.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt, bool with_optim) {
-  TrainingState st;
-  const int64_t num_layers = model.config().num_layers;
-  auto params = model.parameters();
-  MEGATRON_CHECK(params.size() == opt.params().size()) << params.size() << " vs " << opt.params().size();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto pieces = parameter_sharded_tensors(params[i], num_layers);
-    const bool adam = opt.exp_avg(i).defined();
-    for (auto& piece : pieces) {
-      if (with_optim) {
-        // The piece is a view into the parameter: take the same element range of the
-        // (flat) optimizer tensors.
-        const auto* base = static_cast<const char*>(params[i].data.data_ptr());
-        const auto* at = static_cast<const char*>(piece.data.data_ptr());
-        const int64_t off = (at - base) / static_cast<int64_t>(dtype_size(params[i].data.dtype()));
-        const Shape shape = piece.data.shape();
-        add_optimizer_state(st, piece, opt.main_param(i).flat_slice(off, shape),
-                            adam ? opt.exp_avg(i).flat_slice(off, shape) : Tensor(),
-                            adam ? opt.exp_avg_sq(i).flat_slice(off, shape) : Tensor());
-      }
-      st.model.push_back(std::move(piece));
-    }
+// ---- Checkpointing glue (megatron/training/checkpointing.h) ----
+// This rank's position for the checkpoint (DP = the dp-cp group: every rank holding the same
+// model piece).
+ParallelRanks checkpoint_ranks() {
+  namespace ps = parallel_state;
+  ParallelRanks r;
+  r.tp_rank = ps::get_tensor_model_parallel_rank();
+  r.tp_size = ps::get_tensor_model_parallel_world_size();
+  r.pp_rank = ps::get_pipeline_model_parallel_rank();
+  r.pp_size = ps::get_pipeline_model_parallel_world_size();
+  r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
+  r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
+  return r;
+}
+
+// Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
+// them), in global coordinates whatever the layout.
+TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
+                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
+  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
+                                   with_optim);
+}
+
+// Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
+// separate fp32 main params (bf16/fp16 models) start from the loaded weights.
+void reload_main_params(optimizer::MegatronOptimizer& opt) {
+  const auto& ops = opt.params();
+  for (size_t j = 0; j < ops.size(); ++j) {
+    Tensor mp = opt.main_param(j);
+    if (mp.data_ptr() != ops[j].param.data_ptr()) mp.copy_(ops[j].param.to(DType::kFloat32));
   }
-  return st;
 }
 
 int run(int argc, char** argv) {
@@ -187,9 +189,6 @@ int run(int argc, char** argv) {
   }
   validate_args(args);
   check_supported_parallelism(args);
-  if (args.world_size > 1 && (args.save || args.load))
-    user_error("--save/--load: checkpointing is wired for single-process pretrain_gpt runs only so far; "
-               "run with one process, or drop --save/--load");
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
   distributed::InitOptions io;
@@ -201,6 +200,8 @@ int run(int argc, char** argv) {
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);
   pc.context_parallel_size = static_cast<int>(args.context_parallel_size);
+  if (args.virtual_pipeline_model_parallel_size)
+    pc.virtual_pipeline_model_parallel_size = static_cast<int>(*args.virtual_pipeline_model_parallel_size);
   ps::initialize_model_parallel(world, pc);
   const int tp_rank = ps::get_tensor_model_parallel_rank();
   const int pp_rank = ps::get_pipeline_model_parallel_rank();
@@ -216,15 +217,29 @@ int run(int argc, char** argv) {
   say("building GPT model ...");
   const Device device = choose_device(args, say);
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
-  models::gpt::GPTModelParallel par;
-  par.tp_group = ps::get_tensor_model_parallel_group();
-  par.pp_rank = pp_rank;
-  par.cp_group = ps::get_context_parallel_group();
-  par.cp_comm_type = args.cp_comm_type.front();
-  models::gpt::GPTModel model(core_transformer_config_from_args(args), args.padded_vocab_size,
-                              *args.max_position_embeddings, static_cast<uint64_t>(args.seed), device, par);
+  // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
+  // layers split evenly as Megatron's (megatron/training/gpt_pipeline.h).
+  const int pp_size = static_cast<int>(args.pipeline_model_parallel_size);
+  const int vp_size = static_cast<int>(args.virtual_pipeline_model_parallel_size.value_or(1));
+  std::vector<std::unique_ptr<models::gpt::GPTModel>> chunks;
+  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size)) {
+    models::gpt::GPTModelParallel par;
+    par.tp_group = ps::get_tensor_model_parallel_group();
+    par.pp_rank = pp_rank;
+    par.cp_group = ps::get_context_parallel_group();
+    par.cp_comm_type = args.cp_comm_type.front();
+    par.pre_process = c.pre_process;
+    par.post_process = c.post_process;
+    par.layer_offset = c.layer_offset;
+    par.num_layers = c.num_layers;
+    chunks.push_back(std::make_unique<models::gpt::GPTModel>(core_transformer_config_from_args(args),
+                                                             args.padded_vocab_size, *args.max_position_embeddings,
+                                                             static_cast<uint64_t>(args.seed), device, par));
+  }
+  models::gpt::GPTModel& model = *chunks.front();
   int64_t nparams = 0;
-  for (auto& p : model.parameters()) nparams += p.data.numel();
+  for (auto& m : chunks)
+    for (auto& p : m->parameters()) nparams += p.data.numel();
   // Megatron prints this on data-parallel rank 0 of every model-parallel rank.
   if (ps::get_data_parallel_rank(true) == 0) {
     std::printf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", tp_rank,
@@ -242,20 +257,34 @@ int run(int argc, char** argv) {
   dc.use_distributed_optimizer = args.use_distributed_optimizer;
   dc.bucket_size = args.ddp_bucket_size;
   dc.calculate_per_token_loss = args.calculate_per_token_loss;
-  distributed::DistributedDataParallel ddp(dc, model.buffers(), model.parameters(), dp_group);
+  dc.shared_embedding_own_bucket = pp_size > 1 && !args.untie_embeddings_and_output_weights;
+  // One DDP per model chunk; with virtual stages only the first chunk is bucketed (Megatron).
+  std::vector<std::unique_ptr<distributed::DistributedDataParallel>> ddps;
+  std::vector<distributed::DistributedDataParallel*> ddp_ptrs;
+  std::vector<optimizer::OptimizerParam> opt_params;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    distributed::DistributedDataParallelConfig cc = dc;
+    if (c > 0) cc.bucket_size = std::numeric_limits<int64_t>::max();  // one bucket
+    ddps.push_back(std::make_unique<distributed::DistributedDataParallel>(cc, chunks[c]->buffers(),
+                                                                          chunks[c]->parameters(), dp_group));
+    ddp_ptrs.push_back(ddps.back().get());
+    auto op = args.use_distributed_optimizer ? distributed::distributed_optimizer_params(*ddps.back())
+                                             : distributed::optimizer_params(chunks[c]->parameters());
+    opt_params.insert(opt_params.end(), op.begin(), op.end());
+  }
+  distributed::DistributedDataParallel& ddp = *ddps.front();
   // Grad norm / zero counts: over the model-parallel group (grads are equal across DP), or with
   // the distributed optimizer over DP x model-parallel (each rank holds disjoint slices);
-  // TP-duplicated parameters count on TP rank 0 only.
-  optimizer::MegatronOptimizer opt(
-      optimizer_config_from_args(args),
-      args.use_distributed_optimizer ? distributed::distributed_optimizer_params(ddp) : trainable.optimizer_params(),
-      args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(), tp_rank);
+  // TP-duplicated parameters count on TP rank 0 only, the tied embedding's copy not at all.
+  optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), std::move(opt_params),
+                                   args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(),
+                                   tp_rank);
   OptimizerParamScheduler sched(scheduler_options_from_args(args));
 
   // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
   // so they resume at consumed_train_samples).
   const CheckpointConfig ckpt_cfg = checkpoint_config_from_args(args);
-  const ParallelRanks ranks;
+  const ParallelRanks ranks = checkpoint_ranks();
   auto optimizer_common = [&opt]() {
     nlohmann::json c = {{"step", opt.step_count()}};
     if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler())) {
@@ -267,8 +296,9 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_load_optim && !args.finetune);
-    loaded = load_checkpoint(st, ckpt_cfg, ranks);
+    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+                                      /*with_optim=*/!args.no_load_optim && !args.finetune);
+    loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
       const auto& c = loaded.optimizer_common;
       if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
@@ -280,15 +310,7 @@ int run(int argc, char** argv) {
       if (loaded.opt_param_scheduler.contains("num_steps"))
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
-    if (loaded.loaded && !loaded.optimizer_loaded) {
-      // Megatron's optimizer.reload_model_params(): separate fp32 main params (bf16/fp16) start
-      // from the loaded weights, not from the initialization they were copied from.
-      auto params = model.parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        Tensor mp = opt.main_param(i);
-        if (mp.data_ptr() != params[i].data.data_ptr()) mp.copy_(params[i].data.to(DType::kFloat32));
-      }
-    }
+    if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
     if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
       model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
   }
@@ -365,7 +387,10 @@ int run(int argc, char** argv) {
     hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
     hooks.flush = [&writer] { writer->flush(); };
   }
-  hooks.zero_grad = [&ddp] { ddp.zero_grad_buffer(); };
+  hooks.zero_grad = [&ddp_ptrs, &trainable] {
+    for (auto* d : ddp_ptrs) d->zero_grad_buffer();
+    trainable.begin_step();
+  };
   distributed::FinalizeGroups fg;
   fg.tp_group = ps::get_tensor_model_parallel_group();
   fg.pp_group = ps::get_pipeline_model_parallel_group();
@@ -373,18 +398,44 @@ int run(int argc, char** argv) {
   fg.embedding_group = ps::get_embedding_group();
   fg.sequence_parallel = args.sequence_parallel;
   fg.share_embeddings_and_output_weights = !args.untie_embeddings_and_output_weights;
-  hooks.finalize_model_grads = [&ddp, fg, &args](double num_tokens) {
+  hooks.finalize_model_grads = [&ddp_ptrs, fg, &args](double num_tokens) {
     if (args.calculate_per_token_loss) {
       Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
-      distributed::finalize_model_grads({&ddp}, fg, &n);
+      distributed::finalize_model_grads(ddp_ptrs, fg, &n);
     } else {
-      distributed::finalize_model_grads({&ddp}, fg);
+      distributed::finalize_model_grads(ddp_ptrs, fg);
     }
   };
   if (args.use_distributed_optimizer) {
-    hooks.after_optimizer_step = [&ddp] {
-      ddp.start_param_sync();
-      ddp.finish_param_sync();
+    hooks.after_optimizer_step = [&ddp_ptrs] {
+      for (auto* d : ddp_ptrs) d->start_param_sync();
+      for (auto* d : ddp_ptrs) d->finish_param_sync();
+    };
+  }
+  // --overlap-grad-reduce: backward reports finished parameters to DDP, which launches a
+  // bucket's reduction as soon as the bucket is complete.
+  auto grad_ready_of = [](distributed::DistributedDataParallel* d) {
+    return [d](const std::vector<size_t>& ready) {
+      for (size_t i : ready) d->register_grad_ready(i);
+    };
+  };
+  if (args.overlap_grad_reduce) trainable.set_grad_ready(grad_ready_of(ddp_ptrs.front()), num_microbatches(args));
+  // Pipeline parallelism: the schedule runs the micro-batches (Megatron's forward_backward_func).
+  std::unique_ptr<GPTPipeline> pipeline;
+  if (pp_size > 1) {
+    std::vector<models::gpt::GPTModel*> raw;
+    for (auto& m : chunks) raw.push_back(m.get());
+    const int64_t tp = args.tensor_model_parallel_size;
+    const int64_t s_cp = *args.seq_length / args.context_parallel_size;  // this CP rank's two chunks
+    const int64_t s_local = args.sequence_parallel ? s_cp / tp : s_cp;
+    pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
+                                             Shape{s_local, *args.micro_batch_size, *args.hidden_size},
+                                             model.config().params_dtype, device, num_microbatches(args),
+                                             args.calculate_per_token_loss);
+    if (args.overlap_grad_reduce)
+      for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
+    hooks.forward_backward = [&pipeline](BatchIterator& data, bool forward_only, double loss_scale) {
+      return pipeline->forward_backward(data, forward_only, loss_scale);
     };
   }
   if (cp_size > 1) {
@@ -396,6 +447,7 @@ int run(int argc, char** argv) {
       cp_group->all_reduce(t, distributed::ReduceOp::kSum);
       return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
+    if (pipeline) pipeline->set_microbatch_loss_tokens(hooks.microbatch_loss_tokens);
   }
   if (dp_group->size() > 1) {
     hooks.reduce_loss = [dp_group](LossReport& r) {
@@ -411,7 +463,8 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, /*with_optim=*/!args.no_save_optim);
+      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+                                        /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
       st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
@@ -425,10 +478,20 @@ int run(int argc, char** argv) {
                  {"padded_vocab_size", args.padded_vocab_size}, {"micro_batch_size", *args.micro_batch_size},
                  {"global_batch_size", *args.global_batch_size}, {"seed", args.seed},
                  {"tensor_model_parallel_size", args.tensor_model_parallel_size},
-                 {"pipeline_model_parallel_size", args.pipeline_model_parallel_size}};
-      save_checkpoint(st, ckpt_cfg, ranks);
-      maybe_finalize_async_save(nullptr, /*blocking=*/true);
+                 {"pipeline_model_parallel_size", args.pipeline_model_parallel_size},
+                 {"data_parallel_size", ranks.dp_size},
+                 {"use_distributed_optimizer", args.use_distributed_optimizer}};
+      // --async-save: returns after the snapshot; the write overlaps the next iterations.
+      save_checkpoint(st, ckpt_cfg, ranks, world.get());
     };
+    if (args.async_save) {
+      // Publish a finished background save at the start of the next iteration (all ranks agree
+      // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
+      hooks.zero_grad = [&ddp, w = world.get()] {
+        maybe_finalize_async_save(w, /*blocking=*/false);
+        ddp.zero_grad_buffer();
+      };
+    }
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;
@@ -439,6 +502,13 @@ int run(int argc, char** argv) {
     trainer.state().floating_point_operations_so_far = loaded.num_floating_point_operations_so_far;
   }
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
+  if (const char* dump = std::getenv("MEGATRON_DUMP_PARAMS")) {  // parallel-equivalence tests
+    std::vector<models::gpt::GPTModel*> raw;
+    for (auto& m : chunks) raw.push_back(m.get());
+    dump_parameters(dump, pp_rank, raw, *ps::get_tensor_model_parallel_group(),
+                    tp_rank == 0 && ps::get_data_parallel_rank(true) == 0);
+  }
+  maybe_finalize_async_save(world.get(), /*blocking=*/true);  // a pending --async-save completes before exit
   world->barrier();
   ps::destroy_model_parallel();
   distributed::destroy_process_group();

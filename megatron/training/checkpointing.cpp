@@ -2,6 +2,7 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cinttypes>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/utils/errors.h"
 
@@ -122,7 +124,16 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
 
 std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
                                                      const ParallelRanks& ranks) {
-  if (p.shared) return {};
+  if (p.shared) {
+    // The last stage's copy of the tied word embedding: load-only replica of the embedding.
+    MEGATRON_CHECK(!p.init_key.empty()) << p.name << ": shared parameter without init_key";
+    transformer::Parameter q = p;
+    q.shared = false;
+    q.name = p.init_key;
+    auto out = parameter_sharded_tensors(q, num_layers, ranks);
+    for (auto& t : out) t.replica_id += 1;
+    return out;
+  }
   ParallelRanks r = ranks;
   if (p.partition_dim >= 0) {
     r.tp_rank = p.tp_rank;
@@ -140,6 +151,71 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
     MEGATRON_CHECK(t.global_shape == want) << p.name << ": sharded global shape " << shape_str(t.global_shape)
                                           << " != model global shape " << shape_str(want);
   return out;
+}
+
+TrainingState model_and_optimizer_state(std::vector<transformer::Parameter>& params,
+                                        const optimizer::MegatronOptimizer& opt, int64_t num_layers,
+                                        const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer) {
+  TrainingState st;
+  // Model pieces, each remembered with its element range inside its parameter.
+  struct Piece {
+    size_t model_index;  // into st.model
+    int64_t begin, end;  // element range of the piece inside the parameter's local data
+  };
+  std::vector<std::vector<Piece>> pieces(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    const auto* base = static_cast<const char*>(p.data.data_ptr());
+    const int64_t esz = static_cast<int64_t>(dtype_size(p.data.dtype()));
+    for (auto& t : parameter_sharded_tensors(p, num_layers, ranks)) {
+      const int64_t off = (static_cast<const char*>(t.data.data_ptr()) - base) / esz;
+      MEGATRON_CHECK(off >= 0 && off + t.data.numel() <= p.data.numel()) << p.name << ": piece outside the parameter";
+      pieces[i].push_back({st.model.size(), off, off + t.data.numel()});
+      st.model.push_back(std::move(t));
+    }
+  }
+  if (!with_optimizer) return st;
+  // Optimizer parameter j → the model parameter whose storage holds it (same buffer, by address).
+  std::vector<std::pair<const char*, size_t>> starts;
+  for (size_t i = 0; i < params.size(); ++i) starts.push_back({static_cast<const char*>(params[i].data.data_ptr()), i});
+  std::sort(starts.begin(), starts.end());
+  const auto& ops = opt.params();
+  for (size_t j = 0; j < ops.size(); ++j) {
+    const char* at = static_cast<const char*>(ops[j].param.data_ptr());
+    auto it = std::upper_bound(starts.begin(), starts.end(), std::make_pair(at, params.size()));
+    MEGATRON_CHECK(it != starts.begin()) << ops[j].name << ": optimizer parameter outside every model parameter";
+    const size_t i = std::prev(it)->second;
+    const auto& p = params[i];
+    const int64_t esz = static_cast<int64_t>(dtype_size(p.data.dtype()));
+    MEGATRON_CHECK(ops[j].param.dtype() == p.data.dtype()) << ops[j].name << ": dtype differs from " << p.name;
+    const int64_t ob = (at - static_cast<const char*>(p.data.data_ptr())) / esz;
+    const int64_t oe = ob + ops[j].param.numel();
+    MEGATRON_CHECK(oe <= p.data.numel()) << ops[j].name << ": optimizer range [" << ob << ", " << oe << ") outside "
+                                        << p.name << " (" << p.data.numel() << " elements)";
+    const Tensor& mp = opt.main_param(j);
+    const Tensor& m = opt.exp_avg(j);
+    const Tensor& v = opt.exp_avg_sq(j);
+    auto slice = [](const Tensor& t, int64_t off, const Shape& shape) { return t.defined() ? t.flat_slice(off, shape) : Tensor(); };
+    for (const Piece& pc : pieces[i]) {
+      const int64_t lo = std::max(ob, pc.begin), hi = std::min(oe, pc.end);
+      if (lo >= hi) continue;
+      const ShardedTensor& piece = st.model[pc.model_index];
+      if (!distributed_optimizer) {
+        MEGATRON_CHECK(lo == pc.begin && hi == pc.end) << ops[j].name << ": without the distributed optimizer an "
+                                                       << "optimizer parameter must cover whole parameter pieces";
+        const Shape shape = piece.data.shape();
+        add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape));
+      } else {
+        // Flat range of the piece's box this rank owns; only DP owners write (TP/PP copies and
+        // the tied output-layer copy are replicas).
+        const Shape shape{hi - lo};
+        const int replica = p.shared ? 1 : (p.partition_dim < 0 ? ranks.tp_rank : 0);
+        add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape),
+                            std::make_pair(lo - pc.begin, hi - pc.begin), replica);
+      }
+    }
+  }
+  return st;
 }
 
 void add_optimizer_state(TrainingState& st, const ShardedTensor& piece, const Tensor& main_param, const Tensor& exp_avg,
@@ -204,6 +280,8 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
                {"content_metadata", {{"distrib_optim_sharding_type", "fully_reshardable"},
                                      {"singleton_local_shards", false},
                                      {"chained_optim_avoid_prefix", true}}}};
+  sd.tensors.insert(sd.tensors.end(), st.extra.begin(), st.extra.end());
+  if (!st.extra_common.empty()) sd.common["extra"] = st.extra_common;
   if (!cfg.no_save_optim) {
     sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
     sd.common["optimizer"] = st.optimizer_common;
@@ -286,6 +364,14 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
     sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
+  if (!cfg.finetune && !st.extra.empty()) {
+    const dc::CheckpointIndex idx = dc::load_index(dir);
+    for (const auto& t : st.extra) {
+      if (idx.tensors.count(t.key)) sd.tensors.push_back(t);
+      else if (std::find(res.missing_extra.begin(), res.missing_extra.end(), t.key) == res.missing_extra.end())
+        res.missing_extra.push_back(t.key);
+    }
+  }
   dc::load(sd, dir);
   (void)n_model;  // tensors share storage with st's views: loaded in place
 
@@ -303,6 +389,7 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
     res.optimizer_common = common["optimizer"];
     res.opt_param_scheduler = common.value("opt_param_scheduler", json::object());
   }
+  if (!cfg.finetune && common.contains("extra")) res.extra_common = common["extra"];
   if (want_rng && !sd.objects.empty() && sd.objects[0].loaded) {
     res.rng_loaded = true;
     res.rng_state = sd.objects[0].value;

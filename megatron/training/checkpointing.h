@@ -36,6 +36,9 @@
 namespace megatron::transformer {
 struct Parameter;
 }
+namespace megatron::optimizer {
+class MegatronOptimizer;
+}
 
 namespace megatron::training {
 
@@ -56,7 +59,8 @@ struct CheckpointConfig {
   std::string ckpt_format = "torch_dist";  // --ckpt-format (printed; our on-disk format is always ours)
 };
 
-/// This rank's position (printed in the log lines, RNG state grid).
+/// This rank's position (printed in the log lines, RNG state grid). dp_rank/dp_size: the
+/// data-parallel group with context parallelism (every rank holding the same model piece).
 struct ParallelRanks {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
@@ -82,6 +86,13 @@ struct TrainingState {
   double num_floating_point_operations_so_far = 0.0;
   /// All arguments (flag name → value); stored as common "args".
   nlohmann::json args = nlohmann::json::object();
+  /// Further named state (e.g. FP8 amax history / scales), saved always and loaded unless
+  /// --finetune; a key the checkpoint does not have is left as it is (listed in
+  /// LoadResult::missing_extra), so older checkpoints stay loadable. Build pieces with
+  /// ShardedTensor::from_tensor / from_rank_offsets; give replicas replica_id != 0.
+  std::vector<ShardedTensor> extra;
+  /// Non-tensor extra state, stored as common "extra" (loaded into LoadResult::extra_common).
+  nlohmann::json extra_common = nlohmann::json::object();
 };
 
 /// Result of load_checkpoint.
@@ -98,6 +109,8 @@ struct LoadResult {
   nlohmann::json rng_state;
   nlohmann::json args;             // the checkpoint's arguments
   std::string checkpoint_dir;      // the iter_XXXXXXX directory read
+  std::vector<std::string> missing_extra;  // TrainingState::extra keys the checkpoint lacked
+  nlohmann::json extra_common;     // the checkpoint's "extra" common state (null if none)
 };
 
 /// "<save>/iter_0000100" (Megatron's get_checkpoint_name for the dist format), or
@@ -129,11 +142,33 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
 
 /// ShardedTensors of a GPTModel parameter (megatron/core/transformer/module.h): uses its name,
 /// data, partition_dim / partition_stride (2 = SwiGLU fc1) and tp_rank / tp_size. The tied
-/// output-layer duplicate on the last stage (p.shared) yields nothing (the embedding is saved).
+/// output-layer duplicate on a later pipeline stage (p.shared) yields pieces keyed by its
+/// init_key (the word embedding) with a non-zero replica id: never written, but loaded (as
+/// Megatron's GPTModel.sharded_state_dict does for the tied output layer).
 /// `ranks` gives the TP rank for TP-replicated parameters (replica id = tp_rank) and the DP rank
 /// (dp_rank > 0 marks the pieces as replicas).
 std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
                                                      const ParallelRanks& ranks = {});
+
+/// The checkpoint view of a whole model and its optimizer (what pretrain_gpt saves and loads),
+/// keyed by global names and per-rank ownership so that any TP/PP/DP layout and either optimizer
+/// sharding can read what any other wrote:
+///  * model: parameter_sharded_tensors of every parameter (TP shards at their global offsets,
+///    global layer index in the stacked layer axis, DP copies as replicas; the tied output-layer
+///    copy of a later pipeline stage as a never-written replica of the word embedding, so it is
+///    loaded too);
+///  * optimizer (with_optimizer): fp32 main params and Adam m/v for every optimizer parameter.
+///    opt.params()[j].param must view a model parameter or a contiguous element range of one
+///    (the distributed optimizer's slices, distributed/distributed_optimizer.h). Without the
+///    distributed optimizer the state is a box like the parameter piece (replicated over DP like
+///    it); with it (`distributed_optimizer`) each DP rank writes its own flat element ranges of
+///    the parameters in global coordinates (Megatron's fully-reshardable layout, §8.3), so DP
+///    ranks never write the same element and a load with another DP size, TP/PP size or without
+///    the distributed optimizer reads the overlapping ranges.
+/// Throws InternalError when an optimizer parameter does not lie inside one model parameter.
+TrainingState model_and_optimizer_state(std::vector<transformer::Parameter>& params,
+                                        const optimizer::MegatronOptimizer& opt, int64_t num_layers,
+                                        const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer);
 
 /// Adds the fp32 optimizer state of model tensor piece `model_piece` (same local shape as its
 /// data, or a 1-D flat range when `flattened_range` is given) to st.optimizer, keys

@@ -141,7 +141,17 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   }
   const double loss_scale = optimizer_.get_loss_scale();
   timers_("forward-backward", 1).start();
-  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+  if (hooks_.forward_backward) {
+    std::optional<LossReport> rep = hooks_.forward_backward(train_data, /*forward_only=*/false, loss_scale);
+    if (!rep) user_error("the training data ran out at iteration ", state_.iteration + 1,
+                         "; use more data or fewer --train-iters/--train-samples");
+    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep->loss_sum)) {
+      throw InternalError("found NaN in local forward loss calculation (iteration " +
+                          std::to_string(state_.iteration + 1) + ")");
+    }
+    r.lm_loss = *rep;
+  }
+  for (int64_t mb = 0; mb < (hooks_.forward_backward ? 0 : num_microbatches_); ++mb) {
     timers_("batch-generator", 2).start();
     std::optional<datasets::GPTBatch> batch = train_data();
     timers_("batch-generator", 2).stop();
@@ -202,7 +212,17 @@ std::optional<double> Trainer::evaluate(BatchIterator& data) {
   LossReport total;
   bool any = false;
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
-    for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+    if (hooks_.forward_backward) {
+      std::optional<LossReport> rep = hooks_.forward_backward(data, /*forward_only=*/true, 1.0);
+      if (!rep) {
+        if (hooks_.reduce_loss) hooks_.reduce_loss(total);
+        return any ? std::optional<double>(total.loss_sum / total.num_tokens) : std::nullopt;
+      }
+      total.loss_sum += rep->loss_sum;
+      total.num_tokens += rep->num_tokens;
+      any = true;
+    }
+    for (int64_t mb = 0; mb < (hooks_.forward_backward ? 0 : num_microbatches_); ++mb) {
       std::optional<datasets::GPTBatch> batch = data();
       if (!batch) {
         if (hooks_.reduce_loss) hooks_.reduce_loss(total);

@@ -70,6 +70,12 @@ struct TrainingHooks {
   /// Sums {loss_sum, num_tokens} over the data-parallel group, in place (Megatron's loss_func
   /// all-reduce of the reporting loss): training log and evaluation.
   std::function<void(LossReport&)> reduce_loss;
+  /// Pipeline parallelism (Megatron's forward_backward_func): runs one global batch's
+  /// num_microbatches micro-batches read from `data` through the pipeline schedule, forward
+  /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the §6.8
+  /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
+  /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
+  std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.

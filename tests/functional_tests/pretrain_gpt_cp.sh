@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pretrain_gpt with --context-parallel-size under mpirun: the tiny GPT and a tiny LLaMA (RoPE,
 # RMSNorm, SwiGLU, GQA 4 heads / 2 groups, untied output) on mock data, 4 iterations of global
-# batch 8, as one rank and as CP2, CP2 x TP2, CP2 x DP2 (+ distributed optimizer) and CP4.
+# batch 8, as one rank and as CP2, CP2 x TP2, CP2 x PP2, CP2 x DP2 (+ distributed optimizer) and
+# CP4.
 # Every printed per-iteration lm loss and the validation/test losses must equal the single-rank
 # run within 1e-5 relative (CP changes only fp32 summation order, ~1e-7; the log prints 7
 # significant digits), the grad norm within one printed unit (1e-3). Also: --eod-mask-loss (loss
@@ -64,6 +65,8 @@ compare gpt_cp2 gpt
 grep -q 'context-parallel size: 2' "$LOGDIR/gpt_cp2.log" || fail "gpt_cp2: no 'context-parallel size: 2' line"
 run gpt_cp2tp2 4 -- --context-parallel-size 2 --tensor-model-parallel-size 2
 compare gpt_cp2tp2 gpt
+run gpt_cp2pp2 4 -- --context-parallel-size 2 --pipeline-model-parallel-size 2
+compare gpt_cp2pp2 gpt
 
 run llama 1 -- "${LLAMA[@]}"
 run llama_cp2 2 -- "${LLAMA[@]}" --context-parallel-size 2 --cp-comm-type p2p
@@ -74,6 +77,8 @@ run llama_cp4 4 -- "${LLAMA[@]}" --context-parallel-size 4
 compare llama_cp4 llama
 run llama_cp2dp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --use-distributed-optimizer
 compare llama_cp2dp2 llama
+run llama_cp2pp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --pipeline-model-parallel-size 2 --overlap-grad-reduce
+compare llama_cp2pp2 llama
 
 # Loss masks that differ between CP ranks, per-token loss, document masks and reset positions.
 run eod 1 -- --eod-mask-loss

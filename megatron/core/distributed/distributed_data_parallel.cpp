@@ -32,8 +32,14 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   bucket_of_param_.assign(params_.size(), 0);
   Bucket cur;
   bool open = false;
+  const bool own_bucket = config_.use_distributed_optimizer && config_.shared_embedding_own_bucket;
   for (size_t i : order) {
     auto [s, e] = buffers_.range(i);
+    const bool alone = own_bucket && (params_[i].shared || params_[i].name == "embedding.word_embeddings.weight");
+    if (alone && open) {
+      buckets_.push_back(cur);
+      open = false;
+    }
     if (!open) {
       cur = Bucket{};
       cur.start = s;
@@ -43,7 +49,7 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     cur.end = e;
     cur.params.push_back(i);
     bucket_of_param_[i] = buckets_.size();
-    if (bucket_size && cur.end - cur.start >= *bucket_size) {
+    if (alone || (bucket_size && cur.end - cur.start >= *bucket_size)) {
       buckets_.push_back(cur);
       open = false;
     }

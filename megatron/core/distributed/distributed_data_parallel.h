@@ -37,6 +37,12 @@ struct DistributedDataParallelConfig {
   std::optional<int64_t> bucket_size;      // --ddp-bucket-size (elements)
   bool average_in_collective = false;      // --ddp-average-in-collective: AVG instead of pre-scale + SUM
   bool calculate_per_token_loss = false;   // --calculate-per-token-loss: no 1/DP pre-scale
+  /// Tied embeddings split over pipeline stages (PP > 1): with the distributed optimizer the
+  /// word embedding ("embedding.word_embeddings.weight") and its last-stage copy (`shared`) get
+  /// a bucket of their own, so both stages cut them into the same DP slices and the embedding
+  /// all-reduce after the reduce-scatter adds matching reduced slices (Megatron's
+  /// _does_param_require_new_bucket for shared_embedding params).
+  bool shared_embedding_own_bucket = false;
 };
 
 /// One bucket: a contiguous element range of the buffers and the parameters inside it.

@@ -46,7 +46,8 @@ Tensor TransformerBlock::forward(const Tensor& x, ForwardContext& fc, Transforme
   return h;
 }
 
-Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx) const {
+Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx,
+                                  const std::function<void(size_t)>& layer_done) const {
   Tensor d = final_layernorm_ ? final_layernorm_->backward(dy, ctx.final_layernorm) : dy;
   size_t chunk = ctx.chunks.size();
   for (size_t i = layers_.size(); i-- > 0;) {
@@ -59,6 +60,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx) co
     }
     d = layers_[i]->backward(d, ctx.layers[i]);
     ctx.layers[i] = {};  // release activations as soon as they are used
+    if (layer_done) layer_done(i);
   }
   return d;
 }

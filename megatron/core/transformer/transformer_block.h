@@ -2,6 +2,8 @@
 // layers followed by final_layernorm (on the last pipeline stage).
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <vector>
 
@@ -30,7 +32,10 @@ class TransformerBlock {
   TransformerBlock(ParamRegistry& reg, const TransformerConfig& config, const tensor_parallel::TPContext& tp,
                    int64_t layer_offset, int64_t num_local_layers, bool post_process);
   Tensor forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const;
-  Tensor backward(const Tensor& dy, TransformerBlockCtx& ctx) const;
+  /// `layer_done` (optional) is called with the local layer index as soon as that layer's
+  /// parameter gradients are complete (for --overlap-grad-reduce), last layer first.
+  Tensor backward(const Tensor& dy, TransformerBlockCtx& ctx,
+                  const std::function<void(size_t)>& layer_done = nullptr) const;
   size_t num_layers() const { return layers_.size(); }
 
  private:

@@ -17,7 +17,6 @@ struct GPTModel::State {
   tensor_parallel::LinearCtx output_layer;
   Tensor logits;  // [s, b, V/TP]
   Tensor lse;     // [s*b] float32
-  uint64_t rng_offset = 0;
 };
 
 namespace {
@@ -92,6 +91,23 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
                                                                config_.params_dtype, config_.main_grads_dtype, device_);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
+
+  // Which parameters each backward stage completes (grad-ready hook).
+  layer_params_.assign(static_cast<size_t>(stage_layers), {});
+  const std::string layer_prefix = "decoder.layers.";
+  for (size_t i = 0; i < registry_.params().size(); ++i) {
+    const std::string& n = registry_.params()[i].name;
+    if (n.starts_with(layer_prefix)) {
+      const int64_t global = std::stoll(n.substr(layer_prefix.size()));
+      layer_params_.at(static_cast<size_t>(global - parallel_.layer_offset)).push_back(i);
+    } else if (n.starts_with("decoder.final_layernorm")) {
+      final_norm_params_.push_back(i);
+    } else if (n.starts_with("output_layer")) {
+      output_params_.push_back(i);
+    } else {
+      embedding_params_.push_back(i);
+    }
+  }
 }
 
 GPTModel::~GPTModel() = default;
@@ -131,21 +147,22 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
 
   State& st = *state_;
-  const uint64_t offset = st.rng_offset;
   st = State();
-  st.rng_offset = offset;
   transformer::ForwardContext fc;
   fc.training = training;
   fc.seed = seed_ + 100 * static_cast<uint64_t>(parallel_.pp_rank);
   fc.tp_seed = tensor_parallel::model_parallel_seed(fc.seed, parallel_.tp_group->rank());
-  fc.rng_offset = st.rng_offset;
+  fc.rng_offset = rng_offset_;
   if (batch.attention_mask.defined()) fc.attention_mask = batch.attention_mask.to(device_);
   const int cp = parallel_.cp_group ? parallel_.cp_group->size() : 1;
   if (cp > 1) {  // the batch holds this rank's two chunks (get_batch_on_this_cp_rank)
     fc.cp_group = parallel_.cp_group;
     fc.cp_comm_type = parallel_.cp_comm_type;
+    // Attention sees this rank's whole local sequence (a later stage's input is s/TP with SP).
+    const int64_t s_attn = !parallel_.pre_process && config_.sequence_parallel ? s * parallel_.tp_group->size() : s;
     if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
-      fc.rotary_position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
+      fc.rotary_position_ids =
+          transformer::cp_rank_global_positions(s_attn, b, cp, parallel_.cp_group->rank(), device_);
   }
 
   Tensor h;
@@ -175,7 +192,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     input_tensor_ = Tensor();
   }
   h = decoder_->forward(h, fc, st.decoder);
-  st.rng_offset = fc.rng_offset;
+  rng_offset_ = fc.rng_offset;
   st.has_forward = true;
   if (!parallel_.post_process) return h;
 
@@ -223,22 +240,49 @@ void GPTModel::backward(const Tensor& dloss) {
     Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
     ops::cross_entropy_backward(logits2d, st.labels.view({n}), vocab_start, st.lse, dloss_sb.view({n}), logits2d);
     dh = output_layer_->backward(st.logits, st.output_layer, true);
+    if (grad_ready_hook_ && !output_params_.empty()) grad_ready_hook_(output_params_);
   } else {
     dh = dloss.to(device_);
   }
-  dh = decoder_->backward(dh, st.decoder);
+  std::function<void(size_t)> layer_done;
+  if (grad_ready_hook_) {
+    const size_t last = layer_params_.size() - 1;
+    layer_done = [this, last](size_t i) {
+      std::vector<size_t> ready = layer_params_[i];
+      if (i == last) ready.insert(ready.end(), final_norm_params_.begin(), final_norm_params_.end());
+      grad_ready_hook_(ready);
+    };
+  }
+  dh = decoder_->backward(dh, st.decoder, layer_done);
+  if (grad_ready_hook_ && layer_params_.empty() && !final_norm_params_.empty()) grad_ready_hook_(final_norm_params_);
   if (parallel_.pre_process) {
     embedding_->backward(dh, st.embedding);
+    if (grad_ready_hook_ && !embedding_params_.empty()) grad_ready_hook_(embedding_params_);
     input_tensor_grad_ = Tensor();
   } else {
     input_tensor_grad_ = dh;
   }
-  const uint64_t off = st.rng_offset;
   st = State();  // release the activations
-  st.rng_offset = off;
 }
 
-uint64_t GPTModel::rng_offset() const { return state_->rng_offset; }
-void GPTModel::set_rng_offset(uint64_t offset) { state_->rng_offset = offset; }
+void GPTModel::stash_activations(int64_t key) {
+  MEGATRON_CHECK(state_->has_forward) << "stash_activations(" << key << ") without a forward";
+  MEGATRON_CHECK(!stashed_.count(key)) << "activations of key " << key << " are already stashed";
+  stashed_[key] = std::move(state_);
+  state_ = std::make_unique<State>();
+}
+
+void GPTModel::restore_activations(int64_t key) {
+  auto it = stashed_.find(key);
+  MEGATRON_CHECK(it != stashed_.end()) << "no stashed activations for key " << key;
+  MEGATRON_CHECK(!state_->has_forward) << "restore_activations(" << key << ") over unfinished activations";
+  state_ = std::move(it->second);
+  stashed_.erase(it);
+}
+
+size_t GPTModel::num_stashed_activations() const { return stashed_.size(); }
+
+uint64_t GPTModel::rng_offset() const { return rng_offset_; }
+void GPTModel::set_rng_offset(uint64_t offset) { rng_offset_ = offset; }
 
 }  // namespace megatron::models::gpt

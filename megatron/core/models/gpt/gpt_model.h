@@ -5,9 +5,10 @@
 //
 // No autograd: forward() keeps the activations backward() needs; backward() walks the layers
 // in reverse and ACCUMULATES into every Parameter's main_grad (gradient accumulation over
-// micro-batches; zero_grad() clears). One forward must be followed by its backward before
-// the next forward (single in-flight micro-batch; pipeline schedules keep one model per stage
-// and will get explicit context handles from the pipeline layer).
+// micro-batches; zero_grad() clears). A forward is normally followed by its backward; pipeline
+// schedules keep several micro-batches in flight by parking each forward's activations under a
+// key (stash_activations) and bringing them back before that micro-batch's backward
+// (restore_activations).
 //
 // Mixed precision as Megatron: parameters and activations in config.params_dtype (bfloat16 /
 // float16 emulated by rounding on CPU), main grads in config.main_grads_dtype (float32 default),
@@ -20,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +119,22 @@ class GPTModel {
   /// main_grad = 0 for every parameter (zeros the grad buffer).
   void zero_grad();
 
+  /// Pipeline schedules: parks the activations of the last forward under `key` (e.g. the
+  /// micro-batch id) so another micro-batch can run forward; restore_activations(key) makes
+  /// them current again for that micro-batch's backward. Throws InternalError (MEGATRON_CHECK)
+  /// when `key` is already parked / not parked.
+  void stash_activations(int64_t key);
+  void restore_activations(int64_t key);
+  /// Number of parked micro-batches (0 after a complete pipeline step).
+  size_t num_stashed_activations() const;
+
+  /// Called during backward() with the registration indices (into parameters()) of parameters
+  /// whose gradient of this backward is complete: the output layer, then per decoder layer
+  /// (the final norm with the last layer), then the embedding. DDP's register_grad_ready for
+  /// --overlap-grad-reduce. Empty function = none (default).
+  using GradReadyHook = std::function<void(const std::vector<size_t>& param_indices)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
+
   const TransformerConfig& config() const { return config_; }
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
   Device device() const { return device_; }
@@ -139,7 +158,13 @@ class GPTModel {
   std::unique_ptr<transformer::TransformerBlock> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   std::unique_ptr<distributed::ParamAndGradBuffer> buffers_;
-  std::unique_ptr<State> state_;  // activations of the in-flight micro-batch
+  std::unique_ptr<State> state_;  // activations of the current micro-batch
+  std::map<int64_t, std::unique_ptr<State>> stashed_;
+  uint64_t rng_offset_ = 0;       // dropout stream position
+  GradReadyHook grad_ready_hook_;
+  // Registration indices per local decoder layer, of output layer (+ final norm), of embedding.
+  std::vector<std::vector<size_t>> layer_params_;
+  std::vector<size_t> output_params_, final_norm_params_, embedding_params_;
   Tensor input_tensor_;           // set_input_tensor()
   Tensor input_tensor_grad_;
 };

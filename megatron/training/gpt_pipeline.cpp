@@ -1,0 +1,179 @@
+#include "megatron/training/gpt_pipeline.h"
+
+#include <algorithm>
+
+#include "megatron/core/pipeline_parallel/schedules.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::training {
+
+std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp, int pp_rank, int vp) {
+  MEGATRON_CHECK(pp >= 1 && vp >= 1 && pp_rank >= 0 && pp_rank < pp) << "pp " << pp << " rank " << pp_rank << " vp " << vp;
+  const int64_t stages = static_cast<int64_t>(pp) * vp;
+  if (num_layers % stages != 0)
+    user_error("--num-layers (", num_layers, ") must be divisible by --pipeline-model-parallel-size (", pp,
+               ") x virtual stages per rank (", vp,
+               "); uneven splits (--decoder-first/last-pipeline-num-layers) are not supported");
+  const int64_t per = num_layers / stages;
+  std::vector<PipelineChunk> out;
+  for (int c = 0; c < vp; ++c) {
+    const int64_t stage = static_cast<int64_t>(c) * pp + pp_rank;
+    PipelineChunk ch;
+    ch.layer_offset = stage * per;
+    ch.num_layers = per;
+    ch.pre_process = stage == 0;
+    ch.post_process = stage == stages - 1;
+    out.push_back(ch);
+  }
+  return out;
+}
+
+namespace {
+// Σ(loss·mask), Σ(mask) in fp64 (pretrain_gpt.py loss_func).
+LossReport masked_loss(const Tensor& loss, const Tensor& mask) {
+  const Tensor l = loss.is_cpu() ? loss : loss.to(Device::cpu());
+  const Tensor m = mask.is_cpu() ? mask : mask.to(Device::cpu());
+  MEGATRON_CHECK(l.numel() == m.numel() && l.dtype() == DType::kFloat32 && m.dtype() == DType::kFloat32)
+      << "loss " << l.str() << " mask " << m.str();
+  const float* lp = l.data<float>();
+  const float* mp = m.data<float>();
+  LossReport r;
+  for (int64_t i = 0; i < l.numel(); ++i) {
+    r.loss_sum += static_cast<double>(lp[i]) * static_cast<double>(mp[i]);
+    r.num_tokens += static_cast<double>(mp[i]);
+  }
+  return r;
+}
+}  // namespace
+
+struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_parallel::VirtualPipelineStage {
+  std::vector<models::gpt::GPTModel*> chunks;
+  std::vector<models::gpt::GPTModel::GradReadyHook> grad_ready;
+  std::shared_ptr<distributed::ProcessGroup> pp;
+  Shape shape;
+  DType dtype;
+  Device device;
+  int64_t M;
+  bool per_token;
+  std::unique_ptr<pipeline_parallel::P2PCommunicator> p2p;
+  std::unique_ptr<pipeline_parallel::InterleavedPipeline> interleaved;
+  // Per global batch.
+  std::vector<datasets::GPTBatch> batches;
+  std::vector<LossReport> reports;
+  bool forward_only = false;
+  double loss_scale = 1.0;
+  std::function<double(double)> loss_tokens;  // set_microbatch_loss_tokens
+
+  bool loss_chunk(int c) const {
+    return pp->rank() == pp->size() - 1 && c == static_cast<int>(chunks.size()) - 1;
+  }
+
+  Tensor forward_step(int c, int mb, const Tensor& input) override {
+    models::gpt::GPTModel& m = *chunks[static_cast<size_t>(c)];
+    const datasets::GPTBatch& b = batches[static_cast<size_t>(mb)];
+    if (input.defined()) m.set_input_tensor(input);
+    Tensor out = m.forward(b, /*training=*/!forward_only);
+    if (!forward_only) m.stash_activations(mb);
+    if (!loss_chunk(c)) return out;
+    const LossReport r = masked_loss(out, b.loss_mask);
+    reports[static_cast<size_t>(mb)] = r;
+    // Megatron's loss_func output, divided by the number of micro-batches (reporting only).
+    const double v = per_token ? r.loss_sum : r.loss_sum / std::max(r.num_tokens, 1.0) / static_cast<double>(M);
+    return Tensor::from_vector({static_cast<float>(v)}, {1});
+  }
+
+  Tensor backward_step(int c, int mb, const Tensor& output_grad) override {
+    models::gpt::GPTModel& m = *chunks[static_cast<size_t>(c)];
+    m.restore_activations(mb);
+    // Gradients are final in the last micro-batch's backward (Megatron's no_sync for the others).
+    const auto& hook = grad_ready[static_cast<size_t>(c)];
+    m.set_grad_ready_hook(hook && mb == M - 1 ? hook : nullptr);
+    if (loss_chunk(c)) {
+      const datasets::GPTBatch& b = batches[static_cast<size_t>(mb)];
+      // §6.8: the backward seed of Σ(loss·mask)·k is mask·k.
+      double k = loss_scale;
+      if (!per_token) {
+        const double n = reports[static_cast<size_t>(mb)].num_tokens;
+        k /= (loss_tokens ? loss_tokens(n) : std::max(n, 1.0)) * static_cast<double>(M);
+      }
+      Tensor dloss = b.loss_mask.to(Device::cpu()).clone();
+      float* d = dloss.data<float>();
+      const float kf = static_cast<float>(k);
+      for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= kf;
+      m.backward(dloss);
+    } else {
+      MEGATRON_CHECK(output_grad.defined()) << "chunk " << c << " micro-batch " << mb << ": no output gradient";
+      m.backward(output_grad);
+    }
+    m.set_grad_ready_hook(nullptr);
+    return m.input_tensor_grad();
+  }
+
+  // PipelineStage (one chunk).
+  Tensor forward_step(int mb, const Tensor& input) override { return forward_step(0, mb, input); }
+  Tensor backward_step(int mb, const Tensor& output_grad) override { return backward_step(0, mb, output_grad); }
+};
+
+GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<distributed::ProcessGroup> pp_group,
+                         Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches,
+                         bool calculate_per_token_loss)
+    : impl_(std::make_unique<Impl>()) {
+  MEGATRON_CHECK(!chunks.empty() && pp_group) << "pipeline without chunks or group";
+  Impl& d = *impl_;
+  d.chunks = std::move(chunks);
+  d.grad_ready.resize(d.chunks.size());
+  d.pp = std::move(pp_group);
+  d.shape = std::move(p2p_shape);
+  d.dtype = dtype;
+  d.device = device;
+  d.M = num_microbatches;
+  d.per_token = calculate_per_token_loss;
+  if (d.chunks.size() > 1) {
+    if (num_microbatches < d.pp->size())
+      user_error("the interleaved pipeline schedule needs at least --pipeline-model-parallel-size (", d.pp->size(),
+                 ") micro-batches per global batch (got ", num_microbatches,
+                 "); raise --global-batch-size or drop the virtual pipeline flags");
+    d.interleaved = std::make_unique<pipeline_parallel::InterleavedPipeline>(d.pp, d.shape, dtype, device);
+  } else {
+    d.p2p = std::make_unique<pipeline_parallel::P2PCommunicator>(d.pp, d.shape, dtype, device);
+  }
+}
+
+GPTPipeline::~GPTPipeline() = default;
+
+void GPTPipeline::set_microbatch_loss_tokens(std::function<double(double)> fn) { impl_->loss_tokens = std::move(fn); }
+
+void GPTPipeline::set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyHook hook) {
+  MEGATRON_CHECK(chunk < impl_->grad_ready.size()) << "chunk " << chunk;
+  impl_->grad_ready[chunk] = std::move(hook);
+}
+
+std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, bool forward_only, double loss_scale) {
+  Impl& d = *impl_;
+  d.batches.clear();
+  for (int64_t i = 0; i < d.M; ++i) {
+    std::optional<datasets::GPTBatch> b = data();
+    if (!b) return std::nullopt;
+    d.batches.push_back(std::move(*b));
+  }
+  d.reports.assign(static_cast<size_t>(d.M), LossReport{});
+  d.forward_only = forward_only;
+  d.loss_scale = loss_scale;
+  const int M = static_cast<int>(d.M);
+  if (d.interleaved) {
+    d.interleaved->run(d, M, static_cast<int>(d.chunks.size()), 0, forward_only);
+  } else {
+    pipeline_parallel::forward_backward_pipelining_without_interleaving(d, M, *d.p2p, forward_only);
+  }
+  for (auto* m : d.chunks)
+    MEGATRON_CHECK(m->num_stashed_activations() == 0) << m->num_stashed_activations() << " micro-batches left in flight";
+  LossReport total;
+  for (const auto& r : d.reports) {
+    total.loss_sum += r.loss_sum;
+    total.num_tokens += r.num_tokens;
+  }
+  d.batches.clear();
+  return total;
+}
+
+}  // namespace megatron::training
