@@ -8,7 +8,8 @@
 # significant digits), the grad norm within one printed unit (1e-3). Also: --eod-mask-loss (loss
 # masks that differ between CP ranks: the loss is normalised by the whole sequence's tokens),
 # --calculate-per-token-loss, and --reset-attention-mask/--reset-position-ids (the attention mask
-# sliced along its query dim and used block by block in the ring, learned positions sliced).
+# sliced along its query dim and used block by block in the ring, learned positions sliced),
+# --cp-comm-type a2a, and a checkpoint written by CP2 resumed on one rank.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
@@ -80,6 +81,12 @@ compare llama_cp2dp2 llama
 run llama_cp2pp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --pipeline-model-parallel-size 2 --overlap-grad-reduce
 compare llama_cp2pp2 llama
 
+# --cp-comm-type a2a (all-to-all of heads): the tiny GPT (4 heads) as CP2 and CP2 x TP2.
+run gpt_a2a_cp2 2 -- --context-parallel-size 2 --cp-comm-type a2a
+compare gpt_a2a_cp2 gpt
+run gpt_a2a_cp2tp2 4 -- --context-parallel-size 2 --tensor-model-parallel-size 2 --cp-comm-type a2a
+compare gpt_a2a_cp2tp2 gpt
+
 # Checkpoint from CP2 x distributed optimizer (CP ranks are replicas of the model, the optimizer
 # state is sharded over dp-cp), resumed as one rank: iterations 3 and 4 equal the uninterrupted run.
 run ckpt_cp2 2 -- "${LLAMA[@]}" --context-parallel-size 2 --use-distributed-optimizer --save "$LOGDIR/ckpt" \
@@ -106,11 +113,15 @@ run reset 1 -- --reset-attention-mask --reset-position-ids --eod-mask-loss
 run reset_cp2 2 -- --reset-attention-mask --reset-position-ids --eod-mask-loss --context-parallel-size 2
 compare reset_cp2 reset
 
-# Unsupported: a comm type other than p2p, and a sequence that does not split into 2*CP chunks.
-if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${BASE[@]}" --context-parallel-size 2 --cp-comm-type a2a \
-    >"$LOGDIR/bad.log" 2>&1; then fail "--cp-comm-type a2a was accepted"; fi
-grep -q "^error: --cp-comm-type a2a" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "a2a: no error naming --cp-comm-type"; }
+# Unsupported: allgather, a2a with heads not divisible by CP, and a sequence that does not split into
+# 2*CP chunks.
+if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${BASE[@]}" --context-parallel-size 2 --cp-comm-type allgather \
+    >"$LOGDIR/bad.log" 2>&1; then fail "--cp-comm-type allgather was accepted"; fi
+grep -q "^error: --cp-comm-type allgather" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "allgather: no error naming --cp-comm-type"; }
+if timeout 60 "${MPIRUN[@]}" -np 4 "$BIN/pretrain_gpt" "${BASE[@]}" "${LLAMA[@]}" --context-parallel-size 2 \
+    --tensor-model-parallel-size 2 --cp-comm-type a2a >"$LOGDIR/bad.log" 2>&1; then fail "a2a with 1 group per rank was accepted"; fi
+grep -q "^error: --cp-comm-type a2a" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "a2a groups: no error naming --cp-comm-type"; }
 if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${BASE[@]/32/30}" --context-parallel-size 2 \
     >"$LOGDIR/bad.log" 2>&1; then fail "--seq-length 30 with CP2 was accepted"; fi
 grep -q "^error: --seq-length" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "seq 30: no error naming --seq-length"; }
-echo "--cp-comm-type a2a and --seq-length not divisible by 2*CP: rejected with an error naming the flag"
+echo "--cp-comm-type allgather, a2a with too few heads, --seq-length not divisible by 2*CP: rejected naming the flag"
