@@ -2,7 +2,7 @@
 # pretrain_gpt with --context-parallel-size under mpirun: the tiny GPT and a tiny LLaMA (RoPE,
 # RMSNorm, SwiGLU, GQA 4 heads / 2 groups, untied output) on mock data, 4 iterations of global
 # batch 8, as one rank and as CP2, CP2 x TP2, CP2 x PP2, CP2 x DP2 (+ distributed optimizer) and
-# CP4.
+# CP4 (mpirun: MPI backend; megatron_launch: TCP backend).
 # Every printed per-iteration lm loss and the validation/test losses must equal the single-rank
 # run within 1e-5 relative (CP changes only fp32 summation order, ~1e-7; the log prints 7
 # significant digits), the grad norm within one printed unit (1e-3). Also: --eod-mask-loss (loss
@@ -21,10 +21,14 @@ BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --
 LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --group-query-attention --num-query-groups 2
   --untie-embeddings-and-output-weights --disable-bias-linear)
 
-run() {  # run NAME NP -- EXTRA ARGS   (NP 1 = no mpirun)
+run() {  # run NAME NP -- EXTRA ARGS   (NP 1 = no mpirun; NP "L4" = megatron_launch with 4 processes)
   local name=$1 np=$2; shift 3
   local launch=()
-  [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
+  case $np in
+    L*) launch=("$BIN/megatron_launch" --nproc-per-node "${np#L}" --master-port "$(free_port)") ;;
+    1) ;;
+    *) launch=("${MPIRUN[@]}" -np "$np") ;;
+  esac
   timeout 300 "${launch[@]}" "$BIN/pretrain_gpt" "${BASE[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
     || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
   python3 - "$LOGDIR/$name.log" >"$LOGDIR/$name.sum" <<'PY'
@@ -68,6 +72,8 @@ run gpt_cp2tp2 4 -- --context-parallel-size 2 --tensor-model-parallel-size 2
 compare gpt_cp2tp2 gpt
 run gpt_cp2pp2 4 -- --context-parallel-size 2 --pipeline-model-parallel-size 2
 compare gpt_cp2pp2 gpt
+run gpt_cp4_launch L4 -- --context-parallel-size 4
+compare gpt_cp4_launch gpt
 
 run llama 1 -- "${LLAMA[@]}"
 run llama_cp2 2 -- "${LLAMA[@]}" --context-parallel-size 2 --cp-comm-type p2p
