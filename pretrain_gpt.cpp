@@ -49,8 +49,9 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
 // CUDA device LOCAL_RANK when the CUDA backend is compiled in and a GPU is visible, else the CPU.
 // MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
 // fails with a UserError when none is usable. Any other value is a UserError.
-// Not wired for the GPU yet (the CPU is used, with a note): more than one process (the process
-// groups are CPU backends) and --save/--load (checkpointing reads CPU tensors).
+// Several processes train on the GPU with NCCL (each rank on cuda:LOCAL_RANK, as Megatron).
+// Not wired for the GPU yet (the CPU is used, with a note): --save/--load (checkpointing reads
+// CPU tensors).
 Device choose_device(const Arguments& args, const std::function<void(const std::string&)>& say) {
   const char* want = std::getenv("MEGATRON_DEVICE");
   const std::string w = want ? want : "";
@@ -61,8 +62,7 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   if (w == "cuda" && !have_cuda)
     user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
   if (!have_cuda) return Device::cpu();
-  const char* why = args.world_size > 1 ? "more than one process"
-                    : (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
+  const char* why = (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
   if (why) {
     if (w == "cuda") user_error("MEGATRON_DEVICE=cuda: ", why, " is not supported on the GPU yet; unset MEGATRON_DEVICE");
     say(std::string("note: training on the CPU: ") + why + " is not supported on the GPU yet");
@@ -91,17 +91,28 @@ void check_supported_parallelism(const Arguments& args) {
     if (args.context_parallel_size > 1 && t != args.cp_comm_type.front())
       user_error("--cp-comm-type: one communication type per layer is not supported; give a single value");
   }
-  if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
-    user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
+  const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
+  if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
+    user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
+               ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
 }
 
-// --distributed-backend -> init_process_group backend. pretrain_gpt trains on the CPU here, so
-// "nccl" (Megatron's default) maps to the CPU backend of the launcher: MPI under mpirun/PMI, TCP
-// under torchrun/megatron_launch ("auto"); "gloo" is the TCP backend.
-std::string cpu_backend_for(const std::string& flag) { return flag == "gloo" ? "tcp" : "auto"; }
+// --distributed-backend -> init_process_group backend. On the GPU, "nccl" (Megatron's default) is
+// NCCL over CUDA tensors; "gloo" (CPU tensors only) is refused. On the CPU, "nccl" maps to the CPU
+// backend of the launcher: MPI under mpirun/PMI, TCP under torchrun/megatron_launch ("auto");
+// "gloo" is the TCP backend.
+std::string backend_for(const std::string& flag, const Device& device, int64_t world_size) {
+  if (device.is_cuda() && world_size > 1) {
+    if (flag == "gloo")
+      user_error("--distributed-backend gloo: the gloo/TCP backend moves CPU tensors only; training on the GPU "
+                 "needs --distributed-backend nccl (or MEGATRON_DEVICE=cpu to train on the CPU)");
+    return "nccl";
+  }
+  return flag == "gloo" ? "tcp" : "auto";
+}
 
 CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   CheckpointConfig c;
@@ -145,10 +156,11 @@ ParallelRanks checkpoint_ranks() {
 
 // Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
 // them), in global coordinates whatever the layout.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
-                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
-  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
-                                   with_optim);
+// `params`: every model chunk's parameters of this rank (virtual pipeline stages: all chunks).
+TrainingState training_state(std::vector<transformer::Parameter>& params, int64_t num_layers,
+                             const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
+                             bool distributed_optimizer, bool with_optim) {
+  return model_and_optimizer_state(params, opt, num_layers, ranks, distributed_optimizer, with_optim);
 }
 
 // Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
@@ -193,8 +205,9 @@ int run(int argc, char** argv) {
   check_supported_parallelism(args);
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
+  const Device device = choose_device(args, say);
   distributed::InitOptions io;
-  io.backend = cpu_backend_for(args.distributed_backend);
+  io.backend = backend_for(args.distributed_backend, device, args.world_size);
   io.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
   auto world = distributed::init_process_group(io);
   namespace ps = parallel_state;
@@ -217,7 +230,6 @@ int run(int argc, char** argv) {
 
   // Model, optimizer, scheduler.
   say("building GPT model ...");
-  const Device device = choose_device(args, say);
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
   // layers split evenly as Megatron's (megatron/training/gpt_pipeline.h).
@@ -239,6 +251,8 @@ int run(int argc, char** argv) {
                                                              static_cast<uint64_t>(args.seed), device, par));
   }
   models::gpt::GPTModel& model = *chunks.front();
+  std::vector<transformer::Parameter> all_params;  // views; checkpointing sees every chunk
+  for (auto& m : chunks) all_params.insert(all_params.end(), m->parameters().begin(), m->parameters().end());
   int64_t nparams = 0;
   for (auto& m : chunks)
     for (auto& p : m->parameters()) nparams += p.data.numel();
@@ -298,7 +312,7 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+    TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
@@ -313,8 +327,15 @@ int run(int argc, char** argv) {
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
     if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
-    if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
-      model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
+    if (loaded.loaded && loaded.rng_loaded) {
+      // Dropout stream position of every model chunk (virtual stages: one stream per chunk).
+      const auto& r = loaded.rng_state;
+      if (r.contains("dropout_rng_offsets") && r["dropout_rng_offsets"].size() == chunks.size()) {
+        for (size_t c = 0; c < chunks.size(); ++c) chunks[c]->set_rng_offset(r["dropout_rng_offsets"][c].get<uint64_t>());
+      } else if (r.contains("dropout_rng_offset")) {
+        model.set_rng_offset(r.at("dropout_rng_offset").get<uint64_t>());
+      }
+    }
   }
 
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
@@ -428,7 +449,8 @@ int run(int argc, char** argv) {
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     const int64_t tp = args.tensor_model_parallel_size;
-    const int64_t s_cp = *args.seq_length / args.context_parallel_size;  // this CP rank's two chunks
+    // Activations between stages: this rank's sequence share, [s/(CP*TP if SP), mbs, h].
+    const int64_t s_cp = *args.seq_length / std::max<int64_t>(args.context_parallel_size, 1);
     const int64_t s_local = args.sequence_parallel ? s_cp / tp : s_cp;
     pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
                                              Shape{s_local, *args.micro_batch_size, *args.hidden_size},
@@ -465,11 +487,13 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+      TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
-      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
+      nlohmann::json offsets = nlohmann::json::array();
+      for (const auto& m : chunks) offsets.push_back(m->rng_offset());
+      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}, {"dropout_rng_offsets", offsets}};
       const TrainCounters& c = trainer_ptr->state();
       st.iteration = iteration;
       st.consumed_train_samples = c.consumed_train_samples;
@@ -489,11 +513,18 @@ int run(int argc, char** argv) {
     if (args.async_save) {
       // Publish a finished background save at the start of the next iteration (all ranks agree
       // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
-      hooks.zero_grad = [&ddp, w = world.get()] {
+      hooks.zero_grad = [zero = hooks.zero_grad, w = world.get()] {
         maybe_finalize_async_save(w, /*blocking=*/false);
-        ddp.zero_grad_buffer();
+        zero();
       };
     }
+  }
+  if (world->size() > 1) {
+    hooks.any_rank = [w = world.get()](bool flag) {
+      Tensor t = Tensor::from_vector({flag ? 1.0f : 0.0f}, {1});
+      w->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+      return t.to_float_vector()[0] > 0.5f;
+    };
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;

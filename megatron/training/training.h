@@ -70,6 +70,10 @@ struct TrainingHooks {
   /// Sums {loss_sum, num_tokens} over the data-parallel group, in place (Megatron's loss_func
   /// all-reduce of the reporting loss): training log and evaluation.
   std::function<void(LossReport&)> reduce_loss;
+  /// True on every rank when `flag` is true on any rank (all-reduce MAX over all ranks): the
+  /// SIGTERM and --exit-duration-in-mins exit decisions (Megatron's DistributedSignalHandler and
+  /// its all-reduce of the time check), so all ranks save and stop at the same iteration.
+  std::function<bool(bool flag)> any_rank;
   /// Pipeline parallelism (Megatron's forward_backward_func): runs one global batch's
   /// num_microbatches micro-batches read from `data` through the pipeline schedule, forward
   /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the §6.8

@@ -28,8 +28,8 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
 }
 
 Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const {
-  const int64_t s = x.size(0), b = x.size(1), d = config_.kv_channels;
   Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
+  const int64_t s = qkv.size(0), b = qkv.size(1), d = config_.kv_channels;  // s: full sequence with SP
   ctx.rope_positions = fc.rotary_position_ids;
   const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;
   ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
@@ -72,7 +72,7 @@ Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx&
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, AttentionCtx& ctx) const {
-  const int64_t s = dy.size(0), b = dy.size(1), d = config_.kv_channels;
+  const int64_t s = ctx.q.size(0), b = ctx.q.size(1), d = config_.kv_channels;  // dy: sequence shard with SP
   ctx.params.attention_mask = ctx.mask.defined() ? &ctx.mask : nullptr;
   Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.q.shape());
   Tensor dq = Tensor::empty(ctx.q.shape(), dy.dtype(), dy.device());

@@ -126,6 +126,44 @@ TEST(DistNccl, SplitIntoParallelStateGroups) {
   ps::destroy_model_parallel();
 }
 
+// The training loop's host scalars (loss sums, grad-norm partial sums, token counts) are CPU
+// tensors; the NCCL group stages them through the GPU. Expected values: closed forms of the ranks.
+TEST(DistNccl, HostTensorsAreStagedThroughTheGpu) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  const int n = w->size(), r = w->rank();
+  Tensor d = Tensor::empty({2}, DType::kFloat64);
+  d.data<double>()[0] = 0.5 + r;
+  d.data<double>()[1] = 1e15 * (r + 1);  // beyond fp32 precision: must stay fp64
+  auto work = w->all_reduce(d, ReduceOp::kSum, /*async=*/true);
+  EXPECT_TRUE(work->is_completed());  // staged operations finish before returning
+  EXPECT_EQ(d.data<double>()[0], 0.5 * n + n * (n - 1) / 2.0);
+  EXPECT_EQ(d.data<double>()[1], 1e15 * n * (n + 1) / 2.0);
+  Tensor m = Tensor::from_vector({float(r)}, {1});
+  w->all_reduce(m, ReduceOp::kMax);
+  EXPECT_EQ(m.data<float>()[0], float(n - 1));
+  Tensor b = Tensor::from_vector({float(10 + r)}, {1});
+  w->broadcast(b, 0);
+  EXPECT_EQ(b.data<float>()[0], 10.f);
+  Tensor in = Tensor::from_vector({float(r)}, {1});
+  Tensor out = Tensor::zeros({n}, DType::kFloat32);
+  w->all_gather(in, out);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(out.data<float>()[q], float(q));
+}
+
+// A split into one-rank groups needs no communicator: every rank gets its own single-rank group.
+TEST(DistNccl, SplitIntoSingletonsNeedsNoCommunicator) {
+  SKIP_UNLESS_NCCL();
+  auto w = dist_world();
+  std::vector<std::vector<int>> groups;
+  for (int q = 0; q < w->size(); ++q) groups.push_back({q});
+  auto g = w->split(groups);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_STREQ(g->backend_name(), "single");
+  EXPECT_EQ(g->ranks(), std::vector<int>{w->rank()});
+}
+
 TEST(DistNcclFailure, HungRankEndsTheJob) {
   const char* mode = std::getenv("MEGATRON_TEST_DIST_FAILURE");
   if (!mode) GTEST_SKIP() << "set MEGATRON_TEST_DIST_FAILURE=hang";

@@ -9,6 +9,11 @@
 //   makes the caller's current stream wait for that event (host does not block), exactly like
 //   torch's ProcessGroupNCCL; is_completed() queries the event.
 // * The tensors of in-flight operations are kept alive until their completion event fired.
+// * CPU tensors (the training loop's host scalars: loss sums, token counts, grad-norm partial
+//   sums, found-inf flags) are staged through this rank's GPU: copied in, reduced on the
+//   communicator, copied back, synchronously (the returned Work is already complete). Megatron
+//   keeps those scalars on the GPU; the effect is the same. Large data must be CUDA tensors.
+// * Subgroups whose every member group has one rank need no communicator (identity collectives).
 // * Watchdog: a thread polls in-flight operations; an asynchronous NCCL error or an operation
 //   older than the distributed timeout aborts the communicators and ends the job with a message.
 #if defined(MEGATRON_WITH_NCCL)
@@ -101,6 +106,9 @@ class NcclWatchdog {
   void remove_comm(ncclComm_t c) {
     std::lock_guard<std::mutex> l(mu_);
     comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
+    // Without communicators nothing is in flight: release the kept tensors now (on the caller's
+    // thread), so the watchdog makes no CUDA call while the process exits.
+    if (comms_.empty()) ops_.clear();
   }
   void add_op(std::shared_ptr<NcclOp> op) {
     std::lock_guard<std::mutex> l(mu_);
@@ -128,6 +136,7 @@ class NcclWatchdog {
           }
         }
         auto now = std::chrono::steady_clock::now();
+        if (comms_.empty()) ops_.clear();
         for (auto it = ops_.begin(); fatal.empty() && it != ops_.end();) {
           auto& op = *it;
           cudaSetDevice(op->device);
@@ -164,6 +173,13 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclOp> op_;
 };
 
+// The Work of an operation that already finished on the host (staged CPU tensors).
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
 class NcclGroup final : public ProcessGroup {
  public:
   NcclGroup(ncclComm_t comm, std::vector<int> ranks, int device) : comm_(comm), ranks_(std::move(ranks)), device_(device) {
@@ -176,9 +192,13 @@ class NcclGroup final : public ProcessGroup {
     NcclWatchdog::get().add_comm(comm_);
   }
   ~NcclGroup() override {
-    NcclWatchdog::get().remove_comm(comm_);
     cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    NcclWatchdog::get().remove_comm(comm_);
+    // ncclCommAbort, not ncclCommDestroy: destroy finalizes collectively and must then run in the
+    // same order on every rank, which the order of the last references dropping (data-loader
+    // threads, hooks) does not guarantee; a rank then hung at exit on two H200 (2026-11-29). Our
+    // operations on this communicator are complete (stream synchronized), so abort only frees.
+    ncclCommAbort(comm_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
@@ -188,6 +208,12 @@ class NcclGroup final : public ProcessGroup {
   const char* backend_name() const override { return "nccl"; }
 
   std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op, bool async) override {
+    if (on_host(t)) {
+      Tensor d = to_device(t);
+      all_reduce(d, op, false);
+      t.copy_(d);  // synchronizes the current stream, which waited for the reduction
+      return std::make_unique<DoneWork>();
+    }
     check(t, "all_reduce");
     return launch(describe("all_reduce", t, ranks_, reduce_op_name(op)), {t}, async, [&] {
       NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype(), true), nccl_op(op), comm_, stream_),
@@ -195,6 +221,12 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out, bool async) override {
+    if (on_host(in) && on_host(out)) {
+      Tensor din = to_device(in), dout = to_device(out);
+      all_gather(din, dout, false);
+      out.copy_(dout);
+      return std::make_unique<DoneWork>();
+    }
     check(in, "all_gather");
     check(out, "all_gather");
     if (out.numel() != in.numel() * size_ || out.dtype() != in.dtype())
@@ -204,6 +236,12 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) override {
+    if (on_host(in) && on_host(out)) {
+      Tensor din = to_device(in), dout = to_device(out);
+      reduce_scatter(din, dout, op, false);
+      out.copy_(dout);
+      return std::make_unique<DoneWork>();
+    }
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
     if (in.numel() != out.numel() * size_ || out.dtype() != in.dtype())
@@ -215,6 +253,12 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   std::unique_ptr<Work> broadcast(Tensor& t, int root, bool async) override {
+    if (on_host(t)) {
+      Tensor d = to_device(t);
+      broadcast(d, root, false);
+      t.copy_(d);
+      return std::make_unique<DoneWork>();
+    }
     check(t, "broadcast");
     if (root < 0 || root >= size_) user_error("broadcast: root ", root, " outside group of ", size_);
     return launch(describe("broadcast", t, ranks_), {t}, async, [&] {
@@ -222,6 +266,12 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   std::unique_ptr<Work> send(const Tensor& t, int peer, bool async) override {
+    if (on_host(t)) {
+      Tensor d = to_device(t);
+      send(d, peer, false);
+      CUDA_CHECK(cudaStreamSynchronize(megatron::cuda::current_stream()));
+      return std::make_unique<DoneWork>();
+    }
     check(t, "send");
     check_peer(peer);
     return launch(describe("send", t, ranks_) + " to group rank " + std::to_string(peer), {t}, async, [&] {
@@ -229,6 +279,12 @@ class NcclGroup final : public ProcessGroup {
     });
   }
   std::unique_ptr<Work> recv(Tensor& t, int peer, bool async) override {
+    if (on_host(t)) {
+      Tensor d = to_device(t);
+      recv(d, peer, false);
+      t.copy_(d);
+      return std::make_unique<DoneWork>();
+    }
     check(t, "recv");
     check_peer(peer);
     return launch(describe("recv", t, ranks_) + " from group rank " + std::to_string(peer), {t}, async, [&] {
@@ -264,6 +320,12 @@ class NcclGroup final : public ProcessGroup {
   }
   std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
     const int me = ranks_[rank_];
+    // Every member passes the same list, so every rank takes this branch or none does.
+    if (std::all_of(groups.begin(), groups.end(), [](const std::vector<int>& g) { return g.size() == 1; })) {
+      for (const auto& g : groups)
+        if (g[0] == me) return make_single_rank_group(me);
+      return nullptr;
+    }
     int color = NCCL_SPLIT_NOCOLOR, key = 0;
     std::vector<int> mine;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -281,6 +343,8 @@ class NcclGroup final : public ProcessGroup {
   }
 
  private:
+  static bool on_host(const Tensor& t) { return t.defined() && t.is_cpu(); }
+  Tensor to_device(const Tensor& t) const { return t.to(Device::cuda(device_)); }
   void check(const Tensor& t, const char* op) const {
     if (!t.defined()) user_error("nccl ", op, ": undefined tensor");
     if (!t.is_cuda() || t.device().index != device_)

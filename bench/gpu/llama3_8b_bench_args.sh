@@ -1,0 +1,25 @@
+#!/bin/bash
+# Stand-in for pretrain_gpt (PRETRAIN_GPT=) under examples/llama/train_llama3_8b_h100_fp8.sh that
+# turns the production run into a short benchmark and execs $REAL_PRETRAIN_GPT with:
+#   --train-samples N        -> --train-iters $BENCH_ITERS (default 6), warm-up 1 iteration
+#   --lr-decay-samples/--lr-warmup-samples (dropped; sample-based schedule needs --train-samples)
+#   --global-batch-size 128  -> $BENCH_GBS (default 8)
+#   --eval-iters N           -> 0 (no evaluation)
+#   --save/--load DIR        (dropped: multi-process checkpointing on the GPU is not wired yet)
+#   with BENCH_TP=N: --tensor-model-parallel-size N, and --sequence-parallel dropped (the
+#   model's layers do not run sequence parallelism yet)
+# Every other flag of the script passes unchanged.
+set -u
+out=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --train-samples) out+=(--train-iters "${BENCH_ITERS:-6}" --lr-warmup-iters 1); shift 2 ;;
+    --lr-decay-samples|--lr-warmup-samples|--save|--load) shift 2 ;;
+    --global-batch-size) out+=(--global-batch-size "${BENCH_GBS:-8}"); shift 2 ;;
+    --eval-iters) out+=(--eval-iters 0); shift 2 ;;
+    --tensor-model-parallel-size) out+=("$1" "${BENCH_TP:-$2}"); shift 2 ;;
+    --sequence-parallel) [ -n "${BENCH_TP:-}" ] || out+=("$1"); shift ;;
+    *) out+=("$1"); shift ;;
+  esac
+done
+exec "${REAL_PRETRAIN_GPT:?set REAL_PRETRAIN_GPT to the pretrain_gpt binary}" "${out[@]}"
