@@ -88,8 +88,10 @@ BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_r
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
   for (const auto& t : args.cp_comm_type) {
-    if (args.context_parallel_size > 1 && t != "p2p")
-      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+    if (args.context_parallel_size > 1 && t != "p2p" && t != "a2a")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) and a2a (all-to-all) are implemented");
+    if (args.context_parallel_size > 1 && t != args.cp_comm_type.front())
+      user_error("--cp-comm-type: one communication type per layer is not supported; give a single value");
   }
   const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
   if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)

@@ -168,12 +168,13 @@ GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared
 
 GPTPipeline::~GPTPipeline() = default;
 
+void GPTPipeline::set_microbatch_loss_tokens(std::function<double(double)> fn) { impl_->loss_tokens = std::move(fn); }
+
 void GPTPipeline::set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyHook hook) {
   MEGATRON_CHECK(chunk < impl_->grad_ready.size()) << "chunk " << chunk;
   impl_->grad_ready[chunk] = std::move(hook);
 }
 
-void GPTPipeline::set_microbatch_loss_tokens(std::function<double(double)> fn) { impl_->loss_tokens = std::move(fn); }
 
 std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, bool forward_only, double loss_scale) {
   Impl& d = *impl_;
