@@ -21,6 +21,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
@@ -70,23 +71,28 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
 }
 
-BatchIterator iterator_of(training::GPTDataLoader* loader) {
+// The loader's micro-batches as the model sees them: with context parallelism each rank keeps
+// its two sequence chunks (Megatron's get_batch -> get_batch_on_this_cp_rank).
+BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_rank) {
   if (!loader) return nullptr;
-  return [loader]() -> std::optional<datasets::GPTBatch> {
+  return [loader, cp_size, cp_rank]() -> std::optional<datasets::GPTBatch> {
     datasets::GPTBatch b;
     if (!loader->next(b)) return std::nullopt;
-    return b;
+    return transformer::get_batch_on_this_cp_rank(b, cp_size, cp_rank);
   };
 }
 
 // Rejects the parallel layouts pretrain_gpt does not run yet, naming the flag (never a silent
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
-  if (args.context_parallel_size > 1)
-    user_error("--context-parallel-size ", args.context_parallel_size,
-               ": context-parallel attention is not available yet; use --context-parallel-size 1");
-  if (args.sequence_parallel && args.tensor_model_parallel_size > 1)
-    user_error("--sequence-parallel: the model's layers do not support sequence parallelism yet; drop the flag");
+  for (const auto& t : args.cp_comm_type) {
+    if (args.context_parallel_size > 1 && t != "p2p")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+  }
+  const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
+  if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
+    user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
+               ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
   if (args.expert_model_parallel_size > 1)
     user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
                ": expert parallelism is not available; use --expert-model-parallel-size 1");
@@ -148,10 +154,11 @@ ParallelRanks checkpoint_ranks() {
 
 // Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
 // them), in global coordinates whatever the layout.
-TrainingState training_state(models::gpt::GPTModel& model, const optimizer::MegatronOptimizer& opt,
-                             const ParallelRanks& ranks, bool distributed_optimizer, bool with_optim) {
-  return model_and_optimizer_state(model.parameters(), opt, model.config().num_layers, ranks, distributed_optimizer,
-                                   with_optim);
+// `params`: every model chunk's parameters of this rank (virtual pipeline stages: all chunks).
+TrainingState training_state(std::vector<transformer::Parameter>& params, int64_t num_layers,
+                             const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
+                             bool distributed_optimizer, bool with_optim) {
+  return model_and_optimizer_state(params, opt, num_layers, ranks, distributed_optimizer, with_optim);
 }
 
 // Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
@@ -184,6 +191,8 @@ int run(int argc, char** argv) {
       std::to_string(args.world_size / std::max<int64_t>(1, args.tensor_model_parallel_size *
                                                                  args.pipeline_model_parallel_size *
                                                                  std::max<int64_t>(args.context_parallel_size, 1))) +
+      ", context-parallel size: " + std::to_string(args.context_parallel_size) +
+      ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   std::set<std::string> noted;
@@ -229,6 +238,8 @@ int run(int argc, char** argv) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;
+    par.cp_group = ps::get_context_parallel_group();
+    par.cp_comm_type = args.cp_comm_type.front();
     par.pre_process = c.pre_process;
     par.post_process = c.post_process;
     par.layer_offset = c.layer_offset;
@@ -238,6 +249,8 @@ int run(int argc, char** argv) {
                                                              static_cast<uint64_t>(args.seed), device, par));
   }
   models::gpt::GPTModel& model = *chunks.front();
+  std::vector<transformer::Parameter> all_params;  // views; checkpointing sees every chunk
+  for (auto& m : chunks) all_params.insert(all_params.end(), m->parameters().begin(), m->parameters().end());
   int64_t nparams = 0;
   for (auto& m : chunks)
     for (auto& p : m->parameters()) nparams += p.data.numel();
@@ -250,7 +263,7 @@ int run(int argc, char** argv) {
   world->barrier();
   GPTTrainable trainable(model);
   // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
-  // 1/DP and summed (none with --calculate-per-token-loss), reduce-scattered with
+  // 1/(DP x CP) and summed (none with --calculate-per-token-loss), reduce-scattered with
   // --use-distributed-optimizer.
   distributed::DistributedDataParallelConfig dc;
   dc.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -297,7 +310,7 @@ int run(int argc, char** argv) {
   };
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
-    TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+    TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && loaded.optimizer_loaded) {
@@ -312,8 +325,15 @@ int run(int argc, char** argv) {
         sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
     }
     if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
-    if (loaded.loaded && loaded.rng_loaded && loaded.rng_state.contains("dropout_rng_offset"))
-      model.set_rng_offset(loaded.rng_state.at("dropout_rng_offset").get<uint64_t>());
+    if (loaded.loaded && loaded.rng_loaded) {
+      // Dropout stream position of every model chunk (virtual stages: one stream per chunk).
+      const auto& r = loaded.rng_state;
+      if (r.contains("dropout_rng_offsets") && r["dropout_rng_offsets"].size() == chunks.size()) {
+        for (size_t c = 0; c < chunks.size(); ++c) chunks[c]->set_rng_offset(r["dropout_rng_offsets"][c].get<uint64_t>());
+      } else if (r.contains("dropout_rng_offset")) {
+        model.set_rng_offset(r.at("dropout_rng_offset").get<uint64_t>());
+      }
+    }
   }
 
   // Data (pretrain_gpt.py train_valid_test_datasets_provider).
@@ -371,9 +391,10 @@ int run(int argc, char** argv) {
   auto valid_loader = training::build_pretraining_data_loader(ds[1], lo);
   lo.consumed_samples = 0;
   auto test_loader = training::build_pretraining_data_loader(ds[2], lo);
-  BatchIterator train_it = iterator_of(train_loader.get());
-  BatchIterator valid_it = iterator_of(valid_loader.get());
-  BatchIterator test_it = iterator_of(test_loader.get());
+  const int cp_size = ps::get_context_parallel_world_size(), cp_rank = ps::get_context_parallel_rank();
+  BatchIterator train_it = iterator_of(train_loader.get(), cp_size, cp_rank);
+  BatchIterator valid_it = iterator_of(valid_loader.get(), cp_size, cp_rank);
+  BatchIterator test_it = iterator_of(test_loader.get(), cp_size, cp_rank);
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
 
   std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
@@ -426,7 +447,9 @@ int run(int argc, char** argv) {
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     const int64_t tp = args.tensor_model_parallel_size;
-    const int64_t s_local = args.sequence_parallel ? *args.seq_length / tp : *args.seq_length;
+    // Activations between stages: this rank's sequence share, [s/(CP*TP if SP), mbs, h].
+    const int64_t s_cp = *args.seq_length / std::max<int64_t>(args.context_parallel_size, 1);
+    const int64_t s_local = args.sequence_parallel ? s_cp / tp : s_cp;
     pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
                                              Shape{s_local, *args.micro_batch_size, *args.hidden_size},
                                              model.config().params_dtype, device, num_microbatches(args),
@@ -435,6 +458,16 @@ int run(int argc, char** argv) {
       for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
     hooks.forward_backward = [&pipeline](BatchIterator& data, bool forward_only, double loss_scale) {
       return pipeline->forward_backward(data, forward_only, loss_scale);
+    };
+  }
+  if (cp_size > 1) {
+    // Loss normalisation over the whole sequence: its tokens are spread over the CP ranks.
+    auto cp_group = ps::get_context_parallel_group();
+    hooks.microbatch_loss_tokens = [cp_group, cp_size](double local_tokens) {
+      Tensor t = Tensor::empty({1}, DType::kFloat64);
+      t.data<double>()[0] = local_tokens;
+      cp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
   }
   if (dp_group->size() > 1) {
@@ -451,11 +484,13 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
-      TrainingState st = training_state(model, opt, ranks, args.use_distributed_optimizer,
+      TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
-      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}};
+      nlohmann::json offsets = nlohmann::json::array();
+      for (const auto& m : chunks) offsets.push_back(m->rng_offset());
+      st.rng_state = {{"seed", args.seed}, {"dropout_rng_offset", model.rng_offset()}, {"dropout_rng_offsets", offsets}};
       const TrainCounters& c = trainer_ptr->state();
       st.iteration = iteration;
       st.consumed_train_samples = c.consumed_train_samples;
@@ -475,11 +510,18 @@ int run(int argc, char** argv) {
     if (args.async_save) {
       // Publish a finished background save at the start of the next iteration (all ranks agree
       // that every write is done; Megatron's maybe_finalize_async_save(blocking=False)).
-      hooks.zero_grad = [&ddp, w = world.get()] {
+      hooks.zero_grad = [zero = hooks.zero_grad, w = world.get()] {
         maybe_finalize_async_save(w, /*blocking=*/false);
-        ddp.zero_grad_buffer();
+        zero();
       };
     }
+  }
+  if (world->size() > 1) {
+    hooks.any_rank = [w = world.get()](bool flag) {
+      Tensor t = Tensor::from_vector({flag ? 1.0f : 0.0f}, {1});
+      w->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+      return t.to_float_vector()[0] > 0.5f;
+    };
   }
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;

@@ -371,6 +371,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size);
   b.num("--pipeline-model-parallel-size", a.pipeline_model_parallel_size);
   b.num("--context-parallel-size", a.context_parallel_size);
+  b.strs("--cp-comm-type", a.cp_comm_type);
   b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
   b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
@@ -649,6 +650,14 @@ void validate_args(Arguments& a) {
     user_error("--seq-length (", *a.seq_length, ") must be a multiple of 2 x --context-parallel-size (",
                a.context_parallel_size, ")");
   }
+  // --cp-comm-type: Megatron's choices; one value for all layers or one per layer.
+  if (a.cp_comm_type.empty()) fail("--cp-comm-type: expected at least one argument");
+  for (const auto& t : a.cp_comm_type) {
+    if (t != "p2p" && t != "a2a" && t != "allgather" && t != "a2a+p2p")
+      user_error("--cp-comm-type: invalid choice '", t, "' (choose from p2p, a2a, allgather, a2a+p2p)");
+  }
+  if (a.cp_comm_type.size() != 1 && static_cast<int64_t>(a.cp_comm_type.size()) != *a.num_layers)
+    user_error("--cp-comm-type: give one value or one per layer (", *a.num_layers, "), got ", a.cp_comm_type.size());
   if (*a.max_position_embeddings < *a.seq_length) {
     user_error("--max-position-embeddings (", *a.max_position_embeddings,
                ") must be greater than or equal to --seq-length (", *a.seq_length, ")");

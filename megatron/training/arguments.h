@@ -131,6 +131,7 @@ struct Arguments {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;
+  std::vector<std::string> cp_comm_type = {"p2p"};  // one value, or one per layer
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;

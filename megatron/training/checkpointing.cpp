@@ -153,7 +153,7 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
   return out;
 }
 
-TrainingState model_and_optimizer_state(std::vector<transformer::Parameter>& params,
+TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter>& params,
                                         const optimizer::MegatronOptimizer& opt, int64_t num_layers,
                                         const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer) {
   TrainingState st;

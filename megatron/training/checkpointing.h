@@ -166,7 +166,7 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
 ///    ranks never write the same element and a load with another DP size, TP/PP size or without
 ///    the distributed optimizer reads the overlapping ranges.
 /// Throws InternalError when an optimizer parameter does not lie inside one model parameter.
-TrainingState model_and_optimizer_state(std::vector<transformer::Parameter>& params,
+TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter>& params,
                                         const optimizer::MegatronOptimizer& opt, int64_t num_layers,
                                         const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer);
 

@@ -167,7 +167,11 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     }
     // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
     double c = loss_scale;
-    if (!args_.calculate_per_token_loss) c /= std::max(rep.num_tokens, 1.0) * static_cast<double>(num_microbatches_);
+    if (!args_.calculate_per_token_loss) {
+      const double n = hooks_.microbatch_loss_tokens ? hooks_.microbatch_loss_tokens(rep.num_tokens)
+                                                     : std::max(rep.num_tokens, 1.0);
+      c /= n * static_cast<double>(num_microbatches_);
+    }
     Tensor dloss = batch->loss_mask.clone();
     {
       float* d = dloss.data<float>();
@@ -367,7 +371,8 @@ bool Trainer::checkpoint_and_decide_exit() {
   auto datetime_line = [&](const std::string& what) {
     print("[" + what + "] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
   };
-  if (args_.exit_signal_handler && exit_signal_received()) {
+  auto any_rank = [&](bool flag) { return hooks_.any_rank ? hooks_.any_rank(flag) : flag; };
+  if (args_.exit_signal_handler && any_rank(exit_signal_received())) {
     save();
     datetime_line("exiting program after receiving SIGTERM.");
     return true;
@@ -376,7 +381,7 @@ bool Trainer::checkpoint_and_decide_exit() {
   if (args_.exit_duration_in_mins) {
     const double train_time =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
-    if (train_time > static_cast<double>(*args_.exit_duration_in_mins)) {
+    if (any_rank(train_time > static_cast<double>(*args_.exit_duration_in_mins))) {
       save();
       std::ostringstream os;
       os.precision(17);

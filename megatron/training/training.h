@@ -60,11 +60,20 @@ struct TrainingHooks {
   /// rank's Σ(loss_mask). With --calculate-per-token-loss the hook sums it over DP and scales the
   /// grads by 1/total (the loop then does not scale them itself).
   std::function<void(double num_tokens)> finalize_model_grads;
+  /// Context parallelism: the token count a micro-batch's loss is normalised by, given this
+  /// rank's Σ(loss_mask) (unset = max(that count, 1)). pretrain_gpt returns max(Σ(loss_mask) summed
+  /// over the CP group, 1) / CP: the sequence's tokens are spread over the CP ranks and the DDP
+  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (megatron.md §6.8).
+  std::function<double(double num_tokens)> microbatch_loss_tokens;
   /// After optimizer.step(): the distributed optimizer's parameter all-gather.
   std::function<void()> after_optimizer_step;
   /// Sums {loss_sum, num_tokens} over the data-parallel group, in place (Megatron's loss_func
   /// all-reduce of the reporting loss): training log and evaluation.
   std::function<void(LossReport&)> reduce_loss;
+  /// True on every rank when `flag` is true on any rank (all-reduce MAX over all ranks): the
+  /// SIGTERM and --exit-duration-in-mins exit decisions (Megatron's DistributedSignalHandler and
+  /// its all-reduce of the time check), so all ranks save and stop at the same iteration.
+  std::function<bool(bool flag)> any_rank;
   /// Pipeline parallelism (Megatron's forward_backward_func): runs one global batch's
   /// num_microbatches micro-batches read from `data` through the pipeline schedule, forward
   /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the §6.8

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # pretrain_gpt checkpoint resharding matrix under mpirun (issue 8 items 2, 4, 6): a tiny fp32 GPT
+# (4 layers)
 # on mock data with dropout 0 is trained for 5 iterations under layout A, saving at iteration 2
 # (and 4, 5). Layout B loads iteration 2 (--ckpt-step 2) and trains on. The reference is layout A's
 # own uninterrupted run.
@@ -9,15 +10,16 @@
 #    log prints 7 significant digits (one printed unit at a loss of ~4.5 is 2.2e-7 relative);
 #    a wrongly placed shard or a lost optimizer state moves the loss by >= 1e-3 (the
 #    --no-load-optim run below is the control: its iteration-4 loss must differ by > 1e-3).
-#  * Same layout (TP2, DP2 with the distributed optimizer, and TP2xDP2 with dropout 0.1 so the
-#    per-rank RNG state matters): iterations 3..5 (consumed samples,
+#  * Same layout (TP2, DP2 with the distributed optimizer, PP2xDP2 with it, PP2 with two virtual
+#    stages, and TP2xDP2 with dropout 0.1 so the per-rank RNG state matters): iterations 3..5 (consumed samples,
 #    learning rate, lm loss, grad norm) and the final validation loss must be bitwise identical
 #    as printed.
+#  * --async-save under DP2: same losses as the synchronous run, and its checkpoint resumes exactly.
 #  * --finetune loads the weights only and restarts at iteration 1 / sample 0; --no-load-rng loads.
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
-ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
   --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
   --micro-batch-size 2 --global-batch-size 8 --train-iters 5 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
   --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
@@ -89,13 +91,35 @@ load_run tp2dp2do_to_dp1 tp2dp2do 1 "${ONE[@]}";                cross tp2dp2do_t
 load_run tp2dp2do_to_dp2 tp2dp2do 2 "${ONE[@]}";                cross tp2dp2do_to_dp2 tp2dp2do
 load_run tp1_to_dp2do tp1 2 "${DO[@]}" "${ONE[@]}";             cross tp1_to_dp2do tp1
 
+# Pipeline parallelism (4 layers: 2 per stage at PP2, 1 at PP4; the tied output layer of the last
+# stage is a load-only replica of the word embedding).
+PP2=(--pipeline-model-parallel-size 2)
+save_run tp2pp2 4 "${TP2[@]}" "${PP2[@]}"
+save_run pp2 2 "${PP2[@]}"
+save_run pp2dp2do 4 "${PP2[@]}" "${DO[@]}"
+save_run pp2vp2 2 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2
+load_run tp2pp2_to_tp1 tp2pp2 1 "${ONE[@]}";                    cross tp2pp2_to_tp1 tp2pp2
+load_run pp2_to_pp4 pp2 4 --pipeline-model-parallel-size 4 "${ONE[@]}"; cross pp2_to_pp4 pp2
+load_run pp2_to_dp2do pp2 2 "${DO[@]}" "${ONE[@]}";             cross pp2_to_dp2do pp2
+load_run pp2dp2do_to_tp2pp2 pp2dp2do 4 "${TP2[@]}" "${PP2[@]}" "${ONE[@]}"; cross pp2dp2do_to_tp2pp2 pp2dp2do
+load_run pp2vp2_to_tp2 pp2vp2 2 "${TP2[@]}" "${ONE[@]}";        cross pp2vp2_to_tp2 pp2vp2
+load_run tp1_to_pp2vp2 tp1 2 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 "${ONE[@]}"; cross tp1_to_pp2vp2 tp1
+
 # Same layout, multi-process exact resume.
 load_run dp2do_resume dp2do 2 "${DO[@]}";                       exact dp2do_resume dp2do
 load_run tp2_resume tp2 2 "${TP2[@]}";                          exact tp2_resume tp2
 load_run tp2_norng tp2 2 "${TP2[@]}" --no-load-rng;             exact tp2_norng tp2
+load_run pp2dp2do_resume pp2dp2do 4 "${PP2[@]}" "${DO[@]}";     exact pp2dp2do_resume pp2dp2do
+load_run pp2vp2_resume pp2vp2 2 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2; exact pp2vp2_resume pp2vp2
 DROP=(--attention-dropout 0.1 --hidden-dropout 0.1)
 save_run tp2dp2_drop 4 "${TP2[@]}" "${DROP[@]}"
 load_run tp2dp2_drop_resume tp2dp2_drop 4 "${TP2[@]}" "${DROP[@]}"; exact tp2dp2_drop_resume tp2dp2_drop
+
+# --async-save (snapshot, background write, published at a later iteration): training is not
+# perturbed, every save is published (tracker 5), and its iteration-2 checkpoint resumes exactly.
+save_run dp2do_async 2 "${DO[@]}" --async-save;                 exact dp2do_async dp2do
+[ "$(cat "$LOGDIR/dp2do_async/latest_checkpointed_iteration.txt")" = 5 ] || fail "--async-save: tracker is not 5"
+load_run dp2do_async_resume dp2do_async 2 "${DO[@]}";           exact dp2do_async_resume dp2do
 
 # Control: without the optimizer state iteration 4 must move (the comparison above sees it).
 load_run tp2_nooptim tp2 1 --no-load-optim "${ONE[@]}"
@@ -108,3 +132,23 @@ launch 2 "$LOGDIR/finetune.log" "${DO[@]}" --load "$LOGDIR/tp2dp2do" --finetune 
 grep -qE '\] iteration +1/ +5 \| consumed samples: +8 ' "$LOGDIR/finetune.log" || fail "--finetune did not start at iteration 1"
 grep -q 'successfully loaded checkpoint from .* at iteration 0' "$LOGDIR/finetune.log" || fail "--finetune: no load line"
 echo "OK --no-load-optim (iteration 4: $b vs $a), --finetune, --no-load-rng"
+
+# SIGTERM delivered to one rank only (--exit-signal-handler): the ranks agree (all-reduce of the
+# flag, as Megatron's DistributedSignalHandler), all save the same iteration and exit with 0.
+timeout 180 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${ARGS[@]}" "${DO[@]}" --train-iters 20000 \
+  --save "$LOGDIR/sig" --save-interval 20000 --exit-signal-handler >"$LOGDIR/sig.log" 2>&1 &
+mp=$!
+for _ in $(seq 1200); do grep -q ' iteration        2/' "$LOGDIR/sig.log" && break; sleep 0.1; done
+mpid=$(pgrep -P "$mp" -x mpirun || true)  # $mp is timeout; its child is mpirun, whose children are the ranks
+ranks=($( [ -n "$mpid" ] && pgrep -P "$mpid" -x pretrain_gpt || true))
+if [ "${#ranks[@]}" != 2 ]; then
+  kill -KILL ${ranks[@]+"${ranks[@]}"} $mpid "$mp" 2>/dev/null; wait "$mp"
+  fail "SIGTERM: expected 2 pretrain_gpt children of mpirun, got '${ranks[*]}'"
+fi
+kill -TERM "${ranks[1]}"
+wait "$mp" || { tail -20 "$LOGDIR/sig.log" >&2; fail "SIGTERM to one rank: exit status non-zero"; }
+grep -q 'exiting program after receiving SIGTERM' "$LOGDIR/sig.log" || fail "SIGTERM: no exit line"
+it=$(cat "$LOGDIR/sig/latest_checkpointed_iteration.txt")
+launch 1 "$LOGDIR/sig_load.log" --load "$LOGDIR/sig" --train-iters 20000 --exit-interval $((it + 1))
+grep -q "successfully loaded checkpoint from .* at iteration $it\$" "$LOGDIR/sig_load.log" || fail "SIGTERM checkpoint does not load"
+echo "OK SIGTERM to one rank: both ranks saved iteration $it, which loads"

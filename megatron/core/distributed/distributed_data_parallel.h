@@ -100,7 +100,8 @@ class DistributedDataParallel {
 
 /// Megatron's finalize_model_grads (megatron/core/distributed/finalize_model_grads.py):
 ///  1. finish the DP gradient sync of every model chunk;
-///  2. (sequence parallelism: TP all-reduce of norm grads -- raises UserError, not supported yet);
+///  2. sequence parallelism (TP > 1): all-reduce over `tp_group` of the grads of every parameter
+///     marked `sequence_parallel` (the norm weights/biases);
 ///  3. all-reduce the word-embedding grad ("embedding.word_embeddings.weight" on the first stage,
 ///     the `shared` output weight on the last) over `embedding_group` (tied embeddings, PP > 1;
 ///     skipped when the group is null or of size 1);

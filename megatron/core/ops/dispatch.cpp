@@ -147,6 +147,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   MEGATRON_DISPATCH(dout, attention_backward, dout, q, k, v, out, lse, p, dq, dk, dv);
 }
 
+void attention_merge_(Tensor& acc_out, Tensor& acc_lse, const Tensor& part_out, const Tensor& part_lse) {
+  MEGATRON_DISPATCH(acc_out, attention_merge_, acc_out, acc_lse, part_out, part_lse);
+}
+
 void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& row_max, Tensor& row_sumexp, Tensor& pred) {
   MEGATRON_DISPATCH(logits, cross_entropy_stats, logits, labels, vocab_start, row_max, row_sumexp, pred);
 }

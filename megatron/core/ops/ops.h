@@ -155,9 +155,23 @@ struct AttentionParams {
 /// lse float32 [b, np, s] = log-sum-exp of the scaled, masked scores (for backward).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out,
                        Tensor& lse);
-/// dq, dk, dv overwritten.
+/// dq, dk, dv overwritten. The probabilities are recomputed from `lse` and the softmax
+/// correction term is D = rowsum(dout * out) (FlashAttention-2's backward), so a call on a
+/// subset of the keys, given the final out/lse over all keys, returns exactly that subset's
+/// dk/dv and its contribution to dq (ring attention sums these over key blocks).
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv);
+
+/// Online-softmax merge of a partial attention result into an accumulator (the log-sum-exp
+/// correction of FlashAttention / ring attention, Liu et al. 2023 "Ring Attention with Blockwise
+/// Transformers"): (acc_out, acc_lse) and (part_out, part_lse) are attention over two disjoint
+/// key sets for the same queries; afterwards the accumulator holds attention over their union:
+///   lse' = log(exp(acc_lse) + exp(part_lse)),
+///   acc_out' = acc_out * exp(acc_lse - lse') + part_out * exp(part_lse - lse').
+/// acc_out float32 [s, b, np, d]; part_out [s, b, np, d] any float dtype; acc_lse, part_lse
+/// float32 [b, np, s]. A row whose lse is -inf on both sides (no visible key yet) stays (0, -inf);
+/// start an accumulator with out = 0, lse = -inf.
+void attention_merge_(Tensor& acc_out, Tensor& acc_lse, const Tensor& part_out, const Tensor& part_lse);
 
 // ------------------------------------------------------------------------------------------
 // Cross entropy over a (possibly vocab-parallel) logits shard

@@ -1,6 +1,7 @@
 #include "megatron/core/tensor_parallel/layers.h"
 
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor_parallel/mappings.h"
 
 namespace megatron::tensor_parallel {
 
@@ -45,7 +46,6 @@ ColumnParallelLinear::ColumnParallelLinear(ParamRegistry& reg, const std::string
                                            int64_t output_size, bool bias, float init_std, const TPContext& tp,
                                            int partition_stride, bool skip_weight, bool is_embedding_or_output)
     : in_(input_size), out_local_(output_size / tp.size()), tp_(tp) {
-  MEGATRON_CHECK(!tp.sequence_parallel) << "sequence parallelism is not implemented in ColumnParallelLinear yet";
   if (!skip_weight)
     weight_ = add_param(reg, prefix + ".weight", {output_size, input_size}, 0, partition_stride, tp, InitKind::kNormal,
                         init_std, is_embedding_or_output);
@@ -53,9 +53,11 @@ ColumnParallelLinear::ColumnParallelLinear(ParamRegistry& reg, const std::string
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
-  ctx.input = x;  // identity into the TP region (no SP)
-  Tensor y = Tensor::empty(with_last(x, out_local_), x.dtype(), x.device());
-  ops::linear_forward(x, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
+  // Into the TP region: identity, or with SP the all-gather of the sequence shards.
+  ctx.input = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(x, *tp_.group) : x;
+  const Tensor& xin = ctx.input;
+  Tensor y = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
+  ops::linear_forward(xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
   return y;
 }
 
@@ -64,14 +66,16 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bo
   if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
   ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
                        bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
-  if (need_dx && tp_.size() > 1) tp_.group->all_reduce(dx);
+  if (need_dx && tp_.size() > 1) {
+    if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
+    tp_.group->all_reduce(dx);
+  }
   return dx;
 }
 
 RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& prefix, int64_t input_size,
                                      int64_t output_size, bool bias, float init_std, const TPContext& tp)
     : in_local_(input_size / tp.size()), out_(output_size), tp_(tp) {
-  MEGATRON_CHECK(!tp.sequence_parallel) << "sequence parallelism is not implemented in RowParallelLinear yet";
   weight_ = add_param(reg, prefix + ".weight", {output_size, input_size}, 1, 1, tp, InitKind::kNormal, init_std, false);
   if (bias) bias_ = add_param(reg, prefix + ".bias", {output_size}, -1, 1, tp, InitKind::kZeros, 0.0f, false);
 }
@@ -80,12 +84,20 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = x;
   Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
   ops::linear_forward(x, weight_.data(), nullptr, y);
-  if (tp_.size() > 1) tp_.group->all_reduce(y);
+  if (tp_.size() > 1) {
+    if (tp_.sequence_parallel)
+      y = reduce_scatter_along_first_dim(y, *tp_.group);  // out of the TP region into the sequence shards
+    else
+      tp_.group->all_reduce(y);
+  }
   if (bias_.defined()) ops::bias_add_(y, bias_.data());
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const {
+Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bool need_dx) const {
+  // SP: the all-gather of the output's sequence shards. The bias gradient of the gathered dY is
+  // the TP sum of the shards' bias gradients (Megatron computes per shard, then all-reduces).
+  const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
   Tensor dx;
   if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
   ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),

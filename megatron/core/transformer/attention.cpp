@@ -28,13 +28,15 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
 }
 
 Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const {
-  const int64_t s = x.size(0), b = x.size(1), d = config_.kv_channels;
   Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
+  const int64_t s = qkv.size(0), b = qkv.size(1), d = config_.kv_channels;  // s: full sequence with SP
+  ctx.rope_positions = fc.rotary_position_ids;
+  const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;
   ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
   ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
   ctx.v = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
   if (!q_layernorm_) {
-    ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, rope_, nullptr, ctx.q, ctx.k, ctx.v);
+    ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, rope_, rope_pos, ctx.q, ctx.k, ctx.v);
   } else {
     ops::RopeParams no_rope;
     Tensor q_raw = Tensor::empty(ctx.q.shape(), x.dtype(), x.device());
@@ -43,8 +45,8 @@ Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx&
     ctx.q = q_layernorm_->forward(q_raw, ctx.q_norm);
     ctx.k = k_layernorm_->forward(k_raw, ctx.k_norm);
     if (rope_.enabled) {
-      ops::rope_forward(ctx.q, rope_, nullptr, ctx.q);
-      ops::rope_forward(ctx.k, rope_, nullptr, ctx.k);
+      ops::rope_forward(ctx.q, rope_, rope_pos, ctx.q);
+      ops::rope_forward(ctx.k, rope_, rope_pos, ctx.k);
     }
   }
   ctx.params = {};
@@ -56,26 +58,40 @@ Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx&
   ctx.params.seed = fc.tp_seed;
   ctx.params.offset = ctx.params.dropout_p > 0.0f ? fc.next_offset() : 0;
   ctx.out = Tensor::empty(ctx.q.shape(), x.dtype(), x.device());
-  ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
-  ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.params, ctx.out, ctx.lse);
+  ctx.cp_group = fc.cp_group && fc.cp_group->size() > 1 ? fc.cp_group : nullptr;
+  if (ctx.cp_group) {
+    // Context parallelism: K/V ring over the CP ranks (context_parallel.h).
+    ctx.cp_comm_type = fc.cp_comm_type;
+    context_parallel_attention_forward(ctx.q, ctx.k, ctx.v, ctx.params, *ctx.cp_group, ctx.cp_comm_type, ctx.out,
+                                       ctx.cp);
+  } else {
+    ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
+    ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.params, ctx.out, ctx.lse);
+  }
   return linear_proj_->forward(ctx.out.view({s, b, heads_local_ * d}), ctx.proj);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, AttentionCtx& ctx) const {
-  const int64_t s = dy.size(0), b = dy.size(1), d = config_.kv_channels;
+  const int64_t s = ctx.q.size(0), b = ctx.q.size(1), d = config_.kv_channels;  // dy: sequence shard with SP
   ctx.params.attention_mask = ctx.mask.defined() ? &ctx.mask : nullptr;
   Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.q.shape());
   Tensor dq = Tensor::empty(ctx.q.shape(), dy.dtype(), dy.device());
   Tensor dk = Tensor::empty(ctx.k.shape(), dy.dtype(), dy.device());
   Tensor dv = Tensor::empty(ctx.v.shape(), dy.dtype(), dy.device());
-  ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, ctx.params, dq, dk, dv);
+  if (ctx.cp_group) {
+    context_parallel_attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.params, *ctx.cp_group,
+                                        ctx.cp_comm_type, ctx.cp, dq, dk, dv);
+  } else {
+    ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, ctx.params, dq, dk, dv);
+  }
+  const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;
   Tensor dqkv = Tensor::empty({s, b, groups_local_ * (heads_local_ / groups_local_ + 2) * d}, dy.dtype(), dy.device());
   if (!q_layernorm_) {
-    ops::qkv_split_rope_backward(dq, dk, dv, heads_local_, groups_local_, rope_, nullptr, dqkv);
+    ops::qkv_split_rope_backward(dq, dk, dv, heads_local_, groups_local_, rope_, rope_pos, dqkv);
   } else {
     if (rope_.enabled) {
-      ops::rope_backward(dq, rope_, nullptr, dq);
-      ops::rope_backward(dk, rope_, nullptr, dk);
+      ops::rope_backward(dq, rope_, rope_pos, dq);
+      ops::rope_backward(dk, rope_, rope_pos, dk);
     }
     Tensor dq_raw = q_layernorm_->backward(dq, ctx.q_norm);
     Tensor dk_raw = k_layernorm_->backward(dk, ctx.k_norm);

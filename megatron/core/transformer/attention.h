@@ -11,6 +11,7 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/layers.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/forward_context.h"
 #include "megatron/core/transformer/norm.h"
 
@@ -22,6 +23,11 @@ struct AttentionCtx {
   Tensor q, k, v, out, lse;  // core attention inputs/outputs
   ops::AttentionParams params;
   Tensor mask;  // keeps params.attention_mask alive
+  Tensor rope_positions;  // RoPE positions of the forward (undefined = 0..s-1)
+  // Context parallelism: the CP group of the forward (null = none) and its ring state.
+  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  std::string cp_comm_type;
+  ContextParallelAttnCtx cp;
 };
 
 class SelfAttention {

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
+#include "megatron/core/distributed/process_group.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::transformer {
@@ -20,6 +23,13 @@ struct ForwardContext {
   /// Next dropout stream offset; each dropout call takes one.
   uint64_t rng_offset = 0;
   uint64_t next_offset() { return rng_offset++; }
+  /// Context parallelism (context_parallel.h): the CP group (null or size 1 = none; the
+  /// sequence of this forward is then this rank's two chunks) and --cp-comm-type.
+  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  std::string cp_comm_type = "p2p";
+  /// RoPE positions int64 [s, b]; undefined = 0..s-1. With CP: the global positions of this
+  /// rank's chunks (cp_rank_global_positions).
+  Tensor rotary_position_ids;
 };
 
 }  // namespace megatron::transformer

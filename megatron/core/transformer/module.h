@@ -34,6 +34,10 @@ struct Parameter {
   bool tensor_parallel = false;
   /// Duplicate of the tied embedding on the last pipeline stage (excluded from grad norm).
   bool shared = false;
+  /// --sequence-parallel: used on this rank's 1/TP of the sequence (norm weights), so its
+  /// gradient is a partial sum that finalize_model_grads all-reduces over TP (Megatron's
+  /// `sequence_parallel` parameter attribute).
+  bool sequence_parallel = false;
   /// Shape of the unsharded weight.
   std::vector<int64_t> global_shape;
 

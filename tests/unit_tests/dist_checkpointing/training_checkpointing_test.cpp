@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/transformer/module.h"
 #include "thread_group_util.h"
 
 using namespace megatron;
@@ -222,5 +225,127 @@ TEST(TrainingCheckpointing, SwigluFc1GlobalLayoutAcrossTP) {
     ::testing::internal::GetCapturedStdout();
     EXPECT_EQ(local.to_float_vector(), (std::vector<float>{10.0f + r, 20.0f + r})) << r;
   }
+  fs::remove_all(root);
+}
+
+// model_and_optimizer_state: the distributed optimizer's flat slices are stored in global
+// coordinates, so a save with DP2 slices loads into one rank without the distributed optimizer,
+// and a save without it loads into DP3 slices whose boundaries fall elsewhere. Model: W [4, 3]
+// (decoder layer 0, elements 0..11 of a 15-element buffer) and b [3] (elements 12..14). Expected
+// values are set by hand from the global flat index: W[k] = k, b[k] = 50 + k, exp_avg = 100 + buffer
+// index, exp_avg_sq = 0.5 * buffer index.
+namespace {
+struct SlicedModel {
+  Tensor buf = Tensor::zeros({15}, DType::kFloat32);
+  Tensor grad = Tensor::zeros({15}, DType::kFloat32);
+  std::vector<transformer::Parameter> params;
+  std::unique_ptr<optimizer::MegatronOptimizer> opt;
+  // `slices`: this rank's buffer ranges (the distributed optimizer's), or empty = whole params.
+  explicit SlicedModel(const std::vector<std::pair<int64_t, int64_t>>& slices) {
+    transformer::Parameter w, b;
+    w.name = "decoder.layers.0.mlp.linear_fc2.weight";
+    w.data = buf.flat_slice(0, {4, 3});
+    w.main_grad = grad.flat_slice(0, {4, 3});
+    w.global_shape = {4, 3};
+    b.name = "decoder.layers.0.mlp.linear_fc2.bias";
+    b.data = buf.flat_slice(12, {3});
+    b.main_grad = grad.flat_slice(12, {3});
+    b.global_shape = {3};
+    params = {w, b};
+    std::vector<optimizer::OptimizerParam> ops;
+    auto add = [&](const std::string& name, int64_t lo, int64_t hi, bool matrix) {
+      const Shape s = matrix ? Shape{1, hi - lo} : Shape{hi - lo};
+      ops.push_back({name, buf.flat_slice(lo, s), grad.flat_slice(lo, s)});
+    };
+    if (slices.empty()) {
+      ops.push_back({w.name, w.data, w.main_grad});
+      ops.push_back({b.name, b.data, b.main_grad});
+    } else {
+      for (auto [lo, hi] : slices) {  // split at the W/b boundary (12) as distributed_optimizer_params does
+        if (lo < 12) add(w.name, lo, std::min<int64_t>(hi, 12), true);
+        if (hi > 12) add(b.name, std::max<int64_t>(lo, 12), hi, false);
+      }
+    }
+    opt = std::make_unique<optimizer::MegatronOptimizer>(optimizer::OptimizerConfig{}, ops);
+  }
+  void fill_expected() {
+    float* p = buf.data<float>();
+    for (int k = 0; k < 12; ++k) p[k] = static_cast<float>(k);
+    for (int k = 0; k < 3; ++k) p[12 + k] = 50.0f + k;
+    for (size_t j = 0; j < opt->params().size(); ++j) {
+      const int64_t at = (static_cast<const char*>(opt->params()[j].param.data_ptr()) -
+                          static_cast<const char*>(buf.data_ptr())) / 4;
+      Tensor m = opt->exp_avg(j), v = opt->exp_avg_sq(j);
+      for (int64_t e = 0; e < m.numel(); ++e) {
+        m.data<float>()[e] = 100.0f + static_cast<float>(at + e);
+        v.data<float>()[e] = 0.5f * static_cast<float>(at + e);
+      }
+    }
+  }
+  // Checks this rank's values against the hand-made global values.
+  void expect_expected() {
+    const float* p = buf.data<float>();
+    for (int k = 0; k < 12; ++k) EXPECT_EQ(p[k], static_cast<float>(k)) << "W[" << k << "]";
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(p[12 + k], 50.0f + k) << "b[" << k << "]";
+    for (size_t j = 0; j < opt->params().size(); ++j) {
+      const int64_t at = (static_cast<const char*>(opt->params()[j].param.data_ptr()) -
+                          static_cast<const char*>(buf.data_ptr())) / 4;
+      auto m = opt->exp_avg(j).to_float_vector(), v = opt->exp_avg_sq(j).to_float_vector();
+      for (size_t e = 0; e < m.size(); ++e) {
+        EXPECT_EQ(m[e], 100.0f + static_cast<float>(at + static_cast<int64_t>(e))) << "exp_avg at " << at + e;
+        EXPECT_EQ(v[e], 0.5f * static_cast<float>(at + static_cast<int64_t>(e))) << "exp_avg_sq at " << at + e;
+      }
+    }
+  }
+};
+}  // namespace
+
+TEST(TrainingCheckpointing, DistributedOptimizerStateReshardsAcrossDP) {
+  std::string root = tmp_dir("distopt");
+  CheckpointConfig cfg;
+  cfg.save = cfg.load = root;
+  ::testing::internal::CaptureStdout();
+  // DP2 with the distributed optimizer: rank 0 owns buffer [0, 8), rank 1 [8, 15).
+  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+    SlicedModel m(r == 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, 8}} : std::vector<std::pair<int64_t, int64_t>>{{8, 15}});
+    m.fill_expected();
+    ParallelRanks pr{0, 1, 0, 1, r, 2};
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, pr, /*distributed_optimizer=*/true, true);
+    st.iteration = 7;
+    save_checkpoint(st, cfg, pr, &g);
+  });
+  // ... loads into one rank without the distributed optimizer.
+  {
+    SlicedModel m({});
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, {}, false, true);
+    LoadResult r = load_checkpoint(st, cfg, {});
+    EXPECT_TRUE(r.optimizer_loaded);
+    m.expect_expected();
+    // and saves again (iteration 8) without it ...
+    m.fill_expected();
+    st.iteration = 8;
+    save_checkpoint(st, cfg, {});
+  }
+  // ... which DP3 slices of 5 elements (boundaries inside W and at b) load.
+  megatron::testing::run_ranks(3, [&](int r, distributed::ProcessGroup& g) {
+    SlicedModel m({{5 * r, 5 * r + 5}});
+    ParallelRanks pr{0, 1, 0, 1, r, 3};
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, pr, true, true);
+    LoadResult res = load_checkpoint(st, cfg, pr, &g);
+    EXPECT_EQ(res.iteration, 8);
+    m.expect_expected();
+  });
+  ::testing::internal::GetCapturedStdout();
+  // The DP2 save wrote every optimizer element exactly once, as flat ranges of the global boxes.
+  dc::CheckpointIndex idx = dc::load_index(root + "/iter_0000007");
+  const auto& e = idx.tensors.at("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight");
+  EXPECT_EQ(e.global_shape, (Shape{1, 4, 3}));
+  ASSERT_EQ(e.shards.size(), 2u);
+  int64_t n = 0;
+  for (const auto& s : e.shards) {
+    ASSERT_TRUE(s.flattened_range.has_value());
+    n += s.flattened_range->second - s.flattened_range->first;
+  }
+  EXPECT_EQ(n, 12);
   fs::remove_all(root);
 }

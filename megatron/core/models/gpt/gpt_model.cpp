@@ -4,6 +4,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/transformer_block.h"
 
 namespace megatron::models::gpt {
@@ -90,6 +91,12 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
                                                                config_.params_dtype, config_.main_grads_dtype, device_);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
+  // --sequence-parallel: the block's norms (not the per-head q/k norms) see 1/TP of the sequence.
+  if (config_.sequence_parallel && config_.tensor_model_parallel_size > 1)
+    for (auto& p : registry_.params())
+      if ((p.name.find("layernorm.") != std::string::npos || p.name.find("layer_norm") != std::string::npos) &&
+          p.name.find("q_layernorm") == std::string::npos && p.name.find("k_layernorm") == std::string::npos)
+        p.sequence_parallel = true;
 
   // Which parameters each backward stage completes (grad-ready hook).
   layer_params_.assign(static_cast<size_t>(stage_layers), {});
@@ -134,7 +141,9 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     MEGATRON_CHECK(batch.tokens.dim() == 2) << "tokens " << batch.tokens.str();
   }
   const int64_t b = parallel_.pre_process ? batch.tokens.size(0) : input_tensor_.size(1);
-  const int64_t s = parallel_.pre_process ? batch.tokens.size(1) : input_tensor_.size(0);
+  // A received activation holds 1/TP of the sequence with --sequence-parallel.
+  const int64_t sp_factor = config_.sequence_parallel ? config_.tensor_model_parallel_size : 1;
+  const int64_t s = parallel_.pre_process ? batch.tokens.size(1) : input_tensor_.size(0) * sp_factor;
   if (parallel_.pre_process) check_ids(batch.tokens, padded_vocab_size_, "token id");
   if (parallel_.post_process) {
     MEGATRON_CHECK(batch.labels.dim() == 2 && batch.labels.size(0) == b && batch.labels.size(1) == s)
@@ -153,6 +162,13 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   fc.tp_seed = tensor_parallel::model_parallel_seed(fc.seed, parallel_.tp_group->rank());
   fc.rng_offset = rng_offset_;
   if (batch.attention_mask.defined()) fc.attention_mask = batch.attention_mask.to(device_);
+  const int cp = parallel_.cp_group ? parallel_.cp_group->size() : 1;
+  if (cp > 1) {  // the batch holds this rank's two chunks (get_batch_on_this_cp_rank)
+    fc.cp_group = parallel_.cp_group;
+    fc.cp_comm_type = parallel_.cp_comm_type;
+    if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
+      fc.rotary_position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
+  }
 
   Tensor h;
   if (parallel_.pre_process) {
@@ -162,16 +178,19 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
       if (batch.position_ids.defined()) {
         check_ids(batch.position_ids, max_sequence_length_, "position id");
         position_ids = to_seq_first(batch.position_ids, device_);
+      } else if (cp > 1) {
+        position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
       } else {
         std::vector<int64_t> pos(static_cast<size_t>(s * b));
         for (int64_t i = 0; i < s * b; ++i) pos[i] = i / b;
         position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
       }
     }
-    // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training).
+    // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training;
+    // with CP the global positions of this rank's chunks, fc.rotary_position_ids).
     h = embedding_->forward(ids, position_ids, fc, st.embedding);
   } else {
-    MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) == s && input_tensor_.size(1) == b &&
+    MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) * sp_factor == s && input_tensor_.size(1) == b &&
                    input_tensor_.size(2) == config_.hidden_size)
         << "input tensor " << input_tensor_.str() << " for batch " << b << " x seq " << s;
     h = input_tensor_;

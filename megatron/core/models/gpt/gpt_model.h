@@ -66,6 +66,12 @@ struct GPTModelParallel {
   /// Pipeline rank: dropout seeds are seed + 100 * pp_rank as in Megatron (init is not
   /// affected: weights are keyed by name).
   int pp_rank = 0;
+  /// Context-parallel group (nullptr or size 1 = none). With CP, forward() takes this rank's
+  /// two sequence chunks (transformer::get_batch_on_this_cp_rank), RoPE uses their global
+  /// positions and attention runs as a K/V ring over the group (context_parallel.h).
+  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  /// --cp-comm-type ("p2p").
+  std::string cp_comm_type = "p2p";
 };
 
 class GPTModel {

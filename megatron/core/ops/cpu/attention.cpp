@@ -163,7 +163,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   MEGATRON_CHECK(dout.numel() == q.numel() && dq.numel() == q.numel() && dk.numel() == k.numel() &&
                  dv.numel() == v.numel())
       << "attention_backward dout " << dout.str() << " dq " << dq.str() << " dk " << dk.str();
-  FloatIn fq(q), fk(k), fv(v), fdo(dout);
+  FloatIn fq(q), fk(k), fv(v), fdo(dout), fo(out);
   FloatOut fdq(dq), fdk(dk), fdv(dv);
   for (int64_t i = 0; i < dk.numel(); ++i) fdk[i] = fdv[i] = 0.0f;
   const float* L = lse.data<float>();
@@ -176,12 +176,20 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     const int64_t bi = bg / dm.ng, g = bg % dm.ng;
     const int64_t blk = kRowBlock * dm.sk;
     std::vector<float> Q(dm.s * dm.d), K(dm.sk * dm.d), V(dm.sk * dm.d), dO(dm.s * dm.d), P(blk), Pd(blk), dP(blk),
-        F(blk, 1.0f), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f);
+        F(blk, 1.0f), dQ(dm.s * dm.d), dK(dm.sk * dm.d, 0.0f), dV(dm.sk * dm.d, 0.0f), O(dm.s * dm.d), D(dm.s);
     gather_head(fk.data(), dm, dm.ng, dm.sk, bi, g, K.data());
     gather_head(fv.data(), dm, dm.ng, dm.sk, bi, g, V.data());
     for (int64_t h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
       gather_head(fq.data(), dm, dm.np, dm.s, bi, h, Q.data());
       gather_head(fdo.data(), dm, dm.np, dm.s, bi, h, dO.data());
+      // D_i = dO_i . O_i = sum_j P_ij dP_ij over ALL keys (also with dropout, since O = (P*F) V):
+      // taken from `out` so that a call on a subset of the keys stays exact (ring attention).
+      gather_head(fo.data(), dm, dm.np, dm.s, bi, h, O.data());
+      for (int64_t i = 0; i < dm.s; ++i) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < dm.d; ++c) acc += static_cast<double>(dO[i * dm.d + c]) * O[i * dm.d + c];
+        D[i] = static_cast<float>(acc);
+      }
       for (int64_t i0 = 0; i0 < dm.s; i0 += kRowBlock) {
         const int64_t i1 = std::min(dm.s, i0 + kRowBlock), kend = key_end(p, dm, i1), rows = i1 - i0;
         probabilities(Q.data(), K.data(), p, dm, bi, i0, i1, kend, P.data(), nullptr, L + (bi * dm.np + h) * dm.s);
@@ -190,17 +198,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         for (int64_t e = 0; e < rows * kend; ++e) Pd[e] = P[e] * F[e];
         gemm_rm(true, false, kend, dm.d, rows, Pd.data(), dO.data() + i0 * dm.d, 1.0f, dV.data());
         gemm_rm(false, true, rows, kend, dm.d, dO.data() + i0 * dm.d, V.data(), 0.0f, dP.data());
-        // dS = P * (dP - rowsum(P * dP)), scaled by softmax_scale for the score -> Q/K chain.
+        // dS = P * (dP - D), scaled by softmax_scale for the score -> Q/K chain.
         for (int64_t r = 0; r < rows; ++r) {
           float* dpr = dP.data() + r * kend;
           const float* pr = P.data() + r * kend;
           const float* fr = F.data() + r * kend;
-          double dsum = 0.0;
-          for (int64_t j = 0; j < kend; ++j) {
-            dpr[j] *= fr[j];
-            dsum += static_cast<double>(pr[j]) * dpr[j];
-          }
-          for (int64_t j = 0; j < kend; ++j) dpr[j] = pr[j] * (dpr[j] - static_cast<float>(dsum)) * p.softmax_scale;
+          const float dsum = D[i0 + r];
+          for (int64_t j = 0; j < kend; ++j) dpr[j] = pr[j] * (dpr[j] * fr[j] - dsum) * p.softmax_scale;
         }
         gemm_rm(false, false, rows, dm.d, kend, dP.data(), K.data(), 0.0f, dQ.data() + i0 * dm.d);
         gemm_rm(true, false, kend, dm.d, rows, dP.data(), Q.data() + i0 * dm.d, 1.0f, dK.data());

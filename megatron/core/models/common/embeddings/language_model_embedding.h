@@ -27,7 +27,8 @@ class LanguageModelEmbedding {
   /// ids, position_ids int64 [s, b] -> [s, b, h].
   Tensor forward(const Tensor& ids, const Tensor& position_ids, transformer::ForwardContext& fc,
                  EmbeddingCtx& ctx) const;
-  /// Accumulates the embedding gradients from dy [s, b, h].
+  /// Accumulates the embedding gradients from dy [s, b, h] ([s/TP, b, h] with --sequence-parallel,
+  /// as forward's output then).
   void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;
   transformer::ParamRef word_embeddings_weight() const { return word_embeddings_->weight(); }
   int64_t vocab_start() const { return word_embeddings_->vocab_start(); }
@@ -36,6 +37,7 @@ class LanguageModelEmbedding {
   const transformer::TransformerConfig& config_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
   transformer::ParamRef position_embeddings_;
+  tensor_parallel::TPContext tp_;
 };
 
 }  // namespace megatron::models::common

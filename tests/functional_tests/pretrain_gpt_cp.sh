@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# pretrain_gpt with --context-parallel-size under mpirun: the tiny GPT and a tiny LLaMA (RoPE,
+# RMSNorm, SwiGLU, GQA 4 heads / 2 groups, untied output) on mock data, 4 iterations of global
+# batch 8, as one rank and as CP2, CP2 x TP2, CP2 x DP2 (+ distributed optimizer) and CP4.
+# Every printed per-iteration lm loss and the validation/test losses must equal the single-rank
+# run within 1e-5 relative (CP changes only fp32 summation order, ~1e-7; the log prints 7
+# significant digits), the grad norm within one printed unit (1e-3). Also: --eod-mask-loss (loss
+# masks that differ between CP ranks: the loss is normalised by the whole sequence's tokens),
+# --calculate-per-token-loss, and --reset-attention-mask/--reset-position-ids (the attention mask
+# sliced along its query dim and used block by block in the ring, learned positions sliced).
+BIN=$1 SRC=$2
+source "$SRC/tests/functional_tests/dist_common.inc"
+BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
+  --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
+  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
+  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
+  --log-interval 1 --eval-interval 2 --eval-iters 1)
+LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --group-query-attention --num-query-groups 2
+  --untie-embeddings-and-output-weights --disable-bias-linear)
+
+run() {  # run NAME NP -- EXTRA ARGS   (NP 1 = no mpirun)
+  local name=$1 np=$2; shift 3
+  local launch=()
+  [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np")
+  timeout 300 "${launch[@]}" "$BIN/pretrain_gpt" "${BASE[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
+    || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
+  python3 - "$LOGDIR/$name.log" >"$LOGDIR/$name.sum" <<'PY'
+import re, sys
+for line in open(sys.argv[1]):
+    m = re.search(r'\] iteration +(\d+)/ +\d+ \| consumed samples: +(\d+) .*global batch size: +(\d+) '
+                  r'.*lm loss: ([0-9.E+-]+) .*grad norm: ([0-9.E+-]+)', line)
+    if m: print('train', *m.groups())
+    m = re.search(r'validation loss at (.*) \| lm loss value: ([0-9.E+-]+)', line)
+    if m: print('valid', m.group(1).replace(' ', '_'), m.group(2))
+PY
+}
+
+compare() {  # compare NAME REF
+  python3 - "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" "$1" <<'PY' || { cat "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" >&2; fail "$1 differs from $2"; }
+import sys
+ref = [l.split() for l in open(sys.argv[1])]
+got = [l.split() for l in open(sys.argv[2])]
+name = sys.argv[3]
+if len(ref) != len(got) or len(ref) < 6:
+    sys.exit(f"{name}: {len(got)} log lines vs {len(ref)} in the single-rank run")
+for r, g in zip(ref, got):
+    for col, (a, b) in enumerate(zip(r, g)):
+        try:
+            x, y = float(a), float(b)
+        except ValueError:
+            if a != b: sys.exit(f"{name}: {g} vs single-rank {r}")
+            continue
+        tol = 1e-3 if (r[0] == 'train' and col == 5) else 1e-5 * abs(x)  # grad norm: printed resolution
+        if abs(x - y) > tol:
+            sys.exit(f"{name}: {g} vs single-rank {r} (tolerance 1e-5 relative)")
+PY
+  echo "$1: per-iteration lm loss, grad norm, consumed samples and validation/test losses equal $2"
+}
+
+run gpt 1 --
+run gpt_cp2 2 -- --context-parallel-size 2
+compare gpt_cp2 gpt
+grep -q 'context-parallel size: 2' "$LOGDIR/gpt_cp2.log" || fail "gpt_cp2: no 'context-parallel size: 2' line"
+run gpt_cp2tp2 4 -- --context-parallel-size 2 --tensor-model-parallel-size 2
+compare gpt_cp2tp2 gpt
+
+run llama 1 -- "${LLAMA[@]}"
+run llama_cp2 2 -- "${LLAMA[@]}" --context-parallel-size 2 --cp-comm-type p2p
+compare llama_cp2 llama
+run llama_cp2tp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --tensor-model-parallel-size 2
+compare llama_cp2tp2 llama
+run llama_cp4 4 -- "${LLAMA[@]}" --context-parallel-size 4
+compare llama_cp4 llama
+run llama_cp2dp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --use-distributed-optimizer
+compare llama_cp2dp2 llama
+
+# Loss masks that differ between CP ranks, per-token loss, document masks and reset positions.
+run eod 1 -- --eod-mask-loss
+run eod_cp2 2 -- --eod-mask-loss --context-parallel-size 2
+compare eod_cp2 eod
+run ptl 1 -- "${LLAMA[@]}" --calculate-per-token-loss
+run ptl_cp2dp2 4 -- "${LLAMA[@]}" --calculate-per-token-loss --context-parallel-size 2
+compare ptl_cp2dp2 ptl
+run reset 1 -- --reset-attention-mask --reset-position-ids --eod-mask-loss
+run reset_cp2 2 -- --reset-attention-mask --reset-position-ids --eod-mask-loss --context-parallel-size 2
+compare reset_cp2 reset
+
+# Unsupported: a comm type other than p2p, and a sequence that does not split into 2*CP chunks.
+if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${BASE[@]}" --context-parallel-size 2 --cp-comm-type a2a \
+    >"$LOGDIR/bad.log" 2>&1; then fail "--cp-comm-type a2a was accepted"; fi
+grep -q "^error: --cp-comm-type a2a" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "a2a: no error naming --cp-comm-type"; }
+if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${BASE[@]/32/30}" --context-parallel-size 2 \
+    >"$LOGDIR/bad.log" 2>&1; then fail "--seq-length 30 with CP2 was accepted"; fi
+grep -q "^error: --seq-length" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "seq 30: no error naming --seq-length"; }
+echo "--cp-comm-type a2a and --seq-length not divisible by 2*CP: rejected with an error naming the flag"
