@@ -115,13 +115,23 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   if (only.empty() || only == "attention") {
-    bench_attention("llama3-8b", 8192, 1, 32, 8, 128);
-    bench_attention("gpt2-124m", 1024, 64, 12, 12, 64);
+    // cuDNN SDPA (backend graph API, cudnn_attention.cpp) and our flash kernels, same inputs
+    setenv("MEGATRON_ATTENTION_BACKEND", "cudnn", 1);
+    bench_attention("cudnn llama3-8b", 8192, 1, 32, 8, 128);
+    bench_attention("cudnn gpt2-124m", 1024, 64, 12, 12, 64);
+    bench_attention("cudnn llama3-8b s=4096", 4096, 1, 32, 8, 128);
+    bench_attention("cudnn gpt2-124m b=8", 1024, 8, 12, 12, 64);
+    setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
+    bench_attention("flash llama3-8b", 8192, 1, 32, 8, 128);
+    bench_attention("flash gpt2-124m", 1024, 64, 12, 12, 64);
+    bench_attention("flash llama3-8b s=4096", 4096, 1, 32, 8, 128);
+    bench_attention("flash gpt2-124m b=8", 1024, 8, 12, 12, 64);
     setenv("MEGATRON_FLASH_SMALL", "1", 1);  // pipelined kernels, 4 warps per block
     bench_attention("v2-4warps llama3-8b", 8192, 1, 32, 8, 128);
     setenv("MEGATRON_FLASH_SMALL", "0", 1);  // pipelined kernels, 8 warps per block
     bench_attention("v2-8warps gpt2-124m", 1024, 64, 12, 12, 64);
     unsetenv("MEGATRON_FLASH_SMALL");
+    unsetenv("MEGATRON_ATTENTION_BACKEND");
   }
   if (only.empty() || only == "gemm") {
     // LLaMA-3-8B layer, 8192 tokens (seq 8192, micro-batch 1): forward y = x w^T, backward
@@ -173,6 +183,25 @@ int main(int argc, char** argv) {
       report_bw("adam_step 268M fp32 + bf16 param", t, n * (4.0 * 4 + 3 * 4 + 2));
       t = time_ms([&] { cu::sum_of_squares(g); });
       report_bw("sum_of_squares 268M fp32", t, n * 4.0);
+    }
+    {  // LLaMA-3-8B QKV split + RoPE (32 heads, 8 groups, d 128, base 500000) and GPT-2's LayerNorm bwd
+      Tensor qkv = rnd({T, 1, 6144}, DType::kBFloat16), q = rnd({T, 1, 32, 128}, DType::kBFloat16),
+             k = rnd({T, 1, 8, 128}, DType::kBFloat16), v = rnd({T, 1, 8, 128}, DType::kBFloat16);
+      ops::RopeParams rp;
+      rp.enabled = true;
+      rp.base = 500000.0f;
+      float t = time_ms([&] { cu::qkv_split_rope_forward(qkv, 32, 8, rp, nullptr, q, k, v); });
+      report_bw("qkv_split_rope fwd 8192x6144 bf16", t, 2.0 * T * 6144 * 2);
+      t = time_ms([&] { cu::qkv_split_rope_backward(q, k, v, 32, 8, rp, nullptr, qkv); });
+      report_bw("qkv_split_rope bwd 8192x6144 bf16", t, 2.0 * T * 6144 * 2);
+      const int64_t R = 65536, C = 768;
+      Tensor x = rnd({R, C}, DType::kBFloat16), y = rnd({R, C}, DType::kBFloat16), dx = rnd({R, C}, DType::kBFloat16);
+      Tensor g = rnd({C}, DType::kFloat32), b = rnd({C}, DType::kFloat32), dg = rnd({C}, DType::kFloat32),
+             db = rnd({C}, DType::kFloat32), mean = Tensor::empty({R}, DType::kFloat32, Device::cuda()),
+             rs = Tensor::empty({R}, DType::kFloat32, Device::cuda());
+      cu::layernorm_forward(x, g, b, 1e-5f, false, y, mean, rs);
+      t = time_ms([&] { cu::layernorm_backward(y, x, g, mean, rs, false, dx, dg, db, true); });
+      report_bw("layernorm bwd 65536x768 bf16", t, 3.0 * R * C * 2);
     }
     {
       Tensor x = rnd({T, 2 * 14336}, DType::kBFloat16), y = Tensor::empty({T, 14336}, DType::kBFloat16, Device::cuda());

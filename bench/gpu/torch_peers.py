@@ -77,6 +77,8 @@ def main():
     if only in ("", "attention"):
         attention("llama3-8b", 8192, 1, 32, 8, 128)
         attention("gpt2-124m", 1024, 64, 12, 12, 64)
+        attention("llama3-8b s=4096", 4096, 1, 32, 8, 128)
+        attention("gpt2-124m b=8", 1024, 8, 12, 12, 64)
     if only in ("", "gemm"):
         T, H, QKV, FF = 8192, 4096, 6144, 14336
         gemm("qkv fwd", T, QKV, H, False, True)

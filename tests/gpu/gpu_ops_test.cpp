@@ -5,7 +5,8 @@
 // ||got - ref|| / ||ref|| <= 1e-5 for float32 outputs computed from float32 inputs, <= 1e-2 for
 // bfloat16 outputs (bf16 has an 8-bit mantissa: rounding alone gives ~2e-3) and for results of
 // bf16 tensor-core arithmetic (attention rounds P and dS to bf16 like FlashAttention does).
-// Usage: gpu_ops_test [--seed N] [--small]   (--small: tiny shapes, for compute-sanitizer)
+// Usage: gpu_ops_test [--seed N] [--small] [--only GROUP,...]   (--small: tiny shapes, for
+// compute-sanitizer; --only: run the named groups, e.g. attention,elementwise)
 // Exit status 0 iff every check passed.
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,8 @@
 
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/cudnn_attention.h"
+#include "megatron/core/ops/cuda/fused_optimizer.h"
 #include "megatron/core/tensor/tensor.h"
 
 using namespace megatron;
@@ -28,6 +31,7 @@ using VD = std::vector<double>;
 namespace {
 std::mt19937_64 g_rng;
 bool g_small = false;
+std::string g_only;  // --only a,b: run only these groups
 int g_fail = 0, g_total = 0;
 
 V randn(int64_t n, float scale = 1.0f) {
@@ -137,6 +141,14 @@ void test_elementwise() {
     Tensor t = dev(x, {n}, dt);
     double got = cu::sum_of_squares(t);
     check(std::string("sum_of_squares ") + dn(dt), {(float)got}, {ss}, 1e-6);
+    {  // several tensors (odd sizes, an empty one, unaligned views), one synchronization
+      V y = rounded(randn(n / 3 + 5), dt);
+      double ssy = 0;
+      for (float v : y) ssy += (double)v * v;
+      Tensor ty = dev(y, {(int64_t)y.size()}, dt), te = Tensor::empty({0}, dt, Device::cuda());
+      double many = cu::sum_of_squares_many({t, te, ty});
+      check(std::string("sum_of_squares_many ") + dn(dt), {(float)many}, {ss + ssy}, 1e-6);
+    }
     check_true(std::string("count_zeros ") + dn(dt), cu::count_zeros(t) == zeros,
                std::to_string(cu::count_zeros(t)) + " vs " + std::to_string(zeros));
     check_true(std::string("has_inf_or_nan clean ") + dn(dt), !cu::has_inf_or_nan(t));
@@ -503,11 +515,17 @@ void test_attention() {
                                                         {96, 160, 2, 2, 2, 128, false, false},
                                                         {130, 130, 1, 4, 1, 64, false, true},
                                                         {256, 256, 1, 4, 4, 128, true, false}};
-  // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple
-  for (int impl : {2, 3, 1})
+  // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple;
+  // 0: cuDNN SDPA (MEGATRON_ATTENTION_BACKEND=cudnn; not for explicit masks); 4: cuDNN forward,
+  // our backward from cuDNN's out and lse (the lse contract that ring attention relies on).
+  const bool have_cudnn = cu::cudnn_sdpa::available();
+  check_true("cuDNN SDPA available", have_cudnn, cu::cudnn_sdpa::last_error());
+  for (int impl : {0, 4, 2, 3, 1})
   for (auto cs : cases) {
+    if ((impl == 0 || impl == 4) && (cs.mask || !have_cudnn)) continue;
     setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
     setenv("MEGATRON_FLASH_SMALL", impl == 3 ? "1" : "0", 1);
+    setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 ? "cudnn" : "flash", 1);
     const DType dt = DType::kBFloat16;
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
     V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
@@ -535,6 +553,7 @@ void test_attention() {
     V oh = host(O);
     Tensor DO = dev(dout, {S, B, NP, D}, dt);
     Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
+    if (impl == 4) setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
     cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
     // reference
     VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
@@ -586,7 +605,7 @@ void test_attention() {
       }
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
-                  impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
+                  impl == 0 ? " cudnn" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
     check(std::string(nm) + " out", oh, ro, 1e-2);
     check(std::string(nm) + " lse", host(L), rl, 1e-3);
     check(std::string(nm) + " dq", host(DQ), rdq, 1e-2);
@@ -595,10 +614,13 @@ void test_attention() {
   }
   unsetenv("MEGATRON_FLASH_V1");
   unsetenv("MEGATRON_FLASH_SMALL");
+  unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
 void test_adam() {
   const int64_t n = g_small ? 1000 : 100001;
+  // gscale != 1: adam_step_scaled, the clip coefficient applied as the gradient is read
+  for (float gscale : {1.0f, 0.37f})
   for (bool dec : {true, false}) {
     V p = randn(n), g = randn(n, 0.1f), m = randn(n, 0.01f), v = uniform(n, 0.0f, 0.01f);
     ops::AdamParams ap;
@@ -608,7 +630,9 @@ void test_adam() {
     ap.decoupled = dec;
     Tensor P = dev(p, {n}, DType::kFloat32), G = dev(g, {n}, DType::kFloat32), M = dev(m, {n}, DType::kFloat32),
            Vt = dev(v, {n}, DType::kFloat32), MP = poisoned({n}, DType::kBFloat16);
-    cu::adam_step(P, G, M, Vt, ap, &MP);
+    if (gscale == 1.0f) cu::adam_step(P, G, M, Vt, ap, &MP);
+    else cu::adam_step_scaled(P, G, M, Vt, ap, &MP, gscale);
+    for (auto& x : g) x *= gscale;  // the reference clips first (fp32 product, like scale_)
     VD rp(n), rm(n), rv(n), rmp(n);
     const double bc1 = 1 - std::pow((double)ap.beta1, 7.0), bc2 = 1 - std::pow((double)ap.beta2, 7.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -621,7 +645,7 @@ void test_adam() {
       rv[i] = vi;
       rmp[i] = round_bf16((float)rp[i]);
     }
-    std::string nm = dec ? "adam_step adamw" : "adam_step L2";
+    std::string nm = std::string(dec ? "adam_step adamw" : "adam_step L2") + (gscale != 1.0f ? " clip-scaled" : "");
     check(nm + " param", host(P), rp, 1e-5);
     check(nm + " exp_avg", host(M), rm, 1e-5);
     check(nm + " exp_avg_sq", host(Vt), rv, 1e-5);
@@ -704,6 +728,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--small")) g_small = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
   }
   g_rng.seed(seed);
   std::printf("gpu_ops_test seed %llu%s\n", (unsigned long long)seed, g_small ? " (small)" : "");
@@ -712,6 +737,7 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops}};
   for (auto& [name, fn] : groups) {
+    if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {
       fn();
     } catch (const std::exception& e) {

@@ -1,8 +1,12 @@
 #include "megatron/core/optimizer/clip_grads.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/core/ops/ops.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#endif
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::optimizer {
@@ -22,9 +26,10 @@ double all_reduce_scalar(double v, distributed::ProcessGroup* g, distributed::Re
 
 double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   double local = 0.0;
+  std::vector<Tensor> device_grads;  // one fp64 kernel reduction and one host sync for all of them
   for (const auto& g : grads) {
-    if (!g.is_cpu()) {  // device grads: fp64-accumulated kernel reduction
-      local += ops::sum_of_squares(g);
+    if (!g.is_cpu()) {
+      device_grads.push_back(g);
       continue;
     }
     const float* p = f32(g);
@@ -33,6 +38,16 @@ double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::Process
 #pragma omp parallel for reduction(+ : s) schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
     local += s;
+  }
+  if (!device_grads.empty()) {
+#ifdef MEGATRON_WITH_CUDA
+    // One reduction over all CUDA grads with a single host synchronization (per-tensor
+    // sum_of_squares would synchronize once per parameter: 148 times a step for GPT-2).
+    if (std::all_of(device_grads.begin(), device_grads.end(), [](const Tensor& t) { return t.is_cuda(); })) {
+      local += ops::cuda::sum_of_squares_many(device_grads);
+    } else
+#endif
+      for (const auto& g : device_grads) local += ops::sum_of_squares(g);
   }
   return std::sqrt(all_reduce_scalar(local, group, distributed::ReduceOp::kSum));
 }

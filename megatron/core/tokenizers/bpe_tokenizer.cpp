@@ -125,8 +125,7 @@ void BpePipeline::encode_normalized(std::string_view seg, std::vector<int64_t>& 
     for (auto piece : a) pretokenize(spec_.stages[st], piece, b);
     std::swap(a, b);
   }
-  // Copy out: nested calls (none today) must not see our scratch vectors change.
-  for (auto piece : a) spec_.model->encode(piece, out);
+  spec_.model->encode_words(a.data(), a.size(), out);
 }
 
 void BpePipeline::encode_segment(std::string_view seg, std::vector<int64_t>& out) const {

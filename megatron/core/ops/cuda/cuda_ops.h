@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "megatron/core/ops/ops.h"
 
@@ -17,6 +18,10 @@ void fill(Tensor& x, float value);
 void add_(Tensor& y, const Tensor& x, float alpha);
 void scale_(Tensor& x, float alpha);
 double sum_of_squares(const Tensor& x);
+/// Σ of sum_of_squares over CUDA tensors with one host synchronization for the whole list
+/// (the global gradient norm); fp64, deterministic. Not in ops.h: called by
+/// optimizer/clip_grads.cpp for device grads.
+double sum_of_squares_many(const std::vector<Tensor>& xs);
 int64_t count_zeros(const Tensor& x);
 bool has_inf_or_nan(const Tensor& x);
 void transpose01(const Tensor& x, Tensor& y);

@@ -8,6 +8,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/fused_optimizer.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -267,11 +268,15 @@ __global__ void dropout_bwd_kernel(const D* __restrict__ dy, const uint8_t* __re
 template <class M>
 __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                             float* __restrict__ v, M* __restrict__ mp, int64_t n, float lr, float b1, float b2,
-                            float eps, float wd, float bc1, float bc2, bool decoupled, bool vec) {
+                            float eps, float wd, float bc1, float bc2, bool decoupled, bool vec, float gscale) {
   for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
     float pp[8], gg[8], mm[8], vv[8];
     ld8(p, i, n, vec, pp);
     ld8(g, i, n, vec, gg);
+    if (gscale != 1.0f) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) gg[j] *= gscale;  // clip coefficient (same fp32 product as scale_)
+    }
     ld8(m, i, n, vec, mm);
     ld8(v, i, n, vec, vv);
 #pragma unroll
@@ -360,6 +365,40 @@ void scale_(Tensor& x, float alpha) {
 }
 
 double sum_of_squares(const Tensor& x) { return reduce<0>(x, "sum_of_squares"); }
+
+// One stage-1 launch per tensor into one partials buffer, one stage-2 over all partials, one
+// device-to-host copy and synchronization for the whole list.
+double sum_of_squares_many(const std::vector<Tensor>& xs) {
+  std::vector<unsigned> grids(xs.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_cuda(xs[i], "sum_of_squares_many");
+    grids[i] = xs[i].numel() > 0 ? grid8(xs[i].numel()) : 0;
+    total += grids[i];
+  }
+  if (total == 0) return 0.0;
+  cudaStream_t st = megatron::cuda::current_stream();
+  double* buf = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&buf, sizeof(double) * (total + 1), st));
+  int64_t off = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (!grids[i]) continue;
+    const Tensor& x = xs[i];
+    bool vec = aligned16(x.data_ptr());
+    MCU_FLOAT_SWITCH(x.dtype(), T, reduce_stage1<T, 0><<<grids[i], kThreads, 0, st>>>(
+        static_cast<const T*>(x.data_ptr()), x.numel(), vec, buf + off));
+    CUDA_CHECK_LAUNCH();
+    off += grids[i];
+  }
+  MEGATRON_CHECK(total < (1LL << 31)) << "sum_of_squares_many: " << total << " partials";
+  reduce_stage2<<<1, kThreads, 0, st>>>(buf, static_cast<int>(total), buf + total);
+  CUDA_CHECK_LAUNCH();
+  double out = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&out, buf + total, sizeof(double), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaFreeAsync(buf, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  return out;
+}
 int64_t count_zeros(const Tensor& x) { return static_cast<int64_t>(reduce<1>(x, "count_zeros")); }
 bool has_inf_or_nan(const Tensor& x) { return reduce<2>(x, "has_inf_or_nan") > 0.0; }
 
@@ -465,6 +504,11 @@ void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx)
 
 void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,
                Tensor* model_param) {
+  adam_step_scaled(param, grad, exp_avg, exp_avg_sq, p, model_param, 1.0f);
+}
+
+void adam_step_scaled(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,
+                      Tensor* model_param, float gscale) {
   check_cuda(param, "adam_step");
   const int64_t n = param.numel();
   MEGATRON_CHECK(param.dtype() == DType::kFloat32 && grad.dtype() == DType::kFloat32 &&
@@ -484,12 +528,12 @@ void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_a
   auto* V = static_cast<float*>(exp_avg_sq.data_ptr());
   if (!model_param) {
     adam_kernel<float><<<grid8(n), kThreads, 0, st>>>(P, G, Mm, V, nullptr, n, p.lr, p.beta1, p.beta2, p.eps,
-                                                      p.weight_decay, bc1, bc2, p.decoupled, vec);
+                                                      p.weight_decay, bc1, bc2, p.decoupled, vec, gscale);
   } else {
     MCU_FLOAT_SWITCH(model_param->dtype(), T,
                      adam_kernel<T><<<grid8(n), kThreads, 0, st>>>(P, G, Mm, V, static_cast<T*>(model_param->data_ptr()),
                                                                    n, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
-                                                                   bc1, bc2, p.decoupled, vec));
+                                                                   bc1, bc2, p.decoupled, vec, gscale));
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -1,6 +1,9 @@
 // qkv_split_rope forward/backward on CUDA (ops.h): splits Megatron's per-group fused QKV rows
 // into q, k, v and applies rotary embedding (rotate-half or interleaved; partial rotary via
-// rope.percent) with fp32 angles pos * base^(-2i/rot_dim). One thread per output element.
+// rope.percent) with fp32 angles pos * base^(-2i/rot_dim). One thread per 8 channels of a row
+// (rope_vec_kernel) when the shapes allow, else one thread per output element.
+#include <initializer_list>
+
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 
@@ -81,6 +84,75 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
   }
 }
 
+// Vectorized form of rope_kernel: one thread per 8 consecutive channels of one row of qkv
+// (16-byte loads/stores for 16-bit types), 64-bit index arithmetic once per thread instead of
+// per element. Needs d % 8 == 0, rot % 16 == 0 (a chunk never straddles the rotary boundary and
+// the rotate-half partner of a chunk is the chunk rot/2 away) and 16-byte aligned pointers.
+// Same per-element formulas as rope_kernel, so results are identical.
+// Measured on the H200 (LLaMA-3-8B shape, qkv 8192 x 6144 bf16): rope_kernel took 0.78 ms
+// forward and 0.73 ms backward (docs/performance.md); this moves 2 x 100 MB.
+template <class T, bool kBwd>
+__global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_out, T* __restrict__ q,
+                                T* __restrict__ k, T* __restrict__ v, const int64_t* __restrict__ pos_ids, RopeArgs a,
+                                int64_t rows) {
+  const int tpr = static_cast<int>(a.d / 8);
+  const int npg = static_cast<int>(a.np / a.ng), per_group = npg + 2, slots = static_cast<int>(a.ng) * per_group;
+  const int64_t total = rows * tpr;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+    const int c0 = static_cast<int>(t % tpr) * 8;
+    const int64_t row = t / tpr;
+    const int slot = static_cast<int>(row % slots);
+    const int64_t tok = row / slots;  // tok = si * b + bi
+    const int grp = slot / per_group, within = slot % per_group;
+    T* other;
+    int64_t oidx;
+    if (within < npg) {
+      other = q;
+      oidx = (tok * a.np + grp * npg + within) * a.d;
+    } else {
+      other = within == npg ? k : v;
+      oidx = (tok * a.ng + grp) * a.d;
+    }
+    const int64_t qidx = row * a.d;
+    const T* src = kBwd ? other + oidx : qkv_in + qidx;
+    T* dst = kBwd ? qkv_out + qidx : other + oidx;
+    float x[8], y[8];
+    ld8(src, c0, a.d, true, x);
+    if (a.rot > 0 && within <= npg && c0 < a.rot) {
+      const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / a.b);
+      float pv[8];
+      if (a.interleaved) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) pv[j] = x[j ^ 1];
+      } else {
+        const int half = a.rot / 2;
+        ld8(src, c0 < half ? c0 + half : c0 - half, a.d, true, pv);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        int partner, fi;
+        float sign;
+        rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
+        const float inv_freq = 1.0f / powf(a.base, static_cast<float>(2 * fi) / static_cast<float>(a.rot));
+        float sn, cs;
+        sincosf(pos * inv_freq, &sn, &cs);
+        y[j] = kBwd ? x[j] * cs - sign * pv[j] * sn : x[j] * cs + sign * pv[j] * sn;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = x[j];
+    }
+    st8(dst, c0, a.d, true, y);
+  }
+}
+
+bool rope_vec_ok(const RopeArgs& a, std::initializer_list<const void*> ptrs) {
+  if (a.d % 8 != 0 || a.rot % 16 != 0) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
 RopeArgs make_args(const Shape& qkv, int64_t np, int64_t ng, const RopeParams& rope, int64_t d) {
   RopeArgs a{};
   a.s = qkv[0];
@@ -109,6 +181,15 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
   if (total == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   const int64_t* pos = position_ids ? static_cast<const int64_t*>(position_ids->data_ptr()) : nullptr;
+  if (rope_vec_ok(a, {qkv.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
+    const int64_t rows = total / a.d;
+    MCU_FLOAT_SWITCH(qkv.dtype(), T,
+                     rope_vec_kernel<T, false><<<grid_for(rows * (a.d / 8), kThreads), kThreads, 0, st>>>(
+                         static_cast<const T*>(qkv.data_ptr()), nullptr, static_cast<T*>(q.data_ptr()),
+                         static_cast<T*>(k.data_ptr()), static_cast<T*>(v.data_ptr()), pos, a, rows));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   MCU_FLOAT_SWITCH(qkv.dtype(), T,
                    rope_kernel<T, false><<<grid_for(total, kThreads), kThreads, 0, st>>>(
                        static_cast<const T*>(qkv.data_ptr()), nullptr, static_cast<T*>(q.data_ptr()),
@@ -130,6 +211,16 @@ void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   if (total == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   const int64_t* pos = position_ids ? static_cast<const int64_t*>(position_ids->data_ptr()) : nullptr;
+  if (rope_vec_ok(a, {dqkv.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()})) {
+    const int64_t rows = total / a.d;
+    MCU_FLOAT_SWITCH(dqkv.dtype(), T,
+                     rope_vec_kernel<T, true><<<grid_for(rows * (a.d / 8), kThreads), kThreads, 0, st>>>(
+                         nullptr, static_cast<T*>(dqkv.data_ptr()), const_cast<T*>(static_cast<const T*>(dq.data_ptr())),
+                         const_cast<T*>(static_cast<const T*>(dk.data_ptr())),
+                         const_cast<T*>(static_cast<const T*>(dv.data_ptr())), pos, a, rows));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   MCU_FLOAT_SWITCH(dqkv.dtype(), T,
                    rope_kernel<T, true><<<grid_for(total, kThreads), kThreads, 0, st>>>(
                        nullptr, static_cast<T*>(dqkv.data_ptr()), const_cast<T*>(static_cast<const T*>(dq.data_ptr())),

@@ -1,0 +1,590 @@
+// cuDNN SDPA forward/backward through the cuDNN 9 backend graph API (see cudnn_attention.h).
+//
+// The operation graphs are the ones cuDNN's fused flash-attention engines recognise (facts from
+// NVIDIA's cuDNN documentation, "Scaled Dot Product Attention", and the graph that the
+// cudnn-frontend library lowers its SDPA node to; written here against the C API):
+//   forward:  S = Q·Kᵀ; S *= scale; [causal: S = select(row >= col, S, -inf)];
+//             M = rowmax(S); E = exp(S - M); Z = rowsum(E); stats = M + log Z; P = E / Z (bf16);
+//             O = P·V.
+//   backward: Δ = rowsum(dO ∘ O); S = Q·Kᵀ·scale - stats, masked; P = exp(S);
+//             dV = Pᵀ·dO; dS = P ∘ (dO·Vᵀ - Δ) · scale; dK = dSᵀ·Q; dQ = dS·K (fp32 accumulator,
+//             then converted). Grouped-query attention: per-query-head dK/dV reduced over the
+//             heads of each K/V group inside the graph.
+// Tensors keep our layouts through strides: q [s, b, np, d] is cuDNN's [b, h, s, d] with strides
+// (np·d, d, b·np·d, 1); lse [b, np, s] is the stats tensor [b, h, s, 1].
+#include "megatron/core/ops/cuda/cudnn_attention.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "megatron/core/ops/cuda/cuda_utils.h"
+
+#if __has_include(<cudnn.h>)
+#include <cudnn.h>
+#define MEGATRON_HAVE_CUDNN_H 1
+#endif
+
+namespace megatron::ops::cuda::cudnn_sdpa {
+
+#if !defined(MEGATRON_HAVE_CUDNN_H) || CUDNN_MAJOR < 9
+
+bool available() { return false; }
+std::string last_error() { return "built without cuDNN 9 headers"; }
+bool forward(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, Tensor&, Tensor&) { return false; }
+bool backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+              const AttentionParams&, Tensor&, Tensor&, Tensor&) {
+  return false;
+}
+
+#else
+
+namespace {
+
+// ---- the few cuDNN entry points we use, resolved with dlsym ---------------------------------
+struct Api {
+  size_t (*getVersion)() = nullptr;
+  const char* (*getErrorString)(cudnnStatus_t) = nullptr;
+  void (*getLastErrorString)(char*, size_t) = nullptr;
+  cudnnStatus_t (*create)(cudnnHandle_t*) = nullptr;
+  cudnnStatus_t (*setStream)(cudnnHandle_t, cudaStream_t) = nullptr;
+  cudnnStatus_t (*createDesc)(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t*) = nullptr;
+  cudnnStatus_t (*destroyDesc)(cudnnBackendDescriptor_t) = nullptr;
+  cudnnStatus_t (*finalize)(cudnnBackendDescriptor_t) = nullptr;
+  cudnnStatus_t (*setAttr)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t, cudnnBackendAttributeType_t,
+                           int64_t, const void*) = nullptr;
+  cudnnStatus_t (*getAttr)(cudnnBackendDescriptor_t, cudnnBackendAttributeName_t, cudnnBackendAttributeType_t,
+                           int64_t, int64_t*, void*) = nullptr;
+  cudnnStatus_t (*execute)(cudnnHandle_t, cudnnBackendDescriptor_t, cudnnBackendDescriptor_t) = nullptr;
+};
+
+std::mutex g_mu;
+Api g_api;
+int g_state = 0;  // 0 untried, 1 loaded, -1 failed
+std::string g_err;
+std::map<int, cudnnHandle_t> g_handles;
+
+bool load_locked() {
+  if (g_state != 0) return g_state > 0;
+  g_state = -1;
+  const char* env = std::getenv("MEGATRON_CUDNN_LIB");
+  void* h = nullptr;
+  for (const char* name : {env, "libcudnn.so.9", "libcudnn.so"}) {
+    if (!name || !*name) continue;
+    h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h) break;
+  }
+  if (!h) {
+    const char* e = dlerror();
+    g_err = std::string("cannot load libcudnn.so.9 (") + (e ? e : "?") + ")";
+    return false;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+    return fn != nullptr;
+  };
+  bool ok = sym(g_api.getVersion, "cudnnGetVersion") && sym(g_api.getErrorString, "cudnnGetErrorString") &&
+            sym(g_api.create, "cudnnCreate") && sym(g_api.setStream, "cudnnSetStream") &&
+            sym(g_api.createDesc, "cudnnBackendCreateDescriptor") &&
+            sym(g_api.destroyDesc, "cudnnBackendDestroyDescriptor") && sym(g_api.finalize, "cudnnBackendFinalize") &&
+            sym(g_api.setAttr, "cudnnBackendSetAttribute") && sym(g_api.getAttr, "cudnnBackendGetAttribute") &&
+            sym(g_api.execute, "cudnnBackendExecute");
+  sym(g_api.getLastErrorString, "cudnnGetLastErrorString");  // optional
+  if (!ok) {
+    g_err = "libcudnn lacks the backend API symbols";
+    return false;
+  }
+  if (g_api.getVersion() < 90000) {
+    g_err = "cuDNN " + std::to_string(g_api.getVersion()) + " < 9.0";
+    return false;
+  }
+  g_state = 1;
+  return true;
+}
+
+cudnnHandle_t handle_locked() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  auto it = g_handles.find(dev);
+  if (it != g_handles.end()) return it->second;
+  cudnnHandle_t hd = nullptr;
+  cudnnStatus_t st = g_api.create(&hd);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    g_err = std::string("cudnnCreate: ") + g_api.getErrorString(st);
+    hd = nullptr;
+  }
+  g_handles[dev] = hd;
+  return hd;
+}
+
+// Thrown inside graph building; caught and turned into "unsupported" (fallback to our kernels).
+struct CudnnError {
+  std::string what;
+};
+
+void ck(cudnnStatus_t st, const char* what) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  std::string m = std::string(what) + ": " + g_api.getErrorString(st);
+  if (g_api.getLastErrorString) {
+    char buf[512] = {0};
+    g_api.getLastErrorString(buf, sizeof buf);
+    if (buf[0]) m += std::string(" (") + buf + ")";
+  }
+  throw CudnnError{m};
+}
+
+// Owner of every backend descriptor of one graph/plan (destroyed together).
+struct Descs {
+  std::vector<cudnnBackendDescriptor_t> all;
+  ~Descs() {
+    for (auto it = all.rbegin(); it != all.rend(); ++it) g_api.destroyDesc(*it);
+  }
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t t) {
+    cudnnBackendDescriptor_t d = nullptr;
+    ck(g_api.createDesc(t, &d), "cudnnBackendCreateDescriptor");
+    all.push_back(d);
+    return d;
+  }
+};
+
+void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, int64_t cnt,
+         const void* v, const char* what) {
+  ck(g_api.setAttr(d, n, t, cnt, v), what);
+}
+void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t n, cudnnBackendDescriptor_t v, const char* w) {
+  set(d, n, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, w);
+}
+
+using Dims = std::vector<int64_t>;
+
+struct GraphBuilder {
+  Descs& ds;
+  std::vector<cudnnBackendDescriptor_t> ops;
+  int64_t next_virtual_uid = 1000;
+
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const Dims& dims, const Dims& strides,
+                                  bool is_virtual, bool by_value = false) {
+    auto t = ds.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor dtype");
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, (int64_t)dims.size(), dims.data(), "tensor dims");
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, (int64_t)strides.size(), strides.data(), "tensor strides");
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+    int64_t align = 16;
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "tensor alignment");
+    bool v = is_virtual;
+    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, "tensor virtual");
+    if (by_value) {
+      bool bv = true;
+      set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv, "tensor by value");
+    }
+    ck(g_api.finalize(t), "finalize tensor");
+    return t;
+  }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t dt, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_uid++, dt, dims, strides, true);
+  }
+  cudnnBackendDescriptor_t scalar(int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    auto md = ds.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    set(md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct, "matmul comp type");
+    ck(g_api.finalize(md), "finalize matmul desc");
+    auto op = ds.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul A");
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul B");
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul C");
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, md, "matmul desc");
+    ck(g_api.finalize(op), "finalize matmul op");
+    ops.push_back(op);
+  }
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, cudnnDataType_t prec = CUDNN_DATA_FLOAT,
+                 int64_t axis = -1) {
+    auto pd = ds.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pd, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+    set(pd, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise prec");
+    if (axis >= 0) set(pd, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
+    ck(g_api.finalize(pd), "finalize pointwise desc");
+    auto op = ds.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pd, "pointwise desc");
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise X");
+    if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise B");
+    if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise T");
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise Y");
+    float one = 1.0f;
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha1");
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha2");
+    ck(g_api.finalize(op), "finalize pointwise op");
+    ops.push_back(op);
+  }
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    auto rd = ds.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct, "reduction comp type");
+    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
+    ck(g_api.finalize(rd), "finalize reduction desc");
+    auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction desc");
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction X");
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction Y");
+    ck(g_api.finalize(op), "finalize reduction op");
+    ops.push_back(op);
+  }
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    auto op = ds.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape X");
+    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape Y");
+    ck(g_api.finalize(op), "finalize reshape op");
+    ops.push_back(op);
+  }
+
+  // Causal (top-left) mask on s [b, h, sq, skv]: select(row >= col, s, -inf).
+  cudnnBackendDescriptor_t causal_mask(cudnnBackendDescriptor_t s, const Dims& dims, const Dims& strides,
+                                       int64_t neg_inf_uid) {
+    auto row = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
+    auto col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+    auto keep = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+    auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_inf_uid), keep, out);
+    return out;
+  }
+};
+
+// A finalized execution plan with its workspace size and the descriptors it was built from.
+struct Plan {
+  std::unique_ptr<Descs> ds;
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t workspace = 0;
+  bool ok = false;
+  std::string err;
+};
+
+// Heuristics (mode A, then fallback) and the first engine config whose plan finalizes.
+void make_plan(Plan& pl, GraphBuilder& gb, cudnnHandle_t hd) {
+  Descs& ds = *pl.ds;
+  auto graph = ds.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)gb.ops.size(), gb.ops.data(),
+      "graph ops");
+  set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &hd, "graph handle");
+  ck(g_api.finalize(graph), "finalize operation graph");
+  std::string errs;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    auto heur = ds.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heur graph");
+    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heur mode");
+    if (g_api.finalize(heur) != CUDNN_STATUS_SUCCESS) continue;
+    int64_t n = 0;
+    if (g_api.getAttr(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr) !=
+            CUDNN_STATUS_SUCCESS ||
+        n <= 0)
+      continue;
+    n = std::min<int64_t>(n, 16);
+    std::vector<cudnnBackendDescriptor_t> cfgs(n);
+    for (auto& c : cfgs) c = ds.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t got = 0;
+    if (g_api.getAttr(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, cfgs.data()) !=
+        CUDNN_STATUS_SUCCESS)
+      continue;
+    for (int64_t i = 0; i < got; ++i) {
+      auto plan = ds.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &hd, "plan handle");
+      set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i], "plan engine config");
+      cudnnStatus_t st = g_api.finalize(plan);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        errs += std::string(" cfg") + std::to_string(i) + ":" + g_api.getErrorString(st);
+        continue;
+      }
+      int64_t ws = 0, cnt = 0;
+      ck(g_api.getAttr(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws),
+         "plan workspace size");
+      pl.plan = plan;
+      pl.workspace = ws;
+      pl.ok = true;
+      return;
+    }
+  }
+  throw CudnnError{"no cuDNN engine supports this attention graph" + errs};
+}
+
+// uids of the non-virtual tensors
+enum : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kNegInf, kOne, kSoftmaxSum, kDQAcc
+};
+
+struct Shape {
+  int64_t b, hq, hk, s, sk, d;
+  bool causal;
+  bool bwd;
+  int dev;
+  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev); }
+  bool operator<(const Shape& o) const { return key() < o.key(); }
+};
+
+// Our layouts as cuDNN [b, h, s, d] dims/strides.
+Dims q_dims(const Shape& x) { return {x.b, x.hq, x.s, x.d}; }
+Dims q_strides(const Shape& x) { return {x.hq * x.d, x.d, x.b * x.hq * x.d, 1}; }
+Dims kt_dims(const Shape& x) { return {x.b, x.hk, x.d, x.sk}; }  // K transposed: [b, hk, d, sk]
+Dims kt_strides(const Shape& x) { return {x.hk * x.d, x.d, 1, x.b * x.hk * x.d}; }
+Dims kv_dims(const Shape& x) { return {x.b, x.hk, x.sk, x.d}; }
+Dims kv_strides(const Shape& x) { return {x.hk * x.d, x.d, x.b * x.hk * x.d, 1}; }
+Dims stat_dims(const Shape& x) { return {x.b, x.hq, x.s, 1}; }
+Dims stat_strides(const Shape& x) { return {x.hq * x.s, x.s, 1, 1}; }
+Dims s_dims(const Shape& x) { return {x.b, x.hq, x.s, x.sk}; }
+Dims s_strides(const Shape& x) { return {x.hq * x.s * x.sk, x.s * x.sk, x.sk, 1}; }
+Dims st_dims(const Shape& x) { return {x.b, x.hq, x.sk, x.s}; }  // transposed scores
+Dims st_strides(const Shape& x) { return {x.hq * x.s * x.sk, x.s * x.sk, 1, x.sk}; }
+
+void build_forward(GraphBuilder& g, const Shape& x) {
+  const auto BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+  auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
+  auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
+  auto V = g.tensor(kV, BF, kv_dims(x), kv_strides(x), false);
+  auto O = g.tensor(kO, BF, q_dims(x), q_strides(x), false);
+  auto stats = g.tensor(kStats, F, stat_dims(x), stat_strides(x), false);
+  const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
+  auto S = g.virt(F, sd, ss);
+  g.matmul(Q, KT, S);
+  auto S1 = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, S, g.scalar(kScale), nullptr, S1);
+  if (x.causal) S1 = g.causal_mask(S1, sd, ss, kNegInf);
+  auto M = g.virt(F, rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, S1, M);
+  auto D = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, S1, M, nullptr, D);
+  auto E = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, D, nullptr, nullptr, E);
+  auto Z = g.virt(F, rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, E, Z);
+  auto LZ = g.virt(F, rd, rs);
+  g.pointwise(CUDNN_POINTWISE_LOG, Z, nullptr, nullptr, LZ);
+  g.pointwise(CUDNN_POINTWISE_ADD, M, LZ, nullptr, stats);
+  auto P = g.virt(BF, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_DIV, E, Z, nullptr, P);
+  g.matmul(P, V, O);
+}
+
+void build_backward(GraphBuilder& g, const Shape& x) {
+  const auto BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+  const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
+  auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
+  auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
+  auto VT = g.tensor(kV, BF, kt_dims(x), kt_strides(x), false);
+  auto O = g.tensor(kO, BF, q_dims(x), q_strides(x), false);
+  auto stats = g.tensor(kStats, F, rd, rs, false);
+  auto dO = g.tensor(kDO, BF, q_dims(x), q_strides(x), false);
+  auto dQ = g.tensor(kDQ, BF, q_dims(x), q_strides(x), false);
+  auto dK = g.tensor(kDK, BF, kv_dims(x), kv_strides(x), false);
+  auto dV = g.tensor(kDV, BF, kv_dims(x), kv_strides(x), false);
+  auto ssum = g.tensor(kSoftmaxSum, F, rd, rs, false);
+  auto dq_acc = g.tensor(kDQAcc, F, q_dims(x), {x.hq * x.s * x.d, x.s * x.d, x.d, 1}, false);
+
+  // Δ = rowsum(dO ∘ O)
+  auto t = g.virt(F, q_dims(x), {x.hq * x.s * x.d, x.s * x.d, x.hq * x.d, 1});
+  g.pointwise(CUDNN_POINTWISE_MUL, dO, O, nullptr, t);
+  auto r = g.virt(F, rd, rs);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, t, r);
+  g.pointwise(CUDNN_POINTWISE_MUL, r, g.scalar(kOne), nullptr, ssum);
+  // P = exp(Q·Kᵀ·scale - stats), masked
+  auto S = g.virt(F, sd, ss);
+  g.matmul(Q, KT, S);
+  auto S1 = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, S, g.scalar(kScale), nullptr, S1);
+  auto S2 = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, S1, stats, nullptr, S2);
+  if (x.causal) S2 = g.causal_mask(S2, sd, ss, kNegInf);
+  auto E = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_EXP, S2, nullptr, nullptr, E);
+  // dV = Pᵀ·dO (per query head, then summed over the group's heads)
+  auto PT = g.virt(BF, st_dims(x), st_strides(x));
+  g.reshape(E, PT);
+  const Dims full_kv = {x.b, x.hq, x.sk, x.d}, full_kv_st = {x.hq * x.sk * x.d, x.sk * x.d, x.d, 1};
+  if (x.hq == x.hk) {
+    g.matmul(PT, dO, dV);
+  } else {
+    auto dVf = g.virt(BF, full_kv, full_kv_st);
+    g.matmul(PT, dO, dVf);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dVf, dV);
+  }
+  // dS = P ∘ (dO·Vᵀ - Δ) · scale
+  auto dP = g.virt(F, sd, ss);
+  g.matmul(dO, VT, dP);
+  auto dP1 = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_SUB, dP, ssum, nullptr, dP1);
+  auto dS0 = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dP1, E, nullptr, dS0);
+  auto dS = g.virt(F, sd, ss);
+  g.pointwise(CUDNN_POINTWISE_MUL, dS0, g.scalar(kScale), nullptr, dS);
+  // dK = dSᵀ·Q
+  auto dST = g.virt(BF, st_dims(x), st_strides(x));
+  g.reshape(dS, dST);
+  if (x.hq == x.hk) {
+    g.matmul(dST, Q, dK);
+  } else {
+    auto dKf = g.virt(BF, full_kv, full_kv_st);
+    g.matmul(dST, Q, dKf);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dKf, dK);
+  }
+  // dQ = dS·K through an fp32 accumulator
+  auto Kn = g.virt(F, kv_dims(x), kv_strides(x));
+  g.reshape(KT, Kn);
+  g.matmul(dS, Kn, dq_acc);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, nullptr, dQ);
+}
+
+std::map<Shape, std::unique_ptr<Plan>> g_plans;
+
+// The cached plan for a shape (built on first use), or null if cuDNN cannot run it.
+Plan* get_plan(const Shape& x) {
+  if (!load_locked()) return nullptr;
+  cudnnHandle_t hd = handle_locked();
+  if (!hd) return nullptr;
+  auto it = g_plans.find(x);
+  if (it != g_plans.end()) return it->second->ok ? it->second.get() : nullptr;
+  auto pl = std::make_unique<Plan>();
+  pl->ds = std::make_unique<Descs>();
+  try {
+    GraphBuilder gb{*pl->ds, {}};
+    if (x.bwd) build_backward(gb, x);
+    else build_forward(gb, x);
+    make_plan(*pl, gb, hd);
+  } catch (const CudnnError& e) {
+    pl->ok = false;
+    pl->err = e.what;
+    g_err = e.what;
+    if (std::getenv("MEGATRON_CUDNN_VERBOSE"))
+      std::fprintf(stderr, "cuDNN attention (%s b=%ld hq=%ld hk=%ld s=%ld sk=%ld d=%ld %s): %s\n",
+                   x.bwd ? "bwd" : "fwd", (long)x.b, (long)x.hq, (long)x.hk, (long)x.s, (long)x.sk, (long)x.d,
+                   x.causal ? "causal" : "full", e.what.c_str());
+  }
+  Plan* r = pl->ok ? pl.get() : nullptr;
+  g_plans.emplace(x, std::move(pl));
+  return r;
+}
+
+bool shape_ok(const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  if (p.attention_mask || p.dropout_p != 0.0f) return false;
+  if (q.dtype() != DType::kBFloat16 || k.dtype() != DType::kBFloat16) return false;
+  const int64_t d = q.size(3);
+  if (d % 8 != 0 || d > 256) return false;
+  return q.size(0) > 0 && q.size(1) > 0 && k.size(0) > 0;
+}
+
+Shape make_shape(const Tensor& q, const Tensor& k, const AttentionParams& p, bool bwd) {
+  Shape x{q.size(1), q.size(2), k.size(2), q.size(0), k.size(0), q.size(3), p.causal, bwd, 0};
+  cudaGetDevice(&x.dev);
+  return x;
+}
+
+void execute(Plan& pl, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
+  Descs vds;
+  auto vp = vds.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  set(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data(), "varpack uids");
+  set(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)ptrs.size(), ptrs.data(),
+      "varpack pointers");
+  set(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "varpack workspace");
+  ck(g_api.finalize(vp), "finalize variant pack");
+  cudnnHandle_t hd = handle_locked();
+  ck(g_api.setStream(hd, megatron::cuda::current_stream()), "cudnnSetStream");
+  ck(g_api.execute(hd, pl.plan, vp), "cudnnBackendExecute");
+}
+
+// Executes; on a cuDNN error the plan is marked unusable (later calls of this shape go to our
+// kernels) and false is returned so that the caller runs its fallback now.
+bool run_plan(Plan& pl, const Shape& x, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
+  try {
+    execute(pl, uids, ptrs, ws);
+    return true;
+  } catch (const CudnnError& e) {
+    pl.ok = false;
+    pl.err = g_err = e.what;
+    std::fprintf(stderr, "cuDNN attention %s failed, using our kernels for this shape: %s\n", x.bwd ? "bwd" : "fwd",
+                 e.what.c_str());
+    return false;
+  }
+}
+
+}  // namespace
+
+bool available() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return load_locked() && handle_locked() != nullptr;
+}
+
+std::string last_error() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_err;
+}
+
+bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out, Tensor& lse) {
+  if (!shape_ok(q, k, p)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Shape x = make_shape(q, k, p, false);
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  void* ws = nullptr;
+  if (pl->workspace > 0) CUDA_CHECK(cudaMallocAsync(&ws, pl->workspace, st));
+  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {const_cast<void*>(q.data_ptr()), const_cast<void*>(k.data_ptr()),
+                             const_cast<void*>(v.data_ptr()), out.data_ptr(), lse.data_ptr(), &scale};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, ws);
+  if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
+  return ok;
+}
+
+bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (!shape_ok(q, k, p)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Shape x = make_shape(q, k, p, true);
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  // One pool allocation: plan workspace | softmax_sum [b, h, s] fp32 | dQ accumulator [b, h, s, d] fp32.
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  const int64_t ws_bytes = up(pl->workspace), sum_bytes = up(x.b * x.hq * x.s * 4),
+                acc_bytes = up(x.b * x.hq * x.s * x.d * 4);
+  char* buf = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), ws_bytes + sum_bytes + acc_bytes, st));
+  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAcc};
+  std::vector<void*> ptrs = {const_cast<void*>(q.data_ptr()),   const_cast<void*>(k.data_ptr()),
+                             const_cast<void*>(v.data_ptr()),   const_cast<void*>(out.data_ptr()),
+                             const_cast<void*>(lse.data_ptr()), const_cast<void*>(dout.data_ptr()),
+                             dq.data_ptr(),                     dk.data_ptr(),
+                             dv.data_ptr(),                     &scale,
+                             &one,                              buf + ws_bytes,
+                             buf + ws_bytes + sum_bytes};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
+  CUDA_CHECK(cudaFreeAsync(buf, st));
+  return ok;
+}
+
+#endif
+
+}  // namespace megatron::ops::cuda::cudnn_sdpa
