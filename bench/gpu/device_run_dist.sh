@@ -13,7 +13,7 @@ PARTS=${1:-"nccl 8b tiny"}
 T0=$(date +%s)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 tar xJf $D/bin.tar.xz -C $D && mkdir -p /tmp/gl && tar xJf $D/lib.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl/lib
-for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
+for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do  # cuDNN is dlopen()ed (attention)
   if ! ldd $D/bin/pretrain_gpt | grep -q "$l => /"; then
     d=$(dirname "$(find / -xdev -name "$l" 2>/dev/null | head -1)"); export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; fi
 done
