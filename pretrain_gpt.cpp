@@ -52,8 +52,8 @@ int64_t env_int(const char* a, const char* b, int64_t dflt) {
 // MEGATRON_DEVICE=cpu forces the CPU (also with a GPU); MEGATRON_DEVICE=cuda demands a GPU and
 // fails with a UserError when none is usable. Any other value is a UserError.
 // Several processes train on the GPU with NCCL (each rank on cuda:LOCAL_RANK, as Megatron).
-// Not wired for the GPU yet (the CPU is used, with a note): --save/--load (checkpointing reads
-// CPU tensors).
+// --save/--load work on the GPU too: dist_checkpointing copies device tensors to host buffers to
+// write them and copies loaded shards back to the device.
 Device choose_device(const Arguments& args, const std::function<void(const std::string&)>& say) {
   const char* want = std::getenv("MEGATRON_DEVICE");
   const std::string w = want ? want : "";
@@ -64,12 +64,6 @@ Device choose_device(const Arguments& args, const std::function<void(const std::
   if (w == "cuda" && !have_cuda)
     user_error("MEGATRON_DEVICE=cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
   if (!have_cuda) return Device::cpu();
-  const char* why = (args.save || args.load) ? "--save/--load (checkpointing)" : nullptr;
-  if (why) {
-    if (w == "cuda") user_error("MEGATRON_DEVICE=cuda: ", why, " is not supported on the GPU yet; unset MEGATRON_DEVICE");
-    say(std::string("note: training on the CPU: ") + why + " is not supported on the GPU yet");
-    return Device::cpu();
-  }
   return Device::cuda(static_cast<int>(env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", 0)));
 }
 
