@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -111,6 +112,7 @@ struct AsyncSaveRequest::State {
   std::string tmp_dir;
   json common;
   std::vector<Tensor> keep;         // CPU data (snapshot copies for async)
+  bool pooled = false;              // keep holds snapshot buffers to hand back to the pool
   std::vector<std::string> blobs;   // serialized ShardedObjects
   std::vector<SafetensorsItem> items;
   json records = json::array();
@@ -138,6 +140,33 @@ struct AsyncSaveRequest::State {
 
 namespace {
 
+// Host buffers of finished async snapshots, reused by the next snapshot of the same sizes (a
+// fresh allocation costs a page fault per 4 KiB on first touch, often more than the copy).
+// A request owns its buffers until finalize() hands them back.
+struct SnapshotPool {
+  std::mutex mu;
+  std::multimap<std::pair<int, int64_t>, Tensor> free;  // (dtype, numel) -> buffer
+  Tensor take(const Tensor& like) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = free.find({static_cast<int>(like.dtype()), like.numel()});
+    if (it == free.end()) return Tensor::empty(like.shape(), like.dtype(), Device::cpu());
+    Tensor t = std::move(it->second);
+    free.erase(it);
+    return t.flat_slice(0, like.shape());
+  }
+  void give(std::vector<Tensor>& ts) {
+    std::lock_guard<std::mutex> g(mu);
+    free.clear();  // keep only the latest snapshot's buffers
+    for (auto& t : ts)
+      if (t.defined() && t.is_cpu()) free.emplace(std::make_pair(static_cast<int>(t.dtype()), t.numel()), std::move(t));
+    ts.clear();
+  }
+};
+SnapshotPool& snapshot_pool() {
+  static SnapshotPool p;
+  return p;
+}
+
 std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, const std::string& dir,
                                                  distributed::ProcessGroup* group, bool snapshot) {
   auto st = std::make_unique<AsyncSaveRequest::State>();
@@ -162,7 +191,11 @@ std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, con
     if (t.replica_id != 0) continue;
     t.validate();
     Tensor cpu = t.data.to(Device::cpu());
-    if (snapshot && cpu.shares_storage(t.data)) cpu = t.data.clone();
+    if (snapshot && cpu.shares_storage(t.data)) {
+      cpu = snapshot_pool().take(t.data);
+      cpu.copy_(t.data);
+      st->pooled = true;
+    }
     std::string name = shard_name(t.key, t.global_offset, t.flattened_range);
     if (!names.insert(name).second) user_error("checkpoint save: two shards of '", t.key, "' at the same offset on rank ", st->rank);
     Shape shape = t.flattened_range ? Shape{t.local_numel()} : t.local_shape;
@@ -302,6 +335,7 @@ void AsyncSaveRequest::finalize() {
     if (err) std::rethrow_exception(err);
     user_error("checkpoint save to ", dir_, " failed on rank 0");
   }
+  if (st.pooled) snapshot_pool().give(st.keep);
   st.keep.clear();
   st.blobs.clear();
 }
