@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # pretrain_gpt with --context-parallel-size under mpirun: the tiny GPT and a tiny LLaMA (RoPE,
 # RMSNorm, SwiGLU, GQA 4 heads / 2 groups, untied output) on mock data, 4 iterations of global
-# batch 8, as one rank and as CP2, CP2 x TP2, CP2 x PP2, CP2 x DP2 (+ distributed optimizer) and
-# CP4 (mpirun: MPI backend; megatron_launch: TCP backend).
+# batch 8, as one rank and as CP2, CP2 x TP2 (+ --sequence-parallel, + PP2), CP2 x PP2, CP2 x DP2
+# (+ distributed optimizer) and CP4 (mpirun: MPI backend; megatron_launch: TCP backend).
 # Every printed per-iteration lm loss and the validation/test losses must equal the single-rank
 # run within 1e-5 relative (CP changes only fp32 summation order, ~1e-7; the log prints 7
 # significant digits), the grad norm within one printed unit (1e-3). Also: --eod-mask-loss (loss
@@ -86,6 +86,11 @@ run llama_cp2dp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --use-distributed-
 compare llama_cp2dp2 llama
 run llama_cp2pp2 4 -- "${LLAMA[@]}" --context-parallel-size 2 --pipeline-model-parallel-size 2 --overlap-grad-reduce
 compare llama_cp2pp2 llama
+run llama_cp2tp2sp 4 -- "${LLAMA[@]}" --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+compare llama_cp2tp2sp llama
+run llama_cp2tp2sppp2 8 -- "${LLAMA[@]}" --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 2
+compare llama_cp2tp2sppp2 llama
 
 # --cp-comm-type a2a (all-to-all of heads): the tiny GPT (4 heads) as CP2 and CP2 x TP2.
 run gpt_a2a_cp2 2 -- --context-parallel-size 2 --cp-comm-type a2a

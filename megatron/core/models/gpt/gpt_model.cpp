@@ -169,11 +169,9 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (cp > 1) {  // the batch holds this rank's two chunks (get_batch_on_this_cp_rank)
     fc.cp_group = parallel_.cp_group;
     fc.cp_comm_type = parallel_.cp_comm_type;
-    // Attention sees this rank's whole local sequence (a later stage's input is s/TP with SP).
-    const int64_t s_attn = !parallel_.pre_process && config_.sequence_parallel ? s * parallel_.tp_group->size() : s;
+    // s = this rank's whole local sequence (a later stage's SP input is rescaled above).
     if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
-      fc.rotary_position_ids =
-          transformer::cp_rank_global_positions(s_attn, b, cp, parallel_.cp_group->rank(), device_);
+      fc.rotary_position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
   }
 
   Tensor h;
