@@ -19,6 +19,7 @@
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/ops.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
@@ -162,10 +163,10 @@ TrainingState training_state(std::vector<transformer::Parameter>& params, int64_
 // Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
 // separate fp32 main params (bf16/fp16 models) start from the loaded weights.
 void reload_main_params(optimizer::MegatronOptimizer& opt) {
-  const auto& ops = opt.params();
-  for (size_t j = 0; j < ops.size(); ++j) {
+  const auto& op = opt.params();
+  for (size_t j = 0; j < op.size(); ++j) {
     Tensor mp = opt.main_param(j);
-    if (mp.data_ptr() != ops[j].param.data_ptr()) mp.copy_(ops[j].param.to(DType::kFloat32));
+    if (mp.data_ptr() != op[j].param.data_ptr()) ops::cast(op[j].param, mp);  // on the params' device (CPU or GPU)
   }
 }
 

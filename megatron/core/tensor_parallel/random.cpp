@@ -1,5 +1,11 @@
 #include "megatron/core/tensor_parallel/random.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <cmath>
 #include <vector>
 
@@ -50,6 +56,29 @@ int64_t global_index_of(const transformer::Parameter& p, const Shape& local_shap
   return flat;
 }
 
+namespace {
+// Threads for the one-time host-side initialization: at least the cores this process would get
+// if the node's cores were split evenly over its local ranks. Launchers (torchrun,
+// megatron_launch) set OMP_NUM_THREADS=1, which is right for training on CPU with one rank per
+// core but made a GPU rank initialize LLaMA-3-8B's weights on a single thread (minutes); with two
+// ranks on 32 cores each now uses 16. Values do not depend on the thread count.
+int init_threads() {
+  int local = 1;
+  for (const char* n : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(n)) {
+      local = std::max(1, std::atoi(v));
+      break;
+    }
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+#ifdef _OPENMP
+  return std::max(omp_get_max_threads(), std::max(1, cores / local));
+#else
+  return std::max(1, cores / local);
+#endif
+}
+}  // namespace
+
 void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
   const int64_t n = p.data.numel();
   std::vector<float> v(static_cast<size_t>(n));
@@ -64,7 +93,7 @@ void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
       // same values as one thread (LLaMA-3-8B-sized layers: minutes -> seconds).
       const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
       const float std_ = p.init_std;
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) num_threads(init_threads()) if (n > 65536)
       for (int64_t i = 0; i < n; ++i)
         v[i] = std_ * normal_at(key, static_cast<uint64_t>(identity ? i : global_index_of(p, ls, i)));
       break;
