@@ -1,6 +1,7 @@
 // pretrain_gpt: GPT / LLaMA pretraining with Megatron-LM's flags and log lines
 // (Megatron's pretrain_gpt.py: model_provider, train_valid_test_datasets_provider, pretrain).
 // A problem the user can fix prints one line "error: ..." and exits with status 1.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -16,6 +17,7 @@
 #include "megatron/core/distributed/distributed_optimizer.h"
 #include "megatron/core/distributed/init_process_group.h"
 #include "megatron/core/parallel_state.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
@@ -86,8 +88,10 @@ BatchIterator iterator_of(training::GPTDataLoader* loader, int cp_size, int cp_r
 // no-op).
 void check_supported_parallelism(const Arguments& args) {
   for (const auto& t : args.cp_comm_type) {
-    if (args.context_parallel_size > 1 && t != "p2p")
-      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+    if (args.context_parallel_size > 1 && t != "p2p" && t != "a2a")
+      user_error("--cp-comm-type ", t, ": only p2p (ring exchange of K/V) and a2a (all-to-all) are implemented");
+    if (args.context_parallel_size > 1 && t != args.cp_comm_type.front())
+      user_error("--cp-comm-type: one communication type per layer is not supported; give a single value");
   }
   const int64_t cp = std::max<int64_t>(args.context_parallel_size, 1);
   if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
@@ -171,6 +175,19 @@ void reload_main_params(optimizer::MegatronOptimizer& opt) {
   }
 }
 
+// FP8 amax histories and scales of every model chunk (docs/fp8.md), as named extra checkpoint
+// tensors. The state is identical on all ranks of the amax group (TP x DP x CP: amaxes are
+// max-reduced every step), so only TP rank 0 of DP rank 0 writes it (one copy per pipeline stage).
+std::vector<ShardedTensor> fp8_checkpoint_tensors(const std::vector<std::unique_ptr<models::gpt::GPTModel>>& chunks,
+                                                  const ParallelRanks& ranks) {
+  std::vector<ShardedTensor> out;
+  const int replica = (ranks.tp_rank != 0 || ranks.dp_rank != 0) ? 1 : 0;
+  for (const auto& m : chunks)
+    if (auto* f8 = m->fp8_state())
+      for (auto& t : f8->checkpoint_tensors(replica)) out.push_back(std::move(t));
+  return out;
+}
+
 int run(int argc, char** argv) {
   Arguments args = parse_args(argc, argv);
   {
@@ -234,7 +251,9 @@ int run(int argc, char** argv) {
   const int pp_size = static_cast<int>(args.pipeline_model_parallel_size);
   const int vp_size = static_cast<int>(args.virtual_pipeline_model_parallel_size.value_or(1));
   std::vector<std::unique_ptr<models::gpt::GPTModel>> chunks;
-  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size)) {
+  for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size,
+                                                           args.decoder_first_pipeline_num_layers,
+                                                           args.decoder_last_pipeline_num_layers)) {
     models::gpt::GPTModelParallel par;
     par.tp_group = ps::get_tensor_model_parallel_group();
     par.pp_rank = pp_rank;
@@ -312,7 +331,17 @@ int run(int argc, char** argv) {
   if (!ckpt_cfg.load.empty()) {
     TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                       /*with_optim=*/!args.no_load_optim && !args.finetune);
+    st.extra = fp8_checkpoint_tensors(chunks, ranks);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
+    if (loaded.loaded && !args.finetune && !st.extra.empty()) {
+      // FP8 state present in the checkpoint replaces the fresh one (a bf16 checkpoint has none).
+      std::vector<std::string> got;
+      for (const auto& t : st.extra)
+        if (std::find(loaded.missing_extra.begin(), loaded.missing_extra.end(), t.key) == loaded.missing_extra.end())
+          got.push_back(t.key);
+      for (auto& m : chunks)
+        if (auto* f8 = m->fp8_state()) f8->restore_checkpoint_tensors(st.extra, got);
+    }
     if (loaded.loaded && loaded.optimizer_loaded) {
       const auto& c = loaded.optimizer_common;
       if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
@@ -419,13 +448,18 @@ int run(int argc, char** argv) {
   fg.embedding_group = ps::get_embedding_group();
   fg.sequence_parallel = args.sequence_parallel;
   fg.share_embeddings_and_output_weights = !args.untie_embeddings_and_output_weights;
-  hooks.finalize_model_grads = [&ddp_ptrs, fg, &args](double num_tokens) {
+  // FP8: after the step's last backward, the amaxes are reduced (MAX) over TP x DP x CP (Megatron's
+  // amax reduction group) and every scale is updated for the next step.
+  auto amax_group = ps::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true);
+  hooks.finalize_model_grads = [&ddp_ptrs, fg, &args, &chunks, amax_group](double num_tokens) {
     if (args.calculate_per_token_loss) {
       Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
       distributed::finalize_model_grads(ddp_ptrs, fg, &n);
     } else {
       distributed::finalize_model_grads(ddp_ptrs, fg);
     }
+    for (auto& m : chunks)
+      if (auto* f8 = m->fp8_state()) f8->reduce_and_update(amax_group.get());
   };
   if (args.use_distributed_optimizer) {
     hooks.after_optimizer_step = [&ddp_ptrs] {
@@ -469,6 +503,7 @@ int run(int argc, char** argv) {
       cp_group->all_reduce(t, distributed::ReduceOp::kSum);
       return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
+    if (pipeline) pipeline->set_microbatch_loss_tokens(hooks.microbatch_loss_tokens);
   }
   if (dp_group->size() > 1) {
     hooks.reduce_loss = [dp_group](LossReport& r) {
@@ -486,6 +521,7 @@ int run(int argc, char** argv) {
     hooks.save_checkpoint = [&](int64_t iteration) {
       TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
+      st.extra = fp8_checkpoint_tensors(chunks, ranks);
       st.optimizer_common = optimizer_common();
       st.opt_param_scheduler = scheduler_state(sched);
       nlohmann::json offsets = nlohmann::json::array();

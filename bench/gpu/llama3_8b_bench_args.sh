@@ -6,8 +6,8 @@
 #   --global-batch-size 128  -> $BENCH_GBS (default 8)
 #   --eval-iters N           -> 0 (no evaluation)
 #   --save/--load DIR        (dropped: multi-process checkpointing on the GPU is not wired yet)
-#   with BENCH_TP=N: --tensor-model-parallel-size N, and --sequence-parallel dropped (the
-#   model's layers do not run sequence parallelism yet)
+#   with BENCH_TP=N: --tensor-model-parallel-size N (the script's --sequence-parallel stays;
+#   BENCH_NO_SP=1 drops it)
 # Every other flag of the script passes unchanged.
 set -u
 out=()
@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     --global-batch-size) out+=(--global-batch-size "${BENCH_GBS:-8}"); shift 2 ;;
     --eval-iters) out+=(--eval-iters 0); shift 2 ;;
     --tensor-model-parallel-size) out+=("$1" "${BENCH_TP:-$2}"); shift 2 ;;
-    --sequence-parallel) [ -n "${BENCH_TP:-}" ] || out+=("$1"); shift ;;
+    --sequence-parallel) [ -n "${BENCH_NO_SP:-}" ] || out+=("$1"); shift ;;
     *) out+=("$1"); shift ;;
   esac
 done

@@ -78,7 +78,7 @@ for part in $PARTS; do
   8b)
     # The real LLaMA-3 8B shape with examples/llama/train_llama3_8b_h100_fp8.sh's flags (bf16,
     # DP2 + distributed optimizer); bench/gpu/llama3_8b_bench_args.sh makes the run short.
-    # If that fails (e.g. out of memory), TP2 (BENCH_TP=2) in the time left.
+    # If that fails (e.g. out of memory), TP2 + sequence parallel (BENCH_TP=2) in the time left.
     export REAL_PRETRAIN_GPT=$B/pretrain_gpt BENCH_ITERS=${BENCH_ITERS:-6} BENCH_GBS=${BENCH_GBS:-8}
     D=$(cd "$(dirname "$0")" && pwd)
     end=$(( $(date +%s) + ${BENCH_TIMEOUT:-400} ))

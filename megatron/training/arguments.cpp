@@ -15,6 +15,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -167,7 +168,10 @@ class Binder {
       a_.notes.emplace_back(flag, note);
     };
     if (arity == 0) {
-      app_.add_flag_callback(flag, record);
+      app_.add_flag_callback(flag, [record, store] {
+        record();
+        if (store) store("");
+      });
     } else if (arity == 1) {
       app_.add_option_function<std::string>(flag, [record, store](const std::string& s) {
             record();
@@ -340,32 +344,19 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
   b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
 
-  // ---- FP8 ----
-  const std::string fp8_note = "FP8 GEMMs are not implemented yet: the GEMMs run in the --bf16/--fp16 dtype";
-  b.noted_str("--fp8-format", fp8_note, [&a](const std::string& s) {
-    if (s != "e4m3" && s != "hybrid") user_error("--fp8-format: invalid choice '", s, "' (choose from e4m3, hybrid)");
-    a.fp8 = s;
-  });
-  b.noted_str("--fp8-recipe", fp8_note, [&a](const std::string& s) {
-    static const std::vector<std::string> ok = {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"};
-    if (std::find(ok.begin(), ok.end(), s) == ok.end())
-      user_error("--fp8-recipe: invalid choice '", s, "' (choose from tensorwise, delayed, mxfp8, blockwise, custom)");
-    a.fp8_recipe = s;
-  });
-  b.noted_str("--fp8-margin", fp8_note,
-              [&a](const std::string& s) { a.fp8_margin = parse_number<int64_t>("--fp8-margin", s); });
-  b.noted_str("--fp8-interval", fp8_note,
+  // ---- FP8 (§10; megatron/core/fp8) ----
+  b.str("--fp8-format", a.fp8, {"e4m3", "hybrid"});
+  b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+  b.num("--fp8-margin", a.fp8_margin);
+  b.noted_str("--fp8-interval", "deprecated in Megatron-LM and ignored (the scales update every step)",
               [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
-  b.noted_str("--fp8-amax-history-len", fp8_note, [&a](const std::string& s) {
-    a.fp8_amax_history_len = parse_number<int64_t>("--fp8-amax-history-len", s);
-  });
-  b.noted_str("--fp8-amax-compute-algo", fp8_note, [&a](const std::string& s) {
-    if (s != "most_recent" && s != "max")
-      user_error("--fp8-amax-compute-algo: invalid choice '", s, "' (choose from most_recent, max)");
-    a.fp8_amax_compute_algo = s;
-  });
-  b.noted("--fp8-param-gather", fp8_note);
-  b.noted("--no-fp8-wgrad", fp8_note);
+  b.num("--fp8-amax-history-len", a.fp8_amax_history_len);
+  b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
+  b.noted_str("--fp8-param-gather",
+          "the weights are all-gathered in the model dtype and quantized to FP8 at each GEMM (FP8 primary "
+          "weights are not implemented); the FP8 GEMMs and their scales are the same",
+              [&a](const std::string&) { a.fp8_param_gather = true; });
+  b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);
 
   // ---- parallelism ----
   b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size);
@@ -374,6 +365,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.strs("--cp-comm-type", a.cp_comm_type);
   b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
   b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
+  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
+  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
   b.flag("--sequence-parallel", a.sequence_parallel, true);
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
@@ -662,13 +655,22 @@ void validate_args(Arguments& a) {
     user_error("--max-position-embeddings (", *a.max_position_embeddings,
                ") must be greater than or equal to --seq-length (", *a.seq_length, ")");
   }
-  if (*a.num_layers % a.pipeline_model_parallel_size != 0) {
+  // Uneven splits (--decoder-first/last-pipeline-num-layers) are checked where the layers are
+  // assigned (megatron/training/gpt_pipeline.h).
+  const bool uneven_pipeline = a.decoder_first_pipeline_num_layers || a.decoder_last_pipeline_num_layers;
+  if (!uneven_pipeline && *a.num_layers % a.pipeline_model_parallel_size != 0) {
     user_error("--num-layers (", *a.num_layers, ") must be divisible by --pipeline-model-parallel-size (",
                a.pipeline_model_parallel_size, ")");
   }
+  // Megatron: the two virtual-pipeline flags exclude each other, and the interleaved schedule
+  // needs PP > 1 (PP > 2 only with --no-overlap-p2p-communication, which is not implemented).
+  if (a.num_layers_per_virtual_pipeline_stage && a.num_virtual_stages_per_pipeline_rank)
+    fail("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be set at the same time");
+  if ((a.num_layers_per_virtual_pipeline_stage || a.num_virtual_stages_per_pipeline_rank) &&
+      a.pipeline_model_parallel_size <= 1)
+    fail("the interleaved schedule (--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank) "
+         "needs --pipeline-model-parallel-size > 1");
   if (a.num_layers_per_virtual_pipeline_stage) {
-    if (a.pipeline_model_parallel_size <= 2)
-      fail("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 2");
     const int64_t per_stage = *a.num_layers / a.pipeline_model_parallel_size;
     if (per_stage % *a.num_layers_per_virtual_pipeline_stage != 0)
       user_error("layers per pipeline stage (", per_stage, ") must be divisible by --num-layers-per-virtual-pipeline-stage (",
@@ -710,6 +712,18 @@ void validate_args(Arguments& a) {
   if (a.fp16 && a.loss_scale && *a.loss_scale <= 0) fail("--loss-scale must be > 0");
   // Dynamic loss scaling expects inf/NaN grads: Megatron turns the NaN check off then.
   if (a.fp16 && !a.loss_scale) a.check_for_nan_in_loss_and_grad = false;
+
+  // FP8 (Megatron's validate_args and TE's recipe constraints).
+  if (a.fp8) {
+    fp8::parse_fp8_recipe(a.fp8_recipe);  // UserError for mxfp8/blockwise/custom (not Hopper recipes here)
+    if (a.fp8_margin < 0) user_error("--fp8-margin must be >= 0 (got ", a.fp8_margin, ")");
+    if (a.fp8_amax_history_len < 1)
+      user_error("--fp8-amax-history-len must be >= 1 (got ", a.fp8_amax_history_len, ")");
+    if (a.fp8_param_gather && !a.use_distributed_optimizer)
+      fail("--fp8-param-gather needs --use-distributed-optimizer");
+  } else if (a.fp8_param_gather) {
+    fail("--fp8-param-gather needs --fp8-format");
+  }
 
   // Parallel feature combinations.
   if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently
@@ -848,6 +862,17 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.tensor_model_parallel_size = a.tensor_model_parallel_size;
   c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
   c.sequence_parallel = a.sequence_parallel;
+  if (a.fp8) {
+    fp8::Fp8Config f;
+    f.format = fp8::parse_fp8_format(*a.fp8);
+    f.recipe = fp8::parse_fp8_recipe(a.fp8_recipe);
+    f.margin = static_cast<int>(a.fp8_margin);
+    f.amax_history_len = static_cast<int>(a.fp8_amax_history_len);
+    f.amax_compute_algo = fp8::parse_amax_compute_algo(a.fp8_amax_compute_algo);
+    f.wgrad = a.fp8_wgrad;
+    f.param_gather = a.fp8_param_gather;
+    c.fp8 = f;
+  }
   return c;
 }
 

@@ -134,6 +134,8 @@ struct Arguments {
   std::vector<std::string> cp_comm_type = {"p2p"};  // one value, or one per layer
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> decoder_first_pipeline_num_layers;  // uneven pipeline split (first stage)
+  std::optional<int64_t> decoder_last_pipeline_num_layers;   // uneven pipeline split (last stage)
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // derived
   bool sequence_parallel = false;

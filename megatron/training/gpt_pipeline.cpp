@@ -7,23 +7,50 @@
 
 namespace megatron::training {
 
-std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp, int pp_rank, int vp) {
+std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp, int pp_rank, int vp,
+                                           std::optional<int64_t> first, std::optional<int64_t> last) {
   MEGATRON_CHECK(pp >= 1 && vp >= 1 && pp_rank >= 0 && pp_rank < pp) << "pp " << pp << " rank " << pp_rank << " vp " << vp;
   const int64_t stages = static_cast<int64_t>(pp) * vp;
-  if (num_layers % stages != 0)
-    user_error("--num-layers (", num_layers, ") must be divisible by --pipeline-model-parallel-size (", pp,
-               ") x virtual stages per rank (", vp,
-               "); uneven splits (--decoder-first/last-pipeline-num-layers) are not supported");
-  const int64_t per = num_layers / stages;
   std::vector<PipelineChunk> out;
-  for (int c = 0; c < vp; ++c) {
-    const int64_t stage = static_cast<int64_t>(c) * pp + pp_rank;
+  auto add = [&](int c, int64_t offset, int64_t n) {
     PipelineChunk ch;
-    ch.layer_offset = stage * per;
-    ch.num_layers = per;
-    ch.pre_process = stage == 0;
-    ch.post_process = stage == stages - 1;
+    ch.layer_offset = offset;
+    ch.num_layers = n;
+    ch.pre_process = c == 0 && pp_rank == 0;
+    ch.post_process = c == vp - 1 && pp_rank == pp - 1;
     out.push_back(ch);
+  };
+  if (!first && !last) {
+    if (num_layers % stages != 0)
+      user_error("--num-layers (", num_layers, ") must be divisible by --pipeline-model-parallel-size (", pp,
+                 ") x virtual stages per rank (", vp, "), or give --decoder-first/last-pipeline-num-layers");
+    const int64_t per = num_layers / stages;
+    for (int c = 0; c < vp; ++c) add(c, (static_cast<int64_t>(c) * pp + pp_rank) * per, per);
+    return out;
+  }
+  const char* flags = "--decoder-first-pipeline-num-layers/--decoder-last-pipeline-num-layers";
+  if (pp < 2) user_error(flags, " need --pipeline-model-parallel-size > 1");
+  const int64_t f = first.value_or(0), l = last.value_or(0);
+  if (f < 0 || l < 0 || f + l > num_layers)
+    user_error(flags, " (", f, ", ", l, ") must be >= 0 and sum to at most --num-layers (", num_layers, ")");
+  const int64_t middle_stages = pp - (first ? 1 : 0) - (last ? 1 : 0);
+  const int64_t middle = num_layers - f - l;
+  if (middle_stages == 0 && middle != 0)
+    user_error(flags, " (", f, " + ", l, ") must add up to --num-layers (", num_layers, ") with 2 pipeline stages");
+  if (middle_stages > 0 && middle % (middle_stages * vp) != 0)
+    user_error("the ", middle, " layers left by ", flags, " must divide evenly over the ", middle_stages,
+               " other pipeline stages x ", vp, " virtual stages");
+  if (f % vp != 0 || l % vp != 0)
+    user_error(flags, " (", f, ", ", l, ") must be divisible by the virtual stages per rank (", vp, ")");
+  const int64_t per_middle = middle_stages > 0 ? middle / middle_stages : 0;  // per rank
+  const bool is_first = pp_rank == 0, is_last = pp_rank == pp - 1;
+  const int64_t rank_layers = (first && is_first) ? f : (last && is_last) ? l : per_middle;
+  const int64_t middle_rank = first ? pp_rank - 1 : pp_rank;
+  const int64_t total_per_chunk = (f + middle + l) / vp;  // Megatron's total_virtual_chunks
+  for (int c = 0; c < vp; ++c) {
+    int64_t offset = static_cast<int64_t>(c) * total_per_chunk;
+    if (!is_first) offset += f / vp + middle_rank * (per_middle / vp);
+    add(c, offset, rank_layers / vp);
   }
   return out;
 }
@@ -60,6 +87,8 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
   // Per global batch.
   std::vector<datasets::GPTBatch> batches;
   std::vector<LossReport> reports;
+  std::vector<double> seed_tokens;  // per micro-batch: the backward seed's token count
+  std::function<double(double)> loss_tokens;
   bool forward_only = false;
   double loss_scale = 1.0;
 
@@ -76,6 +105,8 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
     if (!loss_chunk(c)) return out;
     const LossReport r = masked_loss(out, b.loss_mask);
     reports[static_cast<size_t>(mb)] = r;
+    if (!forward_only && !per_token)
+      seed_tokens[static_cast<size_t>(mb)] = loss_tokens ? loss_tokens(r.num_tokens) : std::max(r.num_tokens, 1.0);
     // Megatron's loss_func output, divided by the number of micro-batches (reporting only).
     const double v = per_token ? r.loss_sum : r.loss_sum / std::max(r.num_tokens, 1.0) / static_cast<double>(M);
     return Tensor::from_vector({static_cast<float>(v)}, {1});
@@ -91,7 +122,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
       const datasets::GPTBatch& b = batches[static_cast<size_t>(mb)];
       // §6.8: the backward seed of Σ(loss·mask)·k is mask·k.
       double k = loss_scale;
-      if (!per_token) k /= std::max(reports[static_cast<size_t>(mb)].num_tokens, 1.0) * static_cast<double>(M);
+      if (!per_token) k /= seed_tokens[static_cast<size_t>(mb)] * static_cast<double>(M);
       Tensor dloss = b.loss_mask.to(Device::cpu()).clone();
       float* d = dloss.data<float>();
       const float kf = static_cast<float>(k);
@@ -137,10 +168,13 @@ GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared
 
 GPTPipeline::~GPTPipeline() = default;
 
+void GPTPipeline::set_microbatch_loss_tokens(std::function<double(double)> fn) { impl_->loss_tokens = std::move(fn); }
+
 void GPTPipeline::set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyHook hook) {
   MEGATRON_CHECK(chunk < impl_->grad_ready.size()) << "chunk " << chunk;
   impl_->grad_ready[chunk] = std::move(hook);
 }
+
 
 std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, bool forward_only, double loss_scale) {
   Impl& d = *impl_;
@@ -151,6 +185,7 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
     d.batches.push_back(std::move(*b));
   }
   d.reports.assign(static_cast<size_t>(d.M), LossReport{});
+  d.seed_tokens.assign(static_cast<size_t>(d.M), 1.0);
   d.forward_only = forward_only;
   d.loss_scale = loss_scale;
   const int M = static_cast<int>(d.M);

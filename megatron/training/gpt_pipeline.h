@@ -27,12 +27,17 @@ struct PipelineChunk {
   bool post_process = true;
 };
 
-/// Megatron's layer split (TransformerBlock's get_num_layers_to_build / layer offset): with
-/// PP stages and VP virtual stages per rank, the model has PP·VP stages of
-/// num_layers/(PP·VP) layers each; chunk c of pipeline rank r is model stage c·PP + r
-/// (VP = 1: stage r holds layers [r·L/PP, (r+1)·L/PP)). Throws UserError when num_layers is
-/// not divisible by PP·VP (naming --num-layers and the pipeline flags).
-std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp_size, int pp_rank, int vp_size);
+/// Megatron's layer split (get_num_layers_to_build / get_transformer_layer_offset in
+/// megatron/core/transformer/transformer_{block,layer}.py). Even: the model has PP·VP stages of
+/// num_layers/(PP·VP) layers; chunk c of pipeline rank r is model stage c·PP + r (VP = 1: rank r
+/// holds layers [r·L/PP, (r+1)·L/PP)). Uneven (--decoder-first-pipeline-num-layers F,
+/// --decoder-last-pipeline-num-layers La, either or both): the first / last pipeline rank holds F /
+/// La layers, the other ranks split the rest evenly; with VP every rank's count is split evenly
+/// over its chunks and chunk c starts at c·(F + M + La)/VP plus the earlier ranks' shares.
+/// Throws UserError (naming the flags) when a count does not divide as required.
+std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp_size, int pp_rank, int vp_size,
+                                           std::optional<int64_t> first_stage_layers = std::nullopt,
+                                           std::optional<int64_t> last_stage_layers = std::nullopt);
 
 /// Runs one global batch through the schedule on this rank's chunks.
 class GPTPipeline {
@@ -48,6 +53,10 @@ class GPTPipeline {
   /// --overlap-grad-reduce: called (per chunk) during the LAST micro-batch's backward with the
   /// parameters whose gradients are complete (DistributedDataParallel::register_grad_ready).
   void set_grad_ready(size_t chunk, models::gpt::GPTModel::GradReadyHook hook);
+  /// TrainingHooks::microbatch_loss_tokens (context parallelism): the token count that divides a
+  /// micro-batch's loss in the backward seed, from this rank's Σ(loss_mask). Unset = max(Σ, 1).
+  /// Called on the last stage, once per micro-batch, in micro-batch order.
+  void set_microbatch_loss_tokens(std::function<double(double)> fn);
 
   /// TrainingHooks::forward_backward: reads num_microbatches batches from `data` (nullopt if it
   /// runs out), runs them forward (and backward unless forward_only; dL/dloss = loss_mask ·

@@ -56,8 +56,18 @@ else
 fi
 
 # SIGINT: stops, removes its temporary files, exits non-zero
-timeout -s INT 0.3 "$BIN/preprocess_data" --input "$T/big.jsonl" --output-prefix "$T/i" --tokenizer-type NullTokenizer \
-  --vocab-size 1000 --workers 2 > /dev/null 2> "$T/err.txt" && rc=0 || rc=$?
+# The signal is sent once the run has created its (temporary) output, i.e. after start-up: a
+# fixed delay raced with start-up on a loaded machine (SIGINT before the handler existed).
+"$BIN/preprocess_data" --input "$T/big.jsonl" --output-prefix "$T/i" --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --workers 2 > /dev/null 2> "$T/err.txt" &
+pid=$!
+for _ in $(seq 1 200); do
+  compgen -G "$T/i_text_document*" > /dev/null && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+kill -INT "$pid" 2>/dev/null || true
+wait "$pid" && rc=0 || rc=$?
 if [ -e "$T/i_text_document.idx" ]; then
   echo "note: the run finished before SIGINT; nothing to check"
 else

@@ -87,7 +87,7 @@ echo "dp2 + --calculate-per-token-loss + --use-distributed-optimizer: equal to t
 grep -q 'data-parallel size: 2' "$LOGDIR/dp2.log" || fail "dp2: no 'data-parallel size: 2' line"
 
 # Unsupported layouts are one clear error naming the flag.
-for bad in "--context-parallel-size 2 --cp-comm-type a2a:--cp-comm-type"; do
+for bad in "--context-parallel-size 2 --cp-comm-type allgather:--cp-comm-type"; do
   flags=${bad%%:*} want=${bad##*:}
   # shellcheck disable=SC2086
   if timeout 60 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${ARGS[@]}" $flags >"$LOGDIR/bad.log" 2>&1; then
@@ -95,4 +95,4 @@ for bad in "--context-parallel-size 2 --cp-comm-type a2a:--cp-comm-type"; do
   fi
   grep -q "^error: $want" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "$flags: no error naming $want"; }
 done
-echo "--cp-comm-type a2a: rejected with an error naming the flag (PP/SP/CP: pretrain_gpt_pipeline.sh, pretrain_gpt_cp.sh)"
+echo "--cp-comm-type allgather: rejected with an error naming the flag (PP/SP/CP: pretrain_gpt_pipeline.sh, pretrain_gpt_cp.sh)"

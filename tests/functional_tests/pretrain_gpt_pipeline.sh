@@ -107,11 +107,19 @@ check() {  # check NAME REF NP FLAGS...
 check gpt_pp2 gpt 2 --pipeline-model-parallel-size 2
 check llama_pp2 llama 2 --pipeline-model-parallel-size 2
 check gpt_pp2_vp2 gpt 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
-check llama_pp2_vp2 llama 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
+check llama_pp2_vp2 llama 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
+check gpt_pp2_uneven gpt 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 \
+  --decoder-last-pipeline-num-layers 3
+check llama_pp3_uneven llama 3 --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2 \
+  --decoder-last-pipeline-num-layers 1
 check gpt_tp2_pp2 gpt 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 check llama_tp2_pp2 llama 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 check gpt_dp2_pp2_distopt gpt 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer
+# --calculate-per-token-loss: the token count is broadcast from the last stage and summed over DP.
+run gpt_ptl 1 --calculate-per-token-loss
+check gpt_dp2_pp2_ptl gpt_ptl 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer --calculate-per-token-loss
 grep -q "pipeline-model-parallel size: 2" "$LOGDIR/gpt_pp2.log" || fail "gpt_pp2: no 'pipeline-model-parallel size: 2' line"
+check llama_cp2_pp2 llama 4 --context-parallel-size 2 --pipeline-model-parallel-size 2
 check gpt_tp2_sp gpt 2 --tensor-model-parallel-size 2 --sequence-parallel
 check llama_tp2_sp llama 2 --tensor-model-parallel-size 2 --sequence-parallel
 check gpt_tp2_pp2_sp gpt 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel

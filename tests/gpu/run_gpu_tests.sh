@@ -38,6 +38,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = test ]; then
   echo "== gpu_ops_test"
   "$BIN/gpu_ops_test" 2>&1 | tee "$OUTD/gpu_ops_test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "== fp8_gpu_test (docs/fp8.md)"
+  "$BIN/fp8_gpu_test" --no-timing 2>&1 | tee "$OUTD/fp8_gpu_test.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$SAN" ]; then
     echo "== compute-sanitizer memcheck (small shapes)"

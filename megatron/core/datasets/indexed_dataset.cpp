@@ -70,6 +70,7 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(std::string bin_path, IndexDType dt
   std::string tmp = bin_path_ + ".tmp";
   bin_ = std::fopen(tmp.c_str(), "wb");
   if (!bin_) user_error(tmp, ": cannot create: ", std::strerror(errno));
+  std::setvbuf(bin_, nullptr, _IOFBF, 1 << 20);  // few large writes instead of one per 4 KiB
 }
 
 IndexedDatasetBuilder::~IndexedDatasetBuilder() {
@@ -77,30 +78,52 @@ IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   if (!finalized_) std::remove((bin_path_ + ".tmp").c_str());
 }
 
-void IndexedDatasetBuilder::write_tokens(const int64_t* tokens, size_t n) {
-  size_t isz = index_dtype_size(dtype_);
-  buf_.resize(n * isz);
-  char* out = buf_.data();
+namespace {
+template <class T>
+size_t encode_as(const int64_t* ids, size_t n, char* out, int64_t lo, int64_t hi) {
   for (size_t i = 0; i < n; ++i) {
-    int64_t v = tokens[i];
-    bool ok = true;
-    switch (dtype_) {
-      case IndexDType::kUInt8: ok = v >= 0 && v <= 255; store_le<uint8_t>(out + i, static_cast<uint8_t>(v)); break;
-      case IndexDType::kInt8: ok = v >= -128 && v <= 127; store_le<int8_t>(out + i, static_cast<int8_t>(v)); break;
-      case IndexDType::kInt16: ok = v >= -32768 && v <= 32767; store_le<int16_t>(out + 2 * i, static_cast<int16_t>(v)); break;
-      case IndexDType::kUInt16: ok = v >= 0 && v <= 65535; store_le<uint16_t>(out + 2 * i, static_cast<uint16_t>(v)); break;
-      case IndexDType::kInt32:
-        ok = v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
-        store_le<int32_t>(out + 4 * i, static_cast<int32_t>(v));
-        break;
-      case IndexDType::kInt64: store_le<int64_t>(out + 8 * i, v); break;
-      case IndexDType::kFloat32: store_le<float>(out + 4 * i, static_cast<float>(v)); break;
-      case IndexDType::kFloat64: store_le<double>(out + 8 * i, static_cast<double>(v)); break;
-    }
-    if (!ok)
-      user_error(bin_path_, ": token id ", v, " does not fit the dataset dtype ", index_dtype_name(dtype_),
-                 " (the tokenizer's vocab_size chose it); check --vocab-size / the tokenizer");
+    const int64_t v = ids[i];
+    if (v < lo || v > hi) return i;
+    store_le<T>(out + sizeof(T) * i, static_cast<T>(v));
   }
+  return n;
+}
+}  // namespace
+
+size_t encode_token_ids(IndexDType t, const int64_t* ids, size_t n, char* out) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  switch (t) {
+    case IndexDType::kUInt8: return encode_as<uint8_t>(ids, n, out, 0, 255);
+    case IndexDType::kInt8: return encode_as<int8_t>(ids, n, out, -128, 127);
+    case IndexDType::kInt16: return encode_as<int16_t>(ids, n, out, -32768, 32767);
+    case IndexDType::kUInt16: return encode_as<uint16_t>(ids, n, out, 0, 65535);
+    case IndexDType::kInt32:
+      return encode_as<int32_t>(ids, n, out, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
+    case IndexDType::kInt64: return encode_as<int64_t>(ids, n, out, kMin, kMax);
+    case IndexDType::kFloat32:
+      for (size_t i = 0; i < n; ++i) store_le<float>(out + 4 * i, static_cast<float>(ids[i]));
+      return n;
+    case IndexDType::kFloat64:
+      for (size_t i = 0; i < n; ++i) store_le<double>(out + 8 * i, static_cast<double>(ids[i]));
+      return n;
+  }
+  return 0;
+}
+
+void encode_tokens(IndexDType t, const std::vector<int64_t>& ids, std::vector<char>& out) {
+  out.resize(ids.size() * index_dtype_size(t));
+  size_t ok = encode_token_ids(t, ids.data(), ids.size(), out.data());
+  if (ok != ids.size())
+    user_error("token id ", ids[ok], " does not fit the dataset dtype ", index_dtype_name(t),
+               " (the tokenizer's vocab_size chose it); check --vocab-size / the tokenizer");
+}
+
+void IndexedDatasetBuilder::write_tokens(const int64_t* tokens, size_t n) {
+  buf_.resize(n * index_dtype_size(dtype_));
+  size_t ok = encode_token_ids(dtype_, tokens, n, buf_.data());
+  if (ok != n)
+    user_error(bin_path_, ": token id ", tokens[ok], " does not fit the dataset dtype ", index_dtype_name(dtype_),
+               " (the tokenizer's vocab_size chose it); check --vocab-size / the tokenizer");
   write_all(bin_, buf_.data(), buf_.size(), bin_path_ + ".tmp");
   tokens_written_ += n;
 }
@@ -129,6 +152,22 @@ void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_token
   MEGATRON_CHECK(total == static_cast<int64_t>(num_tokens))
       << "add_document: lengths sum " << total << " != " << num_tokens << " tokens";
   write_tokens(tokens, num_tokens);
+  for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
+  doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
+}
+
+void IndexedDatasetBuilder::add_document_encoded(const char* bytes, size_t num_tokens, const int64_t* lengths,
+                                                 size_t num_lengths) {
+  int64_t total = 0;
+  for (size_t i = 0; i < num_lengths; ++i) {
+    if (lengths[i] < 0 || lengths[i] > std::numeric_limits<int32_t>::max())
+      user_error(bin_path_, ": a sequence of ", lengths[i], " tokens does not fit the int32 length field of the .idx");
+    total += lengths[i];
+  }
+  MEGATRON_CHECK(total == static_cast<int64_t>(num_tokens))
+      << "add_document_encoded: lengths sum " << total << " != " << num_tokens << " tokens";
+  write_all(bin_, bytes, num_tokens * index_dtype_size(dtype_), bin_path_ + ".tmp");
+  tokens_written_ += num_tokens;
   for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }

@@ -31,6 +31,12 @@ size_t index_dtype_size(IndexDType t);
 IndexDType optimal_index_dtype(int64_t cardinality);
 /// "uint16", "int32", ...
 const char* index_dtype_name(IndexDType t);
+/// Converts n token ids to dtype `t` as little-endian bytes at `out` (n * index_dtype_size(t)
+/// bytes, numpy's astype for in-range values). Returns the index of the first id outside the
+/// dtype's range (nothing is written from there on), or n when all fit.
+size_t encode_token_ids(IndexDType t, const int64_t* ids, size_t n, char* out);
+/// Same into a vector (resized); throws UserError naming the first id that does not fit.
+void encode_tokens(IndexDType t, const std::vector<int64_t>& ids, std::vector<char>& out);
 
 /// Writes a .bin/.idx pair (Megatron's IndexedDatasetBuilder).
 ///
@@ -54,6 +60,8 @@ class IndexedDatasetBuilder {
   void add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths);
   /// Same, from raw arrays: `num_tokens` tokens split into `num_lengths` sequences.
   void add_document(const int64_t* tokens, size_t num_tokens, const int64_t* lengths, size_t num_lengths);
+  /// add_document() with the tokens already converted to this builder's dtype (encode_tokens).
+  void add_document_encoded(const char* bytes, size_t num_tokens, const int64_t* lengths, size_t num_lengths);
   /// Appends another dataset (prefix without extension); dtypes must match (Megatron add_index).
   void add_index(const std::string& prefix);
   /// Writes the .idx and publishes both files: an existing .idx of the same name is removed

@@ -1,5 +1,6 @@
 #include "megatron/core/tensor_parallel/layers.h"
 
+#include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 
@@ -57,15 +58,20 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(x, *tp_.group) : x;
   const Tensor& xin = ctx.input;
   Tensor y = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
-  ops::linear_forward(xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
+  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
+  else ops::linear_forward(xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
   return y;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const {
   Tensor dx;
   if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
-  ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                       bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  if (fp8_)
+    fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  else
+    ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
   if (need_dx && tp_.size() > 1) {
     if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
     tp_.group->all_reduce(dx);
@@ -83,7 +89,8 @@ RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& pref
 Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = x;
   Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
-  ops::linear_forward(x, weight_.data(), nullptr, y);
+  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y);
+  else ops::linear_forward(x, weight_.data(), nullptr, y);
   if (tp_.size() > 1) {
     if (tp_.sequence_parallel)
       y = reduce_scatter_along_first_dim(y, *tp_.group);  // out of the TP region into the sequence shards
@@ -100,9 +107,23 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bo
   const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
   Tensor dx;
   if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
-  ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                       bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  if (fp8_)
+    fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+  else
+    ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
   return dx;
+}
+
+void ColumnParallelLinear::enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name) {
+  fp8_base_ = st->register_linear(name);
+  fp8_ = std::move(st);
+}
+
+void RowParallelLinear::enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name) {
+  fp8_base_ = st->register_linear(name);
+  fp8_ = std::move(st);
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParamRegistry& reg, const std::string& name, int64_t num_embeddings,

@@ -16,6 +16,10 @@
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/module.h"
 
+namespace megatron::fp8 {
+class Fp8State;
+}
+
 namespace megatron::tensor_parallel {
 
 /// What ColumnParallelLinear/RowParallelLinear backward needs: their (gathered) input.
@@ -33,8 +37,9 @@ struct TPContext {
 
 /// Y = X W^T + b with W [out, in] split by rows (output features) across TP ranks: this rank
 /// holds rows [r*out/TP, (r+1)*out/TP) (with partition_stride 2, the rank's rows of each half,
-/// Megatron's SwiGLU fc1 layout). Forward: identity on X (no SP); output stays split (no
-/// gather_output). Backward: dX all-reduced over TP.
+/// Megatron's SwiGLU fc1 layout). Forward: identity on X, or with sequence parallelism the
+/// all-gather of X's sequence shards [s/TP, ...] -> [s, ...]; output stays split (no
+/// gather_output). Backward: dX all-reduced over TP (SP: reduce-scattered back to [s/TP, ...]).
 class ColumnParallelLinear {
  public:
   /// Registers "<prefix>.weight" (and "<prefix>.bias" if bias) with global shape
@@ -53,16 +58,23 @@ class ColumnParallelLinear {
 
   int64_t output_size_per_partition() const { return out_local_; }
   transformer::ParamRef weight() const { return weight_; }
+  /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
+  void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
 
  private:
   transformer::ParamRef weight_, bias_;
   int64_t in_, out_local_;
   TPContext tp_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
+  int fp8_base_ = -1;
 };
 
 /// Y = X W^T + b with W [out, in] split by columns (input features): the input arrives split
 /// along its last dim; the partial products are all-reduced over TP and the (unsplit) bias is
-/// added after the reduction. Backward: identity for dY; dX stays split.
+/// added after the reduction. With sequence parallelism the reduction is a reduce-scatter along
+/// the sequence ([s, ...] -> [s/TP, ...]) and backward all-gathers dY first (the bias gradient of
+/// the gathered dY equals Megatron's per-shard bias gradient all-reduced over TP). Backward:
+/// identity for dY; dX stays split.
 class RowParallelLinear {
  public:
   RowParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
@@ -71,11 +83,15 @@ class RowParallelLinear {
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+  /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
+  void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
 
  private:
   transformer::ParamRef weight_, bias_;
   int64_t in_local_, out_;
   TPContext tp_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
+  int fp8_base_ = -1;
 };
 
 /// Word embedding with rows split across TP ranks (Megatron's VocabParallelEmbedding): ids

@@ -141,6 +141,11 @@ void BpePipeline::encode_segment(std::string_view seg, std::vector<int64_t>& out
 std::vector<int64_t> BpePipeline::encode(std::string_view text) const {
   std::vector<int64_t> out;
   out.reserve(text.size() / 3 + 4);
+  encode_into(text, out);
+  return out;
+}
+
+void BpePipeline::encode_into(std::string_view text, std::vector<int64_t>& out) const {
   if (spec_.add_special_tokens) out.insert(out.end(), spec_.prefix_ids.begin(), spec_.prefix_ids.end());
   size_t seg_start = 0;
   size_t i = 0;
@@ -179,7 +184,6 @@ std::vector<int64_t> BpePipeline::encode(std::string_view text) const {
   }
   encode_segment(text.substr(seg_start), out);
   if (spec_.add_special_tokens) out.insert(out.end(), spec_.suffix_ids.begin(), spec_.suffix_ids.end());
-  return out;
 }
 
 std::string BpePipeline::decode(const std::vector<int64_t>& ids) const {

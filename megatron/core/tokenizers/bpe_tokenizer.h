@@ -45,6 +45,8 @@ class BpePipeline {
   ~BpePipeline();
   /// Encodes `text` (UTF-8). Thread-safe.
   std::vector<int64_t> encode(std::string_view text) const;
+  /// Same, appending to `out`.
+  void encode_into(std::string_view text, std::vector<int64_t>& out) const;
   /// Concatenated bytes of the ids (added tokens by content); unknown ids are skipped.
   std::string decode(const std::vector<int64_t>& ids) const;
   /// Id of a token string as transformers' convert_tokens_to_ids sees it (added tokens first,

@@ -39,6 +39,11 @@ class MegatronTokenizer {
   virtual ~MegatronTokenizer() = default;
   /// Text -> ids, exactly as Megatron's tokenizer.tokenize(text) for this type.
   virtual std::vector<int64_t> tokenize(std::string_view text) const = 0;
+  /// Same ids, appended to `out` (no allocation per call where the type supports it).
+  virtual void tokenize_into(std::string_view text, std::vector<int64_t>& out) const {
+    std::vector<int64_t> ids = tokenize(text);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
   /// Ids -> text (best effort; used by tests and tools).
   virtual std::string detokenize(const std::vector<int64_t>& ids) const = 0;
   /// Unpadded vocabulary size (Megatron's tokenizer.vocab_size).

@@ -20,6 +20,9 @@ class BpeTokenizer final : public MegatronTokenizer {
   };
   BpeTokenizer(BpePipelineSpec spec, Info info) : pipeline_(std::move(spec)), info_(std::move(info)) {}
   std::vector<int64_t> tokenize(std::string_view text) const override { return pipeline_.encode(text); }
+  void tokenize_into(std::string_view text, std::vector<int64_t>& out) const override {
+    pipeline_.encode_into(text, out);
+  }
   std::string detokenize(const std::vector<int64_t>& ids) const override { return pipeline_.decode(ids); }
   int64_t vocab_size() const override { return info_.vocab_size; }
   int64_t eod() const override { return info_.eod; }

@@ -21,6 +21,10 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   linear_qkv_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
       reg, prefix + ".linear_qkv", config.hidden_size, config.qkv_projection_size(),
       config.add_bias_linear || config.add_qkv_bias, config.init_method_std, tp);
+  if (config.fp8_state) {
+    linear_qkv_->enable_fp8(config.fp8_state, prefix + ".linear_qkv");
+    linear_proj_->enable_fp8(config.fp8_state, prefix + ".linear_proj");
+  }
   if (config.qk_layernorm) {
     q_layernorm_ = std::make_unique<Norm>(reg, prefix + ".q_layernorm", config.kv_channels, config);
     k_layernorm_ = std::make_unique<Norm>(reg, prefix + ".k_layernorm", config.kv_channels, config);

@@ -88,8 +88,17 @@ struct Dims {
 
 Dims check(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionParams& p,
            distributed::ProcessGroup& g, const std::string& comm_type) {
-  if (comm_type != "p2p")
-    user_error("--cp-comm-type ", comm_type, ": only p2p (ring exchange of K/V) is implemented; use --cp-comm-type p2p");
+  if (comm_type != "p2p" && comm_type != "a2a")
+    user_error("--cp-comm-type ", comm_type, ": only p2p (ring exchange of K/V) and a2a (all-to-all) are implemented");
+  if (comm_type == "a2a") {
+    if (q.size(2) % g.size() != 0 || k.size(2) % g.size() != 0)
+      user_error("--cp-comm-type a2a: the attention heads (", q.size(2), ") and query groups (", k.size(2),
+                 ") of a tensor-parallel rank must be divisible by --context-parallel-size (", g.size(),
+                 "); use --cp-comm-type p2p");
+    if (p.attention_mask)
+      user_error("--cp-comm-type a2a does not support an explicit attention mask (--reset-attention-mask); use "
+                 "--cp-comm-type p2p");
+  }
   MEGATRON_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.size(2) % k.size(2) == 0 && q.size(0) % 2 == 0)
       << "context-parallel attention q " << q.str() << " k " << k.str() << " v " << v.str();
@@ -122,6 +131,108 @@ std::unique_ptr<distributed::Work> ring_exchange(distributed::ProcessGroup& g, T
   std::vector<distributed::P2POp> ops = {{distributed::P2POp::kSend, &out, (r + 1) % n},
                                          {distributed::P2POp::kRecv, &in, (r - 1 + n) % n}};
   return g.batch_isend_irecv(ops);
+}
+
+// ---- all-to-all (Ulysses) ----------------------------------------------------------------------
+
+/// x [2c, b, n, d] (this rank's two chunks, all n heads) -> [S, b, n/CP, d]: the whole sequence in
+/// natural token order for head slice cp_rank. Collective over g.
+Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
+  const int cp = g.size(), r = g.rank();
+  const int64_t n2 = x.size(0), b = x.size(1), n = x.size(2), d = x.size(3), hs = n / cp, c = n2 / 2;
+  const Device dev = x.device();
+  // [2c*b, CP, hs*d] -> [CP, 2c*b, hs*d]: slot j = head slice j of all local rows.
+  Tensor send = Tensor::empty({cp, n2 * b, hs * d}, x.dtype(), dev);
+  ops::transpose01(x.view({n2 * b, cp, hs * d}), send);
+  Tensor recv = Tensor::empty({cp, n2, b, hs, d}, x.dtype(), dev);
+  std::vector<Tensor> sends, recvs;
+  for (int j = 0; j < cp; ++j) {
+    sends.push_back(send.narrow0(j, 1).view({n2, b, hs, d}));
+    recvs.push_back(recv.narrow0(j, 1).view({n2, b, hs, d}));
+  }
+  std::vector<distributed::P2POp> ops;
+  for (int j = 0; j < cp; ++j) {
+    if (j == r) continue;
+    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
+    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
+  }
+  recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
+  if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
+  // Rank i's rows are its chunks (i, 2CP-1-i): put every chunk at its place in the sequence.
+  Tensor full = Tensor::empty({2 * cp * c, b, hs, d}, x.dtype(), dev);
+  for (int i = 0; i < cp; ++i)
+    for (int half = 0; half < 2; ++half) {
+      Tensor dst = full.narrow0(global_chunk(i, half, cp) * c, c);
+      dst.copy_(recvs[static_cast<size_t>(i)].narrow0(half * c, c));
+    }
+  return full;
+}
+
+/// Inverse of seq_gather_heads_scatter: full [S, b, hs, d] (head slice cp_rank) -> [2c, b, hs*CP, d]
+/// (this rank's two chunks, all heads), into `out` (any float dtype of full's). Collective over g.
+void seq_scatter_heads_gather(const Tensor& full, distributed::ProcessGroup& g, Tensor& out) {
+  const int cp = g.size(), r = g.rank();
+  const int64_t S = full.size(0), b = full.size(1), hs = full.size(2), d = full.size(3), c = S / (2 * cp);
+  const Device dev = full.device();
+  Tensor send = Tensor::empty({cp, 2 * c, b, hs, d}, full.dtype(), dev);
+  Tensor recv = Tensor::empty({cp, 2 * c * b, hs * d}, full.dtype(), dev);
+  std::vector<Tensor> sends, recvs;
+  for (int i = 0; i < cp; ++i) {
+    Tensor slot = send.narrow0(i, 1).view({2 * c, b, hs, d});
+    for (int half = 0; half < 2; ++half) {
+      Tensor dst = slot.narrow0(half * c, c);
+      dst.copy_(full.narrow0(global_chunk(i, half, cp) * c, c));
+    }
+    sends.push_back(slot);
+    recvs.push_back(recv.narrow0(i, 1).view({2 * c, b, hs, d}));
+  }
+  std::vector<distributed::P2POp> ops;
+  for (int j = 0; j < cp; ++j) {
+    if (j == r) continue;
+    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
+    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
+  }
+  recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
+  if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
+  // [CP, 2c*b, hs*d] -> [2c*b, CP, hs*d] = [2c, b, CP*hs, d] (head slice j from rank j).
+  if (out.dtype() == full.dtype()) {
+    Tensor o = out.view({2 * c * b, cp, hs * d});
+    ops::transpose01(recv, o);
+  } else {
+    Tensor tmp = Tensor::empty({2 * c * b, cp, hs * d}, full.dtype(), dev);
+    ops::transpose01(recv, tmp);
+    ops::cast(tmp, out);
+  }
+}
+
+void a2a_forward(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionParams& p,
+                 distributed::ProcessGroup& g, Tensor& out, ContextParallelAttnCtx& ctx) {
+  ctx.q_full = seq_gather_heads_scatter(q, g);
+  ctx.k_full = seq_gather_heads_scatter(k, g);
+  ctx.v_full = seq_gather_heads_scatter(v, g);
+  const int64_t S = ctx.q_full.size(0), b = q.size(1), hs = ctx.q_full.size(2);
+  ctx.out_full = Tensor::empty(ctx.q_full.shape(), q.dtype(), q.device());
+  ctx.lse_full = Tensor::empty({b, hs, S}, DType::kFloat32, q.device());
+  ops::AttentionParams pc = p;
+  if (p.dropout_p > 0.0f) pc.seed = p.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(g.rank() + 1);
+  ops::attention_forward(ctx.q_full, ctx.k_full, ctx.v_full, pc, ctx.out_full, ctx.lse_full);
+  seq_scatter_heads_gather(ctx.out_full, g, out);
+}
+
+void a2a_backward(const Tensor& dout, const ops::AttentionParams& p, distributed::ProcessGroup& g,
+                  const ContextParallelAttnCtx& ctx, Tensor& dq, Tensor& dk, Tensor& dv) {
+  MEGATRON_CHECK(ctx.q_full.defined() && ctx.out_full.defined()) << "a2a backward without its forward";
+  Tensor dout_full = seq_gather_heads_scatter(dout, g);
+  Tensor dq_full = Tensor::empty(ctx.q_full.shape(), dq.dtype(), dq.device());
+  Tensor dk_full = Tensor::empty(ctx.k_full.shape(), dk.dtype(), dk.device());
+  Tensor dv_full = Tensor::empty(ctx.v_full.shape(), dv.dtype(), dv.device());
+  ops::AttentionParams pc = p;
+  if (p.dropout_p > 0.0f) pc.seed = p.seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(g.rank() + 1);
+  ops::attention_backward(dout_full, ctx.q_full, ctx.k_full, ctx.v_full, ctx.out_full, ctx.lse_full, pc, dq_full,
+                          dk_full, dv_full);
+  seq_scatter_heads_gather(dq_full, g, dq);
+  seq_scatter_heads_gather(dk_full, g, dk);
+  seq_scatter_heads_gather(dv_full, g, dv);
 }
 
 }  // namespace
@@ -182,6 +293,7 @@ void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const 
                                         const std::string& comm_type, Tensor& out, ContextParallelAttnCtx& ctx) {
   const Dims dm = check(q, k, v, p, cp_group, comm_type);
   MEGATRON_CHECK(out.shape() == q.shape()) << "out " << out.str() << " for q " << q.str();
+  if (comm_type == "a2a") return a2a_forward(q, k, v, p, cp_group, out, ctx);
   const int r = cp_group.rank(), cp = cp_group.size();
   const int64_t c = dm.c;
   const Device dev = q.device();
@@ -229,8 +341,10 @@ void context_parallel_attention_backward(const Tensor& dout, const Tensor& q, co
                                          const ContextParallelAttnCtx& ctx, Tensor& dq, Tensor& dk, Tensor& dv) {
   const Dims dm = check(q, k, v, p, cp_group, comm_type);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
-                 dk.shape() == k.shape() && dv.shape() == v.shape() && ctx.lse[0].defined() && ctx.lse[1].defined())
+                 dk.shape() == k.shape() && dv.shape() == v.shape() &&
+                 (comm_type == "a2a" || (ctx.lse[0].defined() && ctx.lse[1].defined())))
       << "context-parallel attention backward dout " << dout.str() << " dq " << dq.str() << " dk " << dk.str();
+  if (comm_type == "a2a") return a2a_backward(dout, p, cp_group, ctx, dq, dk, dv);
   const int r = cp_group.rank(), cp = cp_group.size();
   const int64_t c = dm.c, n = 2 * c;
   const Device dev = q.device();

@@ -19,6 +19,12 @@
 // block and after CP steps one more hop returns it to its owner. Communication is posted
 // asynchronously (ProcessGroup::batch_isend_irecv) before the block's attention and waited for
 // after it, so on NCCL it overlaps with the compute.
+//
+// All-to-all (--cp-comm-type a2a, DeepSpeed-Ulysses as in Transformer Engine's
+// AttnFuncWithCPAndQKVOA2A): an all-to-all turns "2 chunks x all heads" into "whole sequence x
+// 1/CP of the heads" for q, k, v; plain causal attention runs on the whole sequence; an
+// all-to-all returns the output (backward: the same for dout, and back for dq, dk, dv). Needs
+// the attention heads and query groups of a TP rank divisible by CP; no explicit attention mask.
 #pragma once
 
 #include <array>
@@ -51,6 +57,9 @@ Tensor cp_rank_global_positions(int64_t s_local, int64_t b, int cp_size, int cp_
 /// chunk's queries over all keys, float32 [b, np, c] per chunk.
 struct ContextParallelAttnCtx {
   std::array<Tensor, 2> lse;
+  /// a2a: the full-sequence head slice this rank attended over (natural token order):
+  /// q/out [S, b, np/CP, d], k/v [S, b, ng/CP, d], lse float32 [b, np/CP, S].
+  Tensor q_full, k_full, v_full, out_full, lse_full;
 };
 
 /// Causal self-attention of this CP rank's queries against the whole sequence by a K/V ring over
@@ -59,7 +68,8 @@ struct ContextParallelAttnCtx {
 /// [2c, b, np, d] (q's dtype) is written, ctx.lse filled. p.causal must be true (the ring skips
 /// future blocks); with p.attention_mask ([b, 1, 2c, S] bool, the query rows of this rank over
 /// all S keys, 1 = masked) every block pair is computed under its sub-mask instead. Attention
-/// dropout uses a separate random stream per (query chunk, key block). comm_type "p2p" only.
+/// dropout uses a separate random stream per (query chunk, key block). comm_type "p2p" (ring) or
+/// "a2a" (all-to-all; heads and groups divisible by CP, no mask).
 /// Must be called by every rank of cp_group (collective). Throws UserError for an unsupported
 /// comm_type; InternalError for shapes that do not fit.
 void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -15,6 +15,10 @@ MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig&
       config.init_method_std, tp, config.gated_linear_unit ? 2 : 1);
   linear_fc2_ = std::make_unique<tensor_parallel::RowParallelLinear>(
       reg, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size, config.add_bias_linear, out_std, tp);
+  if (config.fp8_state) {
+    linear_fc1_->enable_fp8(config.fp8_state, prefix + ".linear_fc1");
+    linear_fc2_->enable_fp8(config.fp8_state, prefix + ".linear_fc2");
+  }
 }
 
 Tensor MLP::forward(const Tensor& x, MLPCtx& ctx) const {

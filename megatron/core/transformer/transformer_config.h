@@ -7,9 +7,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype.h"
+
+namespace megatron::fp8 {
+class Fp8State;
+}
 
 namespace megatron::transformer {
 
@@ -90,6 +97,13 @@ struct TransformerConfig {
   DType params_dtype = DType::kFloat32;
   /// Dtype of the main gradients (fp32; bfloat16 with --grad-reduce-in-bf16).
   DType main_grads_dtype = DType::kFloat32;
+
+  // ---- FP8 (megatron.md §10) ----
+  /// Megatron's `fp8` (--fp8-format) with the recipe flags; nullopt = no FP8 GEMMs. The QKV,
+  /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h).
+  std::optional<fp8::Fp8Config> fp8;
+  /// Runtime FP8 state shared by those layers; created by GPTModel when `fp8` is set.
+  std::shared_ptr<fp8::Fp8State> fp8_state;
 
   // ---- parallelism (ModelParallelConfig) ----
   int64_t tensor_model_parallel_size = 1;

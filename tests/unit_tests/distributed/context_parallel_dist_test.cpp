@@ -79,7 +79,7 @@ double rel_err(const Tensor& a, const Tensor& ref) {
   return m > 0 ? e / m : e;
 }
 
-void run_cp_equivalence(int tp, int cp, transformer::TransformerConfig (*make)(int)) {
+void run_cp_equivalence(int tp, int cp, transformer::TransformerConfig (*make)(int), const std::string& comm = "p2p") {
   auto world = testing::dist_world();
   namespace ps = parallel_state;
   ps::ParallelConfig pc;
@@ -95,6 +95,7 @@ void run_cp_equivalence(int tp, int cp, transformer::TransformerConfig (*make)(i
   models::gpt::GPTModelParallel par;
   par.tp_group = tpg;
   par.cp_group = cpg;
+  par.cp_comm_type = comm;
   GPTModel model(make(tp), kVocab, kSeq, 31, Device::cpu(), par);
   distributed::DistributedDataParallel ddp({}, model.buffers(), model.parameters(), dpcp);
   ASSERT_EQ(ref.parameters().size(), model.parameters().size());
@@ -144,6 +145,8 @@ TEST(DistCP, Cp2TinyGPTAndLlamaMatchSingleRank) {
   if (testing::dist_world()->size() != 2) GTEST_SKIP() << "needs 2 ranks";
   run_cp_equivalence(1, 2, gpt_config);
   run_cp_equivalence(1, 2, llama_config);
+  run_cp_equivalence(1, 2, gpt_config, "a2a");
+  run_cp_equivalence(1, 2, llama_config, "a2a");
 }
 
 TEST(DistCP, Cp2Tp2TinyGPTAndLlamaMatchSingleRank) {
@@ -151,6 +154,7 @@ TEST(DistCP, Cp2Tp2TinyGPTAndLlamaMatchSingleRank) {
   if (testing::dist_world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   run_cp_equivalence(2, 2, gpt_config);
   run_cp_equivalence(2, 2, llama_config);
+  run_cp_equivalence(2, 2, gpt_config, "a2a");
 }
 
 TEST(DistCP, Cp4TinyLlamaMatchesSingleRank) {

@@ -47,7 +47,38 @@ TEST(GPTPipelineLayout, EvenSplitMatchesMegatronOffsets) {
   EXPECT_EQ(w[2].layer_offset, 20);
 }
 
-TEST(GPTPipelineLayout, UnevenSplitIsAUserErrorNamingTheFlags) {
+// --decoder-first/last-pipeline-num-layers, offsets by hand from Megatron's
+// get_transformer_layer_offset: first stage F layers, last La, the rest split evenly; with VP the
+// chunk c offset is c*(L/VP) + F/VP + middle_rank*(M/VP/middle_stages).
+TEST(GPTPipelineLayout, UnevenSplitMatchesMegatronOffsets) {
+  auto a0 = pipeline_chunks(6, 2, 0, 1, 2, std::nullopt), a1 = pipeline_chunks(6, 2, 1, 1, 2, std::nullopt);
+  EXPECT_EQ(a0[0].layer_offset, 0);
+  EXPECT_EQ(a0[0].num_layers, 2);
+  EXPECT_EQ(a1[0].layer_offset, 2);
+  EXPECT_EQ(a1[0].num_layers, 4);
+  // PP3, 8 layers, first 1, last 3: [0,1) [1,5) [5,8).
+  int64_t want_off[] = {0, 1, 5}, want_n[] = {1, 4, 3};
+  for (int r = 0; r < 3; ++r) {
+    auto c = pipeline_chunks(8, 3, r, 1, 1, 3);
+    EXPECT_EQ(c[0].layer_offset, want_off[r]) << r;
+    EXPECT_EQ(c[0].num_layers, want_n[r]) << r;
+  }
+  // PP2 x VP2, 8 layers, first 2, last 6: r0c0 [0,1), r1c0 [1,4), r0c1 [4,5), r1c1 [5,8).
+  auto v0 = pipeline_chunks(8, 2, 0, 2, 2, 6), v1 = pipeline_chunks(8, 2, 1, 2, 2, 6);
+  EXPECT_EQ(v0[0].layer_offset, 0);
+  EXPECT_EQ(v0[0].num_layers, 1);
+  EXPECT_EQ(v1[0].layer_offset, 1);
+  EXPECT_EQ(v1[0].num_layers, 3);
+  EXPECT_EQ(v0[1].layer_offset, 4);
+  EXPECT_EQ(v1[1].layer_offset, 5);
+  EXPECT_EQ(v1[1].num_layers, 3);
+  EXPECT_THROW(pipeline_chunks(8, 2, 0, 1, 3, 3), UserError);     // 3 + 3 != 8 with two stages
+  EXPECT_THROW(pipeline_chunks(8, 4, 0, 1, 1, 2), UserError);     // 5 layers left for 2 middle stages
+  EXPECT_THROW(pipeline_chunks(8, 2, 0, 2, 1, 7), UserError);     // 1 and 7 not divisible by VP 2
+  EXPECT_THROW(pipeline_chunks(8, 1, 0, 1, 2, std::nullopt), UserError);  // needs PP > 1
+}
+
+TEST(GPTPipelineLayout, IndivisibleEvenSplitIsAUserErrorNamingTheFlags) {
   try {
     pipeline_chunks(6, 4, 0, 1);
     FAIL() << "expected UserError";

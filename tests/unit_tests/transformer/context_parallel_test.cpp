@@ -2,7 +2,7 @@
 //  * the log-sum-exp merge op against hand-computed values;
 //  * get_batch_on_this_cp_rank / cp_rank_global_positions against Megatron's layout written out
 //    by hand (rank r keeps chunks r and 2*CP-1-r of 2*CP);
-//  * ring attention, forward and backward, for CP = 1, 2, 3, 4, 6 in-process (one thread per CP
+//  * ring attention (and the a2a variant for CP 1, 2), forward and backward, for CP = 1, 2, 3, 4, 6 in-process (one thread per CP
 //    rank, a point-to-point mailbox group), against plain full-sequence attention computed by
 //    PyTorch (tests/reference/model/gen_cp_fixtures.py): causal, and Megatron's
 //    --reset-attention-mask document mask; GQA (4 heads, 2 K/V groups).
@@ -219,7 +219,7 @@ Tensor rank_rows(const Tensor& t, int cp, int r) {
   return out;
 }
 
-void check_ring(const std::string& name, int cp) {
+void check_ring(const std::string& name, int cp, const std::string& comm = "p2p") {
   Fixture fx("cp_attention");
   auto get = [&](const std::string& k) { return fx.get(name + "/" + k); };
   const Tensor q = get("q"), k = get("k"), v = get("v"), mask64 = get("mask"), out_ref = get("out"),
@@ -245,11 +245,11 @@ void check_ring(const std::string& name, int cp) {
     }
     Tensor out = Tensor::empty(ql.shape(), DType::kFloat32);
     transformer::ContextParallelAttnCtx ctx;
-    transformer::context_parallel_attention_forward(ql, kl, vl, p, g, "p2p", out, ctx);
+    transformer::context_parallel_attention_forward(ql, kl, vl, p, g, comm, out, ctx);
     std::ostringstream os;
     os << "rank " << r << ": out " << max_rel_error(out, rank_rows(out_ref, cp, r));
-    double lse_err = 0, lse_max = 0;
-    for (int a = 0; a < 2; ++a) {
+    double lse_err = 0, lse_max = 1;
+    for (int a = 0; a < 2 && comm == "p2p"; ++a) {
       const int64_t gc = a == 0 ? r : 2 * cp - 1 - r;
       for (int64_t bh = 0; bh < b * np; ++bh)
         for (int64_t i = 0; i < c; ++i) {
@@ -261,7 +261,7 @@ void check_ring(const std::string& name, int cp) {
     os << " lse " << lse_err / lse_max;
     Tensor dq = Tensor::empty(ql.shape(), DType::kFloat32), dk = Tensor::empty(kl.shape(), DType::kFloat32),
            dv = Tensor::empty(vl.shape(), DType::kFloat32);
-    transformer::context_parallel_attention_backward(rank_rows(dout, cp, r), ql, kl, vl, out, p, g, "p2p", ctx, dq, dk,
+    transformer::context_parallel_attention_backward(rank_rows(dout, cp, r), ql, kl, vl, out, p, g, comm, ctx, dq, dk,
                                                      dv);
     os << " dq " << max_rel_error(dq, rank_rows(dq_ref, cp, r)) << " dk " << max_rel_error(dk, rank_rows(dk_ref, cp, r))
        << " dv " << max_rel_error(dv, rank_rows(dv_ref, cp, r));
@@ -287,17 +287,31 @@ TEST(ContextParallel, RingAttentionResetMaskMatchesPyTorch) {
   for (int cp : {1, 2, 3}) check_ring("cp_attention_reset", cp);
 }
 
-TEST(ContextParallel, OnlyP2PCommTypeIsImplemented) {
+TEST(ContextParallel, AllToAllAttentionCausalMatchesPyTorch) {
+  // a2a splits the 4 heads / 2 K/V groups of the fixture over CP: CP 1 and 2.
+  for (int cp : {1, 2}) check_ring("cp_attention_causal", cp, "a2a");
+}
+
+TEST(ContextParallel, UnsupportedCommTypesAreUserErrors) {
   Tensor q = Tensor::zeros({4, 1, 2, 8}, DType::kFloat32), k = Tensor::zeros({4, 1, 1, 8}, DType::kFloat32);
   Tensor out = Tensor::empty(q.shape(), DType::kFloat32);
   transformer::ContextParallelAttnCtx ctx;
   ops::AttentionParams p;
   auto g = distributed::make_single_rank_group();
   try {
-    transformer::context_parallel_attention_forward(q, k, k, p, *g, "a2a", out, ctx);
+    transformer::context_parallel_attention_forward(q, k, k, p, *g, "allgather", out, ctx);
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("--cp-comm-type"), std::string::npos) << e.what();
+  }
+  // a2a with a mask: UserError naming the flag.
+  Tensor mask = Tensor::zeros({1, 1, 4, 4}, DType::kUInt8);
+  p.attention_mask = &mask;
+  try {
+    transformer::context_parallel_attention_forward(q, k, k, p, *g, "a2a", out, ctx);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--cp-comm-type a2a"), std::string::npos) << e.what();
   }
 }
 

@@ -163,11 +163,15 @@ bool InputReader::next(LineBatch& out) {
     // only complete at EOF (it could be the start of "\r\n").
     size_t cut = std::string::npos;
     // bytes [0, scanned_) were already found to hold no usable terminator (long lines)
-    for (size_t i = avail; i-- > scanned_;) {
-      char c = base[i];
-      if (c == '\n') { cut = i + 1; break; }
-      if (c == '\r') {
-        if (i + 1 < avail || eof_) { cut = i + 1; break; }
+    {
+      // last '\n' (memrchr) and any later '\r'
+      const void* nl = avail > scanned_ ? ::memrchr(base + scanned_, '\n', avail - scanned_) : nullptr;
+      const size_t from = nl ? static_cast<size_t>(static_cast<const char*>(nl) - base) + 1 : scanned_;
+      if (nl) cut = from;
+      for (size_t i = avail; i-- > from;) {
+        if (base[i] == '\r') {
+          if (i + 1 < avail || eof_) { cut = i + 1; break; }
+        }
       }
     }
     if (cut == std::string::npos && eof_) cut = avail;  // last line without terminator
@@ -185,10 +189,17 @@ bool InputReader::next(LineBatch& out) {
     out.data.assign(base, base + cut);
     out.data.resize(cut + kPadding, '\0');
     const char* d = out.data.data();
+    // Common case, no '\r' in the batch: memchr for '\n' (vectorized in libc).
+    const bool has_cr = std::memchr(d, '\r', cut) != nullptr;
     size_t pos = 0;
     while (pos < cut) {
       size_t e = pos;
-      while (e < cut && d[e] != '\n' && d[e] != '\r') ++e;
+      if (!has_cr) {
+        const void* nl = std::memchr(d + pos, '\n', cut - pos);
+        e = nl ? static_cast<size_t>(static_cast<const char*>(nl) - d) : cut;
+      } else {
+        while (e < cut && d[e] != '\n' && d[e] != '\r') ++e;
+      }
       LineBatch::Line ln{pos, static_cast<uint32_t>(e - pos), e < cut};
       if (e - pos > UINT32_MAX) user_error(path_, ":", next_line_, ": line longer than 4 GiB");
       out.lines.push_back(ln);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -69,9 +70,17 @@ std::string python_float_repr(double v) {
 }
 
 uint64_t count_code_points(const char* s, size_t n) {
-  uint64_t c = 0;
-  for (size_t i = 0; i < n; ++i) c += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
-  return c;
+  // n minus the UTF-8 continuation bytes (10xxxxxx), 8 bytes at a time: bit 7 of
+  // (x & ~(x << 1)) is set exactly in the bytes whose top two bits are 10.
+  uint64_t cont = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x;
+    std::memcpy(&x, s + i, 8);
+    cont += static_cast<uint64_t>(__builtin_popcountll(x & ~(x << 1) & 0x8080808080808080ull));
+  }
+  for (; i < n; ++i) cont += (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
+  return n - cont;
 }
 
 std::string output_dataset_prefix(const PreprocessConfig& cfg, const std::string& key) {
@@ -94,6 +103,8 @@ struct BatchResult {
   std::vector<Doc> docs;
   // per key: flat tokens, flat sequence lengths, and per doc the number of sequences
   std::vector<std::vector<int64_t>> tokens, lens;
+  // per key: the tokens already in the dataset dtype (little-endian bytes), written as is
+  std::vector<std::vector<char>> encoded;
   std::vector<std::vector<uint32_t>> nseq;
 };
 
@@ -148,6 +159,10 @@ class Worker {
         }
       }
     }
+    // Convert to the dataset dtype here, in parallel, so the writer thread only copies bytes
+    // (every id was range-checked per line above).
+    out.encoded.assign(K, {});
+    for (size_t k = 0; k < K; ++k) encode_tokens(dtype_, out.tokens[k], out.encoded[k]);
   }
 
  private:
@@ -170,15 +185,15 @@ class Worker {
       size_t tok_start = toks.size();
       uint32_t nseq = 0;
       auto add = [&](std::string_view sentence) -> std::string {
-        std::vector<int64_t> ids;
+        const size_t before = toks.size();
         try {
-          ids = tok_.tokenize(sentence);
+          tok_.tokenize_into(sentence, toks);
         } catch (const std::exception& e) {
+          toks.resize(before);
           return "key '" + key + "': tokenizer failed: " + e.what();
         }
-        if (ids.empty()) return {};
-        toks.insert(toks.end(), ids.begin(), ids.end());
-        lens.push_back(static_cast<int64_t>(ids.size()));
+        if (toks.size() == before) return {};
+        lens.push_back(static_cast<int64_t>(toks.size() - before));
         ++nseq;
         out.nseq[k][doc] = nseq;
         return {};
@@ -372,6 +387,7 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
     user_error("--append-eod: tokenizer ", "has no end-of-document token (no eos); drop --append-eod");
 
   const IndexDType dtype = optimal_index_dtype(tok.vocab_size());
+  const size_t dtype_size = index_dtype_size(dtype);
   const size_t K = cfg.json_keys.size();
   const bool round_robin = cfg.partitions > 1 && !cfg.keep_sequential_samples;
   const size_t P = round_robin ? static_cast<size_t>(cfg.partitions) : 1;
@@ -483,8 +499,8 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
         uint32_t ns = r->nseq[k][i];
         int64_t ntok = 0;
         for (uint32_t j = 0; j < ns; ++j) ntok += r->lens[k][len_off[k] + j];
-        builders[k][part]->add_document(r->tokens[k].data() + tok_off[k], static_cast<size_t>(ntok),
-                                        r->lens[k].data() + len_off[k], ns);
+        builders[k][part]->add_document_encoded(r->encoded[k].data() + tok_off[k] * dtype_size,
+                                                static_cast<size_t>(ntok), r->lens[k].data() + len_off[k], ns);
         tok_off[k] += static_cast<size_t>(ntok);
         len_off[k] += ns;
         st.tokens += static_cast<uint64_t>(ntok);

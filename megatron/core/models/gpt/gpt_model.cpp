@@ -1,5 +1,6 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/common/embeddings/language_model_embedding.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/layers.h"
@@ -60,6 +61,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (max_sequence_length <= 0) user_error("GPTModel: --max-position-embeddings must be positive");
 
   tensor_parallel::TPContext tp{parallel_.tp_group, config_.sequence_parallel};
+  if (config_.fp8) config_.fp8_state = std::make_shared<fp8::Fp8State>(*config_.fp8, device_);
   const int64_t stage_layers = parallel_.num_layers < 0 ? config_.num_layers : parallel_.num_layers;
   if (parallel_.layer_offset < 0 || stage_layers < 0 || parallel_.layer_offset + stage_layers > config_.num_layers)
     user_error("GPTModel: pipeline stage layers [", parallel_.layer_offset, ", ", parallel_.layer_offset + stage_layers,
@@ -154,6 +156,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (learned && s > max_sequence_length_)
     user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
 
+  if (config_.fp8_state) config_.fp8_state->set_recording(training);  // eval forwards leave the amax histories alone
   State& st = *state_;
   st = State();
   transformer::ForwardContext fc;
@@ -166,8 +169,11 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (cp > 1) {  // the batch holds this rank's two chunks (get_batch_on_this_cp_rank)
     fc.cp_group = parallel_.cp_group;
     fc.cp_comm_type = parallel_.cp_comm_type;
+    // Attention sees this rank's whole local sequence (a later stage's input is s/TP with SP).
+    const int64_t s_attn = !parallel_.pre_process && config_.sequence_parallel ? s * parallel_.tp_group->size() : s;
     if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
-      fc.rotary_position_ids = transformer::cp_rank_global_positions(s, b, cp, parallel_.cp_group->rank(), device_);
+      fc.rotary_position_ids =
+          transformer::cp_rank_global_positions(s_attn, b, cp, parallel_.cp_group->rank(), device_);
   }
 
   Tensor h;

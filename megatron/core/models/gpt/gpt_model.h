@@ -136,6 +136,9 @@ class GPTModel {
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
 
   const TransformerConfig& config() const { return config_; }
+  /// FP8 state of this model's FP8 linear layers (nullptr without --fp8-format): call its
+  /// reduce_and_update() once per training step, save/restore it with checkpoints.
+  fp8::Fp8State* fp8_state() const { return config_.fp8_state.get(); }
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
   Device device() const { return device_; }
   /// Parameter by Megatron name; throws UserError if absent.

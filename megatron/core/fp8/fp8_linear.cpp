@@ -1,0 +1,186 @@
+#include "megatron/core/fp8/fp8_linear.h"
+
+#include <cmath>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/utils/errors.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/fp8_cuda.h"
+#endif
+
+namespace megatron::fp8 {
+
+namespace {
+bool is_tensorwise(const Fp8State& st) { return st.config().recipe == Fp8Recipe::kTensorwise; }
+
+float host_amax(const Tensor& x) {
+  float a = 0.0f;
+  for (float v : x.to_float_vector()) {
+    const float f = std::fabs(v);
+    if (std::isnan(f) || f > a) a = f;
+  }
+  return a;
+}
+
+Shape rows_cols(const Tensor& x) {
+  const int64_t c = x.size(-1);
+  return {x.numel() / std::max<int64_t>(c, 1), c};
+}
+
+// ---------------------------------------------------------------------------------- CPU
+void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const bool rec = st.recording();
+  Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, rec);
+  Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, rec);
+  Tensor y32 = Tensor::empty(y.shape(), DType::kFloat32);
+  ops::linear_forward(xq, wq, nullptr, y32);
+  ops::cast(y32, y);
+  if (bias) ops::bias_add_(y, *bias);
+}
+
+void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
+                  Tensor* dbias, bool accumulate) {
+  Tensor dyq = quantize_dequantize_cpu(st, base + kGradOutput, dy, st.recording());
+  if (dx) {
+    Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, false);
+    Tensor dx32 = Tensor::empty(dx->shape(), DType::kFloat32);
+    ops::gemm(dyq, false, wq, false, dx32);  // [N, out] @ [out, in]
+    ops::cast(dx32, *dx);
+  }
+  if (dw) {
+    if (st.config().wgrad) {
+      Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, false);
+      Tensor dw32 = Tensor::empty(dw->shape(), DType::kFloat32);
+      ops::gemm(dyq, true, xq, false, dw32);  // [N, out]^T @ [N, in]
+      if (accumulate) ops::add_(*dw, dw32);
+      else ops::cast(dw32, *dw);
+    } else {
+      ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
+    }
+  }
+  if (dbias) ops::linear_backward(dy, x, w, nullptr, nullptr, dbias, accumulate);
+}
+
+#ifdef MEGATRON_WITH_CUDA
+// ---------------------------------------------------------------------------------- CUDA
+float* fptr(Tensor t) { return static_cast<float*>(t.data_ptr()); }
+
+// Quantizes x with role r (q row layout and/or q_t transposed). Tensorwise: scale from x's own
+// amax first (recorded into the step amax when `record`).
+void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q, Tensor* q_t) {
+  float* amax = record ? fptr(st.amax(r)) : nullptr;
+  if (is_tensorwise(st)) {
+    Tensor cur = Tensor::zeros({1}, DType::kFloat32, x.device());
+    ops::cuda::fp8_amax(x, fptr(cur));
+    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.meta(r).dtype), st.config().margin, fptr(st.scale(r)),
+                                   fptr(st.scale_inv(r)), amax);
+    amax = nullptr;
+  }
+  ops::cuda::fp8_quantize(x, fptr(st.scale(r)), amax, q, q_t);
+}
+
+void check_aligned(const char* what, int64_t v) {
+  if (v % 16 != 0)
+    user_error("FP8 GEMM (", what, " = ", v, "): cuBLASLt FP8 needs every GEMM dimension divisible by 16; "
+               "choose --hidden-size/--ffn-hidden-size/--kv-channels and micro-batch x sequence length accordingly, "
+               "or drop --fp8-format");
+}
+
+void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const bool rec = st.recording();
+  const Shape xs = rows_cols(x);
+  const int64_t out = w.size(0), in = w.size(1);
+  check_aligned("tokens", xs[0]);
+  check_aligned("in_features", in);
+  check_aligned("out_features", out);
+  const DType fwd = st.meta(base + kInput).dtype;
+  Tensor xq = Tensor::empty(xs, fwd, x.device());
+  Tensor wq = Tensor::empty({out, in}, st.meta(base + kWeight).dtype, x.device());
+  quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
+  quantize_cuda(st, base + kWeight, w, rec, &wq, nullptr);
+  Tensor y2 = y.view({xs[0], out});
+  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq, fptr(st.scale_inv(base + kWeight)), y2, 0.0f,
+                         /*fast_accum=*/true);
+  if (bias) ops::bias_add_(y, *bias);
+}
+
+void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
+                   Tensor* dbias, bool accumulate) {
+  const Shape ds = rows_cols(dy);  // [N, out]
+  const int64_t N = ds[0], out = w.size(0), in = w.size(1);
+  const bool fp8_wgrad = dw && st.config().wgrad;
+  const DType gdt = st.meta(base + kGradOutput).dtype;
+  Tensor dyq, dyq_t;
+  if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
+  if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
+  if (dx || fp8_wgrad)
+    quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+  const float* sg = fptr(st.scale_inv(base + kGradOutput));
+  if (dx) {
+    Tensor wq_t = Tensor::empty({in, out}, st.meta(base + kWeight).dtype, w.device());
+    quantize_cuda(st, base + kWeight, w, false, nullptr, &wq_t);
+    Tensor dx2 = dx->view({N, in});
+    ops::cuda::fp8_gemm_tn(dyq, sg, wq_t, fptr(st.scale_inv(base + kWeight)), dx2, 0.0f, false);
+  }
+  if (dw) {
+    if (fp8_wgrad) {
+      Tensor xq_t = Tensor::empty({in, N}, st.meta(base + kInput).dtype, x.device());
+      quantize_cuda(st, base + kInput, x, false, nullptr, &xq_t);
+      ops::cuda::fp8_gemm_tn(dyq_t, sg, xq_t, fptr(st.scale_inv(base + kInput)), *dw, accumulate ? 1.0f : 0.0f,
+                             false);
+    } else {
+      ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
+    }
+  }
+  if (dbias) ops::linear_backward(dy, x, w, nullptr, nullptr, dbias, accumulate);
+}
+#endif
+}  // namespace
+
+Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record) {
+  MEGATRON_CHECK(x.is_cpu()) << "quantize_dequantize_cpu(" << x.str() << ")";
+  if (is_tensorwise(st)) {
+    Fp8TensorMeta m = st.meta(r);
+    m.set_current_scale(host_amax(x), st.config());
+    st.set_scale(r, m.scale);
+  }
+  Tensor q = Tensor::empty(x.shape(), st.meta(r).dtype);
+  const float amax = quantize_cpu(x, st.meta(r), q);
+  if (record) st.record_host_amax(r, amax);
+  Tensor y = Tensor::empty(x.shape(), DType::kFloat32);
+  dequantize_cpu(q, st.meta(r).scale_inv, y);
+  return y;
+}
+
+void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  MEGATRON_CHECK(w.dim() == 2 && x.size(-1) == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
+                 base + kNumRoles <= st.num_roles())
+      << "fp8::linear_forward: x " << x.str() << " w " << w.str() << " y " << y.str() << " base " << base;
+  if (x.is_cuda()) {
+#ifdef MEGATRON_WITH_CUDA
+    forward_cuda(st, base, x, w, bias, y);
+    return;
+#else
+    user_error("fp8::linear_forward: a CUDA tensor reached a build without the CUDA backend");
+#endif
+  }
+  forward_cpu(st, base, x, w, bias, y);
+}
+
+void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
+                     Tensor* dw, Tensor* dbias, bool accumulate) {
+  MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && x.size(-1) == w.size(1) && base >= 0 &&
+                 base + kNumRoles <= st.num_roles())
+      << "fp8::linear_backward: dy " << dy.str() << " x " << x.str() << " w " << w.str();
+  if (dy.is_cuda()) {
+#ifdef MEGATRON_WITH_CUDA
+    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate);
+    return;
+#else
+    user_error("fp8::linear_backward: a CUDA tensor reached a build without the CUDA backend");
+#endif
+  }
+  backward_cpu(st, base, dy, x, w, dx, dw, dbias, accumulate);
+}
+
+}  // namespace megatron::fp8

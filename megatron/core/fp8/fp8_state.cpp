@@ -1,0 +1,149 @@
+#include "megatron/core/fp8/fp8_state.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::fp8 {
+
+Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(device) {
+  if (cfg_.amax_history_len < 1)
+    user_error("--fp8-amax-history-len must be >= 1 (got ", cfg_.amax_history_len, ")");
+  if (cfg_.margin < 0) user_error("--fp8-margin must be >= 0 (got ", cfg_.margin, ")");
+}
+
+int Fp8State::register_linear(const std::string& prefix) {
+  MEGATRON_CHECK(!d_amax_.defined()) << "Fp8State::register_linear(" << prefix << ") after the first use";
+  const int base = static_cast<int>(metas_.size());
+  names_.push_back(prefix);
+  metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // input
+  metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // weight
+  metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, true));   // grad-output
+  return base;
+}
+
+namespace {
+// Each role's amax/scale/scale_inv sits in its own 256-byte slot: cuBLASLt reads the scale
+// pointers with aligned loads (a 4-byte-aligned scale pointer gives CUBLAS_STATUS_NOT_SUPPORTED
+// on the H200).
+constexpr int64_t kSlot = 64;
+}  // namespace
+
+void Fp8State::ensure_device() {
+  if (d_amax_.defined()) return;
+  const int64_t n = std::max<int64_t>(1, num_roles()) * kSlot;
+  d_amax_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  push_scales();
+}
+
+void Fp8State::push_scales() {
+  std::vector<float> s(d_scale_.numel(), 1.0f), si(d_scale_.numel(), 1.0f);
+  for (size_t r = 0; r < metas_.size(); ++r) {
+    s[r * kSlot] = metas_[r].scale;
+    si[r * kSlot] = metas_[r].scale_inv;
+  }
+  d_scale_.copy_(Tensor::from_vector(s, {d_scale_.numel()}));
+  d_scale_inv_.copy_(Tensor::from_vector(si, {d_scale_inv_.numel()}));
+}
+
+Tensor Fp8State::scale(int r) {
+  ensure_device();
+  return d_scale_.flat_slice(r * kSlot, {1});
+}
+Tensor Fp8State::scale_inv(int r) {
+  ensure_device();
+  return d_scale_inv_.flat_slice(r * kSlot, {1});
+}
+Tensor Fp8State::amax(int r) {
+  ensure_device();
+  return d_amax_.flat_slice(r * kSlot, {1});
+}
+
+void Fp8State::set_scale(int r, float s) {
+  ensure_device();
+  MEGATRON_CHECK(device_.is_cpu()) << "Fp8State::set_scale is the CPU path";
+  metas_.at(r).scale = s;
+  metas_.at(r).scale_inv = 1.0f / s;
+  d_scale_.data<float>()[r * kSlot] = s;
+  d_scale_inv_.data<float>()[r * kSlot] = 1.0f / s;
+}
+
+void Fp8State::record_host_amax(int r, float a) {
+  ensure_device();
+  MEGATRON_CHECK(device_.is_cpu()) << "Fp8State::record_host_amax is the CPU path";
+  float& slot = d_amax_.data<float>()[r * kSlot];
+  if (std::isnan(a) || a > slot) slot = a;
+}
+
+void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
+  if (metas_.empty()) return;
+  ensure_device();
+  if (group && group->size() > 1) group->all_reduce(d_amax_, distributed::ReduceOp::kMax)->wait();
+  std::vector<float> amax = d_amax_.to_float_vector();  // one device-to-host copy per step
+  for (size_t r = 0; r < metas_.size(); ++r) {
+    Fp8TensorMeta& m = metas_[r];
+    m.record_amax(amax[r * kSlot]);
+    if (cfg_.recipe == Fp8Recipe::kDelayed) {
+      m.update(cfg_);
+    } else {
+      // Tensorwise: the scales came from each tensor itself; keep the history rolling for the
+      // checkpoint and logs only.
+      std::rotate(m.amax_history.begin(), m.amax_history.begin() + 1, m.amax_history.end());
+      m.amax_history[0] = 0.0f;
+    }
+  }
+  d_amax_.zero_();
+  if (cfg_.recipe == Fp8Recipe::kDelayed) push_scales();
+}
+
+std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
+  using dist_checkpointing::ShardedTensor;
+  std::vector<ShardedTensor> out;
+  const int64_t H = cfg_.amax_history_len;
+  for (size_t l = 0; l < names_.size(); ++l) {
+    std::vector<float> hist(static_cast<size_t>(H) * kNumRoles), sc(kNumRoles), si(kNumRoles);
+    for (int j = 0; j < kNumRoles; ++j) {
+      const Fp8TensorMeta& m = metas_[l * kNumRoles + j];
+      for (int64_t h = 0; h < H; ++h) hist[h * kNumRoles + j] = m.amax_history[h];
+      sc[j] = m.scale;
+      si[j] = m.scale_inv;
+    }
+    const std::string k = names_[l] + "._extra_state.fp8.";
+    out.push_back(ShardedTensor::from_tensor(k + "amax_history", Tensor::from_vector(hist, {H, kNumRoles}), replica_id));
+    out.push_back(ShardedTensor::from_tensor(k + "scale", Tensor::from_vector(sc, {kNumRoles}), replica_id));
+    out.push_back(ShardedTensor::from_tensor(k + "scale_inv", Tensor::from_vector(si, {kNumRoles}), replica_id));
+  }
+  return out;
+}
+
+void Fp8State::restore_checkpoint_tensors(const std::vector<dist_checkpointing::ShardedTensor>& ts,
+                                          const std::vector<std::string>& loaded_keys) {
+  const int64_t H = cfg_.amax_history_len;
+  for (size_t l = 0; l < names_.size(); ++l) {
+    const std::string k = names_[l] + "._extra_state.fp8.";
+    for (const auto& t : ts) {
+      if (std::find(loaded_keys.begin(), loaded_keys.end(), t.key) == loaded_keys.end()) continue;
+      if (t.key.rfind(k, 0) != 0) continue;
+      const std::string what = t.key.substr(k.size());
+      std::vector<float> v = t.data.to_float_vector();
+      for (int j = 0; j < kNumRoles; ++j) {
+        Fp8TensorMeta& m = metas_[l * kNumRoles + j];
+        if (what == "amax_history") {
+          MEGATRON_CHECK(static_cast<int64_t>(v.size()) == H * kNumRoles) << t.key;
+          for (int64_t h = 0; h < H; ++h) m.amax_history[h] = v[h * kNumRoles + j];
+        } else if (what == "scale") {
+          m.scale = v.at(j);
+        } else if (what == "scale_inv") {
+          m.scale_inv = v.at(j);
+        }
+      }
+    }
+  }
+  if (d_amax_.defined()) push_scales();
+}
+
+}  // namespace megatron::fp8

@@ -1,0 +1,95 @@
+// FP8 state of one model (one pipeline stage): the delayed-scaling metadata of every FP8 GEMM
+// operand, Transformer Engine's per-module fp8_meta gathered in one place
+// (reference/megatron.md §10; TE transformer_engine/pytorch/fp8.py FP8GlobalStateManager).
+//
+// Every FP8 linear layer owns three roles, in TE's order: input (E4M3), weight (E4M3) and
+// grad-output (E5M2 in hybrid, E4M3 in e4m3). For role r the state keeps
+//   * on the host: Fp8TensorMeta (amax history, scale, scale_inv; fp8_recipe.h does the math);
+//   * on the model's device: amax[r] (the max |x| seen this step, written by the quantize
+//     kernels without a host round trip), scale[r] and scale_inv[r] (read by the quantize
+//     kernels and by cuBLASLt through device pointers).
+// Once per training step reduce_and_update() all-reduces (MAX) the step's amaxes over the amax
+// group (TP x DP x CP, Megatron's get_amax_reduction_group), records them into the histories,
+// updates every scale and copies the scales to the device: one device-to-host and one
+// host-to-device copy of 3 * num_layers_fp8 floats per step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/core/dist_checkpointing/mapping.h"
+#include "megatron/core/fp8/fp8_recipe.h"
+#include "megatron/core/tensor/tensor.h"
+
+namespace megatron::distributed {
+class ProcessGroup;
+}
+
+namespace megatron::fp8 {
+
+/// Roles of one FP8 linear layer (offsets from its base index).
+enum Fp8Role : int { kInput = 0, kWeight = 1, kGradOutput = 2, kNumRoles = 3 };
+
+class Fp8State {
+ public:
+  /// `device`: where the model's tensors live (the device copies of amax/scale follow it).
+  /// Throws UserError for an amax history length < 1 (names --fp8-amax-history-len) or a
+  /// margin < 0 (--fp8-margin).
+  Fp8State(const Fp8Config& cfg, Device device);
+
+  /// Registers a linear layer named `prefix` (e.g. "decoder.layers.0.self_attention.linear_qkv");
+  /// returns its base role index. Must be called before the first forward.
+  int register_linear(const std::string& prefix);
+
+  const Fp8Config& config() const { return cfg_; }
+  int num_roles() const { return static_cast<int>(metas_.size()); }
+  const Fp8TensorMeta& meta(int role) const { return metas_.at(role); }
+  const std::string& linear_name(int base) const { return names_.at(base / kNumRoles); }
+
+  /// Device views of role r's scale / scale_inv / current-step amax (float32 [1]).
+  Tensor scale(int r);
+  Tensor scale_inv(int r);
+  Tensor amax(int r);
+
+  /// Host copies of the current scale/scale_inv of role r (what the device holds).
+  float host_scale(int r) const { return metas_.at(r).scale; }
+  float host_scale_inv(int r) const { return metas_.at(r).scale_inv; }
+
+  /// Whether quantizations record their amax (training forward/backward); evaluation forwards
+  /// do not feed the histories.
+  void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+
+  /// The step boundary: all-reduce (MAX) the device amaxes over `amax_group` (nullptr = this rank
+  /// only), record them, update every scale (delayed recipe; the tensorwise recipe keeps its
+  /// per-tensor scales and only records), write the new scales to the device, zero the amaxes.
+  void reduce_and_update(distributed::ProcessGroup* amax_group);
+
+  /// Checkpoint tensors (host copies, float32), per linear `<prefix>._extra_state.fp8.amax_history`
+  /// [H, 3] (TE's layout: one column per role), `.scale` [3], `.scale_inv` [3]. replica_id marks
+  /// all but one copy of the (amax-group-replicated) state.
+  std::vector<dist_checkpointing::ShardedTensor> checkpoint_tensors(int replica_id = 0) const;
+  /// Restores from tensors produced by checkpoint_tensors() and filled by a load (same keys);
+  /// tensors whose key is not listed in `loaded_keys` are skipped (an older checkpoint without
+  /// FP8 state keeps the fresh state). Copies the scales to the device.
+  void restore_checkpoint_tensors(const std::vector<dist_checkpointing::ShardedTensor>& ts,
+                                  const std::vector<std::string>& loaded_keys);
+
+  /// CPU models: sets role r's scale (tensorwise recipe) / adds a host-computed amax observation.
+  void set_scale(int r, float scale);
+  void record_host_amax(int r, float amax);
+
+ private:
+  void ensure_device();
+  void push_scales();
+
+  Fp8Config cfg_;
+  Device device_;
+  std::vector<Fp8TensorMeta> metas_;
+  std::vector<std::string> names_;
+  Tensor d_amax_, d_scale_, d_scale_inv_;  // float32 [R] on device_
+  bool recording_ = true;
+};
+
+}  // namespace megatron::fp8

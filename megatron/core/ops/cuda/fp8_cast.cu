@@ -1,0 +1,218 @@
+// Fused FP8 quantize (+ transpose) + amax kernels (declared in fp8_cuda.h).
+//
+// Row layout only: a grid-stride loop, 8 elements per thread (16-byte loads for bf16), one
+// 8-byte store. With a transposed output: 64 x 64 tiles through shared memory; the row-layout
+// output (if wanted) is written from the same registers, the transposed one after the tile is
+// staged, so x is read once for both. The amax is a block max folded into the device scalar with
+// one atomicMax on its bit pattern (non-negative floats order like their bits; NaN's bits order
+// above +inf, so a NaN propagates as in TE).
+#include <cuda_fp8.h>
+
+#include <cfloat>
+
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/fp8_cuda.h"
+
+namespace megatron::ops::cuda {
+using namespace detail;
+
+namespace {
+constexpr int kThreads = 256;
+constexpr int kTile = 64;
+
+template <int kFmt>
+__device__ __forceinline__ uint8_t to_fp8(float v) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFmt == 0 ? __NV_E4M3 : __NV_E5M2);
+}
+
+__device__ __forceinline__ float abs_max(float a, float v) {
+  const float f = fabsf(v);
+  return (f > a || isnan(f)) ? f : a;
+}
+
+// Max that lets a NaN win (fmaxf would drop it).
+__device__ __forceinline__ float warp_max_nan(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = (w > v || isnan(w)) ? w : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ void block_amax_to(float a, float* amax) {
+  __shared__ float red[32];
+  a = warp_max_nan(a);
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) red[wid] = a;
+  __syncthreads();
+  if (wid == 0) {
+    a = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
+    a = warp_max_nan(a);
+    if (lane == 0 && a != 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(a));
+  }
+}
+
+template <class T, int kFmt>
+__global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale,
+                                     float* __restrict__ amax, uint8_t* __restrict__ q, bool vec) {
+  const float s = *scale;
+  float a = 0.0f;
+  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n;
+       i += (int64_t)gridDim.x * blockDim.x * 8) {
+    float f[8];
+    ld8(x, i, n, vec, f);
+    uint8_t b[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (i + j < n) a = abs_max(a, f[j]);
+      b[j] = to_fp8<kFmt>(f[j] * s);
+    }
+    if (q) {
+      if (vec && i + 8 <= n) {
+        *reinterpret_cast<uint2*>(q + i) = *reinterpret_cast<const uint2*>(b);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (i + j < n) q[i + j] = b[j];
+      }
+    }
+  }
+  if (amax) block_amax_to(a, amax);
+}
+
+// Tile (by, bx) covers rows [by*64, +64) and cols [bx*64, +64) of x [rows, cols].
+template <class T, int kFmt>
+__global__ void quantize_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                          const float* __restrict__ scale, float* __restrict__ amax,
+                                          uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float s = *scale;
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 64 x 4
+  const int64_t r0 = (int64_t)blockIdx.y * kTile, c0 = (int64_t)blockIdx.x * kTile;
+  float a = 0.0f;
+  const int64_t c = c0 + tx;
+#pragma unroll 4
+  for (int i = ty; i < kTile; i += kThreads / kTile) {
+    const int64_t r = r0 + i;
+    uint8_t b = 0;
+    if (r < rows && c < cols) {
+      const float v = to_f(x[r * cols + c]);
+      a = abs_max(a, v);
+      b = to_fp8<kFmt>(v * s);
+      if (q) q[r * cols + c] = b;
+    }
+    tile[i][tx] = b;
+  }
+  __syncthreads();
+  // qt [cols, rows]: row (c0 + i) gets columns [r0, r0 + 64). Full tiles with rows % 4 == 0:
+  // 16 threads per row, 4 bytes each (one 32-bit store); otherwise one byte per thread.
+  if ((rows & 3) == 0 && r0 + kTile <= rows) {
+    const int w = threadIdx.x % 16, i0 = threadIdx.x / 16;  // 16 rows per pass
+#pragma unroll
+    for (int i = i0; i < kTile; i += kThreads / 16) {
+      const int64_t cc = c0 + i;
+      if (cc < cols) {
+        const uint32_t v = (uint32_t)tile[4 * w][i] | ((uint32_t)tile[4 * w + 1][i] << 8) |
+                           ((uint32_t)tile[4 * w + 2][i] << 16) | ((uint32_t)tile[4 * w + 3][i] << 24);
+        *reinterpret_cast<uint32_t*>(qt + cc * rows + r0 + 4 * w) = v;
+      }
+    }
+  } else {
+    const int64_t r = r0 + tx;
+#pragma unroll 4
+    for (int i = ty; i < kTile; i += kThreads / kTile) {
+      const int64_t cc = c0 + i;
+      if (cc < cols && r < rows) qt[cc * rows + r] = tile[tx][i];
+    }
+  }
+  if (amax) block_amax_to(a, amax);
+}
+
+template <class T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax, bool vec) {
+  float a = 0.0f;
+  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n;
+       i += (int64_t)gridDim.x * blockDim.x * 8) {
+    float f[8];
+    ld8(x, i, n, vec, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (i + j < n) a = abs_max(a, f[j]);
+  }
+  block_amax_to(a, amax);
+}
+
+__global__ void scale_from_amax_kernel(const float* cur, float fmax, int margin, float* scale, float* scale_inv,
+                                       float* step_amax) {
+  const float a = *cur;
+  if (isfinite(a) && a > 0.0f) {
+    float s = (fmax / a) / ldexpf(1.0f, margin);
+    if (isinf(s)) s = FLT_MAX;
+    *scale = s;
+    *scale_inv = 1.0f / s;
+  }
+  if (step_amax && (a > *step_amax || isnan(a))) *step_amax = a;
+}
+
+int fmt_of(DType t) {
+  MEGATRON_CHECK(t == DType::kFloat8E4M3 || t == DType::kFloat8E5M2) << "fp8_quantize: output " << dtype_name(t);
+  return t == DType::kFloat8E4M3 ? 0 : 1;
+}
+}  // namespace
+
+void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, Tensor* q_t) {
+  check_cuda(x, "fp8_quantize");
+  MEGATRON_CHECK(q || q_t || amax) << "fp8_quantize: nothing to do";
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int64_t cols = x.size(-1), rows = n / cols;
+  const DType qd = q ? q->dtype() : q_t->dtype();
+  const int fmt = fmt_of(qd);
+  if (q) MEGATRON_CHECK(q->numel() == n && q->is_cuda()) << "fp8_quantize: q " << q->str() << " for " << x.str();
+  if (q_t)
+    MEGATRON_CHECK(q_t->numel() == n && q_t->is_cuda() && q_t->dtype() == qd && q_t->size(0) == cols)
+        << "fp8_quantize: q_t " << q_t->str() << " for " << x.str();
+  uint8_t* qp = q ? static_cast<uint8_t*>(q->data_ptr()) : nullptr;
+  cudaStream_t st = megatron::cuda::current_stream();
+  if (!q_t) {
+    const bool vec = aligned16(x.data_ptr()) && (!qp || (reinterpret_cast<uintptr_t>(qp) & 7u) == 0);
+    const unsigned grid = grid_for((n + 7) / 8, kThreads);
+    MCU_FLOAT_SWITCH(x.dtype(), T, {
+      const T* xp = static_cast<const T*>(x.data_ptr());
+      if (fmt == 0) quantize_rows_kernel<T, 0><<<grid, kThreads, 0, st>>>(xp, n, scale, amax, qp, vec);
+      else quantize_rows_kernel<T, 1><<<grid, kThreads, 0, st>>>(xp, n, scale, amax, qp, vec);
+    });
+  } else {
+    uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+    dim3 grid((unsigned)((cols + kTile - 1) / kTile), (unsigned)((rows + kTile - 1) / kTile));
+    MEGATRON_CHECK(grid.y < 65536u) << "fp8_quantize: too many rows " << rows;
+    MCU_FLOAT_SWITCH(x.dtype(), T, {
+      const T* xp = static_cast<const T*>(x.data_ptr());
+      if (fmt == 0) quantize_transpose_kernel<T, 0><<<grid, kThreads, 0, st>>>(xp, rows, cols, scale, amax, qp, qtp);
+      else quantize_transpose_kernel<T, 1><<<grid, kThreads, 0, st>>>(xp, rows, cols, scale, amax, qp, qtp);
+    });
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_amax(const Tensor& x, float* amax) {
+  check_cuda(x, "fp8_amax");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const bool vec = aligned16(x.data_ptr());
+  MCU_FLOAT_SWITCH(x.dtype(), T,
+                   amax_kernel<T><<<grid_for((n + 7) / 8, kThreads), kThreads, 0, st>>>(
+                       static_cast<const T*>(x.data_ptr()), n, amax, vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+                         float* step_amax) {
+  scale_from_amax_kernel<<<1, 1, 0, megatron::cuda::current_stream()>>>(cur_amax, fp8_max, margin, scale, scale_inv,
+                                                                        step_amax);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatron::ops::cuda

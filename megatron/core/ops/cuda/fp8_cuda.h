@@ -1,0 +1,37 @@
+// CUDA kernels and cuBLASLt GEMMs of the FP8 linear layers (megatron/core/fp8/fp8_linear.h).
+// Defined in ops/cuda/fp8_cast.cu and ops/cuda/fp8_gemm.cu; only built with the CUDA backend.
+// All pointers to scales/amaxes are device pointers to one float (no host round trip).
+#pragma once
+
+#include "megatron/core/tensor/tensor.h"
+
+namespace megatron::ops::cuda {
+
+/// Fused quantize (+ transpose) + amax of x viewed as [rows, cols] = [numel / x.size(-1), x.size(-1)]
+/// (float32/bfloat16/float16, CUDA):
+///   q   [rows, cols] = sat_rne_cast(x * scale[0])   (if q != nullptr)
+///   q_t [cols, rows] = the same values transposed     (if q_t != nullptr)
+///   amax[0] = max(amax[0], max |x|)                  (if amax != nullptr; NaN propagates)
+/// q/q_t dtype: float8_e4m3 or float8_e5m2 (both the same). The casts are CUDA's
+/// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt).
+void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, Tensor* q_t);
+
+/// amax[0] = max(amax[0], max |x|) only.
+void fp8_amax(const Tensor& x, float* amax);
+
+/// Tensorwise (current) scaling on the device: if cur_amax[0] is finite and > 0,
+/// scale[0] = fp8_max / cur_amax[0] / 2^margin (FLT_MAX if that overflows), scale_inv[0] = 1/scale;
+/// else both unchanged. Also folds cur_amax into step_amax (max) when step_amax != nullptr.
+void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+                         float* step_amax);
+
+/// FP8 GEMM on Hopper's "TN" layout (both operands K-major, i.e. row-major with K last):
+///   C[m, n] = a_scale_inv[0] * b_scale_inv[0] * (A[m, k] @ B[n, k]^T) + beta * C
+/// A, B: float8_e4m3/e5m2 (not both e5m2); C: bfloat16/float16/float32 (beta != 0 needs the same
+/// C as D: accumulates in place, e.g. into fp32 main grads). FP32 accumulation; fast_accum selects
+/// cuBLASLt's FAST_ACCUM (TE uses it for the forward GEMM only). Leading dims must be multiples
+/// of 16 bytes (k % 16 == 0; cuBLASLt's FP8 requirement), else UserError naming the shape.
+void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv, Tensor& c,
+                 float beta, bool fast_accum);
+
+}  // namespace megatron::ops::cuda

@@ -1,0 +1,356 @@
+// FP8 checks on the GPU (docs/fp8.md; run by tests/gpu/run_gpu_tests.sh or directly):
+//  1. casts: CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, E4M3/E5M2) (ops::cuda::cast and our
+//     fused fp8_quantize kernel) against the CPU conversions float_to_e4m3_bits /
+//     float_to_e5m2_bits that the CPU emulation uses -- bit-exact over EVERY float32 of both signs
+//     with magnitude in [2^-27, 2^19) (all rounding, subnormal and saturation cases of both
+//     formats), 0, +-inf, NaN, and every bfloat16 bit pattern;
+//  2. fp8_quantize (+ transpose + amax) with a scale on random bf16 data vs the CPU quantize_cpu
+//     (bit-exact bytes, exact amax);
+//  3. fp8_gemm_tn vs a float64 host GEMM of the dequantized operands (tolerances below);
+//  4. fp8::linear_forward/backward on CUDA vs the CPU emulation on the same data and scales;
+//  5. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt.
+// Exit status 0 iff every check passed.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "megatron/core/fp8/fp8_linear.h"
+#include "megatron/core/fp8/fp8_recipe.h"
+#include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/tensor/tensor.h"
+
+using namespace megatron;
+namespace cu = megatron::ops::cuda;
+
+namespace {
+int g_fail = 0, g_total = 0;
+std::mt19937_64 g_rng(1234);
+
+void report(const std::string& name, bool ok, const std::string& detail) {
+  ++g_total;
+  if (!ok) ++g_fail;
+  std::printf("%s %-60s %s\n", ok ? "ok  " : "FAIL", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+}
+
+float* fp(const Tensor& t) { return static_cast<float*>(t.data_ptr()); }
+
+std::vector<uint8_t> bytes(const Tensor& t) {
+  Tensor h = t.to(Device::cpu());
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return std::vector<uint8_t>(p, p + h.numel());
+}
+
+// Host conversions of n floats, split over threads.
+std::vector<uint8_t> host_cast(const std::vector<float>& v, bool e4m3) {
+  std::vector<uint8_t> out(v.size());
+  const unsigned nt = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  for (unsigned t = 0; t < nt; ++t)
+    th.emplace_back([&, t] {
+      for (size_t i = t; i < v.size(); i += nt) out[i] = e4m3 ? float_to_e4m3_bits(v[i]) : float_to_e5m2_bits(v[i]);
+    });
+  for (auto& x : th) x.join();
+  return out;
+}
+
+void cast_chunk(const std::vector<float>& v, int64_t& mism_cast, int64_t& mism_q, uint32_t& first_bad) {
+  Tensor x = Tensor::from_vector(v, {(int64_t)v.size()}).to(Device::cuda());
+  Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda());
+  for (int e = 0; e < 2; ++e) {
+    const DType dt = e == 0 ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+    std::vector<uint8_t> ref = host_cast(v, e == 0);
+    Tensor c = Tensor::empty({(int64_t)v.size()}, dt, Device::cuda());
+    cu::cast(x, c);
+    Tensor q = Tensor::empty({(int64_t)v.size()}, dt, Device::cuda());
+    cu::fp8_quantize(x, fp(one), nullptr, &q, nullptr);
+    std::vector<uint8_t> a = bytes(c), b = bytes(q);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (a[i] != ref[i]) {
+        if (!mism_cast && !mism_q) std::memcpy(&first_bad, &v[i], 4);
+        ++mism_cast;
+      }
+      if (b[i] != ref[i]) {
+        if (!mism_cast && !mism_q) std::memcpy(&first_bad, &v[i], 4);
+        ++mism_q;
+      }
+    }
+  }
+}
+
+void test_casts() {
+  int64_t mc = 0, mq = 0, n = 0;
+  uint32_t bad = 0;
+  // Every float32 with biased exponent in [100, 146) (|x| in [2^-27, 2^19)), both signs: one
+  // exponent (2^23 mantissas) per chunk.
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t ex = 100; ex < 146; ++ex) {
+      std::vector<float> v(1u << 23);
+      for (uint32_t m = 0; m < (1u << 23); ++m) {
+        uint32_t bits = (sign << 31) | (ex << 23) | m;
+        std::memcpy(&v[m], &bits, 4);
+      }
+      cast_chunk(v, mc, mq, bad);
+      n += (int64_t)v.size();
+    }
+  std::vector<float> sp = {0.0f, -0.0f, INFINITY, -INFINITY, 1e30f, -1e30f, 1e-30f, -1e-30f};
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint32_t bits = b << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isnan(f)) sp.push_back(f);
+  }
+  cast_chunk(sp, mc, mq, bad);
+  n += (int64_t)sp.size();
+  char d[200];
+  std::snprintf(d, sizeof d, "%lld inputs x {E4M3, E5M2}: %lld cast / %lld quantize mismatches (first 0x%08x)",
+                (long long)n, (long long)mc, (long long)mq, bad);
+  report("fp8 casts bit-exact: CPU float_to_e*_bits vs CUDA __nv_cvt", mc == 0 && mq == 0, d);
+  // NaN inputs (information only: both sides map NaN to a NaN code, the sign may differ).
+  std::vector<float> nans = {NAN, -NAN};
+  Tensor xn = Tensor::from_vector(nans, {2}).to(Device::cuda());
+  for (DType dt : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    Tensor c = Tensor::empty({2}, dt, Device::cuda());
+    cu::cast(xn, c);
+    std::vector<uint8_t> b = bytes(c), h = host_cast(nans, dt == DType::kFloat8E4M3);
+    std::printf("info %s NaN/-NaN: CUDA 0x%02x 0x%02x, CPU 0x%02x 0x%02x\n", dtype_name(dt), b[0], b[1], h[0], h[1]);
+  }
+}
+
+void test_quantize() {
+  for (int e = 0; e < 4; ++e) {
+    const DType dt = e % 2 == 0 ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+    // Not multiples of the 64 x 64 tile; rows % 4 == 0 (32-bit transposed stores) and odd rows.
+    const int64_t R = e < 2 ? 1000 : 999, C = e < 2 ? 1544 : 1543;
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> v(R * C);
+    for (auto& x : v) x = nd(g_rng);
+    Tensor xh = Tensor::from_vector(v, {R, C}).to(DType::kBFloat16);
+    fp8::Fp8TensorMeta meta(1, dt);
+    meta.scale = 37.5f;
+    Tensor qh = Tensor::empty({R, C}, dt);
+    const float amax_ref = fp8::quantize_cpu(xh, meta, qh);
+    Tensor x = xh.to(Device::cuda());
+    Tensor scale = Tensor::from_vector({37.5f}, {1}).to(Device::cuda());
+    Tensor amax = Tensor::from_vector({0.5f}, {1}).to(Device::cuda());
+    Tensor q = Tensor::empty({R, C}, dt, Device::cuda()), qt = Tensor::empty({C, R}, dt, Device::cuda());
+    cu::fp8_quantize(x, fp(scale), fp(amax), &q, &qt);
+    std::vector<uint8_t> ref = bytes(qh), a = bytes(q), t = bytes(qt);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) bad += (a[r * C + c] != ref[r * C + c]) + (t[c * R + r] != ref[r * C + c]);
+    const float got_amax = amax.to(Device::cpu()).to_float_vector()[0];
+    // Rows only, amax only.
+    Tensor q2 = Tensor::empty({R, C}, dt, Device::cuda());
+    Tensor amax2 = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    cu::fp8_quantize(x, fp(scale), fp(amax2), &q2, nullptr);
+    std::vector<uint8_t> b2 = bytes(q2);
+    for (int64_t i = 0; i < R * C; ++i) bad += b2[i] != ref[i];
+    const float got2 = amax2.to(Device::cpu()).to_float_vector()[0];
+    char d[160];
+    std::snprintf(d, sizeof d, "%lld byte mismatches; amax %.6g / %.6g vs %.6g", (long long)bad, got_amax, got2,
+                  amax_ref);
+    report(std::string("fp8_quantize(+transpose, amax) vs quantize_cpu ") + dtype_name(dt) + " " +
+               std::to_string(R) + "x" + std::to_string(C),
+           bad == 0 && got_amax == amax_ref && got2 == amax_ref, d);
+  }
+}
+
+// Random finite FP8 bytes (no NaN), magnitudes spread over the format.
+Tensor random_fp8(int64_t r, int64_t c, DType dt, std::vector<float>& deq) {
+  std::uniform_int_distribution<int> u(0, 255);
+  Tensor h = Tensor::empty({r, c}, dt);
+  auto* p = static_cast<uint8_t*>(h.data_ptr());
+  deq.resize(r * c);
+  for (int64_t i = 0; i < r * c; ++i) {
+    uint8_t b;
+    float f;
+    do {
+      b = (uint8_t)u(g_rng);
+      f = dt == DType::kFloat8E4M3 ? e4m3_bits_to_float(b) : e5m2_bits_to_float(b);
+    } while (!std::isfinite(f) || std::fabs(f) > (dt == DType::kFloat8E4M3 ? 64.0f : 1024.0f));
+    p[i] = b;
+    deq[i] = f;
+  }
+  return h.to(Device::cuda());
+}
+
+void test_gemm() {
+  struct Case { int64_t m, n, k; DType a, b, c; bool fast; float beta; };
+  const Case cases[] = {{256, 512, 1024, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, true, 0.0f},
+                        {128, 384, 512, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kBFloat16, false, 0.0f},
+                        {192, 256, 768, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kFloat32, false, 1.0f}};
+  for (const Case& cs : cases) {
+    std::vector<float> da, db;
+    Tensor a = random_fp8(cs.m, cs.k, cs.a, da), b = random_fp8(cs.n, cs.k, cs.b, db);
+    const float sa = 0.5f, sb = 0.125f;
+    Tensor psa = Tensor::from_vector({sa}, {1}).to(Device::cuda()), psb = Tensor::from_vector({sb}, {1}).to(Device::cuda());
+    std::vector<float> c0(cs.m * cs.n);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& x : c0) x = u(g_rng);
+    Tensor c = Tensor::from_vector(c0, {cs.m, cs.n}).to(cs.c).to(Device::cuda());
+    std::vector<float> c0r = Tensor::from_vector(c0, {cs.m, cs.n}).to(cs.c).to_float_vector();
+    cu::fp8_gemm_tn(a, fp(psa), b, fp(psb), c, cs.beta, cs.fast);
+    std::vector<float> got = c.to(Device::cpu()).to_float_vector();
+    double worst = 0;
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = 0; j < cs.n; ++j) {
+        double s = 0, sabs = 0;
+        for (int64_t k = 0; k < cs.k; ++k) {
+          const double t = (double)da[i * cs.k + k] * db[j * cs.k + k];
+          s += t;
+          sabs += std::fabs(t);
+        }
+        const double ref = s * sa * sb + cs.beta * c0r[i * cs.n + j];
+        const double scale_abs = sabs * sa * sb + std::fabs(cs.beta * c0r[i * cs.n + j]) + 1e-30;
+        worst = std::max(worst, std::fabs(got[i * cs.n + j] - ref) / scale_abs);
+      }
+    // Tolerance, relative to sum_k |a_ik b_jk| (the scale of the accumulation): bf16 output
+    // rounding is <= 2^-9 of |c| <= that sum. Hopper's FP8 tensor-core MMA accumulates with
+    // fewer mantissa bits than fp32 (about 14, DeepSeek-V3 report §3.3.2) between cuBLASLt's
+    // promotions to fp32: measured 2.4e-4 with an fp32 output on the H200 (2026-11-29), so 1e-3.
+    const double tol = cs.c == DType::kFloat32 ? 1e-3 : 4e-3;
+    char d[200];
+    std::snprintf(d, sizeof d, "max |err| / sum|ab| = %.3g (tol %.0e)", worst, tol);
+    char name[160];
+    std::snprintf(name, sizeof name, "fp8_gemm_tn %s x %s -> %s m%lld n%lld k%lld%s%s", dtype_name(cs.a),
+                  dtype_name(cs.b), dtype_name(cs.c), (long long)cs.m, (long long)cs.n, (long long)cs.k,
+                  cs.fast ? " fast" : "", cs.beta != 0 ? " beta=1" : "");
+    report(name, worst <= tol, d);
+  }
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+void test_linear() {
+  const int64_t N = 256, in = 128, out = 192;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](int64_t n, float s) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(g_rng) * s;
+    return v;
+  };
+  Tensor xh = Tensor::from_vector(rnd(N * in, 2.0f), {N, in}).to(DType::kBFloat16);
+  Tensor wh = Tensor::from_vector(rnd(out * in, 0.02f), {out, in}).to(DType::kBFloat16);
+  Tensor dyh = Tensor::from_vector(rnd(N * out, 1e-4f), {N, out}).to(DType::kBFloat16);
+  fp8::Fp8Config cfg;  // hybrid, delayed, history 1
+  fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
+  const int bc = cpu.register_linear("l"), bg = gpu.register_linear("l");
+  Tensor xd = xh.to(Device::cuda()), wd = wh.to(Device::cuda()), dyd = dyh.to(Device::cuda());
+  std::vector<float> y[2], dx[2], dw[2];
+  for (int step = 0; step < 2; ++step) {  // step 0 at scale 1, step 1 with the updated scales
+    Tensor yc = Tensor::empty({N, out}, DType::kBFloat16), yg = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda());
+    fp8::linear_forward(cpu, bc, xh, wh, nullptr, yc);
+    fp8::linear_forward(gpu, bg, xd, wd, nullptr, yg);
+    Tensor dxc = Tensor::empty({N, in}, DType::kBFloat16), dxg = Tensor::empty({N, in}, DType::kBFloat16, Device::cuda());
+    Tensor dwc = Tensor::zeros({out, in}, DType::kFloat32), dwg = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
+    fp8::linear_backward(cpu, bc, dyh, xh, wh, &dxc, &dwc, nullptr, true);
+    fp8::linear_backward(gpu, bg, dyd, xd, wd, &dxg, &dwg, nullptr, true);
+    y[0] = yc.to_float_vector(); y[1] = yg.to(Device::cpu()).to_float_vector();
+    dx[0] = dxc.to_float_vector(); dx[1] = dxg.to(Device::cpu()).to_float_vector();
+    dw[0] = dwc.to_float_vector(); dw[1] = dwg.to(Device::cpu()).to_float_vector();
+    // Same quantized operands on both sides; differences come from summation order and the bf16
+    // rounding of y/dx (2^-9 relative): relative norm error <= 1e-2.
+    char d[200];
+    std::snprintf(d, sizeof d, "rel err y %.2g dx %.2g dw %.2g; scales x %.4g/%.4g g %.4g/%.4g", rel_err(y[1], y[0]),
+                  rel_err(dx[1], dx[0]), rel_err(dw[1], dw[0]), cpu.host_scale(bc), gpu.host_scale(bg),
+                  cpu.host_scale(bc + 2), gpu.host_scale(bg + 2));
+    const bool ok = rel_err(y[1], y[0]) < 1e-2 && rel_err(dx[1], dx[0]) < 1e-2 && rel_err(dw[1], dw[0]) < 1e-2;
+    report("fp8::linear fwd/dgrad/wgrad CUDA vs CPU emulation, step " + std::to_string(step), ok, d);
+    cpu.reduce_and_update(nullptr);
+    gpu.reduce_and_update(nullptr);
+    const bool same = cpu.host_scale(bc) == gpu.host_scale(bg) && cpu.host_scale(bc + 1) == gpu.host_scale(bg + 1) &&
+                      cpu.host_scale(bc + 2) == gpu.host_scale(bg + 2);
+    report("delayed-scaling update: CUDA amaxes == CPU amaxes, step " + std::to_string(step), same, "");
+  }
+}
+
+void time_gemms() {
+  // LLaMA-3-8B layer GEMMs at 8192 tokens: qkv (6144 x 4096), proj, fc1 (28672 x 4096), fc2.
+  struct S { const char* name; int64_t m, n, k; };
+  const S shapes[] = {{"qkv fwd", 8192, 6144, 4096}, {"proj fwd", 8192, 4096, 4096},
+                      {"fc1 fwd", 8192, 28672, 4096}, {"fc2 fwd", 8192, 4096, 14336},
+                      {"fc1 wgrad", 28672, 4096, 8192}};
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (const S& s : shapes) {
+    Tensor a8 = Tensor::zeros({s.m, s.k}, DType::kFloat8E4M3, Device::cuda());
+    Tensor b8 = Tensor::zeros({s.n, s.k}, DType::kFloat8E4M3, Device::cuda());
+    Tensor c = Tensor::empty({s.m, s.n}, DType::kBFloat16, Device::cuda());
+    Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda());
+    Tensor ab = Tensor::zeros({s.m, s.k}, DType::kBFloat16, Device::cuda());
+    Tensor bb = Tensor::zeros({s.n, s.k}, DType::kBFloat16, Device::cuda());
+    double t8 = 0, t16 = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int rep = 0; rep < 3; ++rep) cu::fp8_gemm_tn(a8, fp(one), b8, fp(one), c, 0.0f, true);
+      cudaEventRecord(e0);
+      for (int rep = 0; rep < 20; ++rep) cu::fp8_gemm_tn(a8, fp(one), b8, fp(one), c, 0.0f, true);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      t8 = ms / 20;
+      for (int rep = 0; rep < 3; ++rep) cu::gemm(ab, false, bb, true, c, 1.0f, 0.0f);
+      cudaEventRecord(e0);
+      for (int rep = 0; rep < 20; ++rep) cu::gemm(ab, false, bb, true, c, 1.0f, 0.0f);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      cudaEventElapsedTime(&ms, e0, e1);
+      t16 = ms / 20;
+    }
+    const double fl = 2.0 * s.m * s.n * s.k;
+    std::printf("time %-10s m%-6lld n%-6lld k%-6lld fp8 %7.3f ms %6.0f TFLOP/s (%.0f%% of 1487) | bf16 %7.3f ms %6.0f TFLOP/s | %.2fx\n",
+                s.name, (long long)s.m, (long long)s.n, (long long)s.k, t8, fl / t8 / 1e9, 100 * fl / t8 / 1e9 / 1487,
+                t16, fl / t16 / 1e9, t16 / t8);
+  }
+  // Quantize(+transpose) bandwidth on an fc2-input-sized tensor.
+  Tensor x = Tensor::zeros({8192, 14336}, DType::kBFloat16, Device::cuda());
+  Tensor q = Tensor::empty({8192, 14336}, DType::kFloat8E4M3, Device::cuda());
+  Tensor qt = Tensor::empty({14336, 8192}, DType::kFloat8E4M3, Device::cuda());
+  Tensor sc = Tensor::from_vector({1.0f}, {1}).to(Device::cuda()), am = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+  for (int t = 0; t < 2; ++t) {
+    cudaEventRecord(e0);
+    for (int rep = 0; rep < 10; ++rep) cu::fp8_quantize(x, fp(sc), fp(am), &q, t ? &qt : nullptr);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double by = 8192.0 * 14336 * (2 + 1 + t);
+    std::printf("time fp8_quantize%s 8192x14336 bf16: %.3f ms, %.0f GB/s\n", t ? "+transpose" : "", ms / 10,
+                by / (ms / 10) / 1e6);
+  }
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && !std::strcmp(argv[1], "--no-timing");
+  std::printf("fp8_gpu_test\n");
+  std::vector<std::pair<const char*, void (*)()>> groups = {
+      {"casts", test_casts}, {"quantize", test_quantize}, {"gemm", test_gemm}, {"linear", test_linear}};
+  if (!quick) groups.push_back({"timing", time_gemms});
+  for (auto& [name, fn] : groups) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      report(name, false, std::string("exception: ") + e.what());
+    }
+  }
+  std::printf("fp8_gpu_test: %d of %d checks passed\n", g_total - g_fail, g_total);
+  return g_fail ? 1 : 0;
+}
