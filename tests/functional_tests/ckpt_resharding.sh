@@ -105,6 +105,12 @@ load_run pp2dp2do_to_tp2pp2 pp2dp2do 4 "${TP2[@]}" "${PP2[@]}" "${ONE[@]}"; cros
 load_run pp2vp2_to_tp2 pp2vp2 2 "${TP2[@]}" "${ONE[@]}";        cross pp2vp2_to_tp2 pp2vp2
 load_run tp1_to_pp2vp2 tp1 2 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 "${ONE[@]}"; cross tp1_to_pp2vp2 tp1
 
+# Context parallelism (CP ranks hold copies of the model: replicas like DP; the distributed
+# optimizer slices over DP x CP) and sequence parallelism.
+save_run cp2do 2 --context-parallel-size 2 "${DO[@]}"
+load_run cp2do_to_tp2sp cp2do 2 "${TP2[@]}" --sequence-parallel "${ONE[@]}"; cross cp2do_to_tp2sp cp2do
+load_run tp2_to_cp2 tp2 2 --context-parallel-size 2 "${ONE[@]}"; cross tp2_to_cp2 tp2
+
 # Same layout, multi-process exact resume.
 load_run dp2do_resume dp2do 2 "${DO[@]}";                       exact dp2do_resume dp2do
 load_run tp2_resume tp2 2 "${TP2[@]}";                          exact tp2_resume tp2

@@ -349,3 +349,23 @@ TEST(TrainingCheckpointing, DistributedOptimizerStateReshardsAcrossDP) {
   EXPECT_EQ(n, 12);
   fs::remove_all(root);
 }
+
+// The last pipeline stage's copy of the tied word embedding (Megatron's GPTModel.sharded_state_dict
+// maps it to the embedding's key as a non-written replica): loaded from the embedding, never saved.
+TEST(TrainingCheckpointing, TiedOutputLayerCopyIsALoadOnlyEmbeddingReplica) {
+  transformer::Parameter p;
+  p.name = "output_layer.weight";
+  p.init_key = "embedding.word_embeddings.weight";
+  p.shared = true;
+  p.data = Tensor::from_vector({1, 2, 3, 4}, {2, 2});  // TP rank 1 of 2: rows 2..3 of [4, 2]
+  p.global_shape = {4, 2};
+  p.partition_dim = 0;
+  p.tp_rank = 1;
+  p.tp_size = 2;
+  auto v = parameter_sharded_tensors(p, 2, {1, 2, 1, 2, 0, 1});
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].key, "embedding.word_embeddings.weight");
+  EXPECT_EQ(v[0].global_shape, (Shape{4, 2}));
+  EXPECT_EQ(v[0].global_offset, (Shape{2, 0}));
+  EXPECT_NE(v[0].replica_id, 0);  // DP rank 0, TP-sharded: still not written
+}
