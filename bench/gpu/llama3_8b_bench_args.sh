@@ -5,7 +5,7 @@
 #   --lr-decay-samples/--lr-warmup-samples (dropped; sample-based schedule needs --train-samples)
 #   --global-batch-size 128  -> $BENCH_GBS (default 8)
 #   --eval-iters N           -> 0 (no evaluation)
-#   --save/--load DIR        (dropped: multi-process checkpointing on the GPU is not wired yet)
+#   --save/--load DIR        (dropped: a benchmark does not need the 16 GB checkpoint writes)
 #   with BENCH_TP=N: --tensor-model-parallel-size N (the script's --sequence-parallel stays;
 #   BENCH_NO_SP=1 drops it)
 # Every other flag of the script passes unchanged.
