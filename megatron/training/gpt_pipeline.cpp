@@ -55,24 +55,6 @@ std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp, int pp_ra
   return out;
 }
 
-namespace {
-// Σ(loss·mask), Σ(mask) in fp64 (pretrain_gpt.py loss_func).
-LossReport masked_loss(const Tensor& loss, const Tensor& mask) {
-  const Tensor l = loss.is_cpu() ? loss : loss.to(Device::cpu());
-  const Tensor m = mask.is_cpu() ? mask : mask.to(Device::cpu());
-  MEGATRON_CHECK(l.numel() == m.numel() && l.dtype() == DType::kFloat32 && m.dtype() == DType::kFloat32)
-      << "loss " << l.str() << " mask " << m.str();
-  const float* lp = l.data<float>();
-  const float* mp = m.data<float>();
-  LossReport r;
-  for (int64_t i = 0; i < l.numel(); ++i) {
-    r.loss_sum += static_cast<double>(lp[i]) * static_cast<double>(mp[i]);
-    r.num_tokens += static_cast<double>(mp[i]);
-  }
-  return r;
-}
-}  // namespace
-
 struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_parallel::VirtualPipelineStage {
   std::vector<models::gpt::GPTModel*> chunks;
   std::vector<models::gpt::GPTModel::GradReadyHook> grad_ready;
@@ -103,7 +85,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
     Tensor out = m.forward(b, /*training=*/!forward_only);
     if (!forward_only) m.stash_activations(mb);
     if (!loss_chunk(c)) return out;
-    const LossReport r = masked_loss(out, b.loss_mask);
+    const LossReport r = masked_loss_report(out, b.loss_mask);
     reports[static_cast<size_t>(mb)] = r;
     if (!forward_only && !per_token)
       seed_tokens[static_cast<size_t>(mb)] = loss_tokens ? loss_tokens(r.num_tokens) : std::max(r.num_tokens, 1.0);

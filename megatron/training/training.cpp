@@ -18,8 +18,10 @@ namespace {
 std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
+}  // namespace
+
 // Σ(loss·mask) and Σ(mask) of one micro-batch (pretrain_gpt.py loss_func), fp64 accumulation.
-LossReport reduce_loss(const Tensor& loss, const Tensor& mask) {
+LossReport masked_loss_report(const Tensor& loss, const Tensor& mask) {
   MEGATRON_CHECK(loss.dtype() == DType::kFloat32 && mask.dtype() == DType::kFloat32 && loss.numel() == mask.numel())
       << "loss " << loss.str() << " mask " << mask.str();
   const Tensor l = loss.is_cpu() ? loss : loss.to(Device::cpu());
@@ -33,7 +35,6 @@ LossReport reduce_loss(const Tensor& loss, const Tensor& mask) {
   }
   return r;
 }
-}  // namespace
 
 void install_exit_signal_handler() { std::signal(SIGTERM, on_sigterm); }
 bool exit_signal_received() { return g_sigterm.load(); }
@@ -160,7 +161,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     timers_("forward-compute", 2).start();
     Tensor loss = model_.forward(*batch, /*training=*/true);
     timers_("forward-compute", 2).stop();
-    const LossReport rep = reduce_loss(loss, batch->loss_mask);
+    const LossReport rep = masked_loss_report(loss, batch->loss_mask);
     if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep.loss_sum)) {
       throw InternalError("found NaN in local forward loss calculation (iteration " +
                           std::to_string(state_.iteration + 1) + ")");
@@ -229,7 +230,7 @@ std::optional<double> Trainer::evaluate(BatchIterator& data) {
         return any ? std::optional<double>(total.loss_sum / total.num_tokens) : std::nullopt;
       }
       Tensor loss = model_.forward(*batch, /*training=*/false);
-      const LossReport rep = reduce_loss(loss, batch->loss_mask);
+      const LossReport rep = masked_loss_report(loss, batch->loss_mask);
       total.loss_sum += rep.loss_sum;
       total.num_tokens += rep.num_tokens;
       any = true;

@@ -43,6 +43,11 @@ struct LossReport {
   double num_tokens = 0.0;
 };
 
+/// Σ(loss·mask) and Σ(mask) of one micro-batch (Megatron's pretrain_gpt.py loss_func), in fp64.
+/// loss, mask: float32 of the same number of elements ([b, s]), on any device (copied to the host).
+/// Throws (internal check) on a dtype or size mismatch.
+LossReport masked_loss_report(const Tensor& loss, const Tensor& mask);
+
 /// Optional integrations (TensorBoard writer, checkpoint save, data parallelism) called by the loop.
 struct TrainingHooks {
   /// TensorBoard scalar: (tag, value, step). Called only every --tensorboard-log-interval.
