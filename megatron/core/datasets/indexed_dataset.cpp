@@ -283,6 +283,24 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool mmap_bin) : prefi
     user_error(bin, ": has ", bin_size_, " bytes but ", idx, " describes ", expect,
                " (mismatched or truncated pair)");
   }
+  // Every sequence must lie inside the .bin and the document boundaries must be ordered: a
+  // corrupt index would otherwise read outside the mapping (crash) or train on wrong bytes.
+  for (uint64_t i = 0; i < S; ++i) {
+    const int64_t p = pointers_[i];
+    const int32_t n = lengths_[i];
+    if (n < 0 || p < 0 || static_cast<uint64_t>(p) + static_cast<uint64_t>(n) * isz > bin_size_) {
+      ::close(bfd);
+      user_error(idx, ": sequence ", i, " (pointer ", p, ", length ", n, ") lies outside ", bin, " (", bin_size_,
+                 " bytes): corrupt index; rebuild it with preprocess_data");
+    }
+  }
+  for (uint64_t j = 1; j < D; ++j) {
+    if (doc_idx_[j] < doc_idx_[j - 1] || static_cast<uint64_t>(doc_idx_[j]) > S) {
+      ::close(bfd);
+      user_error(idx, ": document index ", j, " (", doc_idx_[j], ") is out of order or beyond the ", S,
+                 " sequences: corrupt index; rebuild it with preprocess_data");
+    }
+  }
   if (mmap_bin_ && bin_size_ > 0) {
     bin_map_ = ::mmap(nullptr, bin_size_, PROT_READ, MAP_PRIVATE, bfd, 0);
     ::close(bfd);

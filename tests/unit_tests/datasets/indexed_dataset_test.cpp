@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <iterator>
 
 #include "megatron/core/utils/errors.h"
@@ -125,5 +126,26 @@ TEST(IndexedDataset, BadInputsGiveClearErrors) {
   }
   IndexedDatasetBuilder w(p + "2.bin", IndexDType::kUInt16);
   EXPECT_THROW(w.add_item({70000}), megatron::UserError);
+  // A corrupt pointer or length (the MMIDIDX layout: 34-byte header, int32 lengths[S], int64
+  // pointers[S], S = 10 here) is a clear error at load time, not a crash or wrong tokens later.
+  auto patch = [&](std::streamoff at, const std::string& bytes) {
+    write_golden(p);
+    std::fstream f(p + ".idx", std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(at);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  for (const auto& [at, bytes, seq] : std::vector<std::tuple<std::streamoff, std::string, int>>{
+           {34 + 40 + 8 * 8, std::string("\xff\xff\xff\x7f", 4), 8},  // pointer of sequence 8 ~ 2^31
+           {34 + 4 * 3, std::string("\x00\x00\x00\x80", 4), 3}}) {     // length of sequence 3 < 0
+    patch(at, bytes);
+    try {
+      IndexedDataset ds(p);
+      ADD_FAILURE() << "corrupt sequence " << seq << " accepted";
+    } catch (const megatron::UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("sequence " + std::to_string(seq) + " "), std::string::npos) << m;
+      EXPECT_NE(m.find("corrupt index"), std::string::npos) << m;
+    }
+  }
   fs::remove_all(d);
 }
