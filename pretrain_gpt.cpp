@@ -1,6 +1,7 @@
 // pretrain_gpt: GPT / LLaMA pretraining with Megatron-LM's flags and log lines
 // (Megatron's pretrain_gpt.py: model_provider, train_valid_test_datasets_provider, pretrain).
 // A problem the user can fix prints one line "error: ..." and exits with status 1.
+#include <charconv>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +135,58 @@ nlohmann::json scheduler_state(const OptimizerParamScheduler& s) {
           {"lr_decay_style", o.lr_decay_style}, {"lr_decay_steps", o.lr_decay_steps}, {"min_lr", o.min_lr},
           {"start_wd", o.start_wd},       {"end_wd", o.end_wd},                   {"wd_incr_style", o.wd_incr_style},
           {"wd_incr_steps", o.wd_incr_steps}};
+}
+
+// Megatron's OptimizerParamScheduler.load_state_dict (_check_and_set of each schedule field):
+// with --override-opt_param-scheduler the flags' values stay; with
+// --use-checkpoint-opt_param-scheduler the checkpoint's are used (also the default param groups'
+// max/min lr); otherwise a value that differs from the checkpoint's is a UserError. Restores
+// num_steps. `sd`: the checkpoint's "opt_param_scheduler" object (scheduler_state()).
+void load_scheduler_state(OptimizerParamScheduler& sched, optimizer::MegatronOptimizer& opt, const nlohmann::json& sd,
+                          const Arguments& args, const std::function<void(const std::string&)>& say) {
+  if (args.override_opt_param_scheduler && args.use_checkpoint_opt_param_scheduler)
+    user_error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler: give at most one");
+  auto text = [](const nlohmann::json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v.get<double>());
+    return std::string(buf, r.ptr);
+  };
+  OptimizerParamScheduler::Options o = sched.options();
+  const nlohmann::json mine = scheduler_state(sched);
+  auto check_and_set = [&](const char* key, const char* name, auto& field) {
+    if (!sd.contains(key)) return;
+    const nlohmann::json& ck = sd.at(key);
+    if (args.override_opt_param_scheduler) {
+      say(std::string(" > overriding ") + name + " value to " + text(mine.at(key)));
+      return;
+    }
+    if (!args.use_checkpoint_opt_param_scheduler && ck != mine.at(key))
+      user_error("OptimizerParamScheduler: class input value ", text(mine.at(key)), " and checkpoint value ", text(ck),
+                 " for ", name, " do not match; pass --use-checkpoint-opt_param-scheduler to continue the "
+                 "checkpoint's schedule or --override-opt_param-scheduler to use the flags' values");
+    say(std::string(" > using checkpoint value ") + text(ck) + " for " + name);
+    field = ck.get<std::remove_reference_t<decltype(field)>>();
+  };
+  const double flag_max = o.max_lr, flag_min = o.min_lr;
+  check_and_set("max_lr", "learning rate", o.max_lr);
+  check_and_set("min_lr", "minimum learning rate", o.min_lr);
+  check_and_set("lr_warmup_steps", "warmup iterations", o.lr_warmup_steps);
+  check_and_set("lr_decay_steps", "total number of iterations", o.lr_decay_steps);
+  check_and_set("lr_decay_style", "learning rate decay style", o.lr_decay_style);
+  check_and_set("start_wd", "start weight decay", o.start_wd);
+  check_and_set("end_wd", "end weight decay", o.end_wd);
+  check_and_set("wd_incr_steps", "total number of weight decay iterations", o.wd_incr_steps);
+  check_and_set("wd_incr_style", "weight decay incr style", o.wd_incr_style);
+  sched.set_options(o);
+  for (auto& g : opt.mutable_param_groups()) {  // groups that follow --lr/--min-lr (not --decoupled-lr)
+    if (g.is_decoupled_lr) continue;
+    if (g.max_lr == flag_max) g.max_lr = o.max_lr;
+    if (g.min_lr == flag_min) g.min_lr = o.min_lr;
+  }
+  if (sd.contains("num_steps")) sched.set_num_steps(sd.at("num_steps").get<int64_t>());
+  opt.apply_schedule(sched);
 }
 
 // ---- Checkpointing glue (megatron/training/checkpointing.h) ----
@@ -345,8 +398,7 @@ int run(int argc, char** argv) {
         d->load_state(g.at("scale").get<double>(), g.at("growth_tracker").get<int>(),
                       g.at("hysteresis_tracker").get<int>());
       }
-      if (loaded.opt_param_scheduler.contains("num_steps"))
-        sched.set_num_steps(loaded.opt_param_scheduler.at("num_steps").get<int64_t>());
+      load_scheduler_state(sched, opt, loaded.opt_param_scheduler, args, say);
     }
     if (loaded.loaded && !loaded.optimizer_loaded) reload_main_params(opt);
     if (loaded.loaded && loaded.rng_loaded) {

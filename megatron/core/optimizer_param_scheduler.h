@@ -47,6 +47,9 @@ class OptimizerParamScheduler {
   int64_t num_steps() const { return num_steps_; }
   void set_num_steps(int64_t n) { num_steps_ = n; }
   const Options& options() const { return o_; }
+  /// Replaces the schedule's options (Megatron's load_state_dict with checkpoint values); not
+  /// re-validated: the values come from a run that validated them.
+  void set_options(const Options& o) { o_ = o; }
 
  private:
   Options o_;

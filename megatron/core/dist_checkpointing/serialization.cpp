@@ -535,7 +535,9 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
     const StoredTensor& stt = it->second;
     if (stt.global_shape != t.global_shape)
       user_error("checkpoint ", dir, ": '", t.key, "' has global shape ", shape_str(stt.global_shape),
-                 " but the model expects ", shape_str(t.global_shape), " (different model configuration?)");
+                 " but the model expects ", shape_str(t.global_shape),
+                 " (different model configuration? The padded vocabulary is a multiple of "
+                 "--make-vocab-size-divisible-by x TP: to change TP, pick a divisor that gives the same padding)");
     if (stt.dtype != t.data.dtype() && !(is_floating(stt.dtype) && is_floating(t.data.dtype())))
       user_error("checkpoint ", dir, ": '", t.key, "' is stored as ", dtype_name(stt.dtype), ", cannot load into ",
                  dtype_name(t.data.dtype()));

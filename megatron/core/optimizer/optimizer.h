@@ -82,6 +82,9 @@ class MegatronOptimizer {
   double logged_lr() const;
 
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  /// Mutable groups (e.g. to take a checkpoint's max_lr/min_lr with
+  /// --use-checkpoint-opt_param-scheduler); apply_schedule() then uses them.
+  std::vector<ParamGroup>& mutable_param_groups() { return groups_; }
   const std::vector<OptimizerParam>& params() const { return params_; }
   /// fp32 master copy of param i (the param itself when it is float32).
   const Tensor& main_param(size_t i) const { return main_params_[i]; }
