@@ -13,21 +13,48 @@
 #include <mutex>
 #include <tuple>
 
+#include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 
-#define CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t _s = (expr);                                                              \
-    MEGATRON_CHECK(_s == CUBLAS_STATUS_SUCCESS) << #expr << ": cuBLAS status " << (int)_s;   \
-  } while (0)
+#define CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
 
 namespace megatron::ops::cuda {
 using namespace detail;
 
-namespace {
-constexpr size_t kWorkspace = 32u << 20;
+lt::DeviceContext& lt::device_context(int dev) {
+  static std::mutex mu;
+  static std::map<int, DeviceContext*> contexts;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = contexts.find(dev);
+  if (it != contexts.end()) return *it->second;
+  auto* c = new DeviceContext();  // lives for the process (handles are process-wide)
+  CUBLAS_CHECK(cublasLtCreate(&c->handle));
+  CUDA_CHECK(cudaMalloc(&c->workspace, kWorkspaceBytes));  // once per device, never per call
+  contexts[dev] = c;
+  return *c;
+}
 
+cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c,
+                                  int& found) {
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al[3] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c};
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
+  cublasLtMatmulHeuristicResult_t res{};
+  found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) p.algo = res.algo;
+  return st;
+}
+
+namespace {
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::kFloat32: return CUDA_R_32F;
@@ -38,40 +65,12 @@ cudaDataType_t cuda_type(DType t) {
   return CUDA_R_32F;
 }
 
-int alignment_of(const void* p) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  int al = 256;
-  while (al > 1 && (a % al)) al /= 2;
-  return al;
-}
-
 using Key = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int, int>;
+using lt::Plan;
+using lt::pointer_alignment;
 
-struct Plan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-};
-
-struct LtState {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  std::map<Key, Plan> plans;
-  std::mutex mu;
-};
-
-LtState& state(int dev) {
-  static std::mutex mu;
-  static std::map<int, LtState*> states;
-  std::lock_guard<std::mutex> g(mu);
-  auto it = states.find(dev);
-  if (it != states.end()) return *it->second;
-  auto* s = new LtState();  // lives for the process (handles are process-wide)
-  CUBLAS_CHECK(cublasLtCreate(&s->handle));
-  CUDA_CHECK(cudaMalloc(&s->workspace, kWorkspace));  // once per device, never per call
-  states[dev] = s;
-  return *s;
-}
+std::mutex g_plans_mu;
+std::map<Key, Plan> g_plans;  // the key holds the device too
 
 // Column-major D[M,N] = op(A) op(B) (+ beta C) (+ bias[M] per row) with D == C.
 // A is stored [M,K] (ld lda) or, if ta, [K,M]; B is [K,N] or, if tb, [N,K].
@@ -80,12 +79,12 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
                const void* bias, DType biast) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  LtState& s = state(dev);
-  std::lock_guard<std::mutex> g(s.mu);
-  Key key{dev, ta, tb, M, N, K, (int)at, (int)bt, (int)ct, bias ? (int)biast : -1, alignment_of(A), alignment_of(B),
-          alignment_of(C), beta != 0.0f};
-  auto it = s.plans.find(key);
-  if (it == s.plans.end()) {
+  lt::DeviceContext& s = lt::device_context(dev);
+  std::lock_guard<std::mutex> g(g_plans_mu);
+  const int al_a = pointer_alignment(A), al_b = pointer_alignment(B), al_c = pointer_alignment(C);
+  Key key{dev, ta, tb, M, N, K, (int)at, (int)bt, (int)ct, bias ? (int)biast : -1, al_a, al_b, al_c, beta != 0.0f};
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) {
     Plan p;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -100,31 +99,19 @@ void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(at), ta ? K : M, ta ? M : K, lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(bt), tb ? N : K, tb ? K : N, ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(ct), M, N, ldc));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = kWorkspace;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    uint32_t al[3] = {(uint32_t)alignment_of(A), (uint32_t)alignment_of(B), (uint32_t)alignment_of(C)};
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
-    cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
     MEGATRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0)
         << "gemm: cuBLASLt has no algorithm for M=" << M << " N=" << N << " K=" << K << " types "
         << dtype_name(at) << "/" << dtype_name(bt) << "->" << dtype_name(ct) << (bias ? " with bias" : "")
         << " (status " << (int)st << ")";
-    p.algo = res.algo;
-    it = s.plans.emplace(key, p).first;
+    it = g_plans.emplace(key, p).first;
   }
   Plan& p = it->second;
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, s.workspace,
-                              kWorkspace, megatron::cuda::current_stream()));
+                              lt::kWorkspaceBytes, megatron::cuda::current_stream()));
 }
 
 // Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[n] broadcast over rows).

@@ -1,0 +1,52 @@
+// What the cuBLASLt GEMMs share (gemm.cu: bf16/fp16/fp32; fp8_gemm.cu: FP8): one handle and one
+// 32 MiB workspace per device, the cached descriptor set of a problem shape, the operand-alignment
+// rule and the heuristic query. Included by .cu files of the CUDA backend only.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "megatron/core/utils/errors.h"
+
+#define MEGATRON_CUBLAS_CHECK(expr)                                                          \
+  do {                                                                                       \
+    cublasStatus_t _s = (expr);                                                              \
+    MEGATRON_CHECK(_s == CUBLAS_STATUS_SUCCESS) << #expr << ": cuBLAS status " << (int)_s;   \
+  } while (0)
+
+namespace megatron::ops::cuda::lt {
+
+/// Workspace per device, in bytes (allocated once, never per call).
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+/// Descriptors and the heuristic's algorithm for one problem (cached per shape/type key).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+/// The process-lifetime cuBLASLt handle and workspace of CUDA device `dev` (created on first use;
+/// thread-safe). Throws (internal check) if cuBLASLt or the allocation fails.
+struct DeviceContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+DeviceContext& device_context(int dev);
+
+/// Largest power of two <= 256 that divides the address (the alignment cuBLASLt may assume).
+inline int pointer_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && (a % al)) al /= 2;
+  return al;
+}
+
+/// Asks the heuristic for the best algorithm of `p` (descriptors already set; D has C's layout)
+/// within the workspace and the given A/B/C(=D) alignments in bytes, and stores it in p.algo.
+/// Returns the heuristic's status; `found` is the number of algorithms returned (0 or 1).
+cublasStatus_t pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c, int& found);
+
+}  // namespace megatron::ops::cuda::lt
