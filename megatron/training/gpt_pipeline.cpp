@@ -69,6 +69,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
   // Per global batch.
   std::vector<datasets::GPTBatch> batches;
   std::vector<LossReport> reports;
+  std::vector<Tensor> deferred_losses;  // per micro-batch: the device loss whose sum is pending
   std::vector<double> seed_tokens;  // per micro-batch: the backward seed's token count
   std::function<double(double)> loss_tokens;
   bool forward_only = false;
@@ -85,11 +86,23 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
     Tensor out = m.forward(b, /*training=*/!forward_only);
     if (!forward_only) m.stash_activations(mb);
     if (!loss_chunk(c)) return out;
-    const LossReport r = masked_loss_report(out, b.loss_mask);
+    // A device loss with a host mask: Σ(mask) now (the backward seed needs it), Σ(loss·mask)
+    // after the schedule (forward_backward), so no device-to-host copy drains the GPU between
+    // a micro-batch's forward and the next launches.
+    const bool defer = !out.is_cpu() && b.loss_mask.is_cpu();
+    LossReport r;
+    if (defer) {
+      r.num_tokens = mask_token_count(b.loss_mask);
+      deferred_losses[static_cast<size_t>(mb)] = out;
+    } else {
+      r = masked_loss_report(out, b.loss_mask);
+    }
     reports[static_cast<size_t>(mb)] = r;
     if (!forward_only && !per_token)
       seed_tokens[static_cast<size_t>(mb)] = loss_tokens ? loss_tokens(r.num_tokens) : std::max(r.num_tokens, 1.0);
-    // Megatron's loss_func output, divided by the number of micro-batches (reporting only).
+    // Megatron's loss_func output, divided by the number of micro-batches (reporting only; the
+    // schedule's returned losses are not read by forward_backward, so a deferred loss returns 0).
+    if (defer) return Tensor::from_vector({0.0f}, {1});
     const double v = per_token ? r.loss_sum : r.loss_sum / std::max(r.num_tokens, 1.0) / static_cast<double>(M);
     return Tensor::from_vector({static_cast<float>(v)}, {1});
   }
@@ -105,7 +118,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
       // §6.8: the backward seed of Σ(loss·mask)·k is mask·k.
       double k = loss_scale;
       if (!per_token) k /= seed_tokens[static_cast<size_t>(mb)] * static_cast<double>(M);
-      Tensor dloss = b.loss_mask.to(Device::cpu()).clone();
+      Tensor dloss = b.loss_mask.is_cpu() ? b.loss_mask.clone() : b.loss_mask.to(Device::cpu());
       float* d = dloss.data<float>();
       const float kf = static_cast<float>(k);
       for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= kf;
@@ -167,6 +180,7 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
     d.batches.push_back(std::move(*b));
   }
   d.reports.assign(static_cast<size_t>(d.M), LossReport{});
+  d.deferred_losses.assign(static_cast<size_t>(d.M), Tensor());
   d.seed_tokens.assign(static_cast<size_t>(d.M), 1.0);
   d.forward_only = forward_only;
   d.loss_scale = loss_scale;
@@ -178,6 +192,10 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
   }
   for (auto* m : d.chunks)
     MEGATRON_CHECK(m->num_stashed_activations() == 0) << m->num_stashed_activations() << " micro-batches left in flight";
+  for (size_t i = 0; i < d.deferred_losses.size(); ++i)
+    if (d.deferred_losses[i].defined())
+      d.reports[i].loss_sum = masked_loss_report(d.deferred_losses[i], d.batches[i].loss_mask).loss_sum;
+  d.deferred_losses.clear();
   LossReport total;
   for (const auto& r : d.reports) {
     total.loss_sum += r.loss_sum;

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/training_log.h"
@@ -34,6 +36,14 @@ LossReport masked_loss_report(const Tensor& loss, const Tensor& mask) {
     r.num_tokens += static_cast<double>(mp[i]);
   }
   return r;
+}
+
+double mask_token_count(const Tensor& mask) {
+  MEGATRON_CHECK(mask.dtype() == DType::kFloat32 && mask.is_cpu()) << "mask " << mask.str();
+  const float* mp = mask.data<float>();
+  double n = 0.0;
+  for (int64_t i = 0; i < mask.numel(); ++i) n += static_cast<double>(mp[i]);
+  return n;
 }
 
 void install_exit_signal_handler() { std::signal(SIGTERM, on_sigterm); }
@@ -141,6 +151,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     optimizer_.zero_grad();
   }
   const double loss_scale = optimizer_.get_loss_scale();
+  std::vector<std::pair<Tensor, Tensor>> deferred;  // (device loss, host mask) per micro-batch
   timers_("forward-backward", 1).start();
   if (hooks_.forward_backward) {
     std::optional<LossReport> rep = hooks_.forward_backward(train_data, /*forward_only=*/false, loss_scale);
@@ -161,10 +172,21 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     timers_("forward-compute", 2).start();
     Tensor loss = model_.forward(*batch, /*training=*/true);
     timers_("forward-compute", 2).stop();
-    const LossReport rep = masked_loss_report(loss, batch->loss_mask);
-    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep.loss_sum)) {
-      throw InternalError("found NaN in local forward loss calculation (iteration " +
-                          std::to_string(state_.iteration + 1) + ")");
+    // A device loss with a host mask: Σ(mask) now from the host mask (the backward seed needs
+    // it), Σ(loss·mask) after the whole step's backward has been enqueued (one device-to-host
+    // copy per micro-batch then, instead of a copy that drains the GPU between every forward
+    // and backward). Same fp64 sums; the NaN check below runs once per step on the sums.
+    const bool defer = !loss.is_cpu() && batch->loss_mask.is_cpu();
+    LossReport rep;
+    if (defer) {
+      rep.num_tokens = mask_token_count(batch->loss_mask);
+      deferred.push_back({loss, batch->loss_mask});
+    } else {
+      rep = masked_loss_report(loss, batch->loss_mask);
+      if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep.loss_sum)) {
+        throw InternalError("found NaN in local forward loss calculation (iteration " +
+                            std::to_string(state_.iteration + 1) + ")");
+      }
     }
     // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
     double c = loss_scale;
@@ -173,7 +195,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
                                                      : std::max(rep.num_tokens, 1.0);
       c /= n * static_cast<double>(num_microbatches_);
     }
-    Tensor dloss = batch->loss_mask.clone();
+    Tensor dloss = batch->loss_mask.is_cpu() ? batch->loss_mask.clone() : batch->loss_mask.to(Device::cpu());
     {
       float* d = dloss.data<float>();
       const float cf = static_cast<float>(c);
@@ -184,6 +206,14 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     timers_("backward-compute", 2).stop();
     r.lm_loss.loss_sum += rep.loss_sum;
     r.lm_loss.num_tokens += rep.num_tokens;
+  }
+  for (const auto& [loss, mask] : deferred) {
+    const double sum = masked_loss_report(loss, mask).loss_sum;
+    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(sum)) {
+      throw InternalError("found NaN in local forward loss calculation (iteration " +
+                          std::to_string(state_.iteration + 1) + ")");
+    }
+    r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global

@@ -47,6 +47,9 @@ struct LossReport {
 /// loss, mask: float32 of the same number of elements ([b, s]), on any device (copied to the host).
 /// Throws (internal check) on a dtype or size mismatch.
 LossReport masked_loss_report(const Tensor& loss, const Tensor& mask);
+/// Σ(mask) of a float32 host mask in fp64 (the num_tokens of masked_loss_report without touching
+/// the loss, so a device loss need not be copied before the backward is enqueued).
+double mask_token_count(const Tensor& mask);
 
 /// Optional integrations (TensorBoard writer, checkpoint save, data parallelism) called by the loop.
 struct TrainingHooks {

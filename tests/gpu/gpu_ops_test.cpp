@@ -306,6 +306,161 @@ void test_gemm() {
   }
 }
 
+// Fused GEMM epilogues (helper hostgap): fc1 + bias + tanh GeLU (GELU_AUX_BIAS) and fc2 dgrad +
+// GeLU backward + fc1 bias gradient (DGELU_BGRAD), against float64 host references from the
+// formulas (GEMM, then GeLU-tanh as in test_activations). Inputs are bf16-rounded; outputs bf16,
+// so the tolerance is 1e-2 (bf16 rounding gives ~2e-3; cuBLASLt applies GeLU to the unrounded
+// fp32 sum while the reference uses the exact one). fc1's bias gradient comes out of cuBLASLt in
+// bf16 (Megatron's bf16 bias .grad is rounded too) and is added to an fp32 main grad: 1e-2.
+// The functions may decline (return false) only for shapes cuBLASLt has no kernel for; these
+// shapes (multiples of 8) must be fused on an H200, which is checked too.
+double gelu_tanh_ref(double v) {
+  const double k0 = std::sqrt(2.0 / M_PI), t = std::tanh(k0 * (v + 0.044715 * v * v * v));
+  return 0.5 * v * (1 + t);
+}
+double dgelu_tanh_ref(double v) {
+  const double k0 = std::sqrt(2.0 / M_PI), t = std::tanh(k0 * (v + 0.044715 * v * v * v));
+  return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k0 * (1 + 3 * 0.044715 * v * v);
+}
+
+void test_gemm_epilogues() {
+  struct Sh { int64_t rows, h, f; };
+  std::vector<Sh> shapes = g_small ? std::vector<Sh>{{24, 32, 64}} : std::vector<Sh>{{66, 160, 96}, {256, 768, 3072}};
+  const DType dt = DType::kBFloat16;
+  for (const auto& sh : shapes) {
+    const int64_t N = sh.rows, h = sh.h, f = sh.f;
+    char tag[64];
+    std::snprintf(tag, sizeof tag, " %ldx%ldx%ld bf16", (long)N, (long)h, (long)f);
+    // Forward: pre = x w1^T + b1, act = gelu(pre); x [N,h], w1 [f,h].
+    V x = rounded(randn(N * h), dt), w1 = rounded(randn(f * h, 0.1f), dt), b1 = rounded(randn(f, 0.5f), dt);
+    Tensor X = dev(x, {N, h}, dt), W1 = dev(w1, {f, h}, dt), B1 = dev(b1, {f}, dt);
+    Tensor PRE = poisoned({N, f}, dt), ACT = poisoned({N, f}, dt);
+    const bool fused = cu::linear_bias_gelu_forward(X, W1, B1, PRE, ACT);
+    check_true(std::string("linear_bias_gelu_forward fused (GELU_AUX_BIAS)") + tag, fused);
+    if (fused) {
+      VD rpre = ref_gemm(x, false, w1, true, N, f, h), ract(N * f);
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t j = 0; j < f; ++j) rpre[i * f + j] += b1[j];
+      for (int64_t i = 0; i < N * f; ++i) ract[i] = gelu_tanh_ref(rpre[i]);
+      check(std::string("linear_bias_gelu_forward pre") + tag, host(PRE), rpre, 1e-2);
+      check(std::string("linear_bias_gelu_forward act = gelu_tanh(pre)") + tag, host(ACT), ract, 1e-2);
+    }
+    // Backward: dpre = gelu'(pre) * (dy @ w2), w2 [h,f]; db1 += Σ_rows dpre.
+    V pre = rounded(randn(N * f, 2.0f), dt), dy = rounded(randn(N * h), dt), w2 = rounded(randn(h * f, 0.1f), dt);
+    V db0 = randn(f);
+    Tensor PREd = dev(pre, {N, f}, dt), DY = dev(dy, {N, h}, dt), W2 = dev(w2, {h, f}, dt);
+    Tensor DPRE = poisoned({N, f}, dt), DB = dev(db0, {f}, DType::kFloat32);
+    const bool fused_b = cu::linear_dgelu_bgrad_backward(DY, W2, PREd, DPRE, &DB, true);
+    check_true(std::string("linear_dgelu_bgrad_backward fused (DGELU_BGRAD)") + tag, fused_b);
+    if (fused_b) {
+      VD rd = ref_gemm(dy, false, w2, false, N, f, h), rdb(f);
+      for (int64_t i = 0; i < N * f; ++i) rd[i] *= dgelu_tanh_ref(pre[i]);
+      for (int64_t j = 0; j < f; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < N; ++i) acc += rd[i * f + j];
+        rdb[j] = db0[j] + acc;
+      }
+      check(std::string("linear_dgelu_bgrad_backward dpre") + tag, host(DPRE), rd, 1e-2);
+      check(std::string("linear_dgelu_bgrad_backward dbias fp32 +=") + tag, host(DB), rdb, 1e-2);
+      // Without a bias gradient (DGELU only).
+      Tensor DPRE2 = poisoned({N, f}, dt);
+      const bool ok2 = cu::linear_dgelu_bgrad_backward(DY, W2, PREd, DPRE2, nullptr, true);
+      check_true(std::string("linear_dgelu_bgrad_backward fused (DGELU)") + tag, ok2);
+      if (ok2) check(std::string("linear_dgelu_bgrad_backward dpre, no dbias") + tag, host(DPRE2), rd, 1e-2);
+    }
+    // fc2 + bias + residual in one GEMM: y = act @ w2^T + b2 + r (act [N,f], w2 [h,f]).
+    {
+      V a = rounded(randn(N * f), dt), b2 = rounded(randn(h, 0.5f), dt), r = rounded(randn(N * h), dt);
+      Tensor A = dev(a, {N, f}, dt), B2 = dev(b2, {h}, dt), R = dev(r, {N, h}, dt), Y = poisoned({N, h}, dt);
+      const bool ok = cu::linear_forward_residual(A, W2, &B2, R, Y);
+      check_true(std::string("linear_forward_residual fused (BIAS, C = residual)") + tag, ok);
+      if (ok) {
+        VD ry = ref_gemm(a, false, w2, true, N, h, f);
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = 0; j < h; ++j) ry[i * h + j] += b2[j] + r[i * h + j];
+        check(std::string("linear_forward_residual y = x w^T + b + r") + tag, host(Y), ry, 1e-2);
+        check(std::string("linear_forward_residual leaves the residual") + tag, host(R), to_d(r), 0.0);
+        Tensor Y2 = poisoned({N, h}, dt);
+        const bool ok2 = cu::linear_forward_residual(A, W2, nullptr, R, Y2);
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = 0; j < h; ++j) ry[i * h + j] -= b2[j];
+        if (ok2) check(std::string("linear_forward_residual, no bias") + tag, host(Y2), ry, 1e-2);
+        else check_true(std::string("linear_forward_residual fused, no bias") + tag, false);
+      }
+    }
+    // linear_backward with dw and dbias (the BGRADB epilogue path): dw, dbias fp32 accumulate and
+    // overwrite, against the float64 reference (fp32 outputs of bf16 inputs: 1e-5).
+    V dy1 = rounded(randn(N * f), dt), dw0 = randn(f * h), dbb0 = randn(f);
+    Tensor DY1 = dev(dy1, {N, f}, dt), DW = dev(dw0, {f, h}, DType::kFloat32), DBB = dev(dbb0, {f}, DType::kFloat32);
+    cu::linear_backward(DY1, X, W1, nullptr, &DW, &DBB, true);
+    VD rdw = ref_gemm(dy1, true, x, false, f, h, N), rdbb(f);
+    for (int64_t i = 0; i < f * h; ++i) rdw[i] += dw0[i];
+    for (int64_t j = 0; j < f; ++j) {
+      double acc = dbb0[j];
+      for (int64_t i = 0; i < N; ++i) acc += dy1[i * f + j];
+      rdbb[j] = acc;
+    }
+    check(std::string("linear_backward dw += (BGRADB path)") + tag, host(DW), rdw, 1e-5);
+    check(std::string("linear_backward dbias += (BGRADB path)") + tag, host(DBB), rdbb, 1e-5);
+    Tensor DW3 = poisoned({f, h}, DType::kFloat32), DB3 = poisoned({f}, DType::kFloat32);
+    cu::linear_backward(DY1, X, W1, nullptr, &DW3, &DB3, false);
+    VD rdb3(f);
+    for (int64_t j = 0; j < f; ++j) rdb3[j] = rdbb[j] - dbb0[j];
+    check(std::string("linear_backward dw overwrite (BGRADB path)") + tag, host(DW3),
+          ref_gemm(dy1, true, x, false, f, h, N), 1e-5);
+    check(std::string("linear_backward dbias overwrite (BGRADB path)") + tag, host(DB3), rdb3, 1e-5);
+  }
+}
+
+// Host-to-device copies go through pinned staging without a stream synchronization
+// (cuda_allocator.cu): many back-to-back copies from one reused host buffer must each land
+// intact (the staging block is copied before the call returns), and a copy larger than the
+// staging limit still works.
+void test_h2d_staging() {
+  const int64_t n = g_small ? 1000 : 300000;
+  std::vector<Tensor> outs;
+  V src(n);
+  for (int k = 0; k < 80; ++k) {  // more copies than staging blocks: exercises reuse and waits
+    for (int64_t i = 0; i < n; ++i) src[i] = static_cast<float>(k * 7 + i % 13);
+    outs.push_back(Tensor::from_vector(src, {n}).to(Device::cuda()));
+  }
+  bool ok = true;
+  for (int k = 0; k < 80 && ok; ++k) {
+    V got = host(outs[k]);
+    for (int64_t i = 0; i < n; ++i)
+      if (got[i] != static_cast<float>(k * 7 + i % 13)) {
+        ok = false;
+        break;
+      }
+  }
+  check_true("h2d staging: 80 async copies from one reused host buffer", ok);
+  const int64_t big = (int64_t{80} << 20) / 4;  // 80 MiB > the 64 MiB staging limit
+  V b(big);
+  for (int64_t i = 0; i < big; ++i) b[i] = static_cast<float>(i % 1021);
+  V gb = host(Tensor::from_vector(b, {big}).to(Device::cuda()));
+  check(std::string("h2d 80 MiB (synchronous path)"), gb, to_d(b), 0.0);
+}
+
+// count_zeros_many / has_inf_or_nan_many (one host sync for a list; clip_grads.cpp): counts
+// against a host count of the same data (exact), and the inf flag with and without a NaN.
+void test_reduce_many() {
+  std::vector<Tensor> ts;
+  int64_t zeros = 0;
+  for (int k = 0; k < 5; ++k) {
+    const int64_t n = g_small ? 100 + k : 10000 + 977 * k;
+    V v = randn(n);
+    for (int64_t i = 0; i < n; i += 3 + k) v[i] = 0.0f;
+    for (float x : v) zeros += x == 0.0f;
+    ts.push_back(dev(v, {n}, k % 2 ? DType::kBFloat16 : DType::kFloat32));
+  }
+  const int64_t got = cu::count_zeros_many(ts);
+  check_true("count_zeros_many (5 tensors, fp32+bf16)", got == zeros,
+             std::to_string(got) + " vs " + std::to_string(zeros));
+  check_true("has_inf_or_nan_many finite", !cu::has_inf_or_nan_many(ts));
+  ts.push_back(dev(V{1.0f, NAN, 2.0f}, {3}, DType::kFloat32));
+  check_true("has_inf_or_nan_many with a NaN", cu::has_inf_or_nan_many(ts));
+}
+
 void test_embedding_ce() {
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     const int64_t V_ = 50, h = g_small ? 16 : 72, rows = g_small ? 12 : 300, vs = 20;
@@ -735,7 +890,9 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
-      {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops}};
+      {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops},
+      {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
+      {"reduce_many", test_reduce_many}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

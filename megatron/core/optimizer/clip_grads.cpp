@@ -71,9 +71,10 @@ void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_n
 
 int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   int64_t z = 0;
+  std::vector<Tensor> device_grads;  // one host synchronization for all of them
   for (const auto& g : grads) {
     if (!g.is_cpu()) {
-      z += ops::count_zeros(g);
+      device_grads.push_back(g);
       continue;
     }
     const float* p = f32(g);
@@ -83,14 +84,23 @@ int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessG
     for (int64_t i = 0; i < n; ++i) c += (p[i] == 0.0f);
     z += c;
   }
+  if (!device_grads.empty()) {
+#ifdef MEGATRON_WITH_CUDA
+    if (std::all_of(device_grads.begin(), device_grads.end(), [](const Tensor& t) { return t.is_cuda(); })) {
+      z += ops::cuda::count_zeros_many(device_grads);
+    } else
+#endif
+      for (const auto& g : device_grads) z += ops::count_zeros(g);
+  }
   return static_cast<int64_t>(all_reduce_scalar(static_cast<double>(z), group, distributed::ReduceOp::kSum));
 }
 
 bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
   int bad = 0;
+  std::vector<Tensor> device_grads;  // one host synchronization for all of them
   for (const auto& g : grads) {
     if (!g.is_cpu()) {
-      bad |= ops::has_inf_or_nan(g) ? 1 : 0;
+      device_grads.push_back(g);
       continue;
     }
     const float* p = f32(g);
@@ -99,6 +109,14 @@ bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGrou
 #pragma omp parallel for reduction(| : b) schedule(static) if (n > 32768)
     for (int64_t i = 0; i < n; ++i) b |= !std::isfinite(p[i]);
     bad |= b;
+  }
+  if (!device_grads.empty()) {
+#ifdef MEGATRON_WITH_CUDA
+    if (std::all_of(device_grads.begin(), device_grads.end(), [](const Tensor& t) { return t.is_cuda(); })) {
+      bad |= ops::cuda::has_inf_or_nan_many(device_grads) ? 1 : 0;
+    } else
+#endif
+      for (const auto& g : device_grads) bad |= ops::has_inf_or_nan(g) ? 1 : 0;
   }
   return all_reduce_scalar(bad, group, distributed::ReduceOp::kMax) > 0.0;
 }

@@ -1,7 +1,13 @@
 #include "megatron/core/tensor_parallel/layers.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#endif
 #include "megatron/core/tensor_parallel/mappings.h"
 
 namespace megatron::tensor_parallel {
@@ -12,6 +18,15 @@ using transformer::ParamRef;
 using transformer::ParamRegistry;
 
 namespace {
+[[maybe_unused]] bool gemm_epilogues_enabled() {
+  // MEGATRON_GEMM_EPILOGUES=0 turns the fused cuBLASLt GeLU epilogues off (A/B comparisons).
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRON_GEMM_EPILOGUES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 Shape with_last(const Tensor& x, int64_t last) {
   Shape s = x.shape();
   s.back() = last;
@@ -63,15 +78,32 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   return y;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const {
+Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, Tensor& act) const {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fp8_ && bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
+    ctx.input = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(x, *tp_.group) : x;
+    const Tensor& xin = ctx.input;
+    Tensor pre = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
+    act = Tensor::empty(pre.shape(), xin.dtype(), xin.device());
+    if (ops::cuda::linear_bias_gelu_forward(xin, weight_.data(), bias_.data(), pre, act)) return pre;
+  }
+#endif
+  Tensor pre = forward(x, ctx);
+  act = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+  ops::gelu_forward(pre, act, /*approximate_tanh=*/true);
+  return pre;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done) const {
   Tensor dx;
   if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  Tensor* db = bias_.defined() && !bias_grad_done ? &bias_.grad() : nullptr;
   if (fp8_)
     fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+                         db, /*accumulate=*/true);
   else
-    ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+    ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db,
+                         /*accumulate=*/true);
   if (need_dx && tp_.size() > 1) {
     if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
     tp_.group->all_reduce(dx);
@@ -89,8 +121,13 @@ RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& pref
 Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = x;
   Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
-  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y);
-  else ops::linear_forward(x, weight_.data(), nullptr, y);
+  // Without TP there is no reduction between the GEMM and the bias: the bias goes into the
+  // GEMM (the cuBLASLt BIAS epilogue on CUDA) instead of a separate pass over y.
+  const bool bias_in_gemm = bias_.defined() && tp_.size() == 1;
+  const Tensor* b = bias_in_gemm ? &bias_.data() : nullptr;
+  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), b, y);
+  else ops::linear_forward(x, weight_.data(), b, y);
+  if (bias_in_gemm) return y;
   if (tp_.size() > 1) {
     if (tp_.sequence_parallel)
       y = reduce_scatter_along_first_dim(y, *tp_.group);  // out of the TP region into the sequence shards
@@ -98,6 +135,20 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
       tp_.group->all_reduce(y);
   }
   if (bias_.defined()) ops::bias_add_(y, bias_.data());
+  return y;
+}
+
+Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fp8_ && tp_.size() == 1 && x.is_cuda() && gemm_epilogues_enabled()) {
+    ctx.input = x;
+    Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
+    if (ops::cuda::linear_forward_residual(x, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, residual, y))
+      return y;
+  }
+#endif
+  Tensor y = forward(x, ctx);
+  ops::add_(y, residual);
   return y;
 }
 
@@ -114,6 +165,27 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bo
     ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
                          bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
   return dx;
+}
+
+Tensor RowParallelLinear::backward_dgelu(const Tensor& dy_in, const LinearCtx& ctx, const Tensor& pre,
+                                         Tensor* pre_bias_grad, bool* bias_grad_done) const {
+  if (bias_grad_done) *bias_grad_done = false;
+#ifdef MEGATRON_WITH_CUDA
+  if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled()) {
+    const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
+    Tensor dpre = Tensor::empty(pre.shape(), dy.dtype(), dy.device());
+    if (ops::cuda::linear_dgelu_bgrad_backward(dy, weight_.data(), pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
+      ops::linear_backward(dy, ctx.input, weight_.data(), nullptr, &weight_.grad(),
+                           bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+      if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
+      return dpre;
+    }
+  }
+#endif
+  Tensor dact = backward(dy_in, ctx, /*need_dx=*/true);
+  Tensor dpre = Tensor::empty(pre.shape(), dact.dtype(), dact.device());
+  ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
+  return dpre;
 }
 
 void ColumnParallelLinear::enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name) {

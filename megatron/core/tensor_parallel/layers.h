@@ -53,8 +53,16 @@ class ColumnParallelLinear {
 
   /// x [..., in] -> y [..., out/TP] in x's dtype.
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
-  /// dy [..., out/TP] -> dx [..., in] (undefined if !need_dx); accumulates dW, db.
-  Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+  /// dy [..., out/TP] -> dx [..., in] (undefined if !need_dx); accumulates dW, and db unless
+  /// bias_grad_done (a fused epilogue of the next layer's backward already accumulated it).
+  Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done = false) const;
+  /// forward followed by the tanh GeLU (Megatron's bias_gelu): returns the GeLU input
+  /// pre = x W^T + b [..., out/TP] (what the MLP keeps for backward) and writes act = gelu(pre)
+  /// (same shape and dtype). On CUDA with bf16/fp16, a bias and no FP8, one cuBLASLt GEMM with the
+  /// GELU_AUX_BIAS epilogue (unless MEGATRON_GEMM_EPILOGUES=0); otherwise forward + gelu_forward.
+  Tensor forward_bias_gelu(const Tensor& x, LinearCtx& ctx, Tensor& act) const;
+  /// This layer's bias gradient (main_grad view), or nullptr without a bias.
+  Tensor* bias_grad() const { return bias_.defined() ? &bias_.grad() : nullptr; }
 
   int64_t output_size_per_partition() const { return out_local_; }
   transformer::ParamRef weight() const { return weight_; }
@@ -81,8 +89,19 @@ class RowParallelLinear {
                     int64_t output_size, bool bias, float init_std, const TPContext& tp);
   /// x [..., in/TP] -> y [..., out].
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
+  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16,
+  /// no FP8) one GEMM adds bias and residual in its epilogue (C = residual, beta 1); otherwise
+  /// forward + add_. The backward is backward() (dy passes to the residual unchanged).
+  Tensor forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
+  /// backward whose dx GEMM also applies the tanh-GeLU backward: returns d(pre) =
+  /// gelu'(pre) * dx for the GeLU input `pre` of this layer's input (fc2 after fc1 + GeLU) and,
+  /// with pre_bias_grad, accumulates Σ_rows d(pre) into it (fc1's bias gradient; *bias_grad_done
+  /// says whether that happened). On CUDA bf16/fp16 without FP8, cuBLASLt's DGELU_BGRAD epilogue
+  /// (unless MEGATRON_GEMM_EPILOGUES=0); otherwise backward + gelu_backward (bias_grad_done false).
+  Tensor backward_dgelu(const Tensor& dy, const LinearCtx& ctx, const Tensor& pre, Tensor* pre_bias_grad,
+                        bool* bias_grad_done) const;
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
   void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
 

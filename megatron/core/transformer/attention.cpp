@@ -31,7 +31,7 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   }
 }
 
-Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const {
+Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual) const {
   Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
   const int64_t s = qkv.size(0), b = qkv.size(1), d = config_.kv_channels;  // s: full sequence with SP
   ctx.rope_positions = fc.rotary_position_ids;
@@ -72,6 +72,7 @@ Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx&
     ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
     ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.params, ctx.out, ctx.lse);
   }
+  if (residual) return linear_proj_->forward_add(ctx.out.view({s, b, heads_local_ * d}), ctx.proj, *residual);
   return linear_proj_->forward(ctx.out.view({s, b, heads_local_ * d}), ctx.proj);
 }
 

@@ -36,7 +36,9 @@ class SelfAttention {
   /// q_layernorm, k_layernorm (prefix = "decoder.layers.<i>.self_attention").
   SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
                 const tensor_parallel::TPContext& tp);
-  Tensor forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx) const;
+  /// With `residual`: returns attention(x) + residual (added in the output projection's GEMM
+  /// where possible, RowParallelLinear::forward_add).
+  Tensor forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual = nullptr) const;
   Tensor backward(const Tensor& dy, AttentionCtx& ctx) const;
 
  private:

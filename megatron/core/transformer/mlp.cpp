@@ -21,7 +21,16 @@ MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig&
   }
 }
 
-Tensor MLP::forward(const Tensor& x, MLPCtx& ctx) const {
+Tensor MLP::forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual) const {
+  auto fc2 = [&](const Tensor& act) {
+    return residual ? linear_fc2_->forward_add(act, ctx.fc2, *residual) : linear_fc2_->forward(act, ctx.fc2);
+  };
+  if (!config_.gated_linear_unit && config_.gelu_tanh()) {
+    // fc1 + bias + tanh GeLU, fused into the GEMM's epilogue where the backend can.
+    Tensor act;
+    ctx.fc1_out = linear_fc1_->forward_bias_gelu(x, ctx.fc1, act);
+    return fc2(act);
+  }
   ctx.fc1_out = linear_fc1_->forward(x, ctx.fc1);
   Shape s = ctx.fc1_out.shape();
   if (config_.gated_linear_unit) s.back() /= 2;
@@ -31,10 +40,16 @@ Tensor MLP::forward(const Tensor& x, MLPCtx& ctx) const {
   } else {
     ops::gelu_forward(ctx.fc1_out, act, config_.gelu_tanh());
   }
-  return linear_fc2_->forward(act, ctx.fc2);
+  return fc2(act);
 }
 
 Tensor MLP::backward(const Tensor& dy, MLPCtx& ctx) const {
+  if (!config_.gated_linear_unit && config_.gelu_tanh()) {
+    // fc2's dgrad GEMM also applies the GeLU backward and yields fc1's bias gradient.
+    bool fc1_bias_done = false;
+    Tensor dfc1 = linear_fc2_->backward_dgelu(dy, ctx.fc2, ctx.fc1_out, linear_fc1_->bias_grad(), &fc1_bias_done);
+    return linear_fc1_->backward(dfc1, ctx.fc1, true, fc1_bias_done);
+  }
   Tensor dact = linear_fc2_->backward(dy, ctx.fc2, true);
   Tensor dfc1 = Tensor::empty(ctx.fc1_out.shape(), dy.dtype(), dy.device());
   if (config_.gated_linear_unit) {

@@ -20,7 +20,8 @@ class MLP {
  public:
   MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp);
-  Tensor forward(const Tensor& x, MLPCtx& ctx) const;
+  /// With `residual`: returns mlp(x) + residual (added in fc2's GEMM where possible).
+  Tensor forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual = nullptr) const;
   Tensor backward(const Tensor& dy, MLPCtx& ctx) const;
 
  private:

@@ -34,6 +34,15 @@ TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix
 Tensor TransformerLayer::forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const {
   ctx.hidden_dropout = config_.hidden_dropout;
   Tensor ln1 = input_layernorm_->forward(x, ctx.input_layernorm);
+  if (!(fc.training && config_.hidden_dropout > 0.0f)) {
+    // No hidden dropout: each residual add goes into the sublayer's last GEMM (its epilogue reads
+    // the residual as C) instead of a separate pass over the activation.
+    ctx.attn_dropout_mask = Tensor();
+    ctx.mlp_dropout_mask = Tensor();
+    Tensor x1 = self_attention_->forward(ln1, fc, ctx.attention, &x);
+    Tensor ln2 = pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm);
+    return mlp_->forward(ln2, ctx.mlp, &x1);
+  }
   Tensor attn = self_attention_->forward(ln1, fc, ctx.attention);
   Tensor x1 = dropout_add(attn, x, config_.hidden_dropout, fc, ctx.attn_dropout_mask);
   Tensor ln2 = pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm);

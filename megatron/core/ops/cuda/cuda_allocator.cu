@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "megatron/core/ops/cuda/cuda_utils.h"
 #include "megatron/core/tensor/tensor.h"
@@ -21,17 +23,81 @@ class CudaAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* p, size_t, int) override { cudaFreeAsync(p, current_stream()); }
+  // Device-to-host copies synchronize the stream (the host reads the result next). Host-to-device
+  // copies up to kMaxStaged bytes go through a pinned staging block and do NOT synchronize: the
+  // host data is copied into the block at once (so the caller may free or reuse its buffer), the
+  // DMA is stream-ordered, and the block is reused only after an event recorded behind its DMA
+  // has completed. Before this, every H2D copy (batch tokens, labels, position ids, the loss
+  // seed, every scalar) drained the GPU queue. Larger H2D copies (weights at start-up) stay
+  // synchronous. Device-to-device copies are stream-ordered as before.
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     if (!bytes) return;
-    cudaMemcpyKind kind = cudaMemcpyDefault;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, current_stream()));
-    if (dd.is_cpu() || sd.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    cudaStream_t st = current_stream();
+    if (dd.is_cuda() && sd.is_cpu() && bytes <= kMaxStaged) {
+      int cur = -1;
+      CUDA_CHECK(cudaGetDevice(&cur));
+      if (cur == dd.index) {  // events and the stream belong to the current device
+        staged_h2d(dst, dd.index, src, bytes, st);
+        return;
+      }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
+    if (dd.is_cpu() || sd.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(st));
   }
   void memzero(void* p, size_t bytes, int) override {
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
   }
 
  private:
+  static constexpr size_t kMaxStaged = size_t{64} << 20;  // 64 MiB
+  static constexpr size_t kMaxBlocks = 64;
+  struct StagingBlock {
+    void* host = nullptr;  // pinned (cudaHostAlloc)
+    size_t capacity = 0;
+    int device = -1;
+    cudaEvent_t done = nullptr;  // recorded behind the block's last DMA
+    uint64_t last_use = 0;
+  };
+
+  void staged_h2d(void* dst, int dev, const void* src, size_t bytes, cudaStream_t st) {
+    std::lock_guard<std::mutex> g(staging_mu_);
+    StagingBlock* pick = nullptr;
+    // 1. A free block of this device that is large enough (smallest first).
+    for (auto& b : blocks_) {
+      if (b.device != dev || b.capacity < bytes) continue;
+      if (pick && pick->capacity <= b.capacity) continue;
+      const cudaError_t q = cudaEventQuery(b.done);
+      if (q == cudaErrorNotReady) continue;
+      CUDA_CHECK(q);
+      pick = &b;
+    }
+    // 2. Else a new block, or (at the block limit) wait for the least recently used one and grow it.
+    if (!pick) {
+      if (blocks_.size() < kMaxBlocks) {
+        blocks_.emplace_back();
+        pick = &blocks_.back();
+        pick->device = dev;
+        CUDA_CHECK(cudaEventCreateWithFlags(&pick->done, cudaEventDisableTiming));
+      } else {
+        for (auto& b : blocks_)
+          if (b.device == dev && (!pick || b.last_use < pick->last_use)) pick = &b;
+        MEGATRON_CHECK(pick) << "no staging block for device " << dev;
+        CUDA_CHECK(cudaEventSynchronize(pick->done));
+      }
+      if (pick->capacity < bytes) {
+        if (pick->host) CUDA_CHECK(cudaFreeHost(pick->host));
+        size_t cap = size_t{1} << 16;
+        while (cap < bytes) cap <<= 1;
+        CUDA_CHECK(cudaHostAlloc(&pick->host, cap, cudaHostAllocDefault));
+        pick->capacity = cap;
+      }
+    }
+    std::memcpy(pick->host, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, pick->host, bytes, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaEventRecord(pick->done, st));
+    pick->last_use = ++use_counter_;
+  }
+
   void ensure_pool(int dev) {
     std::call_once(once_, [dev] {
       cudaMemPool_t pool;
@@ -41,6 +107,12 @@ class CudaAllocator final : public Allocator {
     });
   }
   std::once_flag once_;
+  std::mutex staging_mu_;
+  std::vector<StagingBlock> blocks_;  // kMaxBlocks reserved: pointers stay valid
+  uint64_t use_counter_ = 0;
+
+ public:
+  CudaAllocator() { blocks_.reserve(kMaxBlocks); }
 };
 
 CudaAllocator g_cuda_alloc;

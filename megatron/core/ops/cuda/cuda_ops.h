@@ -22,6 +22,11 @@ double sum_of_squares(const Tensor& x);
 /// (the global gradient norm); fp64, deterministic. Not in ops.h: called by
 /// optimizer/clip_grads.cpp for device grads.
 double sum_of_squares_many(const std::vector<Tensor>& xs);
+/// Σ count_zeros over CUDA tensors, one host synchronization for the list (--log-num-zeros-in-grad).
+int64_t count_zeros_many(const std::vector<Tensor>& xs);
+/// Any inf/NaN in any of the CUDA tensors, one host synchronization for the list (the fp16 loss
+/// scaler's found_inf check).
+bool has_inf_or_nan_many(const std::vector<Tensor>& xs);
 int64_t count_zeros(const Tensor& x);
 bool has_inf_or_nan(const Tensor& x);
 void transpose01(const Tensor& x, Tensor& y);
@@ -29,6 +34,22 @@ void bias_add_(Tensor& y, const Tensor& bias);
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw, Tensor* dbias, bool accumulate);
+/// Fused fc1 + GeLU (cuBLASLt GELU_AUX_BIAS epilogue; cuBLASLt's GeLU is the tanh approximation,
+/// Megatron's bias_gelu): pre[N,out] = x[N,in] @ w[out,in]^T + bias[out] (the GeLU input, saved
+/// for the backward) and act = gelu_tanh(pre). bf16/fp16 x, w, bias, pre, act; out % 8 == 0.
+/// Returns false, writing nothing, for fp32 or when cuBLASLt has no kernel for the shapes (callers
+/// then run linear_forward + gelu_forward).
+bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& act);
+/// Fused fc2 dgrad + GeLU backward (+ fc1 bias gradient): dpre[N,f] = gelu_tanh'(pre) * (dy[N,h] @
+/// w[h,f]) (cuBLASLt DGELU_BGRAD) and, if dbias, dbias[f] (+)= Σ_rows dpre (computed in dpre's
+/// type, then added). bf16/fp16; f % 8 == 0. Returns false, writing nothing, when unsupported.
+bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
+                                 bool accumulate);
+/// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out]) + residual[N,out] in one cuBLASLt GEMM (residual
+/// read as C with beta 1, y written as D, fp32 accumulation, rounded once). bf16/fp16 y, residual,
+/// bias; residual must not alias y. Returns false, writing nothing, when not applicable
+/// (fp32, dtype mismatch, empty) so callers run linear_forward + add_.
+bool linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual, Tensor& y);
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start);
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, int64_t vocab_start);
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, bool zero_centered_gamma, Tensor& y, Tensor& mean, Tensor& rstd);

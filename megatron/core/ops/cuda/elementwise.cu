@@ -368,11 +368,12 @@ double sum_of_squares(const Tensor& x) { return reduce<0>(x, "sum_of_squares"); 
 
 // One stage-1 launch per tensor into one partials buffer, one stage-2 over all partials, one
 // device-to-host copy and synchronization for the whole list.
-double sum_of_squares_many(const std::vector<Tensor>& xs) {
+template <int kKind>
+double reduce_many(const std::vector<Tensor>& xs, const char* name) {
   std::vector<unsigned> grids(xs.size());
   int64_t total = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
-    check_cuda(xs[i], "sum_of_squares_many");
+    check_cuda(xs[i], name);
     grids[i] = xs[i].numel() > 0 ? grid8(xs[i].numel()) : 0;
     total += grids[i];
   }
@@ -385,12 +386,12 @@ double sum_of_squares_many(const std::vector<Tensor>& xs) {
     if (!grids[i]) continue;
     const Tensor& x = xs[i];
     bool vec = aligned16(x.data_ptr());
-    MCU_FLOAT_SWITCH(x.dtype(), T, reduce_stage1<T, 0><<<grids[i], kThreads, 0, st>>>(
+    MCU_FLOAT_SWITCH(x.dtype(), T, reduce_stage1<T, kKind><<<grids[i], kThreads, 0, st>>>(
         static_cast<const T*>(x.data_ptr()), x.numel(), vec, buf + off));
     CUDA_CHECK_LAUNCH();
     off += grids[i];
   }
-  MEGATRON_CHECK(total < (1LL << 31)) << "sum_of_squares_many: " << total << " partials";
+  MEGATRON_CHECK(total < (1LL << 31)) << name << ": " << total << " partials";
   reduce_stage2<<<1, kThreads, 0, st>>>(buf, static_cast<int>(total), buf + total);
   CUDA_CHECK_LAUNCH();
   double out = 0.0;
@@ -399,6 +400,12 @@ double sum_of_squares_many(const std::vector<Tensor>& xs) {
   CUDA_CHECK(cudaStreamSynchronize(st));
   return out;
 }
+
+double sum_of_squares_many(const std::vector<Tensor>& xs) { return reduce_many<0>(xs, "sum_of_squares_many"); }
+int64_t count_zeros_many(const std::vector<Tensor>& xs) {
+  return static_cast<int64_t>(reduce_many<1>(xs, "count_zeros_many"));
+}
+bool has_inf_or_nan_many(const std::vector<Tensor>& xs) { return reduce_many<2>(xs, "has_inf_or_nan_many") > 0.0; }
 int64_t count_zeros(const Tensor& x) { return static_cast<int64_t>(reduce<1>(x, "count_zeros")); }
 bool has_inf_or_nan(const Tensor& x) { return reduce<2>(x, "has_inf_or_nan") > 0.0; }
 

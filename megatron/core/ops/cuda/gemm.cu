@@ -8,6 +8,7 @@
 // and no heuristic query. Everything runs on current_stream().
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -65,58 +66,102 @@ cudaDataType_t cuda_type(DType t) {
   return CUDA_R_32F;
 }
 
-using Key = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int, int>;
+// Epilogue of one cuBLASLt call. kind: CUBLASLT_EPILOGUE_DEFAULT, _BIAS (bias read, length =
+// rows of the column-major D), _GELU_AUX_BIAS (bias read, aux = GeLU input written, D = GeLU),
+// _DGELU_BGRAD (aux = GeLU input read, D = GeLU'(aux) * product, bias = Σ over D's columns written,
+// in D's type), _BGRADB (bias = Σ of B over k written, in D's type). aux is column-major with
+// D's shape and leading dimension aux_ld (a multiple of 8).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  DType bias_type = DType::kFloat32;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  const void* c_in = nullptr;  // if set: C (read with beta) is this matrix, D's layout; D is written
+};
+
+using Key = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int, int, int, int, int,
+                       int64_t>;
 using lt::Plan;
 using lt::pointer_alignment;
 
+struct CachedPlan {
+  Plan plan;
+  bool supported = false;  // false: the heuristic had no algorithm (callers fall back)
+};
 std::mutex g_plans_mu;
-std::map<Key, Plan> g_plans;  // the key holds the device too
+std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
-// Column-major D[M,N] = op(A) op(B) (+ beta C) (+ bias[M] per row) with D == C.
+// Column-major D[M,N] = op(A) op(B) (+ beta C) with the epilogue `e`, D == C.
 // A is stored [M,K] (ld lda) or, if ta, [K,M]; B is [K,N] or, if tb, [N,K].
-void lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, DType at,
+// Returns false (nothing launched) when cuBLASLt has no algorithm for a non-default epilogue;
+// throws (internal check) when a plain or bias GEMM has none.
+bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, DType at,
                const void* B, int64_t ldb, DType bt, void* C, int64_t ldc, DType ct, float alpha, float beta,
-               const void* bias, DType biast) {
+               const Epilogue& e) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   lt::DeviceContext& s = lt::device_context(dev);
   std::lock_guard<std::mutex> g(g_plans_mu);
-  const int al_a = pointer_alignment(A), al_b = pointer_alignment(B), al_c = pointer_alignment(C);
-  Key key{dev, ta, tb, M, N, K, (int)at, (int)bt, (int)ct, bias ? (int)biast : -1, al_a, al_b, al_c, beta != 0.0f};
+  const int al_a = pointer_alignment(A), al_b = pointer_alignment(B),
+            al_c = std::min(pointer_alignment(C), e.c_in ? pointer_alignment(e.c_in) : 256);
+  const bool has_bias = e.bias != nullptr;
+  const int al_bias = has_bias ? pointer_alignment(e.bias) : 0, al_aux = e.aux ? pointer_alignment(e.aux) : 0;
+  Key key{dev, ta, tb, M, N, K, (int)at, (int)bt, (int)ct, has_bias ? (int)e.bias_type : -1, al_a, al_b, al_c,
+          beta != 0.0f, (int)e.kind, al_bias, al_aux, e.aux_ld};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
-    Plan p;
+    CachedPlan cp;
+    Plan& p = cp.plan;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    if (bias) {
-      cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+      cublasLtEpilogue_t epi = e.kind;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-      cudaDataType_t btype = cuda_type(biast);
+    }
+    if (has_bias) {
+      cudaDataType_t btype = cuda_type(e.bias_type);
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &btype, sizeof(btype)));
+      // The heuristic reads the pointers' alignment.
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+    }
+    if (e.aux) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &e.aux_ld,
+                                                  sizeof(e.aux_ld)));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(at), ta ? K : M, ta ? M : K, lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(bt), tb ? N : K, tb ? K : N, ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(ct), M, N, ldc));
     int found = 0;
     const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
-    MEGATRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0)
+    cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    const bool must = e.kind == CUBLASLT_EPILOGUE_DEFAULT || e.kind == CUBLASLT_EPILOGUE_BIAS;
+    MEGATRON_CHECK(cp.supported || !must)
         << "gemm: cuBLASLt has no algorithm for M=" << M << " N=" << N << " K=" << K << " types "
-        << dtype_name(at) << "/" << dtype_name(bt) << "->" << dtype_name(ct) << (bias ? " with bias" : "")
+        << dtype_name(at) << "/" << dtype_name(bt) << "->" << dtype_name(ct) << (has_bias ? " with bias" : "")
         << " (status " << (int)st << ")";
-    it = g_plans.emplace(key, p).first;
+    it = g_plans.emplace(key, cp).first;
   }
-  Plan& p = it->second;
-  if (bias)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, s.workspace,
-                              lt::kWorkspaceBytes, megatron::cuda::current_stream()));
+  if (!it->second.supported) return false;
+  Plan& p = it->second.plan;
+  if (has_bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+  if (e.aux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
+  const void* c_read = e.c_in ? e.c_in : C;
+  CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, c_read, p.c, C, p.c, &p.algo,
+                              s.workspace, lt::kWorkspaceBytes, megatron::cuda::current_stream()));
+  return true;
 }
 
-// Row-major C[m,n] = alpha op(A) op(B) + beta C (+ bias[n] broadcast over rows).
-void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
-             const Tensor* bias) {
+// Row-major C[m,n] = alpha op(A) op(B) + beta C with the epilogue `e` (bias / bias gradient of
+// length n: the column-major view's rows; aux row-major [m, n], i.e. column-major ld n).
+// Returns lt_matmul's answer (false: unsupported epilogue, nothing done).
+bool rm_gemm_ex(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+                const Epilogue& e) {
   MEGATRON_CHECK(a.is_cuda() && b.is_cuda() && c.is_cuda()) << "gemm: " << a.str() << " " << b.str() << " " << c.str();
   MEGATRON_CHECK(a.dim() >= 2 && b.dim() >= 2 && a.dtype() == b.dtype()) << "gemm: a " << a.str() << " b " << b.str();
   const int64_t a_cols = a.size(-1), a_rows = a.numel() / std::max<int64_t>(a_cols, 1);
@@ -127,15 +172,28 @@ void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tenso
                  (c.dtype() == DType::kFloat32 || c.dtype() == a.dtype()))
       << "gemm: a " << a.str() << (trans_a ? "^T" : "") << " b " << b.str() << (trans_b ? "^T" : "") << " c "
       << c.str();
-  if (m == 0 || n == 0) return;
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT && e.kind != CUBLASLT_EPILOGUE_BIAS && (m == 0 || n == 0 || k == 0))
+    return false;
+  if (m == 0 || n == 0) return true;
   if (k == 0) {
     if (beta == 0.0f) ops::cuda::fill(c, 0.0f);
     else ops::cuda::scale_(c, beta);
-    return;
+    return true;
   }
   // Column-major view: C^T[n,m] = op(B)^T [n,k] * op(A)^T [k,m].
-  lt_matmul(trans_b, trans_a, n, m, k, b.data_ptr(), b_cols, b.dtype(), a.data_ptr(), a_cols, a.dtype(), c.data_ptr(),
-            n, c.dtype(), alpha, beta, bias ? bias->data_ptr() : nullptr, bias ? bias->dtype() : DType::kFloat32);
+  return lt_matmul(trans_b, trans_a, n, m, k, b.data_ptr(), b_cols, b.dtype(), a.data_ptr(), a_cols, a.dtype(),
+                   c.data_ptr(), n, c.dtype(), alpha, beta, e);
+}
+
+void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+             const Tensor* bias) {
+  Epilogue e;
+  if (bias) {
+    e.kind = CUBLASLT_EPILOGUE_BIAS;
+    e.bias = bias->data_ptr();
+    e.bias_type = bias->dtype();
+  }
+  rm_gemm_ex(a, trans_a, b, trans_b, c, alpha, beta, e);
 }
 
 // Column sums of dy [rows, n] into partial [G, n]; rows split into G chunks.
@@ -181,9 +239,26 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && x.size(-1) == w.size(1))
       << "linear_backward: dy " << dy.str() << " x " << x.str() << " w " << w.str();
   const int64_t rows = dy.numel() / std::max<int64_t>(dy.size(-1), 1), n = w.size(0);
-  if (dx) rm_gemm(dy, false, w, false, *dx, 1.0f, 0.0f, nullptr);                       // dx = dy @ w
-  if (dw) rm_gemm(dy, true, x, false, *dw, 1.0f, accumulate ? 1.0f : 0.0f, nullptr);    // dw (+)= dy^T @ x
-  if (dbias) {
+  if (dx) rm_gemm(dy, false, w, false, *dx, 1.0f, 0.0f, nullptr);  // dx = dy @ w
+  // dw (+)= dy^T @ x; with bf16/fp16 inputs the bias gradient Σ_rows dy comes out of the same
+  // GEMM (cuBLASLt BGRADB: B = dy reduced over k = rows, written in dw's type) instead of a
+  // separate column-sum pass over dy, when cuBLASLt has such a kernel.
+  bool dbias_done = false;
+  if (dw && dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32) {
+    Tensor tmp = Tensor::empty({n}, dw->dtype(), dy.device());
+    Epilogue e;
+    e.kind = CUBLASLT_EPILOGUE_BGRADB;
+    e.bias = tmp.data_ptr();
+    e.bias_type = dw->dtype();
+    if (rm_gemm_ex(dy, true, x, false, *dw, 1.0f, accumulate ? 1.0f : 0.0f, e)) {
+      if (accumulate) ops::cuda::add_(*dbias, tmp, 1.0f);
+      else ops::cuda::cast(tmp, *dbias);
+      dbias_done = true;
+      dw = nullptr;
+    }
+  }
+  if (dw) rm_gemm(dy, true, x, false, *dw, 1.0f, accumulate ? 1.0f : 0.0f, nullptr);
+  if (dbias && !dbias_done) {
     MEGATRON_CHECK(dbias->numel() == n) << "linear_backward: dbias " << dbias->str();
     if (n == 0) return;
     cudaStream_t st = megatron::cuda::current_stream();
@@ -202,6 +277,72 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaFreeAsync(part, st));
   }
+}
+
+bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& act) {
+  MEGATRON_CHECK(w.dim() == 2 && x.size(-1) == w.size(1) && bias.numel() == w.size(0) && pre.size(-1) == w.size(0) &&
+                 act.numel() == pre.numel() && pre.numel() / std::max<int64_t>(w.size(0), 1) ==
+                                                   x.numel() / std::max<int64_t>(w.size(1), 1))
+      << "linear_bias_gelu_forward: x " << x.str() << " w " << w.str() << " pre " << pre.str() << " act " << act.str();
+  const int64_t n = w.size(0);
+  if (x.dtype() == DType::kFloat32 || pre.dtype() != x.dtype() || act.dtype() != x.dtype() ||
+      bias.dtype() != x.dtype() || n % 8 != 0)
+    return false;
+  Epilogue e;
+  e.kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  e.bias = bias.data_ptr();
+  e.bias_type = bias.dtype();
+  e.aux = pre.data_ptr();
+  e.aux_ld = n;
+  return rm_gemm_ex(x, false, w, true, act, 1.0f, 0.0f, e);
+}
+
+bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
+                                 bool accumulate) {
+  MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && pre.size(-1) == w.size(1) &&
+                 dpre.numel() == pre.numel() && pre.numel() / std::max<int64_t>(w.size(1), 1) ==
+                                                    dy.numel() / std::max<int64_t>(w.size(0), 1) &&
+                 (!dbias || dbias->numel() == w.size(1)))
+      << "linear_dgelu_bgrad_backward: dy " << dy.str() << " w " << w.str() << " pre " << pre.str();
+  const int64_t n = w.size(1);
+  if (dy.dtype() == DType::kFloat32 || pre.dtype() != dy.dtype() || dpre.dtype() != dy.dtype() || n % 8 != 0)
+    return false;
+  // The bias gradient comes out in dpre's type (cuBLASLt), rounded once like Megatron's bf16
+  // bias .grad, then accumulated into the (fp32) main grad.
+  Tensor tmp = Tensor::empty({n}, dpre.dtype(), dy.device());
+  Epilogue e;
+  e.kind = dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  if (dbias) {
+    e.bias = tmp.data_ptr();
+    e.bias_type = dpre.dtype();
+  }
+  e.aux = const_cast<void*>(pre.data_ptr());
+  e.aux_ld = n;
+  if (!rm_gemm_ex(dy, false, w, false, dpre, 1.0f, 0.0f, e)) return false;
+  if (dbias) {
+    if (accumulate) ops::cuda::add_(*dbias, tmp, 1.0f);
+    else ops::cuda::cast(tmp, *dbias);
+  }
+  return true;
+}
+
+bool linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual, Tensor& y) {
+  MEGATRON_CHECK(w.dim() == 2 && x.size(-1) == w.size(1) && y.size(-1) == w.size(0) &&
+                 y.numel() / std::max<int64_t>(w.size(0), 1) == x.numel() / std::max<int64_t>(w.size(1), 1) &&
+                 residual.numel() == y.numel() && (!bias || bias->numel() == w.size(0)))
+      << "linear_forward_residual: x " << x.str() << " w " << w.str() << " y " << y.str() << " residual "
+      << residual.str();
+  if (residual.dtype() != y.dtype() || (bias && bias->dtype() != y.dtype()) || y.dtype() == DType::kFloat32 ||
+      residual.data_ptr() == y.data_ptr() || x.numel() == 0 || y.numel() == 0)
+    return false;
+  Epilogue e;
+  if (bias) {
+    e.kind = CUBLASLT_EPILOGUE_BIAS;
+    e.bias = bias->data_ptr();
+    e.bias_type = bias->dtype();
+  }
+  e.c_in = residual.data_ptr();
+  return rm_gemm_ex(x, false, w, true, y, 1.0f, 1.0f, e);
 }
 
 }  // namespace megatron::ops::cuda
