@@ -4,8 +4,9 @@
 # zero counts / inf checks), and the cuBLASLt epilogues (fc1 bias + tanh-GeLU GELU_AUX_BIAS, fc2
 # dgrad + GeLU backward + fc1 bias grad DGELU_BGRAD, bias grads by BGRADB).
 #   tests/gpu/hostgap_check.sh BIN_DIR      (BIN_DIR: gpu_ops_test and pretrain_gpt)
-# Results go to ${OUT:-/tmp/out}/hostgap/. Budget < 150 s on one H200 (GPT-2 ≈ 2×15 s, LLaMA ≈ 40 s
-# incl. host init, tiny runs ≈ 15 s, op tests ≈ 15 s). Every line that matters starts with
+# Results go to ${OUT:-/tmp/out}/hostgap/. Budget < 150 s on one H200 (op tests ≈ 15 s, GPT-2 ≈ 15 s
+# each, LLaMA ≈ 30 s incl. host init, tiny runs ≈ 15 s; every run has a timeout, the optional
+# second GPT-2 run is skipped past 110 s). Every line that matters starts with
 # PASS/FAIL/INFO; exit status non-zero iff a FAIL.
 # Non-CUDA shared libraries: if BIN_DIR/lib.tar.xz exists (as in .device/gpue2e/run.sh) it is
 # unpacked and put on LD_LIBRARY_PATH; CUDA libraries are searched like tests/gpu/run_gpu_tests.sh.
@@ -26,16 +27,15 @@ for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
   fi
 done
-ldd "$BIN/pretrain_gpt" | grep "not found" && echo "FAIL pretrain_gpt has unresolved libraries (see above)"
+ldd "$BIN/pretrain_gpt" | grep "not found" && echo "FAIL pretrain_gpt has unresolved libraries (see above; put lib.tar.xz in BIN_DIR or set LD_LIBRARY_PATH)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 status=0
 fail() { echo "FAIL $*"; status=1; }
 
 # 1. Ops vs float64 host references (new: epilogues, h2d_staging, reduce_many; changed: gemm's
 #    linear_backward now takes the BGRADB path for bf16).
-echo "== gpu_ops_test (epilogues, h2d staging, reduce_many, gemm, activations, elementwise)"
-timeout 60 "$BIN/gpu_ops_test" --only epilogues,h2d_staging,reduce_many,gemm,activations,elementwise \
-  > "$O/gpu_ops_test.log" 2>&1
+echo "== gpu_ops_test (epilogues, h2d staging, reduce_many, gemm)"
+timeout 30 "$BIN/gpu_ops_test" --only epilogues,h2d_staging,reduce_many,gemm > "$O/gpu_ops_test.log" 2>&1
 rc=$?
 grep -E "^FAIL|passed" "$O/gpu_ops_test.log"
 grep -E "^PASS .*(linear_bias_gelu|linear_dgelu|BGRADB|h2d|_many)" "$O/gpu_ops_test.log"
@@ -50,20 +50,17 @@ losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $NF}'; }
 #    without the GeLU epilogues (MEGATRON_GEMM_EPILOGUES=0). Before (docs/performance.md,
 #    3de5e63): 132.1 ms/iter, 496k tokens/s; goal 590k.
 GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --train-iters 20 --log-interval 5 --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0 --bf16 --log-throughput --micro-batch-size 64 --global-batch-size 64"
-for ep in 1 0; do
+gpt2_run() {  # $1 = MEGATRON_GEMM_EPILOGUES value
+  local ep=$1 rc t
   echo "== GPT-2 124M mbs 64, MEGATRON_GEMM_EPILOGUES=$ep"
-  MEGATRON_GEMM_EPILOGUES=$ep timeout 45 "$BIN/pretrain_gpt" $GPT2 $COMMON > "$O/gpt2_ep$ep.log" 2>&1
+  MEGATRON_GEMM_EPILOGUES=$ep timeout 30 "$BIN/pretrain_gpt" $GPT2 $COMMON > "$O/gpt2_ep$ep.log" 2>&1
   rc=$?; t=$(steptime "$O/gpt2_ep$ep.log")
-  tail -n 2 "$O/gpt2_ep$ep.log" | sed 's/^/  /'
+  grep " iteration " "$O/gpt2_ep$ep.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
   if [ $rc = 0 ] && [ "$t" != nan ]; then
     echo "INFO GPT-2 124M epilogues=$ep: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 132.1 ms, 496k; goal 590k)"
   else fail "GPT-2 124M epilogues=$ep exit $rc ($O/gpt2_ep$ep.log)"; fi
-done
-# Same seed and data: the two runs' losses must agree within bf16 noise (2e-2 relative).
-paste <(losses "$O/gpt2_ep1.log") <(losses "$O/gpt2_ep0.log") | awk '
-  {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m)m=r; n++}
-  END {if(n==0){print "FAIL GPT-2 epilogue on/off: no losses"; exit 1}
-       printf "%s GPT-2 lm loss, epilogues on vs off: max rel diff %.2e over %d log lines (tol 2e-2)\n", (m<=2e-2?"PASS":"FAIL"), m, n; exit (m<=2e-2?0:1)}' || status=1
+}
+gpt2_run 1
 
 # 3. LLaMA-3-8B-shaped, 4 layers, seq 8192 (no biases: exercises the host-gap changes only).
 #    Before: 145.2 ms/iter, 56.4k tokens/s; goal 66k.
@@ -71,9 +68,10 @@ LL="--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-he
 # --timing-log-level 2 prints host-side timers (batch-generator, forward/backward launch, optimizer):
 # with no syncs left in the step they show where the HOST spends the step, for the gap hunt.
 echo "== LLaMA-8B-shaped 4 layers, 8 iterations"
-timeout 75 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
+timeout 50 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
 rc=$?; t=$(steptime "$O/llama8b_4l.log")
-tail -n 2 "$O/llama8b_4l.log" | sed 's/^/  /'
+grep " iteration " "$O/llama8b_4l.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
+tail -n 3 "$O/llama8b_4l.log" | grep -iE "error|what|terminate" | sed 's/^/  /'
 grep -E "forward-backward|batch-generator|optimizer" "$O/llama8b_4l.log" | tail -n 2 | sed 's/^/INFO host timers: /'
 if [ $rc = 0 ] && [ "$t" != nan ]; then
   echo "INFO LLaMA-8B-shaped 4L: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 8192/(t/1000)}') tokens/s (before: 145.2 ms, 56.4k; goal 66k)"
@@ -81,15 +79,35 @@ else fail "LLaMA exit $rc ($O/llama8b_4l.log)"; fi
 
 # 4. Training unchanged: tiny GPT (biases, tanh GeLU: the fused path) 30 steps on the GPU in bf16
 #    vs the same flags on the CPU in fp32; per-iteration lm loss within 2e-2 relative (bf16).
-TINY="--num-layers 2 --hidden-size 64 --num-attention-heads 1 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 4 --weight-decay 0.1 --clip-grad 1.0 --vocab-size 128 --log-interval 1"
+TINY="--num-layers 2 --hidden-size 64 --num-attention-heads 1 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr-decay-iters 20 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 4 --weight-decay 0.1 --clip-grad 1.0 --vocab-size 128 --log-interval 1"
 echo "== tiny GPT 30 steps: GPU bf16 vs CPU fp32"
-timeout 30 "$BIN/pretrain_gpt" $TINY $COMMON --bf16 > "$O/tiny_gpu_bf16.log" 2>&1 || fail "tiny GPU run exit $? ($O/tiny_gpu_bf16.log)"
-MEGATRON_DEVICE=cpu OMP_NUM_THREADS=8 timeout 40 "$BIN/pretrain_gpt" $TINY $COMMON > "$O/tiny_cpu_fp32.log" 2>&1 || fail "tiny CPU run exit $? ($O/tiny_cpu_fp32.log)"
+timeout 20 "$BIN/pretrain_gpt" $TINY $COMMON --bf16 > "$O/tiny_gpu_bf16.log" 2>&1 || fail "tiny GPU run exit $? ($O/tiny_gpu_bf16.log)"
+MEGATRON_DEVICE=cpu OMP_NUM_THREADS=8 timeout 25 "$BIN/pretrain_gpt" $TINY $COMMON > "$O/tiny_cpu_fp32.log" 2>&1 || fail "tiny CPU run exit $? ($O/tiny_cpu_fp32.log)"
 paste <(losses "$O/tiny_gpu_bf16.log") <(losses "$O/tiny_cpu_fp32.log") | awk '
   {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m){m=r; at=NR}; n++; last=$1" vs "$2}
   END {if(n<30){printf "FAIL tiny GPT: %d of 30 loss lines\n", n; exit 1}
        printf "%s tiny GPT 30 steps, GPU bf16 vs CPU fp32: max rel loss diff %.2e at iteration %d (tol 2e-2); last %s\n", (m<=2e-2?"PASS":"FAIL"), m, at, last; exit (m<=2e-2?0:1)}' || status=1
-grep -qi nan "$O/tiny_gpu_bf16.log" && fail "NaN in the tiny GPU log"
+grep -qiE "lm loss: *(nan|inf)" "$O/tiny_gpu_bf16.log" && fail "NaN/inf loss in the tiny GPU log"
+# For scale: before this change the first 20 steps (same LR schedule: --lr-decay-iters 20) were
+# within 5e-4 of the CPU fp32 losses (bench/results/2026-11-29-h200-e2e); this prints the new run
+# against that old GPU log.
+OLD="$(cd "$(dirname "$0")/../.." && pwd)/bench/results/2026-11-29-h200-e2e/tiny_gpt_gpu_bf16.log"
+[ -f "$OLD" ] && paste <(losses "$O/tiny_gpu_bf16.log" | head -n 20) <(losses "$OLD") | awk '
+  {d=($1-$2); if(d<0)d=-d; r=d/$2; if(r>m)m=r; n++}
+  END {printf "INFO tiny GPT GPU bf16, this build vs the pre-change GPU log: max rel loss diff %.2e over %d steps\n", m, n}'
 
+# 5. (if time is left: < 110 s so far) GPT-2 with the GeLU/residual epilogues off, same seed and
+#    data: throughput A/B, and the two runs' losses must agree within bf16 noise (2e-2 relative).
+if [ $SECONDS -lt 110 ]; then
+  gpt2_run 0
+  # Same seed and data: the two runs' losses must agree within bf16 noise (2e-2 relative).
+  paste <(losses "$O/gpt2_ep1.log") <(losses "$O/gpt2_ep0.log") | awk '
+    {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m)m=r; n++}
+    END {if(n==0){print "FAIL GPT-2 epilogue on/off: no losses"; exit 1}
+         printf "%s GPT-2 lm loss, epilogues on vs off: max rel diff %.2e over %d log lines (tol 2e-2)\n", (m<=2e-2?"PASS":"FAIL"), m, n; exit (m<=2e-2?0:1)}' || status=1
+else
+  echo "INFO skipped the epilogues-off GPT-2 run (time budget: ${SECONDS} s used)"
+fi
+echo "INFO total ${SECONDS} s"
 echo "hostgap_check: $([ $status = 0 ] && echo ALL PASS || echo SOME FAILED) (logs in $O)"
 exit $status
