@@ -578,6 +578,21 @@ void test_norms() {
           check(std::string(nm) + " bwd dx", host(DX), rdx, tol_for(dt));
           check(std::string(nm) + " bwd dgamma fp32 +=", host(DG), rdg, 1e-5);
           if (ln) check(std::string(nm) + " bwd dbeta fp32 +=", host(DB), rdb, 1e-5);
+          // *_backward_residual (hostgap): dx + the residual gradient in the same pass; the weight
+          // gradients accumulate a second time (reference: twice the dy terms).
+          V dr = rounded(randn(N * h), dt);
+          Tensor DR = dev(dr, {N, h}, dt), DX2 = poisoned({N, h}, dt);
+          if (ln) cu::layernorm_backward_residual(DY, X, G, Mr, Rr, zc, DR, DX2, DG, DB, true);
+          else cu::rmsnorm_backward_residual(DY, X, G, Rr, zc, DR, DX2, DG, true);
+          VD rdx2(N * h), rdg2(h), rdb2(h);
+          for (int64_t i = 0; i < N * h; ++i) rdx2[i] = rdx[i] + dr[i];
+          for (int64_t c = 0; c < h; ++c) {
+            rdg2[c] = 2 * rdg[c] - dg0[c];
+            rdb2[c] = 2 * rdb[c] - db0[c];
+          }
+          check(std::string(nm) + " bwd_residual dx + dres", host(DX2), rdx2, tol_for(dt));
+          check(std::string(nm) + " bwd_residual dgamma fp32 +=", host(DG), rdg2, 1e-5);
+          if (ln) check(std::string(nm) + " bwd_residual dbeta fp32 +=", host(DB), rdb2, 1e-5);
         }
       }
 }

@@ -34,11 +34,11 @@ fail() { echo "FAIL $*"; status=1; }
 
 # 1. Ops vs float64 host references (new: epilogues, h2d_staging, reduce_many; changed: gemm's
 #    linear_backward now takes the BGRADB path for bf16).
-echo "== gpu_ops_test (epilogues, h2d staging, reduce_many, gemm)"
-timeout 30 "$BIN/gpu_ops_test" --only epilogues,h2d_staging,reduce_many,gemm > "$O/gpu_ops_test.log" 2>&1
+echo "== gpu_ops_test (epilogues, h2d staging, reduce_many, gemm, norms)"
+timeout 30 "$BIN/gpu_ops_test" --only epilogues,h2d_staging,reduce_many,gemm,norms > "$O/gpu_ops_test.log" 2>&1
 rc=$?
 grep -E "^FAIL|passed" "$O/gpu_ops_test.log"
-grep -E "^PASS .*(linear_bias_gelu|linear_dgelu|BGRADB|h2d|_many)" "$O/gpu_ops_test.log"
+grep -E "^PASS .*(linear_bias_gelu|linear_dgelu|linear_forward_residual|BGRADB|h2d|_many|bwd_residual dx)" "$O/gpu_ops_test.log"
 [ $rc = 0 ] || fail "gpu_ops_test exit $rc ($O/gpu_ops_test.log)"
 
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/hostgap_cache"
@@ -72,7 +72,7 @@ timeout 50 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
 rc=$?; t=$(steptime "$O/llama8b_4l.log")
 grep " iteration " "$O/llama8b_4l.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
 tail -n 3 "$O/llama8b_4l.log" | grep -iE "error|what|terminate" | sed 's/^/  /'
-grep -E "forward-backward|batch-generator|optimizer" "$O/llama8b_4l.log" | tail -n 2 | sed 's/^/INFO host timers: /'
+grep -A5 "time across ranks" "$O/llama8b_4l.log" | tail -n 5 | sed 's/^ */INFO host timer (last interval, ms per iteration) /'
 if [ $rc = 0 ] && [ "$t" != nan ]; then
   echo "INFO LLaMA-8B-shaped 4L: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 8192/(t/1000)}') tokens/s (before: 145.2 ms, 56.4k; goal 66k)"
 else fail "LLaMA exit $rc ($O/llama8b_4l.log)"; fi

@@ -22,8 +22,9 @@ class Norm {
   Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config);
   /// x [..., hidden] -> y, same shape/dtype.
   Tensor forward(const Tensor& x, NormCtx& ctx) const;
-  /// dy -> dx; accumulates the weight (and bias) gradients.
-  Tensor backward(const Tensor& dy, const NormCtx& ctx) const;
+  /// dy -> dx; accumulates the weight (and bias) gradients. With `dresidual` (dy's shape and
+  /// dtype) returns dx + dresidual, added inside the norm's backward pass on CUDA.
+  Tensor backward(const Tensor& dy, const NormCtx& ctx, const Tensor* dresidual = nullptr) const;
 
  private:
   ParamRef weight_, bias_;

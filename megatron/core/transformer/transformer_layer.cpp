@@ -54,13 +54,11 @@ Tensor TransformerLayer::backward(const Tensor& dy, TransformerLayerCtx& ctx) co
   // y = x1 + drop(mlp(ln2(x1)))
   Tensor dmlp = dropout_add_backward(dy, ctx.mlp_dropout_mask, ctx.hidden_dropout);
   Tensor dln2 = mlp_->backward(dmlp, ctx.mlp);
-  Tensor dx1 = pre_mlp_layernorm_->backward(dln2, ctx.pre_mlp_layernorm);
-  ops::add_(dx1, dy);
+  Tensor dx1 = pre_mlp_layernorm_->backward(dln2, ctx.pre_mlp_layernorm, &dy);  // + dy (residual)
   // x1 = x + drop(attn(ln1(x)))
   Tensor dattn = dropout_add_backward(dx1, ctx.attn_dropout_mask, ctx.hidden_dropout);
   Tensor dln1 = self_attention_->backward(dattn, ctx.attention);
-  Tensor dx = input_layernorm_->backward(dln1, ctx.input_layernorm);
-  ops::add_(dx, dx1);
+  Tensor dx = input_layernorm_->backward(dln1, ctx.input_layernorm, &dx1);  // + dx1 (residual)
   return dx;
 }
 

@@ -36,10 +36,8 @@ class CudaAllocator final : public Allocator {
     if (dd.is_cuda() && sd.is_cpu() && bytes <= kMaxStaged) {
       int cur = -1;
       CUDA_CHECK(cudaGetDevice(&cur));
-      if (cur == dd.index) {  // events and the stream belong to the current device
-        staged_h2d(dst, dd.index, src, bytes, st);
-        return;
-      }
+      // Events and the stream belong to the current device.
+      if (cur == dd.index && staged_h2d(dst, dd.index, src, bytes, st)) return;
     }
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
     if (dd.is_cpu() || sd.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(st));
@@ -51,6 +49,7 @@ class CudaAllocator final : public Allocator {
  private:
   static constexpr size_t kMaxStaged = size_t{64} << 20;  // 64 MiB
   static constexpr size_t kMaxBlocks = 64;
+  static constexpr size_t kMaxPinned = size_t{512} << 20;  // all staging blocks together
   struct StagingBlock {
     void* host = nullptr;  // pinned (cudaHostAlloc)
     size_t capacity = 0;
@@ -59,7 +58,8 @@ class CudaAllocator final : public Allocator {
     uint64_t last_use = 0;
   };
 
-  void staged_h2d(void* dst, int dev, const void* src, size_t bytes, cudaStream_t st) {
+  // Returns false (nothing done) when the pinned staging memory would exceed kMaxPinned.
+  bool staged_h2d(void* dst, int dev, const void* src, size_t bytes, cudaStream_t st) {
     std::lock_guard<std::mutex> g(staging_mu_);
     StagingBlock* pick = nullptr;
     // 1. A free block of this device that is large enough (smallest first).
@@ -73,6 +73,9 @@ class CudaAllocator final : public Allocator {
     }
     // 2. Else a new block, or (at the block limit) wait for the least recently used one and grow it.
     if (!pick) {
+      size_t cap = size_t{1} << 16;
+      while (cap < bytes) cap <<= 1;
+      if (pinned_bytes_ + cap > kMaxPinned) return false;
       if (blocks_.size() < kMaxBlocks) {
         blocks_.emplace_back();
         pick = &blocks_.back();
@@ -86,16 +89,17 @@ class CudaAllocator final : public Allocator {
       }
       if (pick->capacity < bytes) {
         if (pick->host) CUDA_CHECK(cudaFreeHost(pick->host));
-        size_t cap = size_t{1} << 16;
-        while (cap < bytes) cap <<= 1;
+        pinned_bytes_ -= pick->capacity;
         CUDA_CHECK(cudaHostAlloc(&pick->host, cap, cudaHostAllocDefault));
         pick->capacity = cap;
+        pinned_bytes_ += cap;
       }
     }
     std::memcpy(pick->host, src, bytes);
     CUDA_CHECK(cudaMemcpyAsync(dst, pick->host, bytes, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaEventRecord(pick->done, st));
     pick->last_use = ++use_counter_;
+    return true;
   }
 
   void ensure_pool(int dev) {
@@ -110,6 +114,7 @@ class CudaAllocator final : public Allocator {
   std::mutex staging_mu_;
   std::vector<StagingBlock> blocks_;  // kMaxBlocks reserved: pointers stay valid
   uint64_t use_counter_ = 0;
+  size_t pinned_bytes_ = 0;
 
  public:
   CudaAllocator() { blocks_.reserve(kMaxBlocks); }

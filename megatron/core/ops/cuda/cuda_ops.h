@@ -54,6 +54,15 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int6
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, int64_t vocab_start);
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, bool zero_centered_gamma, Tensor& y, Tensor& mean, Tensor& rstd);
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate);
+/// layernorm_backward with the residual branch's gradient added to dx in the same pass:
+/// dx = LN-backward(dy) + dresidual (dresidual: dy's shape and dtype; may not alias dx).
+void layernorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& rstd, bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx,
+                                 Tensor& dgamma, Tensor& dbeta, bool accumulate);
+/// rmsnorm_backward with dx = RMSNorm-backward(dy) + dresidual in the same pass.
+void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                               bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx, Tensor& dgamma,
+                               bool accumulate);
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y, Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate);
 void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh);

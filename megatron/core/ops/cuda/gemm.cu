@@ -239,6 +239,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && x.size(-1) == w.size(1))
       << "linear_backward: dy " << dy.str() << " x " << x.str() << " w " << w.str();
   const int64_t rows = dy.numel() / std::max<int64_t>(dy.size(-1), 1), n = w.size(0);
+  MEGATRON_CHECK(!dbias || dbias->numel() == n) << "linear_backward: dbias " << dbias->str();
   if (dx) rm_gemm(dy, false, w, false, *dx, 1.0f, 0.0f, nullptr);  // dx = dy @ w
   // dw (+)= dy^T @ x; with bf16/fp16 inputs the bias gradient Σ_rows dy comes out of the same
   // GEMM (cuBLASLt BGRADB: B = dy reduced over k = rows, written in dw's type) instead of a
@@ -259,7 +260,6 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   }
   if (dw) rm_gemm(dy, true, x, false, *dw, 1.0f, accumulate ? 1.0f : 0.0f, nullptr);
   if (dbias && !dbias_done) {
-    MEGATRON_CHECK(dbias->numel() == n) << "linear_backward: dbias " << dbias->str();
     if (n == 0) return;
     cudaStream_t st = megatron::cuda::current_stream();
     const int64_t g = std::max<int64_t>(1, std::min<int64_t>(64, (rows + 127) / 128));

@@ -59,7 +59,7 @@ template <bool kLN, class X, class G, class D>
 __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ x, const G* __restrict__ gamma,
                                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                 D* __restrict__ dx, float* __restrict__ part_g, float* __restrict__ part_b,
-                                int64_t rows, int h, float gofs, bool vec, bool perm) {
+                                int64_t rows, int h, float gofs, bool vec, bool perm, const D* __restrict__ dres) {
   extern __shared__ float sm[];
   float* sg = sm;
   float* sb = sm + h;
@@ -98,11 +98,13 @@ __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
       ld8(xr, c, h, vec, f);
       ld8(gamma, c, h, vec, g);
       ld8(dyr, c, h, vec, d);
+      float rr[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (dres) ld8(dres + r * h, c, h, vec, rr);  // + the residual branch's gradient
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         float xh = (f[j] - mean) * rstd;
         float dxh = d[j] * (g[j] + gofs);
-        f[j] = rstd * (dxh - (kLN ? a : 0.0f) - xh * b);
+        f[j] = rstd * (dxh - (kLN ? a : 0.0f) - xh * b) + rr[j];
       }
       st8(dx + r * h, c, h, vec, f);
     }
@@ -154,8 +156,11 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
 
 template <bool kLN>
 void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor* mean,
-                   const Tensor& rstd, bool zc, Tensor& dx, Tensor& dgamma, Tensor* dbeta, bool accumulate) {
+                   const Tensor& rstd, bool zc, Tensor& dx, Tensor& dgamma, Tensor* dbeta, bool accumulate,
+                   const Tensor* dres = nullptr) {
   check_cuda(x, name);
+  MEGATRON_CHECK(!dres || (dres->numel() == dy.numel() && dres->dtype() == dy.dtype()))
+      << name << ": residual gradient " << dres->str() << " for dy " << dy.str();
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
   MEGATRON_CHECK(gamma.numel() == h && dy.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype() == dy.dtype() &&
                  rstd.numel() == rows && dgamma.numel() == h && (!kLN || (mean->numel() == rows && dbeta->numel() == h &&
@@ -165,7 +170,7 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   if (h == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(dy.data_ptr()) && aligned16(dx.data_ptr()) &&
-             aligned16(gamma.data_ptr());
+             aligned16(gamma.data_ptr()) && (!dres || aligned16(dres->data_ptr()));
   unsigned grid = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 2)));
   const int nparts = kLN ? 2 : 1;
@@ -182,7 +187,8 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
                 static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
                 static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
                 static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part,
-                part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0);
+                part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0,
+                dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
           })));
   CUDA_CHECK_LAUNCH();
   unsigned cg = static_cast<unsigned>((h + 255) / 256);
@@ -214,6 +220,19 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
                       bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate) {
   norm_backward<false>("rmsnorm_backward", dy, x, gamma, nullptr, rstd, zero_centered_gamma, dx, dgamma, nullptr,
                        accumulate);
+}
+
+void layernorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& rstd, bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx,
+                                 Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  norm_backward<true>("layernorm_backward_residual", dy, x, gamma, &mean, rstd, zero_centered_gamma, dx, dgamma,
+                      &dbeta, accumulate, &dresidual);
+}
+void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                               bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx, Tensor& dgamma,
+                               bool accumulate) {
+  norm_backward<false>("rmsnorm_backward_residual", dy, x, gamma, nullptr, rstd, zero_centered_gamma, dx, dgamma,
+                       nullptr, accumulate, &dresidual);
 }
 
 }  // namespace megatron::ops::cuda
