@@ -6,7 +6,8 @@
 # Steps, each printing PASS/FAIL with numbers:
 #  1. gpu_ops_test --only attn_generic: generic attention (d = 3, 12, 40, 80, 96, 256; fp32/bf16;
 #     GQA, causal, mask, dropout) vs a float64 host reference; CUDA dropout mask == CPU op's mask.
-#  2. the example on 2 GPUs (megatron_launch --nproc-per-node 2, NCCL, fp32) and with --bf16.
+#  2. the example as one process on one GPU (TP1) and on the CPU; then on 2 GPUs
+#     (megatron_launch --nproc-per-node 2, TP2 over NCCL, fp32) and with --bf16.
 #  3. the example on the CPU: mpirun -np 2 if on PATH, else megatron_launch --device cpu (TCP);
 #     and the CPU log committed in tests/gpu/fixtures (made on the CPU build machine).
 #  4. the 5 losses: GPU fp32 vs CPU fp32 relative <= 1e-4. Why this holds: both devices run the
@@ -95,11 +96,19 @@ tail -1 "$OUTD/gpu_ops_test_attn_generic.log"
 
 W=$(mktemp -d /tmp/example_gpu_check.XXXXXX)
 trap 'rm -rf "$W"' EXIT
-echo "== 2. the example on GPUs (megatron_launch --nproc-per-node 2, NCCL)"
-if [ "$NGPU" -lt 2 ]; then failc "need 2 GPUs, nvidia-smi lists $NGPU"; fi
-run_example gpu_fp32 "$W/gpu_fp32" "$BIN/megatron_launch" --nproc-per-node 2 "$BIN/run_simple_mcore_train_loop" --device cuda
-grep -h "Iteration\|Successfully" "$OUTD/gpu_fp32.log"
-run_example gpu_bf16 "$W/gpu_bf16" "$BIN/megatron_launch" --nproc-per-node 2 "$BIN/run_simple_mcore_train_loop" --device cuda --bf16
+echo "== 2a. the example as one process (TP1) on one GPU and on the CPU (kernels without NCCL)"
+run_example gpu_tp1 "$W/gpu_tp1" env CUDA_VISIBLE_DEVICES=0 "$BIN/run_simple_mcore_train_loop" --device cuda
+run_example cpu_tp1 "$W/cpu_tp1" "$BIN/run_simple_mcore_train_loop" --device cpu
+echo "== 2b. the example on 2 GPUs (megatron_launch --nproc-per-node 2, TP2 over NCCL)"
+TWO=1
+if [ "$NGPU" -lt 2 ]; then
+  TWO=0; fail=1
+  echo "SKIPPED (counted as not passed): the 2-GPU runs need 2 GPUs, nvidia-smi lists $NGPU"
+else
+  run_example gpu_fp32 "$W/gpu_fp32" "$BIN/megatron_launch" --nproc-per-node 2 "$BIN/run_simple_mcore_train_loop" --device cuda
+  grep -h "Iteration\|Successfully" "$OUTD/gpu_fp32.log"
+  run_example gpu_bf16 "$W/gpu_bf16" "$BIN/megatron_launch" --nproc-per-node 2 "$BIN/run_simple_mcore_train_loop" --device cuda --bf16
+fi
 
 echo "== 3. the example on the CPU"
 if command -v mpirun > /dev/null; then
@@ -112,11 +121,15 @@ else
 fi
 
 echo "== 4. losses"
-compare "GPU fp32 vs CPU fp32 (this machine)" "$OUTD/gpu_fp32.log" "$OUTD/cpu_fp32.log" 1e-4
-compare "GPU fp32 vs CPU fp32 fixture (tests/gpu/fixtures)" "$OUTD/gpu_fp32.log" "$HERE/fixtures/simple_train_loop_cpu_fp32.log" 1e-4
-compare "CPU fp32 (this machine) vs CPU fixture" "$OUTD/cpu_fp32.log" "$HERE/fixtures/simple_train_loop_cpu_fp32.log" 1e-4
-compare "GPU bf16 vs CPU bf16 (this machine)" "$OUTD/gpu_bf16.log" "$OUTD/cpu_bf16.log" 2e-3
-compare "GPU bf16 vs CPU bf16 fixture" "$OUTD/gpu_bf16.log" "$HERE/fixtures/simple_train_loop_cpu_bf16.log" 2e-3
+compare "TP1: GPU fp32 vs CPU fp32 (this machine)" "$OUTD/gpu_tp1.log" "$OUTD/cpu_tp1.log" 1e-4
+compare "TP1: GPU fp32 vs CPU fp32 fixture" "$OUTD/gpu_tp1.log" "$HERE/fixtures/simple_train_loop_cpu_fp32_tp1.log" 1e-4
+if [ $TWO = 1 ]; then
+compare "TP2: GPU fp32 vs CPU fp32 (this machine)" "$OUTD/gpu_fp32.log" "$OUTD/cpu_fp32.log" 1e-4
+compare "TP2: GPU fp32 vs CPU fp32 fixture (tests/gpu/fixtures)" "$OUTD/gpu_fp32.log" "$HERE/fixtures/simple_train_loop_cpu_fp32.log" 1e-4
+compare "TP2: CPU fp32 (this machine) vs CPU fixture" "$OUTD/cpu_fp32.log" "$HERE/fixtures/simple_train_loop_cpu_fp32.log" 1e-4
+compare "TP2: GPU bf16 vs CPU bf16 (this machine)" "$OUTD/gpu_bf16.log" "$OUTD/cpu_bf16.log" 2e-3
+compare "TP2: GPU bf16 vs CPU bf16 fixture" "$OUTD/gpu_bf16.log" "$HERE/fixtures/simple_train_loop_cpu_bf16.log" 2e-3
+fi
 
 echo "example_gpu_check: $([ $fail = 0 ] && echo ALL PASSED || echo SOME FAILED) in $(( $(date +%s) - T0 )) s (logs in $OUTD)"
 exit $fail
