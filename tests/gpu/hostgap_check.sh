@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # GPU check of the "hostgap" changes (issue 7): no host synchronization in the training step
 # (pinned-staged async H2D copies, the loss summed after the backward is enqueued, one sync for
-# zero counts / inf checks), and the cuBLASLt epilogues (fc1 bias + tanh-GeLU GELU_AUX_BIAS, fc2
-# dgrad + GeLU backward + fc1 bias grad DGELU_BGRAD, bias grads by BGRADB).
+# zero counts / inf checks; MEGATRON_LOG_HOST_SYNCS=1 counts the waits), the cuBLASLt epilogues
+# (fc1 bias + tanh-GeLU GELU_AUX_BIAS, fc2 dgrad + GeLU backward + fc1 bias grad DGELU_BGRAD, bias
+# grads by BGRADB, bias + residual in the proj/fc2 GEMM) and the residual gradient added inside the
+# norm backward. If an epilogue op FAILs, MEGATRON_GEMM_EPILOGUES=0 turns the GeLU/residual/BGRADB
+# fusions off in pretrain_gpt.
 #   tests/gpu/hostgap_check.sh BIN_DIR      (BIN_DIR: gpu_ops_test and pretrain_gpt)
 # Results go to ${OUT:-/tmp/out}/hostgap/. Budget < 150 s on one H200 (op tests ≈ 15 s, GPT-2 ≈ 15 s
 # each, LLaMA ≈ 30 s incl. host init, tiny runs ≈ 15 s; every run has a timeout, the optional
@@ -14,6 +17,7 @@ set -u
 BIN="$(cd "${1:?usage: hostgap_check.sh BIN_DIR}" && pwd)"
 O="${OUT:-/tmp/out}/hostgap"; mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0
+export MEGATRON_LOG_HOST_SYNCS=1  # pretrain_gpt prints host synchronizations per iteration at each log line
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 if [ -f "$BIN/lib.tar.xz" ]; then
   mkdir -p /tmp/hostgap_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/hostgap_lib
@@ -56,6 +60,7 @@ gpt2_run() {  # $1 = MEGATRON_GEMM_EPILOGUES value
   MEGATRON_GEMM_EPILOGUES=$ep timeout 30 "$BIN/pretrain_gpt" $GPT2 $COMMON > "$O/gpt2_ep$ep.log" 2>&1
   rc=$?; t=$(steptime "$O/gpt2_ep$ep.log")
   grep " iteration " "$O/gpt2_ep$ep.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
+  grep "host synchronizations" "$O/gpt2_ep$ep.log" | tail -n 1 | sed 's/^ */INFO GPT-2 /'
   if [ $rc = 0 ] && [ "$t" != nan ]; then
     echo "INFO GPT-2 124M epilogues=$ep: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 132.1 ms, 496k; goal 590k)"
   else fail "GPT-2 124M epilogues=$ep exit $rc ($O/gpt2_ep$ep.log)"; fi
@@ -72,6 +77,8 @@ timeout 50 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
 rc=$?; t=$(steptime "$O/llama8b_4l.log")
 grep " iteration " "$O/llama8b_4l.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
 tail -n 3 "$O/llama8b_4l.log" | grep -iE "error|what|terminate" | sed 's/^/  /'
+grep "host synchronizations" "$O/llama8b_4l.log" | tail -n 1 | sed 's/^ */INFO LLaMA /'
+# Expected after this change: 2 per iteration (the loss copy after the backward, the grad norm).
 grep -A5 "time across ranks" "$O/llama8b_4l.log" | tail -n 5 | sed 's/^ */INFO host timer (last interval, ms per iteration) /'
 if [ $rc = 0 ] && [ "$t" != nan ]; then
   echo "INFO LLaMA-8B-shaped 4L: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 8192/(t/1000)}') tokens/s (before: 145.2 ms, 56.4k; goal 66k)"

@@ -2,6 +2,7 @@
 // high release threshold, DESIGN.md §6) registered for DeviceType::kCUDA at start-up.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -40,7 +41,7 @@ class CudaAllocator final : public Allocator {
       if (cur == dd.index && staged_h2d(dst, dd.index, src, bytes, st)) return;
     }
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
-    if (dd.is_cpu() || sd.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(st));
+    if (dd.is_cpu() || sd.is_cpu()) sync_stream(st);
   }
   void memzero(void* p, size_t bytes, int) override {
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
@@ -134,5 +135,14 @@ struct Registrar {
 thread_local cudaStream_t t_stream = nullptr;
 cudaStream_t current_stream() { return t_stream; }
 void set_current_stream(cudaStream_t s) { t_stream = s; }
+
+namespace {
+std::atomic<unsigned long long> g_host_syncs{0};
+}
+void sync_stream(cudaStream_t s) {
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+unsigned long long host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
 
 }  // namespace megatron::cuda

@@ -18,4 +18,10 @@ namespace megatron::cuda {
 /// The compute stream of the calling thread (default: the legacy stream 0).
 cudaStream_t current_stream();
 void set_current_stream(cudaStream_t s);
+/// cudaStreamSynchronize(s), counted in host_sync_count(): every place where the CUDA backend
+/// makes the host wait for the GPU (device-to-host copies, host-returning reductions).
+void sync_stream(cudaStream_t s);
+/// Number of sync_stream calls in this process so far (MEGATRON_LOG_HOST_SYNCS=1 makes the
+/// training log print it per iteration).
+unsigned long long host_sync_count();
 }  // namespace megatron::cuda

@@ -137,7 +137,7 @@ double reduce(const Tensor& x, const char* name) {
   double out = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&out, buf + g, sizeof(double), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(cudaFreeAsync(buf, st));
-  CUDA_CHECK(cudaStreamSynchronize(st));
+  megatron::cuda::sync_stream(st);
   return out;
 }
 
@@ -378,7 +378,7 @@ double reduce_many(const std::vector<Tensor>& xs, const char* name) {
   double out = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&out, buf + total, sizeof(double), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(cudaFreeAsync(buf, st));
-  CUDA_CHECK(cudaStreamSynchronize(st));
+  megatron::cuda::sync_stream(st);
   return out;
 }
 

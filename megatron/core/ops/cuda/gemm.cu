@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -196,6 +197,15 @@ void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tenso
   rm_gemm_ex(a, trans_a, b, trans_b, c, alpha, beta, e);
 }
 
+// MEGATRON_GEMM_EPILOGUES=0 also keeps the bias gradients out of the wgrad GEMM (A/B runs).
+bool bgradb_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRON_GEMM_EPILOGUES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 // Column sums of dy [rows, n] into partial [G, n]; rows split into G chunks.
 template <class T>
 __global__ void colsum_partial_kernel(const T* __restrict__ dy, int64_t rows, int64_t n, int64_t chunk,
@@ -245,7 +255,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   // GEMM (cuBLASLt BGRADB: B = dy reduced over k = rows, written in dw's type) instead of a
   // separate column-sum pass over dy, when cuBLASLt has such a kernel.
   bool dbias_done = false;
-  if (dw && dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32) {
+  if (dw && dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32 && bgradb_enabled()) {
     Tensor tmp = Tensor::empty({n}, dw->dtype(), dy.device());
     Epilogue e;
     e.kind = CUBLASLT_EPILOGUE_BGRADB;
