@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "megatron/core/distributed/process_group.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/param_version.h"
 
 namespace megatron::fp8 {
 
@@ -12,6 +15,35 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
   if (cfg_.amax_history_len < 1)
     user_error("--fp8-amax-history-len must be >= 1 (got ", cfg_.amax_history_len, ")");
   if (cfg_.margin < 0) user_error("--fp8-margin must be >= 0 (got ", cfg_.margin, ")");
+  if (const char* e = std::getenv("MEGATRON_FP8_WEIGHT_CACHE")) cache_enabled_ = std::strcmp(e, "0") != 0;
+}
+
+void Fp8State::set_weight_cache_enabled(bool on) {
+  cache_enabled_ = on;
+  if (!on)
+    for (auto& c : caches_) c = WeightCache{};
+}
+
+bool Fp8State::weight_cache_hit(int base, const Tensor& w, bool need_recorded) const {
+  if (!cache_enabled_) return false;
+  const WeightCache& c = caches_.at(base / kNumRoles);
+  return c.valid && c.ptr == w.data_ptr() && c.numel == w.numel() && c.param_version == param_version() &&
+         c.epoch == epoch_ && (c.recorded || !need_recorded);
+}
+
+void Fp8State::weight_cache_mark(int base, const Tensor& w, bool recorded) {
+  WeightCache& c = caches_.at(base / kNumRoles);
+  c.ptr = w.data_ptr();
+  c.numel = w.numel();
+  c.param_version = param_version();
+  c.epoch = epoch_;
+  c.recorded = recorded;
+  c.valid = cache_enabled_;
+}
+
+void Fp8State::invalidate_weight_cache() {
+  ++epoch_;
+  for (auto& c : caches_) c.valid = false;
 }
 
 int Fp8State::register_linear(const std::string& prefix) {
@@ -21,6 +53,7 @@ int Fp8State::register_linear(const std::string& prefix) {
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // input
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // weight
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, true));   // grad-output
+  caches_.emplace_back();
   return base;
 }
 
@@ -98,6 +131,9 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   }
   d_amax_.zero_();
   if (cfg_.recipe == Fp8Recipe::kDelayed) push_scales();
+  // A new step: the next training forward casts the weights again (with the new scales, and
+  // recording the new step's weight amax), as TE does on is_first_microbatch.
+  invalidate_weight_cache();
 }
 
 std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
@@ -144,6 +180,7 @@ void Fp8State::restore_checkpoint_tensors(const std::vector<dist_checkpointing::
     }
   }
   if (d_amax_.defined()) push_scales();
+  invalidate_weight_cache();
 }
 
 }  // namespace megatron::fp8

@@ -80,6 +80,45 @@ class Fp8State {
   void set_scale(int r, float scale);
   void record_host_amax(int r, float amax);
 
+  // ---- FP8 weight cache (docs/fp8.md, "Weight cache"; TE's is_first_microbatch) ----------
+  /// The cast weights of one FP8 linear, reused by every micro-batch of a training step (forward
+  /// and backward) instead of re-quantizing the unchanged weight each time. On CUDA `q` is the
+  /// FP8 weight [out, in] (forward GEMM) and `q_t` its transpose [in, out] (dgrad GEMM); on the
+  /// CPU `q` is the quantized-dequantized float32 weight (used by both GEMMs), `q_t` unused.
+  struct WeightCache {
+    Tensor q, q_t;
+    const void* ptr = nullptr;      // the weight's storage the cast was made from
+    int64_t numel = 0;
+    uint64_t param_version = 0;     // megatron::param_version() at cast time
+    uint64_t epoch = 0;             // scale_epoch() at cast time
+    bool recorded = false;          // the cast recorded the weight's amax into this step's amax
+    bool valid = false;
+  };
+  /// Whether the cache is on: true unless the environment sets MEGATRON_FP8_WEIGHT_CACHE=0 (read
+  /// at construction), or set_weight_cache_enabled(false).
+  bool weight_cache_enabled() const { return cache_enabled_; }
+  /// Turns the cache on/off; off drops every cached cast.
+  void set_weight_cache_enabled(bool on);
+  /// The cache entry of the linear at `base` (valid or not).
+  WeightCache& weight_cache(int base) { return caches_.at(base / kNumRoles); }
+  /// True if the cache is on and the entry of `base` was cast from `w` (same storage and size)
+  /// at the current parameter version and scale epoch, and -- when `need_recorded` (a training
+  /// forward) -- that cast recorded the weight's amax for this step. A cast made by an evaluation
+  /// forward (not recorded) is redone by the next training forward, so each step's weight amax
+  /// is recorded exactly once.
+  bool weight_cache_hit(int base, const Tensor& w, bool need_recorded) const;
+  /// Marks the entry of `base` as a fresh cast of `w` (the caller stores q / q_t) and counts it.
+  void weight_cache_mark(int base, const Tensor& w, bool recorded);
+  /// Drops every cached cast's validity (keeps the memory for the next cast).
+  void invalidate_weight_cache();
+  /// Bumped whenever scales may change (reduce_and_update, restore_checkpoint_tensors,
+  /// invalidate_weight_cache): a cached cast is only valid within one epoch.
+  uint64_t scale_epoch() const { return epoch_; }
+  /// Number of weight casts made so far (every cast of a weight role: cache misses, and every
+  /// weight quantization when the cache is off). For tests and logs.
+  int64_t weight_casts() const { return weight_casts_; }
+  void count_weight_cast() { ++weight_casts_; }
+
  private:
   void ensure_device();
   void push_scales();
@@ -90,6 +129,10 @@ class Fp8State {
   std::vector<std::string> names_;
   Tensor d_amax_, d_scale_, d_scale_inv_;  // float32 [R] on device_
   bool recording_ = true;
+  std::vector<WeightCache> caches_;  // one per linear
+  bool cache_enabled_ = true;
+  uint64_t epoch_ = 0;
+  int64_t weight_casts_ = 0;
 };
 
 }  // namespace megatron::fp8
