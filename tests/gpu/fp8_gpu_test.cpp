@@ -483,14 +483,22 @@ void time_gemms() {
 }
 }  // namespace
 
+// Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
+// linear weight_cache timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && !std::strcmp(argv[1], "--no-timing");
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-timing")) quick = true;
+    else if (!std::strcmp(argv[i], "--groups") && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
+  }
   std::printf("fp8_gpu_test\n");
   std::vector<std::pair<const char*, void (*)()>> groups = {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
+    if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;
     try {
       fn();
     } catch (const std::exception& e) {
