@@ -84,7 +84,7 @@ float* fptr(Tensor t) { return static_cast<float*>(t.data_ptr()); }
 void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q, Tensor* q_t) {
   float* amax = record ? fptr(st.amax(r)) : nullptr;
   if (is_tensorwise(st)) {
-    Tensor cur = Tensor::zeros({1}, DType::kFloat32, x.device());
+    Tensor cur = st.current_amax(r);  // zero here; fp8_scale_from_amax zeroes it again
     ops::cuda::fp8_amax(x, fptr(cur));
     ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.meta(r).dtype), st.config().margin, fptr(st.scale(r)),
                                    fptr(st.scale_inv(r)), amax);

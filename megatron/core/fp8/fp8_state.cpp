@@ -70,6 +70,7 @@ void Fp8State::ensure_device() {
   d_amax_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_cur_ = Tensor::zeros({n}, DType::kFloat32, device_);
   push_scales();
 }
 
@@ -94,6 +95,10 @@ Tensor Fp8State::scale_inv(int r) {
 Tensor Fp8State::amax(int r) {
   ensure_device();
   return d_amax_.flat_slice(r * kSlot, {1});
+}
+Tensor Fp8State::current_amax(int r) {
+  ensure_device();
+  return d_cur_.flat_slice(r * kSlot, {1});
 }
 
 void Fp8State::set_scale(int r, float s) {

@@ -51,6 +51,9 @@ class Fp8State {
   Tensor scale(int r);
   Tensor scale_inv(int r);
   Tensor amax(int r);
+  /// Device scratch float of role r for the tensorwise recipe's current amax (zero between uses:
+  /// ops::cuda::fp8_scale_from_amax resets it after reading, so no memset per quantization).
+  Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).
   float host_scale(int r) const { return metas_.at(r).scale; }
@@ -127,7 +130,7 @@ class Fp8State {
   Device device_;
   std::vector<Fp8TensorMeta> metas_;
   std::vector<std::string> names_;
-  Tensor d_amax_, d_scale_, d_scale_inv_;  // float32 [R] on device_
+  Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   bool recording_ = true;
   std::vector<WeightCache> caches_;  // one per linear
   bool cache_enabled_ = true;

@@ -235,9 +235,10 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restric
   block_amax_to(a, amax);
 }
 
-__global__ void scale_from_amax_kernel(const float* cur, float fmax, int margin, float* scale, float* scale_inv,
+__global__ void scale_from_amax_kernel(float* cur, float fmax, int margin, float* scale, float* scale_inv,
                                        float* step_amax) {
   const float a = *cur;
+  *cur = 0.0f;  // ready for the next fp8_amax into the same scratch
   if (isfinite(a) && a > 0.0f) {
     float s = (fmax / a) / ldexpf(1.0f, margin);
     if (isinf(s)) s = FLT_MAX;
@@ -312,7 +313,7 @@ void fp8_amax(const Tensor& x, float* amax) {
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax) {
   scale_from_amax_kernel<<<1, 1, 0, megatron::cuda::current_stream()>>>(cur_amax, fp8_max, margin, scale, scale_inv,
                                                                         step_amax);

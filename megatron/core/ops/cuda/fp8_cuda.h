@@ -22,7 +22,8 @@ void fp8_amax(const Tensor& x, float* amax);
 /// Tensorwise (current) scaling on the device: if cur_amax[0] is finite and > 0,
 /// scale[0] = fp8_max / cur_amax[0] / 2^margin (FLT_MAX if that overflows), scale_inv[0] = 1/scale;
 /// else both unchanged. Also folds cur_amax into step_amax (max) when step_amax != nullptr.
-void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+/// Then sets cur_amax[0] = 0, so a persistent scratch needs no memset before the next fp8_amax.
+void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax);
 
 /// FP8 GEMM on Hopper's "TN" layout (both operands K-major, i.e. row-major with K last):
