@@ -18,6 +18,7 @@
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -392,11 +393,13 @@ void test_weight_cache_cuda() {
     Tensor w2 = Tensor::empty({out, in}, DType::kBFloat16, Device::cuda());
     w2.copy_(w);
     int64_t bad = 0;
+    Tensor last_x;
     for (int step = 0; step < 3; ++step) {
       Tensor dwo = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
       Tensor dwf = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
       for (int mb = 0; mb < 3; ++mb) {
         Tensor x = rnd(N * in, 2.0f).view({N, in}), dy = rnd(N * out, 1e-4f).view({N, out});
+        last_x = x;
         Tensor yo = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda()), yf = yo.clone();
         fp8::linear_forward(on, bo, x, w, nullptr, yo);
         fp8::linear_forward(off, bf, x, w2, nullptr, yf);
@@ -416,9 +419,22 @@ void test_weight_cache_cuda() {
       w2.copy_(w);
       bump_param_version();
     }
-    char d[160];
-    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts cached %lld, uncached %lld", (long long)bad,
-                  (long long)on.weight_casts(), (long long)off.weight_casts());
+    // Tensorwise: the input scale on the device is 448 / amax of the LAST input only (the
+    // per-role current-amax scratch is zeroed after each use; a stale one would keep the max).
+    float want = 0, got = 0;
+    if (recipe == fp8::Fp8Recipe::kTensorwise) {
+      float a = 0;
+      for (float v : host(last_x)) a = std::max(a, std::fabs(v));
+      want = 448.0f / a;
+      got = host(on.scale(bo + fp8::kInput))[0];
+      bad += got != want;
+    }
+    char d[200];
+    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts cached %lld, uncached %lld%s", (long long)bad,
+                  (long long)on.weight_casts(), (long long)off.weight_casts(),
+                  recipe == fp8::Fp8Recipe::kTensorwise
+                      ? (std::string("; input scale ") + std::to_string(got) + " vs 448/amax " + std::to_string(want)).c_str()
+                      : "");
     report(std::string("fp8 weight cache on CUDA: bit-identical to uncached, ") +
                (recipe == fp8::Fp8Recipe::kDelayed ? "delayed" : "tensorwise"),
            bad == 0 && on.weight_casts() == 3 && off.weight_casts() == 3 * 3 * 2, d);
