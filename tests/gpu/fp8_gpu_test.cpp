@@ -386,17 +386,23 @@ void test_weight_cache_cuda() {
     cfg.recipe = recipe;
     cfg.amax_history_len = 4;
     cfg.amax_compute_algo = fp8::AmaxComputeAlgo::kMax;
-    fp8::Fp8State on(cfg, Device::cuda()), off(cfg, Device::cuda());
+    // on: forced on; off: off; au: the default (kAuto: uncached in step 0, then admitted
+    // against the free device memory -- plenty here).
+    fp8::Fp8State on(cfg, Device::cuda()), off(cfg, Device::cuda()), au(cfg, Device::cuda());
+    on.set_weight_cache_enabled(true);
     off.set_weight_cache_enabled(false);
-    const int bo = on.register_linear("l"), bf = off.register_linear("l");
+    au.set_weight_cache_mode(fp8::Fp8State::WeightCacheMode::kAuto);
+    const int bo = on.register_linear("l"), bf = off.register_linear("l"), ba = au.register_linear("l");
     Tensor w = rnd(out * in, 0.02f).view({out, in});
-    Tensor w2 = Tensor::empty({out, in}, DType::kBFloat16, Device::cuda());
+    Tensor w2 = Tensor::empty({out, in}, DType::kBFloat16, Device::cuda()), w3 = w2.clone();
     w2.copy_(w);
+    w3.copy_(w);
     int64_t bad = 0;
     Tensor last_x;
     for (int step = 0; step < 3; ++step) {
       Tensor dwo = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
       Tensor dwf = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
+      Tensor dwa = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
       for (int mb = 0; mb < 3; ++mb) {
         Tensor x = rnd(N * in, 2.0f).view({N, in}), dy = rnd(N * out, 1e-4f).view({N, out});
         last_x = x;
@@ -406,17 +412,25 @@ void test_weight_cache_cuda() {
         Tensor dxo = Tensor::empty({N, in}, DType::kBFloat16, Device::cuda()), dxf = dxo.clone();
         fp8::linear_backward(on, bo, dy, x, w, &dxo, &dwo, nullptr, true);
         fp8::linear_backward(off, bf, dy, x, w2, &dxf, &dwf, nullptr, true);
+        Tensor ya = yo.clone(), dxa = dxo.clone();
+        fp8::linear_forward(au, ba, x, w3, nullptr, ya);
+        fp8::linear_backward(au, ba, dy, x, w3, &dxa, &dwa, nullptr, true);
         bad += host(yo) != host(yf);
         bad += host(dxo) != host(dxf);
+        bad += host(ya) != host(yf);
+        bad += host(dxa) != host(dxf);
       }
       bad += host(dwo) != host(dwf);
+      bad += host(dwa) != host(dwf);
       on.reduce_and_update(nullptr);
       off.reduce_and_update(nullptr);
+      au.reduce_and_update(nullptr);
       for (int r = 0; r < fp8::kNumRoles; ++r) bad += on.host_scale(r) != off.host_scale(r);
       // "Optimizer step": w += 0.01 * random, announced with bump_param_version.
       Tensor upd = rnd(out * in, 0.01f).view({out, in});
       cu::add_(w, upd, 1.0f);
       w2.copy_(w);
+      w3.copy_(w);
       bump_param_version();
     }
     // Tensorwise: the input scale on the device is 448 / amax of the LAST input only (the
@@ -430,14 +444,16 @@ void test_weight_cache_cuda() {
       bad += got != want;
     }
     char d[200];
-    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts cached %lld, uncached %lld%s", (long long)bad,
-                  (long long)on.weight_casts(), (long long)off.weight_casts(),
+    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts cached %lld, uncached %lld, auto %lld%s",
+                  (long long)bad, (long long)on.weight_casts(), (long long)off.weight_casts(), (long long)au.weight_casts(),
                   recipe == fp8::Fp8Recipe::kTensorwise
                       ? (std::string("; input scale ") + std::to_string(got) + " vs 448/amax " + std::to_string(want)).c_str()
                       : "");
     report(std::string("fp8 weight cache on CUDA: bit-identical to uncached, ") +
                (recipe == fp8::Fp8Recipe::kDelayed ? "delayed" : "tensorwise"),
-           bad == 0 && on.weight_casts() == 3 && off.weight_casts() == 3 * 3 * 2, d);
+           bad == 0 && on.weight_casts() == 3 && off.weight_casts() == 3 * 3 * 2 && au.weight_casts() == 3 * 2 + 2 &&
+               au.weight_cache_admitted_bytes() == 2 * out * in,
+           d);
   }
 }
 

@@ -35,7 +35,7 @@ Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
   if (st.weight_cache_hit(base, w, record) && c.q.defined()) return c.q;
   Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, record);
   st.count_weight_cast();
-  if (st.weight_cache_enabled()) {
+  if (st.weight_cache_admit(base, w.numel() * 4, nullptr)) {  // host memory: no budget
     c.q = wq;
     st.weight_cache_mark(base, w, record);
   }
@@ -110,7 +110,8 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
   const int64_t out = w.size(0), in = w.size(1);
   const DType wdt = st.meta(base + kWeight).dtype;
   Fp8State::WeightCache& c = st.weight_cache(base);
-  const bool on = st.weight_cache_enabled();
+  // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
+  const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
   if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))
     return {c.q, c.q_t};
   // A training forward with the cache on also makes the transpose for this step's backwards.

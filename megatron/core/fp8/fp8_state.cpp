@@ -15,17 +15,36 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
   if (cfg_.amax_history_len < 1)
     user_error("--fp8-amax-history-len must be >= 1 (got ", cfg_.amax_history_len, ")");
   if (cfg_.margin < 0) user_error("--fp8-margin must be >= 0 (got ", cfg_.margin, ")");
-  if (const char* e = std::getenv("MEGATRON_FP8_WEIGHT_CACHE")) cache_enabled_ = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("MEGATRON_FP8_WEIGHT_CACHE")) {
+    if (!std::strcmp(e, "0")) cache_mode_ = WeightCacheMode::kOff;
+    else if (!std::strcmp(e, "1")) cache_mode_ = WeightCacheMode::kOn;
+  }
 }
 
-void Fp8State::set_weight_cache_enabled(bool on) {
-  cache_enabled_ = on;
-  if (!on)
+void Fp8State::set_weight_cache_mode(WeightCacheMode m) {
+  cache_mode_ = m;
+  if (m == WeightCacheMode::kOff)
     for (auto& c : caches_) c = WeightCache{};
 }
 
+bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)()) {
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
+  if (cache_mode_ == WeightCacheMode::kOn || !free_bytes) return true;
+  WeightCache& c = caches_.at(base / kNumRoles);
+  if (c.admission != 0) return c.admission > 0;
+  if (steps_done_ == 0) return false;  // the first step runs without the cache: its peak is measured
+  constexpr int64_t kMargin = int64_t(4) << 30;
+  if (budget_ < 0) budget_ = std::max<int64_t>(0, free_bytes() - kMargin);
+  c.admission = bytes <= budget_ ? 1 : -1;
+  if (c.admission > 0) {
+    budget_ -= bytes;
+    admitted_bytes_ += bytes;
+  }
+  return c.admission > 0;
+}
+
 bool Fp8State::weight_cache_hit(int base, const Tensor& w, bool need_recorded) const {
-  if (!cache_enabled_) return false;
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
   const WeightCache& c = caches_.at(base / kNumRoles);
   return c.valid && c.ptr == w.data_ptr() && c.numel == w.numel() && c.param_version == param_version() &&
          c.epoch == epoch_ && (c.recorded || !need_recorded);
@@ -38,7 +57,7 @@ void Fp8State::weight_cache_mark(int base, const Tensor& w, bool recorded) {
   c.param_version = param_version();
   c.epoch = epoch_;
   c.recorded = recorded;
-  c.valid = cache_enabled_;
+  c.valid = cache_mode_ != WeightCacheMode::kOff;
 }
 
 void Fp8State::invalidate_weight_cache() {
@@ -136,6 +155,7 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   }
   d_amax_.zero_();
   if (cfg_.recipe == Fp8Recipe::kDelayed) push_scales();
+  ++steps_done_;
   // A new step: the next training forward casts the weights again (with the new scales, and
   // recording the new step's weight amax), as TE does on is_first_microbatch.
   invalidate_weight_cache();

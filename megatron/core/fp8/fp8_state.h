@@ -96,12 +96,30 @@ class Fp8State {
     uint64_t epoch = 0;             // scale_epoch() at cast time
     bool recorded = false;          // the cast recorded the weight's amax into this step's amax
     bool valid = false;
+    int admission = 0;              // kAuto on a GPU: 0 undecided, 1 admitted, -1 not admitted
   };
-  /// Whether the cache is on: true unless the environment sets MEGATRON_FP8_WEIGHT_CACHE=0 (read
-  /// at construction), or set_weight_cache_enabled(false).
-  bool weight_cache_enabled() const { return cache_enabled_; }
-  /// Turns the cache on/off; off drops every cached cast.
-  void set_weight_cache_enabled(bool on);
+  /// kOff: never cache. kOn: always cache. kAuto (default): on the CPU always; on a GPU not in
+  /// the first training step, then each linear is admitted (once, in first-use order) while its
+  /// cast (2 bytes per weight element: FP8 + transpose) fits in a budget of the device memory free
+  /// after the first step (the memory pool then holds that step's peak) minus a 4 GiB margin --
+  /// so the cache never pushes a run that fitted without it out of memory.
+  /// The environment sets it at construction: MEGATRON_FP8_WEIGHT_CACHE=0 -> kOff, =1 -> kOn.
+  enum class WeightCacheMode { kOff, kOn, kAuto };
+  WeightCacheMode weight_cache_mode() const { return cache_mode_; }
+  void set_weight_cache_mode(WeightCacheMode m);
+  /// Shorthand: true -> kOn, false -> kOff (drops every cached cast).
+  void set_weight_cache_enabled(bool on) { set_weight_cache_mode(on ? WeightCacheMode::kOn : WeightCacheMode::kOff); }
+  /// Whether the cache may be used at all (mode != kOff).
+  bool weight_cache_enabled() const { return cache_mode_ != WeightCacheMode::kOff; }
+  /// Whether the linear at `base` keeps its cast now (see WeightCacheMode). `bytes`: the cast's
+  /// size; `free_bytes`: the device's free memory (called at most once per state, when the
+  /// budget is set), nullptr for host memory (no budget).
+  bool weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)());
+  /// Bytes admitted to the cache so far (kAuto on a GPU), and the budget left (-1 = not set yet).
+  int64_t weight_cache_admitted_bytes() const { return admitted_bytes_; }
+  int64_t weight_cache_budget_left() const { return budget_; }
+  /// Training steps completed (reduce_and_update calls).
+  int64_t steps_done() const { return steps_done_; }
   /// The cache entry of the linear at `base` (valid or not).
   WeightCache& weight_cache(int base) { return caches_.at(base / kNumRoles); }
   /// True if the cache is on and the entry of `base` was cast from `w` (same storage and size)
@@ -133,7 +151,8 @@ class Fp8State {
   Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   bool recording_ = true;
   std::vector<WeightCache> caches_;  // one per linear
-  bool cache_enabled_ = true;
+  WeightCacheMode cache_mode_ = WeightCacheMode::kAuto;
+  int64_t budget_ = -1, admitted_bytes_ = 0, steps_done_ = 0;
   uint64_t epoch_ = 0;
   int64_t weight_casts_ = 0;
 };

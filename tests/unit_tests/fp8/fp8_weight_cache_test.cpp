@@ -190,6 +190,39 @@ TEST(Fp8WeightCache, SameNumericsAsUncached) {
   }
 }
 
+int g_free_calls = 0;
+int64_t fake_free_bytes() {
+  ++g_free_calls;
+  return (int64_t(4) << 30) + 250;  // the 4 GiB margin + 250 bytes of budget
+}
+
+// kAuto on a GPU (here with a stand-in for the device's free memory): nothing is cached in the
+// first step; then linears are admitted in first-use order while they fit the budget measured
+// once (free memory - 4 GiB), and keep their answer.
+TEST(Fp8WeightCache, AutoModeAdmitsAgainstTheFreeMemoryBudget) {
+  Fp8State st(delayed_cfg(), Device::cpu());
+  ASSERT_EQ(st.weight_cache_mode(), Fp8State::WeightCacheMode::kAuto);
+  const int b0 = st.register_linear("a"), b1 = st.register_linear("b"), b2 = st.register_linear("c");
+  g_free_calls = 0;
+  EXPECT_FALSE(st.weight_cache_admit(b0, 100, &fake_free_bytes));  // first step
+  EXPECT_EQ(g_free_calls, 0);
+  EXPECT_EQ(st.weight_cache_budget_left(), -1);
+  st.reduce_and_update(nullptr);
+  EXPECT_TRUE(st.weight_cache_admit(b0, 100, &fake_free_bytes));   // budget 250 -> 150
+  EXPECT_FALSE(st.weight_cache_admit(b1, 200, &fake_free_bytes));  // does not fit
+  EXPECT_TRUE(st.weight_cache_admit(b2, 150, &fake_free_bytes));   // fits exactly -> 0
+  EXPECT_TRUE(st.weight_cache_admit(b0, 100, &fake_free_bytes));   // decisions stick
+  EXPECT_FALSE(st.weight_cache_admit(b1, 1, &fake_free_bytes));
+  EXPECT_EQ(g_free_calls, 1);
+  EXPECT_EQ(st.weight_cache_admitted_bytes(), 250);
+  EXPECT_EQ(st.weight_cache_budget_left(), 0);
+  EXPECT_TRUE(st.weight_cache_admit(b1, 200, nullptr));  // host memory: no budget
+  st.set_weight_cache_mode(Fp8State::WeightCacheMode::kOn);
+  EXPECT_TRUE(st.weight_cache_admit(b1, 200, &fake_free_bytes));
+  st.set_weight_cache_mode(Fp8State::WeightCacheMode::kOff);
+  EXPECT_FALSE(st.weight_cache_admit(b0, 100, &fake_free_bytes));
+}
+
 TEST(Fp8WeightCache, EnvironmentSwitchesItOff) {
   ::setenv("MEGATRON_FP8_WEIGHT_CACHE", "0", 1);
   Fp8State st(delayed_cfg(), Device::cpu());
@@ -205,4 +238,9 @@ TEST(Fp8WeightCache, EnvironmentSwitchesItOff) {
   EXPECT_FALSE(st.weight_cache(base).q.defined());  // holds no memory
   Fp8State st2(delayed_cfg(), Device::cpu());
   EXPECT_TRUE(st2.weight_cache_enabled());
+  EXPECT_EQ(st2.weight_cache_mode(), Fp8State::WeightCacheMode::kAuto);
+  ::setenv("MEGATRON_FP8_WEIGHT_CACHE", "1", 1);
+  Fp8State st3(delayed_cfg(), Device::cpu());
+  ::unsetenv("MEGATRON_FP8_WEIGHT_CACHE");
+  EXPECT_EQ(st3.weight_cache_mode(), Fp8State::WeightCacheMode::kOn);
 }

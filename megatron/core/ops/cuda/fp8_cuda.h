@@ -26,6 +26,10 @@ void fp8_amax(const Tensor& x, float* amax);
 void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax);
 
+/// Free memory of the current device in bytes (cudaMemGetInfo): what new allocations can still
+/// get beyond the memory pool's reservation (the FP8 weight cache's budget, fp8_state.h).
+int64_t device_free_bytes();
+
 /// FP8 GEMM on Hopper's "TN" layout (both operands K-major, i.e. row-major with K last):
 ///   C[m, n] = a_scale_inv[0] * b_scale_inv[0] * (A[m, k] @ B[n, k]^T) + beta * C
 /// A, B: float8_e4m3/e5m2 (not both e5m2); C: bfloat16/float16/float32 (beta != 0 needs the same
