@@ -6,7 +6,8 @@
 #     bit-exact vs the CPU emulation, their bandwidth (GB/s) on 8192x4096 and 4096x14336, the
 #     CUDA weight cache bit-identical to the uncached path.
 #  2. Throughput: the LLaMA-3-8B-shaped 4-layer decoder at seq 8192, mbs 1 (bench/gpu/fp8_e2e.sh's
-#     flags, 10 iterations each, mean ms/iter over iterations 3..10): bf16, fp8 (cache on),
+#     flags, 10 iterations each, mean ms/iter over iterations 3..10): bf16, fp8 (default cache: from
+#     step 2, sized to the free memory -- all of it at this size),
 #     fp8 with MEGATRON_FP8_WEIGHT_CACHE=0; then global batch 4 (4 micro-batches: the cache saves
 #     3 of 4 weight casts) fp8 with and without the cache. Prints tokens/s and ratios.
 #  3. Numerics: a tiny LLaMA (mock data, 4 micro-batches per step, evaluation every 10 steps)
