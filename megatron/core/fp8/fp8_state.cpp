@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "megatron/core/distributed/process_group.h"
 #include "megatron/core/utils/errors.h"
@@ -27,6 +29,24 @@ void Fp8State::set_weight_cache_mode(WeightCacheMode m) {
     for (auto& c : caches_) c = WeightCache{};
 }
 
+namespace {
+// Weight-cache budgets (bytes left) per device, shared by every Fp8State of the process.
+std::mutex g_budget_mu;
+std::map<int, int64_t> g_budget;
+int budget_key(Device d) { return d.is_cpu() ? -1 : d.index; }
+}  // namespace
+
+void Fp8State::reset_weight_cache_budgets() {
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  g_budget.clear();
+}
+
+int64_t Fp8State::weight_cache_budget_left() const {
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  auto it = g_budget.find(budget_key(device_));
+  return it == g_budget.end() ? -1 : it->second;
+}
+
 bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)()) {
   if (cache_mode_ == WeightCacheMode::kOff) return false;
   if (cache_mode_ == WeightCacheMode::kOn || !free_bytes) return true;
@@ -34,10 +54,12 @@ bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)
   if (c.admission != 0) return c.admission > 0;
   if (steps_done_ == 0) return false;  // the first step runs without the cache: its peak is measured
   constexpr int64_t kMargin = int64_t(4) << 30;
-  if (budget_ < 0) budget_ = std::max<int64_t>(0, free_bytes() - kMargin);
-  c.admission = bytes <= budget_ ? 1 : -1;
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  auto it = g_budget.find(budget_key(device_));
+  if (it == g_budget.end()) it = g_budget.emplace(budget_key(device_), std::max<int64_t>(0, free_bytes() - kMargin)).first;
+  c.admission = bytes <= it->second ? 1 : -1;
   if (c.admission > 0) {
-    budget_ -= bytes;
+    it->second -= bytes;
     admitted_bytes_ += bytes;
   }
   return c.admission > 0;

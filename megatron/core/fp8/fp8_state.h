@@ -102,7 +102,8 @@ class Fp8State {
   /// the first training step, then each linear is admitted (once, in first-use order) while its
   /// cast (2 bytes per weight element: FP8 + transpose) fits in a budget of the device memory free
   /// after the first step (the memory pool then holds that step's peak) minus a 4 GiB margin --
-  /// so the cache never pushes a run that fitted without it out of memory.
+  /// so the cache never pushes a run that fitted without it out of memory. The budget is one per
+  /// device and process, shared by every Fp8State there (e.g. virtual-pipeline model chunks).
   /// The environment sets it at construction: MEGATRON_FP8_WEIGHT_CACHE=0 -> kOff, =1 -> kOn.
   enum class WeightCacheMode { kOff, kOn, kAuto };
   WeightCacheMode weight_cache_mode() const { return cache_mode_; }
@@ -115,9 +116,12 @@ class Fp8State {
   /// size; `free_bytes`: the device's free memory (called at most once per state, when the
   /// budget is set), nullptr for host memory (no budget).
   bool weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)());
-  /// Bytes admitted to the cache so far (kAuto on a GPU), and the budget left (-1 = not set yet).
+  /// Bytes this state admitted to the cache (kAuto on a GPU), and the budget left on its device
+  /// (-1 = not set yet).
   int64_t weight_cache_admitted_bytes() const { return admitted_bytes_; }
-  int64_t weight_cache_budget_left() const { return budget_; }
+  int64_t weight_cache_budget_left() const;
+  /// Forgets every device's budget (tests).
+  static void reset_weight_cache_budgets();
   /// Training steps completed (reduce_and_update calls).
   int64_t steps_done() const { return steps_done_; }
   /// The cache entry of the linear at `base` (valid or not).
@@ -152,7 +156,7 @@ class Fp8State {
   bool recording_ = true;
   std::vector<WeightCache> caches_;  // one per linear
   WeightCacheMode cache_mode_ = WeightCacheMode::kAuto;
-  int64_t budget_ = -1, admitted_bytes_ = 0, steps_done_ = 0;
+  int64_t admitted_bytes_ = 0, steps_done_ = 0;
   uint64_t epoch_ = 0;
   int64_t weight_casts_ = 0;
 };

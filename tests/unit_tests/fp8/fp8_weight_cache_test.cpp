@@ -203,6 +203,7 @@ TEST(Fp8WeightCache, AutoModeAdmitsAgainstTheFreeMemoryBudget) {
   Fp8State st(delayed_cfg(), Device::cpu());
   ASSERT_EQ(st.weight_cache_mode(), Fp8State::WeightCacheMode::kAuto);
   const int b0 = st.register_linear("a"), b1 = st.register_linear("b"), b2 = st.register_linear("c");
+  Fp8State::reset_weight_cache_budgets();
   g_free_calls = 0;
   EXPECT_FALSE(st.weight_cache_admit(b0, 100, &fake_free_bytes));  // first step
   EXPECT_EQ(g_free_calls, 0);
@@ -216,6 +217,13 @@ TEST(Fp8WeightCache, AutoModeAdmitsAgainstTheFreeMemoryBudget) {
   EXPECT_EQ(g_free_calls, 1);
   EXPECT_EQ(st.weight_cache_admitted_bytes(), 250);
   EXPECT_EQ(st.weight_cache_budget_left(), 0);
+  // A second state on the same device (e.g. another model chunk) draws from the same budget.
+  Fp8State other(delayed_cfg(), Device::cpu());
+  const int o0 = other.register_linear("d");
+  other.reduce_and_update(nullptr);
+  EXPECT_FALSE(other.weight_cache_admit(o0, 1, &fake_free_bytes));
+  EXPECT_EQ(g_free_calls, 1);
+  Fp8State::reset_weight_cache_budgets();
   EXPECT_TRUE(st.weight_cache_admit(b1, 200, nullptr));  // host memory: no budget
   st.set_weight_cache_mode(Fp8State::WeightCacheMode::kOn);
   EXPECT_TRUE(st.weight_cache_admit(b1, 200, &fake_free_bytes));
