@@ -19,7 +19,8 @@ for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
   fi
 done
 if [ -z "${MEGATRON_CUPTI_LIB:-}" ]; then
-  f=$(find / -xdev \( -name 'libcupti.so.13*' -o -name 'libcupti.so' \) 2>/dev/null | sort | head -1)
+  f=$(find / -xdev -name 'libcupti.so.13*' 2>/dev/null | sort | head -1)
+  [ -z "$f" ] && f=$(find / -xdev -name 'libcupti.so*' 2>/dev/null | sort | head -1)
   [ -n "$f" ] && export MEGATRON_CUPTI_LIB=$f
 fi
 echo "libcupti: ${MEGATRON_CUPTI_LIB:-<not found by find; relying on LD_LIBRARY_PATH>}" | tee "$O/env.txt"
