@@ -7,8 +7,8 @@
 set -u
 BIN=$(cd "${1:?usage: kprof_check.sh BIN_DIR}" && pwd)
 O=${OUT:-/tmp/out}/kprof
-mkdir -p "$O"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+mkdir -p "$O" && cd "$O"  # --profile also writes trace_rank0.json to the working folder
+export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} MEGATRON_DEVICE=cuda  # no silent CPU fallback
 # Libraries: the toolkit's and the PyTorch wheel's (cuBLASLt, cuDNN, CUPTI), then any still missing.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 $(python3 -c 'import glob,nvidia,os;[print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -245,7 +245,7 @@ std::string format_summary(const ProfileSummary& s) {
                   category_name(k.category), k.name.c_str());
     os << p << buf << "\n";
   }
-  os << p << "longest GPU idle gaps: ms | at ms from window start | after -> before\n";
+  os << p << "longest GPU idle gaps: ms | at ms from window start | last activity before -> first activity after\n";
   for (const Gap& g : s.longest_gaps) {
     std::snprintf(buf, sizeof(buf), "%9.3f %12.3f  %s -> %s", ms(g.end - g.begin), g.at_ms,
                   g.before.c_str(), g.after.c_str());
