@@ -7,7 +7,7 @@
 set -u
 BIN=$(cd "${1:?usage: kprof_check.sh BIN_DIR}" && pwd)
 O=${OUT:-/tmp/out}/kprof
-mkdir -p "$O" && cd "$O"  # --profile also writes trace_rank0.json to the working folder
+mkdir -p "$O" && O=$(cd "$O" && pwd) && cd "$O"  # --profile also writes trace_rank0.json to the working folder
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} MEGATRON_DEVICE=cuda  # no silent CPU fallback
 # Libraries: the toolkit's and the PyTorch wheel's (cuBLASLt, cuDNN, CUPTI), then any still missing.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 $(python3 -c 'import glob,nvidia,os;[print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
@@ -83,7 +83,8 @@ check_json flags "$O/tb/kernel_profile_rank0.json" 2 || status=1
 timeout 60 "$BIN/pretrain_gpt" "${COMMON[@]}" --train-iters 3 --eval-iters 1 --eval-interval 3 \
   --save "$O/ckpt" --save-interval 3 > "$O/noprofile.log" 2>&1
 echo "rc $?" >> "$O/noprofile.log"
-if grep -q "kernel profile" "$O/noprofile.log"; then fail "profile output without --profile"; else pass "off by default"; fi
+if ! grep -q "^rc 0" "$O/noprofile.log"; then fail "run without profiling failed (tail: $(tail -3 "$O/noprofile.log" | tr '\n' ' '))"
+elif grep -q "kernel profile" "$O/noprofile.log"; then fail "profile output without --profile"; else pass "off by default"; fi
 
 # 4) Evaluation only on the GPU: the checkpoint of 3), no grads/optimizer state, same validation loss.
 timeout 60 "$BIN/pretrain_gpt" "${COMMON[@]}" --skip-train --load "$O/ckpt" --no-load-optim --no-load-rng \
