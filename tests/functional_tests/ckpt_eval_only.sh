@@ -13,6 +13,8 @@
 #  * Memory: the eval-only run's "allocated bytes" line must show 0 bytes of main grads and
 #    optimizer state, and its total must be below 1/3 of the training layout's total over both
 #    ranks (training: parameters + fp32 grads + Adam m and v = 4x the parameters).
+#  * Also: without --no-load-optim/--no-load-rng (the checkpoint's schedule must not be applied),
+#    and evaluation under PP2 (two ranks) of the TP2 checkpoint: same loss.
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
@@ -68,4 +70,12 @@ got=$(val "$LOGDIR/plain_eval.log" 'iteration 4 on validation set')
 ref=$(val "$LOGDIR/tp2.log" 'iteration 4 \|')
 [ -n "$got" ] && close "$ref" "$got" || fail "eval-only without --no-load-optim: '$got' vs '$ref'"
 echo "OK eval-only without --no-load-optim: $got"
+# Evaluation only under another multi-rank layout (PP2) of the TP2 checkpoint: same loss, and
+# no rank allocates grads or optimizer state.
+launch 2 "$LOGDIR/pp2_eval.log" --skip-train --load "$LOGDIR/tp2" --pipeline-model-parallel-size 2
+got=$(val "$LOGDIR/pp2_eval.log" 'iteration 4 on validation set')
+[ -n "$got" ] && close "$ref" "$got" || fail "eval-only under PP2: '$got' vs '$ref'"
+[ "$(grep -c 'allocated bytes: parameters [0-9]* | main grads 0 | optimizer state 0$' "$LOGDIR/pp2_eval.log")" = 2 ] ||
+  fail "eval-only under PP2: grads or optimizer state allocated: $(grep 'allocated bytes' "$LOGDIR/pp2_eval.log")"
+echo "OK eval-only under PP2: $got"
 echo "PASS ckpt_eval_only"
