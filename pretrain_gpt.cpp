@@ -244,6 +244,7 @@ void apply_kernel_profile_env(Arguments& args) {
   const char* v = std::getenv("MEGATRON_KERNEL_PROFILE");
   if (!v || !*v) return;
   const std::string s = v;
+  if (s == "off" || s == "0") return;  // the opt-out (see install_kernel_profiler)
   const size_t colon = s.find(':');
   long long first = 0, last = 0;
   auto num = [](const std::string& t, long long& out) {
@@ -271,6 +272,15 @@ void install_kernel_profiler(const Arguments& args, const Device& device, Traini
     return;
   }
   if (std::find(args.profile_ranks.begin(), args.profile_ranks.end(), args.rank) == args.profile_ranks.end()) return;
+  if (const char* v = std::getenv("MEGATRON_KERNEL_PROFILE"); v && (std::string(v) == "off" || std::string(v) == "0"))
+    return;
+  // Under nsys / ncu (they attach through CUDA_INJECTION64_PATH) CUPTI belongs to them: --profile
+  // then only marks the window with NVTX ranges, as before.
+  if (const char* inj = std::getenv("CUDA_INJECTION64_PATH"); inj && *inj) {
+    std::fprintf(stderr, "note: [Rank %lld] kernel profile off: another CUDA profiler is attached (CUDA_INJECTION64_PATH "
+                         "is set); --profile marks its window with NVTX ranges\n", static_cast<long long>(args.rank));
+    return;
+  }
   std::shared_ptr<profiling::KernelProfiler> prof = profiling::make_kernel_profiler();
   if (!prof) return;
   auto on = std::make_shared<bool>(false);
