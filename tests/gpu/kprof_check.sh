@@ -63,6 +63,9 @@ check(0 < j["busy_ms"] <= j["wall_ms"] * (1 + 1e-9), f"0 < busy {j['busy_ms']:.3
 check(abs(ex - j["busy_ms"]) <= 1e-6 * j["wall_ms"] + 1e-6, f"categories sum {ex:.4f} == busy {j['busy_ms']:.4f} ms")
 check(abs(j["busy_ms"] + j["idle_ms"] - j["wall_ms"]) <= 1e-6 * j["wall_ms"], "busy + idle == wall")
 check(all(v["total_ms"] >= v["exclusive_ms"] - 1e-6 for v in c.values()), "per category total >= exclusive")
+g = sum(b["ms"] for b in j["idle_gaps_by_length"])
+check(abs(g - j["idle_ms"]) <= 1e-6 * j["wall_ms"] + 1e-6, f"idle gaps by length sum {g:.4f} == idle {j['idle_ms']:.4f} ms "
+      + ", ".join(f"{b['length']}: {b['count']} / {b['ms']:.3f} ms" for b in j["idle_gaps_by_length"]))
 check(len(j["top_kernels"]) > 0 and len(j["longest_gaps"]) > 0,
       f"{len(j['top_kernels'])} top kernels, {len(j['longest_gaps'])} gaps; top: {j['top_kernels'][0]['name'] if j['top_kernels'] else '-'}")
 check(j["dropped_records"] == 0, f"dropped records {j['dropped_records']}")

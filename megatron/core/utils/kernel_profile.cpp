@@ -198,6 +198,12 @@ ProfileSummary summarize(const std::vector<Activity>& acts, uint64_t window_begi
     }
   }
   if (window_end > cur) gaps.push_back({cur, window_end, before, "<window end>"});
+  for (const Gap& g : gaps) {
+    const uint64_t len = g.end - g.begin;
+    const int b = len < 10000 ? 0 : len < 100000 ? 1 : len < 1000000 ? 2 : 3;
+    s.gap_count[b] += 1;
+    s.gap_ms[b] += ms(len);
+  }
   std::stable_sort(gaps.begin(), gaps.end(),
                    [](const Gap& a, const Gap& b) { return a.end - a.begin > b.end - b.begin; });
   if (gaps.size() > top_gaps) gaps.resize(top_gaps);
@@ -245,6 +251,12 @@ std::string format_summary(const ProfileSummary& s) {
                   category_name(k.category), k.name.c_str());
     os << p << buf << "\n";
   }
+  std::snprintf(buf, sizeof(buf),
+                "idle gaps by length (count/step, ms/step): < 10 us: %.1f, %.3f | 10-100 us: %.1f, %.3f | "
+                "0.1-1 ms: %.1f, %.3f | >= 1 ms: %.1f, %.3f",
+                s.gap_count[0] / n, s.gap_ms[0] / n, s.gap_count[1] / n, s.gap_ms[1] / n, s.gap_count[2] / n,
+                s.gap_ms[2] / n, s.gap_count[3] / n, s.gap_ms[3] / n);
+  os << p << buf << "\n";
   os << p << "longest GPU idle gaps: ms | at ms from window start | last activity before -> first activity after\n";
   for (const Gap& g : s.longest_gaps) {
     std::snprintf(buf, sizeof(buf), "%9.3f %12.3f  %s -> %s", ms(g.end - g.begin), g.at_ms,
@@ -279,6 +291,10 @@ nlohmann::json summary_json(const ProfileSummary& s) {
   for (const Gap& g : s.longest_gaps)
     gaps.push_back({{"ms", ms(g.end - g.begin)}, {"at_ms", g.at_ms}, {"before", g.before}, {"after", g.after}});
   j["longest_gaps"] = gaps;
+  nlohmann::json by = nlohmann::json::array();
+  const char* names[4] = {"<10us", "10-100us", "0.1-1ms", ">=1ms"};
+  for (int b = 0; b < 4; ++b) by.push_back({{"length", names[b]}, {"count", s.gap_count[b]}, {"ms", s.gap_ms[b]}});
+  j["idle_gaps_by_length"] = by;
   return j;
 }
 

@@ -101,6 +101,10 @@ struct ProfileSummary {
   double comm_overlapped_ms = 0.0;
   std::vector<KernelStat> top_kernels;  // by total time, descending, at most `top_k`
   std::vector<Gap> longest_gaps;        // by length, descending, at most `top_gaps`
+  /// All idle gaps by length: [0, 10 us), [10, 100 us), [100 us, 1 ms), >= 1 ms -- many short
+  /// gaps mean launch-bound host code, few long ones synchronizations or host work.
+  int64_t gap_count[4] = {};
+  double gap_ms[4] = {};
   uint64_t dropped_records = 0;         // records CUPTI reported lost (0 = complete)
 };
 

@@ -115,6 +115,10 @@ TEST(KernelProfileTest, SummaryHandComputed) {
   EXPECT_EQ(s.longest_gaps[2].before, "ncclDevKernel_AllReduce");
   EXPECT_EQ(s.longest_gaps[2].after, "[memcpy HtoD]");
 
+  // All three gaps are >= 1 ms: 20 + 10 + 10 = 40 = idle.
+  EXPECT_EQ(s.gap_count[3], 3);
+  EXPECT_NEAR(s.gap_ms[3], 40.0, kTol);
+
   // JSON and text carry the same numbers (text is per step: 35 / 2 = 17.5 ms).
   const nlohmann::json j = summary_json(s);
   EXPECT_NEAR(j["categories"]["gemm"]["exclusive_ms"].get<double>(), 35.0, kTol);
@@ -122,6 +126,28 @@ TEST(KernelProfileTest, SummaryHandComputed) {
   const std::string t = format_summary(s);
   EXPECT_NE(t.find("[Rank 3] kernel profile | gemm                    17.500"), std::string::npos) << t;
   EXPECT_NE(t.find("GPU idle (host gaps) 20.000 ms/step"), std::string::npos) << t;
+}
+
+TEST(KernelProfileTest, IdleGapsByLength) {
+  // Kernels of 1 us separated by gaps of 5 us, 50 us, 500 us and 5 ms; the window starts at the
+  // first kernel and ends at the last (no border gaps). Buckets: one gap each; sums in ms.
+  const uint64_t us = 1000;
+  std::vector<Activity> a;
+  uint64_t t = 0;
+  for (uint64_t gap : {5 * us, 50 * us, 500 * us, 5000 * us, uint64_t{0}}) {
+    a.push_back({ActivityKind::kKernel, t, t + us, 0, 0, "k", 0});
+    t += us + gap;
+  }
+  const uint64_t end = a.back().end_ns;  // 5 kernels + 5555 us of gaps = 5560 us
+  ASSERT_EQ(end, 5560 * us);
+  const ProfileSummary s = summarize(a, 0, end, 1, 1, 0);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(s.gap_count[b], 1) << b;
+  EXPECT_NEAR(s.gap_ms[0], 0.005, kTol);
+  EXPECT_NEAR(s.gap_ms[1], 0.050, kTol);
+  EXPECT_NEAR(s.gap_ms[2], 0.500, kTol);
+  EXPECT_NEAR(s.gap_ms[3], 5.000, kTol);
+  EXPECT_NEAR(s.idle_ms, 5.555, kTol);
+  EXPECT_NEAR(s.busy_ms, 0.005, kTol);  // 5 kernels of 1 us
 }
 
 TEST(KernelProfileTest, EmptyWindowIsAllIdle) {
