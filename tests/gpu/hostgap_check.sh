@@ -15,10 +15,13 @@
 # unpacked and put on LD_LIBRARY_PATH; CUDA libraries are searched like tests/gpu/run_gpu_tests.sh.
 set -u
 BIN="$(cd "${1:?usage: hostgap_check.sh BIN_DIR}" && pwd)"
-O="${OUT:-/tmp/out}/hostgap"; mkdir -p "$O"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+O="${OUT:-/tmp/out}/hostgap"; mkdir -p "$O" && O="$(cd "$O" && pwd)" && cd "$O"  # the profiler writes trace_rank0.json here
+export MEGATRON_KERNEL_PROFILE_OUT="$O"
 export NCCL_NVLS_ENABLE=0
 export MEGATRON_LOG_HOST_SYNCS=1  # pretrain_gpt prints host synchronizations per iteration at each log line
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 if [ -f "$BIN/lib.tar.xz" ]; then
   mkdir -p /tmp/hostgap_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/hostgap_lib
   export LD_LIBRARY_PATH="/tmp/hostgap_lib/lib:${LD_LIBRARY_PATH:-}"
@@ -31,6 +34,18 @@ for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
   fi
 done
+# CUPTI for the kernel profiler (MEGATRON_KERNEL_PROFILE, docs/performance.md "Kernel profile"):
+# GPU idle time (host gaps) of the last iteration of the GPT-2 and LLaMA runs.
+for d in /usr/local/cuda/extras/CUPTI/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
+if [ -z "${MEGATRON_CUPTI_LIB:-}" ]; then
+  f=$(find / -xdev -name 'libcupti.so.13*' 2>/dev/null | sort | head -1)
+  [ -z "$f" ] && f=$(find / -xdev -name 'libcupti.so*' 2>/dev/null | sort | head -1)
+  [ -n "$f" ] && export MEGATRON_CUPTI_LIB=$f
+fi
+kprof() {  # $1 log, $2 label: the profile's summary lines (wall/busy/idle, categories, gaps)
+  grep "kernel profile |" "$1" | grep -E "wall|idle|memcpy|memset|gaps by length" | head -n 6 | sed "s/^/INFO $2 /"
+  grep -A4 "longest GPU idle gaps" "$1" | head -n 5 | sed "s/^/INFO $2 /"
+}
 ldd "$BIN/pretrain_gpt" | grep "not found" && echo "FAIL pretrain_gpt has unresolved libraries (see above; put lib.tar.xz in BIN_DIR or set LD_LIBRARY_PATH)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 status=0
@@ -46,7 +61,8 @@ grep -E "^PASS .*(linear_bias_gelu|linear_dgelu|linear_forward_residual|BGRADB|h
 [ $rc = 0 ] || fail "gpu_ops_test exit $rc ($O/gpu_ops_test.log)"
 
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/hostgap_cache"
-# step time = mean of the logged "elapsed time per iteration (ms)" after the first log line.
+# step time = mean of the logged "elapsed time per iteration (ms)" after the first log line (the
+# last interval holds the profiled iteration: two device synchronizations more, negligible).
 steptime() { grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk '{v[NR]=$NF} END {s=0;n=0;for(i=2;i<=NR;i++){s+=v[i];n++} if(n) printf "%.1f", s/n; else print "nan"}'; }
 losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $NF}'; }
 
@@ -57,10 +73,11 @@ GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 10
 gpt2_run() {  # $1 = MEGATRON_GEMM_EPILOGUES value
   local ep=$1 rc t
   echo "== GPT-2 124M mbs 64, MEGATRON_GEMM_EPILOGUES=$ep"
-  MEGATRON_GEMM_EPILOGUES=$ep timeout 30 "$BIN/pretrain_gpt" $GPT2 $COMMON > "$O/gpt2_ep$ep.log" 2>&1
+  MEGATRON_KERNEL_PROFILE=20:20 MEGATRON_GEMM_EPILOGUES=$ep timeout 30 "$BIN/pretrain_gpt" $GPT2 $COMMON > "$O/gpt2_ep$ep.log" 2>&1
   rc=$?; t=$(steptime "$O/gpt2_ep$ep.log")
   grep " iteration " "$O/gpt2_ep$ep.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
   grep "host synchronizations" "$O/gpt2_ep$ep.log" | tail -n 1 | sed 's/^ */INFO GPT-2 /'
+  kprof "$O/gpt2_ep$ep.log" "GPT-2 ep=$ep"
   if [ $rc = 0 ] && [ "$t" != nan ]; then
     echo "INFO GPT-2 124M epilogues=$ep: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 132.1 ms, 496k; goal 590k)"
   else fail "GPT-2 124M epilogues=$ep exit $rc ($O/gpt2_ep$ep.log)"; fi
@@ -73,11 +90,12 @@ LL="--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-he
 # --timing-log-level 2 prints host-side timers (batch-generator, forward/backward launch, optimizer):
 # with no syncs left in the step they show where the HOST spends the step, for the gap hunt.
 echo "== LLaMA-8B-shaped 4 layers, 8 iterations"
-timeout 50 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
+MEGATRON_KERNEL_PROFILE=8:8 timeout 50 "$BIN/pretrain_gpt" $LL $COMMON > "$O/llama8b_4l.log" 2>&1
 rc=$?; t=$(steptime "$O/llama8b_4l.log")
 grep " iteration " "$O/llama8b_4l.log" | tail -n 1 | cut -c1-220 | sed 's/^/  /'
 tail -n 3 "$O/llama8b_4l.log" | grep -iE "error|what|terminate" | sed 's/^/  /'
 grep "host synchronizations" "$O/llama8b_4l.log" | tail -n 1 | sed 's/^ */INFO LLaMA /'
+kprof "$O/llama8b_4l.log" "LLaMA"
 # Expected after this change: 2 per iteration (the loss copy after the backward, the grad norm).
 grep -A5 "time across ranks" "$O/llama8b_4l.log" | tail -n 5 | sed 's/^ */INFO host timer (last interval, ms per iteration) /'
 if [ $rc = 0 ] && [ "$t" != nan ]; then
@@ -98,7 +116,7 @@ grep -qiE "lm loss: *(nan|inf)" "$O/tiny_gpu_bf16.log" && fail "NaN/inf loss in 
 # For scale: before this change the first 20 steps (same LR schedule: --lr-decay-iters 20) were
 # within 5e-4 of the CPU fp32 losses (bench/results/2026-11-29-h200-e2e); this prints the new run
 # against that old GPU log.
-OLD="$(cd "$(dirname "$0")/../.." && pwd)/bench/results/2026-11-29-h200-e2e/tiny_gpt_gpu_bf16.log"
+OLD="$ROOT/bench/results/2026-11-29-h200-e2e/tiny_gpt_gpu_bf16.log"
 [ -f "$OLD" ] && paste <(losses "$O/tiny_gpu_bf16.log" | head -n 20) <(losses "$OLD") | awk '
   {d=($1-$2); if(d<0)d=-d; r=d/$2; if(r>m)m=r; n++}
   END {printf "INFO tiny GPT GPU bf16, this build vs the pre-change GPU log: max rel loss diff %.2e over %d steps\n", m, n}'
