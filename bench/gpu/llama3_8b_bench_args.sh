@@ -8,7 +8,8 @@
 #   --global-batch-size 128  -> $BENCH_GBS (default 8)
 #   --eval-iters N           -> $BENCH_EVAL_ITERS (default 0: no evaluation)
 #   --save/--load DIR        dropped (a benchmark does not need the 112 GB checkpoint writes),
-#                            kept with BENCH_CKPT=1 (then a final save at the last iteration)
+#                            kept with BENCH_CKPT=1 (then a final save at the last iteration);
+#                            BENCH_CKPT=load keeps only --load (resume without a final save)
 #   with BENCH_TP=N: --tensor-model-parallel-size N (the script's --sequence-parallel stays;
 #   BENCH_NO_SP=1 drops it)
 # Every other flag of the script passes unchanged.
@@ -18,7 +19,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --train-samples) it=${BENCH_ITERS:-6}; out+=(--train-iters "$it" --lr-warmup-iters "${BENCH_WARMUP:-$(( it > 1 ? it - 1 : 1 ))}"); shift 2 ;;
     --lr-decay-samples|--lr-warmup-samples) shift 2 ;;
-    --save|--load) [ -n "${BENCH_CKPT:-}" ] && out+=("$1" "$2"); shift 2 ;;
+    --save) [ "${BENCH_CKPT:-}" = 1 ] && out+=("$1" "$2"); shift 2 ;;
+    --load) [ -n "${BENCH_CKPT:-}" ] && out+=("$1" "$2"); shift 2 ;;
     --global-batch-size) out+=(--global-batch-size "${BENCH_GBS:-8}"); shift 2 ;;
     --eval-iters) out+=(--eval-iters "${BENCH_EVAL_ITERS:-0}"); shift 2 ;;
     --tensor-model-parallel-size) out+=("$1" "${BENCH_TP:-$2}"); shift 2 ;;
