@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
@@ -67,6 +68,11 @@ IoOptions io_options_from_env() {
     if (mb < 1 || mb > 4096) user_error("MEGATRON_CKPT_IO_CHUNK_MB=", v, ": expected 1..4096 (MiB)");
     o.chunk_bytes = static_cast<size_t>(mb) << 20;
   }
+  if (const char* v = std::getenv("MEGATRON_CKPT_READ_CHUNK_MB")) {
+    long mb = std::atol(v);
+    if (mb < 1 || mb > 4096) user_error("MEGATRON_CKPT_READ_CHUNK_MB=", v, ": expected 1..4096 (MiB)");
+    o.read_chunk_bytes = static_cast<size_t>(mb) << 20;
+  }
   if (const char* v = std::getenv("MEGATRON_CKPT_IO_THREADS")) {
     int t = std::atoi(v);
     if (t < 1 || t > 64) user_error("MEGATRON_CKPT_IO_THREADS=", v, ": expected 1..64");
@@ -80,7 +86,43 @@ IoOptions io_options_from_env() {
 namespace {
 constexpr size_t kAlign = 4096;  // O_DIRECT alignment of buffers, offsets and lengths
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct BufferPool {
+  std::mutex mu;
+  std::multimap<size_t, uint8_t*> free;
+};
+BufferPool& buffer_pool() {
+  static BufferPool* p = new BufferPool();  // never destroyed: buffers may be returned at exit
+  return *p;
+}
 }  // namespace
+
+uint8_t* take_aligned_buffer(size_t bytes) {
+  {
+    BufferPool& bp = buffer_pool();
+    std::lock_guard<std::mutex> g(bp.mu);
+    auto it = bp.free.find(bytes);
+    if (it != bp.free.end()) {
+      uint8_t* p = it->second;
+      bp.free.erase(it);
+      return p;
+    }
+  }
+  void* p = nullptr;
+  if (::posix_memalign(&p, kAlign, bytes) != 0) user_error("cannot allocate ", bytes, " bytes of checkpoint I/O buffer");
+  return static_cast<uint8_t*>(p);
+}
+
+void give_aligned_buffer(uint8_t* p, size_t bytes) {
+  if (!p) return;
+  BufferPool& bp = buffer_pool();
+  std::lock_guard<std::mutex> g(bp.mu);
+  if (bp.free.count(bytes) >= 8) {
+    std::free(p);
+    return;
+  }
+  bp.free.emplace(bytes, p);
+}
 
 AlignedFileWriter::AlignedFileWriter(const std::string& path, const IoOptions& opts) : path_(path), opts_(opts) {
   MEGATRON_CHECK(opts_.chunk_bytes >= kAlign && opts_.chunk_bytes % kAlign == 0 && opts_.buffers >= 2 &&
@@ -93,15 +135,15 @@ AlignedFileWriter::AlignedFileWriter(const std::string& path, const IoOptions& o
   }
   if (fd_ < 0) fd_ = ::open(path.c_str(), flags, 0644);  // O_DIRECT refused (EINVAL) or not asked for
   if (fd_ < 0) user_error("cannot create ", path, ": ", os_error());
-  for (int i = 0; i < opts_.buffers; ++i) {
-    void* p = nullptr;
-    if (::posix_memalign(&p, kAlign, opts_.chunk_bytes) != 0) {
-      for (auto* b : bufs_) std::free(b);
-      ::close(fd_);
-      user_error("cannot allocate ", opts_.chunk_bytes, " bytes of staging buffer for ", path);
+  try {
+    for (int i = 0; i < opts_.buffers; ++i) {
+      bufs_.push_back(take_aligned_buffer(opts_.chunk_bytes));
+      free_.push_back(i);
     }
-    bufs_.push_back(static_cast<uint8_t*>(p));
-    free_.push_back(i);
+  } catch (...) {
+    for (auto* b : bufs_) give_aligned_buffer(b, opts_.chunk_bytes);
+    ::close(fd_);
+    throw;
   }
   for (int i = 0; i < opts_.writer_threads; ++i) threads_.emplace_back([this] { writer_loop(); });
 }
@@ -109,7 +151,7 @@ AlignedFileWriter::AlignedFileWriter(const std::string& path, const IoOptions& o
 AlignedFileWriter::~AlignedFileWriter() {
   stop_threads();
   if (fd_ >= 0) ::close(fd_);
-  for (auto* b : bufs_) std::free(b);
+  for (auto* b : bufs_) give_aligned_buffer(b, opts_.chunk_bytes);
 }
 
 void AlignedFileWriter::stop_threads() {

@@ -38,16 +38,24 @@ class FileWriter {
   uint64_t synced_ = 0;  // bytes handed to write-back with sync_file_range
 };
 
-/// Tuning of AlignedFileWriter / the streaming reader. Defaults: 32 MiB chunks, 4 staging buffers,
-/// 2 writer threads, O_DIRECT on. The environment variables MEGATRON_CKPT_IO_CHUNK_MB,
-/// MEGATRON_CKPT_IO_THREADS and MEGATRON_CKPT_O_DIRECT=0 override them (io_options_from_env()).
+/// Tuning of AlignedFileWriter / the streaming reader. Defaults: 32 MiB write chunks, 4 staging
+/// buffers, 2 writer threads, O_DIRECT on, 4 MiB reads. The environment variables
+/// MEGATRON_CKPT_IO_CHUNK_MB, MEGATRON_CKPT_READ_CHUNK_MB, MEGATRON_CKPT_IO_THREADS and
+/// MEGATRON_CKPT_O_DIRECT=0 override them (io_options_from_env()).
 struct IoOptions {
-  size_t chunk_bytes = 32ull << 20;  // multiple of 4096
+  size_t chunk_bytes = 32ull << 20;  // write chunk, multiple of 4096
+  size_t read_chunk_bytes = 4ull << 20;  // load: pread size (cache-resident between read and CRC/copy)
   int buffers = 4;                   // staging buffers (>= 2: one filling, others in flight)
   int writer_threads = 2;            // concurrent pwrite calls
   bool direct = true;                // try O_DIRECT (falls back to buffered where refused)
 };
 IoOptions io_options_from_env();
+
+/// Process-wide pool of 4096-aligned buffers (checkpoint staging), so repeated saves/loads do not
+/// pay a page fault per 4 KiB of fresh buffer. take() allocates when none of that size is free
+/// (throws UserError when out of memory); give() keeps at most 8 free buffers per size.
+uint8_t* take_aligned_buffer(size_t bytes);
+void give_aligned_buffer(uint8_t* p, size_t bytes);
 
 /// Sequential writer of large files that bypasses the page cache (O_DIRECT) where the
 /// filesystem allows it. write() copies into 4096-aligned staging buffers of chunk_bytes;

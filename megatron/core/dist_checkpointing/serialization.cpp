@@ -558,29 +558,31 @@ class ShardReaderCache {
 };
 
 // Streams the stored shards a load needs from one file: a reader thread preads each shard in
-// chunks (buffered, POSIX_FADV_SEQUENTIAL, shards in file order) into a ring of buffers while the
-// loading thread checksums and copies the previous chunk. Chunks start at shard begin + k·chunk
+// chunks (buffered, POSIX_FADV_SEQUENTIAL, shards in file order) into a ring of buffers — or,
+// when the shard is exactly one requested CPU tensor (no resharding, same dtype), straight into
+// that tensor — while the loading thread checksums and copies the previous chunk. Chunks start at shard begin + k·chunk
 // (chunk: a multiple of 4096 bytes), so no element is split between chunks.
 class ShardStreamer {
  public:
   struct Range {
     uint64_t begin, end;
+    uint8_t* dest = nullptr;  // read here (dest[0] = byte `begin`) instead of into a ring buffer
   };
   struct Chunk {
     size_t range;      // index into ranges
     uint64_t offset;   // absolute file offset
     size_t len;
     const uint8_t* data;
-    int buf;
+    int buf;  // ring buffer, -1 when read into Range::dest
   };
   ShardStreamer(const std::string& path, std::vector<Range> ranges, const IoOptions& o)
-      : path_(path), ranges_(std::move(ranges)), chunk_(o.chunk_bytes) {
+      : path_(path), ranges_(std::move(ranges)), chunk_(o.read_chunk_bytes) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) user_error("cannot open ", path, ": ", std::strerror(errno));
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     const int nbuf = std::max(2, o.buffers - 1);
     for (int i = 0; i < nbuf; ++i) {
-      bufs_.emplace_back(new uint8_t[chunk_]);
+      bufs_.push_back(take_aligned_buffer(chunk_));
       free_.push_back(i);
     }
     reader_ = std::thread([this] { read_loop(); });
@@ -593,6 +595,7 @@ class ShardStreamer {
     cv_.notify_all();
     reader_.join();
     ::close(fd_);
+    for (auto* b : bufs_) give_aligned_buffer(b, chunk_);
   }
   // Next chunk in order; false after the last one. Throws UserError on a read failure.
   bool next(Chunk& c) {
@@ -605,6 +608,7 @@ class ShardStreamer {
     return true;
   }
   void release(const Chunk& c) {
+    if (c.buf < 0) return;
     {
       std::lock_guard<std::mutex> g(mu_);
       free_.push_back(c.buf);
@@ -617,18 +621,24 @@ class ShardStreamer {
     for (size_t r = 0; r < ranges_.size(); ++r) {
       for (uint64_t off = ranges_[r].begin; off < ranges_[r].end;) {
         const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_, ranges_[r].end - off));
-        int b;
-        {
+        int b = -1;
+        uint8_t* dst = nullptr;
+        if (ranges_[r].dest) {
+          std::lock_guard<std::mutex> g(mu_);
+          if (stop_) return;
+          dst = ranges_[r].dest + (off - ranges_[r].begin);
+        } else {
           std::unique_lock<std::mutex> lk(mu_);
           cv_.wait(lk, [&] { return stop_ || !free_.empty(); });
           if (stop_) return;
           b = free_.back();
           free_.pop_back();
+          dst = bufs_[b];
         }
         size_t got = 0;
         std::string err;
         while (got < len) {
-          ssize_t n = ::pread(fd_, bufs_[b].get() + got, len - got, static_cast<off_t>(off + got));
+          ssize_t n = ::pread(fd_, dst + got, len - got, static_cast<off_t>(off + got));
           if (n < 0 && errno == EINTR) continue;
           if (n <= 0) {
             err = "cannot read " + path_ + " at byte " + std::to_string(off + got) + ": " +
@@ -642,7 +652,7 @@ class ShardStreamer {
           if (!err.empty()) {
             error_ = err;
           } else {
-            ready_.push_back({r, off, len, bufs_[b].get(), b});
+            ready_.push_back({r, off, len, dst, b});
           }
         }
         cv_.notify_all();
@@ -661,7 +671,7 @@ class ShardStreamer {
   std::vector<Range> ranges_;
   size_t chunk_;
   int fd_ = -1;
-  std::vector<std::unique_ptr<uint8_t[]>> bufs_;
+  std::vector<uint8_t*> bufs_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int> free_;
@@ -723,8 +733,16 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
     std::vector<ShardStreamer::Range> ranges;
     std::vector<const std::pair<const StoredShard*, std::vector<size_t>>*> items;
     for (const auto& [begin, item] : shards) {
-      if (item.first->byte_end == begin) continue;  // empty shard: nothing to read or copy
-      ranges.push_back({begin, item.first->byte_end});
+      const StoredShard& s = *item.first;
+      if (s.byte_end == begin) continue;  // empty shard: nothing to read or copy
+      uint8_t* dest = nullptr;
+      if (item.second.size() == 1) {
+        Request& rq = reqs[item.second[0]];
+        if (rq.stored->dtype == rq.target.dtype() && s.global_offset == rq.t->global_offset &&
+            s.local_shape == rq.t->local_shape && s.flattened_range == rq.t->flattened_range)
+          dest = static_cast<uint8_t*>(rq.target.data_ptr());  // the same bytes: read in place
+      }
+      ranges.push_back({begin, s.byte_end, dest});
       items.push_back(&item);
     }
     ShardStreamer stream(dir + "/" + file, ranges, io);
@@ -740,7 +758,9 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
       const int64_t base = s.flattened_range ? s.flattened_range->first : 0;
       const int64_t e0 = base + static_cast<int64_t>(c.offset - s.byte_begin) / esz;
       const int64_t e1 = e0 + static_cast<int64_t>(c.len) / esz;
-      for (size_t ri : items[c.range]->second) {
+      if (c.buf < 0) {  // read in place: nothing to copy
+        reqs[items[c.range]->second[0]].copied += e1 - e0;
+      } else for (size_t ri : items[c.range]->second) {
         Request& rq = reqs[ri];
         rq.copied += copy_box_overlap(c.data, stt.dtype, s.global_offset, s.local_shape, e0, e1,
                                       static_cast<uint8_t*>(rq.target.data_ptr()), rq.target.dtype(),
