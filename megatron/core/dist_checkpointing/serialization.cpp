@@ -760,11 +760,13 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
       const int64_t e1 = e0 + static_cast<int64_t>(c.len) / esz;
       if (c.buf < 0) {  // read in place: nothing to copy
         reqs[items[c.range]->second[0]].copied += e1 - e0;
-      } else for (size_t ri : items[c.range]->second) {
-        Request& rq = reqs[ri];
-        rq.copied += copy_box_overlap(c.data, stt.dtype, s.global_offset, s.local_shape, e0, e1,
-                                      static_cast<uint8_t*>(rq.target.data_ptr()), rq.target.dtype(),
-                                      rq.t->global_offset, rq.t->local_shape, rq.db, rq.de);
+      } else {
+        for (size_t ri : items[c.range]->second) {
+          Request& rq = reqs[ri];
+          rq.copied += copy_box_overlap(c.data, stt.dtype, s.global_offset, s.local_shape, e0, e1,
+                                        static_cast<uint8_t*>(rq.target.data_ptr()), rq.target.dtype(),
+                                        rq.t->global_offset, rq.t->local_shape, rq.db, rq.de);
+        }
       }
       stream.release(c);
       if (opts.verify_checksums && c.offset + c.len == s.byte_end && crc != s.crc32c)
