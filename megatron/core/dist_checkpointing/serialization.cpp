@@ -618,9 +618,27 @@ class ShardStreamer {
 
  private:
   void read_loop() {
+    // Keep kAhead bytes of the coming ranges requested from the disk (WILLNEED starts large
+    // asynchronous reads into the page cache), so a cold load is not limited to the kernel's
+    // small default read-ahead window; warm (cached) loads are unaffected.
+    constexpr uint64_t kAhead = 64ull << 20;
+    size_t pr = 0;                                      // range being prefetched
+    uint64_t pf = ranges_.empty() ? 0 : ranges_[0].begin;  // prefetched up to here in range pr
+    uint64_t consumed = 0, requested = 0;               // bytes read / prefetched so far
+    auto prefetch = [&] {
+      while (pr < ranges_.size() && requested < consumed + kAhead) {
+        const uint64_t n = std::min<uint64_t>(ranges_[pr].end - pf, 16ull << 20);
+        if (n > 0) ::posix_fadvise(fd_, static_cast<off_t>(pf), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+        pf += n;
+        requested += n;
+        if (pf >= ranges_[pr].end && ++pr < ranges_.size()) pf = ranges_[pr].begin;
+      }
+    };
     for (size_t r = 0; r < ranges_.size(); ++r) {
       for (uint64_t off = ranges_[r].begin; off < ranges_[r].end;) {
         const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_, ranges_[r].end - off));
+        prefetch();
+        consumed += len;
         int b = -1;
         uint8_t* dst = nullptr;
         if (ranges_[r].dest) {
