@@ -746,7 +746,11 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
     }
     reqs.push_back(std::move(rq));
   }
-  const IoOptions io = io_options_from_env();
+  IoOptions io = io_options_from_env();
+  if (opts.read_chunk_bytes) {
+    MEGATRON_CHECK(opts.read_chunk_bytes % 8 == 0) << "read_chunk_bytes " << opts.read_chunk_bytes << " must be a multiple of 8";
+    io.read_chunk_bytes = opts.read_chunk_bytes;
+  }
   for (const auto& [file, shards] : plan) {
     std::vector<ShardStreamer::Range> ranges;
     std::vector<const std::pair<const StoredShard*, std::vector<size_t>>*> items;
