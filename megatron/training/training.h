@@ -85,6 +85,12 @@ struct TrainingHooks {
   /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
   /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
   std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
+  /// --profile window on this rank (--profile-ranks): profile_start(first) runs before iteration
+  /// `first` (= --profile-step-start + 1, 1-based) and profile_stop(last) after iteration `last`
+  /// (= --profile-step-end) and its log line. pretrain_gpt drives the GPU kernel profiler with
+  /// them (megatron/core/utils/kernel_profile.h). Unset = nothing.
+  std::function<void(int64_t first_iteration)> profile_start;
+  std::function<void(int64_t last_iteration)> profile_stop;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
