@@ -166,7 +166,13 @@ void AlignedFileWriter::stop_threads() {
 
 void AlignedFileWriter::pwrite_all(const uint8_t* p, size_t len, uint64_t off) {
   while (len > 0) {
-    ssize_t w = ::pwrite(fd_, p, std::min(len, size_t(1) << 30), static_cast<off_t>(off));
+    ssize_t w;
+    if (opts_.inject_direct_einval && direct_.load() && !injected_.exchange(true)) {
+      w = -1;
+      errno = EINVAL;
+    } else {
+      w = ::pwrite(fd_, p, std::min(len, size_t(1) << 30), static_cast<off_t>(off));
+    }
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL && direct_.load()) {

@@ -48,6 +48,7 @@ struct IoOptions {
   int buffers = 4;                   // staging buffers (>= 2: one filling, others in flight)
   int writer_threads = 2;            // concurrent pwrite calls
   bool direct = true;                // try O_DIRECT (falls back to buffered where refused)
+  bool inject_direct_einval = false; // tests only: the first O_DIRECT pwrite fails with EINVAL
 };
 IoOptions io_options_from_env();
 
@@ -113,6 +114,7 @@ class AlignedFileWriter {
   bool stop_ = false;
   std::string error_;       // first writer failure
   std::atomic<bool> failed_{false};
+  std::atomic<bool> injected_{false};
   std::vector<std::thread> threads_;
 };
 

@@ -119,6 +119,24 @@ TEST_F(AlignedWriterTest, TmpfsFallbackKeepsBytes) {
   fs::remove_all(d);
 }
 
+// A filesystem that refuses O_DIRECT at the first write (EINVAL): the writer clears O_DIRECT and
+// carries on buffered; the file is still exact.
+TEST_F(AlignedWriterTest, EinvalOnFirstDirectWriteFallsBackToBuffered) {
+  for (size_t n : {size_t(4097), size_t(3 * (8u << 20) + 13)}) {
+    const auto data = pattern(n, 7);
+    dc::IoOptions o;
+    o.chunk_bytes = 8u << 20;
+    o.inject_direct_einval = true;
+    const std::string path = (dir_ / "fallback.bin").string();
+    dc::AlignedFileWriter w(path, o);
+    write_split(w, data);
+    w.close();
+    EXPECT_FALSE(w.direct()) << "size " << n;
+    EXPECT_EQ(fs::file_size(path), n);
+    EXPECT_TRUE(slurp(path) == data) << "size " << n;
+  }
+}
+
 TEST_F(AlignedWriterTest, ReusedWriterBuffersStartClean) {
   // A second file written after a larger one (pooled staging buffers) holds only its own bytes.
   check_size(dir_, 3 * (8u << 20) + 13);
