@@ -560,8 +560,8 @@ class ShardReaderCache {
 // Streams the stored shards a load needs from one file: a reader thread preads each shard in
 // chunks (buffered, POSIX_FADV_SEQUENTIAL, shards in file order) into a ring of buffers — or,
 // when the shard is exactly one requested CPU tensor (no resharding, same dtype), straight into
-// that tensor — while the loading thread checksums and copies the previous chunk. Chunks start at shard begin + k·chunk
-// (chunk: a multiple of 4096 bytes), so no element is split between chunks.
+// that tensor — while the loading thread checksums and copies the previous chunk. Chunks start
+// at shard begin + k·chunk (chunk: a multiple of 8 bytes), so no element is split between chunks.
 class ShardStreamer {
  public:
   struct Range {
