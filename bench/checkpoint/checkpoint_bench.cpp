@@ -5,6 +5,8 @@
 //       sync save GB/s (incl. fsync), cold load GB/s (files evicted from the page cache with
 //       posix_fadvise DONTNEED), warm load GB/s, async save: time until save returns (snapshot)
 //       and the slowdown of a compute loop running while the background write happens.
+//   checkpoint_bench load   --dir D [--size-mb 1024] [--repeat 3]   loads the existing checkpoint
+//       (e.g. left by `bench`) R times, each timed: the first after evicting the files, then warm.
 //   checkpoint_bench loop   --dir D [--size-mb 64]   saves iteration 1, 2, ... until killed
 //   checkpoint_bench verify --dir D [--size-mb 64]   loads the tracker's iteration and checks
 //       every element (= iteration + tensor index); exit 0 when correct.
@@ -43,7 +45,7 @@ struct Opts {
 
 Opts parse(int argc, char** argv) {
   Opts o;
-  if (argc < 2) user_error("usage: checkpoint_bench bench|loop|verify --dir D [--size-mb N] [--tensors K] [--repeat R]");
+  if (argc < 2) user_error("usage: checkpoint_bench bench|load|loop|verify --dir D [--size-mb N] [--tensors K] [--repeat R]");
   o.mode = argv[1];
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -151,6 +153,23 @@ int bench(const Opts& o) {
   return 0;
 }
 
+int load_only(const Opts& o) {
+  std::vector<Tensor> keep;
+  tr::TrainingState st = make_state(o, keep);
+  const double gb = static_cast<double>(keep.size()) * keep[0].nbytes() / 1e9;
+  tr::CheckpointConfig cfg;
+  cfg.load = o.dir;
+  cfg.exit_on_missing_checkpoint = true;
+  evict(o.dir);
+  for (int r = 0; r < o.repeat; ++r) {
+    const double t0 = now();
+    tr::load_checkpoint(st, cfg, {});
+    const double dt = now() - t0;
+    std::printf("RESULT load_%s_s %.3f load_GBps %.3f\n", r == 0 ? "cold" : "warm", dt, gb / dt);
+  }
+  return 0;
+}
+
 int loop(const Opts& o) {
   std::vector<Tensor> keep;
   tr::TrainingState st = make_state(o, keep);
@@ -192,8 +211,9 @@ int main(int argc, char** argv) {
     Opts o = parse(argc, argv);
     if (o.mode == "bench") return bench(o);
     if (o.mode == "loop") return loop(o);
+    if (o.mode == "load") return load_only(o);
     if (o.mode == "verify") return verify(o);
-    user_error("checkpoint_bench: unknown mode ", o.mode, " (bench, loop, verify)");
+    user_error("checkpoint_bench: unknown mode ", o.mode, " (bench, load, loop, verify)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

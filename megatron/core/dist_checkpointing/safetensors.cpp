@@ -193,7 +193,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsItem
   SafetensorsLayout L = plan_safetensors(items, metadata);
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   {
-    FileWriter w(tmp);
+    AlignedFileWriter w(tmp);
     w.write(L.header.data(), L.header.size());
     for (size_t k = 0; k < L.order.size(); ++k) w.write(items[L.order[k]].data, L.entries[k].nbytes());
     w.close();

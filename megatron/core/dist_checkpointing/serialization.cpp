@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -104,6 +106,32 @@ std::string normalize_dir(const std::string& d) {
 // Save
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// CRC-32C of every item's bytes, on min(hardware threads, 8, items) threads.
+std::vector<uint32_t> parallel_crc32c(const std::vector<SafetensorsItem>& items) {
+  std::vector<uint32_t> crc(items.size());
+  std::vector<size_t> nbytes(items.size()), order(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    nbytes[i] = static_cast<size_t>(shape_numel(items[i].shape)) * dtype_size(items[i].dtype);
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nbytes[a] > nbytes[b]; });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) crc[order[k]] = crc32c(items[order[k]].data, nbytes[order[k]]);
+  };
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t nt = std::min<size_t>({hw, 8, items.size()});
+  std::vector<std::thread> ts;
+  for (size_t t = 1; t < nt; ++t) ts.emplace_back(work);
+  work();
+  for (auto& t : ts) t.join();
+  return crc;
+}
+
+}  // namespace
+
 struct AsyncSaveRequest::State {
   std::shared_ptr<distributed::ProcessGroup> owned_group;
   distributed::ProcessGroup* group = nullptr;
@@ -122,12 +150,12 @@ struct AsyncSaveRequest::State {
 
   void write_rank_file() {
     try {
-      for (size_t i = 0; i < items.size(); ++i) {
-        size_t nb = static_cast<size_t>(shape_numel(items[i].shape)) * dtype_size(items[i].dtype);
-        records[i]["crc32c"] = crc32c(items[i].data, nb);
-      }
+      // The checksums go into the file's header, so they are computed before the first byte is
+      // written: on several threads (largest tensors first), then the data streams to the disk.
+      std::vector<uint32_t> crcs = parallel_crc32c(items);
+      for (size_t i = 0; i < items.size(); ++i) records[i]["crc32c"] = crcs[i];
       SafetensorsLayout L = plan_safetensors(items, {{kShardsMetaKey, records.dump()}});
-      FileWriter w(tmp_dir + "/" + rank_file(rank));
+      AlignedFileWriter w(tmp_dir + "/" + rank_file(rank));
       w.write(L.header.data(), L.header.size());
       for (size_t k = 0; k < L.order.size(); ++k) w.write(items[L.order[k]].data, L.entries[k].nbytes());
       w.close();
@@ -488,8 +516,24 @@ class ShardReaderCache {
  public:
   explicit ShardReaderCache(std::string dir, bool verify) : dir_(std::move(dir)), verify_(verify) {}
 
+  // Throws unless the shard's file opens and its header lists the shard at the indexed bytes.
+  void check(const StoredTensor& t, const StoredShard& s) { entry(t, s); }
+
   // Bytes of a stored shard, verified once.
   const uint8_t* bytes(const StoredTensor& t, const StoredShard& s) {
+    const auto [rd, e] = entry(t, s);
+    const uint8_t* p = rd->bytes(*e);
+    if (verify_ && verified_.insert(s.file + "\n" + s.name).second) {
+      uint32_t c = crc32c(p, e->nbytes());
+      if (c != s.crc32c)
+        user_error("checkpoint ", dir_, ": corrupt shard '", s.name, "' of '", t.key, "' in ", s.file, " (bytes ",
+                   s.byte_begin, "..", s.byte_end, "): crc32c ", hex32(c), " != stored ", hex32(s.crc32c));
+    }
+    return p;
+  }
+
+ private:
+  std::pair<const SafetensorsReader*, const SafetensorsEntry*> entry(const StoredTensor& t, const StoredShard& s) {
     auto it = files_.find(s.file);
     if (it == files_.end()) {
       try {
@@ -504,21 +548,155 @@ class ShardReaderCache {
     if (!e || rd.data_start() + e->begin != s.byte_begin || rd.data_start() + e->end != s.byte_end)
       user_error("checkpoint ", dir_, ": shard '", s.name, "' of '", t.key, "' is missing from ", s.file,
                  " or at other bytes than the index says (file replaced?)");
-    const uint8_t* p = rd.bytes(*e);
-    if (verify_ && verified_.insert(s.file + "\n" + s.name).second) {
-      uint32_t c = crc32c(p, e->nbytes());
-      if (c != s.crc32c)
-        user_error("checkpoint ", dir_, ": corrupt shard '", s.name, "' of '", t.key, "' in ", s.file, " (bytes ",
-                   s.byte_begin, "..", s.byte_end, "): crc32c ", hex32(c), " != stored ", hex32(s.crc32c));
-    }
-    return p;
+    return {&rd, e};
   }
 
- private:
   std::string dir_;
   bool verify_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
   std::set<std::string> verified_;
+};
+
+// Streams the stored shards a load needs from one file: a reader thread preads each shard in
+// chunks (buffered, POSIX_FADV_SEQUENTIAL, shards in file order) into a ring of buffers — or,
+// when the shard is exactly one requested CPU tensor (no resharding, same dtype), straight into
+// that tensor — while the loading thread checksums and copies the previous chunk. Chunks start
+// at shard begin + k·chunk (chunk: a multiple of 8 bytes), so no element is split between chunks.
+class ShardStreamer {
+ public:
+  struct Range {
+    uint64_t begin, end;
+    uint8_t* dest = nullptr;  // read here (dest[0] = byte `begin`) instead of into a ring buffer
+  };
+  struct Chunk {
+    size_t range;      // index into ranges
+    uint64_t offset;   // absolute file offset
+    size_t len;
+    const uint8_t* data;
+    int buf;  // ring buffer, -1 when read into Range::dest
+  };
+  ShardStreamer(const std::string& path, std::vector<Range> ranges, const IoOptions& o)
+      : path_(path), ranges_(std::move(ranges)), chunk_(o.read_chunk_bytes) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) user_error("cannot open ", path, ": ", std::strerror(errno));
+    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+    const int nbuf = std::max(2, o.buffers - 1);
+    for (int i = 0; i < nbuf; ++i) {
+      bufs_.push_back(take_aligned_buffer(chunk_));
+      free_.push_back(i);
+    }
+    reader_ = std::thread([this] { read_loop(); });
+  }
+  ~ShardStreamer() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    reader_.join();
+    ::close(fd_);
+    for (auto* b : bufs_) give_aligned_buffer(b, chunk_);
+  }
+  // Next chunk in order; false after the last one. Throws UserError on a read failure.
+  bool next(Chunk& c) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !ready_.empty() || finished_ || !error_.empty(); });
+    if (!error_.empty()) user_error(error_);
+    if (ready_.empty()) return false;
+    c = ready_.front();
+    ready_.pop_front();
+    return true;
+  }
+  void release(const Chunk& c) {
+    if (c.buf < 0) return;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      free_.push_back(c.buf);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void read_loop() {
+    // Keep kAhead bytes of the coming ranges requested from the disk (WILLNEED starts large
+    // asynchronous reads into the page cache), so a cold load is not limited to the kernel's
+    // small default read-ahead window; warm (cached) loads are unaffected.
+    constexpr uint64_t kAhead = 64ull << 20;
+    size_t pr = 0;                                      // range being prefetched
+    uint64_t pf = ranges_.empty() ? 0 : ranges_[0].begin;  // prefetched up to here in range pr
+    uint64_t consumed = 0, requested = 0;               // bytes read / prefetched so far
+    auto prefetch = [&] {
+      while (pr < ranges_.size() && requested < consumed + kAhead) {
+        const uint64_t n = std::min<uint64_t>(ranges_[pr].end - pf, 16ull << 20);
+        if (n > 0) ::posix_fadvise(fd_, static_cast<off_t>(pf), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+        pf += n;
+        requested += n;
+        if (pf >= ranges_[pr].end && ++pr < ranges_.size()) pf = ranges_[pr].begin;
+      }
+    };
+    for (size_t r = 0; r < ranges_.size(); ++r) {
+      for (uint64_t off = ranges_[r].begin; off < ranges_[r].end;) {
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_, ranges_[r].end - off));
+        prefetch();
+        consumed += len;
+        int b = -1;
+        uint8_t* dst = nullptr;
+        if (ranges_[r].dest) {
+          std::lock_guard<std::mutex> g(mu_);
+          if (stop_) return;
+          dst = ranges_[r].dest + (off - ranges_[r].begin);
+        } else {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return stop_ || !free_.empty(); });
+          if (stop_) return;
+          b = free_.back();
+          free_.pop_back();
+          dst = bufs_[b];
+        }
+        size_t got = 0;
+        std::string err;
+        while (got < len) {
+          ssize_t n = ::pread(fd_, dst + got, len - got, static_cast<off_t>(off + got));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            err = "cannot read " + path_ + " at byte " + std::to_string(off + got) + ": " +
+                  (n < 0 ? std::string(std::strerror(errno)) : std::string("file is shorter than its header says"));
+            break;
+          }
+          got += static_cast<size_t>(n);
+        }
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          if (!err.empty()) {
+            error_ = err;
+          } else {
+            ready_.push_back({r, off, len, dst, b});
+          }
+        }
+        cv_.notify_all();
+        if (!err.empty()) return;
+        off += len;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  std::string path_;
+  std::vector<Range> ranges_;
+  size_t chunk_;
+  int fd_ = -1;
+  std::vector<uint8_t*> bufs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> free_;
+  std::deque<Chunk> ready_;
+  bool stop_ = false, finished_ = false;
+  std::string error_;
+  std::thread reader_;
 };
 
 }  // namespace
@@ -528,6 +706,17 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
   CheckpointIndex idx = load_index(dir);
   json common = load_common_state(dir);
   ShardReaderCache cache(dir, opts.verify_checksums);
+  // Plan: every requested tensor's CPU target and, per file, the stored shards that overlap a
+  // request (each read once, in file order, even when several requests need it).
+  struct Request {
+    ShardedTensor* t;
+    const StoredTensor* stored;
+    Tensor target;
+    int64_t db, de, copied = 0;
+  };
+  std::vector<Request> reqs;
+  reqs.reserve(sd.tensors.size());
+  std::map<std::string, std::map<uint64_t, std::pair<const StoredShard*, std::vector<size_t>>>> plan;
   for (auto& t : sd.tensors) {
     t.validate();
     auto it = idx.tensors.find(t.key);
@@ -541,27 +730,78 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
     if (stt.dtype != t.data.dtype() && !(is_floating(stt.dtype) && is_floating(t.data.dtype())))
       user_error("checkpoint ", dir, ": '", t.key, "' is stored as ", dtype_name(stt.dtype), ", cannot load into ",
                  dtype_name(t.data.dtype()));
-    Tensor target = t.data.is_cpu() ? t.data : Tensor::empty(t.data.shape(), t.data.dtype(), Device::cpu());
-    const int64_t db = t.flattened_range ? t.flattened_range->first : 0;
-    const int64_t de = t.flattened_range ? t.flattened_range->second : shape_numel(t.local_shape);
-    int64_t copied = 0;
+    Request rq{&t, &stt, t.data.is_cpu() ? t.data : Tensor::empty(t.data.shape(), t.data.dtype(), Device::cpu()),
+               t.flattened_range ? t.flattened_range->first : 0,
+               t.flattened_range ? t.flattened_range->second : shape_numel(t.local_shape)};
     for (const auto& s : stt.shards) {
       bool overlap = true;
       for (size_t i = 0; i < s.global_offset.size() && overlap; ++i)
         overlap = std::max(s.global_offset[i], t.global_offset[i]) <
                   std::min(s.global_offset[i] + s.local_shape[i], t.global_offset[i] + t.local_shape[i]);
       if (!overlap) continue;
-      const uint8_t* p = cache.bytes(stt, s);
-      const int64_t sb = s.flattened_range ? s.flattened_range->first : 0;
-      const int64_t se = s.flattened_range ? s.flattened_range->second : shape_numel(s.local_shape);
-      copied += copy_box_overlap(p, stt.dtype, s.global_offset, s.local_shape, sb, se,
-                                 static_cast<uint8_t*>(target.data_ptr()), target.dtype(), t.global_offset,
-                                 t.local_shape, db, de);
+      cache.check(stt, s);  // file present, header lists the shard at the indexed bytes
+      auto& slot = plan[s.file][s.byte_begin];
+      slot.first = &s;
+      slot.second.push_back(reqs.size());
     }
-    if (copied != de - db)
-      user_error("checkpoint ", dir, ": the stored shards of '", t.key, "' cover ", copied, " of the ", de - db,
-                 " elements requested at offset ", shape_str(t.global_offset), " (a shard is missing from the index)");
-    if (!t.data.is_cpu()) t.data.copy_(target);
+    reqs.push_back(std::move(rq));
+  }
+  IoOptions io = io_options_from_env();
+  if (opts.read_chunk_bytes) {
+    MEGATRON_CHECK(opts.read_chunk_bytes % 8 == 0) << "read_chunk_bytes " << opts.read_chunk_bytes << " must be a multiple of 8";
+    io.read_chunk_bytes = opts.read_chunk_bytes;
+  }
+  for (const auto& [file, shards] : plan) {
+    std::vector<ShardStreamer::Range> ranges;
+    std::vector<const std::pair<const StoredShard*, std::vector<size_t>>*> items;
+    for (const auto& [begin, item] : shards) {
+      const StoredShard& s = *item.first;
+      if (s.byte_end == begin) continue;  // empty shard: nothing to read or copy
+      uint8_t* dest = nullptr;
+      if (item.second.size() == 1) {
+        Request& rq = reqs[item.second[0]];
+        if (rq.stored->dtype == rq.target.dtype() && s.global_offset == rq.t->global_offset &&
+            s.local_shape == rq.t->local_shape && s.flattened_range == rq.t->flattened_range)
+          dest = static_cast<uint8_t*>(rq.target.data_ptr());  // the same bytes: read in place
+      }
+      ranges.push_back({begin, s.byte_end, dest});
+      items.push_back(&item);
+    }
+    ShardStreamer stream(dir + "/" + file, ranges, io);
+    ShardStreamer::Chunk c{};
+    uint32_t crc = 0;
+    while (stream.next(c)) {
+      const StoredShard& s = *items[c.range]->first;
+      const StoredTensor& stt = *reqs[items[c.range]->second.front()].stored;
+      const int64_t esz = static_cast<int64_t>(dtype_size(stt.dtype));
+      if (c.offset == s.byte_begin) crc = 0;
+      if (opts.verify_checksums) crc = crc32c_extend(crc, c.data, c.len);
+      // This chunk holds flat elements [e0, e1) of the stored shard's box.
+      const int64_t base = s.flattened_range ? s.flattened_range->first : 0;
+      const int64_t e0 = base + static_cast<int64_t>(c.offset - s.byte_begin) / esz;
+      const int64_t e1 = e0 + static_cast<int64_t>(c.len) / esz;
+      if (c.buf < 0) {  // read in place: nothing to copy
+        reqs[items[c.range]->second[0]].copied += e1 - e0;
+      } else {
+        for (size_t ri : items[c.range]->second) {
+          Request& rq = reqs[ri];
+          rq.copied += copy_box_overlap(c.data, stt.dtype, s.global_offset, s.local_shape, e0, e1,
+                                        static_cast<uint8_t*>(rq.target.data_ptr()), rq.target.dtype(),
+                                        rq.t->global_offset, rq.t->local_shape, rq.db, rq.de);
+        }
+      }
+      stream.release(c);
+      if (opts.verify_checksums && c.offset + c.len == s.byte_end && crc != s.crc32c)
+        user_error("checkpoint ", dir, ": corrupt shard '", s.name, "' of '", stt.key, "' in ", s.file, " (bytes ",
+                   s.byte_begin, "..", s.byte_end, "): crc32c ", hex32(crc), " != stored ", hex32(s.crc32c));
+    }
+  }
+  for (auto& rq : reqs) {
+    if (rq.copied != rq.de - rq.db)
+      user_error("checkpoint ", dir, ": the stored shards of '", rq.t->key, "' cover ", rq.copied, " of the ",
+                 rq.de - rq.db, " elements requested at offset ", shape_str(rq.t->global_offset),
+                 " (a shard is missing from the index)");
+    if (!rq.t->data.is_cpu()) rq.t->data.copy_(rq.target);
   }
   for (auto& o : sd.objects) {
     o.loaded = false;

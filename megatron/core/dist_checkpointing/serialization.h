@@ -106,6 +106,9 @@ std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const s
 struct LoadOptions {
   /// Verify the CRC-32C of every stored chunk that is read (default on).
   bool verify_checksums = true;
+  /// Bytes per pread (a multiple of 8); 0: MEGATRON_CKPT_READ_CHUNK_MB, else 4 MiB. Tests use
+  /// tiny values to put chunk boundaries inside every stored piece.
+  size_t read_chunk_bytes = 0;
 };
 
 /// Loads every requested tensor of `sd` in place: each ShardedTensor's `data` (pre-allocated,
