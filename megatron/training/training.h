@@ -85,6 +85,10 @@ struct TrainingHooks {
   /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
   /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
   std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
+  /// Megatron's report_memory(name) after the first logged iterations: called on EVERY rank
+  /// (Megatron prints on data-parallel rank 0 of each model-parallel rank, "[Rank r] ...").
+  /// Unset = memory_report(name, rank) through the loop's printer (last rank).
+  std::function<void(const std::string& name)> report_memory;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
@@ -176,8 +180,12 @@ void install_exit_signal_handler();
 /// True once SIGTERM was received after install_exit_signal_handler().
 bool exit_signal_received();
 
-/// Megatron-style " (after N iterations) memory (MB) | ..." report of this process (CPU: resident
-/// set size and its peak from /proc/self/status).
-std::string memory_report(const std::string& name, int rank);
+/// Megatron's report_memory line "[Rank r] <name> memory (MB) | ...". On a GPU (`cuda_device`
+/// >= 0) Megatron's fields from our tensor allocator and the device's stream-ordered pool
+/// (megatron/core/tensor/memory_stats.h): "| allocated: A | max allocated: M | reserved: R |
+/// max reserved: X" in MiB with 2 decimals (torch.cuda.memory_allocated & co.). On the CPU
+/// (`cuda_device` < 0) the process's resident set size and its peak from /proc/self/status:
+/// "| resident: A | max resident: M".
+std::string memory_report(const std::string& name, int rank, int cuda_device = -1);
 
 }  // namespace megatron::training
