@@ -25,6 +25,7 @@
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
@@ -326,6 +327,8 @@ int run(int argc, char** argv) {
   // barrier, covers setup_model_and_optimizer including the checkpoint load).
   world->barrier();
   const auto model_setup_start = std::chrono::steady_clock::now();
+  tensor_parallel::set_use_cpu_initialization(
+      std::any_of(args.notes.begin(), args.notes.end(), [](const auto& n) { return n.first == "--use-cpu-initialization"; }));
   say("building GPT model ...");
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
