@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/kernel_profile.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/datasets/data_samplers.h"
@@ -268,6 +270,109 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// MEGATRON_KERNEL_PROFILE=FIRST:LAST (1-based iterations, inclusive) is --profile
+// --profile-step-start FIRST-1 --profile-step-end LAST on every rank.
+void apply_kernel_profile_env(Arguments& args) {
+  const char* v = std::getenv("MEGATRON_KERNEL_PROFILE");
+  if (!v || !*v) return;
+  const std::string s = v;
+  if (s == "off" || s == "0") return;  // the opt-out (see install_kernel_profiler)
+  const size_t colon = s.find(':');
+  long long first = 0, last = 0;
+  auto num = [](const std::string& t, long long& out) {
+    auto r = std::from_chars(t.data(), t.data() + t.size(), out);
+    return r.ec == std::errc() && r.ptr == t.data() + t.size();
+  };
+  if (colon == std::string::npos || !num(s.substr(0, colon), first) || !num(s.substr(colon + 1), last) || first < 1 ||
+      last < first)
+    user_error("MEGATRON_KERNEL_PROFILE=", s, ": expected FIRST:LAST, 1-based iterations with 1 <= FIRST <= LAST (e.g. 3:5)");
+  args.profile = true;
+  args.profile_step_start = first - 1;
+  args.profile_step_end = last;
+  args.profile_ranks.clear();
+  for (int64_t r = 0; r < args.world_size; ++r) args.profile_ranks.push_back(r);
+}
+
+// GPU kernel profiler for the --profile window (docs/performance.md): per-rank table on stdout
+// and JSON in $MEGATRON_KERNEL_PROFILE_OUT (a folder), else --tensorboard-dir, else ".".
+void install_kernel_profiler(const Arguments& args, const Device& device, TrainingHooks& hooks) {
+  if (!args.profile) return;
+  if (!device.is_cuda()) {
+    if (std::getenv("MEGATRON_KERNEL_PROFILE") && args.rank == 0)
+      std::fprintf(stderr, "warning: MEGATRON_KERNEL_PROFILE: the kernel profiler needs a CUDA device (this run is on "
+                           "the CPU); only --profile's timer trace is written\n");
+    return;
+  }
+  if (std::find(args.profile_ranks.begin(), args.profile_ranks.end(), args.rank) == args.profile_ranks.end()) return;
+  if (const char* v = std::getenv("MEGATRON_KERNEL_PROFILE"); v && (std::string(v) == "off" || std::string(v) == "0"))
+    return;
+  // Under nsys / ncu (they attach through CUDA_INJECTION64_PATH) CUPTI belongs to them: --profile
+  // then only marks the window with NVTX ranges, as before.
+  if (const char* inj = std::getenv("CUDA_INJECTION64_PATH"); inj && *inj) {
+    std::fprintf(stderr, "note: [Rank %lld] kernel profile off: another CUDA profiler is attached (CUDA_INJECTION64_PATH "
+                         "is set); --profile marks its window with NVTX ranges\n", static_cast<long long>(args.rank));
+    return;
+  }
+  std::shared_ptr<profiling::KernelProfiler> prof = profiling::make_kernel_profiler();
+  if (!prof) return;
+  auto on = std::make_shared<bool>(false);
+  hooks.profile_start = [prof, on](int64_t first) { *on = prof->start(first); };
+  const int rank = static_cast<int>(args.rank);
+  std::string dir = args.tensorboard_dir.value_or(".");
+  if (const char* o = std::getenv("MEGATRON_KERNEL_PROFILE_OUT"); o && *o) dir = o;
+  hooks.profile_stop = [prof, on, rank, dir](int64_t last) {
+    if (!*on) return;
+    *on = false;
+    const profiling::ProfileSummary s = prof->stop(last, rank);
+    const std::string text = profiling::format_summary(s);
+    std::fputs(text.c_str(), stdout);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string path = dir + "/kernel_profile_rank" + std::to_string(rank) + ".json";
+    profiling::write_summary_json(s, path);
+    std::printf("[Rank %d] kernel profile | wrote %s\n", rank, path.c_str());
+    std::fflush(stdout);
+  };
+}
+
+// Evaluation only: an optimizer over no parameters (the Trainer's interface needs one; it holds
+// nothing) and a constant schedule (--lr/--train-iters are not required with --skip-train).
+optimizer::OptimizerConfig eval_only_optimizer_config(const Arguments& a) {
+  optimizer::OptimizerConfig c;
+  c.bf16 = a.bf16;
+  c.fp16 = a.fp16;
+  c.lr = a.lr.value_or(0.0);
+  c.min_lr = std::min(a.min_lr, c.lr);
+  return c;
+}
+OptimizerParamScheduler::Options eval_only_scheduler_options() {
+  OptimizerParamScheduler::Options o;
+  o.lr_decay_steps = 1;
+  o.lr_decay_style = "constant";
+  return o;
+}
+
+// One line per rank with the bytes this rank allocated for the model's parameters, its gradient
+// buffer and the optimizer state (fp32 main params separate from the model's + Adam moments):
+// shows what --skip-train saves (no Megatron counterpart).
+void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_ptr<models::gpt::GPTModel>>& chunks,
+                           const optimizer::MegatronOptimizer& opt) {
+  int64_t params = 0, grads = 0, state = 0;
+  auto bytes = [](const Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(dtype_size(t.dtype())) : 0; };
+  for (const auto& m : chunks) {
+    params += bytes(m->param_buffer());
+    grads += bytes(m->grad_buffer());
+  }
+  for (size_t j = 0; j < opt.params().size(); ++j) {
+    if (opt.main_param(j).data_ptr() != opt.params()[j].param.data_ptr()) state += bytes(opt.main_param(j));
+    if (opt.config().optimizer == "adam") state += bytes(opt.exp_avg(j)) + bytes(opt.exp_avg_sq(j));
+  }
+  std::printf("[Rank %lld] allocated bytes: parameters %lld | main grads %lld | optimizer state %lld\n",
+              static_cast<long long>(args.rank), static_cast<long long>(params), static_cast<long long>(grads),
+              static_cast<long long>(state));
+  std::fflush(stdout);
+}
+
 int run(int argc, char** argv) {
   Arguments args = parse_args(argc, argv);
   {
@@ -275,6 +380,7 @@ int run(int argc, char** argv) {
     args.world_size = env.world_size;
     args.rank = env.rank;
   }
+  apply_kernel_profile_env(args);
   // Megatron prints most setup lines on rank 0 (print_rank_0) and the training/validation log
   // lines on the last rank (print_rank_last).
   auto say = [&](const std::string& s) {
@@ -336,6 +442,11 @@ int run(int argc, char** argv) {
   const int pp_size = static_cast<int>(args.pipeline_model_parallel_size);
   const int vp_size = static_cast<int>(args.virtual_pipeline_model_parallel_size.value_or(1));
   std::vector<std::unique_ptr<models::gpt::GPTModel>> chunks;
+  // --skip-train (evaluation only): the model's parameters and nothing else -- no gradient
+  // buffer, DDP, fp32 main params or optimizer state. (Megatron's setup_model_and_optimizer builds
+  // them anyway; LLaMA-3 8B in bf16 is then 16 GB instead of ~144 GB, so one GPU evaluates it.)
+  const bool eval_only = args.skip_train;
+  if (eval_only) say("> evaluation only (--skip-train): no gradient buffers, DDP or optimizer state are allocated");
   for (const PipelineChunk& c : pipeline_chunks(*args.num_layers, pp_size, pp_rank, vp_size,
                                                            args.decoder_first_pipeline_num_layers,
                                                            args.decoder_last_pipeline_num_layers)) {
@@ -348,6 +459,7 @@ int run(int argc, char** argv) {
     par.post_process = c.post_process;
     par.layer_offset = c.layer_offset;
     par.num_layers = c.num_layers;
+    par.allocate_main_grads = !eval_only;
     chunks.push_back(std::make_unique<models::gpt::GPTModel>(core_transformer_config_from_args(args),
                                                              args.padded_vocab_size, *args.max_position_embeddings,
                                                              static_cast<uint64_t>(args.seed), device, par));
@@ -380,7 +492,7 @@ int run(int argc, char** argv) {
   std::vector<std::unique_ptr<distributed::DistributedDataParallel>> ddps;
   std::vector<distributed::DistributedDataParallel*> ddp_ptrs;
   std::vector<optimizer::OptimizerParam> opt_params;
-  for (size_t c = 0; c < chunks.size(); ++c) {
+  for (size_t c = 0; c < (eval_only ? 0 : chunks.size()); ++c) {
     distributed::DistributedDataParallelConfig cc = dc;
     if (c > 0) cc.bucket_size = std::numeric_limits<int64_t>::max();  // one bucket
     ddps.push_back(std::make_unique<distributed::DistributedDataParallel>(cc, chunks[c]->buffers(),
@@ -390,14 +502,15 @@ int run(int argc, char** argv) {
                                              : distributed::optimizer_params(chunks[c]->parameters());
     opt_params.insert(opt_params.end(), op.begin(), op.end());
   }
-  distributed::DistributedDataParallel& ddp = *ddps.front();
   // Grad norm / zero counts: over the model-parallel group (grads are equal across DP), or with
   // the distributed optimizer over DP x model-parallel (each rank holds disjoint slices);
   // TP-duplicated parameters count on TP rank 0 only, the tied embedding's copy not at all.
-  optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), std::move(opt_params),
+  optimizer::MegatronOptimizer opt(eval_only ? eval_only_optimizer_config(args) : optimizer_config_from_args(args),
+                                   std::move(opt_params),
                                    args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(),
                                    tp_rank);
-  OptimizerParamScheduler sched(scheduler_options_from_args(args));
+  OptimizerParamScheduler sched(eval_only ? eval_only_scheduler_options() : scheduler_options_from_args(args));
+  print_allocated_bytes(args, chunks, opt);
 
   // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
   // so they resume at consumed_train_samples).
@@ -415,7 +528,7 @@ int run(int argc, char** argv) {
   LoadResult loaded;
   if (!ckpt_cfg.load.empty()) {
     TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
-                                      /*with_optim=*/!args.no_load_optim && !args.finetune);
+                                      /*with_optim=*/!eval_only && !args.no_load_optim && !args.finetune);
     st.extra = fp8_checkpoint_tensors(chunks, ranks);
     loaded = load_checkpoint(st, ckpt_cfg, ranks, world.get());
     if (loaded.loaded && !args.finetune && !st.extra.empty()) {
@@ -427,7 +540,7 @@ int run(int argc, char** argv) {
       for (auto& m : chunks)
         if (auto* f8 = m->fp8_state()) f8->restore_checkpoint_tensors(st.extra, got);
     }
-    if (loaded.loaded && loaded.optimizer_loaded) {
+    if (loaded.loaded && loaded.optimizer_loaded && !eval_only) {  // eval only: no optimizer, no schedule
       const auto& c = loaded.optimizer_common;
       if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
       if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler()); d && c.contains("grad_scaler")) {
@@ -580,7 +693,7 @@ int run(int argc, char** argv) {
       for (size_t i : ready) d->register_grad_ready(i);
     };
   };
-  if (args.overlap_grad_reduce) trainable.set_grad_ready(grad_ready_of(ddp_ptrs.front()), num_microbatches(args));
+  if (args.overlap_grad_reduce && !eval_only) trainable.set_grad_ready(grad_ready_of(ddp_ptrs.front()), num_microbatches(args));
   // Pipeline parallelism: the schedule runs the micro-batches (Megatron's forward_backward_func).
   std::unique_ptr<GPTPipeline> pipeline;
   if (pp_size > 1) {
@@ -683,6 +796,7 @@ int run(int argc, char** argv) {
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);
   };
+  install_kernel_profiler(args, device, hooks);
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;
   if (loaded.loaded) {

@@ -7,11 +7,18 @@
 // micro-batch 8), 5 iterations printing "Iteration i: Losses reduced: ...", then a distributed
 // checkpoint saved to ./ckpt, loaded back, and "Successfully loaded the model".
 // Differences from the Python example: the data loader reads the mock samples in order (the
-// Python one shuffles). Runs on the CPU (the example's head dim of 3 is below what the CUDA
-// attention kernels take: 64 or 128).
+// Python one shuffles).
+// Device (like pretrain_gpt): --device auto (default: GPU LOCAL_RANK when this build has CUDA and
+// a GPU is visible, else the CPU), --device cpu or --device cuda (MEGATRON_DEVICE=cpu|cuda does the
+// same). On the GPU each rank takes cuda:LOCAL_RANK and TP/DP communicate over NCCL; the head dim
+// of 3 runs the generic CUDA attention kernels, whose dropout uses the CPU's random stream, so
+// the GPU losses equal the CPU ones up to float32 rounding (tests/gpu/example_gpu_check.sh).
+// --bf16: bfloat16 params and activations with fp32 main params in the optimizer (default fp32,
+// as the Python example). The checkpoint is written from and loaded into the device tensors.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -51,8 +58,43 @@ dist_checkpointing::ShardedStateDict sharded_state_dict(models::gpt::GPTModel& m
   return sd;
 }
 
-int run() {
-  auto world = distributed::init_process_group();
+struct Options {
+  std::string device = "auto";  // auto | cpu | cuda
+  bool bf16 = false;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  if (const char* e = std::getenv("MEGATRON_DEVICE"); e && *e) o.device = e;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) o.device = argv[++i];
+    else if (a.rfind("--device=", 0) == 0) o.device = a.substr(9);
+    else if (a == "--bf16") o.bf16 = true;
+    else user_error("run_simple_mcore_train_loop: unknown argument '", a, "' (use --device auto|cpu|cuda, --bf16)");
+  }
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    user_error("--device ", o.device, ": unknown device (use auto, cpu or cuda)");
+  return o;
+}
+
+// pretrain_gpt's choice: cuda:LOCAL_RANK when the CUDA backend is built in and a GPU is visible
+// (Megatron's torch.cuda.set_device(LOCAL_RANK)), else the CPU; --device cpu/cuda forces one.
+Device choose_device(const Options& o, int local_rank) {
+  if (o.device == "cpu") return Device::cpu();
+  const bool have_cuda = backend_available(DeviceType::kCUDA);
+  if (o.device == "cuda" && !have_cuda)
+    user_error("--device cuda: no usable CUDA device (this build has no CUDA backend or no GPU is visible)");
+  if (!have_cuda) return Device::cpu();
+  return Device::cuda(local_rank);
+}
+
+int run(const Options& opt) {
+  const distributed::LaunchEnv env = distributed::detect_launch_env();
+  const Device device = choose_device(opt, env.local_rank);
+  distributed::InitOptions io;
+  if (device.is_cuda() && env.world_size > 1) io.backend = "nccl";  // TP/DP collectives on device tensors
+  auto world = distributed::init_process_group(io);
   ps::ParallelConfig pc;
   pc.tensor_model_parallel_size = world->size() >= 2 ? 2 : 1;
   ps::initialize_model_parallel(world, pc);
@@ -63,15 +105,17 @@ int run() {
   config.hidden_size = 12;
   config.num_attention_heads = 4;
   config.tensor_model_parallel_size = pc.tensor_model_parallel_size;
+  if (opt.bf16) config.params_dtype = DType::kBFloat16;
   models::gpt::GPTModelParallel par;
   par.tp_group = ps::get_tensor_model_parallel_group();
   models::gpt::GPTModel model(config, /*padded_vocab_size=*/100, /*max_sequence_length=*/kSequenceLength,
-                              /*seed=*/123, Device::cpu(), par);
+                              /*seed=*/123, device, par);
 
   optimizer::OptimizerConfig oc;  // torch.optim.Adam(params): lr 1e-3, no weight decay, no clipping
   oc.lr = oc.min_lr = 1e-3;
   oc.weight_decay = 0.0;
   oc.clip_grad = 0.0;
+  oc.bf16 = opt.bf16;  // fp32 main params + Adam state for the bf16 model params
   std::vector<optimizer::OptimizerParam> params;
   for (auto& p : model.parameters())
     params.push_back({p.name, p.data, p.main_grad, p.no_weight_decay, p.is_embedding_or_output, p.tensor_parallel, p.shared});
@@ -137,9 +181,9 @@ int run() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    return run();
+    return run(parse_options(argc, argv));
   } catch (const UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -1,11 +1,14 @@
 #!/bin/bash
 # Stand-in for pretrain_gpt (PRETRAIN_GPT=) under examples/llama/train_llama3_8b_h100_fp8.sh that
 # turns the production run into a short benchmark and execs $REAL_PRETRAIN_GPT with:
-#   --train-samples N        -> --train-iters $BENCH_ITERS (default 6), warm-up 1 iteration
+#   --train-samples N        -> --train-iters $BENCH_ITERS (default 6), warm-up $BENCH_WARMUP
+#                               iterations (default BENCH_ITERS-1: the LR stays small, so a
+#                               short run from random weights does not spike)
 #   --lr-decay-samples/--lr-warmup-samples (dropped; sample-based schedule needs --train-samples)
 #   --global-batch-size 128  -> $BENCH_GBS (default 8)
-#   --eval-iters N           -> 0 (no evaluation)
-#   --save/--load DIR        (dropped: a benchmark does not need the 16 GB checkpoint writes)
+#   --eval-iters N           -> $BENCH_EVAL_ITERS (default 0: no evaluation)
+#   --save/--load DIR        dropped (a benchmark does not need the 112 GB checkpoint writes),
+#                            kept with BENCH_CKPT=1 (then a final save at the last iteration)
 #   with BENCH_TP=N: --tensor-model-parallel-size N (the script's --sequence-parallel stays;
 #   BENCH_NO_SP=1 drops it)
 # Every other flag of the script passes unchanged.
@@ -13,10 +16,11 @@ set -u
 out=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --train-samples) out+=(--train-iters "${BENCH_ITERS:-6}" --lr-warmup-iters 1); shift 2 ;;
-    --lr-decay-samples|--lr-warmup-samples|--save|--load) shift 2 ;;
+    --train-samples) it=${BENCH_ITERS:-6}; out+=(--train-iters "$it" --lr-warmup-iters "${BENCH_WARMUP:-$(( it > 1 ? it - 1 : 1 ))}"); shift 2 ;;
+    --lr-decay-samples|--lr-warmup-samples) shift 2 ;;
+    --save|--load) [ -n "${BENCH_CKPT:-}" ] && out+=("$1" "$2"); shift 2 ;;
     --global-batch-size) out+=(--global-batch-size "${BENCH_GBS:-8}"); shift 2 ;;
-    --eval-iters) out+=(--eval-iters 0); shift 2 ;;
+    --eval-iters) out+=(--eval-iters "${BENCH_EVAL_ITERS:-0}"); shift 2 ;;
     --tensor-model-parallel-size) out+=("$1" "${BENCH_TP:-$2}"); shift 2 ;;
     --sequence-parallel) [ -n "${BENCH_NO_SP:-}" ] || out+=("$1"); shift ;;
     *) out+=("$1"); shift ;;

@@ -354,7 +354,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--fp8-amax-history-len", a.fp8_amax_history_len);
   b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
   b.noted_str("--fp8-param-gather",
-          "the weights are all-gathered in the model dtype and quantized to FP8 at each GEMM (FP8 primary "
+          "the weights are all-gathered in the model dtype and quantized to FP8 once per step (FP8 primary "
           "weights are not implemented); the FP8 GEMMs and their scales are the same",
               [&a](const std::string&) { a.fp8_param_gather = true; });
   b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);

@@ -16,6 +16,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/param_version.h"
 
 namespace megatron::training {
 
@@ -374,6 +375,7 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   }
   dc::load(sd, dir);
   (void)n_model;  // tensors share storage with st's views: loaded in place
+  bump_param_version();  // the model weights were overwritten (FP8 weight caches rebuild)
 
   res.loaded = true;
   res.checkpoint_dir = dir;

@@ -424,6 +424,7 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
       timers_.clear_events();
       timers_.set_recording(true);
       profiling = true;
+      if (hooks_.profile_start) hooks_.profile_start(state_.iteration + 1);
     }
     timers_("iteration", 0).start();
     TrainStepResult r = train_step(train_data);
@@ -434,6 +435,7 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
     state_.floating_point_operations_so_far += num_floating_point_operations(args_, batch_size);
     training_log(r, state_.iteration == start_iteration + 1);
     if (profiling && state_.iteration == args_.profile_step_end) {
+      if (hooks_.profile_stop) hooks_.profile_stop(state_.iteration);
       timers_.set_recording(false);
       profiling = false;
       const std::string dir = args_.tensorboard_dir.value_or(".");
@@ -453,6 +455,8 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
     }
   }
   timers_("interval-time", 0).stop();
+  // The run ended inside the --profile window: the kernel profile covers what ran.
+  if (profiling && hooks_.profile_stop && state_.iteration > start_iteration) hooks_.profile_stop(state_.iteration);
   if (hooks_.flush) hooks_.flush();
   return exited;
 }

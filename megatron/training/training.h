@@ -89,6 +89,12 @@ struct TrainingHooks {
   /// (Megatron prints on data-parallel rank 0 of each model-parallel rank, "[Rank r] ...").
   /// Unset = memory_report(name, rank) through the loop's printer (last rank).
   std::function<void(const std::string& name)> report_memory;
+  /// --profile window on this rank (--profile-ranks): profile_start(first) runs before iteration
+  /// `first` (= --profile-step-start + 1, 1-based) and profile_stop(last) after iteration `last`
+  /// (= --profile-step-end) and its log line. pretrain_gpt drives the GPU kernel profiler with
+  /// them (megatron/core/utils/kernel_profile.h). Unset = nothing.
+  std::function<void(int64_t first_iteration)> profile_start;
+  std::function<void(int64_t last_iteration)> profile_stop;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.

@@ -8,10 +8,17 @@
 //     (bit-exact bytes, exact amax);
 //  3. fp8_gemm_tn vs a float64 host GEMM of the dequantized operands (tolerances below);
 //  4. fp8::linear_forward/backward on CUDA vs the CPU emulation on the same data and scales;
-//  5. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt.
+//  5. the 128 x 128 vectorized quantize+transpose kernel (shapes with rows % 16 == 0 and
+//     cols % 8 == 0, partial tiles, bf16 and fp32 inputs, q and/or q_t) and the 16-per-thread
+//     rows kernel vs quantize_cpu (bit-exact bytes, exact amax), including the LLaMA-3-8B
+//     shapes 8192 x 4096 and 4096 x 14336, with their bandwidth (GB/s, bytes read + written);
+//  6. the FP8 weight cache on CUDA: cached and uncached linears give bit-identical outputs,
+//     gradients and scales over steps of several micro-batches (docs/fp8.md "Weight cache");
+//  7. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt.
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +33,7 @@
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/fp8_cuda.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/core/utils/param_version.h"
 
 using namespace megatron;
 namespace cu = megatron::ops::cuda;
@@ -48,6 +56,8 @@ std::vector<uint8_t> bytes(const Tensor& t) {
   const auto* p = static_cast<const uint8_t*>(h.data_ptr());
   return std::vector<uint8_t>(p, p + h.numel());
 }
+
+std::vector<float> host(const Tensor& t) { return t.to(Device::cpu()).to_float_vector(); }
 
 // Host conversions of n floats, split over threads.
 std::vector<uint8_t> host_cast(const std::vector<float>& v, bool e4m3) {
@@ -280,6 +290,173 @@ void test_linear() {
   }
 }
 
+
+// Timing helper: average ms of `reps` calls of f after 2 warm-up calls.
+template <class F>
+double time_ms(F f, int reps) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  f();
+  f();
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) f();
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / reps;
+}
+
+// Fast-path shapes (rows % 16 == 0, cols % 8 == 0): bit-exact vs quantize_cpu for q only, q_t
+// only, both; then bandwidth on the large ones. Data: N(0, 3) floats rounded to the input dtype.
+void test_quantize_fast() {
+  struct Case { int64_t r, c; DType in, q; bool timed; };
+  const Case cases[] = {{1008, 1544, DType::kBFloat16, DType::kFloat8E4M3, false},  // partial tiles both ways
+                        {208, 264, DType::kFloat32, DType::kFloat8E5M2, false},
+                        {16, 8, DType::kBFloat16, DType::kFloat8E5M2, false},
+                        {8192, 4096, DType::kBFloat16, DType::kFloat8E4M3, true},
+                        {4096, 14336, DType::kBFloat16, DType::kFloat8E4M3, true},
+                        {4096, 14336, DType::kBFloat16, DType::kFloat8E5M2, false}};
+  for (const Case& cs : cases) {
+    const int64_t R = cs.r, C = cs.c, n = R * C;
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(g_rng);
+    Tensor xh = Tensor::from_vector(v, {R, C}).to(cs.in);
+    fp8::Fp8TensorMeta meta(1, cs.q);
+    meta.scale = 21.25f;
+    Tensor qh = Tensor::empty({R, C}, cs.q);
+    const float amax_ref = fp8::quantize_cpu(xh, meta, qh);
+    const std::vector<uint8_t> ref = bytes(qh);
+    Tensor x = xh.to(Device::cuda());
+    Tensor scale = Tensor::from_vector({21.25f}, {1}).to(Device::cuda());
+    int64_t bad = 0;
+    float amaxes[3];
+    for (int mode = 0; mode < 3; ++mode) {  // 0: q + q_t, 1: q_t only, 2: rows only
+      Tensor amax = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+      Tensor q = Tensor::empty({R, C}, cs.q, Device::cuda()), qt = Tensor::empty({C, R}, cs.q, Device::cuda());
+      cu::fp8_quantize(x, fp(scale), fp(amax), mode == 1 ? nullptr : &q, mode == 2 ? nullptr : &qt);
+      amaxes[mode] = amax.to(Device::cpu()).to_float_vector()[0];
+      if (mode != 1) {
+        std::vector<uint8_t> a = bytes(q);
+        for (int64_t i = 0; i < n; ++i) bad += a[i] != ref[i];
+      }
+      if (mode != 2) {
+        std::vector<uint8_t> t = bytes(qt);
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = 0; c < C; ++c) bad += t[c * R + r] != ref[r * C + c];
+      }
+    }
+    char d[200];
+    std::snprintf(d, sizeof d, "%lld byte mismatches; amax %.6g %.6g %.6g vs %.6g", (long long)bad, amaxes[0],
+                  amaxes[1], amaxes[2], amax_ref);
+    report(std::string("fp8_quantize fast path vs quantize_cpu ") + dtype_name(cs.in) + "->" + dtype_name(cs.q) + " " +
+               std::to_string(R) + "x" + std::to_string(C),
+           bad == 0 && amaxes[0] == amax_ref && amaxes[1] == amax_ref && amaxes[2] == amax_ref, d);
+    if (!cs.timed) continue;
+    Tensor amax = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    Tensor q = Tensor::empty({R, C}, cs.q, Device::cuda()), qt = Tensor::empty({C, R}, cs.q, Device::cuda());
+    const double in_b = (double)n * dtype_size(cs.in);
+    const double t_rows = time_ms([&] { cu::fp8_quantize(x, fp(scale), fp(amax), &q, nullptr); }, 20);
+    const double t_t = time_ms([&] { cu::fp8_quantize(x, fp(scale), fp(amax), nullptr, &qt); }, 20);
+    const double t_both = time_ms([&] { cu::fp8_quantize(x, fp(scale), fp(amax), &q, &qt); }, 20);
+    std::printf("bandwidth fp8_quantize %lldx%lld bf16->fp8 (+amax): rows %.3f ms %.0f GB/s | transpose %.3f ms %.0f GB/s"
+                " | rows+transpose %.3f ms %.0f GB/s  (goal >= 3000 GB/s; H200 HBM3e ~4800)\n",
+                (long long)R, (long long)C, t_rows, (in_b + n) / t_rows / 1e6, t_t, (in_b + n) / t_t / 1e6, t_both,
+                (in_b + 2.0 * n) / t_both / 1e6);
+  }
+}
+
+// The weight cache on CUDA: one Fp8State with the cache, one without; 3 steps x 3 micro-batches
+// (forward + dgrad + wgrad), scale updates in between and a weight change + bump_param_version
+// after each step; everything must be bit-identical (same casts, same scales, same GEMMs).
+void test_weight_cache_cuda() {
+  const int64_t N = 256, in = 128, out = 192;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](int64_t n, float s) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(g_rng) * s;
+    return Tensor::from_vector(v, {n}).to(DType::kBFloat16).to(Device::cuda());
+  };
+  for (fp8::Fp8Recipe recipe : {fp8::Fp8Recipe::kDelayed, fp8::Fp8Recipe::kTensorwise}) {
+    fp8::Fp8Config cfg;
+    cfg.recipe = recipe;
+    cfg.amax_history_len = 4;
+    cfg.amax_compute_algo = fp8::AmaxComputeAlgo::kMax;
+    // on: forced on; off: off; au: the default (kAuto: uncached in step 0, then admitted
+    // against the free device memory -- plenty here).
+    fp8::Fp8State on(cfg, Device::cuda()), off(cfg, Device::cuda()), au(cfg, Device::cuda());
+    on.set_weight_cache_enabled(true);
+    off.set_weight_cache_enabled(false);
+    au.set_weight_cache_mode(fp8::Fp8State::WeightCacheMode::kAuto);
+    const int bo = on.register_linear("l"), bf = off.register_linear("l"), ba = au.register_linear("l");
+    Tensor w = rnd(out * in, 0.02f).view({out, in});
+    Tensor w2 = Tensor::empty({out, in}, DType::kBFloat16, Device::cuda()), w3 = w2.clone();
+    w2.copy_(w);
+    w3.copy_(w);
+    int64_t bad = 0;
+    Tensor last_x;
+    for (int step = 0; step < 3; ++step) {
+      Tensor dwo = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
+      Tensor dwf = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
+      Tensor dwa = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
+      for (int mb = 0; mb < 3; ++mb) {
+        Tensor x = rnd(N * in, 2.0f).view({N, in}), dy = rnd(N * out, 1e-4f).view({N, out});
+        last_x = x;
+        Tensor yo = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda()), yf = yo.clone();
+        fp8::linear_forward(on, bo, x, w, nullptr, yo);
+        fp8::linear_forward(off, bf, x, w2, nullptr, yf);
+        Tensor dxo = Tensor::empty({N, in}, DType::kBFloat16, Device::cuda()), dxf = dxo.clone();
+        fp8::linear_backward(on, bo, dy, x, w, &dxo, &dwo, nullptr, true);
+        fp8::linear_backward(off, bf, dy, x, w2, &dxf, &dwf, nullptr, true);
+        Tensor ya = yo.clone(), dxa = dxo.clone();
+        fp8::linear_forward(au, ba, x, w3, nullptr, ya);
+        fp8::linear_backward(au, ba, dy, x, w3, &dxa, &dwa, nullptr, true);
+        bad += host(yo) != host(yf);
+        bad += host(dxo) != host(dxf);
+        bad += host(ya) != host(yf);
+        bad += host(dxa) != host(dxf);
+      }
+      bad += host(dwo) != host(dwf);
+      bad += host(dwa) != host(dwf);
+      on.reduce_and_update(nullptr);
+      off.reduce_and_update(nullptr);
+      au.reduce_and_update(nullptr);
+      for (int r = 0; r < fp8::kNumRoles; ++r) bad += on.host_scale(r) != off.host_scale(r);
+      // "Optimizer step": w += 0.01 * random, announced with bump_param_version.
+      Tensor upd = rnd(out * in, 0.01f).view({out, in});
+      cu::add_(w, upd, 1.0f);
+      w2.copy_(w);
+      w3.copy_(w);
+      bump_param_version();
+    }
+    // Tensorwise: the input scale on the device is 448 / amax of the LAST input only (the
+    // per-role current-amax scratch is zeroed after each use; a stale one would keep the max).
+    float want = 0, got = 0;
+    if (recipe == fp8::Fp8Recipe::kTensorwise) {
+      float a = 0;
+      for (float v : host(last_x)) a = std::max(a, std::fabs(v));
+      want = 448.0f / a;
+      got = host(on.scale(bo + fp8::kInput))[0];
+      bad += got != want;
+    }
+    char d[200];
+    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts cached %lld, uncached %lld, auto %lld%s",
+                  (long long)bad, (long long)on.weight_casts(), (long long)off.weight_casts(), (long long)au.weight_casts(),
+                  recipe == fp8::Fp8Recipe::kTensorwise
+                      ? (std::string("; input scale ") + std::to_string(got) + " vs 448/amax " + std::to_string(want)).c_str()
+                      : "");
+    report(std::string("fp8 weight cache on CUDA: bit-identical to uncached, ") +
+               (recipe == fp8::Fp8Recipe::kDelayed ? "delayed" : "tensorwise"),
+           bad == 0 && on.weight_casts() == 3 && off.weight_casts() == 3 * 3 * 2 && au.weight_casts() == 3 * 2 + 2 &&
+               au.weight_cache_admitted_bytes() == 2 * out * in,
+           d);
+  }
+}
+
 void time_gemms() {
   // LLaMA-3-8B layer GEMMs at 8192 tokens: qkv (6144 x 4096), proj, fc1 (28672 x 4096), fc2.
   struct S { const char* name; int64_t m, n, k; };
@@ -338,13 +515,22 @@ void time_gemms() {
 }
 }  // namespace
 
+// Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
+// linear weight_cache timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && !std::strcmp(argv[1], "--no-timing");
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-timing")) quick = true;
+    else if (!std::strcmp(argv[i], "--groups") && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
+  }
   std::printf("fp8_gpu_test\n");
   std::vector<std::pair<const char*, void (*)()>> groups = {
-      {"casts", test_casts}, {"quantize", test_quantize}, {"gemm", test_gemm}, {"linear", test_linear}};
+      {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
+      {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
+    if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;
     try {
       fn();
     } catch (const std::exception& e) {

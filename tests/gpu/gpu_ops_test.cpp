@@ -6,7 +6,8 @@
 // bfloat16 outputs (bf16 has an 8-bit mantissa: rounding alone gives ~2e-3) and for results of
 // bf16 tensor-core arithmetic (attention rounds P and dS to bf16 like FlashAttention does).
 // Usage: gpu_ops_test [--seed N] [--small] [--only GROUP,...]   (--small: tiny shapes, for
-// compute-sanitizer; --only: run the named groups, e.g. attention,elementwise)
+// compute-sanitizer; --only: run the named groups, e.g. attention,elementwise; attn_generic = the
+// generic attention kernels and the CPU-equal dropout stream)
 // Exit status 0 iff every check passed.
 #include <cmath>
 #include <cstdio>
@@ -617,6 +618,160 @@ void test_attention() {
   unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
+// Generic attention kernels (attention_generic.cu): odd head dims, float32 and bfloat16, GQA,
+// causal / full / explicit mask, attention dropout. Reference: float64 softmax attention written
+// here from the formulas (as in test_attention), with the dropout keep-scale F_ij of element
+// ((b*np + h)*s + i)*sk + j of the SplitMix64 stream (Steele, Lea & Flood 2014) re-derived here
+// from its definition (ops.h: keep iff uniform >= p, uniform = top 24 bits / 2^24).
+// Tolerances: float32 in/out 1e-5 (fp32 accumulation over <= 160 keys: ~1e-7 per op);
+// bfloat16 outputs 1e-2 (bf16 rounding of the outputs alone is ~2e-3); lse 1e-5 (fp32) / 1e-3
+// (bf16, as test_attention: the "auto" bf16 case may run cuDNN's tensor-core scores).
+uint64_t ref_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double ref_keep_scale(uint64_t seed, uint64_t offset, uint64_t idx, float p) {
+  if (p <= 0.0f) return 1.0;
+  const uint64_t stream = ref_mix64(seed ^ ref_mix64(offset));
+  const float u = static_cast<float>(ref_mix64(stream + idx) >> 40) * (1.0f / 16777216.0f);
+  return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
+}
+
+void test_attention_generic() {
+  struct Case {
+    int S, SK, B, NP, NG, D;
+    bool causal, mask;
+    float drop;
+    const char* backend;  // MEGATRON_ATTENTION_BACKEND
+  };
+  std::vector<Case> cases;
+  if (g_small) {
+    cases = {{37, 37, 1, 4, 2, 3, true, false, 0.0f, "generic"}, {20, 33, 2, 2, 1, 40, false, true, 0.1f, "generic"}};
+  } else {
+    for (int d : {3, 12, 40, 80, 96, 256}) {
+      cases.push_back({70, 70, 2, 4, 2, d, true, false, 0.0f, "generic"});   // GQA 2 heads per group, causal
+      cases.push_back({45, 77, 1, 3, 3, d, false, false, 0.0f, "generic"});  // s != sk, full
+    }
+    cases.push_back({64, 64, 8, 2, 2, 3, true, false, 0.1f, "generic"});   // the simple example's attention (TP2)
+    cases.push_back({50, 50, 2, 6, 2, 12, false, true, 0.0f, "generic"});  // explicit mask, GQA 3 per group
+    cases.push_back({50, 50, 2, 4, 1, 80, true, false, 0.2f, "generic"});  // dropout, MQA
+    cases.push_back({33, 70, 1, 2, 1, 12, true, false, 0.0f, "generic"});  // causal top-left with sk > s
+    cases.push_back({64, 64, 2, 4, 2, 64, true, false, 0.0f, "generic"});  // a flash head dim on the generic path
+    cases.push_back({70, 70, 2, 4, 2, 3, true, false, 0.0f, "auto"});      // dispatch: odd dim -> generic
+    cases.push_back({64, 64, 2, 4, 2, 64, true, false, 0.1f, "auto"});     // dispatch: dropout -> generic
+    cases.push_back({64, 64, 2, 4, 2, 96, true, false, 0.0f, "auto"});     // dispatch: bf16 d=96 -> cuDNN if present
+  }
+  for (const Case& cs : cases)
+    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+      setenv("MEGATRON_ATTENTION_BACKEND", cs.backend, 1);
+      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
+      V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
+        v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
+      std::vector<uint8_t> mask((size_t)B * S * SK, 0);
+      if (cs.mask) {
+        std::bernoulli_distribution bm(0.3);
+        for (int bi = 0; bi < B; ++bi)
+          for (int i = 0; i < S; ++i)
+            for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
+      }
+      ops::AttentionParams p;
+      p.softmax_scale = 1.0f / std::sqrt((float)D);
+      p.causal = cs.causal;
+      p.dropout_p = cs.drop;
+      p.seed = 1234;
+      p.offset = 77;
+      Tensor Mt;
+      if (cs.mask) {
+        Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
+        std::memcpy(mh.data_ptr(), mask.data(), mask.size());
+        Mt = mh.to(Device::cuda());
+        p.attention_mask = &Mt;
+      }
+      Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
+      Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
+      cu::attention_forward(Q, K, Vv, p, O, L);
+      Tensor DO = dev(dout, {S, B, NP, D}, dt);
+      Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
+      cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
+      // float64 reference
+      VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
+          rdv(rdk.size(), 0.0);
+      auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
+      auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
+      std::vector<double> P(SK), F(SK), dP(SK);
+      for (int bi = 0; bi < B; ++bi)
+        for (int h = 0; h < NP; ++h) {
+          const int g = h / npg;
+          for (int i = 0; i < S; ++i) {
+            double m = -1e300;
+            for (int j = 0; j < SK; ++j) {
+              const bool vis = cs.mask ? !mask[((size_t)bi * S + i) * SK + j] : (!cs.causal || j <= i);
+              double sc = -INFINITY;
+              if (vis) {
+                sc = 0;
+                for (int c = 0; c < D; ++c) sc += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
+                sc *= p.softmax_scale;
+              }
+              P[j] = sc;
+              m = std::max(m, sc);
+              F[j] = ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + h) * S + i) * SK + j, p.dropout_p);
+            }
+            double sum = 0;
+            for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
+            for (int j = 0; j < SK; ++j) P[j] /= sum;
+            rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
+            for (int c = 0; c < D; ++c) {
+              double acc = 0;
+              for (int j = 0; j < SK; ++j) acc += P[j] * F[j] * v[ki_(j, bi, g, c)];
+              ro[qi_(i, bi, h, c)] = acc;
+            }
+            double dsum = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
+            for (int j = 0; j < SK; ++j) {
+              double acc = 0;
+              for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
+              dP[j] = acc * F[j];
+              dsum += dP[j] * P[j];
+            }
+            for (int j = 0; j < SK; ++j) {
+              const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
+              for (int c = 0; c < D; ++c) {
+                rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
+                rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
+                rdv[ki_(j, bi, g, c)] += P[j] * F[j] * dout[qi_(i, bi, h, c)];
+              }
+            }
+          }
+        }
+      char nm[160];
+      std::snprintf(nm, sizeof nm, "attn %s s=%d sk=%d b=%d np=%d ng=%d d=%d %s%s %s", cs.backend, S, SK, B, NP, NG,
+                    D, cs.mask ? "mask" : cs.causal ? "causal" : "full", cs.drop > 0 ? " drop" : "", dn(dt));
+      const double tol = tol_for(dt);
+      check(std::string(nm) + " out", host(O), ro, tol);
+      check(std::string(nm) + " lse", host(L), rl, dt == DType::kFloat32 ? 1e-5 : 1e-3);
+      check(std::string(nm) + " dq", host(DQ), rdq, tol);
+      check(std::string(nm) + " dk", host(DK), rdk, tol);
+      check(std::string(nm) + " dv", host(DV), rdv, tol);
+    }
+  unsetenv("MEGATRON_ATTENTION_BACKEND");
+  // CUDA dropout op: the same mask as the CPU reference op for the same (seed, offset).
+  {
+    const int64_t n = g_small ? 4099 : 1000003;
+    V x = randn(n);
+    Tensor tx = dev(x, {n}, DType::kFloat32), y = poisoned({n}, DType::kFloat32);
+    Tensor mask = Tensor::empty({n}, DType::kUInt8, Device::cuda());
+    cu::dropout_forward(tx, y, mask, 0.1f, 4321, 9);
+    Tensor cx = Tensor::from_vector(x, {n}), cy = Tensor::empty({n}, DType::kFloat32),
+           cm = Tensor::empty({n}, DType::kUInt8);
+    ops::cpu::dropout_forward(cx, cy, cm, 0.1f, 4321, 9);
+    Tensor gm = mask.to(Device::cpu());
+    const bool same = std::memcmp(gm.data_ptr(), cm.data_ptr(), (size_t)n) == 0;
+    check_true("dropout mask == cpu::dropout_forward mask (p=0.1)", same);
+    check("dropout fwd == cpu::dropout_forward", host(y), to_d(cy.to_float_vector()), 0.0);
+  }
+}
+
 void test_adam() {
   const int64_t n = g_small ? 1000 : 100001;
   // gscale != 1: adam_step_scaled, the clip coefficient applied as the gradient is read
@@ -735,7 +890,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
-      {"attention", test_attention}, {"adam", test_adam}, {"model_ops", test_model_ops}};
+      {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam}, {"model_ops", test_model_ops}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

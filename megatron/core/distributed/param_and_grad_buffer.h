@@ -21,9 +21,10 @@ class ParamAndGradBuffer {
  public:
   /// Lays out `params` (local shapes from `shapes`, same order) in reverse order; allocates
   /// param_data [total] of param_dtype and grad_data [total] of grad_dtype (zeroed) on
-  /// `device`, and points every Parameter's data/main_grad at its slice.
+  /// `device`, and points every Parameter's data/main_grad at its slice. `allocate_grads` false
+  /// (evaluation only): no grad_data (undefined tensor) and every main_grad stays undefined.
   ParamAndGradBuffer(std::vector<transformer::Parameter>& params, const std::vector<Shape>& shapes,
-                     DType param_dtype, DType grad_dtype, Device device);
+                     DType param_dtype, DType grad_dtype, Device device, bool allocate_grads = true);
 
   Tensor& param_data() { return param_data_; }
   Tensor& grad_data() { return grad_data_; }

@@ -28,10 +28,24 @@ Shape rows_cols(const Tensor& x) {
 }
 
 // ---------------------------------------------------------------------------------- CPU
+// The weight quantized-dequantized with its role's scale: from the weight cache when the cast
+// of this step is still valid, else cast now (recording the amax when `record`).
+Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
+  Fp8State::WeightCache& c = st.weight_cache(base);
+  if (st.weight_cache_hit(base, w, record) && c.q.defined()) return c.q;
+  Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, record);
+  st.count_weight_cast();
+  if (st.weight_cache_admit(base, w.numel() * 4, nullptr)) {  // host memory: no budget
+    c.q = wq;
+    st.weight_cache_mark(base, w, record);
+  }
+  return wq;
+}
+
 void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const bool rec = st.recording();
   Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, rec);
-  Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, rec);
+  Tensor wq = weight_cpu(st, base, w, rec);
   Tensor y32 = Tensor::empty(y.shape(), DType::kFloat32);
   ops::linear_forward(xq, wq, nullptr, y32);
   ops::cast(y32, y);
@@ -42,7 +56,7 @@ void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, con
                   Tensor* dbias, bool accumulate) {
   Tensor dyq = quantize_dequantize_cpu(st, base + kGradOutput, dy, st.recording());
   if (dx) {
-    Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, false);
+    Tensor wq = weight_cpu(st, base, w, false);
     Tensor dx32 = Tensor::empty(dx->shape(), DType::kFloat32);
     ops::gemm(dyq, false, wq, false, dx32);  // [N, out] @ [out, in]
     ops::cast(dx32, *dx);
@@ -70,7 +84,7 @@ float* fptr(Tensor t) { return static_cast<float*>(t.data_ptr()); }
 void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q, Tensor* q_t) {
   float* amax = record ? fptr(st.amax(r)) : nullptr;
   if (is_tensorwise(st)) {
-    Tensor cur = Tensor::zeros({1}, DType::kFloat32, x.device());
+    Tensor cur = st.current_amax(r);  // zero here; fp8_scale_from_amax zeroes it again
     ops::cuda::fp8_amax(x, fptr(cur));
     ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.meta(r).dtype), st.config().margin, fptr(st.scale(r)),
                                    fptr(st.scale_inv(r)), amax);
@@ -86,6 +100,41 @@ void check_aligned(const char* what, int64_t v) {
                "or drop --fp8-format");
 }
 
+// The FP8 weight (and/or its transpose) for this GEMM, from the weight cache when valid.
+// Training forward with the cache on: one pass makes both layouts (the dgrad GEMM of every
+// micro-batch of this step reuses the transpose). Buffers of an invalidated entry are reused.
+struct WeightOperands {
+  Tensor q, q_t;
+};
+WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record, bool need_q, bool need_q_t) {
+  const int64_t out = w.size(0), in = w.size(1);
+  const DType wdt = st.meta(base + kWeight).dtype;
+  Fp8State::WeightCache& c = st.weight_cache(base);
+  // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
+  const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
+  if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))
+    return {c.q, c.q_t};
+  // A training forward with the cache on also makes the transpose for this step's backwards.
+  const bool make_q = need_q, make_q_t = need_q_t || (on && record);
+  auto buffer = [&](Tensor& cached, Shape s) {
+    if (on && cached.defined() && cached.shape() == s && cached.dtype() == wdt && cached.device() == w.device())
+      return cached;
+    return Tensor::empty(s, wdt, w.device());
+  };
+  WeightOperands r;
+  if (make_q) r.q = buffer(c.q, {out, in});
+  if (make_q_t) r.q_t = buffer(c.q_t, {in, out});
+  quantize_cuda(st, base + kWeight, w, record, make_q ? &r.q : nullptr, make_q_t ? &r.q_t : nullptr);
+  st.count_weight_cast();
+  if (on) {
+    // A backward-only cast (entry invalid, e.g. no forward this step) keeps what it made.
+    c.q = make_q ? r.q : Tensor();
+    c.q_t = make_q_t ? r.q_t : Tensor();
+    st.weight_cache_mark(base, w, record);
+  }
+  return r;
+}
+
 void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const bool rec = st.recording();
   const Shape xs = rows_cols(x);
@@ -95,11 +144,10 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
   check_aligned("out_features", out);
   const DType fwd = st.meta(base + kInput).dtype;
   Tensor xq = Tensor::empty(xs, fwd, x.device());
-  Tensor wq = Tensor::empty({out, in}, st.meta(base + kWeight).dtype, x.device());
   quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
-  quantize_cuda(st, base + kWeight, w, rec, &wq, nullptr);
+  const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
-  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq, fptr(st.scale_inv(base + kWeight)), y2, 0.0f,
+  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq.q, fptr(st.scale_inv(base + kWeight)), y2, 0.0f,
                          /*fast_accum=*/true);
   if (bias) ops::bias_add_(y, *bias);
 }
@@ -110,6 +158,7 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
   const DType gdt = st.meta(base + kGradOutput).dtype;
+  // dy is quantized once for both GEMMs: row layout for dgrad, transposed for wgrad (one pass).
   Tensor dyq, dyq_t;
   if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
   if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
@@ -117,10 +166,9 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
     quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
   const float* sg = fptr(st.scale_inv(base + kGradOutput));
   if (dx) {
-    Tensor wq_t = Tensor::empty({in, out}, st.meta(base + kWeight).dtype, w.device());
-    quantize_cuda(st, base + kWeight, w, false, nullptr, &wq_t);
+    const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
     Tensor dx2 = dx->view({N, in});
-    ops::cuda::fp8_gemm_tn(dyq, sg, wq_t, fptr(st.scale_inv(base + kWeight)), dx2, 0.0f, false);
+    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.scale_inv(base + kWeight)), dx2, 0.0f, false);
   }
   if (dw) {
     if (fp8_wgrad) {

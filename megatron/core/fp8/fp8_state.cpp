@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 
 #include "megatron/core/distributed/process_group.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/param_version.h"
 
 namespace megatron::fp8 {
 
@@ -12,6 +17,74 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
   if (cfg_.amax_history_len < 1)
     user_error("--fp8-amax-history-len must be >= 1 (got ", cfg_.amax_history_len, ")");
   if (cfg_.margin < 0) user_error("--fp8-margin must be >= 0 (got ", cfg_.margin, ")");
+  if (const char* e = std::getenv("MEGATRON_FP8_WEIGHT_CACHE")) {
+    if (!std::strcmp(e, "0")) cache_mode_ = WeightCacheMode::kOff;
+    else if (!std::strcmp(e, "1")) cache_mode_ = WeightCacheMode::kOn;
+  }
+}
+
+void Fp8State::set_weight_cache_mode(WeightCacheMode m) {
+  cache_mode_ = m;
+  if (m == WeightCacheMode::kOff)
+    for (auto& c : caches_) c = WeightCache{};
+}
+
+namespace {
+// Weight-cache budgets (bytes left) per device, shared by every Fp8State of the process.
+std::mutex g_budget_mu;
+std::map<int, int64_t> g_budget;
+int budget_key(Device d) { return d.is_cpu() ? -1 : d.index; }
+}  // namespace
+
+void Fp8State::reset_weight_cache_budgets() {
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  g_budget.clear();
+}
+
+int64_t Fp8State::weight_cache_budget_left() const {
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  auto it = g_budget.find(budget_key(device_));
+  return it == g_budget.end() ? -1 : it->second;
+}
+
+bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)()) {
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
+  if (cache_mode_ == WeightCacheMode::kOn || !free_bytes) return true;
+  WeightCache& c = caches_.at(base / kNumRoles);
+  if (c.admission != 0) return c.admission > 0;
+  if (steps_done_ == 0) return false;  // the first step runs without the cache: its peak is measured
+  constexpr int64_t kMargin = int64_t(4) << 30;
+  std::lock_guard<std::mutex> g(g_budget_mu);
+  auto it = g_budget.find(budget_key(device_));
+  if (it == g_budget.end()) it = g_budget.emplace(budget_key(device_), std::max<int64_t>(0, free_bytes() - kMargin)).first;
+  c.admission = bytes <= it->second ? 1 : -1;
+  if (c.admission > 0) {
+    it->second -= bytes;
+    admitted_bytes_ += bytes;
+  }
+  return c.admission > 0;
+}
+
+bool Fp8State::weight_cache_hit(int base, const Tensor& w, bool need_recorded) const {
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
+  const WeightCache& c = caches_.at(base / kNumRoles);
+  return c.valid && c.ptr == w.data_ptr() && c.numel == w.numel() && c.param_version == param_version() &&
+         c.epoch == epoch_ && (c.recorded || !need_recorded);
+}
+
+void Fp8State::weight_cache_mark(int base, const Tensor& w, bool recorded) {
+  WeightCache& c = caches_.at(base / kNumRoles);
+  c.ptr = w.data_ptr();
+  c.numel = w.numel();
+  c.param_version = param_version();
+  c.epoch = epoch_;
+  c.recorded = recorded;
+  c.valid = cache_mode_ != WeightCacheMode::kOff;
+}
+
+void Fp8State::invalidate_weight_cache() {
+  ++epoch_;
+  for (auto& c : caches_) c.valid = false;
 }
 
 int Fp8State::register_linear(const std::string& prefix) {
@@ -21,6 +94,7 @@ int Fp8State::register_linear(const std::string& prefix) {
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // input
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // weight
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, true));   // grad-output
+  caches_.emplace_back();
   return base;
 }
 
@@ -37,6 +111,7 @@ void Fp8State::ensure_device() {
   d_amax_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_cur_ = Tensor::zeros({n}, DType::kFloat32, device_);
   push_scales();
 }
 
@@ -61,6 +136,10 @@ Tensor Fp8State::scale_inv(int r) {
 Tensor Fp8State::amax(int r) {
   ensure_device();
   return d_amax_.flat_slice(r * kSlot, {1});
+}
+Tensor Fp8State::current_amax(int r) {
+  ensure_device();
+  return d_cur_.flat_slice(r * kSlot, {1});
 }
 
 void Fp8State::set_scale(int r, float s) {
@@ -98,6 +177,10 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   }
   d_amax_.zero_();
   if (cfg_.recipe == Fp8Recipe::kDelayed) push_scales();
+  ++steps_done_;
+  // A new step: the next training forward casts the weights again (with the new scales, and
+  // recording the new step's weight amax), as TE does on is_first_microbatch.
+  invalidate_weight_cache();
 }
 
 std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
@@ -144,6 +227,7 @@ void Fp8State::restore_checkpoint_tensors(const std::vector<dist_checkpointing::
     }
   }
   if (d_amax_.defined()) push_scales();
+  invalidate_weight_cache();
 }
 
 }  // namespace megatron::fp8

@@ -51,6 +51,9 @@ class Fp8State {
   Tensor scale(int r);
   Tensor scale_inv(int r);
   Tensor amax(int r);
+  /// Device scratch float of role r for the tensorwise recipe's current amax (zero between uses:
+  /// ops::cuda::fp8_scale_from_amax resets it after reading, so no memset per quantization).
+  Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).
   float host_scale(int r) const { return metas_.at(r).scale; }
@@ -80,6 +83,67 @@ class Fp8State {
   void set_scale(int r, float scale);
   void record_host_amax(int r, float amax);
 
+  // ---- FP8 weight cache (docs/fp8.md, "Weight cache"; TE's is_first_microbatch) ----------
+  /// The cast weights of one FP8 linear, reused by every micro-batch of a training step (forward
+  /// and backward) instead of re-quantizing the unchanged weight each time. On CUDA `q` is the
+  /// FP8 weight [out, in] (forward GEMM) and `q_t` its transpose [in, out] (dgrad GEMM); on the
+  /// CPU `q` is the quantized-dequantized float32 weight (used by both GEMMs), `q_t` unused.
+  struct WeightCache {
+    Tensor q, q_t;
+    const void* ptr = nullptr;      // the weight's storage the cast was made from
+    int64_t numel = 0;
+    uint64_t param_version = 0;     // megatron::param_version() at cast time
+    uint64_t epoch = 0;             // scale_epoch() at cast time
+    bool recorded = false;          // the cast recorded the weight's amax into this step's amax
+    bool valid = false;
+    int admission = 0;              // kAuto on a GPU: 0 undecided, 1 admitted, -1 not admitted
+  };
+  /// kOff: never cache. kOn: always cache. kAuto (default): on the CPU always; on a GPU not in
+  /// the first training step, then each linear is admitted (once, in first-use order) while its
+  /// cast (2 bytes per weight element: FP8 + transpose) fits in a budget of the device memory free
+  /// after the first step (the memory pool then holds that step's peak) minus a 4 GiB margin --
+  /// so the cache never pushes a run that fitted without it out of memory. The budget is one per
+  /// device and process, shared by every Fp8State there (e.g. virtual-pipeline model chunks).
+  /// The environment sets it at construction: MEGATRON_FP8_WEIGHT_CACHE=0 -> kOff, =1 -> kOn.
+  enum class WeightCacheMode { kOff, kOn, kAuto };
+  WeightCacheMode weight_cache_mode() const { return cache_mode_; }
+  void set_weight_cache_mode(WeightCacheMode m);
+  /// Shorthand: true -> kOn, false -> kOff (drops every cached cast).
+  void set_weight_cache_enabled(bool on) { set_weight_cache_mode(on ? WeightCacheMode::kOn : WeightCacheMode::kOff); }
+  /// Whether the cache may be used at all (mode != kOff).
+  bool weight_cache_enabled() const { return cache_mode_ != WeightCacheMode::kOff; }
+  /// Whether the linear at `base` keeps its cast now (see WeightCacheMode). `bytes`: the cast's
+  /// size; `free_bytes`: the device's free memory (called at most once per state, when the
+  /// budget is set), nullptr for host memory (no budget).
+  bool weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)());
+  /// Bytes this state admitted to the cache (kAuto on a GPU), and the budget left on its device
+  /// (-1 = not set yet).
+  int64_t weight_cache_admitted_bytes() const { return admitted_bytes_; }
+  int64_t weight_cache_budget_left() const;
+  /// Forgets every device's budget (tests).
+  static void reset_weight_cache_budgets();
+  /// Training steps completed (reduce_and_update calls).
+  int64_t steps_done() const { return steps_done_; }
+  /// The cache entry of the linear at `base` (valid or not).
+  WeightCache& weight_cache(int base) { return caches_.at(base / kNumRoles); }
+  /// True if the cache is on and the entry of `base` was cast from `w` (same storage and size)
+  /// at the current parameter version and scale epoch, and -- when `need_recorded` (a training
+  /// forward) -- that cast recorded the weight's amax for this step. A cast made by an evaluation
+  /// forward (not recorded) is redone by the next training forward, so each step's weight amax
+  /// is recorded exactly once.
+  bool weight_cache_hit(int base, const Tensor& w, bool need_recorded) const;
+  /// Marks the entry of `base` as a fresh cast of `w` (the caller stores q / q_t) and counts it.
+  void weight_cache_mark(int base, const Tensor& w, bool recorded);
+  /// Drops every cached cast's validity (keeps the memory for the next cast).
+  void invalidate_weight_cache();
+  /// Bumped whenever scales may change (reduce_and_update, restore_checkpoint_tensors,
+  /// invalidate_weight_cache): a cached cast is only valid within one epoch.
+  uint64_t scale_epoch() const { return epoch_; }
+  /// Number of weight casts made so far (every cast of a weight role: cache misses, and every
+  /// weight quantization when the cache is off). For tests and logs.
+  int64_t weight_casts() const { return weight_casts_; }
+  void count_weight_cast() { ++weight_casts_; }
+
  private:
   void ensure_device();
   void push_scales();
@@ -88,8 +152,13 @@ class Fp8State {
   Device device_;
   std::vector<Fp8TensorMeta> metas_;
   std::vector<std::string> names_;
-  Tensor d_amax_, d_scale_, d_scale_inv_;  // float32 [R] on device_
+  Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   bool recording_ = true;
+  std::vector<WeightCache> caches_;  // one per linear
+  WeightCacheMode cache_mode_ = WeightCacheMode::kAuto;
+  int64_t admitted_bytes_ = 0, steps_done_ = 0;
+  uint64_t epoch_ = 0;
+  int64_t weight_casts_ = 0;
 };
 
 }  // namespace megatron::fp8

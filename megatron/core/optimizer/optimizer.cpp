@@ -11,6 +11,7 @@
 #endif
 #include "megatron/core/optimizer/clip_grads.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/param_version.h"
 
 namespace megatron::optimizer {
 
@@ -232,8 +233,10 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   }
   // 3. Zero count (--log-num-zeros-in-grad; None otherwise).
   if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(), group_.get());
-  // 4. Inner step on the fp32 main params.
+  // 4. Inner step on the fp32 main params (and the model params written from them: caches of
+  //    weight-derived values, e.g. the FP8 weight casts, are rebuilt at the next forward).
   ++step_;
+  bump_param_version();
   for (const auto& grp : groups_) {
     for (size_t i : grp.params) {
       Tensor& mp = main_params_[i];

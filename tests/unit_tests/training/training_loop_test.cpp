@@ -330,3 +330,31 @@ TEST(Trainer, ProfileWritesChromeTrace) {
   EXPECT_EQ(fb, 2);
   std::filesystem::remove_all(dir);
 }
+
+// The kernel profiler's hooks bracket Megatron's --profile window: start before iteration
+// profile_step_start + 1, stop after iteration profile_step_end (its log line printed first); a
+// run that ends inside the window stops at its last iteration.
+TEST(Trainer, ProfileHooksBracketTheWindow) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("mkprof_" + std::to_string(::getpid()));
+  for (const auto& [end, want_stop] : std::vector<std::pair<std::string, std::string>>{{"4", "stop 4 after log 4"},
+                                                                                        {"10", "stop 6 after log 6"}}) {
+    Arguments args = make_args({"--profile", "--profile-step-start", "2", "--profile-step-end", end, "--tensorboard-dir",
+                                dir, "--train-iters", "6", "--log-interval", "1"});
+    Bigram model;
+    optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), model.optimizer_params());
+    OptimizerParamScheduler sched(scheduler_options_from_args(args));
+    std::vector<std::string> events;
+    std::string last_log = "none";
+    TrainingHooks h;
+    h.profile_start = [&](int64_t first) { events.push_back("start " + std::to_string(first) + " after log " + last_log); };
+    h.profile_stop = [&](int64_t last) { events.push_back("stop " + std::to_string(last) + " after log " + last_log); };
+    Trainer t(args, model, opt, sched, h, [&](const std::string& s) {
+      std::smatch m;
+      if (std::regex_search(s, m, std::regex(R"(\] iteration +(\d+)/)"))) last_log = m[1];
+    });
+    BatchIterator train = make_data(1);
+    t.pretrain(train, nullptr, nullptr);
+    EXPECT_EQ(events, (std::vector<std::string>{"start 3 after log 2", want_stop})) << "--profile-step-end " << end;
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -91,7 +91,8 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   }
 
   buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
-                                                               config_.params_dtype, config_.main_grads_dtype, device_);
+                                                               config_.params_dtype, config_.main_grads_dtype, device_,
+                                                               parallel_.allocate_main_grads);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
   // --sequence-parallel: the block's norms (not the per-head q/k norms) see 1/TP of the sequence.
   if (config_.sequence_parallel && config_.tensor_model_parallel_size > 1)
@@ -124,7 +125,9 @@ std::vector<Parameter>& GPTModel::parameters() { return registry_.params(); }
 Tensor& GPTModel::param_buffer() { return buffers_->param_data(); }
 Tensor& GPTModel::grad_buffer() { return buffers_->grad_data(); }
 distributed::ParamAndGradBuffer& GPTModel::buffers() { return *buffers_; }
-void GPTModel::zero_grad() { buffers_->grad_data().zero_(); }
+void GPTModel::zero_grad() {
+  if (buffers_->grad_data().defined()) buffers_->grad_data().zero_();
+}
 const Tensor& GPTModel::last_logits() const { return state_->logits; }
 void GPTModel::set_input_tensor(const Tensor& hidden) { input_tensor_ = hidden; }
 const Tensor& GPTModel::input_tensor_grad() const { return input_tensor_grad_; }

@@ -72,6 +72,10 @@ struct GPTModelParallel {
   std::shared_ptr<distributed::ProcessGroup> cp_group;
   /// --cp-comm-type ("p2p").
   std::string cp_comm_type = "p2p";
+  /// false: no gradient buffer (evaluation only, pretrain_gpt --skip-train): every
+  /// Parameter::main_grad stays undefined, grad_buffer() is an undefined tensor and backward()
+  /// must not be called.
+  bool allocate_main_grads = true;
 };
 
 class GPTModel {

@@ -10,13 +10,20 @@
 //
 // Layouts (ops.h): q, out [s, b, np, d]; k, v [sk, b, ng, d]; lse float32 [b, np, s].
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
-// [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only. Dropout is not supported.
+// [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only, no dropout.
+// Dispatch (attention_forward / attention_backward below): cuDNN's SDPA or these kernels when the
+// call is bfloat16, 16-byte aligned and without dropout; every other call (float32, other head
+// dims up to 256, attention dropout) runs the generic kernels of attention_generic.cu.
 #include <cmath>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/attention_generic.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 
 namespace megatron::ops::cuda {
@@ -825,14 +832,50 @@ void launch_bwd_v2(K kern, int warps, int d, int bm, const FaArgs& a, cudaStream
 // the shape, else ours). cuDNN is the default because it measured faster at every shape we time
 // (docs/performance.md: LLaMA-3-8B fwd+bwd 3.8 vs 10.6 ms, GPT-2 1.6 vs 2.8 ms). Both produce the
 // same lse (natural-log log-sum-exp), so a forward from one and a backward from the other agree.
-enum class Backend { kAuto, kCudnn, kFlash };
+// generic: always the generic kernels (attention_generic.cu). Calls the tensor-core paths cannot
+// take (float32, head dims other than 64/128 that cuDNN rejects, dropout) run the generic kernels
+// under auto and flash; under cudnn they are an error.
+enum class Backend { kAuto, kCudnn, kFlash, kGeneric };
 Backend attention_backend() {
   const char* e = std::getenv("MEGATRON_ATTENTION_BACKEND");
   if (!e || !*e || !std::strcmp(e, "auto")) return Backend::kAuto;
   if (!std::strcmp(e, "cudnn")) return Backend::kCudnn;
   if (!std::strcmp(e, "flash")) return Backend::kFlash;
-  MEGATRON_CHECK(false) << "MEGATRON_ATTENTION_BACKEND=" << e << ": use auto, cudnn or flash";
+  if (!std::strcmp(e, "generic")) return Backend::kGeneric;
+  MEGATRON_CHECK(false) << "MEGATRON_ATTENTION_BACKEND=" << e << ": use auto, cudnn, flash or generic";
   return Backend::kAuto;
+}
+
+// True when cuDNN / our flash kernels can take the call: every tensor bfloat16 and 16-byte aligned,
+// no dropout (head dims are checked by each path).
+bool tensor_core_ok(std::initializer_list<const Tensor*> ts, const AttentionParams& p) {
+  if (p.dropout_p != 0.0f) return false;
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::kBFloat16 || !aligned16(t->data_ptr())) return false;
+  return true;
+}
+
+// Attention dropout moves bfloat16 calls off cuDNN/flash onto the (slower) generic kernels: said
+// once per process, with the way back.
+void note_dropout_once(const AttentionParams& p, const Tensor& q) {
+  static std::atomic<bool> said{false};
+  if (p.dropout_p == 0.0f || q.dtype() != DType::kBFloat16 || said.exchange(true)) return;
+  std::fprintf(stderr,
+               "note: attention dropout %g runs the generic CUDA attention kernel (cuDNN and the flash kernels take "
+               "no dropout); --attention-dropout 0 selects them\n",
+               p.dropout_p);
+}
+
+// Shapes shared by every path (ops.h contract).
+void check_shapes(const char* name, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  check_cuda(q, name);
+  MEGATRON_CHECK(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && k.size(1) == q.size(1) &&
+                 k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0)
+      << name << ": q " << q.str() << " k " << k.str() << " v " << v.str();
+  if (p.attention_mask)
+    MEGATRON_CHECK(p.attention_mask->is_cuda() && dtype_size(p.attention_mask->dtype()) == 1 &&
+                   p.attention_mask->numel() == q.size(1) * q.size(0) * k.size(0))
+        << name << ": attention_mask " << p.attention_mask->str() << " must be a bool [b, 1, s, sk] CUDA tensor";
 }
 
 bool use_v2(const FaArgs& a, const Tensor& lse) {
@@ -844,18 +887,27 @@ bool use_v2(const FaArgs& a, const Tensor& lse) {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out,
                        Tensor& lse) {
+  check_shapes("attention_forward", q, k, v, p);
+  const Backend be = attention_backend();
+  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out}, p)) {
+    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
+                                             "bfloat16 16-byte-aligned calls without dropout: q "
+                                          << q.str() << " out " << out.str() << " dropout " << p.dropout_p;
+    note_dropout_once(p, q);
+    return generic_attention::forward(q, k, v, p, out, lse);
+  }
+  if (be != Backend::kFlash && q.size(0) > 0 && q.size(1) > 0) {
+    if (cudnn_sdpa::forward(q, k, v, p, out, lse)) return;
+    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
+                                          << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
+  }
+  if (q.size(3) != 64 && q.size(3) != 128) return generic_attention::forward(q, k, v, p, out, lse);
   check_args("attention_forward", q, k, v, p);
   MEGATRON_CHECK(out.shape() == q.shape() && out.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32 &&
                  lse.numel() == q.size(1) * q.size(2) * q.size(0))
       << "attention_forward: out " << out.str() << " lse " << lse.str();
   FaArgs a = make_args(q, k, p);
   if (a.S == 0 || a.B == 0) return;
-  const Backend be = attention_backend();
-  if (be != Backend::kFlash) {
-    if (cudnn_sdpa::forward(q, k, v, p, out, lse)) return;
-    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
-                                          << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
-  }
   cudaStream_t st = megatron::cuda::current_stream();
   dim3 grid((a.S + 63) / 64, a.B * a.NP);
   auto* qp = static_cast<const bf16_t*>(q.data_ptr());
@@ -893,6 +945,20 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_shapes("attention_backward", q, k, v, p);
+  const Backend be = attention_backend();
+  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, p)) {
+    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
+                                             "bfloat16 16-byte-aligned calls without dropout: q "
+                                          << q.str() << " dq " << dq.str() << " dropout " << p.dropout_p;
+    return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
+  }
+  if (be != Backend::kFlash && q.size(0) > 0 && q.size(1) > 0) {
+    if (cudnn_sdpa::backward(dout, q, k, v, out, lse, p, dq, dk, dv)) return;
+    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
+                                          << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
+  }
+  if (q.size(3) != 64 && q.size(3) != 128) return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   check_args("attention_backward", q, k, v, p);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
                  dk.shape() == k.shape() && dv.shape() == v.shape() && dout.dtype() == DType::kBFloat16 &&
@@ -902,12 +968,6 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   MEGATRON_CHECK(aligned16(dout.data_ptr())) << "attention_backward: dout must be 16-byte aligned";
   FaArgs a = make_args(q, k, p);
   if (a.S == 0 || a.B == 0) return;
-  const Backend be = attention_backend();
-  if (be != Backend::kFlash) {
-    if (cudnn_sdpa::backward(dout, q, k, v, out, lse, p, dq, dk, dv)) return;
-    MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
-                                          << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
-  }
   cudaStream_t st = megatron::cuda::current_stream();
   const int D = (int)q.size(3);
   const int64_t rows = (int64_t)a.S * a.B * a.NP;

@@ -1,5 +1,6 @@
 // Elementwise and reduction ops of ops.h on CUDA: cast, fill, add_, scale_, sum_of_squares,
-// count_zeros, has_inf_or_nan, GeLU, SwiGLU, dropout (Philox-4x32-10), Adam(W).
+// count_zeros, has_inf_or_nan, GeLU, SwiGLU, dropout (the CPU reference's SplitMix64 stream:
+// same masks as the CPU), Adam(W).
 // Memory-bound: each thread handles 8 consecutive elements with 16-byte accesses where the
 // pointers allow, in a grid-stride loop; everything runs on current_stream().
 #include <cuda_fp8.h>
@@ -8,6 +9,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/dropout_stream.cuh"
 #include "megatron/core/ops/cuda/fused_optimizer.h"
 
 namespace megatron::ops::cuda {
@@ -223,37 +225,16 @@ __global__ void swiglu_bwd_kernel(const D* __restrict__ dy, const X* __restrict_
   }
 }
 
-// ---- dropout: Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) ----
-__device__ __forceinline__ uint4 philox(uint4 c, uint2 k) {
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    uint32_t lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
-    uint32_t lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
-    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
-    k.x += 0x9E3779B9u;
-    k.y += 0xBB67AE85u;
-  }
-  return c;
-}
-
-// Element i uses word (i % 4) of philox(counter = (i / 4, offset), key = seed).
+// ---- dropout: the CPU reference's counter-based SplitMix64 stream (dropout_stream.cuh), so the
+// CUDA and CPU ops keep and drop the same elements for the same (seed, offset) ----
+// Element i is kept iff uniform(stream(seed, offset), i) >= p (exactly cpu::dropout_forward).
 template <class X, class Y>
 __global__ void dropout_fwd_kernel(const X* __restrict__ x, Y* __restrict__ y, uint8_t* __restrict__ mask, int64_t n,
-                                   float p, float inv_keep, uint64_t seed, uint64_t offset) {
-  const int64_t groups = (n + 3) / 4;
-  const uint32_t thresh = p >= 1.0f ? 0xffffffffu : static_cast<uint32_t>(p * 4294967296.0);
-  for (int64_t gi = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
-    uint4 r = philox(make_uint4((uint32_t)gi, (uint32_t)(gi >> 32), (uint32_t)offset, (uint32_t)(offset >> 32)),
-                     make_uint2((uint32_t)seed, (uint32_t)(seed >> 32)));
-    uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int64_t i = gi * 4 + j;
-      if (i >= n) break;
-      bool keep = p <= 0.0f ? true : (p >= 1.0f ? false : w[j] >= thresh);
-      mask[i] = keep ? 1 : 0;
-      y[i] = from_f<Y>(keep ? to_f(x[i]) * inv_keep : 0.0f);
-    }
+                                   float p, float inv_keep, uint64_t stream) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const bool keep = p == 0.0f || ddropout_uniform(stream, static_cast<uint64_t>(i)) >= p;
+    mask[i] = keep ? 1 : 0;
+    y[i] = from_f<Y>(keep ? to_f(x[i]) * inv_keep : 0.0f);
   }
 }
 
@@ -481,9 +462,10 @@ void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t
   float inv_keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   MCU_FLOAT_SWITCH(x.dtype(), X,
                    MCU_FLOAT_SWITCH(y.dtype(), Y,
-                                    dropout_fwd_kernel<X, Y><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, st>>>(
+                                    dropout_fwd_kernel<X, Y><<<grid_for(n, kThreads), kThreads, 0, st>>>(
                                         static_cast<const X*>(x.data_ptr()), static_cast<Y*>(y.data_ptr()),
-                                        static_cast<uint8_t*>(mask.data_ptr()), n, p, inv_keep, seed, offset)));
+                                        static_cast<uint8_t*>(mask.data_ptr()), n, p, inv_keep,
+                                        ddropout_stream(seed, offset))));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,11 +1,19 @@
 // Fused FP8 quantize (+ transpose) + amax kernels (declared in fp8_cuda.h).
 //
-// Row layout only: a grid-stride loop, 8 elements per thread (16-byte loads for bf16), one
-// 8-byte store. With a transposed output: 64 x 64 tiles through shared memory; the row-layout
-// output (if wanted) is written from the same registers, the transposed one after the tile is
-// staged, so x is read once for both. The amax is a block max folded into the device scalar with
-// one atomicMax on its bit pattern (non-negative floats order like their bits; NaN's bits order
-// above +inf, so a NaN propagates as in TE).
+// Row layout only: a grid-stride loop, 16 elements per thread (two 16-byte loads for bf16 in
+// flight, one 16-byte store), conversions two at a time (cvt.rn.satfinite.e4m3x2/e5m2x2, the
+// instruction __nv_cvt_float_to_fp8 also uses: same bits).
+// With a transposed output (the common case: every GEMM dimension is a multiple of 16): 128 x 128
+// tiles, 256 threads. Each thread loads 8 rows x 8 columns as eight 16-byte vectors (all in
+// flight at once), writes the row-layout bytes with 8-byte stores and stages them in a 16 KB
+// shared tile whose 4-byte words are XOR-swizzled by row group (no bank conflicts either way);
+// then each thread reads 16 rows x 4 columns of words, transposes the 4 x 4 byte blocks in
+// registers (__byte_perm) and writes 4 x 16 contiguous bytes of q_t: each warp store covers
+// four full 128-byte lines. x is read once for both outputs. Shapes that are not multiples of
+// (16 rows, 8 columns) or unaligned pointers take the older 64 x 64 byte-tile kernel.
+// The amax is a block max folded into the device scalar with one atomicMax per block on its bit
+// pattern (non-negative floats order like their bits; NaN's bits order above +inf, so a NaN
+// propagates as in TE).
 #include <cuda_fp8.h>
 
 #include <cfloat>
@@ -53,30 +61,114 @@ __device__ __forceinline__ void block_amax_to(float a, float* amax) {
   }
 }
 
+// Two floats to two FP8 bytes (a in the low byte), bit-identical to two to_fp8 calls.
+template <int kFmt>
+__device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFmt == 0 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// 8 floats (already scaled) to 8 FP8 bytes packed in two words (element j in byte j % 4 of word j / 4).
+template <int kFmt>
+__device__ __forceinline__ uint2 pack8(const float (&f)[8], float s) {
+  uint2 r;
+  r.x = to_fp8x2<kFmt>(f[0] * s, f[1] * s) | (to_fp8x2<kFmt>(f[2] * s, f[3] * s) << 16);
+  r.y = to_fp8x2<kFmt>(f[4] * s, f[5] * s) | (to_fp8x2<kFmt>(f[6] * s, f[7] * s) << 16);
+  return r;
+}
+
 template <class T, int kFmt>
 __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale,
                                      float* __restrict__ amax, uint8_t* __restrict__ q, bool vec) {
   const float s = *scale;
   float a = 0.0f;
-  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n;
-       i += (int64_t)gridDim.x * blockDim.x * 8) {
-    float f[8];
-    ld8(x, i, n, vec, f);
-    uint8_t b[8];
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x * 16;
+  int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 16;
+  if (vec) {
+    // Full 16-element groups: two loads in flight, one 16-byte store.
+    for (; i + 16 <= n; i += stride) {
+      float f0[8], f1[8];
+      ld8(x, i, n, true, f0);
+      ld8(x, i + 8, n, true, f1);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (i + j < n) a = abs_max(a, f[j]);
-      b[j] = to_fp8<kFmt>(f[j] * s);
+      for (int j = 0; j < 8; ++j) a = abs_max(abs_max(a, f0[j]), f1[j]);
+      const uint2 b0 = pack8<kFmt>(f0, s), b1 = pack8<kFmt>(f1, s);
+      if (q) *reinterpret_cast<uint4*>(q + i) = make_uint4(b0.x, b0.y, b1.x, b1.y);
     }
-    if (q) {
-      if (vec && i + 8 <= n) {
-        *reinterpret_cast<uint2*>(q + i) = *reinterpret_cast<const uint2*>(b);
-      } else {
+  }
+  // The tail (or everything when unaligned): element by element.
+  for (; i < n; i += stride) {
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      if (i + j >= n) break;
+      const float f = to_f(x[i + j]);
+      a = abs_max(a, f);
+      if (q) q[i + j] = to_fp8<kFmt>(f * s);
+    }
+  }
+  if (amax) block_amax_to(a, amax);
+}
+
+// Fast quantize + transpose (see the file comment). Requires rows % 16 == 0, cols % 8 == 0,
+// x 16-byte, q 8-byte and q_t 16-byte aligned. Tile (blockIdx.y, blockIdx.x) covers rows
+// [128 by, +128) and cols [128 bx, +128). Shared word (r, w) holds columns 4w..4w+3 of row r at
+// physical word w ^ (((r >> 4) & 7) << 2).
+constexpr int kVTile = 128;
+template <class T, int kFmt>
+__global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows,
+                                                                     int64_t cols, const float* __restrict__ scale,
+                                                                     float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                     uint8_t* __restrict__ qt) {
+  __shared__ __align__(16) uint32_t tile[kVTile][kVTile / 4];
+  const float s = *scale;
+  const int t = threadIdx.x;
+  const int64_t r0 = (int64_t)blockIdx.y * kVTile, c0 = (int64_t)blockIdx.x * kVTile;
+  // Load phase: vector column cv (8 columns), rows r0 + 16 i + rr for i = 0..7.
+  const int cv = t & 15, rr = t >> 4;
+  const int64_t c = c0 + 8 * cv;
+  const bool col_in = c < cols;
+  float f[8][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (i + j < n) q[i + j] = b[j];
-      }
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = r0 + 16 * i + rr;
+    if (col_in && r < rows) {
+      ld8(x, r * cols + c, r * cols + c + 8, true, f[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[i][j] = 0.0f;
     }
+  }
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a = abs_max(a, f[i][j]);
+    const uint2 b = pack8<kFmt>(f[i], s);
+    const int lr = 16 * i + rr;
+    const int64_t r = r0 + lr;
+    if (q && col_in && r < rows) *reinterpret_cast<uint2*>(q + r * cols + c) = b;
+    *reinterpret_cast<uint2*>(&tile[lr][(2 * cv) ^ (i << 2)]) = b;  // (lr >> 4) & 7 == i
+  }
+  __syncthreads();
+  // Write phase: row group rg (16 rows), word column w (4 columns).
+  const int rg = t & 7, w = t >> 3;
+  const int64_t rbase = r0 + 16 * rg, cbase = c0 + 4 * w;
+  if (rbase < rows && cbase < cols) {
+    uint32_t o[4][4];  // o[k][m]: column cbase + k, rows rbase + 4m .. + 3
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int pw = w ^ (rg << 2);
+      const uint32_t a0 = tile[16 * rg + 4 * m][pw], a1 = tile[16 * rg + 4 * m + 1][pw],
+                     a2 = tile[16 * rg + 4 * m + 2][pw], a3 = tile[16 * rg + 4 * m + 3][pw];
+      const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);
+      const uint32_t t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
+      o[0][m] = __byte_perm(t0, t2, 0x5410);
+      o[1][m] = __byte_perm(t0, t2, 0x7632);
+      o[2][m] = __byte_perm(t1, t3, 0x5410);
+      o[3][m] = __byte_perm(t1, t3, 0x7632);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      *reinterpret_cast<uint4*>(qt + (cbase + k) * rows + rbase) = make_uint4(o[k][0], o[k][1], o[k][2], o[k][3]);
   }
   if (amax) block_amax_to(a, amax);
 }
@@ -143,9 +235,10 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restric
   block_amax_to(a, amax);
 }
 
-__global__ void scale_from_amax_kernel(const float* cur, float fmax, int margin, float* scale, float* scale_inv,
+__global__ void scale_from_amax_kernel(float* cur, float fmax, int margin, float* scale, float* scale_inv,
                                        float* step_amax) {
   const float a = *cur;
+  *cur = 0.0f;  // ready for the next fp8_amax into the same scratch
   if (isfinite(a) && a > 0.0f) {
     float s = (fmax / a) / ldexpf(1.0f, margin);
     if (isinf(s)) s = FLT_MAX;
@@ -176,12 +269,24 @@ void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, T
   uint8_t* qp = q ? static_cast<uint8_t*>(q->data_ptr()) : nullptr;
   cudaStream_t st = megatron::cuda::current_stream();
   if (!q_t) {
-    const bool vec = aligned16(x.data_ptr()) && (!qp || (reinterpret_cast<uintptr_t>(qp) & 7u) == 0);
-    const unsigned grid = grid_for((n + 7) / 8, kThreads);
+    const bool vec = aligned16(x.data_ptr()) && (!qp || aligned16(qp));
+    const unsigned grid = grid_for((n + 15) / 16, kThreads);
     MCU_FLOAT_SWITCH(x.dtype(), T, {
       const T* xp = static_cast<const T*>(x.data_ptr());
       if (fmt == 0) quantize_rows_kernel<T, 0><<<grid, kThreads, 0, st>>>(xp, n, scale, amax, qp, vec);
       else quantize_rows_kernel<T, 1><<<grid, kThreads, 0, st>>>(xp, n, scale, amax, qp, vec);
+    });
+  } else if ((rows % 16) == 0 && (cols % 8) == 0 && aligned16(x.data_ptr()) && aligned16(q_t->data_ptr()) &&
+             (!qp || (reinterpret_cast<uintptr_t>(qp) & 7u) == 0)) {
+    uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+    dim3 grid((unsigned)((cols + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+    MEGATRON_CHECK(grid.y < 65536u) << "fp8_quantize: too many rows " << rows;
+    MCU_FLOAT_SWITCH(x.dtype(), T, {
+      const T* xp = static_cast<const T*>(x.data_ptr());
+      if (fmt == 0)
+        quantize_transpose_vec_kernel<T, 0><<<grid, kThreads, 0, st>>>(xp, rows, cols, scale, amax, qp, qtp);
+      else
+        quantize_transpose_vec_kernel<T, 1><<<grid, kThreads, 0, st>>>(xp, rows, cols, scale, amax, qp, qtp);
     });
   } else {
     uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
@@ -208,7 +313,13 @@ void fp8_amax(const Tensor& x, float* amax) {
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+int64_t device_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
+void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax) {
   scale_from_amax_kernel<<<1, 1, 0, megatron::cuda::current_stream()>>>(cur_amax, fp8_max, margin, scale, scale_inv,
                                                                         step_amax);

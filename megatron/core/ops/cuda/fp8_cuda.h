@@ -22,8 +22,13 @@ void fp8_amax(const Tensor& x, float* amax);
 /// Tensorwise (current) scaling on the device: if cur_amax[0] is finite and > 0,
 /// scale[0] = fp8_max / cur_amax[0] / 2^margin (FLT_MAX if that overflows), scale_inv[0] = 1/scale;
 /// else both unchanged. Also folds cur_amax into step_amax (max) when step_amax != nullptr.
-void fp8_scale_from_amax(const float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
+/// Then sets cur_amax[0] = 0, so a persistent scratch needs no memset before the next fp8_amax.
+void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax);
+
+/// Free memory of the current device in bytes (cudaMemGetInfo): what new allocations can still
+/// get beyond the memory pool's reservation (the FP8 weight cache's budget, fp8_state.h).
+int64_t device_free_bytes();
 
 /// FP8 GEMM on Hopper's "TN" layout (both operands K-major, i.e. row-major with K last):
 ///   C[m, n] = a_scale_inv[0] * b_scale_inv[0] * (A[m, k] @ B[n, k]^T) + beta * C
