@@ -2,6 +2,7 @@
 // (Megatron's pretrain_gpt.py: model_provider, train_valid_test_datasets_provider, pretrain).
 // A problem the user can fix prints one line "error: ..." and exits with status 1.
 #include <charconv>
+#include <chrono>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
@@ -238,6 +240,36 @@ std::vector<ShardedTensor> fp8_checkpoint_tensors(const std::vector<std::unique_
   return out;
 }
 
+// Megatron's timers.log(names, barrier=True) for the setup timers: "(min, max) time across ranks
+// (ms):" then one line per timer, "    <name + ' ' padded with '.' to 48>: (min, max)", min and
+// max over all ranks (megatron/core/timers.py _get_global_min_max_time_string; timers that are 0
+// on every rank are left out). Collective over `world`.
+std::string setup_timers_string(const std::vector<std::pair<std::string, double>>& ms, distributed::ProcessGroup& world) {
+  const int64_t n = static_cast<int64_t>(ms.size());
+  Tensor lo = Tensor::empty({n}, DType::kFloat64), hi = Tensor::empty({n}, DType::kFloat64);
+  for (int64_t i = 0; i < n; ++i) lo.data<double>()[i] = hi.data<double>()[i] = ms[i].second;
+  if (world.size() > 1) {
+    world.all_reduce(lo, distributed::ReduceOp::kMin);
+    world.all_reduce(hi, distributed::ReduceOp::kMax);
+  }
+  std::string out = "(min, max) time across ranks (ms):";
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (hi.data<double>()[i] <= 0.0) continue;
+    std::string label = ms[i].first + " ";
+    if (label.size() < 48) label.resize(48, '.');
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "\n    %s: (%.2f, %.2f)", label.c_str(), lo.data<double>()[i], hi.data<double>()[i]);
+    out += buf;
+    any = true;
+  }
+  return any ? out : std::string();
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // MEGATRON_KERNEL_PROFILE=FIRST:LAST (1-based iterations, inclusive) is --profile
 // --profile-step-start FIRST-1 --profile-step-end LAST on every rank.
 void apply_kernel_profile_env(Arguments& args) {
@@ -397,7 +429,12 @@ int run(int argc, char** argv) {
   say(set_padded_vocab_size(args, tokenizer->vocab_size()));
   say(format_args(args));
 
-  // Model, optimizer, scheduler.
+  // Model, optimizer, scheduler (Megatron's 'model-and-optimizer-setup' timer, started after a
+  // barrier, covers setup_model_and_optimizer including the checkpoint load).
+  world->barrier();
+  const auto model_setup_start = std::chrono::steady_clock::now();
+  tensor_parallel::set_use_cpu_initialization(
+      std::any_of(args.notes.begin(), args.notes.end(), [](const auto& n) { return n.first == "--use-cpu-initialization"; }));
   say("building GPT model ...");
   if (device.is_cuda()) say("> training on cuda:" + std::to_string(device.index) + " (MEGATRON_DEVICE=cpu forces the CPU)");
   // This pipeline rank's model chunks: one, or one per virtual stage (interleaved schedule);
@@ -525,7 +562,17 @@ int run(int argc, char** argv) {
     }
   }
 
-  // Data (pretrain_gpt.py train_valid_test_datasets_provider).
+  // Megatron's timers synchronize the device at stop: a one-element copy to the host waits for
+  // the stream (initialization kernels and copies belong to the setup time).
+  if (device.is_cuda()) (void)Tensor::zeros({1}, DType::kFloat32, device).to(Device::cpu());
+  const double model_setup_ms = ms_since(model_setup_start);
+  say("[after model, optimizer, and learning rate scheduler are built] datetime: " +
+      format_log_timestamp(std::chrono::system_clock::now()) + " ");
+
+  // Data (pretrain_gpt.py train_valid_test_datasets_provider); Megatron's
+  // 'train/valid/test-data-iterators-setup' timer, started after a barrier.
+  world->barrier();
+  const auto data_setup_start = std::chrono::steady_clock::now();
   say("> building train, validation, and test datasets ...");
   auto cfg = std::make_shared<datasets::GPTDatasetConfig>();
   cfg->random_seed = args.seed;
@@ -585,6 +632,18 @@ int run(int argc, char** argv) {
   BatchIterator valid_it = iterator_of(valid_loader.get(), cp_size, cp_rank);
   BatchIterator test_it = iterator_of(test_loader.get(), cp_size, cp_rank);
   if (!train_it && !args.skip_train) user_error("no training data (check --data-path/--split)");
+  const double data_setup_ms = ms_since(data_setup_start);
+  say("[after dataloaders are built] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
+  say("done with setup ...");
+  {
+    world->barrier();
+    const std::string t = setup_timers_string(
+        {{"model-and-optimizer-setup", model_setup_ms}, {"train/valid/test-data-iterators-setup", data_setup_ms}}, *world);
+    if (args.rank == args.world_size - 1 && !t.empty()) {  // Megatron's timers.log prints on the last rank
+      std::fputs((t + "\n").c_str(), stdout);
+      std::fflush(stdout);
+    }
+  }
 
   std::function<void(const std::string&)> printer;  // default: stdout (print_rank_last)
   if (args.rank != args.world_size - 1) printer = [](const std::string&) {};
@@ -728,6 +787,15 @@ int run(int argc, char** argv) {
       return t.to_float_vector()[0] > 0.5f;
     };
   }
+  // Megatron's report_memory: every data-parallel rank 0 prints "[Rank r] ... memory (MB) | ...";
+  // on a GPU the allocator/pool fields, on the CPU the resident set.
+  hooks.report_memory = [&args, device, dp0 = ps::get_data_parallel_rank() == 0](const std::string& name) {
+    if (!dp0) return;
+    const std::string line =
+        memory_report(name, static_cast<int>(args.rank), device.is_cuda() ? device.index : -1) + "\n";
+    std::fputs(line.c_str(), stdout);
+    std::fflush(stdout);
+  };
   install_kernel_profiler(args, device, hooks);
   Trainer trainer(args, trainable, opt, sched, hooks, printer);
   trainer_ptr = &trainer;

@@ -300,7 +300,8 @@ void bind_all(Binder& b, Arguments& a) {
     b.noted(f, "selects a PyTorch/Apex fused kernel in Megatron; megatron.cpp's kernels are fixed (same math)");
   }
   b.noted("--use-cpu-initialization",
-          "megatron.cpp's initialization is already device-independent (same values on CPU and GPU)");
+          "weights are drawn on the host and copied (bit-identical to a CPU run) instead of on the GPU; "
+          "megatron.cpp's draw is the same function of (seed, name, index) on both");
 
   // ---- optimizer / learning rate ----
   b.str("--optimizer", a.optimizer, {"adam", "sgd"});

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/utils/errors.h"
 #ifdef MEGATRON_WITH_CUDA
 namespace megatron::cuda {
@@ -55,7 +56,18 @@ double mask_token_count(const Tensor& mask) {
 void install_exit_signal_handler() { std::signal(SIGTERM, on_sigterm); }
 bool exit_signal_received() { return g_sigterm.load(); }
 
-std::string memory_report(const std::string& name, int rank) {
+std::string memory_report(const std::string& name, int rank, int cuda_device) {
+  char buf[320];
+  if (cuda_device >= 0) {
+    const MemoryStats m = memory_stats(DeviceType::kCUDA, cuda_device);
+    const double mb = 1024.0 * 1024.0;
+    std::snprintf(buf, sizeof(buf),
+                  "[Rank %d] %s memory (MB) | allocated: %.2f | max allocated: %.2f | reserved: %.2f | max reserved: "
+                  "%.2f",
+                  rank, name.c_str(), m.allocated / mb, m.max_allocated / mb, std::max<int64_t>(m.reserved, 0) / mb,
+                  std::max<int64_t>(m.max_reserved, 0) / mb);
+    return buf;
+  }
   double rss_mb = 0.0, hwm_mb = 0.0;
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -64,7 +76,6 @@ std::string memory_report(const std::string& name, int rank) {
     if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss_mb = kb / 1024.0;
     if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &kb) == 1) hwm_mb = kb / 1024.0;
   }
-  char buf[256];
   std::snprintf(buf, sizeof(buf), "[Rank %d] %s memory (MB) | resident: %.2f | max resident: %.2f", rank, name.c_str(),
                 rss_mb, hwm_mb);
   return buf;
@@ -395,7 +406,9 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     interval_loss_sum_ = 0.0;
     advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
     if (!memory_reported_) {
-      print(memory_report("(after " + std::to_string(it) + " iterations)", static_cast<int>(args_.rank)));
+      const std::string name = "(after " + std::to_string(it) + " iterations)";
+      if (hooks_.report_memory) hooks_.report_memory(name);
+      else print(memory_report(name, static_cast<int>(args_.rank)));
       memory_reported_ = it > 1;  // report again after the second logged iteration (optimizer state allocated)
     }
     if (args_.timing_log_level >= 1) {

@@ -88,6 +88,10 @@ struct TrainingHooks {
   /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
   /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
   std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
+  /// Megatron's report_memory(name) after the first logged iterations: called on EVERY rank
+  /// (Megatron prints on data-parallel rank 0 of each model-parallel rank, "[Rank r] ...").
+  /// Unset = memory_report(name, rank) through the loop's printer (last rank).
+  std::function<void(const std::string& name)> report_memory;
   /// --profile window on this rank (--profile-ranks): profile_start(first) runs before iteration
   /// `first` (= --profile-step-start + 1, 1-based) and profile_stop(last) after iteration `last`
   /// (= --profile-step-end) and its log line. pretrain_gpt drives the GPU kernel profiler with
@@ -185,8 +189,12 @@ void install_exit_signal_handler();
 /// True once SIGTERM was received after install_exit_signal_handler().
 bool exit_signal_received();
 
-/// Megatron-style " (after N iterations) memory (MB) | ..." report of this process (CPU: resident
-/// set size and its peak from /proc/self/status).
-std::string memory_report(const std::string& name, int rank);
+/// Megatron's report_memory line "[Rank r] <name> memory (MB) | ...". On a GPU (`cuda_device`
+/// >= 0) Megatron's fields from our tensor allocator and the device's stream-ordered pool
+/// (megatron/core/tensor/memory_stats.h): "| allocated: A | max allocated: M | reserved: R |
+/// max reserved: X" in MiB with 2 decimals (torch.cuda.memory_allocated & co.). On the CPU
+/// (`cuda_device` < 0) the process's resident set size and its peak from /proc/self/status:
+/// "| resident: A | max resident: M".
+std::string memory_report(const std::string& name, int rank, int cuda_device = -1);
 
 }  // namespace megatron::training

@@ -161,6 +161,9 @@ void CommWorker::loop() {
     } catch (...) {
       err = std::current_exception();
     }
+    // Release what the operation captured (its tensors) before reporting completion: otherwise a
+    // waiter may run on while this thread still holds the last operation's buffers.
+    item.second = nullptr;
     Watchdog::get().remove(st);
     {
       std::lock_guard<std::mutex> l(st->mu);

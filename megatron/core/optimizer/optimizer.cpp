@@ -36,10 +36,10 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
                    (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16))
         << p.name << " grad " << p.main_grad.str() << " param " << p.param.str();
     // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16 grad
-    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads).
-    grads_.push_back(p.main_grad.dtype() == DType::kFloat32
-                         ? p.main_grad
-                         : Tensor::zeros(p.main_grad.shape(), DType::kFloat32, p.main_grad.device()));
+    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads), which exists only
+    // during step() as in Megatron (main_param.grad = model_grad.float(), dropped by zero_grad):
+    // 4 bytes per parameter (slice) that forward/backward do not have to share memory with.
+    grads_.push_back(p.main_grad.dtype() == DType::kFloat32 ? p.main_grad : Tensor());
     const double wd_mult = (p.no_weight_decay || is_no_weight_decay(p.name, p.param)) ? 0.0 : 1.0;
     const bool decoupled = config_.decoupled_lr.has_value() && p.is_embedding_or_output;
     auto key = std::make_pair(wd_mult, decoupled);
@@ -125,6 +125,7 @@ void MegatronOptimizer::copy_model_grads_to_main_grads() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& mg = params_[i].main_grad;
     if (mg.dtype() == DType::kFloat32) continue;
+    grads_[i] = Tensor::empty(mg.shape(), DType::kFloat32, mg.device());
     if (!mg.is_cpu()) {
       ops::cast(mg, grads_[i]);
       continue;
@@ -178,9 +179,20 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float 
 }
 }  // namespace
 
+void MegatronOptimizer::release_main_grad_copies() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].main_grad.dtype() != DType::kFloat32) grads_[i] = Tensor();
+}
+
 StepResult MegatronOptimizer::step() {
-  StepResult r;
   copy_model_grads_to_main_grads();
+  StepResult r = step_on_main_grads();
+  release_main_grad_copies();
+  return r;
+}
+
+StepResult MegatronOptimizer::step_on_main_grads() {
+  StepResult r;
   // 1. Unscale and check for inf/NaN (only with a loss scaler, i.e. fp16).
   if (scaler_) {
     const float inv = static_cast<float>(scaler_->inv_scale());

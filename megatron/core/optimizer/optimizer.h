@@ -99,6 +99,8 @@ class MegatronOptimizer {
   std::vector<Tensor> grads_for_norm() const;
   std::vector<Tensor> all_main_grads() const;
   void copy_model_grads_to_main_grads();
+  void release_main_grad_copies();
+  StepResult step_on_main_grads();
 
   OptimizerConfig config_;
   std::vector<OptimizerParam> params_;

@@ -1,5 +1,7 @@
 #include "megatron/core/tensor/tensor.h"
 
+#include "megatron/core/tensor/memory_stats.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -48,7 +50,10 @@ Allocator& allocator_for(DeviceType type) {
 }
 
 Storage::~Storage() {
-  if (owned && ptr) allocator_for(device.type).deallocate(ptr, bytes, device.index);
+  if (owned && ptr) {
+    allocator_for(device.type).deallocate(ptr, bytes, device.index);
+    detail::count_free(device.type, bytes);
+  }
 }
 
 int64_t shape_numel(const Shape& s) {
@@ -75,6 +80,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   st->bytes = t.nbytes();
   st->device = device;
   st->ptr = allocator_for(device.type).allocate(st->bytes, device.index);
+  detail::count_alloc(device.type, st->bytes);
   t.storage_ = std::move(st);
   return t;
 }

@@ -69,9 +69,11 @@ ColumnParallelLinear::ColumnParallelLinear(ParamRegistry& reg, const std::string
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
-  // Into the TP region: identity, or with SP the all-gather of the sequence shards.
-  ctx.input = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(x, *tp_.group) : x;
-  const Tensor& xin = ctx.input;
+  // Into the TP region: identity, or with SP the all-gather of the sequence shards. Backward
+  // needs the gathered input too, but only the shard is kept (1/TP of the memory; re-gathered).
+  ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
+  ctx.input = x;
+  const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
   Tensor y = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
   if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
   else ops::linear_forward(xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
@@ -81,8 +83,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
 Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, Tensor& act) const {
 #ifdef MEGATRON_WITH_CUDA
   if (!fp8_ && bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
-    ctx.input = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(x, *tp_.group) : x;
-    const Tensor& xin = ctx.input;
+    // As forward(): only the sequence shard is kept for backward (re-gathered there).
+    ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
+    ctx.input = x;
+    const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
     Tensor pre = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
     act = Tensor::empty(pre.shape(), xin.dtype(), xin.device());
     if (ops::cuda::linear_bias_gelu_forward(xin, weight_.data(), bias_.data(), pre, act)) return pre;
@@ -95,15 +99,16 @@ Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, 
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done) const {
+  // The forward's (gathered) input, bit-identical to what forward multiplied.
+  const Tensor input = ctx.regather ? gather_along_first_dim(ctx.input, *tp_.group) : ctx.input;
   Tensor dx;
-  if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  if (need_dx) dx = Tensor::empty(input.shape(), dy.dtype(), dy.device());
   Tensor* db = bias_.defined() && !bias_grad_done ? &bias_.grad() : nullptr;
   if (fp8_)
-    fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                         db, /*accumulate=*/true);
-  else
-    ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db,
+    fp8::linear_backward(*fp8_, fp8_base_, dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db,
                          /*accumulate=*/true);
+  else
+    ops::linear_backward(dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db, /*accumulate=*/true);
   if (need_dx && tp_.size() > 1) {
     if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
     tp_.group->all_reduce(dx);

@@ -22,9 +22,13 @@ class Fp8State;
 
 namespace megatron::tensor_parallel {
 
-/// What ColumnParallelLinear/RowParallelLinear backward needs: their (gathered) input.
+/// What ColumnParallelLinear/RowParallelLinear backward needs: their input. With sequence
+/// parallelism the column-parallel layer keeps only this rank's sequence shard and all-gathers it
+/// again in backward (Megatron's LinearWithGradAccumulationAndAsyncCommunication), so no layer
+/// holds a full-sequence activation between forward and backward.
 struct LinearCtx {
   Tensor input;
+  bool regather = false;  // input is the sequence shard; backward all-gathers it over TP
 };
 
 /// Options shared by the TP layers.
@@ -39,7 +43,8 @@ struct TPContext {
 /// holds rows [r*out/TP, (r+1)*out/TP) (with partition_stride 2, the rank's rows of each half,
 /// Megatron's SwiGLU fc1 layout). Forward: identity on X, or with sequence parallelism the
 /// all-gather of X's sequence shards [s/TP, ...] -> [s, ...]; output stays split (no
-/// gather_output). Backward: dX all-reduced over TP (SP: reduce-scattered back to [s/TP, ...]).
+/// gather_output). Backward: dX all-reduced over TP (SP: the saved shard is all-gathered again
+/// for dW, and dX is reduce-scattered back to [s/TP, ...]).
 class ColumnParallelLinear {
  public:
   /// Registers "<prefix>.weight" (and "<prefix>.bias" if bias) with global shape

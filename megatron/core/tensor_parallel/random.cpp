@@ -35,25 +35,38 @@ float normal_at(uint64_t key, uint64_t index) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
 }
 
-int64_t global_index_of(const transformer::Parameter& p, const Shape& local_shape, int64_t local_index) {
+namespace {
+// global_index_of without heap allocation (hot loop of the host initialization; up to 8 dims).
+inline int64_t global_index_fast(const transformer::Parameter& p, const Shape& ls, int64_t local_index) {
   const auto& g = p.global_shape;
   const int64_t nd = static_cast<int64_t>(g.size());
-  // Decompose the local flat index (row-major), map the partitioned coordinate, recompose.
-  std::vector<int64_t> idx(static_cast<size_t>(nd));
+  int64_t idx[8];
   int64_t rem = local_index;
   for (int64_t d = nd - 1; d >= 0; --d) {
-    idx[d] = rem % local_shape[d];
-    rem /= local_shape[d];
+    idx[d] = rem % ls[d];
+    rem /= ls[d];
   }
   if (p.partition_dim >= 0) {
     const int64_t pd = p.partition_dim, stride = p.partition_stride;
-    const int64_t block = local_shape[pd] / stride;
+    const int64_t block = ls[pd] / stride;
     const int64_t blk = idx[pd] / block, within = idx[pd] % block;
     idx[pd] = blk * (g[pd] / stride) + p.tp_rank * block + within;
   }
   int64_t flat = 0;
   for (int64_t d = 0; d < nd; ++d) flat = flat * g[d] + idx[d];
   return flat;
+}
+DeviceNormalInit g_device_init = nullptr;  // constant-initialized; set by the CUDA backend
+bool g_use_cpu_init = false;
+}  // namespace
+
+void register_device_normal_init(DeviceNormalInit fn) { g_device_init = fn; }
+void set_use_cpu_initialization(bool on) { g_use_cpu_init = on; }
+
+int64_t global_index_of(const transformer::Parameter& p, const Shape& local_shape, int64_t local_index) {
+  MEGATRON_CHECK(p.global_shape.size() == local_shape.size() && local_shape.size() <= 8)
+      << "global_index_of: shapes " << shape_str(p.global_shape) << " / " << shape_str(local_shape);
+  return global_index_fast(p, local_shape, local_index);
 }
 
 namespace {
@@ -81,25 +94,55 @@ int init_threads() {
 
 void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
   const int64_t n = p.data.numel();
-  std::vector<float> v(static_cast<size_t>(n));
-  switch (p.init) {
-    case transformer::InitKind::kZeros: std::fill(v.begin(), v.end(), 0.0f); break;
-    case transformer::InitKind::kOnes: std::fill(v.begin(), v.end(), 1.0f); break;
-    case transformer::InitKind::kNormal: {
-      const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
-      const Shape& ls = p.data.shape();
-      // Unpartitioned (or TP = 1): the global index is the local one, no per-element index
-      // arithmetic. Every element is a pure function of (key, index), so the threads give the
-      // same values as one thread (LLaMA-3-8B-sized layers: minutes -> seconds).
-      const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
-      const float std_ = p.init_std;
-#pragma omp parallel for schedule(static) num_threads(init_threads()) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i)
-        v[i] = std_ * normal_at(key, static_cast<uint64_t>(identity ? i : global_index_of(p, ls, i)));
-      break;
+  const Shape& ls = p.data.shape();
+  if (p.init == transformer::InitKind::kNormal) {
+    const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
+    // Unpartitioned (or TP = 1): the global index is the local one.
+    const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
+    if (p.data.is_cuda() && g_device_init && !g_use_cpu_init && ls.size() <= NormalInitSpec::kMaxDims &&
+        p.global_shape.size() == ls.size()) {
+      NormalInitSpec s;
+      s.key = key;
+      s.std = p.init_std;
+      s.nd = static_cast<int>(ls.size());
+      for (int d = 0; d < s.nd; ++d) s.local[d] = ls[d], s.global[d] = p.global_shape[d];
+      s.partition_dim = identity ? -1 : p.partition_dim;
+      s.stride = p.partition_stride;
+      s.tp_rank = p.tp_rank;
+      if (g_device_init(p.data, s)) return;
     }
+    MEGATRON_CHECK(p.global_shape.size() == ls.size() && ls.size() <= 8)
+        << p.name << ": shapes " << shape_str(p.global_shape) << " / " << shape_str(ls);
+    // Host: every element is a pure function of (key, global index), so the threads give the
+    // same values as one thread; each thread also rounds its elements to the dtype, straight
+    // into the parameter (CPU) or into a host staging tensor (device, then one copy).
+    Tensor host = p.data.is_cpu() ? p.data : Tensor::empty(ls, p.data.dtype());
+    char* out = static_cast<char*>(host.data_ptr());
+    const DType dt = host.dtype();
+    const size_t es = dtype_size(dt);
+    const float std_ = p.init_std;
+    constexpr int64_t kChunk = 4096;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(init_threads()) if (n > 65536)
+    for (int64_t c = 0; c < chunks; ++c) {
+      float buf[kChunk];
+      const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t i = lo + j;
+        buf[j] = std_ * normal_at(key, static_cast<uint64_t>(identity ? i : global_index_fast(p, ls, i)));
+      }
+      cpu_convert_from_float(buf, out + static_cast<size_t>(lo) * es, dt, len);
+    }
+    if (!p.data.is_cpu()) p.data.copy_(host);
+    return;
   }
-  Tensor host = Tensor::empty(p.data.shape(), p.data.dtype());
+  // Zeros / ones (biases, norm weights: small).
+  if (p.init == transformer::InitKind::kZeros) {
+    p.data.zero_();
+    return;
+  }
+  std::vector<float> v(static_cast<size_t>(n), 1.0f);
+  Tensor host = Tensor::empty(ls, p.data.dtype());
   cpu_convert_from_float(v.data(), host.data_ptr(), host.dtype(), n);
   p.data.copy_(host);
 }

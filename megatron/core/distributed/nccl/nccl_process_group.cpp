@@ -8,7 +8,16 @@
 //   current_stream()), then enqueues the NCCL call and records a completion event. Work::wait()
 //   makes the caller's current stream wait for that event (host does not block), exactly like
 //   torch's ProcessGroupNCCL; is_completed() queries the event.
-// * The tensors of in-flight operations are kept alive until their completion event fired.
+// * Lifetimes of the tensors an operation reads/writes (torch's record_stream problem): every
+//   rank thread allocates and frees (cudaMallocAsync/cudaFreeAsync) on its current stream. Once
+//   Work::wait() has made the current stream wait for the completion event -- at once for a
+//   synchronous operation -- every later free on that stream is ordered after the collective, so
+//   the Work drops its references right there and the caller's own release frees the memory in
+//   stream order. Only a Work destroyed without wait() hands its tensors to the watchdog, which
+//   drops them once the event fired. (Until 2026-11-30 every operation's tensors went to the
+//   watchdog, polled once a second: under TP + sequence parallelism all gathered activations and
+//   pre-reduce-scatter outputs of the last second stayed alive -- LLaMA-3-8B TP2 ran out of memory
+//   on an H200 in the first iteration; docs/memory.md.)
 // * CPU tensors (the training loop's host scalars: loss sums, token counts, grad-norm partial
 //   sums, found-inf flags) are staged through this rank's GPU: copied in, reduced on the
 //   communicator, copied back, synchronously (the returned Work is already complete). Megatron
@@ -74,7 +83,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // One in-flight operation.
 struct NcclOp {
   cudaEvent_t done = nullptr;
-  std::vector<Tensor> keep;
+  std::vector<Tensor> keep;  // only for a Work dropped before wait() (NcclWork::~NcclWork)
   std::string desc;
   std::chrono::steady_clock::time_point start;
   int device = 0;
@@ -113,6 +122,12 @@ class NcclWatchdog {
   void add_op(std::shared_ptr<NcclOp> op) {
     std::lock_guard<std::mutex> l(mu_);
     ops_.push_back(std::move(op));
+  }
+  /// Keeps `tensors` alive until `op` completed (a Work dropped without wait()).
+  void keep_until_done(const std::shared_ptr<NcclOp>& op, std::vector<Tensor> tensors) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (comms_.empty() || op->query()) return;  // done (or shutting down): release now
+    op->keep = std::move(tensors);
   }
 
  private:
@@ -164,13 +179,22 @@ class NcclWatchdog {
 
 class NcclWork final : public Work {
  public:
-  explicit NcclWork(std::shared_ptr<NcclOp> op) : op_(std::move(op)) {}
-  /// Makes the caller's current stream wait for the operation (host does not block).
-  void wait() override { CUDA_CHECK(cudaStreamWaitEvent(megatron::cuda::current_stream(), op_->done, 0)); }
+  NcclWork(std::shared_ptr<NcclOp> op, std::vector<Tensor> keep) : op_(std::move(op)), keep_(std::move(keep)) {}
+  /// Never waited for: the watchdog keeps the tensors until the operation completed.
+  ~NcclWork() override {
+    if (!keep_.empty()) NcclWatchdog::get().keep_until_done(op_, std::move(keep_));
+  }
+  /// Makes the caller's current stream wait for the operation (host does not block); from then
+  /// on frees on that stream are ordered after the operation, so the references are dropped.
+  void wait() override {
+    CUDA_CHECK(cudaStreamWaitEvent(megatron::cuda::current_stream(), op_->done, 0));
+    keep_.clear();
+  }
   bool is_completed() override { return op_->query(); }
 
  private:
   std::shared_ptr<NcclOp> op_;
+  std::vector<Tensor> keep_;
 };
 
 // The Work of an operation that already finished on the host (staged CPU tensors).
@@ -365,13 +389,12 @@ class NcclGroup final : public ProcessGroup {
     auto op = std::make_shared<NcclOp>();
     CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(op->done, stream_));
-    op->keep = std::move(keep);
     op->desc = std::move(desc);
     op->start = std::chrono::steady_clock::now();
     op->device = device_;
     NcclWatchdog::get().add_op(op);
-    auto w = std::make_unique<NcclWork>(op);
-    if (!async) w->wait();
+    auto w = std::make_unique<NcclWork>(op, std::move(keep));
+    if (!async) w->wait();  // also drops the references: later frees are stream-ordered after it
     return w;
   }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::cuda {
@@ -123,11 +124,46 @@ class CudaAllocator final : public Allocator {
 
 CudaAllocator g_cuda_alloc;
 
+// The default pool's reserved bytes (what the driver handed the pool; freed blocks stay in it
+// with our UINT64_MAX release threshold) = torch's memory_reserved / max_memory_reserved.
+bool pool_reserved(int dev, int64_t* current, int64_t* high) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  uint64_t cur = 0, hi = 0;
+  if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &cur) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &hi) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *current = static_cast<int64_t>(cur);
+  *high = static_cast<int64_t>(hi);
+  return true;
+}
+
+void reset_pool_peak(int dev) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  uint64_t zero = 0;  // the only value the driver accepts: resets the high-water mark to the current value
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero);
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+  cudaGetLastError();
+}
+
 struct Registrar {
   Registrar() {
     int n = 0;
-    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) register_allocator(DeviceType::kCUDA, &g_cuda_alloc);
-    else cudaGetLastError();  // clear the error: no GPU is fine, the CPU backend is used
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+      register_allocator(DeviceType::kCUDA, &g_cuda_alloc);
+      register_pool_stats(DeviceType::kCUDA, {pool_reserved, reset_pool_peak});
+    } else {
+      cudaGetLastError();  // clear the error: no GPU is fine, the CPU backend is used
+    }
   }
 } g_registrar;
 }  // namespace
