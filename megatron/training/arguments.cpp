@@ -142,6 +142,9 @@ class Binder {
     noted_with(flag, it->second, std::move(note), std::move(store));
   }
 
+  /// A one-value flag handled by `fn` (which validates and stores it).
+  void with(const std::string& flag, std::function<void(const std::string&)> fn) { add1(flag, std::move(fn)); }
+
   const std::set<std::string>& known() const { return known_; }
 
  private:
@@ -264,25 +267,21 @@ void bind_all(Binder& b, Arguments& a) {
                   user_error("--empty-unused-memory-level: invalid choice '", s, "' (choose from 0, 1, 2)");
               });
   b.flag("--skip-train", a.skip_train, true);
-  b.noted_str("--recompute-granularity",
-              "activation recomputation is not implemented yet: all activations are kept (same results, more "
-              "memory)",
-              [&a](const std::string& s) {
-                if (s != "full" && s != "selective")
-                  user_error("--recompute-granularity: invalid choice '", s, "' (choose from full, selective)");
-                a.recompute_granularity = s;
-              });
-  b.noted_str("--recompute-method", "activation recomputation is not implemented yet (see --recompute-granularity)",
-              [&a](const std::string& s) {
-                if (s != "uniform" && s != "block")
-                  user_error("--recompute-method: invalid choice '", s, "' (choose from uniform, block)");
-                a.recompute_method = s;
-              });
-  b.noted_str("--recompute-num-layers",
-              "activation recomputation is not implemented yet (see --recompute-granularity)",
-              [&a](const std::string& s) { a.recompute_num_layers = parse_number<int64_t>("--recompute-num-layers", s); });
-  b.noted("--recompute-activations",
-          "selective activation recomputation is not implemented yet: all activations are kept");
+  // Activation recomputation (Megatron's _add_training_args; validate_args checks the combination).
+  // Selective recomputation re-runs core attention in Megatron; our attention kernels never keep
+  // the score matrix (only the log-sum-exp), so "selective" is what they always do.
+  static const char* kSelectiveNote =
+      "selective recomputation re-runs core attention in Megatron; megatron.cpp's attention never stores the "
+      "score matrix (only the log-sum-exp), so this is what it always does (no change)";
+  b.with("--recompute-granularity", [&a](const std::string& s) {
+    if (s != "full" && s != "selective")
+      user_error("--recompute-granularity: invalid choice '", s, "' (choose from full, selective)");
+    a.recompute_granularity = s;
+    if (s == "selective") a.notes.emplace_back("--recompute-granularity", kSelectiveNote);
+  });
+  b.str("--recompute-method", a.recompute_method, {"uniform", "block"});
+  b.num("--recompute-num-layers", a.recompute_num_layers);
+  b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
   b.flag("--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, false);
   b.flag("--check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, true);
   b.noted("--deterministic-mode", "megatron.cpp's CPU kernels are deterministic; on CUDA the reductions "
@@ -726,6 +725,25 @@ void validate_args(Arguments& a) {
     fail("--fp8-param-gather needs --fp8-format");
   }
 
+  // Activation recomputation (Megatron's validate_args + TransformerConfig.__post_init__).
+  if (a.recompute_activations) a.recompute_granularity = "selective";
+  if (a.recompute_granularity == "selective") {
+    if (a.recompute_method) fail("recompute method is not yet supported for selective recomputing granularity "
+                                 "(drop --recompute-method, or use --recompute-granularity full)");
+    if (a.recompute_num_layers)
+      fail("--recompute-num-layers must not be given with --recompute-granularity selective");
+  } else if (a.recompute_granularity == "full") {
+    if (!a.recompute_method)
+      fail("--recompute-granularity full needs --recompute-method uniform or block");
+    if (!a.recompute_num_layers)
+      fail("--recompute-granularity full needs --recompute-num-layers (1 to the number of layers per pipeline stage)");
+    if (*a.recompute_num_layers <= 0)
+      user_error("--recompute-num-layers must be positive with --recompute-granularity full (got ",
+                 *a.recompute_num_layers, ")");
+  }
+  // Without --recompute-granularity, --recompute-method / --recompute-num-layers are ignored
+  // (as in Megatron, whose TransformerBlock only checkpoints with granularity 'full').
+
   // Parallel feature combinations.
   if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently
   if (a.overlap_param_gather && !a.use_distributed_optimizer)
@@ -819,6 +837,9 @@ std::string format_args(const Arguments& a) {
         {"vocab_size", opt(a.tokenizer.vocab_size)},
         {"padded_vocab_size", n(a.padded_vocab_size)},
         {"calculate_per_token_loss", b(a.calculate_per_token_loss)},
+        {"recompute_granularity", opt(a.recompute_granularity)},
+        {"recompute_method", opt(a.recompute_method)},
+        {"recompute_num_layers", opt(a.recompute_num_layers)},
         {"log_interval", n(a.log_interval)},
         {"eval_iters", n(a.eval_iters)},
         {"eval_interval", opt(a.eval_interval)}};
@@ -863,6 +884,16 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.tensor_model_parallel_size = a.tensor_model_parallel_size;
   c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
   c.sequence_parallel = a.sequence_parallel;
+  // Full recomputation: TransformerBlock counts --recompute-num-layers per model chunk (one
+  // pipeline stage, or one virtual stage), as Megatron's num_layers_per_pipeline_rank.
+  if (a.recompute_granularity == "full") {
+    c.recompute_granularity = transformer::RecomputeGranularity::kFull;
+    c.recompute_method = *a.recompute_method == "uniform" ? transformer::RecomputeMethod::kUniform
+                                                          : transformer::RecomputeMethod::kBlock;
+    c.recompute_num_layers = *a.recompute_num_layers;
+  } else if (a.recompute_granularity == "selective") {
+    c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
+  }
   if (a.fp8) {
     fp8::Fp8Config f;
     f.format = fp8::parse_fp8_format(*a.fp8);

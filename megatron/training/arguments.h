@@ -73,6 +73,7 @@ struct Arguments {
   std::optional<std::string> recompute_granularity;  // full | selective
   std::optional<std::string> recompute_method;       // uniform | block
   std::optional<int64_t> recompute_num_layers;
+  bool recompute_activations = false;  // --recompute-activations: validate_args -> granularity selective
   bool check_for_nan_in_loss_and_grad = true;
   bool deterministic_mode = false;
 

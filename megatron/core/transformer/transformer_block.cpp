@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "megatron/core/fp8/fp8_state.h"
+
 namespace megatron::transformer {
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const TransformerConfig& config,
@@ -52,10 +54,19 @@ Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx,
   size_t chunk = ctx.chunks.size();
   for (size_t i = layers_.size(); i-- > 0;) {
     if (chunk > 0 && i + 1 == ctx.chunks[chunk - 1].end) {
-      // Re-run the chunk's forward from its saved input with the same dropout streams.
+      // Re-run the chunk's forward from its saved input with the same dropout streams. The
+      // collectives of the forward (TP/SP gathers, CP ring exchanges) run again, in the same
+      // order on every rank of the group. FP8: the scales cannot have changed since the
+      // original forward (they are updated once per step, after every backward), so the
+      // replay quantizes identically; like Transformer Engine's recompute phase it records no
+      // amax (the original forward already did) and reuses the step's cached weight casts.
       RecomputeChunk& c = ctx.chunks[--chunk];
+      fp8::Fp8State* f8 = config_.fp8_state.get();
+      const bool recording = f8 && f8->recording();
+      if (f8) f8->set_recording(false);
       Tensor h = c.input;
       for (size_t j = c.begin; j < c.end; ++j) h = layers_[j]->forward(h, c.fc, ctx.layers[j]);
+      if (f8) f8->set_recording(recording);
       c.input = Tensor();
     }
     d = layers_[i]->backward(d, ctx.layers[i]);

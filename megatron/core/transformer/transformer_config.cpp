@@ -81,8 +81,8 @@ void TransformerConfig::validate() {
       user_error("--recompute-granularity full needs --recompute-method uniform or block");
     if (recompute_num_layers <= 0)
       user_error("--recompute-granularity full needs a positive --recompute-num-layers, got ", recompute_num_layers);
-    if (recompute_method == RecomputeMethod::kUniform && recompute_num_layers > num_layers)
-      user_error("--recompute-num-layers (", recompute_num_layers, ") must not exceed --num-layers (", num_layers, ")");
+    // More layers than a model chunk holds: uniform makes one chunk of all of them, block
+    // recomputes every layer (Megatron's TransformerBlock slices the same way; no error there).
   } else if (recompute_method != RecomputeMethod::kNone) {
     user_error("--recompute-method needs --recompute-granularity full");
   }
