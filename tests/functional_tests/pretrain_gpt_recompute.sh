@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Full activation recomputation (--recompute-granularity full --recompute-method uniform|block
+# --recompute-num-layers N) must not change training: a 4-layer GPT on mock data with dropout on
+# (the recomputed forward must replay the same dropout masks) and 2 micro-batches per step,
+# trained 3 iterations with and without recomputation. On the CPU in fp32 the per-iteration lm
+# loss and grad norm lines and the trained parameters (MEGATRON_DUMP_PARAMS) must be BITWISE
+# equal: recomputation replays exactly the same kernels on the same inputs in the same order
+# (the CPU kernels are deterministic), only later, so every gradient is the same float.
+# Covered: single process (uniform 1, uniform 3 = a 3-layer chunk plus a 1-layer chunk, block 1,
+# block 4), FP8 hybrid (CPU emulation: the replay records no amax and reuses the weight cast),
+# selective (accepted, no change), and under mpirun: TP2 + sequence parallel, PP2 with two
+# virtual stages (block counts per model chunk), DP2 with --overlap-grad-reduce (the grad-ready
+# hooks of recomputed layers still fire). Also the argument checks of Megatron's validate_args.
+BIN=$1 SRC=$2
+source "$SRC/tests/functional_tests/dist_common.inc"
+ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+  --attention-dropout 0.1 --hidden-dropout 0.1 --make-vocab-size-divisible-by 64
+  --micro-batch-size 2 --global-batch-size 4 --train-iters 3 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
+  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
+  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
+  --log-interval 1 --eval-interval 2 --eval-iters 1 --distributed-backend nccl)
+UNIFORM1=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+
+run() {  # run NAME LAUNCHER... -- EXTRA ARGS  (parameters dumped to $LOGDIR/NAME.params/)
+  local name=$1; shift
+  local launch=()
+  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
+  shift
+  mkdir -p "$LOGDIR/$name.params"
+  MEGATRON_DUMP_PARAMS="$LOGDIR/$name.params" timeout 180 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" \
+    >"$LOGDIR/$name.log" 2>&1 || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
+}
+
+# The training and validation log values, with the timing fields removed.
+values() {
+  grep -E '\] iteration |validation loss' "$LOGDIR/$1.log" |
+    sed -E 's/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/throughput[^|]*\|//; s/^.*\] iteration/iteration/'
+}
+
+same() {  # same REF NAME: bitwise-equal log values and parameter dumps
+  local ref=$1 name=$2
+  [ "$(values "$ref" | grep -c 'lm loss')" -ge 3 ] || fail "$ref: no training log lines"
+  diff <(values "$ref") <(values "$name") >&2 || fail "$name: log values differ from $ref"
+  local f n=0
+  for f in "$LOGDIR/$ref.params"/*.bin; do
+    cmp -s "$f" "$LOGDIR/$name.params/$(basename "$f")" || fail "$name: $(basename "$f") differs from $ref"
+    n=$((n + 1))
+  done
+  [ "$n" -ge 1 ] || fail "$ref: no parameter dump"
+  echo "PASS $name: lm loss, grad norm, validation loss and $n parameter file(s) bitwise equal to $ref"
+}
+
+# ---- single process -------------------------------------------------------------------------
+run ref env --
+run uniform1 env -- "${UNIFORM1[@]}"
+grep -q 'recompute_granularity \.* full' "$LOGDIR/uniform1.log" || fail "uniform1: arguments table lacks recompute_granularity full"
+if grep -q 'recompute.*not implemented' "$LOGDIR/uniform1.log"; then fail "uniform1: 'not implemented' note printed"; fi
+same ref uniform1
+run uniform3 env -- --recompute-granularity full --recompute-method uniform --recompute-num-layers 3
+same ref uniform3
+run block1 env -- --recompute-granularity full --recompute-method block --recompute-num-layers 1
+same ref block1
+run block4 env -- --recompute-granularity full --recompute-method block --recompute-num-layers 4
+same ref block4
+run selective env -- --recompute-activations
+grep -q 'note: --recompute-activations is accepted' "$LOGDIR/selective.log" || fail "selective: no note"
+grep -q 'recompute_granularity \.* selective' "$LOGDIR/selective.log" || fail "selective: granularity not set"
+same ref selective
+run fp8_ref env -- --fp8-format hybrid
+run fp8_uniform1 env -- --fp8-format hybrid "${UNIFORM1[@]}"
+same fp8_ref fp8_uniform1
+
+# ---- Megatron's argument checks ---------------------------------------------------------------
+bad() {  # bad MESSAGE-REGEX ARGS...: pretrain_gpt must fail with the message
+  local re=$1; shift
+  if "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$LOGDIR/bad.log" 2>&1; then fail "accepted: $*"; fi
+  grep -qE "$re" "$LOGDIR/bad.log" || { cat "$LOGDIR/bad.log" >&2; fail "no '$re' for: $*"; }
+}
+bad 'needs --recompute-method' --recompute-granularity full --recompute-num-layers 1
+bad 'needs --recompute-num-layers' --recompute-granularity full --recompute-method block
+bad 'must be positive' --recompute-granularity full --recompute-method uniform --recompute-num-layers 0
+bad 'not yet supported for selective' --recompute-granularity selective --recompute-method uniform
+bad 'invalid choice' --recompute-granularity half
+bad 'invalid choice' --recompute-granularity full --recompute-method every --recompute-num-layers 1
+echo "PASS argument checks"
+
+# ---- under mpirun -----------------------------------------------------------------------------
+run tp2sp "${MPIRUN[@]}" -np 2 -- --tensor-model-parallel-size 2 --sequence-parallel
+run tp2sp_uniform1 "${MPIRUN[@]}" -np 2 -- --tensor-model-parallel-size 2 --sequence-parallel "${UNIFORM1[@]}"
+same tp2sp tp2sp_uniform1
+PP=(--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1)
+run pp2vp "${MPIRUN[@]}" -np 2 -- "${PP[@]}"
+run pp2vp_block1 "${MPIRUN[@]}" -np 2 -- "${PP[@]}" --recompute-granularity full --recompute-method block \
+  --recompute-num-layers 1
+same pp2vp pp2vp_block1
+DP=(--overlap-grad-reduce --use-distributed-optimizer --ddp-bucket-size 2000)
+run dp2 "${MPIRUN[@]}" -np 2 -- "${DP[@]}"
+run dp2_uniform1 "${MPIRUN[@]}" -np 2 -- "${DP[@]}" "${UNIFORM1[@]}"
+same dp2 dp2_uniform1
+echo "PASS all"
