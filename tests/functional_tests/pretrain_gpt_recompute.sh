@@ -10,7 +10,7 @@
 # block 4), FP8 hybrid (CPU emulation: the replay records no amax and reuses the weight cast),
 # selective (accepted, no change), and under mpirun: TP2 + sequence parallel, PP2 with two
 # virtual stages (block counts per model chunk), DP2 with --overlap-grad-reduce (the grad-ready
-# hooks of recomputed layers still fire). Also the argument checks of Megatron's validate_args.
+# hooks of recomputed layers still fire), a LLaMA-flavoured CP2 run. Also the argument checks of Megatron's validate_args.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
@@ -97,4 +97,11 @@ DP=(--overlap-grad-reduce --use-distributed-optimizer --ddp-bucket-size 2000)
 run dp2 "${MPIRUN[@]}" -np 2 -- "${DP[@]}"
 run dp2_uniform1 "${MPIRUN[@]}" -np 2 -- "${DP[@]}" "${UNIFORM1[@]}"
 same dp2 dp2_uniform1
+# LLaMA flavour (RoPE, RMSNorm, SwiGLU, GQA, untied) with context parallelism: the replayed
+# attention runs the CP ring exchange again.
+LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+  --group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights)
+run llama_cp2 "${MPIRUN[@]}" -np 2 -- "${LLAMA[@]}" --context-parallel-size 2
+run llama_cp2_uniform1 "${MPIRUN[@]}" -np 2 -- "${LLAMA[@]}" --context-parallel-size 2 "${UNIFORM1[@]}"
+same llama_cp2 llama_cp2_uniform1
 echo "PASS all"
