@@ -7,7 +7,7 @@
 # equal: recomputation replays exactly the same kernels on the same inputs in the same order
 # (the CPU kernels are deterministic), only later, so every gradient is the same float.
 # Covered: single process (uniform 1, uniform 3 = a 3-layer chunk plus a 1-layer chunk, block 1,
-# block 4), FP8 hybrid (CPU emulation: the replay records no amax and reuses the weight cast),
+# block 4), bf16, FP8 hybrid (CPU emulation: the replay records no amax and reuses the weight cast),
 # selective (accepted, no change), and under mpirun: TP2 + sequence parallel, PP2 with two
 # virtual stages (block counts per model chunk), DP2 with --overlap-grad-reduce (the grad-ready
 # hooks of recomputed layers still fire), a LLaMA-flavoured CP2 run. Also the argument checks of Megatron's validate_args.
@@ -66,6 +66,9 @@ run selective env -- --recompute-activations
 grep -q 'note: --recompute-activations is accepted' "$LOGDIR/selective.log" || fail "selective: no note"
 grep -q 'recompute_granularity \.* selective' "$LOGDIR/selective.log" || fail "selective: granularity not set"
 same ref selective
+run bf16_ref env -- --bf16
+run bf16_uniform1 env -- --bf16 "${UNIFORM1[@]}"
+same bf16_ref bf16_uniform1
 run fp8_ref env -- --fp8-format hybrid
 run fp8_uniform1 env -- --fp8-format hybrid "${UNIFORM1[@]}"
 same fp8_ref fp8_uniform1
