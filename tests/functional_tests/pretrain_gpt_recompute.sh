@@ -96,7 +96,7 @@ run pp2vp "${MPIRUN[@]}" -np 2 -- "${PP[@]}"
 run pp2vp_block1 "${MPIRUN[@]}" -np 2 -- "${PP[@]}" --recompute-granularity full --recompute-method block \
   --recompute-num-layers 1
 same pp2vp pp2vp_block1
-DP=(--overlap-grad-reduce --use-distributed-optimizer --ddp-bucket-size 2000)
+DP=(--overlap-grad-reduce --overlap-param-gather --use-distributed-optimizer --ddp-bucket-size 2000)
 run dp2 "${MPIRUN[@]}" -np 2 -- "${DP[@]}"
 run dp2_uniform1 "${MPIRUN[@]}" -np 2 -- "${DP[@]}" "${UNIFORM1[@]}"
 same dp2 dp2_uniform1
