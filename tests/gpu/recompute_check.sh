@@ -18,10 +18,14 @@
 #    prints our "[Rank 0] (after N iterations) memory (MB) | allocated | max allocated | ..."
 #    lines and the tokens/s of the last iteration (2 x 8192 tokens / elapsed). The TFLOP/s in the
 #    log are Megatron's model FLOPs (recomputation not counted), so they drop with recompute.
-#    Expected drop of "max allocated" (after 2 iterations): per layer the bf16 activations kept
-#    without recomputation are ~17 h per token (x, norm outputs 2h, QKV 1.5h, attention out h,
-#    x1 h, fc1 out 7h, SwiGLU out 3.5h) and h with it; uniform 1 keeps 4 inputs + one layer
-#    replayed: saving 3 x 16 h x 8192 x 2 B = 3.2 GB. PASS if the drop is >= 2.4 GB (75%).
+#    Expected drop of "max allocated" (after 2 iterations): per layer the activations kept
+#    without recomputation are 17 h bf16 values per token (x, RMSNorm outputs 2h, QKV 1.5h,
+#    attention out h, x1 h, fc1 out 7h, SwiGLU out 3.5h) plus fp32 rstd x2 and lse x32, and h with
+#    recomputation; uniform 1 keeps 4 inputs and replays one layer, saving 3 x (A - I) =
+#    3 x 16 x 4096 x 8192 x 2 B + 3 MiB = 3075 MiB (the log's "MB" are MiB). The CPU unit test
+#    RecomputeMemory.LlamaShapedFourLayersSaveThreeLayersOfActivations measures exactly 3.000 x
+#    (A - I) on the same proportions. PASS if the drop is >= 2300 MB (75%; more is fine: the GPU
+#    attention may keep extra layouts, which recomputation also drops).
 #    Set RECOMPUTE_SKIP_BASELINE=1 to skip the run without recomputation (then no memory PASS).
 set -u
 BIN=${1:?usage: tests/gpu/recompute_check.sh BIN_DIR}
@@ -130,10 +134,10 @@ if [ "${RECOMPUTE_SKIP_BASELINE:-0}" != 1 ]; then
   au=$(max_alloc "$OUTD/big_uniform1.log"); an=$(max_alloc "$OUTD/big_none.log")
   if [ $rcn = 0 ] && [ -n "$au" ] && [ -n "$an" ]; then
     drop=$(awk -v a="$an" -v b="$au" 'BEGIN{printf "%.0f", a - b}')
-    if awk -v d="$drop" 'BEGIN{exit !(d >= 2400)}'; then
-      pass "max allocated after 2 iterations: $au MB with recompute vs $an MB without: drop $drop MB (expected ~3200, want >= 2400)"
+    if awk -v d="$drop" 'BEGIN{exit !(d >= 2300)}'; then
+      pass "max allocated after 2 iterations: $au MB with recompute vs $an MB without: drop $drop MB (expected ~3075, want >= 2300)"
     else
-      fail "max allocated after 2 iterations: $au MB with recompute vs $an MB without: drop $drop MB (expected ~3200, want >= 2400)"
+      fail "max allocated after 2 iterations: $au MB with recompute vs $an MB without: drop $drop MB (expected ~3075, want >= 2300)"
     fi
   else
     fail "no max-allocated comparison (rc $rcn, '$au' / '$an' MB; logs in $OUTD)"

@@ -49,17 +49,27 @@ datasets::GPTBatch batch() {
 
 // Peak bytes allocated during one micro-batch's forward + backward above what the model held
 // before it (parameters, gradient buffer).
-int64_t peak_activation_bytes(int64_t layers, RecomputeGranularity g, RecomputeMethod m, int64_t k) {
+int64_t peak_activation_bytes(int64_t layers, RecomputeGranularity g, RecomputeMethod m, int64_t k,
+                              bool llama = false, int64_t vocab = kVocab) {
   TransformerConfig c;
   c.num_layers = layers;
   c.hidden_size = kH;
   c.num_attention_heads = kHeads;
+  if (llama) {  // LLaMA-3-8B's proportions: ffn 3.5 h, 4 query heads per K/V group
+    c.ffn_hidden_size = 224;
+    c.num_query_groups = 1;
+    c.normalization = transformer::Normalization::kRMSNorm;
+    c.gated_linear_unit = true;
+    c.add_bias_linear = false;
+    c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
+    c.share_embeddings_and_output_weights = false;
+  }
   c.hidden_dropout = 0.0f;
   c.attention_dropout = 0.0f;
   c.recompute_granularity = g;
   c.recompute_method = m;
   c.recompute_num_layers = k;
-  GPTModel model(c, kVocab, kSeq, 5);
+  GPTModel model(c, vocab, kSeq, 5);
   const auto b = batch();
   Tensor dloss = Tensor::zeros({kBatch, kSeq}, DType::kFloat32);
   dloss.fill_(1.0f / (kBatch * kSeq));
@@ -103,8 +113,27 @@ TEST(RecomputeMemory, FullUniformKeepsOnlyEachLayersInput) {
   // block 2: layers 0 and 1 recomputed (input kept), layers 2 and 3 keep everything.
   EXPECT_NEAR(p4_block2, c_none + 2 * per_layer_recompute + 2 * per_layer_full, 2 * tol)
       << "ratio " << p4_block2 / p4_none;
-  std::printf("peak activation bytes per micro-batch, 4 layers: none %.0f, uniform 1 %.0f (ratio %.3f), block 2 %.0f "
+  std::printf("GPT peak activation bytes per micro-batch, 4 layers: none %.0f, uniform 1 %.0f (ratio %.3f), block 2 %.0f "
               "(ratio %.3f)\n", p4_none, p4_uniform, p4_uniform / p4_none, p4_block2, p4_block2 / p4_none);
+}
+
+TEST(RecomputeMemory, LlamaShapedFourLayersSaveThreeLayersOfActivations) {
+  // The GPU check's LLaMA-3-8B-shaped model scaled down with its proportions (ffn 3.5 h, GQA 4:1,
+  // vocab 2000 = 31.25 h as 128256 / 4096 = 31.3): per layer without recomputation the layer keeps
+  // x, the RMSNorm outputs (2 h), QKV (1.5 h), attention out (h), x1 (h), fc1 out (7 h) and the
+  // SwiGLU output (3.5 h) = 17 h per token, plus rstd 2 and lse 4 floats. Uniform 1 on 4 layers
+  // keeps 4 inputs and replays one layer: the peak drops by 3 (A - I) = 3 x (16 h + 6) T floats
+  // if the peak stays in the layers' backward (it does unless the logits dominate). Tolerance as
+  // above (1% of A per layer involved).
+  using G = RecomputeGranularity;
+  using M = RecomputeMethod;
+  const double T = kBatch * kSeq;
+  const double a = (17.0 * kH + 6) * T * 4, i = kH * T * 4;
+  const double none = static_cast<double>(peak_activation_bytes(4, G::kNone, M::kNone, 0, true, 2000));
+  const double uni = static_cast<double>(peak_activation_bytes(4, G::kFull, M::kUniform, 1, true, 2000));
+  EXPECT_NEAR(none - uni, 3 * (a - i), 0.04 * a) << "none " << none << " uniform " << uni;
+  std::printf("LLaMA-shaped peak activation bytes, 4 layers: none %.0f, uniform 1 %.0f (drop %.0f = %.3f x (A - I))\n",
+              none, uni, none - uni, (none - uni) / (a - i));
 }
 
 }  // namespace
