@@ -2,9 +2,10 @@
 # FP8 vs bf16 convergence on real text (issue #10: "300 steps of a small LLaMA on real data in fp8
 # and in bf16 — final losses within 2%"), both runs side by side on two GPUs (GPU 0 bf16, GPU 1 fp8).
 #   bench/gpu/fp8_convergence.sh BIN DATA_PREFIX TOKENIZER_DIR [OUT]
-# DATA_PREFIX: a preprocess_data output (LLaMA-3 tokenizer, e.g. the 68.7 MiB corpus of
-# tests/reference/preprocess/make_corpus.py bench, 17.9 M tokens). The model sees 300 x 32 x 1024 =
-# 9.8 M tokens, less than one epoch of that corpus, so the losses measure learning, not memorisation.
+# DATA_PREFIX: a preprocess_data output (LLaMA-3 tokenizer; 2026-11-30: the first 100,000 lines of
+# the corpus of tests/reference/preprocess/make_corpus.py bench = 11.4 M tokens). The model sees
+# 300 x 32 x 1024 = 9.8 M tokens, less than one epoch of the 98% train split, so the losses
+# measure learning, not memorisation.
 # Prints the final training loss (mean of the last 50 logged iterations) and the validation loss of
 # both runs and their relative difference. Not a unit test: a measurement for docs/fp8.md.
 B=${1:?bin dir}; DATA=${2:?data prefix}; TOK=${3:?tokenizer dir}; O=${4:-${OUT:-/tmp/out}}; mkdir -p $O

@@ -14,9 +14,7 @@ mkdir -p "$O"
 DATA=${CKPT_BENCH_DIR:-$PWD/.ckpt_bench_tmp}
 mkdir -p "$DATA/tmp"
 # Libraries a CUDA build links (toolkit or the PyTorch wheel's nvidia/*/lib), as kprof_check.sh.
-for d in /usr/local/cuda/lib64 $(python3 -c 'import glob,nvidia,os;[print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 for l in $(ldd "$BIN/checkpoint_bench" 2>/dev/null | awk '/not found/{print $1}'); do
   f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
 done

@@ -27,21 +27,7 @@ export NCCL_NVLS_ENABLE=0
 T0=$(date +%s)
 
 # CUDA libraries: the toolkit's and the PyTorch wheel's (cuBLASLt, cuDNN), as run_gpu_tests.sh.
-LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && LIBS="$LIBS:$d"; done
-PYLIBS=$(python3 - <<'PY' 2>/dev/null
-import glob, os
-try:
-    import nvidia
-    for p in nvidia.__path__:
-        for d in sorted(glob.glob(os.path.join(p, "*", "lib"))):
-            print(d)
-except Exception:
-    pass
-PY
-)
-for d in $PYLIBS; do LIBS="$LIBS:$d"; done
-export LD_LIBRARY_PATH="${LIBS#:}:${LD_LIBRARY_PATH:-}"
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 
 fail=0
 pass() { echo "PASS $*"; }

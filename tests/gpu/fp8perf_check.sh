@@ -20,12 +20,7 @@ O="${OUT:-/tmp/out}/fp8perf"
 mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 # CUDA libraries: the toolkit's and the PyTorch wheel's (cuBLASLt, cuDNN), as run_gpu_tests.sh.
-LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && LIBS="$LIBS:$d"; done
-for d in $(python3 -c 'import glob,os,nvidia; [print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
-  LIBS="$LIBS:$d"
-done
-export LD_LIBRARY_PATH="${LIBS#:}:${LD_LIBRARY_PATH:-}"
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 T0=$(date +%s)
 status=0
 pass() { echo "PASS $*" | tee -a "$O/summary.txt"; }

@@ -26,9 +26,7 @@ if [ -f "$BIN/lib.tar.xz" ]; then
   mkdir -p /tmp/hostgap_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/hostgap_lib
   export LD_LIBRARY_PATH="/tmp/hostgap_lib/lib:${LD_LIBRARY_PATH:-}"
 fi
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
-for d in $(python3 -c 'import glob,os,nvidia;[print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
   if ldd "$BIN/pretrain_gpt" | grep -q "$l => not found"; then
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"

@@ -10,9 +10,7 @@ O=${OUT:-/tmp/out}/kprof
 mkdir -p "$O" && O=$(cd "$O" && pwd) && cd "$O"  # --profile also writes trace_rank0.json to the working folder
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} MEGATRON_DEVICE=cuda  # no silent CPU fallback
 # Libraries: the toolkit's and the PyTorch wheel's (cuBLASLt, cuDNN, CUPTI), then any still missing.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 $(python3 -c 'import glob,nvidia,os;[print(d) for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p,"*","lib")))]' 2>/dev/null); do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
   if ! ldd "$BIN/pretrain_gpt" | grep -q "$l => /"; then
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"

@@ -16,21 +16,7 @@ WHAT="${3:-all}"
 mkdir -p "$OUTD"
 
 # CUDA libraries: the toolkit's, and those of the PyTorch wheel (cuBLASLt, cuDNN) if present.
-LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && LIBS="$LIBS:$d"; done
-PYLIBS=$(python3 - <<'PY' 2>/dev/null
-import glob, os
-try:
-    import nvidia
-    for p in nvidia.__path__:
-        for d in sorted(glob.glob(os.path.join(p, "*", "lib"))):
-            print(d)
-except Exception:
-    pass
-PY
-)
-for d in $PYLIBS; do LIBS="$LIBS:$d"; done
-export LD_LIBRARY_PATH="${LIBS#:}:${LD_LIBRARY_PATH:-}"
+. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
 
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUTD/gpu.txt"

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_utils.h"
 #include "megatron/core/tensor_parallel/random.h"
 
@@ -49,14 +50,6 @@ __device__ __forceinline__ uint64_t global_index(const Layout& L, int64_t i) {
   return static_cast<uint64_t>(flat);
 }
 
-template <class T>
-__device__ __forceinline__ T cast_out(float v);
-template <>
-__device__ __forceinline__ float cast_out<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 cast_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half cast_out<__half>(float v) { return __float2half_rn(v); }
 
 template <class T>
 __global__ void normal_init_kernel(T* out, int64_t n, uint64_t key, float std_, Layout L) {
@@ -68,7 +61,7 @@ __global__ void normal_init_kernel(T* out, int64_t n, uint64_t key, float std_, 
     const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
     const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
     const float z = static_cast<float>(sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2));
-    out[i] = cast_out<T>(std_ * z);
+    out[i] = detail::from_f<T>(std_ * z);
   }
 }
 
