@@ -65,16 +65,28 @@ struct Options {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  if (const char* e = std::getenv("MEGATRON_DEVICE"); e && *e) o.device = e;
+  std::string source = "--device";  // what set o.device, for the error message
+  if (const char* e = std::getenv("MEGATRON_DEVICE"); e && *e) {
+    o.device = e;
+    source = "MEGATRON_DEVICE=";
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--device" && i + 1 < argc) o.device = argv[++i];
-    else if (a.rfind("--device=", 0) == 0) o.device = a.substr(9);
-    else if (a == "--bf16") o.bf16 = true;
-    else user_error("run_simple_mcore_train_loop: unknown argument '", a, "' (use --device auto|cpu|cuda, --bf16)");
+    if (a == "--device") {
+      if (i + 1 >= argc) user_error("--device needs a value: auto, cpu or cuda");
+      o.device = argv[++i];
+      source = "--device";
+    } else if (a.rfind("--device=", 0) == 0) {
+      o.device = a.substr(9);
+      source = "--device";
+    } else if (a == "--bf16") {
+      o.bf16 = true;
+    } else {
+      user_error("run_simple_mcore_train_loop: unknown argument '", a, "' (use --device auto|cpu|cuda, --bf16)");
+    }
   }
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
-    user_error("--device ", o.device, ": unknown device (use auto, cpu or cuda)");
+    user_error(source, source.back() == '=' ? "" : " ", o.device, ": unknown device (use auto, cpu or cuda)");
   return o;
 }
 

@@ -61,25 +61,30 @@ void FileWriter::close() {
   if (rc != 0) user_error("cannot close ", path_, ": ", os_error());
 }
 
+namespace {
+// A whole decimal integer in [lo, hi] from environment variable `name`, else a one-line error.
+long env_int(const char* name, const char* v, long lo, long hi, const char* what) {
+  errno = 0;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) user_error(name, "=", v, ": expected ", what);
+  return x;
+}
+}  // namespace
+
 IoOptions io_options_from_env() {
   IoOptions o;
-  if (const char* v = std::getenv("MEGATRON_CKPT_IO_CHUNK_MB")) {
-    long mb = std::atol(v);
-    if (mb < 1 || mb > 4096) user_error("MEGATRON_CKPT_IO_CHUNK_MB=", v, ": expected 1..4096 (MiB)");
-    o.chunk_bytes = static_cast<size_t>(mb) << 20;
-  }
-  if (const char* v = std::getenv("MEGATRON_CKPT_READ_CHUNK_MB")) {
-    long mb = std::atol(v);
-    if (mb < 1 || mb > 4096) user_error("MEGATRON_CKPT_READ_CHUNK_MB=", v, ": expected 1..4096 (MiB)");
-    o.read_chunk_bytes = static_cast<size_t>(mb) << 20;
-  }
+  if (const char* v = std::getenv("MEGATRON_CKPT_IO_CHUNK_MB"))
+    o.chunk_bytes = static_cast<size_t>(env_int("MEGATRON_CKPT_IO_CHUNK_MB", v, 1, 4096, "1..4096 (MiB)")) << 20;
+  if (const char* v = std::getenv("MEGATRON_CKPT_READ_CHUNK_MB"))
+    o.read_chunk_bytes = static_cast<size_t>(env_int("MEGATRON_CKPT_READ_CHUNK_MB", v, 1, 4096, "1..4096 (MiB)")) << 20;
   if (const char* v = std::getenv("MEGATRON_CKPT_IO_THREADS")) {
-    int t = std::atoi(v);
-    if (t < 1 || t > 64) user_error("MEGATRON_CKPT_IO_THREADS=", v, ": expected 1..64");
+    const int t = static_cast<int>(env_int("MEGATRON_CKPT_IO_THREADS", v, 1, 64, "1..64"));
     o.writer_threads = t;
     o.buffers = std::max(o.buffers, t + 2);
   }
-  if (const char* v = std::getenv("MEGATRON_CKPT_O_DIRECT")) o.direct = std::string(v) != "0";
+  if (const char* v = std::getenv("MEGATRON_CKPT_O_DIRECT"))
+    o.direct = env_int("MEGATRON_CKPT_O_DIRECT", v, 0, 1, "0 (buffered writes) or 1 (O_DIRECT)") != 0;
   return o;
 }
 

@@ -94,6 +94,24 @@ void install_dir(const std::string& src, const std::string& dst) {
   fsync_dir(parent.empty() ? "." : parent.string());
 }
 
+// Why `dst` must not be replaced by a checkpoint, or "" when it may: it does not exist, or it is
+// a directory holding only a checkpoint's files (an earlier save of the same step, replaced
+// atomically). Megatron's dist_checkpointing.save refuses a destination that is not empty;
+// we never delete anything that is not ours.
+std::string unsafe_destination(const std::string& dst) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(dst, ec);
+  if (ec || !fs::exists(st)) return "";
+  if (!fs::is_directory(st)) return "it exists and is not a directory";
+  for (const auto& e : fs::directory_iterator(dst, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool ours = n == kIndexFile || n == kCommonFile || n == kMarkerFile ||
+                      (n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0);
+    if (!ours) return "it holds '" + n + "', which is not part of a checkpoint";
+  }
+  return "";
+}
+
 std::string normalize_dir(const std::string& d) {
   std::string s = d;
   while (s.size() > 1 && s.back() == '/') s.pop_back();
@@ -205,6 +223,12 @@ std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, con
   st->group = group;
   st->rank = group->rank();
   st->size = group->size();
+  const std::string unsafe = st->rank == 0 ? unsafe_destination(dir) : "";
+  if (any_rank_failed(group, !unsafe.empty())) {
+    if (!unsafe.empty())
+      user_error("checkpoint save: refusing to replace ", dir, ": ", unsafe, "; move it away or save to another directory");
+    user_error("checkpoint save: rank 0 refused to replace ", dir);
+  }
   // Everyone writes into <dir>.tmp-<pid of rank 0>.
   Tensor pid = Tensor::from_vector_i64({static_cast<int64_t>(::getpid())}, {1});
   group->broadcast(pid, 0)->wait();
@@ -339,7 +363,14 @@ void AsyncSaveRequest::finalize() {
   State& st = *st_;
   if (st.writer.joinable()) st.writer.join();
   bool failed = static_cast<bool>(st.error);
+  // A failed save removes its temporary directory (every rank has stopped writing once the
+  // vote is taken), so a full disk does not leave partial copies behind at each attempt.
+  auto discard_tmp = [&st] {
+    std::error_code ec;
+    if (st.rank == 0) fs::remove_all(st.tmp_dir, ec);
+  };
   if (any_rank_failed(st.group, failed)) {
+    discard_tmp();
     if (st.error) std::rethrow_exception(st.error);
     user_error("checkpoint save to ", dir_, " failed on another rank");
   }
@@ -360,6 +391,7 @@ void AsyncSaveRequest::finalize() {
     }
   }
   if (any_rank_failed(st.group, static_cast<bool>(err))) {
+    discard_tmp();
     if (err) std::rethrow_exception(err);
     user_error("checkpoint save to ", dir_, " failed on rank 0");
   }

@@ -20,6 +20,9 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
   if (const char* e = std::getenv("MEGATRON_FP8_WEIGHT_CACHE")) {
     if (!std::strcmp(e, "0")) cache_mode_ = WeightCacheMode::kOff;
     else if (!std::strcmp(e, "1")) cache_mode_ = WeightCacheMode::kOn;
+    else if (*e)
+      user_error("MEGATRON_FP8_WEIGHT_CACHE=", e, ": expected 0 (off) or 1 (cache every FP8 weight); unset it for "
+                 "the automatic, memory-sized cache");
   }
 }
 

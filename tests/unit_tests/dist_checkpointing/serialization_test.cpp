@@ -300,3 +300,59 @@ TEST(DistCheckpointing, CopyBoxOverlapScalarAndConversion) {
                              reinterpret_cast<uint8_t*>(dst), DType::kFloat32, {1, 0}, {2, 3}, 0, 6), 3);
   EXPECT_EQ(std::vector<float>(dst, dst + 6), (std::vector<float>{0, 0, 0, 1, 2, 3}));
 }
+
+// A save never deletes what is not a checkpoint (Megatron's dist_checkpointing.save refuses a
+// non-empty destination); an earlier checkpoint at the same path is replaced. Expected values:
+// the user's file content as written here, and the error naming the file.
+TEST(DistCheckpointing, SaveRefusesToReplaceForeignFilesButReplacesACheckpoint) {
+  const std::string root = tmp_dir("foreign");
+  const std::string dir = root + "/ckpt";
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/important.txt") << "precious"; }
+  ShardedStateDict sd;
+  sd.tensors.push_back(ShardedTensor::from_tensor("w", iota_box({4, 3}, {0, 0}, {4, 3})));
+  try {
+    save(sd, dir);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("important.txt"), std::string::npos) << e.what();
+  }
+  std::ifstream in(dir + "/important.txt");
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "precious");
+  for (const auto& e : fs::directory_iterator(root))  // nothing half-written is left beside it
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  // A regular file at the destination is refused too.
+  const std::string file_dst = root + "/plainfile";
+  { std::ofstream(file_dst) << "x"; }
+  EXPECT_THROW(save(sd, file_dst), UserError);
+  EXPECT_TRUE(fs::is_regular_file(file_dst));
+  // An earlier checkpoint is replaced (re-saving the same step).
+  fs::remove(dir + "/important.txt");
+  save(sd, dir);
+  save(sd, dir);
+  ShardedStateDict back;
+  back.tensors.push_back(ShardedTensor::from_tensor("w", Tensor::zeros({4, 3}, DType::kFloat32)));
+  load(back, dir);
+  EXPECT_EQ(back.tensors[0].data.data<float>()[11], 11.0f);
+  fs::remove_all(root);
+}
+
+// MEGATRON_CKPT_* settings accept whole numbers in range only (strtol with trailing text used
+// to pass "32MB" as 32 and any value but "0" as O_DIRECT on).
+TEST(DistCheckpointing, IoEnvironmentValuesAreStrict) {
+  auto rejects = [](const char* var, const char* val) {
+    ::setenv(var, val, 1);
+    EXPECT_THROW(io_options_from_env(), UserError) << var << "=" << val;
+    ::unsetenv(var);
+  };
+  rejects("MEGATRON_CKPT_O_DIRECT", "false");
+  rejects("MEGATRON_CKPT_O_DIRECT", "2");
+  rejects("MEGATRON_CKPT_IO_CHUNK_MB", "32MB");
+  rejects("MEGATRON_CKPT_IO_THREADS", "2x");
+  rejects("MEGATRON_CKPT_READ_CHUNK_MB", "0");
+  ::setenv("MEGATRON_CKPT_O_DIRECT", "0", 1);
+  EXPECT_FALSE(io_options_from_env().direct);
+  ::unsetenv("MEGATRON_CKPT_O_DIRECT");
+}
