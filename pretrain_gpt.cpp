@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/datasets/utils.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
@@ -402,6 +403,11 @@ int run(int argc, char** argv) {
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
   }
+  if (args.ckpt_format != "torch_dist" && (args.save || args.load))
+    say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp always writes and reads its "
+        "distributed checkpoint layout (per-rank safetensors files + metadata; docs/checkpointing.md)");
+  // Checkpoint I/O settings are checked now, not at the first save hours into the run.
+  if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
   validate_args(args);
   check_supported_parallelism(args);
 

@@ -10,6 +10,9 @@
 #   --save/--load DIR        dropped (a benchmark does not need the 112 GB checkpoint writes),
 #                            kept with BENCH_CKPT=1 (then a final save at the last iteration);
 #                            BENCH_CKPT=load keeps only --load (resume without a final save)
+#                            (resume with the same BENCH_ITERS/BENCH_GBS as the save: the LR schedule
+#                            is derived from them, and a changed schedule is refused as in Megatron;
+#                            save with EXTRA_ARGS="--exit-interval K", then resume)
 #   with BENCH_TP=N: --tensor-model-parallel-size N (the script's --sequence-parallel stays;
 #   BENCH_NO_SP=1 drops it)
 # Every other flag of the script passes unchanged.

@@ -686,10 +686,6 @@ void validate_args(Arguments& a) {
   if (a.add_bias_linear) a.add_qkv_bias = true;
 
   // Learning rate and weight decay.
-  if (a.ckpt_format != "torch_dist")
-    a.notes.emplace_back("--ckpt-format " + a.ckpt_format,
-                         "is accepted, but megatron.cpp always writes and reads its distributed checkpoint layout "
-                         "(torch_dist-style: per-rank safetensors files + metadata; docs/checkpointing.md)");
   // --skip-train evaluates only (no optimizer is built), so it needs no learning rate.
   if (!a.lr && !a.skip_train) fail("--lr is required");
   if (a.lr && a.min_lr > *a.lr) user_error("--min-lr (", a.min_lr, ") must be <= --lr (", *a.lr, ")");

@@ -11,7 +11,7 @@
 namespace megatron::ops {
 
 namespace {
-[[noreturn]] void no_cuda(const char* op) {
+[[noreturn, maybe_unused]] void no_cuda(const char* op) {
   user_error("ops::", op, ": a CUDA tensor reached a build without the CUDA backend; rebuild with -DMEGATRON_CUDA=ON");
 }
 }  // namespace
