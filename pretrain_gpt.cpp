@@ -406,6 +406,15 @@ int run(int argc, char** argv) {
   if (args.ckpt_format != "torch_dist" && (args.save || args.load))
     say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp always writes and reads its "
         "distributed checkpoint layout (per-rank safetensors files + metadata; docs/checkpointing.md)");
+  if (args.profile) {  // a window that can never open would silently profile nothing
+    if (args.profile_step_start < 0 || (args.train_iters && args.profile_step_start >= *args.train_iters))
+      say("warning: --profile-step-start " + std::to_string(args.profile_step_start) + " is outside [0, --train-iters " +
+          std::to_string(args.train_iters.value_or(0)) + "): nothing will be profiled");
+    bool any_rank = false;
+    for (int64_t r : args.profile_ranks) any_rank = any_rank || (r >= 0 && r < args.world_size);
+    if (!any_rank) say("warning: --profile-ranks names no rank of this run (world size " +
+                       std::to_string(args.world_size) + "): nothing will be profiled");
+  }
   // Checkpoint I/O settings are checked now, not at the first save hours into the run.
   if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
   validate_args(args);
