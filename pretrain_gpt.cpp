@@ -15,6 +15,7 @@
 #include <string>
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
+#include "megatron/core/utils/parse.h"
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/datasets/utils.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
@@ -279,17 +280,13 @@ void apply_kernel_profile_env(Arguments& args) {
   const std::string s = v;
   if (s == "off" || s == "0") return;  // the opt-out (see install_kernel_profiler)
   const size_t colon = s.find(':');
-  long long first = 0, last = 0;
-  auto num = [](const std::string& t, long long& out) {
-    auto r = std::from_chars(t.data(), t.data() + t.size(), out);
-    return r.ec == std::errc() && r.ptr == t.data() + t.size();
-  };
-  if (colon == std::string::npos || !num(s.substr(0, colon), first) || !num(s.substr(colon + 1), last) || first < 1 ||
-      last < first)
+  const auto first = colon == std::string::npos ? std::nullopt : parse_whole_integer(std::string_view(s).substr(0, colon));
+  const auto last = colon == std::string::npos ? std::nullopt : parse_whole_integer(std::string_view(s).substr(colon + 1));
+  if (!first || !last || *first < 1 || *last < *first)
     user_error("MEGATRON_KERNEL_PROFILE=", s, ": expected FIRST:LAST, 1-based iterations with 1 <= FIRST <= LAST (e.g. 3:5)");
   args.profile = true;
-  args.profile_step_start = first - 1;
-  args.profile_step_end = last;
+  args.profile_step_start = *first - 1;
+  args.profile_step_end = *last;
   args.profile_ranks.clear();
   for (int64_t r = 0; r < args.world_size; ++r) args.profile_ranks.push_back(r);
 }

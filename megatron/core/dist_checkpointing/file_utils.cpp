@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/parse.h"
 
 namespace megatron::dist_checkpointing {
 
@@ -64,11 +65,9 @@ void FileWriter::close() {
 namespace {
 // A whole decimal integer in [lo, hi] from environment variable `name`, else a one-line error.
 long env_int(const char* name, const char* v, long lo, long hi, const char* what) {
-  errno = 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) user_error(name, "=", v, ": expected ", what);
-  return x;
+  const auto x = parse_whole_integer(v);
+  if (!x || *x < lo || *x > hi) user_error(name, "=", v, ": expected ", what);
+  return static_cast<long>(*x);
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include "megatron/core/distributed/comm_worker.h"
 #include "megatron/core/distributed/mpi/mpi_process_group.h"
 #include "megatron/core/distributed/tcp/tcp_process_group.h"
+#include "megatron/core/utils/parse.h"
 
 namespace megatron::distributed {
 
@@ -28,10 +29,9 @@ const char* env(const char* name) {
 
 int env_int(const char* name, int lo) {
   const char* v = env(name);
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < lo || x > (1 << 24)) user_error("environment variable ", name, "='", v, "' is not a valid integer >= ", lo);
-  return static_cast<int>(x);
+  const auto x = parse_whole_integer(v);
+  if (!x || *x < lo || *x > (1 << 24)) user_error("environment variable ", name, "='", v, "' is not a valid integer >= ", lo);
+  return static_cast<int>(*x);
 }
 
 std::shared_ptr<TCPStore> make_store(const LaunchEnv& e, std::chrono::milliseconds timeout) {
