@@ -463,7 +463,7 @@ void test_reduce_many() {
 }
 
 void test_embedding_ce() {
-  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     const int64_t V_ = 50, h = g_small ? 16 : 72, rows = g_small ? 12 : 300, vs = 20;
     V table = rounded(randn(V_ * h), dt);
     std::vector<int64_t> ids(rows);
@@ -485,7 +485,7 @@ void test_embedding_ce() {
         for (int64_t c = 0; c < h; ++c) rd[(ids[i] - vs) * h + c] += dout[i * h + c];
     check(std::string("embedding_backward fp32 grad ") + dn(dt), host(DT), rd, 1e-5);
   }
-  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     const int64_t N = g_small ? 5 : 67, Vl = g_small ? 300 : 5000, vs = Vl / 2;
     V logits = rounded(randn(N * Vl, 3.0f), dt);
     std::vector<int64_t> labels(N);
@@ -522,7 +522,7 @@ void test_embedding_ce() {
 
 void test_norms() {
   for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096})
-    for (DType dt : {DType::kFloat32, DType::kBFloat16})
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
       for (bool zc : {false, true}) {
         const int64_t N = g_small ? 9 : 130;
         const float eps = 1e-5f;
@@ -691,13 +691,13 @@ void test_attention() {
   // our backward from cuDNN's out and lse (the lse contract that ring attention relies on).
   const bool have_cudnn = cu::cudnn_sdpa::available();
   check_true("cuDNN SDPA available", have_cudnn, cu::cudnn_sdpa::last_error());
-  for (int impl : {0, 4, 2, 3, 1})
+  for (int impl : {0, 5, 4, 2, 3, 1})
   for (auto cs : cases) {
-    if ((impl == 0 || impl == 4) && (cs.mask || !have_cudnn)) continue;
+    if ((impl == 0 || impl == 4 || impl == 5) && (cs.mask || !have_cudnn)) continue;
     setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
     setenv("MEGATRON_FLASH_SMALL", impl == 3 ? "1" : "0", 1);
-    setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 ? "cudnn" : "flash", 1);
-    const DType dt = DType::kBFloat16;
+    setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 || impl == 5 ? "cudnn" : "flash", 1);
+    const DType dt = impl == 5 ? DType::kFloat16 : DType::kBFloat16;  // 5: cuDNN SDPA in fp16 (--fp16)
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
     V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
       v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
@@ -776,7 +776,7 @@ void test_attention() {
       }
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
-                  impl == 0 ? " cudnn" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
+                  impl == 0 ? " cudnn" : impl == 5 ? " cudnn fp16" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
     check(std::string(nm) + " out", oh, ro, 1e-2);
     check(std::string(nm) + " lse", host(L), rl, 1e-3);
     check(std::string(nm) + " dq", host(DQ), rdq, 1e-2);
@@ -834,7 +834,7 @@ void test_attention_generic() {
     cases.push_back({64, 64, 2, 4, 2, 96, true, false, 0.0f, "auto"});     // dispatch: bf16 d=96 -> cuDNN if present
   }
   for (const Case& cs : cases)
-    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       setenv("MEGATRON_ATTENTION_BACKEND", cs.backend, 1);
       const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
       V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),

@@ -33,7 +33,8 @@
 #       known false positives (docs/cuda.md) and reported, not failed. Without compute-sanitizer:
 #       an INFO line.
 #  C (background, CPU) the CPU references (MEGATRON_DEVICE=cpu) of step 2/3's runs: the fp32 GPT and
-#       LLaMA (GPUCHECK_LIVE_CPU=all: every reference; =0: none), GPUCHECK_CPU_THREADS threads each.
+#       LLaMA and any run without a fixture (GPUCHECK_LIVE_CPU=all: every reference; =0: none),
+#       two at a time, GPUCHECK_CPU_THREADS threads each.
 #       A live run that completes its 50 steps in time is the reference; otherwise the CPU log
 #       committed in tests/gpu/fixtures/gpucheck/ (made on the CPU build machine with the same
 #       flags; the CPU backend is deterministic) is, and the live run's finished steps are compared
@@ -110,39 +111,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "run_gpu_tests: $GPU_NAME, commit $COMMIT, bin $BIN, logs $OUTD, budget ${BUDGET} s, $NCORES cores"
 
-# ---- the training runs -------------------------------------------------------------------------
-GPT=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --max-position-embeddings 256)
-LLAMA=(--num-layers 4 --hidden-size 256 --ffn-hidden-size 704 --num-attention-heads 4 --group-query-attention
-  --num-query-groups 2 --seq-length 256 --max-position-embeddings 256 --position-embedding-type rope --swiglu
-  --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear)
-COMMON=(--micro-batch-size 4 --global-batch-size 8 --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine
-  --lr-warmup-iters 5 --clip-grad 1.0 --weight-decay 0.1 --seed 1234 --mock-data --tokenizer-type NullTokenizer
-  --vocab-size 4095 --attention-dropout 0 --hidden-dropout 0 --log-interval 1 --eval-iters 0)
-FP8=(--bf16 --fp8-format hybrid)
-FP16DYN=(--fp16 --initial-loss-scale 4294967296 --loss-scale-window 8 --hysteresis 2 --min-loss-scale 1)
-FP16DYN_LLAMA=(--fp16 --initial-loss-scale 65536 --loss-scale-window 5 --hysteresis 1 --min-loss-scale 16384)
-FP16STATIC=(--fp16 --loss-scale 4096)
-# run_args NAME -> the flags of run NAME (model_precision) in RUN_ARGS
-run_args() {
-  local model=${1%%_*} prec=${1#*_}
-  case $model in gpt) RUN_ARGS=("${GPT[@]}");; llama) RUN_ARGS=("${LLAMA[@]}");; esac
-  case $prec in
-    fp32) ;;
-    bf16) RUN_ARGS+=(--bf16);;
-    fp8) RUN_ARGS+=("${FP8[@]}");;
-    fp16dyn) if [ "$model" = gpt ]; then RUN_ARGS+=("${FP16DYN[@]}"); else RUN_ARGS+=("${FP16DYN_LLAMA[@]}"); fi;;
-    fp16static) RUN_ARGS+=("${FP16STATIC[@]}");;
-  esac
-  RUN_ARGS+=("${COMMON[@]}" --data-cache-path "$W/cache_$1_$2")
-}
-iters_in() { grep -cE "\] iteration +[0-9]+/" "$1" 2>/dev/null || echo 0; }
+# ---- the training runs (flags shared with the fixtures' generator) ---------------------------------
+CACHE_ROOT="$W"
+. "$HERE/gpucheck_config.sh"
+iters_in() { local n; n=$(grep -cE "\] iteration +[0-9]+/" "$1" 2>/dev/null); echo "${n:-0}"; }
 
 # ---- lane C: live CPU references -----------------------------------------------------------------
 CPU_RUNS=()
 case $LIVE_CPU in
   0|none) ;;
   all) CPU_RUNS=(gpt_fp32 llama_fp32 gpt_fp8 llama_fp8 gpt_fp16dyn gpt_fp16static llama_fp16dyn);;
-  *) CPU_RUNS=(gpt_fp32 llama_fp32);;
+  *) CPU_RUNS=(gpt_fp32 llama_fp32)  # and every run without a committed fixture
+     for n in gpt_fp8 llama_fp8 gpt_fp16dyn gpt_fp16static llama_fp16dyn; do
+       [ -f "$FIX/${n}_cpu.log" ] || CPU_RUNS+=("$n")
+     done;;
 esac
 want train || want fp16 || CPU_RUNS=()
 lane_c() {

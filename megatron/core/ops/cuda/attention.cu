@@ -12,8 +12,9 @@
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
 // [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only, no dropout.
 // Dispatch (attention_forward / attention_backward below): cuDNN's SDPA or these kernels when the
-// call is bfloat16, 16-byte aligned and without dropout; every other call (float32, other head
-// dims up to 256, attention dropout) runs the generic kernels of attention_generic.cu.
+// call is bfloat16, 16-byte aligned and without dropout (float16 calls: cuDNN's SDPA only); every
+// other call (float32, float16 without cuDNN, other head dims up to 256, attention dropout) runs
+// the generic kernels of attention_generic.cu.
 #include <cmath>
 #include <atomic>
 #include <cstdio>
@@ -846,12 +847,14 @@ Backend attention_backend() {
   return Backend::kAuto;
 }
 
-// True when cuDNN / our flash kernels can take the call: every tensor bfloat16 and 16-byte aligned,
-// no dropout (head dims are checked by each path).
+// True when cuDNN / our flash kernels can take the call: every tensor bfloat16 (or every tensor
+// float16: cuDNN only) and 16-byte aligned, no dropout (head dims are checked by each path).
 bool tensor_core_ok(std::initializer_list<const Tensor*> ts, const AttentionParams& p) {
   if (p.dropout_p != 0.0f) return false;
+  const DType dt = (*ts.begin())->dtype();
+  if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   for (const Tensor* t : ts)
-    if (t->dtype() != DType::kBFloat16 || !aligned16(t->data_ptr())) return false;
+    if (t->dtype() != dt || !aligned16(t->data_ptr())) return false;
   return true;
 }
 
@@ -891,7 +894,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const Backend be = attention_backend();
   if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out}, p)) {
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
-                                             "bfloat16 16-byte-aligned calls without dropout: q "
+                                             "bfloat16/float16 16-byte-aligned calls without dropout: q "
                                           << q.str() << " out " << out.str() << " dropout " << p.dropout_p;
     note_dropout_once(p, q);
     return generic_attention::forward(q, k, v, p, out, lse);
@@ -901,7 +904,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
-  if (q.size(3) != 64 && q.size(3) != 128) return generic_attention::forward(q, k, v, p, out, lse);
+  // Our flash kernels: bfloat16, head dims 64 and 128.
+  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16)
+    return generic_attention::forward(q, k, v, p, out, lse);
   check_args("attention_forward", q, k, v, p);
   MEGATRON_CHECK(out.shape() == q.shape() && out.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32 &&
                  lse.numel() == q.size(1) * q.size(2) * q.size(0))
@@ -949,7 +954,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const Backend be = attention_backend();
   if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, p)) {
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
-                                             "bfloat16 16-byte-aligned calls without dropout: q "
+                                             "bfloat16/float16 16-byte-aligned calls without dropout: q "
                                           << q.str() << " dq " << dq.str() << " dropout " << p.dropout_p;
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   }
@@ -958,7 +963,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
-  if (q.size(3) != 64 && q.size(3) != 128) return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
+  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16)
+    return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   check_args("attention_backward", q, k, v, p);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
                  dk.shape() == k.shape() && dv.shape() == v.shape() && dout.dtype() == DType::kBFloat16 &&

@@ -1,5 +1,5 @@
 // Generic attention forward and backward on CUDA (attention_generic.h): any head dim 1..256,
-// float32 or bfloat16, causal / explicit mask / none, grouped-query K/V, attention dropout with the
+// float32, bfloat16 or float16, causal / explicit mask / none, grouped-query K/V, attention dropout with the
 // CPU reference's stream. Correctness first, reasonable speed for small heads:
 //   forward   one warp per (batch, head, query row); the 32 lanes take 32 keys at a time (one
 //             score each: a dot product over d with the query row held in shared memory), the
@@ -282,8 +282,8 @@ void check(const char* name, const Tensor& q, const Tensor& k, const Tensor& v, 
       << name << ": q " << q.str() << " k " << k.str() << " v " << v.str();
   MEGATRON_CHECK(q.size(3) >= 1 && q.size(3) <= kMaxHeadDim)
       << name << ": head dim " << q.size(3) << " (the CUDA attention takes 1.." << kMaxHeadDim << ")";
-  MEGATRON_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16)
-      << name << ": q " << q.str() << " (CUDA attention: float32 or bfloat16)";
+  MEGATRON_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 || q.dtype() == DType::kFloat16)
+      << name << ": q " << q.str() << " (CUDA attention: float32, bfloat16 or float16)";
   for (const Tensor* t : same_dtype)
     MEGATRON_CHECK(t->dtype() == q.dtype() && t->is_cuda())
         << name << ": " << t->str() << " must be a CUDA tensor of q's dtype (q " << q.str() << ")";
@@ -316,7 +316,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   if (rows == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   const size_t smem = sizeof(float) * kWarps * a.D;
-  MCU_F32_BF16_SWITCH(q.dtype(), T, with_npl(a.D, [&](auto npl) {
+  MCU_FLOAT_SWITCH(q.dtype(), T, with_npl(a.D, [&](auto npl) {
     fwd_kernel<T, decltype(npl)::value><<<blocks_for(rows), kWarps * 32, smem, st>>>(
         static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
         static_cast<T*>(out.data_ptr()), static_cast<float*>(lse.data_ptr()), a);
@@ -339,7 +339,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
   float* dvec = nullptr;
   CUDA_CHECK(cudaMallocAsync(&dvec, sizeof(float) * (rows > 0 ? rows : 1), st));
   const size_t smem = sizeof(float) * kWarps * 2 * a.D;
-  MCU_F32_BF16_SWITCH(q.dtype(), T, with_npl(a.D, [&](auto npl) {
+  MCU_FLOAT_SWITCH(q.dtype(), T, with_npl(a.D, [&](auto npl) {
     constexpr int N = decltype(npl)::value;
     auto* qp = static_cast<const T*>(q.data_ptr());
     auto* kp = static_cast<const T*>(k.data_ptr());

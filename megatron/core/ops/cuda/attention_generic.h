@@ -12,7 +12,7 @@ constexpr int64_t kMaxHeadDim = 256;
 
 /// ops.h attention_forward for any head dim 1..256: q [s, b, np, d], k, v [sk, b, ng, d]
 /// (np % ng == 0: grouped-query attention, head h reads K/V group h / (np/ng)), all float32 or
-/// all bfloat16 (out the same dtype), lse float32 [b, np, s] (natural log; -inf for a row with no
+/// all bfloat16 or all float16 (out the same dtype), lse float32 [b, np, s] (natural log; -inf for a row with no
 /// visible key, whose out is 0). Masks: causal (key j visible to query i iff j <= i), an explicit
 /// bool mask [b, 1, s, sk] (true = masked) or none. Attention dropout with the CPU reference's
 /// counter-based stream (element ((b*np + h)*s + i)*sk + j of stream (seed, offset)), so CPU and

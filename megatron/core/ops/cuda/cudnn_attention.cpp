@@ -332,7 +332,8 @@ struct Shape {
   bool causal;
   bool bwd;
   int dev;
-  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev); }
+  bool half = false;  // float16 tensors (--fp16) instead of bfloat16
+  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev, half); }
   bool operator<(const Shape& o) const { return key() < o.key(); }
 };
 
@@ -351,7 +352,7 @@ Dims st_dims(const Shape& x) { return {x.b, x.hq, x.sk, x.s}; }  // transposed s
 Dims st_strides(const Shape& x) { return {x.hq * x.s * x.sk, x.s * x.sk, 1, x.sk}; }
 
 void build_forward(GraphBuilder& g, const Shape& x) {
-  const auto BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+  const auto BF = x.half ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
   auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
   auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
   auto V = g.tensor(kV, BF, kv_dims(x), kv_strides(x), false);
@@ -380,7 +381,7 @@ void build_forward(GraphBuilder& g, const Shape& x) {
 }
 
 void build_backward(GraphBuilder& g, const Shape& x) {
-  const auto BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+  const auto BF = x.half ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
   const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
   auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
   auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
@@ -479,7 +480,7 @@ Plan* get_plan(const Shape& x) {
 
 bool shape_ok(const Tensor& q, const Tensor& k, const AttentionParams& p) {
   if (p.attention_mask || p.dropout_p != 0.0f) return false;
-  if (q.dtype() != DType::kBFloat16 || k.dtype() != DType::kBFloat16) return false;
+  if ((q.dtype() != DType::kBFloat16 && q.dtype() != DType::kFloat16) || k.dtype() != q.dtype()) return false;
   const int64_t d = q.size(3);
   if (d % 8 != 0 || d > 256) return false;
   return q.size(0) > 0 && q.size(1) > 0 && k.size(0) > 0;
@@ -488,6 +489,7 @@ bool shape_ok(const Tensor& q, const Tensor& k, const AttentionParams& p) {
 Shape make_shape(const Tensor& q, const Tensor& k, const AttentionParams& p, bool bwd) {
   Shape x{q.size(1), q.size(2), k.size(2), q.size(0), k.size(0), q.size(3), p.causal, bwd, 0};
   cudaGetDevice(&x.dev);
+  x.half = q.dtype() == DType::kFloat16;
   return x;
 }
 

@@ -18,8 +18,8 @@ bool available();
 /// Why cuDNN is unavailable or why the last graph was rejected ("" if none).
 std::string last_error();
 
-/// Forward SDPA for ops.h's attention contract: q [s, b, np, d], k, v [sk, b, ng, d] bf16,
-/// out [s, b, np, d] bf16, lse float32 [b, np, s] (natural-log log-sum-exp of the scaled,
+/// Forward SDPA for ops.h's attention contract: q [s, b, np, d], k, v [sk, b, ng, d] bf16
+/// (or all fp16: --fp16), out [s, b, np, d] of the same dtype, lse float32 [b, np, s] (natural-log log-sum-exp of the scaled,
 /// masked scores: cuDNN's softmax "stats"). Causal (top-left aligned: key j visible to query i
 /// iff j <= i) or no mask; no explicit mask, no dropout. Runs on megatron::cuda::current_stream().
 /// Returns false (nothing launched) if cuDNN is unavailable or rejects this shape; the

@@ -32,6 +32,7 @@ __global__ void embed_fwd_kernel(const int64_t* __restrict__ ids, const T* __res
 
 __device__ __forceinline__ void atomic_add_f(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add_f(bf16_t* p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
+__device__ __forceinline__ void atomic_add_f(fp16_t* p, float v) { atomicAdd(p, __float2half_rn(v)); }
 
 template <class X, class D>
 __global__ void embed_bwd_kernel(const X* __restrict__ dout, const int64_t* __restrict__ ids, D* __restrict__ dtable,
@@ -141,8 +142,8 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, i
   if (rows == 0 || h == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = h % 8 == 0 && aligned16(dout.data_ptr());
-  MCU_F32_BF16_SWITCH(dout.dtype(), X,
-                      MCU_F32_BF16_SWITCH(dtable.dtype(), D,
+  MCU_FLOAT_SWITCH(dout.dtype(), X,
+                      MCU_FLOAT_SWITCH(dtable.dtype(), D,
                                           embed_bwd_kernel<X, D><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads,
                                                                    0, st>>>(
                                               static_cast<const X*>(dout.data_ptr()),
@@ -164,7 +165,7 @@ void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t voc
   MEGATRON_CHECK(N < (1ll << 31)) << "cross_entropy_stats: too many rows " << N;
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = V % 8 == 0 && aligned16(logits.data_ptr());
-  MCU_F32_BF16_SWITCH(logits.dtype(), L,
+  MCU_FLOAT_SWITCH(logits.dtype(), L,
                       ce_stats_kernel<L><<<(unsigned)N, kThreads, 0, st>>>(
                           static_cast<const L*>(logits.data_ptr()), static_cast<const int64_t*>(labels.data_ptr()), V,
                           vocab_start, static_cast<float*>(row_max.data_ptr()),
@@ -182,8 +183,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
   if (N == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = V % 8 == 0 && aligned16(logits.data_ptr()) && aligned16(dlogits.data_ptr());
-  MCU_F32_BF16_SWITCH(logits.dtype(), L,
-                      MCU_F32_BF16_SWITCH(dlogits.dtype(), D,
+  MCU_FLOAT_SWITCH(logits.dtype(), L,
+                      MCU_FLOAT_SWITCH(dlogits.dtype(), D,
                                           ce_bwd_kernel<L, D><<<(unsigned)N, kThreads, 0, st>>>(
                                               static_cast<const L*>(logits.data_ptr()),
                                               static_cast<const int64_t*>(labels.data_ptr()), V, vocab_start,

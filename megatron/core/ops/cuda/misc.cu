@@ -72,7 +72,7 @@ void bias_add_(Tensor& y, const Tensor& bias) {
   if (rows == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   MCU_FLOAT_SWITCH(y.dtype(), Y,
-                   MCU_F32_BF16_SWITCH(bias.dtype(), B,
+                   MCU_FLOAT_SWITCH(bias.dtype(), B,
                                        bias_add_kernel<Y, B><<<grid_for(rows * n, kThreads), kThreads, 0, st>>>(
                                            static_cast<Y*>(y.data_ptr()), static_cast<const B*>(bias.data_ptr()),
                                            rows, n)));

@@ -1,5 +1,5 @@
 // LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h],
-// fp32 statistics. The backward's dgamma/dbeta column sums are accumulated per block in shared
+// fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums are accumulated per block in shared
 // memory, written as [blocks, h] partials and summed in a fixed order by a second kernel
 // (deterministic).
 #include "megatron/core/ops/cuda/cuda_common.cuh"
@@ -10,6 +10,22 @@ using namespace detail;
 
 namespace {
 constexpr int kWarps = 8;
+
+// Binds X, G, Y to the device types of the input, gamma/beta and output (or dy) dtypes: any mix of
+// float32 and bfloat16, or all three float16 (--fp16 models: float16 params and activations; the
+// only mix they produce, which keeps the instantiation count down).
+#define NORM_TYPE_SWITCH(name, xd, gd, yd, X, G, Y, ...)                                                 \
+  if ((xd) == DType::kFloat16 || (gd) == DType::kFloat16 || (yd) == DType::kFloat16) {                   \
+    MEGATRON_CHECK((xd) == DType::kFloat16 && (gd) == DType::kFloat16 && (yd) == DType::kFloat16)        \
+        << name << ": float16 needs float16 input, weight and output (got " << dtype_name(xd) << ", "     \
+        << dtype_name(gd) << ", " << dtype_name(yd) << ")";                                             \
+    using X = fp16_t;                                                                                    \
+    using G = fp16_t;                                                                                    \
+    using Y = fp16_t;                                                                                    \
+    __VA_ARGS__;                                                                                         \
+  } else {                                                                                               \
+    MCU_F32_BF16_SWITCH(xd, X, MCU_F32_BF16_SWITCH(gd, G, MCU_F32_BF16_SWITCH(yd, Y, __VA_ARGS__)));     \
+  }
 
 // kLN: LayerNorm (mean subtracted, beta added) vs RMSNorm.
 template <bool kLN, class X, class G, class Y>
@@ -141,16 +157,12 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
              (!kLN || aligned16(beta->data_ptr()));
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
-  MCU_F32_BF16_SWITCH(
-      x.dtype(), X,
-      MCU_F32_BF16_SWITCH(
-          gamma.dtype(), G,
-          MCU_F32_BF16_SWITCH(y.dtype(), Y,
-                           norm_fwd_kernel<kLN, X, G, Y><<<grid, kWarps * 32, 0, st>>>(
-                               static_cast<const X*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
-                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
-                               kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
-                               static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f, vec))));
+  NORM_TYPE_SWITCH(name, x.dtype(), gamma.dtype(), y.dtype(), X, G, Y,
+                   norm_fwd_kernel<kLN, X, G, Y><<<grid, kWarps * 32, 0, st>>>(
+                       static_cast<const X*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                       kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
+                       kLN ? static_cast<float*>(mean->data_ptr()) : nullptr, static_cast<float*>(rstd.data_ptr()),
+                       rows, (int)h, eps, zc ? 1.0f : 0.0f, vec));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -177,22 +189,18 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   float* part = nullptr;
   CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
   size_t smem = sizeof(float) * h * nparts;
-  MCU_F32_BF16_SWITCH(
-      x.dtype(), X,
-      MCU_F32_BF16_SWITCH(
-          gamma.dtype(), G, MCU_F32_BF16_SWITCH(dy.dtype(), D, {
-            auto kern = norm_bwd_kernel<kLN, X, G, D>;
-            if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            kern<<<grid, kWarps * 32, smem, st>>>(
-                static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
-                static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
-                static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part,
-                part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0,
-                dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
-          })));
+  NORM_TYPE_SWITCH(name, x.dtype(), gamma.dtype(), dy.dtype(), X, G, D, {
+    auto kern = norm_bwd_kernel<kLN, X, G, D>;
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<grid, kWarps * 32, smem, st>>>(
+        static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
+        static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+        static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part, part + (int64_t)grid * h,
+        rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0, dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
+  });
   CUDA_CHECK_LAUNCH();
   unsigned cg = static_cast<unsigned>((h + 255) / 256);
-  MCU_F32_BF16_SWITCH(dgamma.dtype(), G, {
+  MCU_FLOAT_SWITCH(dgamma.dtype(), G, {
     colsum_kernel<G><<<cg, 256, 0, st>>>(part, (int)grid, (int)h, static_cast<G*>(dgamma.data_ptr()), accumulate);
     if (kLN)
       colsum_kernel<G><<<cg, 256, 0, st>>>(part + (int64_t)grid * h, (int)grid, (int)h,
