@@ -417,6 +417,11 @@ int run(int argc, char** argv) {
   validate_args(args);
   check_supported_parallelism(args);
 
+  // --deterministic-mode (Megatron's): the CUDA backend reduces in a fixed order (no atomics), read
+  // from the environment at its first use (megatron/core/ops/cuda/deterministic.h); the CPU
+  // kernels are deterministic anyway.
+  if (args.deterministic_mode) ::setenv("MEGATRON_DETERMINISTIC", "1", 1);
+
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
   const Device device = choose_device(args, say);
   distributed::InitOptions io;

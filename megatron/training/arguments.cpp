@@ -284,9 +284,9 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
   b.flag("--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, false);
   b.flag("--check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, true);
-  b.noted("--deterministic-mode", "megatron.cpp's CPU kernels are deterministic; on CUDA it is not implemented: "
-                                  "the norm weight-gradient, embedding-gradient and attention dK/dV reductions use "
-                                  "atomics and cuDNN's SDPA backward is used, so GPU runs agree only to ~1e-6");
+  // On CUDA: reductions in a fixed order (pretrain_gpt sets MEGATRON_DETERMINISTIC=1,
+  // megatron/core/ops/cuda/deterministic.h); the CPU kernels are deterministic anyway.
+  b.flag("--deterministic-mode", a.deterministic_mode, true);
   b.noted("--manual-gc", "controls Python's garbage collector in Megatron; there is none here (no effect)");
   b.noted("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here");
   b.noted("--no-manual-gc-eval", "controls Python's garbage collector in Megatron; there is none here");

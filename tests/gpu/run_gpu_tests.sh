@@ -4,7 +4,7 @@
 # BIN_DIR: a CUDA build's bin dir (pretrain_gpt, gpu_ops_test, fp8_gpu_test; gpu_bench for bench);
 # default build/bin. Logs go to OUT_DIR (default ${OUT:-/tmp/out}/gpucheck). what = test (default:
 # checks 1-5 below) | bench (gpu_bench + bench/gpu/torch_peers.py) | all (both).
-# GPUCHECK_STEPS=ops,train,fp16,sanitizer,recompute (default all five) selects checks;
+# GPUCHECK_STEPS=ops,train,fp16,det,sanitizer,recompute (default all six) selects checks;
 # GPUCHECK_BUDGET (s, default 345) caps the whole test run: every step runs under `timeout`, capped
 # by the time left, and a step that no longer fits prints "INFO ... skipped (time budget)".
 # Prints PASS/FAIL/INFO lines with numbers; writes OUT_DIR/summary.md (a block to paste into
@@ -26,6 +26,10 @@
 #       flags on the CPU: the loss scale of every step and the skipped iterations must be equal,
 #       losses/grad norms within the fp16 tolerance.
 #     5. tests/gpu/recompute_check.sh (activation recomputation on the GPU; its own PASS/FAIL).
+#     6. --deterministic-mode: GPT and LLaMA --bf16, 50 steps, twice each: every lm loss and grad
+#       norm and every trained parameter (MEGATRON_DUMP_PARAMS) bitwise equal between the two runs,
+#       and within the bf16 tolerance of the CPU fp32 run; gpu_ops_test's norm, embedding and
+#       generic attention groups with MEGATRON_DETERMINISTIC=1 (the deterministic kernels).
 #  B (background, GPU) 4. compute-sanitizer memcheck, racecheck, initcheck, synccheck on
 #       gpu_ops_test --small and on fp8_gpu_test --groups quantize,gemm,linear,weight_cache; memcheck
 #       on 2 steps of pretrain_gpt (2-layer GPT bf16, LLaMA bf16 + fp8, GPT fp16). Each tool's error
@@ -59,7 +63,7 @@ BIN="${1:-$ROOT/build/bin}"
 BIN="$(cd "$BIN" 2>/dev/null && pwd || echo "$BIN")"
 OUTD="${2:-${OUT:-/tmp/out}/gpucheck}"
 WHAT="${3:-test}"
-STEPS=",${GPUCHECK_STEPS:-ops,train,fp16,sanitizer,recompute},"
+STEPS=",${GPUCHECK_STEPS:-ops,train,fp16,det,sanitizer,recompute},"
 BUDGET=${GPUCHECK_BUDGET:-345}
 LIVE_CPU=${GPUCHECK_LIVE_CPU:-fp32}
 ITERS=${GPUCHECK_ITERS:-50}  # training steps per run (50; fewer only for dry runs: the fixtures have 50)
@@ -85,13 +89,15 @@ result() {
 # from_py LANE STEP SECONDS CMD...: runs a python checker, records each PASS/FAIL/INFO line it prints
 from_py() {
   local lane=$1 step=$2 sec=$3; shift 3
-  local line
-  python3 "$@" 2>&1 | while IFS= read -r line; do
+  local line out verdicts=0
+  out=$(python3 "$@" 2>&1)
+  while IFS= read -r line; do
     case "$line" in
-      PASS\ *|FAIL\ *|INFO\ *) result "$lane" "${line%% *}" "$step" "$sec" "${line#* }";;
+      PASS\ *|FAIL\ *|INFO\ *) result "$lane" "${line%% *}" "$step" "$sec" "${line#* }"; verdicts=1;;
       *) echo "  $line";;
     esac
-  done
+  done <<< "$out"
+  [ $verdicts = 1 ] || result "$lane" FAIL "$step" "$sec" "checker $(basename "$2") printed no verdict: $(echo "$out" | tail -1)"
 }
 # timed TIMEOUT LOG CMD...: runs CMD under timeout (capped by the budget), output to LOG;
 # sets RC and SEC. RC 125 = not started (no time left).
@@ -226,6 +232,40 @@ if [ "$WHAT" != bench ]; then
         result A FAIL "train $n" "$SEC" "pretrain_gpt on the GPU exited with $RC after $it iterations: $(grep -iE "error|what\(\)|abort" "$OUTD/${n}_gpu.log" | head -1 | cut -c1-200)"
       fi
     done
+  fi
+
+  if want det; then
+    echo "== 6. --deterministic-mode: two runs must agree bitwise"
+    for m in gpt llama; do
+      ok=1
+      for k in 1 2; do
+        run_args ${m}_bf16 det$k
+        rm -rf "$W/det_${m}_$k"; mkdir -p "$W/det_${m}_$k"
+        timed 60 "$OUTD/${m}_det$k.log" env MEGATRON_DEVICE=cuda MEGATRON_DUMP_PARAMS="$W/det_${m}_$k" \
+          "$BIN/pretrain_gpt" "${RUN_ARGS[@]}" --deterministic-mode
+        [ $RC = 0 ] || { ok=0; result A FAIL "deterministic $m" "$SEC" "run $k exited with $RC (log ${m}_det$k.log)"; }
+      done
+      [ $ok = 1 ] || continue
+      nb=0; nd=0
+      for f in "$W/det_${m}_1"/*.bin; do
+        [ -f "$f" ] || continue
+        nb=$((nb + 1)); cmp -s "$f" "$W/det_${m}_2/$(basename "$f")" || nd=$((nd + 1))
+      done
+      from_py A "deterministic $m" "$SEC" "$HERE/train_log_compare.py" "${m} bf16 --deterministic-mode, run 2 vs run 1" \
+        "$OUTD/${m}_det2.log" "$OUTD/${m}_det1.log" --iters "$ITERS" --loss-tol 0 --mean-tol 0 --gn-tol 0 --gn-abs 0
+      if [ $nb -gt 0 ] && [ $nd = 0 ]; then result A PASS "deterministic $m" "$SEC" "trained parameters bitwise equal after $ITERS steps ($nb dump files)"
+      else result A FAIL "deterministic $m" "$SEC" "$nd of $nb parameter dump files differ between the two runs"; fi
+      # the deterministic kernels train like the default ones: vs the CPU fp32 reference, bf16 tolerances
+      r="$FIX/${m}_fp32_cpu.log"; [ "$(iters_in "$OUTD/${m}_fp32_cpu.log")" -ge "$ITERS" ] && r="$OUTD/${m}_fp32_cpu.log"
+      from_py A "deterministic $m" 0 "$HERE/train_log_compare.py" "${m} bf16 --deterministic-mode GPU vs ${m}_fp32 CPU" \
+        "$OUTD/${m}_det1.log" "$r" --iters "$ITERS" --loss-tol 2e-2 --mean-tol 1e-2 --gn-tol 5e-2
+    done
+    # the deterministic-mode kernels (norm and embedding backward without atomics, attention
+    # backward on a deterministic cuDNN engine or the generic kernels) against the float64 references
+    timed 90 "$OUTD/gpu_ops_test_det.log" env MEGATRON_DETERMINISTIC=1 "$BIN/gpu_ops_test" --only norms,embedding_ce,attn_generic
+    summ=$(grep -E "^gpu_ops_test: [0-9]+ of [0-9]+ checks passed" "$OUTD/gpu_ops_test_det.log" | tail -1)
+    if [ $RC = 0 ] && [ -n "$summ" ]; then result A PASS "deterministic kernels" "$SEC" "MEGATRON_DETERMINISTIC=1 gpu_ops_test --only norms,embedding_ce,attn_generic: ${summ#gpu_ops_test: }"
+    else result A FAIL "deterministic kernels" "$SEC" "MEGATRON_DETERMINISTIC=1 gpu_ops_test: exit $RC, ${summ:-no summary} (log gpu_ops_test_det.log)"; fi
   fi
 
   if want recompute; then

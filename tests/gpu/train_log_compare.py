@@ -117,6 +117,15 @@ def main():
                 traj.append((i, r[i]["scale"]))
         info.append(f"skipped iterations {nt} (test) vs {nr} (ref); loss scale (ref) "
                     + " ".join(f"it{i}:{pow2(s)}" for i, s in traj[:12]) + (" ..." if len(traj) > 12 else ""))
+        if ds or dk:
+            # after a different skip decision the two runs train on different weights; how close
+            # they were before it tells a borderline overflow (a gradient within rounding of the
+            # fp16 maximum) from a wrong loss scaler
+            k = min(ds + dk)
+            pre = [i for i in both if i < k and t[i]["loss"] is not None and r[i]["loss"] is not None]
+            pm = max((abs(t[i]["loss"] - r[i]["loss"]) / max(abs(r[i]["loss"]), 1e-30) for i in pre), default=0.0)
+            info.append(f"first different loss scale / skip decision at it {k}; before it: {len(pre)} applied "
+                        f"iterations, lm loss max rel diff {pm:.3g} (tol {a.loss_tol:g})")
         if ds:
             i = ds[0]
             bad.append(f"loss scale differs at {len(ds)} iterations, first it {i}: {t[i]['scale']} vs {r[i]['scale']}")
@@ -141,8 +150,9 @@ def main():
         allowed = a.gn_tol * abs(r[i]["gn"]) + a.gn_abs
         if not math.isfinite(d):
             d = math.inf
-        if gworst is None or d / allowed > gexc:
-            gexc, gworst = d / allowed, i
+        ratio = d / allowed if allowed > 0 else (0.0 if d == 0 else math.inf)
+        if gworst is None or ratio > gexc:
+            gexc, gworst = ratio, i
             grel = d / max(abs(r[i]["gn"]), 1e-30)
     if not applied:
         bad.append("no iteration with a loss in both runs")

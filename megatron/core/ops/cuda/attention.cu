@@ -24,6 +24,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/deterministic.h"
 #include "megatron/core/ops/cuda/attention_generic.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 
@@ -963,7 +964,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
-  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16)
+  // Our flash backward adds dq with atomics: not in deterministic mode (deterministic.h).
+  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16 || megatron::cuda::deterministic())
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   check_args("attention_backward", q, k, v, p);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&

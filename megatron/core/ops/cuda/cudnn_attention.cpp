@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/ops/cuda/deterministic.h"
 
 #if __has_include(<cudnn.h>)
 #include <cudnn.h>
@@ -171,6 +172,7 @@ struct GraphBuilder {
   Descs& ds;
   std::vector<cudnnBackendDescriptor_t> ops;
   int64_t next_virtual_uid = 1000;
+  bool det = false;  // deterministic mode: reductions marked CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC
 
   cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const Dims& dims, const Dims& strides,
                                   bool is_virtual, bool by_value = false) {
@@ -235,6 +237,10 @@ struct GraphBuilder {
     cudnnDataType_t ct = CUDNN_DATA_FLOAT;
     set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct, "reduction comp type");
     set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
+    if (det) {
+      bool yes = true;
+      set(rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &yes, "reduction is deterministic");
+    }
     ck(g_api.finalize(rd), "finalize reduction desc");
     auto op = ds.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
     set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd, "reduction desc");
@@ -275,8 +281,28 @@ struct Plan {
   std::string err;
 };
 
-// Heuristics (mode A, then fallback) and the first engine config whose plan finalizes.
-void make_plan(Plan& pl, GraphBuilder& gb, cudnnHandle_t hd) {
+// True when the engine of engine config `cfg` does not report CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
+// (false when cuDNN cannot tell).
+bool engine_is_deterministic(Descs& ds, cudnnBackendDescriptor_t cfg) {
+  auto eng = ds.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  int64_t cnt = 0;
+  if (g_api.getAttr(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cnt, &eng) !=
+          CUDNN_STATUS_SUCCESS ||
+      cnt != 1)
+    return false;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (g_api.getAttr(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+                    &n, notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < n && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++i)
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
+  return true;
+}
+
+// Heuristics (mode A, then fallback) and the first engine config whose plan finalizes (det: the
+// first whose engine is deterministic).
+void make_plan(Plan& pl, GraphBuilder& gb, cudnnHandle_t hd, bool det) {
   Descs& ds = *pl.ds;
   auto graph = ds.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)gb.ops.size(), gb.ops.data(),
@@ -302,6 +328,10 @@ void make_plan(Plan& pl, GraphBuilder& gb, cudnnHandle_t hd) {
         CUDNN_STATUS_SUCCESS)
       continue;
     for (int64_t i = 0; i < got; ++i) {
+      if (det && !engine_is_deterministic(ds, cfgs[i])) {
+        errs += std::string(" cfg") + std::to_string(i) + ":nondeterministic engine";
+        continue;
+      }
       auto plan = ds.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &hd, "plan handle");
       set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i], "plan engine config");
@@ -333,7 +363,8 @@ struct Shape {
   bool bwd;
   int dev;
   bool half = false;  // float16 tensors (--fp16) instead of bfloat16
-  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev, half); }
+  bool det = false;   // backward in deterministic mode (deterministic.h)
+  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev, half, det); }
   bool operator<(const Shape& o) const { return key() < o.key(); }
 };
 
@@ -461,9 +492,10 @@ Plan* get_plan(const Shape& x) {
   pl->ds = std::make_unique<Descs>();
   try {
     GraphBuilder gb{*pl->ds, {}};
+    gb.det = x.det;
     if (x.bwd) build_backward(gb, x);
     else build_forward(gb, x);
-    make_plan(*pl, gb, hd);
+    make_plan(*pl, gb, hd, x.det);
   } catch (const CudnnError& e) {
     pl->ok = false;
     pl->err = e.what;
@@ -490,6 +522,7 @@ Shape make_shape(const Tensor& q, const Tensor& k, const AttentionParams& p, boo
   Shape x{q.size(1), q.size(2), k.size(2), q.size(0), k.size(0), q.size(3), p.causal, bwd, 0};
   cudaGetDevice(&x.dev);
   x.half = q.dtype() == DType::kFloat16;
+  x.det = bwd && megatron::cuda::deterministic();
   return x;
 }
 

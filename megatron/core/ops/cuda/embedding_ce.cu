@@ -5,6 +5,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/deterministic.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -48,6 +49,20 @@ __global__ void embed_bwd_kernel(const X* __restrict__ dout, const int64_t* __re
     for (int j = 0; j < 8; ++j)
       if (c + j < h) atomic_add_f(dtable + id * h + c + j, f[j]);
   }
+}
+
+// Deterministic mode (deterministic.h): one thread per column adds the token rows in order (no
+// atomics; rows x h work on h threads: slower, only with MEGATRON_DETERMINISTIC=1).
+template <class X, class D>
+__global__ void embed_bwd_det_kernel(const X* __restrict__ dout, const int64_t* __restrict__ ids,
+                                     D* __restrict__ dtable, int64_t rows, int64_t h, int64_t vstart, int64_t vlocal) {
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < h; c += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = ids[r] - vstart;
+      if (id < 0 || id >= vlocal) continue;
+      D* p = dtable + id * h + c;
+      *p = from_f<D>(to_f(*p) + to_f(dout[r * h + c]));
+    }
 }
 
 // Combines (m, s) pairs: s = sum exp(x - m).
@@ -142,6 +157,16 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, i
   if (rows == 0 || h == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = h % 8 == 0 && aligned16(dout.data_ptr());
+  if (megatron::cuda::deterministic()) {
+    MCU_FLOAT_SWITCH(dout.dtype(), X,
+                     MCU_FLOAT_SWITCH(dtable.dtype(), D,
+                                      embed_bwd_det_kernel<X, D><<<grid_for(h, 128), 128, 0, st>>>(
+                                          static_cast<const X*>(dout.data_ptr()),
+                                          static_cast<const int64_t*>(ids.data_ptr()),
+                                          static_cast<D*>(dtable.data_ptr()), rows, h, vocab_start, dtable.size(0))));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   MCU_FLOAT_SWITCH(dout.dtype(), X,
                       MCU_FLOAT_SWITCH(dtable.dtype(), D,
                                           embed_bwd_kernel<X, D><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads,

@@ -1,9 +1,11 @@
 // LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h],
-// fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums are accumulated per block in shared
-// memory, written as [blocks, h] partials and summed in a fixed order by a second kernel
-// (deterministic).
+// fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums
+// are accumulated per block in shared memory (atomics: the order of the block's warps varies run
+// to run), written as [blocks, h] partials and summed in a fixed order by a second kernel; in
+// deterministic mode (deterministic.h) per warp without atomics.
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/deterministic.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -71,7 +73,10 @@ __global__ void norm_fwd_kernel(const X* __restrict__ x, const G* __restrict__ g
   }
 }
 
-template <bool kLN, class X, class G, class D>
+// kDet (deterministic mode, deterministic.h): no shared-memory atomics; each warp adds its rows'
+// dgamma/dbeta terms, in row order, into its own partial row of part_g/part_b (zeroed by the
+// caller; every column is owned by one lane), and the column sums add the partial rows in order.
+template <bool kLN, bool kDet, class X, class G, class D>
 __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ x, const G* __restrict__ gamma,
                                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                 D* __restrict__ dx, float* __restrict__ part_g, float* __restrict__ part_b,
@@ -79,9 +84,13 @@ __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
   extern __shared__ float sm[];
   float* sg = sm;
   float* sb = sm + h;
-  for (int c = threadIdx.x; c < (kLN ? 2 * h : h); c += blockDim.x) sm[c] = 0.0f;
-  __syncthreads();
+  if constexpr (!kDet) {
+    for (int c = threadIdx.x; c < (kLN ? 2 * h : h); c += blockDim.x) sm[c] = 0.0f;
+    __syncthreads();
+  }
   const int lane = threadIdx.x & 31;
+  float* wg = part_g + ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * h;  // kDet only
+  float* wb = part_b + ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * h;
   for (int64_t r = blockIdx.x * (int64_t)kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
     const X* xr = x + r * h;
     const D* dyr = dy + r * h;
@@ -102,9 +111,14 @@ __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
         // h % 8 == 0: column c+j lives at j*(h/8) + c/8, so the 32 lanes (c = 8*lane + 256k) hit
         // 32 different banks; the plain index c+j puts 8 lanes on each bank (8-way conflicts on
         // every atomic: measured 0.38 ms per 8192x4096 bf16 RMSNorm backward, ~0.5 TB/s).
-        const int si = perm ? j * (h >> 3) + (c >> 3) : c + j;
-        atomicAdd(&sg[si], d[j] * xh);
-        if (kLN) atomicAdd(&sb[si], d[j]);
+        if constexpr (kDet) {
+          wg[c + j] += d[j] * xh;
+          if (kLN) wb[c + j] += d[j];
+        } else {
+          const int si = perm ? j * (h >> 3) + (c >> 3) : c + j;
+          atomicAdd(&sg[si], d[j] * xh);
+          if (kLN) atomicAdd(&sb[si], d[j]);
+        }
       }
     }
     a = warp_sum(a) / h;
@@ -125,11 +139,13 @@ __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
       st8(dx + r * h, c, h, vec, f);
     }
   }
-  __syncthreads();
-  for (int c = threadIdx.x; c < h; c += blockDim.x) {
-    const int si = perm ? (c & 7) * (h >> 3) + (c >> 3) : c;
-    part_g[(int64_t)blockIdx.x * h + c] = sg[si];
-    if (kLN) part_b[(int64_t)blockIdx.x * h + c] = sb[si];
+  if constexpr (!kDet) {
+    __syncthreads();
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+      const int si = perm ? (c & 7) * (h >> 3) + (c >> 3) : c;
+      part_g[(int64_t)blockIdx.x * h + c] = sg[si];
+      if (kLN) part_b[(int64_t)blockIdx.x * h + c] = sb[si];
+    }
   }
 }
 
@@ -186,24 +202,28 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   unsigned grid = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 2)));
   const int nparts = kLN ? 2 : 1;
+  // Partial rows: one per block, or one per warp in deterministic mode (zeroed: accumulated).
+  const bool det = megatron::cuda::deterministic();
+  const int64_t prow = det ? (int64_t)grid * kWarps : (int64_t)grid;
   float* part = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
-  size_t smem = sizeof(float) * h * nparts;
+  CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * prow * h * nparts, st));
+  if (det) CUDA_CHECK(cudaMemsetAsync(part, 0, sizeof(float) * prow * h * nparts, st));
+  size_t smem = det ? 0 : sizeof(float) * h * nparts;
   NORM_TYPE_SWITCH(name, x.dtype(), gamma.dtype(), dy.dtype(), X, G, D, {
-    auto kern = norm_bwd_kernel<kLN, X, G, D>;
+    auto kern = det ? norm_bwd_kernel<kLN, true, X, G, D> : norm_bwd_kernel<kLN, false, X, G, D>;
     if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kern<<<grid, kWarps * 32, smem, st>>>(
         static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
         static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
-        static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part, part + (int64_t)grid * h,
+        static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part, part + prow * h,
         rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0, dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
   });
   CUDA_CHECK_LAUNCH();
   unsigned cg = static_cast<unsigned>((h + 255) / 256);
   MCU_FLOAT_SWITCH(dgamma.dtype(), G, {
-    colsum_kernel<G><<<cg, 256, 0, st>>>(part, (int)grid, (int)h, static_cast<G*>(dgamma.data_ptr()), accumulate);
+    colsum_kernel<G><<<cg, 256, 0, st>>>(part, (int)prow, (int)h, static_cast<G*>(dgamma.data_ptr()), accumulate);
     if (kLN)
-      colsum_kernel<G><<<cg, 256, 0, st>>>(part + (int64_t)grid * h, (int)grid, (int)h,
+      colsum_kernel<G><<<cg, 256, 0, st>>>(part + prow * h, (int)prow, (int)h,
                                            static_cast<G*>(dbeta->data_ptr()), accumulate);
   });
   CUDA_CHECK_LAUNCH();
