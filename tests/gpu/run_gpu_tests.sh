@@ -26,7 +26,8 @@
 #       flags on the CPU: the loss scale of every step and the skipped iterations must be equal,
 #       losses/grad norms within the fp16 tolerance.
 #     5. tests/gpu/recompute_check.sh (activation recomputation on the GPU; its own PASS/FAIL).
-#     6. --deterministic-mode: GPT and LLaMA --bf16, 50 steps, twice each: every lm loss and grad
+#     6. --deterministic-mode: GPT and LLaMA --bf16 (and LLaMA with MEGATRON_ATTENTION_BACKEND=generic,
+#       to tell cuDNN's SDPA backward from our kernels), 50 steps, twice each: every lm loss and grad
 #       norm and every trained parameter (MEGATRON_DUMP_PARAMS) bitwise equal between the two runs,
 #       and within the bf16 tolerance of the CPU fp32 run; gpu_ops_test's norm, embedding and
 #       generic attention groups with MEGATRON_DETERMINISTIC=1 (the deterministic kernels).
@@ -236,13 +237,15 @@ if [ "$WHAT" != bench ]; then
 
   if want det; then
     echo "== 6. --deterministic-mode: two runs must agree bitwise"
-    for m in gpt llama; do
-      ok=1
+    # llama_generic: the LLaMA pair with MEGATRON_ATTENTION_BACKEND=generic (no cuDNN): tells whether a
+    # difference comes from cuDNN's SDPA backward (deterministic.h) or from our kernels
+    for m in gpt llama llama_generic; do
+      ok=1; mod=${m%%_*}; be=auto; [ "$m" = llama_generic ] && be=generic
       for k in 1 2; do
-        run_args ${m}_bf16 det$k
+        run_args ${mod}_bf16 det$k
         rm -rf "$W/det_${m}_$k"; mkdir -p "$W/det_${m}_$k"
         timed 60 "$OUTD/${m}_det$k.log" env MEGATRON_DEVICE=cuda MEGATRON_DUMP_PARAMS="$W/det_${m}_$k" \
-          "$BIN/pretrain_gpt" "${RUN_ARGS[@]}" --deterministic-mode
+          MEGATRON_ATTENTION_BACKEND=$be "$BIN/pretrain_gpt" "${RUN_ARGS[@]}" --deterministic-mode
         [ $RC = 0 ] || { ok=0; result A FAIL "deterministic $m" "$SEC" "run $k exited with $RC (log ${m}_det$k.log)"; }
       done
       [ $ok = 1 ] || continue
@@ -256,8 +259,8 @@ if [ "$WHAT" != bench ]; then
       if [ $nb -gt 0 ] && [ $nd = 0 ]; then result A PASS "deterministic $m" "$SEC" "trained parameters bitwise equal after $ITERS steps ($nb dump files)"
       else result A FAIL "deterministic $m" "$SEC" "$nd of $nb parameter dump files differ between the two runs"; fi
       # the deterministic kernels train like the default ones: vs the CPU fp32 reference, bf16 tolerances
-      r="$FIX/${m}_fp32_cpu.log"; [ "$(iters_in "$OUTD/${m}_fp32_cpu.log")" -ge "$ITERS" ] && r="$OUTD/${m}_fp32_cpu.log"
-      from_py A "deterministic $m" 0 "$HERE/train_log_compare.py" "${m} bf16 --deterministic-mode GPU vs ${m}_fp32 CPU" \
+      r="$FIX/${mod}_fp32_cpu.log"; [ "$(iters_in "$OUTD/${mod}_fp32_cpu.log")" -ge "$ITERS" ] && r="$OUTD/${mod}_fp32_cpu.log"
+      from_py A "deterministic $m" 0 "$HERE/train_log_compare.py" "${m} bf16 --deterministic-mode GPU vs ${mod}_fp32 CPU" \
         "$OUTD/${m}_det1.log" "$r" --iters "$ITERS" --loss-tol 2e-2 --mean-tol 1e-2 --gn-tol 5e-2
     done
     # the deterministic-mode kernels (norm and embedding backward without atomics, attention
