@@ -222,7 +222,7 @@ if [ "$WHAT" != bench ]; then
   want train && GPU_RUNS+=(gpt_fp32 gpt_bf16 llama_fp32 llama_bf16 gpt_fp8 llama_fp8)
   want fp16 && GPU_RUNS+=(gpt_fp16dyn gpt_fp16static llama_fp16dyn)
   if [ ${#GPU_RUNS[@]} -gt 0 ]; then
-    echo "== 2/3. pretrain_gpt on the GPU, 50 steps each: ${GPU_RUNS[*]}"
+    echo "== 2/3. pretrain_gpt on the GPU, $ITERS steps each: ${GPU_RUNS[*]}"
     for n in "${GPU_RUNS[@]}"; do
       run_args "$n" gpu
       timed 75 "$OUTD/${n}_gpu.log" env MEGATRON_DEVICE=cuda "$BIN/pretrain_gpt" "${RUN_ARGS[@]}"
