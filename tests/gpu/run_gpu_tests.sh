@@ -73,7 +73,9 @@ CPU_THREADS=${GPUCHECK_CPU_THREADS:-$(( NCORES > 8 ? (NCORES - 4) / 2 : 2 ))}
 FIX="$HERE/fixtures/gpucheck"
 mkdir -p "$OUTD"
 OUTD="$(cd "$OUTD" && pwd)"
-W="$OUTD/work"; rm -rf "$W"; mkdir -p "$W"
+# scratch (data caches, parameter dumps) outside OUT_DIR, which keeps only logs
+W=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
+trap 'rm -rf "$W"' EXIT
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 # CUDA libraries: the toolkit's, and those of the PyTorch wheel (cuBLASLt, cuDNN) if present.
 . "$HERE/cuda_libs.sh"
@@ -130,6 +132,7 @@ case $LIVE_CPU in
   all) CPU_RUNS=(gpt_fp32 llama_fp32 gpt_fp8 llama_fp8 gpt_fp16dyn gpt_fp16static llama_fp16dyn);;
   *) CPU_RUNS=(gpt_fp32 llama_fp32)  # and every run without a committed fixture
      for n in gpt_fp8 llama_fp8 gpt_fp16dyn gpt_fp16static llama_fp16dyn; do
+       case $n in *fp16*) want fp16 || continue;; *) want train || continue;; esac
        [ -f "$FIX/${n}_cpu.log" ] || CPU_RUNS+=("$n")
      done;;
 esac
