@@ -69,7 +69,7 @@ BUDGET=${GPUCHECK_BUDGET:-345}
 LIVE_CPU=${GPUCHECK_LIVE_CPU:-fp32}
 ITERS=${GPUCHECK_ITERS:-50}  # training steps per run (50; fewer only for dry runs: the fixtures have 50)
 NCORES=$(nproc 2>/dev/null || echo 8)
-CPU_THREADS=${GPUCHECK_CPU_THREADS:-$(( NCORES > 8 ? (NCORES - 4) / 2 : 2 ))}
+CPU_THREADS=${GPUCHECK_CPU_THREADS:-$(( NCORES > 10 ? (NCORES - 6) / 2 : 2 ))}  # 2 runs; cores left for lanes A, B
 FIX="$HERE/fixtures/gpucheck"
 mkdir -p "$OUTD"
 OUTD="$(cd "$OUTD" && pwd)"
