@@ -174,6 +174,10 @@ def main():
         nums = (f"{len(applied)} its: lm loss max rel diff {lrel:.3g} (it {lworst}, tol {a.loss_tol:g}); "
                 f"last-10 mean {mt_:.6f} vs {mr_:.6f} rel {mrel:.3g}, final it {f} {t[f]['loss']:.6f} vs "
                 f"{r[f]['loss']:.6f} rel {frel:.3g} (tol {a.mean_tol:g}); {gtxt}")
+    if applied:  # how the difference grows along the run (chaotic growth vs a constant offset)
+        marks = sorted({applied[0], *[i for i in applied if i in (5, 10, 20, 30, 40)], applied[-1]})
+        info.append("lm loss rel diff along the run: " + ", ".join(
+            f"it {i} {abs(t[i]['loss'] - r[i]['loss']) / max(abs(r[i]['loss']), 1e-30):.2g}" for i in marks))
     verdict = "FAIL" if bad else "PASS"
     if a.info_only:
         verdict = "INFO"
