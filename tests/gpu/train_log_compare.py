@@ -81,6 +81,9 @@ def main():
     ap.add_argument("--gn-abs", type=float, default=0.0011)
     ap.add_argument("--fp16", action="store_true", help="compare loss scales and skipped iterations too")
     ap.add_argument("--info-only", action="store_true")
+    ap.add_argument("--closer-than", metavar="OTHER_LOG",
+                    help="also require the mean relative lm-loss difference to REF to be smaller than to OTHER_LOG "
+                         "(e.g. GPU fp8 closer to the CPU fp8 emulation than to the GPU bf16 run: FP8 is applied)")
     a = ap.parse_args()
     t, r = parse(a.test), parse(a.ref)
     bad = []
@@ -174,6 +177,20 @@ def main():
         nums = (f"{len(applied)} its: lm loss max rel diff {lrel:.3g} (it {lworst}, tol {a.loss_tol:g}); "
                 f"last-10 mean {mt_:.6f} vs {mr_:.6f} rel {mrel:.3g}, final it {f} {t[f]['loss']:.6f} vs "
                 f"{r[f]['loss']:.6f} rel {frel:.3g} (tol {a.mean_tol:g}); {gtxt}")
+    if a.closer_than and applied:
+        o = parse(a.closer_than)
+        common = [i for i in applied if i in o and o[i]["loss"] is not None]
+        if common:
+            rel = lambda x, y: abs(x - y) / max(abs(y), 1e-30)
+            d_ref = sum(rel(t[i]["loss"], r[i]["loss"]) for i in common) / len(common)
+            d_oth = sum(rel(t[i]["loss"], o[i]["loss"]) for i in common) / len(common)
+            info.append(f"mean lm loss rel diff over {len(common)} its: {d_ref:.3g} to the reference, {d_oth:.3g} "
+                        f"to {a.closer_than.rsplit('/', 1)[-1]}")
+            if not d_ref < d_oth:
+                bad.append(f"not closer to the reference ({d_ref:.3g}) than to {a.closer_than.rsplit('/', 1)[-1]} "
+                           f"({d_oth:.3g})")
+        else:
+            bad.append(f"no common iterations with {a.closer_than}")
     if applied:  # how the difference grows along the run (chaotic growth vs a constant offset)
         marks = sorted({applied[0], *[i for i in applied if i in (5, 10, 20, 30, 40)], applied[-1]})
         info.append("lm loss rel diff along the run: " + ", ".join(
