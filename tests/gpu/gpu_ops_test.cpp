@@ -413,6 +413,56 @@ void test_gemm_epilogues() {
   }
 }
 
+// gelu_backward_bgrad (gpt2perf): dpre = dy * gelu_tanh'(pre) and dbias (+)= Σ_rows dpre in one
+// pass, against float64 references of the formulas. Tolerance 1e-2 (bf16/fp16 results; the bias
+// gradient is rounded once to the 16-bit type, ~4e-3). 3000 x 3072 covers GPT-2's fc1 width with
+// several row chunks; 130 x 200 a partial 256-column tile; f = 12 must be declined.
+void test_gelu_bgrad() {
+  struct Sh { int64_t rows, f; };
+  std::vector<Sh> shapes = g_small ? std::vector<Sh>{{24, 64}} : std::vector<Sh>{{130, 200}, {3000, 3072}};
+  for (const auto& sh : shapes)
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (bool acc : {true, false}) {
+        const int64_t N = sh.rows, f = sh.f;
+        char tag[96];
+        std::snprintf(tag, sizeof tag, " %ldx%ld %s%s", (long)N, (long)f, dn(dt), acc ? " +=" : " =");
+        V pre = rounded(randn(N * f, 2.0f), dt), dy = rounded(randn(N * f), dt), db0 = randn(f);
+        Tensor PRE = dev(pre, {N, f}, dt), DY = dev(dy, {N, f}, dt), DPRE = poisoned({N, f}, dt);
+        Tensor DB = acc ? dev(db0, {f}, DType::kFloat32) : poisoned({f}, DType::kFloat32);
+        const bool ok = cu::gelu_backward_bgrad(DY, PRE, DPRE, &DB, acc);
+        check_true(std::string("gelu_backward_bgrad runs") + tag, ok);
+        if (!ok) continue;
+        VD rd(N * f), rdb(f);
+        for (int64_t i = 0; i < N * f; ++i) rd[i] = dy[i] * dgelu_tanh_ref(pre[i]);
+        for (int64_t j = 0; j < f; ++j) {
+          double a = acc ? db0[j] : 0.0;
+          for (int64_t i = 0; i < N; ++i) a += rd[i * f + j];
+          rdb[j] = a;
+        }
+        check(std::string("gelu_backward_bgrad dpre") + tag, host(DPRE), rd, 1e-2);
+        check(std::string("gelu_backward_bgrad dbias fp32") + tag, host(DB), rdb, 1e-2);
+        if (acc) {  // without a bias gradient, and a bias gradient in the 16-bit type
+          Tensor DPRE2 = poisoned({N, f}, dt);
+          const bool ok2 = cu::gelu_backward_bgrad(DY, PRE, DPRE2, nullptr, true);
+          check_true(std::string("gelu_backward_bgrad runs, no dbias") + tag, ok2);
+          if (ok2) check(std::string("gelu_backward_bgrad dpre, no dbias") + tag, host(DPRE2), rd, 1e-2);
+          V db16 = rounded(db0, dt);
+          Tensor DB16 = dev(db16, {f}, dt);
+          if (cu::gelu_backward_bgrad(DY, PRE, DPRE2, &DB16, true)) {
+            VD r16(f);
+            for (int64_t j = 0; j < f; ++j) r16[j] = rdb[j] - db0[j] + db16[j];
+            check(std::string("gelu_backward_bgrad dbias 16-bit +=") + tag, host(DB16), r16, 1e-2);
+          } else {
+            check_true(std::string("gelu_backward_bgrad runs, 16-bit dbias") + tag, false);
+          }
+        }
+      }
+  Tensor P12 = dev(V(24, 0.5f), {2, 12}, DType::kBFloat16), D12 = poisoned({2, 12}, DType::kBFloat16);
+  check_true("gelu_backward_bgrad declines f % 8 != 0", !cu::gelu_backward_bgrad(P12, P12, D12, nullptr, true));
+  Tensor P32 = dev(V(32, 0.5f), {2, 16}, DType::kFloat32), D32 = poisoned({2, 16}, DType::kFloat32);
+  check_true("gelu_backward_bgrad declines float32", !cu::gelu_backward_bgrad(P32, P32, D32, nullptr, true));
+}
+
 // Host-to-device copies go through pinned staging without a stream synchronization
 // (cuda_allocator.cu): many back-to-back copies from one reused host buffer must each land
 // intact (the staging block is copied before the call returns), and a copy larger than the
@@ -521,10 +571,14 @@ void test_embedding_ce() {
 }
 
 void test_norms() {
-  for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096})
+  // h <= 1024 with h % 8 == 0 runs the register-accumulating backward (gpt2perf; 768 = GPT-2,
+  // 1000 = a partial last 256-column chunk), 4096 the shared-memory one; 768 with 3000 rows makes
+  // every warp of the one-wave grid loop over several rows. MEGATRON_NORM_BWD_V1=1 checks the old
+  // kernel on the same shapes.
+  for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096, g_small ? 256 : 768})
     for (DType dt : {DType::kFloat32, DType::kBFloat16})
       for (bool zc : {false, true}) {
-        const int64_t N = g_small ? 9 : 130;
+        const int64_t N = g_small ? 9 : (h == 768 ? 3000 : 130);
         const float eps = 1e-5f;
         V x = rounded(randn(N * h, 2.0f), dt), g = rounded(uniform(h, 0.5f, 1.5f), dt), be = rounded(randn(h), dt);
         if (zc)
@@ -1062,7 +1116,7 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
-      {"reduce_many", test_reduce_many}};
+      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

@@ -27,6 +27,18 @@ namespace {
   return on;
 }
 
+// MEGATRON_DGELU_EPILOGUE=1: fc2's dgrad GEMM applies the GeLU backward and yields fc1's bias
+// gradient (cuBLASLt DGELU_BGRAD; the default before Session 4). Default: a plain dgrad GEMM, then
+// one pass of our gelu_backward_bgrad kernel (cuBLASLt ran that epilogue as a separate 1.2 ms
+// kernel per GPT-2 layer).
+[[maybe_unused]] bool dgelu_epilogue_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRON_DGELU_EPILOGUE");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 Shape with_last(const Tensor& x, int64_t last) {
   Shape s = x.shape();
   s.back() = last;
@@ -176,6 +188,16 @@ Tensor RowParallelLinear::backward_dgelu(const Tensor& dy_in, const LinearCtx& c
                                          Tensor* pre_bias_grad, bool* bias_grad_done) const {
   if (bias_grad_done) *bias_grad_done = false;
 #ifdef MEGATRON_WITH_CUDA
+  if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled() && !dgelu_epilogue_enabled()) {
+    Tensor dact = backward(dy_in, ctx, /*need_dx=*/true);
+    Tensor dpre = Tensor::empty(pre.shape(), dact.dtype(), dact.device());
+    if (ops::cuda::gelu_backward_bgrad(dact, pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
+      if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
+    } else {
+      ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
+    }
+    return dpre;
+  }
   if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled()) {
     const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
     Tensor dpre = Tensor::empty(pre.shape(), dy.dtype(), dy.device());

@@ -103,8 +103,10 @@ class RowParallelLinear {
   /// backward whose dx GEMM also applies the tanh-GeLU backward: returns d(pre) =
   /// gelu'(pre) * dx for the GeLU input `pre` of this layer's input (fc2 after fc1 + GeLU) and,
   /// with pre_bias_grad, accumulates Σ_rows d(pre) into it (fc1's bias gradient; *bias_grad_done
-  /// says whether that happened). On CUDA bf16/fp16 without FP8, cuBLASLt's DGELU_BGRAD epilogue
-  /// (unless MEGATRON_GEMM_EPILOGUES=0); otherwise backward + gelu_backward (bias_grad_done false).
+  /// says whether that happened). On CUDA bf16/fp16 without FP8: backward, then one pass of
+  /// ops::cuda::gelu_backward_bgrad (GeLU backward + fc1's bias gradient), or cuBLASLt's
+  /// DGELU_BGRAD epilogue with MEGATRON_DGELU_EPILOGUE=1; with MEGATRON_GEMM_EPILOGUES=0 and
+  /// elsewhere backward + gelu_backward (bias_grad_done false).
   Tensor backward_dgelu(const Tensor& dy, const LinearCtx& ctx, const Tensor& pre, Tensor* pre_bias_grad,
                         bool* bias_grad_done) const;
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).

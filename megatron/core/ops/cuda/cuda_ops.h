@@ -45,6 +45,14 @@ bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 /// type, then added). bf16/fp16; f % 8 == 0. Returns false, writing nothing, when unsupported.
 bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
                                  bool accumulate);
+/// GeLU (tanh approximation) backward with the bias gradient in the same pass (gelu_bgrad.cu):
+/// dpre[N,f] = dy[N,f] * gelu_tanh'(pre[N,f]) and, if dbias, dbias[f] (+)= Σ_rows dpre (the dpre
+/// values as stored, summed in fp32 in a fixed order, rounded once to dpre's dtype, then added:
+/// Megatron's bf16 bias .grad accumulated into the main grad). dy, pre, dpre bf16 or fp16 of one
+/// dtype, f % 8 == 0, 16-byte aligned. Returns false, writing nothing, otherwise. Replaces the
+/// cuBLASLt DGELU_BGRAD epilogue, which runs as a separate slow epilogue kernel at GPT-2 shapes
+/// (1.2 ms per call against 0.35 ms for this pass; docs/performance.md, Session 4).
+bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tensor* dbias, bool accumulate);
 /// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out]) + residual[N,out] in one cuBLASLt GEMM (residual
 /// read as C with beta 1, y written as D, fp32 accumulation, rounded once). bf16/fp16 y, residual,
 /// bias; residual must not alias y. Returns false, writing nothing, when not applicable
