@@ -842,6 +842,91 @@ void test_attention() {
   unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
+// Attention on the fused QKV tensor (gpt2perf; cuDNN reads strided Q/K/V views and writes dQ/dK/dV
+// strided into dqkv): qkv [s, b, h, (q, k, v), d] bf16, causal, against a float64 reference of
+// softmax attention written here from the formulas (as in test_attention). Tolerances as there:
+// 1e-2 for bf16 out/dq/dk/dv, 1e-3 for the fp32 lse of bf16 inputs.
+void test_attention_packed() {
+  struct Case { int S, B, H, D; };
+  std::vector<Case> cases = g_small ? std::vector<Case>{{64, 1, 2, 64}}
+                                    : std::vector<Case>{{200, 2, 3, 64}, {128, 1, 2, 128}, {256, 2, 12, 64}};
+  if (!cu::cudnn_sdpa::available()) {
+    check_true("attention_packed: cuDNN SDPA available", false, cu::cudnn_sdpa::last_error());
+    return;
+  }
+  for (auto cs : cases) {
+    const DType dt = DType::kBFloat16;
+    const int S = cs.S, B = cs.B, H = cs.H, D = cs.D;
+    V qkv = rounded(randn((int64_t)S * B * H * 3 * D), dt), dout = rounded(randn((int64_t)S * B * H * D), dt);
+    auto at = [&](int i, int bi, int h, int w, int c) { return ((((size_t)i * B + bi) * H + h) * 3 + w) * D + c; };
+    auto oi = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * H + h) * D + c; };
+    ops::AttentionParams p;
+    p.softmax_scale = 1.0f / std::sqrt((float)D);
+    p.causal = true;
+    Tensor QKV = dev(qkv, {S, B, 3 * H * D}, dt), O = poisoned({S, B, H, D}, dt), L = poisoned({B, H, S}, DType::kFloat32);
+    char nm[96];
+    std::snprintf(nm, sizeof nm, "attention_packed cudnn s=%d b=%d h=%d d=%d causal", S, B, H, D);
+    const bool okf = cu::attention_forward_packed_qkv(QKV, H, p, O, L);
+    check_true(std::string(nm) + " forward runs", okf, okf ? "" : cu::cudnn_sdpa::last_error());
+    if (!okf) continue;
+    Tensor DO = dev(dout, {S, B, H, D}, dt), DQKV = poisoned({S, B, 3 * H * D}, dt);
+    const bool okb = cu::attention_backward_packed_qkv(DO, QKV, H, O, L, p, DQKV);
+    check_true(std::string(nm) + " backward runs", okb, okb ? "" : cu::cudnn_sdpa::last_error());
+    VD ro((size_t)S * B * H * D), rl((size_t)B * H * S), rd(qkv.size(), 0.0);
+    std::vector<double> P(S), dP(S);
+    for (int bi = 0; bi < B; ++bi)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < S; ++i) {
+          double m = -1e300;
+          for (int j = 0; j <= i; ++j) {
+            double sc = 0;
+            for (int c = 0; c < D; ++c) sc += (double)qkv[at(i, bi, h, 0, c)] * qkv[at(j, bi, h, 1, c)];
+            P[j] = sc * p.softmax_scale;
+            m = std::max(m, P[j]);
+          }
+          double sum = 0;
+          for (int j = 0; j <= i; ++j) sum += (P[j] = std::exp(P[j] - m));
+          for (int j = 0; j <= i; ++j) P[j] /= sum;
+          rl[((size_t)bi * H + h) * S + i] = m + std::log(sum);
+          for (int c = 0; c < D; ++c) {
+            double a = 0;
+            for (int j = 0; j <= i; ++j) a += P[j] * qkv[at(j, bi, h, 2, c)];
+            ro[oi(i, bi, h, c)] = a;
+          }
+          double dsum = 0;
+          for (int j = 0; j <= i; ++j) {
+            double a = 0;
+            for (int c = 0; c < D; ++c) a += (double)dout[oi(i, bi, h, c)] * qkv[at(j, bi, h, 2, c)];
+            dP[j] = a;
+            dsum += a * P[j];
+          }
+          for (int j = 0; j <= i; ++j) {
+            const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
+            for (int c = 0; c < D; ++c) {
+              rd[at(i, bi, h, 0, c)] += ds * qkv[at(j, bi, h, 1, c)];
+              rd[at(j, bi, h, 1, c)] += ds * qkv[at(i, bi, h, 0, c)];
+              rd[at(j, bi, h, 2, c)] += P[j] * dout[oi(i, bi, h, c)];
+            }
+          }
+        }
+    check(std::string(nm) + " out", host(O), ro, 1e-2);
+    check(std::string(nm) + " lse", host(L), rl, 1e-3);
+    if (okb) check(std::string(nm) + " dqkv", host(DQKV), rd, 1e-2);
+  }
+  // Declined: grouped layouts are the caller's business (heads must match qkv), float32, dropout.
+  ops::AttentionParams p;
+  p.causal = true;
+  p.softmax_scale = 0.125f;
+  Tensor Q32 = poisoned({8, 1, 3 * 64}, DType::kFloat32), O32 = poisoned({8, 1, 1, 64}, DType::kFloat32),
+         L32 = poisoned({1, 1, 8}, DType::kFloat32);
+  check_true("attention_packed declines float32", !cu::attention_forward_packed_qkv(Q32, 1, p, O32, L32));
+  Tensor Qb = poisoned({8, 1, 3 * 64}, DType::kBFloat16), Ob = poisoned({8, 1, 1, 64}, DType::kBFloat16);
+  p.dropout_p = 0.1f;
+  check_true("attention_packed declines dropout", !cu::attention_forward_packed_qkv(Qb, 1, p, Ob, L32));
+  p.dropout_p = 0.0f;
+  check_true("attention_packed declines heads != qkv width / 3d", !cu::attention_forward_packed_qkv(Qb, 2, p, Ob, L32));
+}
+
 // Generic attention kernels (attention_generic.cu): odd head dims, float32 and bfloat16, GQA,
 // causal / full / explicit mask, attention dropout. Reference: float64 softmax attention written
 // here from the formulas (as in test_attention), with the dropout keep-scale F_ij of element
@@ -1116,7 +1201,7 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
-      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}};
+      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

@@ -21,6 +21,7 @@ struct AttentionCtx {
   tensor_parallel::LinearCtx qkv, proj;
   NormCtx q_norm, k_norm;    // with qk_layernorm
   Tensor q, k, v, out, lse;  // core attention inputs/outputs
+  Tensor qkv_out;  // packed path (CUDA, MHA without RoPE): the fused QKV output; q, k, v undefined
   ops::AttentionParams params;
   Tensor mask;  // keeps params.attention_mask alive
   Tensor rope_positions;  // RoPE positions of the forward (undefined = 0..s-1)

@@ -45,6 +45,18 @@ bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 /// type, then added). bf16/fp16; f % 8 == 0. Returns false, writing nothing, when unsupported.
 bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
                                  bool accumulate);
+/// Self-attention straight from the fused QKV GEMM output (cudnn_attention.cpp, gpt2perf):
+/// qkv [s, b, 3·h·d] bf16 in the interleaved [s, b, h, (q, k, v), d] layout (num_query_groups ==
+/// heads, no RoPE, no qk-layernorm), out [s, b, h, d], lse float32 [b, h, s], the same result as
+/// qkv_split_rope_forward (no RoPE) followed by attention_forward, without the split copies. The
+/// backward writes dQ, dK, dV into dqkv (qkv's layout) like attention_backward followed by
+/// qkv_split_rope_backward. cuDNN only: false (nothing written) when cuDNN is unavailable or
+/// rejects the call, with a mask or dropout, under MEGATRON_ATTENTION_BACKEND=flash/generic or
+/// MEGATRON_PACKED_QKV=0; callers then split and call attention_forward/backward.
+bool attention_forward_packed_qkv(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out,
+                                  Tensor& lse);
+bool attention_backward_packed_qkv(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out,
+                                   const Tensor& lse, const AttentionParams& p, Tensor& dqkv);
 /// GeLU (tanh approximation) backward with the bias gradient in the same pass (gelu_bgrad.cu):
 /// dpre[N,f] = dy[N,f] * gelu_tanh'(pre[N,f]) and, if dbias, dbias[f] (+)= Σ_rows dpre (the dpre
 /// values as stored, summed in fp32 in a fixed order, rounded once to dpre's dtype, then added:
