@@ -534,6 +534,21 @@ void test_embedding_ce() {
       if (ids[i] >= vs && ids[i] < vs + V_)
         for (int64_t c = 0; c < h; ++c) rd[(ids[i] - vs) * h + c] += dout[i * h + c];
     check(std::string("embedding_backward fp32 grad ") + dn(dt), host(DT), rd, 1e-5);
+    // A table view at a 4-float (16-byte) offset and one at a 1-float offset: the
+    // vector-atomic path (aligned) and the scalar fallback (misaligned) both accumulate correctly.
+    for (int64_t off : {4, 1}) {
+      V big = randn(V_ * h + off);
+      Tensor BIG = dev(big, {V_ * h + off}, DType::kFloat32);
+      Tensor DTv = BIG.flat_slice(off, {V_, h});
+      cu::embedding_backward(DO, I, DTv, vs);
+      VD rv(V_ * h);
+      for (int64_t i = 0; i < V_ * h; ++i) rv[i] = big[off + i];
+      for (int64_t i = 0; i < rows; ++i)
+        if (ids[i] >= vs && ids[i] < vs + V_)
+          for (int64_t c = 0; c < h; ++c) rv[(ids[i] - vs) * h + c] += dout[i * h + c];
+      check(std::string("embedding_backward fp32 grad, table at float offset ") + std::to_string(off) + " " + dn(dt),
+            host(DTv), rv, 1e-5);
+    }
   }
   // Vl 50304 (GPT-2's padded vocab) runs cross_entropy_stats' unrolled loop (4 x 2048 logits per
   // step, gpt2perf) and its tail; 5000 only the one-chunk loop.
