@@ -12,7 +12,7 @@
 #   tests/gpu/gpt2perf_check.sh BIN_DIR      (BIN_DIR: gpu_ops_test and pretrain_gpt, CUDA build)
 # Results in ${OUT:-/tmp/out}/gpt2perf/. Budget < 90 s on one H200: op tests ~15 s, two profiled
 # GPT-2 runs (new / all six off, 16 iterations) ~13 s each, tiny GPT GPU-vs-CPU ~15 s, then one
-# 8-iteration GPT-2 run per change with only that change off (each ~9 s, skipped past 75 s). Every line that matters starts
+# 8-iteration GPT-2 run per change with only that change off (each ~9 s, skipped past 68 s). Every line that matters starts
 # with PASS/FAIL/INFO; exit status 1 iff a FAIL.
 set -u
 BIN="$(cd "${1:?usage: gpt2perf_check.sh BIN_DIR}" && pwd)"
@@ -115,7 +115,7 @@ paste <(losses "$O/tiny_gpu_bf16.log") <(losses "$O/tiny_cpu_fp32.log") | awk '
 #    the new run's mean (iterations 3-8 here vs 3-9 and 12-16 there).
 echo "== GPT-2, one change off at a time"
 for sw in MEGATRON_DGELU_EPILOGUE=1 MEGATRON_NORM_BWD_V1=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0; do
-  if [ $SECONDS -gt 75 ]; then echo "INFO skipped the run with $sw (time budget: ${SECONDS}s used)"; continue; fi
+  if [ $SECONDS -gt 68 ]; then echo "INFO skipped the run with $sw (time budget: ${SECONDS}s used)"; continue; fi
   lab=$(echo "$sw" | sed 's/MEGATRON_//; s/=.*//')
   gpt2 "$lab" 8 0 "$sw"
   t=$(eval echo "\${T_$lab:-nan}")
