@@ -457,6 +457,27 @@ void test_gelu_bgrad() {
           }
         }
       }
+  // bias_grad_colsum (linear layers' bias gradient, fp32 sum not rounded): 1e-5 for the fp32 result
+  // of bf16 inputs summed in fp32 over <= 3000 rows.
+  for (const auto& sh : std::vector<Sh>{{g_small ? 24 : 3000, g_small ? 64 : 2304}, {g_small ? 9 : 130, g_small ? 16 : 768}})
+    for (bool acc : {true, false}) {
+      const int64_t N = sh.rows, f = sh.f;
+      V dy = rounded(randn(N * f), DType::kBFloat16), db0 = randn(f);
+      Tensor DY = dev(dy, {N, f}, DType::kBFloat16);
+      Tensor DB = acc ? dev(db0, {f}, DType::kFloat32) : poisoned({f}, DType::kFloat32);
+      const bool ok = cu::bias_grad_colsum(DY, DB, acc);
+      char nm[96];
+      std::snprintf(nm, sizeof nm, "bias_grad_colsum %ldx%ld bf16 -> fp32%s", (long)N, (long)f, acc ? " +=" : " =");
+      check_true(std::string(nm) + " runs", ok);
+      if (!ok) continue;
+      VD r(f);
+      for (int64_t j = 0; j < f; ++j) {
+        double a = acc ? db0[j] : 0.0;
+        for (int64_t i = 0; i < N; ++i) a += dy[i * f + j];
+        r[j] = a;
+      }
+      check(nm, host(DB), r, 1e-5);
+    }
   Tensor P12 = dev(V(24, 0.5f), {2, 12}, DType::kBFloat16), D12 = poisoned({2, 12}, DType::kBFloat16);
   check_true("gelu_backward_bgrad declines f % 8 != 0", !cu::gelu_backward_bgrad(P12, P12, D12, nullptr, true));
   Tensor P32 = dev(V(32, 0.5f), {2, 16}, DType::kFloat32), D32 = poisoned({2, 16}, DType::kFloat32);

@@ -65,6 +65,12 @@ bool attention_backward_packed_qkv(const Tensor& dout, const Tensor& qkv, int64_
 /// cuBLASLt DGELU_BGRAD epilogue, which runs as a separate slow epilogue kernel at GPT-2 shapes
 /// (1.2 ms per call against 0.35 ms for this pass; docs/performance.md, Session 4).
 bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tensor* dbias, bool accumulate);
+/// Bias gradient of a linear layer: dbias[f] (+)= Σ_rows dy[rows, f], summed in fp32 in a fixed
+/// order (not rounded; fp32 or dy-typed dbias), one 16-byte-load pass over dy (gelu_bgrad.cu).
+/// bf16/fp16 dy, f % 8 == 0, 16-byte aligned; false (nothing written) otherwise. linear_backward
+/// uses it instead of cuBLASLt's BGRADB epilogue, which runs as a separate 78 µs-per-call kernel
+/// at GPT-2 shapes (MEGATRON_BGRADB=1 selects the epilogue again).
+bool bias_grad_colsum(const Tensor& dy, Tensor& dbias, bool accumulate);
 /// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out]) + residual[N,out] in one cuBLASLt GEMM (residual
 /// read as C with beta 1, y written as D, fp32 accumulation, rounded once). bf16/fp16 y, residual,
 /// bias; residual must not alias y. Returns false, writing nothing, when not applicable

@@ -1,4 +1,5 @@
-// GeLU (tanh) backward fused with the bias-gradient column sums (cuda_ops.h gelu_backward_bgrad).
+// GeLU (tanh) backward fused with the bias-gradient column sums (cuda_ops.h gelu_backward_bgrad),
+// and the same column-sum pass alone for linear layers' bias gradients (bias_grad_colsum).
 //
 // Grid (column tiles of 256, row chunks); block 32 x 8 threads: thread (tx, ty) owns the 8
 // columns 256·bx + 8·tx .. +8 and the rows ty, ty + 8, ... of its block's row chunk, so its 8
@@ -26,7 +27,9 @@ struct alignas(16) Pack8 {
   T v[8];
 };
 
-template <class T>
+// kGelu: dpre = dy * gelu'(pre) written and summed; else the column sums of dy alone
+// (bias_grad_colsum: pre and dpre unused).
+template <class T, bool kGelu>
 __global__ void __launch_bounds__(256) gelu_bwd_bgrad_kernel(const T* __restrict__ dy, const T* __restrict__ pre,
                                                              T* __restrict__ dpre, float* __restrict__ part,
                                                              int64_t rows, int64_t f, int64_t chunk) {
@@ -39,14 +42,19 @@ __global__ void __launch_bounds__(256) gelu_bwd_bgrad_kernel(const T* __restrict
 #pragma unroll 4
     for (int64_t r = r0 + ty; r < r1; r += 8) {
       const Pack8<T> g = *reinterpret_cast<const Pack8<T>*>(dy + r * f + c);
-      const Pack8<T> x = *reinterpret_cast<const Pack8<T>*>(pre + r * f + c);
-      Pack8<T> o;
+      if constexpr (kGelu) {
+        const Pack8<T> x = *reinterpret_cast<const Pack8<T>*>(pre + r * f + c);
+        Pack8<T> o;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        o.v[j] = from_f<T>(to_f(g.v[j]) * gelu_tanh_grad(to_f(x.v[j])));
-        s[j] += to_f(o.v[j]);  // the bias gradient sums dpre as stored
+        for (int j = 0; j < 8; ++j) {
+          o.v[j] = from_f<T>(to_f(g.v[j]) * gelu_tanh_grad(to_f(x.v[j])));
+          s[j] += to_f(o.v[j]);  // the bias gradient sums dpre as stored
+        }
+        *reinterpret_cast<Pack8<T>*>(dpre + r * f + c) = o;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j] += to_f(g.v[j]);
       }
-      *reinterpret_cast<Pack8<T>*>(dpre + r * f + c) = o;
     }
   }
 #pragma unroll
@@ -64,7 +72,7 @@ __global__ void __launch_bounds__(256) gelu_bwd_bgrad_kernel(const T* __restrict
 
 template <class T, class B>
 __global__ void bgrad_final_kernel(const float* __restrict__ part, int chunks, int64_t f, B* __restrict__ out,
-                                   bool accumulate) {
+                                   bool accumulate, bool round16) {
   __shared__ float red[8][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
@@ -76,24 +84,19 @@ __global__ void bgrad_final_kernel(const float* __restrict__ part, int chunks, i
   float t = 0.0f;
 #pragma unroll
   for (int y = 0; y < 8; ++y) t += red[y][threadIdx.x];
-  t = to_f(from_f<T>(t));  // rounded once to dpre's dtype (the bf16 bias .grad)
+  if (round16) t = to_f(from_f<T>(t));  // rounded once to dpre's dtype (the bf16 bias .grad)
   if (accumulate) t += to_f(out[c]);
   out[c] = from_f<B>(t);
 }
 
 }  // namespace
 
-bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tensor* dbias, bool accumulate) {
-  check_cuda(dy, "gelu_backward_bgrad");
-  const int64_t f = pre.dim() ? pre.size(-1) : 0, rows = f ? pre.numel() / f : 0;
-  MEGATRON_CHECK(dy.numel() == pre.numel() && dpre.numel() == pre.numel() && (!dbias || dbias->numel() == f))
-      << "gelu_backward_bgrad: dy " << dy.str() << " pre " << pre.str() << " dpre " << dpre.str();
-  const DType dt = pre.dtype();
-  if ((dt != DType::kBFloat16 && dt != DType::kFloat16) || dy.dtype() != dt || dpre.dtype() != dt || f % 8 != 0 ||
-      !aligned16(dy.data_ptr()) || !aligned16(pre.data_ptr()) || !aligned16(dpre.data_ptr()) ||
-      (dbias && dbias->dtype() != DType::kFloat32 && dbias->dtype() != dt))
-    return false;
-  if (rows == 0) return true;
+namespace {
+// Shared launcher: gelu (dpre from dy and pre, bias gradient rounded to dpre's dtype) or the plain
+// column sums of dy (fp32, not rounded). Preconditions checked by the callers.
+void launch_colsum(bool gelu, const Tensor& dy, const Tensor* pre, Tensor* dpre, Tensor* dbias, bool accumulate) {
+  const int64_t f = dy.size(-1), rows = f ? dy.numel() / f : 0;
+  if (rows == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   const int64_t tiles = (f + 255) / 256;
   // About 8 blocks of 256 threads per SM in all; each block a contiguous chunk of rows.
@@ -106,23 +109,53 @@ bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tens
   dim3 grid((unsigned)tiles, (unsigned)nchunks), block(32, 8);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    gelu_bwd_bgrad_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(dy.data_ptr()),
-                                                     static_cast<const T*>(pre.data_ptr()),
-                                                     static_cast<T*>(dpre.data_ptr()), part, rows, f, chunk);
+    if (gelu)
+      gelu_bwd_bgrad_kernel<T, true><<<grid, block, 0, st>>>(static_cast<const T*>(dy.data_ptr()),
+                                                             static_cast<const T*>(pre->data_ptr()),
+                                                             static_cast<T*>(dpre->data_ptr()), part, rows, f, chunk);
+    else
+      gelu_bwd_bgrad_kernel<T, false><<<grid, block, 0, st>>>(static_cast<const T*>(dy.data_ptr()), nullptr, nullptr,
+                                                              part, rows, f, chunk);
     CUDA_CHECK_LAUNCH();
     if (!dbias) return;
     dim3 g2((unsigned)((f + 31) / 32));
     if (dbias->dtype() == DType::kFloat32)
-      bgrad_final_kernel<T, float><<<g2, dim3(32, 8), 0, st>>>(part, (int)nchunks, f,
-                                                               static_cast<float*>(dbias->data_ptr()), accumulate);
+      bgrad_final_kernel<T, float><<<g2, dim3(32, 8), 0, st>>>(
+          part, (int)nchunks, f, static_cast<float*>(dbias->data_ptr()), accumulate, gelu);
     else
       bgrad_final_kernel<T, T><<<g2, dim3(32, 8), 0, st>>>(part, (int)nchunks, f, static_cast<T*>(dbias->data_ptr()),
-                                                           accumulate);
+                                                           accumulate, gelu);
     CUDA_CHECK_LAUNCH();
   };
-  if (dt == DType::kBFloat16) launch(bf16_t{});
+  if (dy.dtype() == DType::kBFloat16) launch(bf16_t{});
   else launch(fp16_t{});
   CUDA_CHECK(cudaFreeAsync(part, st));
+}
+}  // namespace
+
+bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tensor* dbias, bool accumulate) {
+  check_cuda(dy, "gelu_backward_bgrad");
+  const int64_t f = pre.dim() ? pre.size(-1) : 0;
+  MEGATRON_CHECK(dy.numel() == pre.numel() && dpre.numel() == pre.numel() && (!dbias || dbias->numel() == f))
+      << "gelu_backward_bgrad: dy " << dy.str() << " pre " << pre.str() << " dpre " << dpre.str();
+  const DType dt = pre.dtype();
+  if ((dt != DType::kBFloat16 && dt != DType::kFloat16) || dy.dtype() != dt || dpre.dtype() != dt || f % 8 != 0 ||
+      !aligned16(dy.data_ptr()) || !aligned16(pre.data_ptr()) || !aligned16(dpre.data_ptr()) ||
+      (dbias && dbias->dtype() != DType::kFloat32 && dbias->dtype() != dt))
+    return false;
+  launch_colsum(true, dy, &pre, &dpre, dbias, accumulate);
+  return true;
+}
+
+bool bias_grad_colsum(const Tensor& dy, Tensor& dbias, bool accumulate) {
+  check_cuda(dy, "bias_grad_colsum");
+  const int64_t f = dy.dim() ? dy.size(-1) : 0;
+  MEGATRON_CHECK(dbias.numel() == f) << "bias_grad_colsum: dy " << dy.str() << " dbias " << dbias.str();
+  const DType dt = dy.dtype();
+  if ((dt != DType::kBFloat16 && dt != DType::kFloat16) || f % 8 != 0 || !aligned16(dy.data_ptr()) ||
+      (dbias.dtype() != DType::kFloat32 && dbias.dtype() != dt))
+    return false;
+  launch_colsum(false, dy, nullptr, nullptr, &dbias, accumulate);
   return true;
 }
 
