@@ -8,11 +8,12 @@
 #   4. cross_entropy_stats with 4 loads in flight per thread (MEGATRON_CE_STATS_V1=1 = old loop),
 #   5. embedding backward with 16-byte vector atomics (MEGATRON_EMBED_BWD_V1=1 = scalar atomics),
 #   6. multi-tensor Adam, one launch for all 148 tensors (MEGATRON_MULTI_TENSOR_ADAM=0 = per tensor),
-#   7. linear bias gradients by our column-sum pass instead of cuBLASLt BGRADB (MEGATRON_BGRADB=1).
-# Predictions (docs/performance.md "Session 4 (gpt2perf)"): 133.5 -> ~110.7 ms/step.
+#   7. linear bias gradients by our column-sum pass instead of cuBLASLt BGRADB (MEGATRON_BGRADB=1),
+#   8. LayerNorm/RMSNorm forward with the row held in registers for h <= 1024 (MEGATRON_NORM_FWD_V1=1).
+# Predictions (docs/performance.md "Session 4 (gpt2perf)"): 133.5 -> ~110.5 ms/step.
 #   tests/gpu/gpt2perf_check.sh BIN_DIR      (BIN_DIR: gpu_ops_test and pretrain_gpt, CUDA build)
 # Results in ${OUT:-/tmp/out}/gpt2perf/. Budget < 90 s on one H200: op tests ~15 s, two profiled
-# GPT-2 runs (new / all seven off, 16 iterations) ~13 s each, tiny GPT GPU-vs-CPU ~15 s, then one
+# GPT-2 runs (new / all eight off, 16 iterations) ~13 s each, tiny GPT GPU-vs-CPU ~15 s, then one
 # 8-iteration GPT-2 run per change with only that change off (each ~9 s, skipped past 68 s). Every line that matters starts
 # with PASS/FAIL/INFO; exit status 1 iff a FAIL.
 set -u
@@ -40,7 +41,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 status=0
 fail() { echo "FAIL $*"; status=1; }
-OFF="MEGATRON_NORM_BWD_V1=1 MEGATRON_DGELU_EPILOGUE=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0 MEGATRON_BGRADB=1"
+OFF="MEGATRON_NORM_BWD_V1=1 MEGATRON_DGELU_EPILOGUE=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0 MEGATRON_BGRADB=1 MEGATRON_NORM_FWD_V1=1"
 
 # 1. The new kernels against float64 host references (norms: h 768/1000 take the register kernel,
 #    4096 the old one; gelu_bgrad; qkvpacked: cuDNN on the fused QKV tensor, fwd + bwd;
@@ -74,9 +75,9 @@ gpt2() {  # $1 label, $2 iterations, $3 profile (1/0), rest: env assignments
   eval "T_$lab=$t"
 }
 
-# 2. GPT-2 124M (mbs 64, bf16, clip 1.0, mock data), new vs all seven changes off, 16 iterations,
+# 2. GPT-2 124M (mbs 64, bf16, clip 1.0, mock data), new vs all eight changes off, 16 iterations,
 #    CUPTI profile of iterations 10-11.
-echo "== GPT-2 124M, new (defaults) and old (all seven switches off)"
+echo "== GPT-2 124M, new (defaults) and old (all eight switches off)"
 gpt2 new 16 1
 gpt2 old 16 1 $OFF
 for lab in new old; do
@@ -85,11 +86,11 @@ done
 echo "INFO [new] top 25 kernels (expect norm_bwd_reg_kernel ~0.12 ms/call, gelu_bwd_bgrad_kernel ~0.37 ms/call, ce_stats ~2 ms, embed_bwd ~0.2 ms/call, adam_multi_kernel 1/step, gelu_bwd_bgrad_kernel<..., false> for bias grads, no BgradAB, no rope_vec_kernel, no cublasLt epilogue globalKernel):"
 grep -A25 "top 25 kernels" "$O/gpt2_new.log" | grep "kernel profile" | sed 's/^/INFO [new] /'
 echo "INFO [old] the kernels the changes replace:"
-grep -A25 "top 25 kernels" "$O/gpt2_old.log" | grep -E "norm_bwd|globalKernel|rope_vec|gelu_bwd|ce_stats|embed_bwd|adam_" | sed 's/^/INFO [old] /'
+grep -A25 "top 25 kernels" "$O/gpt2_old.log" | grep -E "norm_|globalKernel|rope_vec|gelu_bwd|ce_stats|embed_bwd|adam_" | sed 's/^/INFO [old] /'
 grep -A3 "longest GPU idle gaps" "$O/gpt2_new.log" | sed 's/^/INFO [new] /'
 grep -A6 "time across ranks" "$O/gpt2_new.log" | tail -n 6 | sed 's/^ */INFO [new] host timer (last iteration, ms) /'
 if [ "${T_new:-nan}" != nan ] && [ "${T_old:-nan}" != nan ]; then
-  echo "INFO GPT-2 step: new $T_new ms vs old $T_old ms: $(awk -v a=$T_new -v b=$T_old 'BEGIN{printf "%+.1f ms (%.3fx)", a-b, b/a}') (predicted about -23 ms)"
+  echo "INFO GPT-2 step: new $T_new ms vs old $T_old ms: $(awk -v a=$T_new -v b=$T_old 'BEGIN{printf "%+.1f ms (%.3fx)", a-b, b/a}') (predicted about -23 ms: 133.5 -> ~110.5)"
 fi
 # Numerics: same seed and data; the first 5 iterations within 5e-3 relative (bf16 rounding of
 # different kernels: fused vs separate GeLU/bias-grad rounding, cuDNN's atomic dQ), all 16 within
@@ -116,7 +117,7 @@ paste <(losses "$O/tiny_gpu_bf16.log") <(losses "$O/tiny_cpu_fp32.log") | awk '
 # 4. One change off at a time (8 iterations, no profile): the gain of each change alone, against
 #    the new run's mean (iterations 3-8 here vs 3-9 and 12-16 there).
 echo "== GPT-2, one change off at a time"
-for sw in MEGATRON_DGELU_EPILOGUE=1 MEGATRON_NORM_BWD_V1=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0 MEGATRON_BGRADB=1; do
+for sw in MEGATRON_DGELU_EPILOGUE=1 MEGATRON_NORM_BWD_V1=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0 MEGATRON_BGRADB=1 MEGATRON_NORM_FWD_V1=1; do
   if [ $SECONDS -gt 68 ]; then echo "INFO skipped the run with $sw (time budget: ${SECONDS}s used)"; continue; fi
   lab=$(echo "$sw" | sed 's/MEGATRON_//; s/=.*//')
   gpt2 "$lab" 8 0 "$sw"

@@ -151,6 +151,56 @@ struct alignas(16) Pack8 {
 constexpr int kRegMaxChunks = 4;  // h <= 4 * 256 = 1024 columns per row
 constexpr int kRegWarps = 4;      // 4 warps per block, 3 blocks per SM: <= 168 registers, no spills
 
+// Norm forward for h <= 1024, h % 8 == 0, 16-byte aligned rows, x and y of one dtype: like
+// norm_fwd_kernel (warp per row, same sums in the same order, so the same bits) but the row is
+// loaded once into registers instead of read three times.
+template <bool kLN, class T, class G>
+__global__ void norm_fwd_reg_kernel(const T* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                    int64_t rows, int h, float eps, float gofs) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * (int64_t)kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    Pack8<T> xp[kRegMaxChunks];
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k)
+      if (lane * 8 + 256 * k < h) xp[k] = *reinterpret_cast<const Pack8<T>*>(x + r * h + lane * 8 + 256 * k);
+    float mean = 0.0f;
+    if (kLN) {
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kRegMaxChunks; ++k)
+        if (lane * 8 + 256 * k < h)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s += to_f(xp[k].v[j]);
+      mean = warp_sum(s) / h;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k)
+      if (lane * 8 + 256 * k < h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += (to_f(xp[k].v[j]) - mean) * (to_f(xp[k].v[j]) - mean);
+    const float rstd = rsqrtf(warp_sum(ss) / h + eps);
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c >= h) continue;
+      float g[8], b[8];
+      ld8(gamma, c, h, true, g);
+      if (kLN) ld8(beta, c, h, true, b);
+      Pack8<T> o;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        o.v[j] = from_f<T>((to_f(xp[k].v[j]) - mean) * rstd * (g[j] + gofs) + (kLN ? b[j] : 0.0f));
+      *reinterpret_cast<Pack8<T>*>(y + r * h + c) = o;
+    }
+    if (lane == 0) {
+      if (kLN) mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
 // Norm backward for h <= 1024, h % 8 == 0, 16-byte aligned rows (GPT-2's 768, 1024): lane l of a
 // warp owns the columns 8l + 256k + j (k < 4, j < 8) of every row it visits, so dgamma/dbeta
 // accumulate in registers over the warp's rows (no shared-memory float atomics, which are
@@ -240,6 +290,15 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
   }
 }
 
+// MEGATRON_NORM_FWD_V1=1: always norm_fwd_kernel (A/B comparisons).
+bool norm_fwd_v1_forced() {
+  static const bool v = [] {
+    const char* e = std::getenv("MEGATRON_NORM_FWD_V1");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
 // MEGATRON_NORM_BWD_V1=1: always the shared-memory-atomics kernel (A/B comparisons).
 bool norm_bwd_v1_forced() {
   static const bool v = [] {
@@ -263,6 +322,17 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
              (!kLN || aligned16(beta->data_ptr()));
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
+  if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && !norm_fwd_v1_forced()) {
+    MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+                          norm_fwd_reg_kernel<kLN, T, G><<<grid, kWarps * 32, 0, st>>>(
+                              static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                              kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<T*>(y.data_ptr()),
+                              kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
+                              static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f);
+                        }));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   MCU_F32_BF16_SWITCH(
       x.dtype(), X,
       MCU_F32_BF16_SWITCH(
