@@ -67,8 +67,8 @@ steptime() { grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk '{v[N
 losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $NF}'; }
 gpt2() {  # $1 label, $2 iterations, $3 profile (1/0), rest: env assignments
   local lab=$1 it=$2 prof=$3 rc t; shift 3
-  local pe=""; [ "$prof" = 1 ] && pe="MEGATRON_KERNEL_PROFILE=10:11"
-  env "$@" $pe timeout 40 "$BIN/pretrain_gpt" $GPT2 --train-iters "$it" $COMMON > "$O/gpt2_$lab.log" 2>&1
+  local pe=""; [ "$prof" = 1 ] && pe="MEGATRON_KERNEL_PROFILE=10:11" && mkdir -p "$O/prof_$lab"
+  env "$@" $pe MEGATRON_KERNEL_PROFILE_OUT="$O/prof_$lab" timeout 40 "$BIN/pretrain_gpt" $GPT2 --train-iters "$it" $COMMON > "$O/gpt2_$lab.log" 2>&1
   rc=$?; t=$(steptime "$O/gpt2_$lab.log")
   if [ $rc = 0 ] && [ "$t" != nan ]; then
     echo "INFO GPT-2 124M [$lab] ($*): $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 133.5 ms in the s4 profile run, 132.7 ms / 494k in hostgap's; goal 111 ms / 590k)"
