@@ -19,6 +19,7 @@
 # with PASS/FAIL/INFO; exit status 1 iff a FAIL.
 set -u
 BIN="$(cd "${1:?usage: gpt2perf_check.sh BIN_DIR}" && pwd)"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 O="${OUT:-/tmp/out}/gpt2perf"; mkdir -p "$O" && O="$(cd "$O" && pwd)" && cd "$O"
 export MEGATRON_KERNEL_PROFILE_OUT="$O"
 export NCCL_NVLS_ENABLE=0
@@ -28,7 +29,7 @@ if [ -f "$BIN/lib.tar.xz" ]; then
   mkdir -p /tmp/gpt2perf_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/gpt2perf_lib
   export LD_LIBRARY_PATH="/tmp/gpt2perf_lib/lib:${LD_LIBRARY_PATH:-}"
 fi
-. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
+. "$HERE/cuda_libs.sh"
 for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
   if ldd "$BIN/pretrain_gpt" | grep -q "$l => not found"; then
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
