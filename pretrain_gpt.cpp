@@ -832,6 +832,8 @@ int run(int argc, char** argv) {
   }
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
   if (const char* dump = std::getenv("MEGATRON_DUMP_PARAMS")) {  // parallel-equivalence tests
+    if (args.fp8_param_gather)  // the FP8 weights' model-dtype values: whole and current
+      for (auto* d : ddp_ptrs) d->gather_model_dtype_params();
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     dump_parameters(dump, pp_rank, raw, *ps::get_tensor_model_parallel_group(),
