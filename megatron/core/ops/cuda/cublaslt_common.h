@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "megatron/core/utils/errors.h"
 
@@ -49,22 +48,5 @@ inline int pointer_alignment(const void* p) {
 /// within the workspace and the given A/B/C(=D) alignments in bytes, and stores it in p.algo.
 /// Returns the heuristic's status; `found` is the number of algorithms returned (0 or 1).
 cublasStatus_t pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c, int& found);
-
-/// Enqueues the planned product with `algo`, writing D to `d` (not to C); returns cuBLASLt's status.
-using LaunchWithAlgo = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t& algo, void* d)>;
-
-/// GEMM autotuning (MEGATRON_GEMM_AUTOTUNE=1; off by default, read once): for a new plan of at least
-/// 2^33 FLOPs (2*M*N*K; smaller products keep the heuristic's choice), asks the heuristic for up to 8
-/// candidates and times each (1 warm-up + 3 launches, CUDA events on the current stream) with
-/// `launch`, writing D to a scratch buffer of `d_bytes` (the caller's C/D is never written, so a
-/// beta = 1 accumulation is not disturbed; epilogue outputs such as bias gradients or the GeLU aux
-/// buffer are rewritten with the same values by the real call that follows). Stores the fastest in
-/// p.algo. If the scratch cannot be allocated it keeps p.algo (the heuristic's first choice). Runs
-/// once per plan, on its first call (one host synchronization per candidate). The heuristic's first choice is
-/// a model-based guess; timing its candidates on the real operands can find a faster kernel.
-/// Throws UserError for a value other than 0 or 1.
-bool autotune_enabled();
-void autotune(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c, double flops,
-              size_t d_bytes, const LaunchWithAlgo& launch);
 
 }  // namespace megatron::ops::cuda::lt

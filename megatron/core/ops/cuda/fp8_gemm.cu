@@ -85,13 +85,6 @@ void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, con
         << "fp8_gemm: cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k << " types "
         << dtype_name(a.dtype()) << "/" << dtype_name(b.dtype()) << "->" << dtype_name(c.dtype()) << " (status "
         << (int)st << ")";
-    const float one = 1.0f;
-    lt::autotune(s, p, al_a, al_b, al_c, 2.0 * (double)M * (double)N * (double)K,
-                 (size_t)M * (size_t)N * dtype_size(c.dtype()), [&](const cublasLtMatmulAlgo_t& algo, void* d) {
-                   return cublasLtMatmul(s.handle, p.op, &one, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta,
-                                         c.data_ptr(), p.c, d, p.c, &algo, s.workspace, lt::kWorkspaceBytes,
-                                         megatron::cuda::current_stream());
-                 });
     it = g_plans.emplace(key, p).first;
   }
   Plan& p = it->second;

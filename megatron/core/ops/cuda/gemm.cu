@@ -37,79 +37,23 @@ lt::DeviceContext& lt::device_context(int dev) {
   return *c;
 }
 
-namespace {
-// Up to `max` heuristic results for `p` within the workspace and alignments; returns the status.
-cublasStatus_t heuristic(const lt::DeviceContext& ctx, lt::Plan& p, int align_a, int align_b, int align_c,
-                         cublasLtMatmulHeuristicResult_t* res, int max, int& found) {
+cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c,
+                                  int& found) {
   cublasLtMatmulPreference_t pref;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t ws = lt::kWorkspaceBytes;
+  uint64_t ws = kWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t al[3] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c};
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
-  found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.op, p.a, p.b, p.c, p.c, pref, max, res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  return st;
-}
-}  // namespace
-
-cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c,
-                                  int& found) {
   cublasLtMatmulHeuristicResult_t res{};
-  const cublasStatus_t st = heuristic(ctx, p, align_a, align_b, align_c, &res, 1, found);
+  found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) p.algo = res.algo;
   return st;
-}
-
-bool lt::autotune_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_GEMM_AUTOTUNE");
-    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
-    user_error("MEGATRON_GEMM_AUTOTUNE=", v, ": use 1 (time the heuristic's top GEMM algorithms) or 0 (off)");
-  }();
-  return on;
-}
-
-void lt::autotune(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c, double flops,
-                  size_t d_bytes, const LaunchWithAlgo& launch) {
-  if (!autotune_enabled() || flops < 8589934592.0) return;  // 2^33 FLOPs: ~10 us at 800 TFLOP/s
-  constexpr int kMax = 8;
-  cublasLtMatmulHeuristicResult_t res[kMax]{};
-  int found = 0;
-  if (heuristic(ctx, p, align_a, align_b, align_c, res, kMax, found) != CUBLAS_STATUS_SUCCESS || found < 2) return;
-  cudaStream_t st = megatron::cuda::current_stream();
-  void* d = nullptr;
-  if (cudaMallocAsync(&d, d_bytes, st) != cudaSuccess) {
-    (void)cudaGetLastError();  // no room for the scratch output: keep the heuristic's choice
-    return;
-  }
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  float best = -1.0f;
-  for (int i = 0; i < found; ++i) {
-    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (launch(res[i].algo, d) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm may refuse
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r) ok = launch(res[i].algo, d) == CUBLAS_STATUS_SUCCESS;
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (ok && (best < 0.0f || ms < best)) {
-      best = ms;
-      p.algo = res[i].algo;
-    }
-  }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  CUDA_CHECK(cudaFreeAsync(d, st));
 }
 
 namespace {
@@ -200,15 +144,6 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
         << "gemm: cuBLASLt has no algorithm for M=" << M << " N=" << N << " K=" << K << " types "
         << dtype_name(at) << "/" << dtype_name(bt) << "->" << dtype_name(ct) << (has_bias ? " with bias" : "")
         << " (status " << (int)st << ")";
-    if (cp.supported) {
-      const size_t d_bytes = (size_t)ldc * (size_t)N * dtype_size(ct);
-      lt::autotune(s, p, al_a, al_b, al_c, 2.0 * (double)M * (double)N * (double)K, d_bytes,
-                   [&](const cublasLtMatmulAlgo_t& algo, void* d) {
-                     return cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, e.c_in ? e.c_in : C, p.c, d,
-                                           p.c, &algo, s.workspace, lt::kWorkspaceBytes,
-                                           megatron::cuda::current_stream());
-                   });
-    }
     it = g_plans.emplace(key, cp).first;
   }
   if (!it->second.supported) return false;
