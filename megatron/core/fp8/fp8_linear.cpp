@@ -32,6 +32,11 @@ Shape rows_cols(const Tensor& x) {
 // of this step is still valid, else cast now (recording the amax when `record`).
 Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
   Fp8State::WeightCache& c = st.weight_cache(base);
+  // --fp8-param-gather: the gathered FP8 parameter (its amax was recorded when it was cast).
+  if (c.primary && c.valid) {
+    MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
+    return c.q;
+  }
   if (st.weight_cache_hit(base, w, record) && c.q.defined()) return c.q;
   Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, record);
   st.count_weight_cast();
@@ -110,6 +115,11 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
   const int64_t out = w.size(0), in = w.size(1);
   const DType wdt = st.meta(base + kWeight).dtype;
   Fp8State::WeightCache& c = st.weight_cache(base);
+  // --fp8-param-gather: the gathered FP8 parameter and its transpose (post_all_gather_processing).
+  if (c.primary && c.valid) {
+    MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
+    return {c.q, c.q_t};
+  }
   // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
   const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
   if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))
@@ -147,7 +157,7 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
   quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
   const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
-  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq.q, fptr(st.scale_inv(base + kWeight)), y2, 0.0f,
+  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq.q, fptr(st.weight_scale_inv(base)), y2, 0.0f,
                          /*fast_accum=*/true);
   if (bias) ops::bias_add_(y, *bias);
 }
@@ -168,7 +178,7 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   if (dx) {
     const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
     Tensor dx2 = dx->view({N, in});
-    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.scale_inv(base + kWeight)), dx2, 0.0f, false);
+    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.weight_scale_inv(base)), dx2, 0.0f, false);
   }
   if (dw) {
     if (fp8_wgrad) {

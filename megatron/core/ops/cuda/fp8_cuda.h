@@ -16,6 +16,9 @@ namespace megatron::ops::cuda {
 /// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt).
 void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, Tensor* q_t);
 
+/// q_t [cols, rows] = q [rows, cols] transposed, byte for byte (1-byte dtypes: the FP8 weight's
+/// dgrad layout after --fp8-param-gather's all-gather; ops/cuda/fp8_param.cu).
+void fp8_transpose(const Tensor& q, Tensor& q_t);
 /// amax[0] = max(amax[0], max |x|) only.
 void fp8_amax(const Tensor& x, float* amax);
 

@@ -290,6 +290,10 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
   }
 }
 
+// The register kernels are instantiated for float32 and bfloat16 only; other dtypes take the
+// general kernels.
+bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; }
+
 // MEGATRON_NORM_FWD_V1=1: always norm_fwd_kernel (A/B comparisons).
 bool norm_fwd_v1_forced() {
   static const bool v = [] {
@@ -322,7 +326,8 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
              (!kLN || aligned16(beta->data_ptr()));
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
-  if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && !norm_fwd_v1_forced()) {
+  if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
+      f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {
     MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
                           norm_fwd_reg_kernel<kLN, T, G><<<grid, kWarps * 32, 0, st>>>(
                               static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
@@ -364,7 +369,8 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(dy.data_ptr()) && aligned16(dx.data_ptr()) &&
              aligned16(gamma.data_ptr()) && (!dres || aligned16(dres->data_ptr()));
   // Register kernel: h <= 1024, 16-byte rows, x/dy/dx (and dres) of one dtype.
-  const bool reg = vec && h <= 256 * kRegMaxChunks && x.dtype() == dy.dtype() && !norm_bwd_v1_forced();
+  const bool reg = vec && h <= 256 * kRegMaxChunks && x.dtype() == dy.dtype() && f32_or_bf16(x.dtype()) &&
+                   f32_or_bf16(gamma.dtype()) && !norm_bwd_v1_forced();
   const int wpb = reg ? kRegWarps : kWarps;  // warps per block
   unsigned grid = static_cast<unsigned>(std::max<int64_t>(
       1, std::min<int64_t>((rows + wpb - 1) / wpb, (int64_t)sm_count() * (reg ? 3 : 2))));  // reg: one wave of 3 blocks per SM
