@@ -113,11 +113,58 @@ __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t n, const f
 // [128 by, +128) and cols [128 bx, +128). Shared word (r, w) holds columns 4w..4w+3 of row r at
 // physical word w ^ (((r >> 4) & 7) << 2).
 constexpr int kVTile = 128;
-template <class T, int kFmt>
-__global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows,
-                                                                     int64_t cols, const float* __restrict__ scale,
-                                                                     float* __restrict__ amax, uint8_t* __restrict__ q,
-                                                                     uint8_t* __restrict__ qt) {
+
+// Sources of the values a tile quantizes: load8(r, c, f) gives the 8 values of row r, columns
+// c..c+7 (c % 8 == 0, in range) as floats. PlainSrc reads x; the fused sources compute what the
+// unfused producer kernel would have written (rounded to its output type Y) from its inputs, so
+// the FP8 bytes and the amax are those of the unfused path bit for bit.
+template <class T>
+struct PlainSrc {
+  const T* x;
+  int64_t cols;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&f)[8]) const {
+    ld8(x, r * cols + c, r * cols + c + 8, true, f);
+  }
+};
+
+// silu(g) * u exactly as ops/cuda/elementwise.cu's swiglu_fwd_kernel: x [rows, 2f] = [gate | up].
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+template <class X, class Y>
+struct SwigluSrc {
+  const X* x;
+  int64_t f;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    float g[8], u[8];
+    ld8(x + r * 2 * f, c, c + 8, true, g);
+    ld8(x + r * 2 * f + f, c, c + 8, true, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<Y>(silu_f(g[j]) * u[j]));
+  }
+};
+
+// RMSNorm's output exactly as ops/cuda/norm.cu's norm_fwd_kernel<false> computes it, from x, the
+// row's rstd (written by that kernel's rstd-only mode) and gamma (+ gofs for zero-centered gamma).
+template <class X, class G, class Y>
+struct RmsnormSrc {
+  const X* x;
+  const G* gamma;
+  const float* rstd;
+  int64_t cols;
+  float gofs;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    float f[8], g[8];
+    ld8(x + r * cols, c, c + 8, true, f);
+    ld8(gamma, c, c + 8, true, g);
+    const float mean = 0.0f, rs = rstd[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<Y>((f[j] - mean) * rs * (g[j] + gofs) + 0.0f));
+  }
+};
+
+template <class Src, int kFmt>
+__device__ __forceinline__ void quantize_transpose_tile(const Src& src, int64_t rows, int64_t cols,
+                                                        const float* __restrict__ scale, float* __restrict__ amax,
+                                                        uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
   __shared__ __align__(16) uint32_t tile[kVTile][kVTile / 4];
   const float s = *scale;
   const int t = threadIdx.x;
@@ -131,7 +178,7 @@ __global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __
   for (int i = 0; i < 8; ++i) {
     const int64_t r = r0 + 16 * i + rr;
     if (col_in && r < rows) {
-      ld8(x, r * cols + c, r * cols + c + 8, true, f[i]);
+      src.load8(r, c, f[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) f[i][j] = 0.0f;
@@ -171,6 +218,33 @@ __global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __
       *reinterpret_cast<uint4*>(qt + (cbase + k) * rows + rbase) = make_uint4(o[k][0], o[k][1], o[k][2], o[k][3]);
   }
   if (amax) block_amax_to(a, amax);
+}
+
+template <class T, int kFmt>
+__global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows,
+                                                                     int64_t cols, const float* __restrict__ scale,
+                                                                     float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                     uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<PlainSrc<T>, kFmt>(PlainSrc<T>{x, cols}, rows, cols, scale, amax, q, qt);
+}
+
+// SwiGLU + quantize (+ transpose): q/q_t [rows, f] of swiglu(x) for x [rows, 2f].
+template <class X, class Y, int kFmt>
+__global__ void __launch_bounds__(256) swiglu_quantize_kernel(const X* __restrict__ x, int64_t rows, int64_t f,
+                                                              const float* __restrict__ scale, float* __restrict__ amax,
+                                                              uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<SwigluSrc<X, Y>, kFmt>(SwigluSrc<X, Y>{x, f}, rows, f, scale, amax, q, qt);
+}
+
+// RMSNorm apply + quantize (+ transpose) for x [rows, h] with the rows' rstd already computed.
+template <class X, class G, class Y, int kFmt>
+__global__ void __launch_bounds__(256) rmsnorm_quantize_kernel(const X* __restrict__ x, const G* __restrict__ gamma,
+                                                               const float* __restrict__ rstd, int64_t rows, int64_t h,
+                                                               float gofs, const float* __restrict__ scale,
+                                                               float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                               uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<RmsnormSrc<X, G, Y>, kFmt>(RmsnormSrc<X, G, Y>{x, gamma, rstd, h, gofs}, rows, h, scale,
+                                                       amax, q, qt);
 }
 
 // Tile (by, bx) covers rows [by*64, +64) and cols [bx*64, +64) of x [rows, cols].
@@ -299,6 +373,67 @@ void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, T
     });
   }
   CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+// The tiled kernels' requirements (see quantize_transpose_tile): rows % 16 == 0, cols % 8 == 0,
+// 16-byte aligned inputs and q_t, 8-byte aligned q, both outputs of one FP8 type.
+bool fused_tile_ok(int64_t rows, int64_t cols, const Tensor* q, const Tensor* q_t) {
+  if (!q || !q_t || rows % 16 != 0 || cols % 8 != 0 || rows / kVTile >= 65535) return false;
+  if (q->dtype() != q_t->dtype() || (q->dtype() != DType::kFloat8E4M3 && q->dtype() != DType::kFloat8E5M2)) return false;
+  if (q->numel() != rows * cols || q_t->numel() != rows * cols || q_t->size(0) != cols) return false;
+  return aligned16(q_t->data_ptr()) && (reinterpret_cast<uintptr_t>(q->data_ptr()) & 7u) == 0;
+}
+}  // namespace
+
+bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t) {
+  check_cuda(x, "fp8_swiglu_quantize");
+  const int64_t two_f = x.size(-1), f = two_f / 2;
+  if (two_f % 2 != 0 || f == 0) return false;
+  const int64_t rows = x.numel() / two_f;
+  if (rows == 0 || !fused_tile_ok(rows, f, q, q_t) || !aligned16(x.data_ptr())) return false;
+  if (act_dtype != DType::kBFloat16 && act_dtype != DType::kFloat32) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32) return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  dim3 grid((unsigned)((f + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, MCU_F32_BF16_SWITCH(act_dtype, Y, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    if (fmt == 0) swiglu_quantize_kernel<X, Y, 0><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
+    else swiglu_quantize_kernel<X, Y, 1><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
+  }));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma,
+                          DType out_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t) {
+  check_cuda(x, "fp8_rmsnorm_quantize");
+  const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
+  if (rows == 0 || gamma.numel() != h || rstd.numel() != rows || rstd.dtype() != DType::kFloat32) return false;
+  if (!fused_tile_ok(rows, h, q, q_t) || !aligned16(x.data_ptr()) || !aligned16(gamma.data_ptr())) return false;
+  if (out_dtype != DType::kBFloat16 && out_dtype != DType::kFloat32) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32) return false;
+  if (gamma.dtype() != DType::kBFloat16 && gamma.dtype() != DType::kFloat32) return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  const float* rp = static_cast<const float*>(rstd.data_ptr());
+  const float gofs = zero_centered_gamma ? 1.0f : 0.0f;
+  dim3 grid((unsigned)((h + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, MCU_F32_BF16_SWITCH(gamma.dtype(), G, MCU_F32_BF16_SWITCH(out_dtype, Y, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    const G* gp = static_cast<const G*>(gamma.data_ptr());
+    if (fmt == 0)
+      rmsnorm_quantize_kernel<X, G, Y, 0><<<grid, kThreads, 0, st>>>(xp, gp, rp, rows, h, gofs, scale, amax, qp, qtp);
+    else
+      rmsnorm_quantize_kernel<X, G, Y, 1><<<grid, kThreads, 0, st>>>(xp, gp, rp, rows, h, gofs, scale, amax, qp, qtp);
+  })));
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 void fp8_amax(const Tensor& x, float* amax) {

@@ -16,6 +16,23 @@ namespace megatron::ops::cuda {
 /// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt).
 void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, Tensor* q_t);
 
+/// SwiGLU fused with the quantization of its output (the fc2 input): for x [..., 2f] = [gate | up]
+/// (bfloat16/float32) the value v = act_dtype(silu(gate) * up) -- bit for bit what swiglu_forward
+/// writes into an act_dtype tensor -- is quantized into q [rows, f] and q_t [f, rows]
+/// (sat_rne_cast(v * scale[0]), E4M3/E5M2) and amax[0] = max(amax[0], max |v|) (if amax != nullptr),
+/// without writing v. Returns false (nothing launched) when the shapes/alignment do not fit the
+/// tiled kernel (rows % 16, f % 8, 16-byte aligned x and q_t, 8-byte aligned q; both q and q_t
+/// given): the caller then runs swiglu_forward + fp8_quantize.
+bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t);
+
+/// RMSNorm's output fused with its quantization: v = out_dtype(x * rstd[row] * (gamma + (zero_centered
+/// ? 1 : 0))) -- bit for bit what rmsnorm_forward writes into an out_dtype tensor, given the rstd
+/// that rmsnorm_forward computes (rmsnorm_rstd) -- quantized into q [rows, h] and q_t [h, rows] with
+/// amax as fp8_swiglu_quantize. x [..., h], gamma [h] (bfloat16/float32), rstd float32 [rows].
+/// Returns false (nothing launched) when the tiled kernel does not fit (as fp8_swiglu_quantize).
+bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma,
+                          DType out_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t);
+
 /// amax[0] = max(amax[0], max |x|) only.
 void fp8_amax(const Tensor& x, float* amax);
 
