@@ -7,7 +7,6 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
 #ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/fp8_cuda.h"
 #endif
 

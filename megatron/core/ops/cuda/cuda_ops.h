@@ -64,10 +64,6 @@ void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& 
                                bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx, Tensor& dgamma,
                                bool accumulate);
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y, Tensor& rstd);
-/// Only the statistics of rmsnorm_forward: rstd [rows] (float32), bit-identical to what
-/// rmsnorm_forward writes; no output (the FP8 path normalizes and quantizes in
-/// fp8_rmsnorm_quantize instead). gamma only selects the kernel instance.
-void rmsnorm_rstd(const Tensor& x, const Tensor& gamma, float eps, Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate);
 void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh);
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approximate_tanh);

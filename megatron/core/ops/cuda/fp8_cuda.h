@@ -33,6 +33,11 @@ bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, f
 bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma,
                           DType out_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t);
 
+/// Only the statistics of rmsnorm_forward: rstd [rows] (float32), bit-identical to what
+/// rmsnorm_forward writes; no output (the FP8 path normalizes and quantizes in
+/// fp8_rmsnorm_quantize instead). gamma only selects the kernel instance.
+void rmsnorm_rstd(const Tensor& x, const Tensor& gamma, float eps, Tensor& rstd);  // defined in norm.cu
+
 /// amax[0] = max(amax[0], max |x|) only.
 void fp8_amax(const Tensor& x, float* amax);
 

@@ -4,6 +4,7 @@
 // (deterministic).
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/fp8_cuda.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
