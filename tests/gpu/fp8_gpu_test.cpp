@@ -14,7 +14,10 @@
 //     shapes 8192 x 4096 and 4096 x 14336, with their bandwidth (GB/s, bytes read + written);
 //  6. the FP8 weight cache on CUDA: cached and uncached linears give bit-identical outputs,
 //     gradients and scales over steps of several micro-batches (docs/fp8.md "Weight cache");
-//  7. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt.
+//  7. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt;
+//  8. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
+//     kernels (bit-exact bytes and amax); scale_update: the device-side step boundary vs the
+//     host recipe (bit-exact histories and scales).
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
@@ -457,6 +460,137 @@ void test_weight_cache_cuda() {
   }
 }
 
+// Fused producers (fp8fuse): fp8_rmsnorm_quantize (after rmsnorm_rstd) and fp8_swiglu_quantize
+// against the unfused path -- rmsnorm_forward / swiglu_forward writing bf16, then fp8_quantize
+// (q + q_t) -- bit-exact FP8 bytes of both layouts, the same amax bits, the same rstd bits; on
+// partial tiles and the LLaMA-3-8B shapes (8192 x 4096 norm, 8192 x 14336 SwiGLU output), with the
+// fused and unfused times (ms, GB/s of the fused kernel: bytes read + written).
+void test_fused_quantize() {
+  struct S { int64_t rows, cols; bool big; };
+  const S shapes[] = {{272, 264, false}, {16, 8, false}, {1024, 4096, false}, {8192, 4096, true}, {8192, 14336, true}};
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto ms_of = [&](auto&& f) {
+    f();
+    cudaEventRecord(e0);
+    for (int i = 0; i < 5; ++i) f();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms / 5;
+  };
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const S& sh : shapes)
+    for (int which = 0; which < 2; ++which) {  // 0: RMSNorm (zero-centred gamma), 1: SwiGLU
+      const int64_t R = sh.rows, C = sh.cols;
+      if (which == 0 && C > 8192) continue;  // the norm shape is the hidden size
+      const int64_t in_cols = which == 1 ? 2 * C : C;
+      std::vector<float> xv(R * in_cols), gv(C);
+      for (auto& v : xv) v = nd(g_rng);
+      for (auto& v : gv) v = 0.1f * nd(g_rng);
+      xv[(R / 2) * in_cols + 3] = 1e4f;  // saturates at the scale below
+      Tensor x = Tensor::from_vector(xv, {R, in_cols}).to(DType::kBFloat16).to(Device::cuda());
+      Tensor gamma = Tensor::from_vector(gv, {C}).to(DType::kBFloat16).to(Device::cuda());
+      Tensor sc = Tensor::from_vector({37.5f}, {1}).to(Device::cuda());
+      Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+      Tensor qu = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtu = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+      Tensor qf = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtf = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+      Tensor y = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
+      Tensor rstd_u = Tensor::empty({R}, DType::kFloat32, Device::cuda()), rstd_f = Tensor::empty({R}, DType::kFloat32, Device::cuda());
+      auto unfused = [&] {
+        if (which == 0) cu::rmsnorm_forward(x, gamma, 1e-5f, true, y, rstd_u);
+        else cu::swiglu_forward(x, y);
+        cu::fp8_quantize(y, fp(sc), fp(am_u), &qu, &qtu);
+      };
+      bool launched = true;
+      auto fused = [&] {
+        if (which == 0) {
+          cu::rmsnorm_rstd(x, gamma, 1e-5f, rstd_f);
+          launched = cu::fp8_rmsnorm_quantize(x, gamma, rstd_f, true, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+        } else {
+          launched = cu::fp8_swiglu_quantize(x, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+        }
+      };
+      unfused();
+      fused();
+      const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
+      int64_t bad = 0;
+      for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
+      const float au = host(am_u)[0], af = host(am_f)[0];
+      int64_t bad_rstd = 0;
+      if (which == 0) {
+        const std::vector<float> ru = host(rstd_u), rf = host(rstd_f);
+        for (size_t i = 0; i < ru.size(); ++i) bad_rstd += std::memcmp(&ru[i], &rf[i], 4) != 0;
+      }
+      std::string t;
+      if (sh.big) {
+        const double tu = ms_of(unfused), tf = ms_of(fused);
+        const double by = which == 0 ? R * C * (2.0 * 2 + 2) : R * C * (4.0 + 2);  // fused: read x (twice for the norm), write q + q_t
+        char b[160];
+        std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms (%.0f GB/s)", tu, tf, by / tf / 1e6);
+        t = b;
+      }
+      char d[300];
+      std::snprintf(d, sizeof d, "%lld byte mismatches, %lld rstd mismatches, amax %.9g vs %.9g%s", (long long)bad,
+                    (long long)bad_rstd, af, au, t.c_str());
+      report(std::string(which ? "swiglu" : "rmsnorm") + "+quantize+transpose fused vs unfused " + std::to_string(R) +
+                 "x" + std::to_string(C),
+             launched && bad == 0 && bad_rstd == 0 && std::memcmp(&au, &af, 4) == 0, d);
+    }
+}
+
+// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
+// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
+// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
+// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
+void test_scale_update() {
+  std::uniform_real_distribution<float> ud(0.0f, 8.0f);
+  for (int H : {1, 4, 5})
+    for (int algo = 0; algo < 2; ++algo)
+      for (int recipe = 0; recipe < 2; ++recipe) {
+        fp8::Fp8Config cfg;
+        cfg.amax_history_len = H;
+        cfg.amax_compute_algo = algo ? fp8::AmaxComputeAlgo::kMostRecent : fp8::AmaxComputeAlgo::kMax;
+        cfg.recipe = recipe ? fp8::Fp8Recipe::kTensorwise : fp8::Fp8Recipe::kDelayed;
+        cfg.margin = H == 5 ? 1 : 0;
+        fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
+        for (int l = 0; l < 3; ++l) {
+          cpu.register_linear("l" + std::to_string(l));
+          gpu.register_linear("l" + std::to_string(l));
+        }
+        int64_t bad = 0;
+        for (int step = 0; step < 7; ++step) {
+          for (int r = 0; r < cpu.num_roles(); ++r) {
+            float a = ud(g_rng) * std::ldexp(1.0f, (int)(g_rng() % 20) - 10);
+            const int k = (step * 7 + r) % 13;
+            if (k == 3) a = 0.0f;
+            if (k == 5) a = std::nanf("");
+            if (k == 8) a = INFINITY;
+            if (k == 11) a = 3e38f;
+            if (step == 2 && r == 1) continue;  // a role not used this step
+            cpu.record_host_amax(r, a);
+            gpu.amax(r).copy_(Tensor::from_vector({a}, {1}));
+          }
+          cpu.reduce_and_update(nullptr);
+          gpu.reduce_and_update(nullptr);
+          for (int r = 0; r < cpu.num_roles(); ++r) {
+            const fp8::Fp8TensorMeta &mc = cpu.host_meta(r), &mg = gpu.host_meta(r);
+            for (int i = 0; i < H; ++i) bad += std::memcmp(&mc.amax_history[i], &mg.amax_history[i], 4) != 0;
+            if (recipe == 0)
+              bad += std::memcmp(&mc.scale, &mg.scale, 4) != 0 || std::memcmp(&mc.scale_inv, &mg.scale_inv, 4) != 0;
+            // The device scale the kernels read is the one reported.
+            if (recipe == 0) bad += host(gpu.scale(r))[0] != mg.scale;
+          }
+        }
+        char name[160];
+        std::snprintf(name, sizeof name, "scale update on the device == host recipe: H %d %s %s margin %d", H,
+                      algo ? "most_recent" : "max", recipe ? "tensorwise" : "delayed", cfg.margin);
+        report(name, bad == 0, std::to_string(bad) + " mismatching history entries/scales over 7 steps");
+      }
+}
+
 void time_gemms() {
   // LLaMA-3-8B layer GEMMs at 8192 tokens: qkv (6144 x 4096), proj, fc1 (28672 x 4096), fc2.
   struct S { const char* name; int64_t m, n, k; };
@@ -516,7 +650,7 @@ void time_gemms() {
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
-// linear weight_cache timing; default all, timing off with --no-timing).
+// linear weight_cache fused_quantize scale_update timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
@@ -527,7 +661,8 @@ int main(int argc, char** argv) {
   std::printf("fp8_gpu_test\n");
   std::vector<std::pair<const char*, void (*)()>> groups = {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
-      {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda}};
+      {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
+      {"fused_quantize", test_fused_quantize}, {"scale_update", test_scale_update}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
     if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;

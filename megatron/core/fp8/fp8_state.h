@@ -10,8 +10,10 @@
 //     kernels and by cuBLASLt through device pointers).
 // Once per training step reduce_and_update() all-reduces (MAX) the step's amaxes over the amax
 // group (TP x DP x CP, Megatron's get_amax_reduction_group), records them into the histories,
-// updates every scale and copies the scales to the device: one device-to-host and one
-// host-to-device copy of 3 * num_layers_fp8 floats per step.
+// updates every scale. On the CPU the host metas are the state. On a GPU the histories live on the
+// device too (a ring per role) and the whole update is one kernel (ops::cuda::fp8_update_scales):
+// no host synchronization and no copies per step; the host metas are refreshed from the device
+// only when read through host_scale()/host_meta()/checkpoint_tensors().
 #pragma once
 
 #include <cstdint>
@@ -44,7 +46,15 @@ class Fp8State {
 
   const Fp8Config& config() const { return cfg_; }
   int num_roles() const { return static_cast<int>(metas_.size()); }
+  /// Role r's meta. Its dtype is always current; on a GPU its history/scale are the host copy as of
+  /// the last sync (use host_meta() for current values).
   const Fp8TensorMeta& meta(int role) const { return metas_.at(role); }
+  /// Role r's meta with the history and scales brought up to date from the device (a
+  /// device-to-host copy after a GPU step; free on the CPU).
+  const Fp8TensorMeta& host_meta(int role) const {
+    sync_host();
+    return metas_.at(role);
+  }
   const std::string& linear_name(int base) const { return names_.at(base / kNumRoles); }
 
   /// Device views of role r's scale / scale_inv / current-step amax (float32 [1]).
@@ -56,8 +66,8 @@ class Fp8State {
   Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).
-  float host_scale(int r) const { return metas_.at(r).scale; }
-  float host_scale_inv(int r) const { return metas_.at(r).scale_inv; }
+  float host_scale(int r) const { return host_meta(r).scale; }
+  float host_scale_inv(int r) const { return host_meta(r).scale_inv; }
 
   /// Whether quantizations record their amax (training forward/backward); evaluation forwards
   /// do not feed the histories.
@@ -147,10 +157,15 @@ class Fp8State {
  private:
   void ensure_device();
   void push_scales();
+  void sync_host() const;  // GPU: device histories/scales -> metas_ (if changed since)
 
   Fp8Config cfg_;
   Device device_;
-  std::vector<Fp8TensorMeta> metas_;
+  mutable std::vector<Fp8TensorMeta> metas_;
+  // GPU: histories [R, H] (ring, logical entry i at (hist_pos_ + i) % H), fp8 max per role.
+  Tensor d_hist_, d_fmax_;
+  int64_t hist_pos_ = 0;
+  mutable bool host_stale_ = false;
   std::vector<std::string> names_;
   Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   bool recording_ = true;

@@ -322,6 +322,47 @@ __global__ void scale_from_amax_kernel(float* cur, float fmax, int margin, float
   if (step_amax && (a > *step_amax || isnan(a))) *step_amax = a;
 }
 
+// Step-boundary update of every FP8 role (one block per role; Fp8TensorMeta::record_amax + update
+// on the device). hist [R, H] is a ring: logical entry i of role r lives at hist[r H + (pos + i) % H].
+__global__ void update_scales_kernel(float* __restrict__ amax, int64_t slot, float* __restrict__ hist, int H,
+                                     int64_t pos, const float* __restrict__ fmax, int margin, bool max_algo,
+                                     bool update_scale, float* __restrict__ scale, float* __restrict__ scale_inv) {
+  const int r = blockIdx.x;
+  float* h = hist + (int64_t)r * H;
+  const int i0 = (int)(pos % H), i1 = (int)((pos + 1) % H);
+  const float a = amax[r * slot];
+  float h0 = h[i0];
+  if (isnan(a) || a > h0) h0 = a;  // record_amax: NaN propagates
+  if (update_scale) {
+    __shared__ float red[32];
+    float m = 0.0f;  // "max": fmaxf over the window (a NaN entry is ignored), from 0
+    if (max_algo)
+      for (int i = threadIdx.x; i < H; i += blockDim.x) m = fmaxf(m, i == i0 ? h0 : h[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+      m = fmaxf(m, red[0]);
+      if (!max_algo) m = h0;  // "most_recent": entry 0 as is (a NaN keeps the old scale below)
+      // compute_scale of fp8_recipe.cpp: keep the old scale unless the amax is finite and > 0.
+      if (isfinite(m) && m > 0.0f) {
+        float s = (fmax[r] / m) / ldexpf(1.0f, margin);
+        if (isinf(s)) s = FLT_MAX;
+        scale[r * slot] = s;
+      }
+      scale_inv[r * slot] = 1.0f / scale[r * slot];
+    }
+  }
+  __syncthreads();  // every read of the window is done before the roll writes into it
+  if (threadIdx.x == 0) {
+    h[i0] = h0;    // becomes logical entry H - 1 (std::rotate by one)
+    h[i1] = 0.0f;  // the new logical entry 0 (with H == 1 the same slot: zeroed, as on the host)
+    amax[r * slot] = 0.0f;
+  }
+}
+
 int fmt_of(DType t) {
   MEGATRON_CHECK(t == DType::kFloat8E4M3 || t == DType::kFloat8E5M2) << "fp8_quantize: output " << dtype_name(t);
   return t == DType::kFloat8E4M3 ? 0 : 1;
@@ -445,6 +486,15 @@ void fp8_amax(const Tensor& x, float* amax) {
   MCU_FLOAT_SWITCH(x.dtype(), T,
                    amax_kernel<T><<<grid_for((n + 7) / 8, kThreads), kThreads, 0, st>>>(
                        static_cast<const T*>(x.data_ptr()), n, amax, vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_update_scales(float* amax, int64_t slot, float* hist, int history_len, int64_t pos, int roles,
+                       const float* fmax, int margin, bool max_algo, bool update_scale, float* scale,
+                       float* scale_inv) {
+  if (roles == 0) return;
+  update_scales_kernel<<<roles, 256, 0, megatron::cuda::current_stream()>>>(
+      amax, slot, hist, history_len, pos, fmax, margin, max_algo, update_scale, scale, scale_inv);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -48,6 +48,18 @@ void fp8_amax(const Tensor& x, float* amax);
 void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
                          float* step_amax);
 
+/// The delayed-scaling step boundary for `roles` FP8 roles in one launch, no host round trip
+/// (fp8_state.h; Fp8TensorMeta::record_amax + update of fp8_recipe.h, bit-identical): for role r,
+/// with its amax at amax[r * slot], scale/scale_inv at scale[r * slot] / scale_inv[r * slot], and
+/// its history a ring hist[r * history_len + (pos + i) % history_len] (logical entry i):
+/// entry 0 = max(entry 0, amax) (NaN propagates); if update_scale, the amax used (fmaxf over the
+/// window when max_algo, else entry 0) gives scale = fmax[r] / used / 2^margin when finite and
+/// > 0 (FLT_MAX on overflow; else the old scale) and scale_inv = 1 / scale; then the window rolls
+/// by one (the caller advances pos by 1; the new entry 0 is zeroed) and the amax is zeroed.
+void fp8_update_scales(float* amax, int64_t slot, float* hist, int history_len, int64_t pos, int roles,
+                       const float* fmax, int margin, bool max_algo, bool update_scale, float* scale,
+                       float* scale_inv);
+
 /// Free memory of the current device in bytes (cudaMemGetInfo): what new allocations can still
 /// get beyond the memory pool's reservation (the FP8 weight cache's budget, fp8_state.h).
 int64_t device_free_bytes();
