@@ -17,7 +17,8 @@
 //  7. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt;
 //  8. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
 //     kernels (bit-exact bytes and amax); scale_update: the device-side step boundary vs the
-//     host recipe (bit-exact histories and scales).
+//     host recipe (bit-exact histories and scales); residual_gemm: the FP8 GEMM with the residual in
+//     its epilogue vs GEMM + add (within one bf16 rounding).
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
@@ -34,6 +35,7 @@
 #include "megatron/core/fp8/fp8_recipe.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/ops.h"
 #include "megatron/core/ops/cuda/fp8_cuda.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/utils/param_version.h"
@@ -591,6 +593,41 @@ void test_scale_update() {
       }
 }
 
+// The FP8 GEMM with the residual in its epilogue (fp8_gemm_tn_residual, linear_proj / fc2 forward)
+// vs fp8_gemm_tn + a bf16 add: the fused result rounds once, the reference twice, so they may
+// differ by one bf16 rounding of the output: |diff| <= 2^-8 |ref| + 1e-6 per element (2 ulp of bf16).
+void test_residual_gemm() {
+  const int64_t m = 512, n = 256, k = 384;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> av(m * k), bv(n * k), rv(m * n);
+  for (auto& v : av) v = nd(g_rng);
+  for (auto& v : bv) v = nd(g_rng);
+  for (auto& v : rv) v = 4.0f * nd(g_rng);
+  Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda()), am = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+  Tensor a = Tensor::empty({m, k}, DType::kFloat8E4M3, Device::cuda()), b = Tensor::empty({n, k}, DType::kFloat8E4M3, Device::cuda());
+  cu::fp8_quantize(Tensor::from_vector(av, {m, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &a, nullptr);
+  cu::fp8_quantize(Tensor::from_vector(bv, {n, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &b, nullptr);
+  Tensor r = Tensor::from_vector(rv, {m, n}).to(DType::kBFloat16).to(Device::cuda());
+  Tensor ref = Tensor::empty({m, n}, DType::kBFloat16, Device::cuda()), got = Tensor::empty({m, n}, DType::kBFloat16, Device::cuda());
+  cu::fp8_gemm_tn(a, fp(one), b, fp(one), ref, 0.0f, true);
+  ops::add_(ref, r);
+  const bool ran = cu::fp8_gemm_tn_residual(a, fp(one), b, fp(one), r, got, true);
+  const std::vector<float> hr = host(ref), hg = host(got), hres = host(r);
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < hr.size(); ++i) {
+    const double d = std::fabs((double)hg[i] - hr[i]);
+    worst = std::max(worst, d / (std::fabs(hr[i]) + 1e-6));
+    bad += d > std::ldexp(std::fabs(hr[i]), -8) + 1e-6;
+  }
+  const bool res_kept = hres == host(Tensor::from_vector(rv, {m, n}).to(DType::kBFloat16));
+  char d[200];
+  std::snprintf(d, sizeof d, "%s; %lld elements beyond 2 bf16 ulp, worst rel %.3g; residual unmodified %s",
+                ran ? "cuBLASLt has the C != D variant" : "NO algorithm (the layer falls back to GEMM + add)",
+                (long long)bad, worst, res_kept ? "yes" : "NO");
+  report("fp8 GEMM + residual epilogue vs GEMM then add", ran && bad == 0 && res_kept, d);
+}
+
 void time_gemms() {
   // LLaMA-3-8B layer GEMMs at 8192 tokens: qkv (6144 x 4096), proj, fc1 (28672 x 4096), fc2.
   struct S { const char* name; int64_t m, n, k; };
@@ -650,7 +687,8 @@ void time_gemms() {
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
-// linear weight_cache fused_quantize scale_update timing; default all, timing off with --no-timing).
+// linear weight_cache fused_quantize scale_update residual_gemm timing; default all, timing off with
+// --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
@@ -662,7 +700,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, void (*)()>> groups = {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
-      {"fused_quantize", test_fused_quantize}, {"scale_update", test_scale_update}};
+      {"fused_quantize", test_fused_quantize}, {"scale_update", test_scale_update},
+      {"residual_gemm", test_residual_gemm}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
     if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;

@@ -59,7 +59,8 @@ Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
   return wq;
 }
 
-void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                 const Tensor* residual) {
   const bool rec = st.recording();
   Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, rec);
   Tensor wq = weight_cpu(st, base, w, rec);
@@ -67,6 +68,7 @@ void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const
   ops::linear_forward(xq, wq, nullptr, y32);
   ops::cast(y32, y);
   if (bias) ops::bias_add_(y, *bias);
+  if (residual) ops::add_(y, *residual);
 }
 
 void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
@@ -153,7 +155,7 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
 }
 
 void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                  const Fp8Input* pre, Tensor* keep_x_t) {
+                  const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual) {
   const bool rec = st.recording();
   const Shape xs = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(x);
   const int64_t out = w.size(0), in = w.size(1);
@@ -176,9 +178,14 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
   }
   const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
-  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq.q, fptr(st.scale_inv(base + kWeight)), y2, 0.0f,
-                         /*fast_accum=*/true);
+  const float* sx = fptr(st.scale_inv(base + kInput));
+  const float* sw = fptr(st.scale_inv(base + kWeight));
+  if (residual && !bias && ops::cuda::fp8_gemm_tn_residual(xq, sx, wq.q, sw, residual->view({xs[0], out}), y2,
+                                                           /*fast_accum=*/true))
+    return;
+  ops::cuda::fp8_gemm_tn(xq, sx, wq.q, sw, y2, 0.0f, /*fast_accum=*/true);
   if (bias) ops::bias_add_(y, *bias);
+  if (residual) ops::add_(y, *residual);
 }
 
 void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
@@ -238,20 +245,21 @@ Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record
 }
 
 void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                    const Fp8Input* xq, Tensor* keep_x_t) {
+                    const Fp8Input* xq, Tensor* keep_x_t, const Tensor* residual) {
   const int64_t in = xq ? xq->shape.back() : x.size(-1);
   MEGATRON_CHECK(w.dim() == 2 && in == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
-                 base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && xq->q.is_cuda())))
+                 base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && xq->q.is_cuda())) &&
+                 (!residual || (residual->numel() == y.numel() && residual->dtype() == y.dtype())))
       << "fp8::linear_forward: x " << x.str() << " w " << w.str() << " y " << y.str() << " base " << base;
   if (xq || x.is_cuda()) {
 #ifdef MEGATRON_WITH_CUDA
-    forward_cuda(st, base, x, w, bias, y, xq, keep_x_t);
+    forward_cuda(st, base, x, w, bias, y, xq, keep_x_t, residual);
     return;
 #else
     user_error("fp8::linear_forward: a CUDA tensor reached a build without the CUDA backend");
 #endif
   }
-  forward_cpu(st, base, x, w, bias, y);
+  forward_cpu(st, base, x, w, bias, y, residual);
 }
 
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,

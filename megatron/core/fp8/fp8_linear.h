@@ -29,8 +29,11 @@ namespace megatron::fp8 {
 /// `xq`: x already quantized by its producer (fused; x may then be undefined, xq->shape gives its
 /// shape). `keep_x_t` (CUDA): also write x's FP8 transpose there in the same pass (for the wgrad
 /// GEMM, passed back to linear_backward as x_t) -- left undefined where not applicable.
+/// `residual` (y's shape and dtype): y = x w^T (+ bias) + residual; on CUDA without a bias added in
+/// the FP8 GEMM's epilogue (one rounding of y, as the bf16 path's fused residual) where cuBLASLt
+/// has the variant, else (and on the CPU) a separate add after the GEMM.
 void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                    const Fp8Input* xq = nullptr, Tensor* keep_x_t = nullptr);
+                    const Fp8Input* xq = nullptr, Tensor* keep_x_t = nullptr, const Tensor* residual = nullptr);
 
 /// Backward of linear_forward (x, w: the forward's inputs). dx overwritten (skipped if nullptr);
 /// dw, dbias (+)= per `accumulate` (skipped if nullptr). `x_t`: x's FP8 transpose from the forward

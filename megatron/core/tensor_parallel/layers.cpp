@@ -181,6 +181,11 @@ Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, c
   ctx.input_shape = xq.shape;
   ctx.fp8_input_t = xq.q_t;
   Tensor y = Tensor::empty(with_last_shape(xq.shape, out_), xq.dtype, xq.q.device());
+  if (residual && tp_.size() == 1 && gemm_epilogues_enabled()) {
+    // The residual in the FP8 GEMM's epilogue, as forward_add.
+    fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq, nullptr, residual);
+    return y;
+  }
   fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq);
   y = finish_forward(std::move(y));
   if (residual) ops::add_(y, *residual);
@@ -189,6 +194,14 @@ Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, c
 
 Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const {
 #ifdef MEGATRON_WITH_CUDA
+  if (fp8_ && tp_.size() == 1 && !bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
+    // FP8: the residual goes into the FP8 GEMM's epilogue (fp8::linear_forward), as in bf16 below.
+    ctx.input = x;
+    ctx.fp8_input_t = Tensor();
+    Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
+    fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y, nullptr, &ctx.fp8_input_t, &residual);
+    return y;
+  }
   if (!fp8_ && tp_.size() == 1 && x.is_cuda() && gemm_epilogues_enabled()) {
     ctx.input = x;
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());

@@ -107,9 +107,10 @@ class RowParallelLinear {
                     int64_t output_size, bool bias, float init_std, const TPContext& tp);
   /// x [..., in/TP] -> y [..., out].
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
-  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16,
-  /// no FP8) one GEMM adds bias and residual in its epilogue (C = residual, beta 1); otherwise
-  /// forward + add_. The backward is backward() (dy passes to the residual unchanged).
+  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16)
+  /// one GEMM adds bias and residual in its epilogue (C = residual, beta 1); with FP8 likewise in
+  /// the FP8 GEMM when there is no bias; otherwise forward + add_ (MEGATRON_GEMM_EPILOGUES=0 too).
+  /// The backward is backward() (dy passes to the residual unchanged).
   Tensor forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;

@@ -73,4 +73,11 @@ int64_t device_free_bytes();
 void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv, Tensor& c,
                  float beta, bool fast_accum);
 
+/// fp8_gemm_tn with the residual added in the GEMM's epilogue: d[m, n] = a_scale_inv[0] *
+/// b_scale_inv[0] * (A @ B^T) + residual (bfloat16/float16, d's dtype and shape; not modified), one
+/// rounding to d's dtype (as the bf16 path's linear_forward_residual). Returns false (nothing
+/// launched) when cuBLASLt has no algorithm for it; the caller then runs fp8_gemm_tn and an add.
+bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv,
+                          const Tensor& residual, Tensor& d, bool fast_accum);
+
 }  // namespace megatron::ops::cuda
