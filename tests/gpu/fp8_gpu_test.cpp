@@ -547,6 +547,63 @@ void test_fused_quantize() {
 // CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
 // scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
 // tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
+// fp8_swiglu_backward_quantize (fc1's output gradient, E5M2) vs swiglu_backward + fp8_quantize
+// (q + q_t): bit-exact bytes of both layouts and the same amax bits; partial tiles and the
+// LLaMA-3-8B shape (8192 x 28672), with the fused and unfused times.
+void test_fused_swiglu_backward() {
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (auto sh : {std::pair<int64_t, int64_t>{272, 272}, {16, 16}, {1024, 3584}, {8192, 28672}}) {
+    const int64_t R = sh.first, C = sh.second, F = C / 2;
+    std::vector<float> xv(R * C), dv(R * F);
+    for (auto& v : xv) v = nd(g_rng);
+    for (auto& v : dv) v = 1e-3f * nd(g_rng);
+    Tensor x = Tensor::from_vector(xv, {R, C}).to(DType::kBFloat16).to(Device::cuda());
+    Tensor dy = Tensor::from_vector(dv, {R, F}).to(DType::kBFloat16).to(Device::cuda());
+    Tensor sc = Tensor::from_vector({2048.0f}, {1}).to(Device::cuda());
+    Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    const DType e5 = DType::kFloat8E5M2;
+    Tensor qu = Tensor::empty({R, C}, e5, Device::cuda()), qtu = Tensor::empty({C, R}, e5, Device::cuda());
+    Tensor qf = Tensor::empty({R, C}, e5, Device::cuda()), qtf = Tensor::empty({C, R}, e5, Device::cuda());
+    Tensor dx = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
+    bool launched = true;
+    auto unfused = [&] {
+      cu::swiglu_backward(dy, x, dx);
+      cu::fp8_quantize(dx, fp(sc), fp(am_u), &qu, &qtu);
+    };
+    auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(am_f), &qf, &qtf); };
+    unfused();
+    fused();
+    const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
+    int64_t bad = 0;
+    for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
+    const float au = host(am_u)[0], af = host(am_f)[0];
+    std::string t;
+    if (R == 8192) {
+      auto ms_of = [&](auto&& f) {
+        f();
+        cudaEventRecord(e0);
+        for (int i = 0; i < 5; ++i) f();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return ms / 5;
+      };
+      const double tu = ms_of(unfused), tf = ms_of(fused);
+      char b[160];
+      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+      t = b;
+    }
+    char d[300];
+    std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
+    report("swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C),
+           launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+  }
+}
+
 void test_scale_update() {
   std::uniform_real_distribution<float> ud(0.0f, 8.0f);
   for (int H : {1, 4, 5})
@@ -687,7 +744,8 @@ void time_gemms() {
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
-// linear weight_cache fused_quantize scale_update residual_gemm timing; default all, timing off with
+// linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm timing; default
+// all, timing off with
 // --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
@@ -700,7 +758,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, void (*)()>> groups = {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
-      {"fused_quantize", test_fused_quantize}, {"scale_update", test_scale_update},
+      {"fused_quantize", test_fused_quantize}, {"fused_swiglu_backward", test_fused_swiglu_backward},
+      {"scale_update", test_scale_update},
       {"residual_gemm", test_residual_gemm}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {

@@ -3,8 +3,9 @@
 # "Session 4 (fp8fuse)").
 #   tests/gpu/fp8fuse_check.sh BIN_DIR        (BIN_DIR holds pretrain_gpt and fp8_gpu_test)
 # Results and logs go to ${OUT:-/tmp/out}/fp8fuse/. About 80-90 s. Steps:
-#  1. fp8_gpu_test groups fused_quantize, scale_update, linear: the RMSNorm / SwiGLU kernels that
-#     write the next GEMM's FP8 input (+ transpose + amax) bit-exact vs the unfused kernels (with
+#  1. fp8_gpu_test groups fused_quantize, fused_swiglu_backward, scale_update, residual_gemm, linear:
+#     the RMSNorm / SwiGLU kernels that write the next GEMM's FP8 input (+ transpose + amax) and the
+#     SwiGLU backward that writes fc1's FP8 output gradient, bit-exact vs the unfused kernels (with
 #     their times on the LLaMA-3-8B shapes); the device-side amax-history/scale update bit-exact vs
 #     the host recipe; the FP8 GEMM with the residual in its epilogue vs GEMM + add; the CUDA FP8
 #     linear vs the CPU emulation.
@@ -33,10 +34,10 @@ info() { echo "INFO $*" | tee -a "$O/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader > "$O/gpu.txt" 2>&1; info "gpu: $(cat "$O/gpu.txt")"
 
 # ---- 1. kernels -------------------------------------------------------------------------------
-timeout 60 "$BIN/fp8_gpu_test" --no-timing --groups fused_quantize,scale_update,residual_gemm,linear > "$O/fp8_gpu_test.log" 2>&1
+timeout 60 "$BIN/fp8_gpu_test" --no-timing --groups fused_quantize,fused_swiglu_backward,scale_update,residual_gemm,linear > "$O/fp8_gpu_test.log" 2>&1
 rc=$?
 grep -E "^(ok|FAIL)" "$O/fp8_gpu_test.log" | sed 's/^/  /' | tee -a "$O/summary.txt"
-if [ $rc = 0 ]; then pass "fp8_gpu_test fused_quantize,scale_update,residual_gemm,linear ($(tail -1 "$O/fp8_gpu_test.log"))"
+if [ $rc = 0 ]; then pass "fp8_gpu_test fused_quantize,fused_swiglu_backward,scale_update,residual_gemm,linear ($(tail -1 "$O/fp8_gpu_test.log"))"
 else fail "fp8_gpu_test rc $rc ($(tail -1 "$O/fp8_gpu_test.log"))"; fi
 
 # ---- 2. throughput + profiles -----------------------------------------------------------------

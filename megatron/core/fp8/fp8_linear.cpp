@@ -189,17 +189,23 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
 }
 
 void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
-                   Tensor* dbias, bool accumulate, const Tensor* x_t) {
-  const Shape ds = rows_cols(dy);  // [N, out]
+                   Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre) {
+  const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
   const DType gdt = st.meta(base + kGradOutput).dtype;
   // dy is quantized once for both GEMMs: row layout for dgrad, transposed for wgrad (one pass).
   Tensor dyq, dyq_t;
-  if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
-  if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
-  if (dx || fp8_wgrad)
-    quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+  if (pre) {
+    MEGATRON_CHECK(pre->q.dtype() == gdt && pre->q_t.size(0) == out) << "fp8::linear_backward: dyq " << pre->q.str();
+    dyq = pre->q;  // quantized (and its amax recorded) by the producer
+    dyq_t = pre->q_t;
+  } else {
+    if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
+    if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
+    if (dx || fp8_wgrad)
+      quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+  }
   const float* sg = fptr(st.scale_inv(base + kGradOutput));
   if (dx) {
     const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
@@ -263,17 +269,19 @@ void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, co
 }
 
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t) {
+                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* dyq) {
   const bool have_t = x_t && x_t->defined();
-  MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && (x.defined() ? x.size(-1) == w.size(1) : have_t) &&
-                 base >= 0 && base + kNumRoles <= st.num_roles())
+  const int64_t dy_out = dyq ? dyq->shape.back() : dy.size(-1);
+  MEGATRON_CHECK(w.dim() == 2 && dy_out == w.size(0) && (x.defined() ? x.size(-1) == w.size(1) : have_t) &&
+                 base >= 0 && base + kNumRoles <= st.num_roles() && (!dyq || (dyq->defined() && !dbias)) &&
+                 (!dyq || !dw || st.config().wgrad))
       << "fp8::linear_backward: dy " << dy.str() << " x " << x.str() << " w " << w.str();
   // Without x only the FP8 wgrad (from x_t) and dgrad can run.
   MEGATRON_CHECK(x.defined() || (!dbias && (!dw || st.config().wgrad)))
       << "fp8::linear_backward: the bf16 input is needed (bias or --no-fp8-wgrad) but was not kept";
-  if (dy.is_cuda()) {
+  if (dyq || dy.is_cuda()) {
 #ifdef MEGATRON_WITH_CUDA
-    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t);
+    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq);
     return;
 #else
     user_error("fp8::linear_backward: a CUDA tensor reached a build without the CUDA backend");
@@ -324,6 +332,27 @@ Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
   return r;
 #else
   (void)st, (void)base, (void)fc1_out;
+  return {};
+#endif
+}
+
+Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out) {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fused_input_ok(st, fc1_out) || !dact.is_cuda() || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
+  const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
+  if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
+  const DType dt = st.meta(base + kGradOutput).dtype;
+  Fp8Input r;
+  r.shape = fc1_out.shape();
+  r.dtype = dact.dtype();
+  r.q = Tensor::empty({rows, two_f}, dt, fc1_out.device());
+  r.q_t = Tensor::empty({two_f, rows}, dt, fc1_out.device());
+  float* amax = st.recording() ? fptr(st.amax(base + kGradOutput)) : nullptr;
+  if (!ops::cuda::fp8_swiglu_backward_quantize(dact, fc1_out, fptr(st.scale(base + kGradOutput)), amax, &r.q, &r.q_t))
+    return {};
+  return r;
+#else
+  (void)st, (void)base, (void)dact, (void)fc1_out;
   return {};
 #endif
 }

@@ -39,8 +39,11 @@ void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, co
 /// dw, dbias (+)= per `accumulate` (skipped if nullptr). `x_t`: x's FP8 transpose from the forward
 /// (Fp8Input::q_t or keep_x_t), used by the FP8 wgrad GEMM instead of quantizing x again (x may
 /// then be undefined when there is no bias and the wgrad is FP8).
+/// `dyq`: dy already quantized (grad-output role, both layouts) by the kernel that produced it
+/// (swiglu_backward_fp8; dy may then be undefined: no bias, FP8 wgrad).
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t = nullptr);
+                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t = nullptr,
+                     const Fp8Input* dyq = nullptr);
 
 /// Whether the fused quantization is on: MEGATRON_FP8_FUSE unset or 1 (default); 0 turns it off
 /// (every input quantized by a separate pass, as before; for A/B comparisons -- the FP8 bytes,
@@ -64,6 +67,13 @@ Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamm
 /// (linear_fc2): the Fp8Input of swiglu(fc1_out) (in fc1_out's dtype before quantizing); same
 /// conditions and fallback as rmsnorm_fp8.
 Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out);
+
+/// SwiGLU's backward (d fc1_out from dact [..., f] and fc1_out [..., 2f]) fused with the quantization
+/// of its result as the grad-output of the linear at `base` (linear_fc1): an Fp8Input (q, q_t in
+/// the grad-output dtype, shape of fc1_out, dtype of dact) for linear_backward's `dyq`, recording
+/// its amax while st.recording(); bit-identical to swiglu_backward + the unfused quantize. Same
+/// conditions and fallback as rmsnorm_fp8.
+Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out);
 
 /// CPU emulation helper (exposed for tests): x quantized with role r's scale and dequantized
 /// back to float32 (same shape). Records the amax of x into role r when `record`. The

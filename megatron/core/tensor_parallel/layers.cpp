@@ -117,6 +117,19 @@ Tensor ColumnParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx
   return y;
 }
 
+Tensor ColumnParallelLinear::backward_fp8(const fp8::Fp8Input& dyq, const LinearCtx& ctx, bool need_dx) const {
+  MEGATRON_CHECK(fp8_ && dyq.defined() && !bias_.defined() && !ctx.regather) << "ColumnParallelLinear::backward_fp8";
+  Tensor dx;
+  if (need_dx) dx = Tensor::empty(ctx.in_shape(), dyq.dtype, dyq.q.device());
+  fp8::linear_backward(*fp8_, fp8_base_, Tensor(), ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                       nullptr, /*accumulate=*/true, &ctx.fp8_input_t, &dyq);
+  if (need_dx && tp_.size() > 1) {
+    if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
+    tp_.group->all_reduce(dx);
+  }
+  return dx;
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done) const {
   // The forward's (gathered) input, bit-identical to what forward multiplied.
   const Tensor input = ctx.regather ? gather_along_first_dim(ctx.input, *tp_.group) : ctx.input;

@@ -86,6 +86,9 @@ class ColumnParallelLinear {
   fp8::Fp8State* fused_fp8_input(const Tensor& like, int* base) const;
   /// forward() for an input already quantized by its producer (see fused_fp8_input).
   Tensor forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx) const;
+  /// backward() for an output gradient already quantized by its producer
+  /// (fp8::swiglu_backward_fp8; the conditions of fused_fp8_input hold): dx in dyq.dtype.
+  Tensor backward_fp8(const fp8::Fp8Input& dyq, const LinearCtx& ctx, bool need_dx) const;
 
  private:
   transformer::ParamRef weight_, bias_;

@@ -61,6 +61,14 @@ Tensor MLP::backward(const Tensor& dy, MLPCtx& ctx) const {
     return linear_fc1_->backward(dfc1, ctx.fc1, true, fc1_bias_done);
   }
   Tensor dact = linear_fc2_->backward(dy, ctx.fc2, true);
+  if (config_.gated_linear_unit) {
+    // FP8: the SwiGLU backward writes fc1's FP8 output gradient (and its transpose) directly.
+    int base = -1;
+    if (fp8::Fp8State* st = linear_fc1_->fused_fp8_input(ctx.fc1_out, &base)) {
+      const fp8::Fp8Input gq = fp8::swiglu_backward_fp8(*st, base, dact, ctx.fc1_out);
+      if (gq.defined()) return linear_fc1_->backward_fp8(gq, ctx.fc1, true);
+    }
+  }
   Tensor dfc1 = Tensor::empty(ctx.fc1_out.shape(), dy.dtype(), dy.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_backward(dact, ctx.fc1_out, dfc1);

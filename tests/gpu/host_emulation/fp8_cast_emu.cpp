@@ -178,10 +178,13 @@ int main() {
   // Fused producers (SwiGLU, RMSNorm apply) through the same tile: the value is what the unfused
   // kernel writes in bf16 (computed here by the same formulas), then quantized; q + q_t, amax.
   auto bf = [](float f) { return from_f<bf16_t>(f); };
-  for (auto sh : {std::pair<int64_t, int64_t>{272, 264}, {144, 392}, {16, 8}})
-    for (int which = 0; which < 2; ++which) {  // 0: SwiGLU, 1: RMSNorm
+  for (auto sh : {std::pair<int64_t, int64_t>{272, 264}, {144, 392}, {16, 8}, {272, 272}, {144, 400}, {16, 16}})
+    for (int which = 0; which < 3; ++which) {  // 0: SwiGLU, 1: RMSNorm, 2: SwiGLU backward (C = 2f)
       const int64_t R = sh.first, C = sh.second;
-      std::vector<bf16_t> x(which == 0 ? R * 2 * C : R * C), gamma(C);
+      if (which == 2 && C % 16 != 0) continue;
+      const int64_t F = C / 2;
+      std::vector<bf16_t> x(which == 0 ? R * 2 * C : R * C), gamma(C), dy(R * F);
+      for (auto& v : dy) v = bf(nd(rng));
       std::vector<float> rstd(R);
       for (auto& v : x) v = bf(nd(rng));
       for (auto& v : gamma) v = bf(0.2f * nd(rng));
@@ -194,6 +197,11 @@ int main() {
           if (which == 0) {
             const float g = to_f(x[r * 2 * C + c]), u = to_f(x[r * 2 * C + C + c]);
             v = to_f(bf(g / (1.0f + expf(-g)) * u));
+          } else if (which == 2) {  // x [R, C] = [gate | up], dy [R, F]
+            const int64_t cc = c % F;
+            const float g = to_f(x[r * C + cc]), u = to_f(x[r * C + F + cc]), d = to_f(dy[r * F + cc]);
+            const float sg = 1.0f / (1.0f + expf(-g)), s = g * sg;
+            v = to_f(bf(c >= F ? d * s : d * u * sg * (1.0f + g * (1.0f - sg))));
           } else {
             v = to_f(bf((to_f(x[r * C + c]) - 0.0f) * rstd[r] * (to_f(gamma[c]) + 1.0f) + 0.0f));
           }
@@ -205,6 +213,8 @@ int main() {
       launch((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128), [&] {
         if (which == 0)
           swiglu_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), R, C, &scale, &amax, q.data(), qt.data());
+        else if (which == 2)
+          swiglu_bwd_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), dy.data(), R, F, &scale, &amax, q.data(), qt.data());
         else
           rmsnorm_quantize_kernel<bf16_t, bf16_t, bf16_t, 0>(x.data(), gamma.data(), rstd.data(), R, C, 1.0f, &scale,
                                                             &amax, q.data(), qt.data());
@@ -216,7 +226,8 @@ int main() {
           bad += (q[r * C + c] != b) + (qt[c * R + r] != b);
         }
       char name[120];
-      std::snprintf(name, sizeof name, "%s+quantize+transpose %lldx%lld e4m3", which ? "rmsnorm" : "swiglu",
+      std::snprintf(name, sizeof name, "%s+quantize+transpose %lldx%lld e4m3",
+                    which == 2 ? "swiglu_bwd" : which ? "rmsnorm" : "swiglu",
                     (long long)R, (long long)C);
       report(bad == 0 && amax == amax_ref, name, bad, amax, amax_ref);
     }

@@ -142,6 +142,33 @@ struct SwigluSrc {
   }
 };
 
+// SwiGLU's input gradient exactly as ops/cuda/elementwise.cu's swiglu_bwd_kernel computes it (rounded
+// to its dx type D): columns [0, f) d/dgate, [f, 2f) d/dup of x [rows, 2f] = [gate | up], dy [rows, f].
+template <class X, class D>
+struct SwigluBwdSrc {
+  const X* x;
+  const D* dy;
+  int64_t f;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    const bool up = c >= f;
+    const int64_t cc = up ? c - f : c;
+    float g[8], u[8], d[8];
+    ld8(x + r * 2 * f, cc, cc + 8, true, g);
+    ld8(dy + r * f, cc, cc + 8, true, d);
+    if (!up) ld8(x + r * 2 * f + f, cc, cc + 8, true, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float sg = 1.0f / (1.0f + expf(-g[j]));
+      float s = g[j] * sg;
+      if (up) {
+        o[j] = to_f(from_f<D>(d[j] * s));
+      } else {
+        o[j] = to_f(from_f<D>(d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg))));
+      }
+    }
+  }
+};
+
 // RMSNorm's output exactly as ops/cuda/norm.cu's norm_fwd_kernel<false> computes it, from x, the
 // row's rstd (written by that kernel's rstd-only mode) and gamma (+ gofs for zero-centered gamma).
 template <class X, class G, class Y>
@@ -234,6 +261,16 @@ __global__ void __launch_bounds__(256) swiglu_quantize_kernel(const X* __restric
                                                               const float* __restrict__ scale, float* __restrict__ amax,
                                                               uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
   quantize_transpose_tile<SwigluSrc<X, Y>, kFmt>(SwigluSrc<X, Y>{x, f}, rows, f, scale, amax, q, qt);
+}
+
+// SwiGLU backward + quantize (+ transpose): q/q_t [rows, 2f] of d(x) for x [rows, 2f], dy [rows, f].
+template <class X, class D, int kFmt>
+__global__ void __launch_bounds__(256) swiglu_bwd_quantize_kernel(const X* __restrict__ x, const D* __restrict__ dy,
+                                                                  int64_t rows, int64_t f,
+                                                                  const float* __restrict__ scale,
+                                                                  float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                  uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<SwigluBwdSrc<X, D>, kFmt>(SwigluBwdSrc<X, D>{x, dy, f}, rows, 2 * f, scale, amax, q, qt);
 }
 
 // RMSNorm apply + quantize (+ transpose) for x [rows, h] with the rows' rstd already computed.
@@ -445,6 +482,31 @@ bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, f
     if (fmt == 0) swiglu_quantize_kernel<X, Y, 0><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
     else swiglu_quantize_kernel<X, Y, 1><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
   }));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool fp8_swiglu_backward_quantize(const Tensor& dy, const Tensor& x, const float* scale, float* amax, Tensor* q,
+                                  Tensor* q_t) {
+  check_cuda(x, "fp8_swiglu_backward_quantize");
+  const int64_t two_f = x.size(-1), f = two_f / 2;
+  if (two_f % 2 != 0 || f == 0 || dy.size(-1) != f || dy.numel() * 2 != x.numel() || !dy.is_cuda()) return false;
+  const int64_t rows = x.numel() / two_f;
+  if (rows == 0 || !fused_tile_ok(rows, two_f, q, q_t) || !aligned16(x.data_ptr()) || !aligned16(dy.data_ptr()))
+    return false;
+  if (f % 8 != 0 || dy.dtype() != x.dtype() || (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32))
+    return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  dim3 grid((unsigned)((two_f + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    const X* dp = static_cast<const X*>(dy.data_ptr());
+    if (fmt == 0) swiglu_bwd_quantize_kernel<X, X, 0><<<grid, kThreads, 0, st>>>(xp, dp, rows, f, scale, amax, qp, qtp);
+    else swiglu_bwd_quantize_kernel<X, X, 1><<<grid, kThreads, 0, st>>>(xp, dp, rows, f, scale, amax, qp, qtp);
+  });
   CUDA_CHECK_LAUNCH();
   return true;
 }

@@ -25,6 +25,15 @@ void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, T
 /// given): the caller then runs swiglu_forward + fp8_quantize.
 bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t);
 
+/// SwiGLU's backward fused with the quantization of its result (fc1's output gradient): for
+/// x [..., 2f] = [gate | up] and dy [..., f] (both bfloat16 or both float32) the gradient
+/// v [rows, 2f] -- bit for bit what swiglu_backward writes into a dx of dy's dtype -- is quantized
+/// into q [rows, 2f] and q_t [2f, rows] with amax as fp8_swiglu_quantize (E5M2 in hybrid). Returns
+/// false (nothing launched) when the tiled kernel does not fit; the caller then runs
+/// swiglu_backward + fp8_quantize.
+bool fp8_swiglu_backward_quantize(const Tensor& dy, const Tensor& x, const float* scale, float* amax, Tensor* q,
+                                  Tensor* q_t);
+
 /// RMSNorm's output fused with its quantization: v = out_dtype(x * rstd[row] * (gamma + (zero_centered
 /// ? 1 : 0))) -- bit for bit what rmsnorm_forward writes into an out_dtype tensor, given the rstd
 /// that rmsnorm_forward computes (rmsnorm_rstd) -- quantized into q [rows, h] and q_t [h, rows] with
