@@ -14,8 +14,14 @@
 //     shapes 8192 x 4096 and 4096 x 14336, with their bandwidth (GB/s, bytes read + written);
 //  6. the FP8 weight cache on CUDA: cached and uncached linears give bit-identical outputs,
 //     gradients and scales over steps of several micro-batches (docs/fp8.md "Weight cache");
-//  7. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt;
-//  8. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
+//  7. --fp8-param-gather (group param_gather): the CUDA shard cast (fp8::quantize_param_shard) of an
+//     unaligned bf16 shard bit-exact vs the CPU emulation (bytes and amax); the byte transpose of a
+//     gathered FP8 weight vs the CPU transpose (odd shapes and 4096 x 14336, GB/s); a CUDA linear whose
+//     weight is the FP8 primary weight (post_all_gather_processing) bit-identical to the cached
+//     linear that quantizes the bf16 weight, over 3 steps (outputs, gradients, scales), with no
+//     weight cast;
+//  8. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt;
+//  9. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
 //     kernels (bit-exact bytes and amax); scale_update: the device-side step boundary vs the
 //     host recipe (bit-exact histories and scales); residual_gemm: the FP8 GEMM with the residual in
 //     its epilogue vs GEMM + add (within one bf16 rounding).
@@ -32,6 +38,7 @@
 #include <vector>
 
 #include "megatron/core/fp8/fp8_linear.h"
+#include "megatron/core/fp8/fp8_param.h"
 #include "megatron/core/fp8/fp8_recipe.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -685,6 +692,125 @@ void test_residual_gemm() {
   report("fp8 GEMM + residual epilogue vs GEMM then add", ran && bad == 0 && res_kept, d);
 }
 
+// Sets the weight role's scale of linear `base` (host and device) through the checkpoint path.
+void set_weight_scale(fp8::Fp8State& st, int base, float scale) {
+  auto ts = st.checkpoint_tensors();
+  std::vector<std::string> keys;
+  for (auto& t : ts) {
+    keys.push_back(t.key);
+    if (t.key.ends_with(".scale") || t.key.ends_with(".scale_inv")) {
+      std::vector<float> v = t.data.to_float_vector();
+      v[base % fp8::kNumRoles + fp8::kWeight] = t.key.ends_with(".scale") ? scale : 1.0f / scale;
+      t.data.copy_(Tensor::from_vector(v, t.data.shape()));
+    }
+  }
+  st.restore_checkpoint_tensors(ts, keys);
+}
+
+void test_param_gather() {
+  // (a) The shard cast: an unaligned, odd-length bf16 shard of a parameter buffer.
+  {
+    fp8::Fp8Config cfg;
+    fp8::Fp8State hs(cfg, Device::cpu()), ds(cfg, Device::cuda());
+    const int hb = hs.register_linear("l"), db = ds.register_linear("l");
+    set_weight_scale(hs, hb, 173.25f);
+    set_weight_scale(ds, db, 173.25f);
+    const int64_t total = 300007, off = 13, n = 250001;
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    std::vector<float> v(total);
+    for (auto& x : v) x = nd(g_rng);
+    v[off + 777] = -3.75f;  // the shard's amax, away from its ends
+    Tensor buf_h = Tensor::from_vector(v, {total}).to(DType::kBFloat16);
+    Tensor buf_d = buf_h.to(Device::cuda());
+    Tensor sh_h = buf_h.flat_slice(off, {n}), sh_d = buf_d.flat_slice(off, {n});
+    Tensor out_h = Tensor::empty({n}, DType::kFloat8E4M3), fbuf = Tensor::zeros({total}, DType::kFloat8E4M3, Device::cuda());
+    Tensor out_d = fbuf.flat_slice(off, {n});
+    fp8::quantize_param_shard(hs, hb, sh_h, out_h);
+    fp8::quantize_param_shard(ds, db, sh_d, out_d);
+    std::vector<uint8_t> a = bytes(out_h), b = bytes(out_d);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += a[i] != b[i];
+    const float ah = host(hs.amax(hb + fp8::kWeight))[0], ad = host(ds.amax(db + fp8::kWeight))[0];
+    char d[160];
+    std::snprintf(d, sizeof d, "%lld byte mismatches of %lld; amax CUDA %.6g CPU %.6g (expected 3.75)", (long long)bad,
+                  (long long)n, ad, ah);
+    report("quantize_param_shard CUDA vs CPU emulation (unaligned bf16 shard)", bad == 0 && ad == ah && ad == 3.75f, d);
+  }
+  // (b) The dgrad layout of a gathered FP8 weight.
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{999, 1543}, {1000, 1544}, {4096, 14336}}) {
+    std::vector<float> deq;
+    Tensor q = random_fp8(R, C, DType::kFloat8E4M3, deq);
+    Tensor qt = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+    cu::fp8_transpose(q, qt);
+    cudaDeviceSynchronize();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    for (int i = 0; i < 10; ++i) cu::fp8_transpose(q, qt);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    Tensor ref = fp8::fp8_transpose_cpu(q.to(Device::cpu()));
+    const bool ok = bytes(ref) == bytes(qt);
+    char d[160];
+    std::snprintf(d, sizeof d, "%s; %.3f ms, %.0f GB/s", ok ? "bit-exact" : "MISMATCH", ms / 10,
+                  2.0 * R * C / (ms / 10 * 1e-3) / 1e9);
+    report("fp8_transpose " + std::to_string(R) + "x" + std::to_string(C) + " vs CPU", ok, d);
+  }
+  // (c) A linear on its FP8 primary weight == the cached linear quantizing the bf16 weight.
+  {
+    const int64_t N = 256, in = 128, out = 192;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto rnd = [&](int64_t n, float s) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = nd(g_rng) * s;
+      return Tensor::from_vector(v, {n}).to(DType::kBFloat16).to(Device::cuda());
+    };
+    fp8::Fp8Config cfg;
+    cfg.amax_history_len = 4;
+    cfg.amax_compute_algo = fp8::AmaxComputeAlgo::kMax;
+    cfg.param_gather = true;
+    fp8::Fp8State ref(cfg, Device::cuda()), pg(cfg, Device::cuda());
+    ref.set_weight_cache_enabled(true);
+    const int br = ref.register_linear("l"), bp = pg.register_linear("l");
+    Tensor w = rnd(out * in, 0.02f).view({out, in});
+    Tensor wq = Tensor::zeros({out, in}, DType::kFloat8E4M3, Device::cuda());
+    int64_t bad = 0;
+    for (int step = 0; step < 3; ++step) {
+      // The distributed optimizer's part: cast (here one shard = the whole weight), gather, process.
+      Tensor flat = wq.view({out * in});
+      fp8::quantize_param_shard(pg, bp, w.view({out * in}), flat);
+      fp8::post_all_gather_processing(pg, bp, wq);
+      Tensor dwr = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda()), dwp = dwr.clone();
+      for (int mb = 0; mb < 2; ++mb) {
+        Tensor x = rnd(N * in, 2.0f).view({N, in}), dy = rnd(N * out, 1e-4f).view({N, out});
+        Tensor yr = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda()), yp = yr.clone();
+        fp8::linear_forward(ref, br, x, w, nullptr, yr);
+        fp8::linear_forward(pg, bp, x, w, nullptr, yp);
+        Tensor dxr = Tensor::empty({N, in}, DType::kBFloat16, Device::cuda()), dxp = dxr.clone();
+        fp8::linear_backward(ref, br, dy, x, w, &dxr, &dwr, nullptr, true);
+        fp8::linear_backward(pg, bp, dy, x, w, &dxp, &dwp, nullptr, true);
+        bad += host(yr) != host(yp);
+        bad += host(dxr) != host(dxp);
+      }
+      bad += host(dwr) != host(dwp);
+      ref.reduce_and_update(nullptr);
+      pg.reduce_and_update(nullptr);
+      for (int r = 0; r < fp8::kNumRoles; ++r) bad += ref.host_scale(r) != pg.host_scale(r);
+      cu::add_(w, rnd(out * in, 0.01f).view({out, in}), 1.0f);
+      bump_param_version();
+    }
+    char d[160];
+    std::snprintf(d, sizeof d, "%lld mismatching tensors/scales; weight casts: bf16 path %lld, FP8 parameter %lld",
+                  (long long)bad, (long long)ref.weight_casts(), (long long)pg.weight_casts());
+    report("FP8 primary weight linear on CUDA == cached bf16-weight linear (3 steps)",
+           bad == 0 && pg.weight_casts() == 0 && ref.weight_casts() == 3 && host(ref.scale(br + fp8::kWeight))[0] != 1.0f,
+           d);
+  }
+}
+
 void time_gemms() {
   // LLaMA-3-8B layer GEMMs at 8192 tokens: qkv (6144 x 4096), proj, fc1 (28672 x 4096), fc2.
   struct S { const char* name; int64_t m, n, k; };
@@ -744,9 +870,8 @@ void time_gemms() {
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
-// linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm timing; default
-// all, timing off with
-// --no-timing).
+// linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm param_gather
+// timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
@@ -760,7 +885,7 @@ int main(int argc, char** argv) {
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
       {"fused_quantize", test_fused_quantize}, {"fused_swiglu_backward", test_fused_swiglu_backward},
       {"scale_update", test_scale_update},
-      {"residual_gemm", test_residual_gemm}};
+      {"residual_gemm", test_residual_gemm},   {"param_gather", test_param_gather}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
     if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;

@@ -49,6 +49,11 @@ Shape rows_cols(const Tensor& x) {
 // of this step is still valid, else cast now (recording the amax when `record`).
 Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
   Fp8State::WeightCache& c = st.weight_cache(base);
+  // --fp8-param-gather: the gathered FP8 parameter (its amax was recorded when it was cast).
+  if (c.primary && c.valid) {
+    MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
+    return c.q;
+  }
   if (st.weight_cache_hit(base, w, record) && c.q.defined()) return c.q;
   Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, record);
   st.count_weight_cast();
@@ -105,7 +110,7 @@ void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q,
   if (is_tensorwise(st)) {
     Tensor cur = st.current_amax(r);  // zero here; fp8_scale_from_amax zeroes it again
     ops::cuda::fp8_amax(x, fptr(cur));
-    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.meta(r).dtype), st.config().margin, fptr(st.scale(r)),
+    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.dtype(r)), st.config().margin, fptr(st.scale(r)),
                                    fptr(st.scale_inv(r)), amax);
     amax = nullptr;
   }
@@ -127,8 +132,13 @@ struct WeightOperands {
 };
 WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record, bool need_q, bool need_q_t) {
   const int64_t out = w.size(0), in = w.size(1);
-  const DType wdt = st.meta(base + kWeight).dtype;
+  const DType wdt = st.dtype(base + kWeight);
   Fp8State::WeightCache& c = st.weight_cache(base);
+  // --fp8-param-gather: the gathered FP8 parameter and its transpose (post_all_gather_processing).
+  if (c.primary && c.valid) {
+    MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
+    return {c.q, c.q_t};
+  }
   // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
   const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
   if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))
@@ -162,7 +172,7 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
   check_aligned("tokens", xs[0]);
   check_aligned("in_features", in);
   check_aligned("out_features", out);
-  const DType fwd = st.meta(base + kInput).dtype;
+  const DType fwd = st.dtype(base + kInput);
   Tensor xq;
   if (pre) {
     xq = pre->q;  // quantized (and its amax recorded) by the producer
@@ -179,7 +189,7 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
   const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
   const float* sx = fptr(st.scale_inv(base + kInput));
-  const float* sw = fptr(st.scale_inv(base + kWeight));
+  const float* sw = fptr(st.weight_scale_inv(base));
   if (residual && !bias && ops::cuda::fp8_gemm_tn_residual(xq, sx, wq.q, sw, residual->view({xs[0], out}), y2,
                                                            /*fast_accum=*/true))
     return;
@@ -193,7 +203,7 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
-  const DType gdt = st.meta(base + kGradOutput).dtype;
+  const DType gdt = st.dtype(base + kGradOutput);
   // dy is quantized once for both GEMMs: row layout for dgrad, transposed for wgrad (one pass).
   Tensor dyq, dyq_t;
   if (pre) {
@@ -210,18 +220,18 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   if (dx) {
     const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
     Tensor dx2 = dx->view({N, in});
-    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.scale_inv(base + kWeight)), dx2, 0.0f, false);
+    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.weight_scale_inv(base)), dx2, 0.0f, false);
   }
   if (dw) {
     if (fp8_wgrad) {
       Tensor xq_t;
       if (x_t && x_t->defined()) {
         MEGATRON_CHECK(x_t->dim() == 2 && x_t->size(0) == in && x_t->size(1) == N &&
-                       x_t->dtype() == st.meta(base + kInput).dtype)
+                       x_t->dtype() == st.dtype(base + kInput))
             << "fp8::linear_backward: x_t " << x_t->str() << " for dy " << dy.str() << " w " << w.str();
         xq_t = *x_t;  // the forward's transpose: the same bytes as quantizing x again
       } else {
-        xq_t = Tensor::empty({in, N}, st.meta(base + kInput).dtype, x.device());
+        xq_t = Tensor::empty({in, N}, st.dtype(base + kInput), x.device());
         quantize_cuda(st, base + kInput, x, false, nullptr, &xq_t);
       }
       ops::cuda::fp8_gemm_tn(dyq_t, sg, xq_t, fptr(st.scale_inv(base + kInput)), *dw, accumulate ? 1.0f : 0.0f,
@@ -242,7 +252,7 @@ Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record
     m.set_current_scale(host_amax(x), st.config());
     st.set_scale(r, m.scale);
   }
-  Tensor q = Tensor::empty(x.shape(), st.meta(r).dtype);
+  Tensor q = Tensor::empty(x.shape(), st.dtype(r));
   const float amax = quantize_cpu(x, st.meta(r), q);
   if (record) st.record_host_amax(r, amax);
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32);
@@ -296,7 +306,7 @@ Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamm
   if (!fused_input_ok(st, x) || x.dim() < 1) return {};
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
   if (rows == 0 || rows % 16 != 0 || h % 16 != 0) return {};
-  const DType dt = st.meta(base + kInput).dtype;
+  const DType dt = st.dtype(base + kInput);
   Fp8Input r;
   r.shape = x.shape();
   r.dtype = x.dtype();
@@ -319,7 +329,7 @@ Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
   if (!fused_input_ok(st, fc1_out) || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
   const int64_t f = fc1_out.size(-1) / 2, rows = f ? fc1_out.numel() / (2 * f) : 0;
   if (rows == 0 || rows % 16 != 0 || f % 16 != 0) return {};
-  const DType dt = st.meta(base + kInput).dtype;
+  const DType dt = st.dtype(base + kInput);
   Fp8Input r;
   r.shape = fc1_out.shape();
   r.shape.back() = f;
@@ -341,7 +351,7 @@ Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const T
   if (!fused_input_ok(st, fc1_out) || !dact.is_cuda() || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
   const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
   if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
-  const DType dt = st.meta(base + kGradOutput).dtype;
+  const DType dt = st.dtype(base + kGradOutput);
   Fp8Input r;
   r.shape = fc1_out.shape();
   r.dtype = dact.dtype();

@@ -32,7 +32,14 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
 void Fp8State::set_weight_cache_mode(WeightCacheMode m) {
   cache_mode_ = m;
   if (m == WeightCacheMode::kOff)
-    for (auto& c : caches_) c = WeightCache{};
+    for (auto& c : caches_)
+      if (!c.primary) c = WeightCache{};  // FP8 parameters are not a cache
+}
+
+int Fp8State::find_linear(const std::string& prefix) const {
+  for (size_t l = 0; l < names_.size(); ++l)
+    if (names_[l] == prefix) return static_cast<int>(l) * kNumRoles;
+  return -1;
 }
 
 namespace {
@@ -72,8 +79,9 @@ bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)
 }
 
 bool Fp8State::weight_cache_hit(int base, const Tensor& w, bool need_recorded) const {
-  if (cache_mode_ == WeightCacheMode::kOff) return false;
   const WeightCache& c = caches_.at(base / kNumRoles);
+  if (c.primary) return c.valid;
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
   return c.valid && c.ptr == w.data_ptr() && c.numel == w.numel() && c.param_version == param_version() &&
          c.epoch == epoch_ && (c.recorded || !need_recorded);
 }
@@ -90,7 +98,8 @@ void Fp8State::weight_cache_mark(int base, const Tensor& w, bool recorded) {
 
 void Fp8State::invalidate_weight_cache() {
   ++epoch_;
-  for (auto& c : caches_) c.valid = false;
+  for (auto& c : caches_)
+    if (!c.primary) c.valid = false;
 }
 
 int Fp8State::register_linear(const std::string& prefix) {
@@ -118,6 +127,7 @@ void Fp8State::ensure_device() {
   d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_cur_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_param_si_ = Tensor::zeros({std::max<int64_t>(1, static_cast<int64_t>(names_.size())) * kSlot}, DType::kFloat32, device_);
   push_scales();
 }
 
@@ -177,6 +187,20 @@ Tensor Fp8State::amax(int r) {
 Tensor Fp8State::current_amax(int r) {
   ensure_device();
   return d_cur_.flat_slice(r * kSlot, {1});
+}
+
+Tensor Fp8State::weight_scale_inv(int base) {
+  const WeightCache& c = caches_.at(base / kNumRoles);
+  if (!(c.primary && c.valid)) return scale_inv(base + kWeight);
+  ensure_device();
+  return d_param_si_.flat_slice((base / kNumRoles) * kSlot, {1});
+}
+
+void Fp8State::snapshot_param_scale_inv(int base) {
+  ensure_device();
+  // The host value is the CPU path's (dequantize_cpu); on a GPU the device copy below is what the GEMMs read.
+  caches_.at(base / kNumRoles).param_scale_inv = metas_.at(base + kWeight).scale_inv;
+  d_param_si_.flat_slice((base / kNumRoles) * kSlot, {1}).copy_(scale_inv(base + kWeight));
 }
 
 void Fp8State::set_scale(int r, float s) {

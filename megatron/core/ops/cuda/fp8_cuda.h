@@ -47,6 +47,9 @@ bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rs
 /// fp8_rmsnorm_quantize instead). gamma only selects the kernel instance.
 void rmsnorm_rstd(const Tensor& x, const Tensor& gamma, float eps, Tensor& rstd);  // defined in norm.cu
 
+/// q_t [cols, rows] = q [rows, cols] transposed, byte for byte (1-byte dtypes: the FP8 weight's
+/// dgrad layout after --fp8-param-gather's all-gather; ops/cuda/fp8_param.cu).
+void fp8_transpose(const Tensor& q, Tensor& q_t);
 /// amax[0] = max(amax[0], max |x|) only.
 void fp8_amax(const Tensor& x, float* amax);
 
