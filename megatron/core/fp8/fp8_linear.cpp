@@ -306,6 +306,8 @@ Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamm
   if (!fused_input_ok(st, x) || x.dim() < 1) return {};
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
   if (rows == 0 || rows % 16 != 0 || h % 16 != 0) return {};
+  auto f32_bf16 = [](DType t) { return t == DType::kBFloat16 || t == DType::kFloat32; };
+  if (!f32_bf16(x.dtype()) || !f32_bf16(gamma.dtype())) return {};  // the fused kernel's types
   const DType dt = st.dtype(base + kInput);
   Fp8Input r;
   r.shape = x.shape();
