@@ -35,8 +35,10 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   }
 }
 
-Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual) const {
-  Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
+Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual,
+                             const fp8::Fp8Input* xq) const {
+  Tensor qkv = xq ? linear_qkv_->forward_fp8(*xq, ctx.qkv) : linear_qkv_->forward(x_in, ctx.qkv);
+  const Tensor& x = qkv;  // dtype and device of the activations below
   const int64_t s = qkv.size(0), b = qkv.size(1), d = config_.kv_channels;  // s: full sequence with SP
   ctx.rope_positions = fc.rotary_position_ids;
   const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;

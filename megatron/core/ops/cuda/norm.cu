@@ -6,6 +6,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/fp8_cuda.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -41,7 +42,7 @@ __global__ void norm_fwd_kernel(const X* __restrict__ x, const G* __restrict__ g
         if (c + j < h) ss += (f[j] - mean) * (f[j] - mean);
     }
     const float rstd = rsqrtf(warp_sum(ss) / h + eps);
-    for (int c = lane * 8; c < h; c += 256) {
+    for (int c = lane * 8; y && c < h; c += 256) {  // y == nullptr: statistics only (fp8_rmsnorm_quantize)
       float f[8], g[8], b[8];
       ld8(xr, c, h, vec, f);
       ld8(gamma, c, h, vec, g);
@@ -317,14 +318,16 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
                   Tensor& y, Tensor* mean, Tensor& rstd) {
   check_cuda(x, name);
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
-  MEGATRON_CHECK(gamma.numel() == h && y.numel() == x.numel() && rstd.numel() == rows &&
+  const bool has_y = y.defined();  // undefined: only the statistics (mean/rstd) are written
+  MEGATRON_CHECK(gamma.numel() == h && (!has_y || y.numel() == x.numel()) && rstd.numel() == rows &&
                  rstd.dtype() == DType::kFloat32 && (!kLN || (beta->numel() == h && beta->dtype() == gamma.dtype() &&
                                                              mean->numel() == rows && mean->dtype() == DType::kFloat32)))
       << name << ": x " << x.str() << " gamma " << gamma.str() << " y " << y.str() << " rstd " << rstd.str();
   if (rows == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
-  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
-             (!kLN || aligned16(beta->data_ptr()));
+  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && (!has_y || aligned16(y.data_ptr())) &&
+             aligned16(gamma.data_ptr()) && (!kLN || aligned16(beta->data_ptr()));
+  const DType ydt = has_y ? y.dtype() : x.dtype();
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
   if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
       f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {
@@ -342,10 +345,11 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
       x.dtype(), X,
       MCU_F32_BF16_SWITCH(
           gamma.dtype(), G,
-          MCU_F32_BF16_SWITCH(y.dtype(), Y,
+          MCU_F32_BF16_SWITCH(ydt, Y,
                            norm_fwd_kernel<kLN, X, G, Y><<<grid, kWarps * 32, 0, st>>>(
                                static_cast<const X*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
-                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
+                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr,
+                               has_y ? static_cast<Y*>(y.data_ptr()) : nullptr,
                                kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
                                static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f, vec))));
   CUDA_CHECK_LAUNCH();
@@ -427,6 +431,10 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y,
                      Tensor& rstd) {
   norm_forward<false>("rmsnorm_forward", x, gamma, nullptr, eps, zero_centered_gamma, y, nullptr, rstd);
+}
+void rmsnorm_rstd(const Tensor& x, const Tensor& gamma, float eps, Tensor& rstd) {
+  Tensor none;
+  norm_forward<false>("rmsnorm_rstd", x, gamma, nullptr, eps, false, none, nullptr, rstd);
 }
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                       bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate) {
