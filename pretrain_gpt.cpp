@@ -579,6 +579,15 @@ int run(int argc, char** argv) {
     }
   }
 
+  // --fp8-param-gather: the first cast of the FP8 primary weights (Megatron casts them at model
+  // initialization, TE's fp8_model_init; here after a checkpoint load too, with the restored
+  // scales), and their first all-gather. Records the weights' amax for the first step, as the
+  // first forward would without the flag.
+  if (args.fp8_param_gather && args.use_distributed_optimizer) {
+    for (auto* d : ddp_ptrs) d->start_param_sync();
+    for (auto* d : ddp_ptrs) d->finish_param_sync();
+  }
+
   // Megatron's timers synchronize the device at stop: a one-element copy to the host waits for
   // the stream (initialization kernels and copies belong to the setup time).
   if (device.is_cuda()) (void)Tensor::zeros({1}, DType::kFloat32, device).to(Device::cpu());
@@ -755,6 +764,10 @@ int run(int argc, char** argv) {
   Trainer* trainer_ptr = nullptr;
   if (args.save) {
     hooks.save_checkpoint = [&](int64_t iteration) {
+      // --fp8-param-gather: the FP8 weights' model-dtype values are current on this rank's shard
+      // only; gather them so the checkpoint's model weights are what a run without the flag saves.
+      if (args.fp8_param_gather)
+        for (auto* d : ddp_ptrs) d->gather_model_dtype_params();
       TrainingState st = training_state(all_params, *args.num_layers, opt, ranks, args.use_distributed_optimizer,
                                         /*with_optim=*/!args.no_save_optim);
       st.extra = fp8_checkpoint_tensors(chunks, ranks);
@@ -824,6 +837,8 @@ int run(int argc, char** argv) {
   }
   trainer.pretrain(train_it, valid_it ? &valid_it : nullptr, test_it ? &test_it : nullptr);
   if (const char* dump = std::getenv("MEGATRON_DUMP_PARAMS")) {  // parallel-equivalence tests
+    if (args.fp8_param_gather)  // the FP8 weights' model-dtype values: whole and current
+      for (auto* d : ddp_ptrs) d->gather_model_dtype_params();
     std::vector<models::gpt::GPTModel*> raw;
     for (auto& m : chunks) raw.push_back(m.get());
     dump_parameters(dump, pp_rank, raw, *ps::get_tensor_model_parallel_group(),

@@ -353,10 +353,7 @@ void bind_all(Binder& b, Arguments& a) {
               [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
   b.num("--fp8-amax-history-len", a.fp8_amax_history_len);
   b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
-  b.noted_str("--fp8-param-gather",
-          "the weights are all-gathered in the model dtype and quantized to FP8 once per step (FP8 primary "
-          "weights are not implemented); the FP8 GEMMs and their scales are the same",
-              [&a](const std::string&) { a.fp8_param_gather = true; });
+  b.flag("--fp8-param-gather", a.fp8_param_gather, true);
   b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);
 
   // ---- parallelism ----
@@ -723,6 +720,9 @@ void validate_args(Arguments& a) {
       user_error("--fp8-amax-history-len must be >= 1 (got ", a.fp8_amax_history_len, ")");
     if (a.fp8_param_gather && !a.use_distributed_optimizer)
       fail("--fp8-param-gather needs --use-distributed-optimizer");
+    if (a.fp8_param_gather && fp8::parse_fp8_recipe(a.fp8_recipe) != fp8::Fp8Recipe::kDelayed)
+      fail("--fp8-param-gather supports --fp8-recipe delayed only here (FP8 primary weights with the tensorwise "
+           "recipe are not implemented); drop one of the two");
   } else if (a.fp8_param_gather) {
     fail("--fp8-param-gather needs --fp8-format");
   }

@@ -124,7 +124,7 @@ big() {  # big NAME EXTRA...: prints memory lines and tokens/s
 }
 max_alloc() { sed -nE 's/.*\(after 2 iterations\) memory \(MB\).*\| max allocated: ([0-9.]+).*/\1/p' "$1" | head -1; }
 big big_uniform1 "${UNIFORM1[@]}"; rcu=$?
-if [ $rcu = 0 ] && grep -q "\] iteration +3/" "$OUTD/big_uniform1.log" && ! grep -q "nan iterations: *[1-9]" "$OUTD/big_uniform1.log"; then
+if [ $rcu = 0 ] && grep -qE "\] iteration +3/" "$OUTD/big_uniform1.log" && ! grep -q "nan iterations: *[1-9]" "$OUTD/big_uniform1.log"; then
   pass "LLaMA-8B-shaped 4 layers, seq 8192, full uniform 1: 3 iterations, no NaN"
 else
   fail "LLaMA-8B-shaped 4 layers with recomputation (rc $rcu; see $OUTD/big_uniform1.log)"

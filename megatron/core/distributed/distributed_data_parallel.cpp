@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "megatron/core/fp8/fp8_param.h"
 #include "megatron/core/ops/ops.h"
 
 namespace megatron::distributed {
@@ -12,6 +13,7 @@ struct DistributedDataParallel::BucketState {
   size_t ready = 0;
   std::unique_ptr<Work> grad_work, param_work;
   Tensor staging;  // padded copy when the bucket does not split evenly
+  bool fp8_pending = false;  // FP8 bytes gathered (or in flight), post-processing not done yet
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
@@ -36,13 +38,15 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   for (size_t i : order) {
     auto [s, e] = buffers_.range(i);
     const bool alone = own_bucket && (params_[i].shared || params_[i].name == "embedding.word_embeddings.weight");
-    if (alone && open) {
+    const bool fp8 = config_.use_distributed_optimizer && params_[i].fp8_data.defined();
+    if ((alone || fp8 != cur.fp8) && open) {  // FP8 weights never share a bucket with other params
       buckets_.push_back(cur);
       open = false;
     }
     if (!open) {
       cur = Bucket{};
       cur.start = s;
+      cur.fp8 = fp8;
       open = true;
     }
     MEGATRON_CHECK(s == (cur.params.empty() ? cur.start : cur.end)) << "grad buffer not contiguous at param " << i;
@@ -154,29 +158,72 @@ void DistributedDataParallel::finish_grad_sync() {
   }
 }
 
+void DistributedDataParallel::gather_bucket(size_t k, bool fp8_bytes) {
+  auto& b = buckets_[k];
+  auto& st = *state_[k];
+  if (st.param_work) st.param_work->wait();
+  st.param_work.reset();
+  const int dp = dp_group_->size();
+  const int64_t n = b.end - b.start;
+  Tensor p;
+  if (fp8_bytes) {
+    // The FP8 bytes travel as uint8 (every backend moves bytes; NCCL has no FP8 type to name).
+    Tensor f = buffers_.fp8_data();
+    p = Tensor::from_blob(static_cast<uint8_t*>(f.data_ptr()) + (b.start - buffers_.fp8_start()), {n}, DType::kUInt8,
+                          f.device());
+  } else {
+    p = buffers_.param_data().flat_slice(b.start, {n});
+  }
+  const int64_t bytes = b.slice * dp * static_cast<int64_t>(dtype_size(p.dtype()));
+  param_gather_bytes_ += bytes;
+  if (fp8_bytes) param_gather_bytes_fp8_ += bytes;
+  if (b.slice * dp == n) {
+    Tensor mine = p.flat_slice(b.shard_start - b.start, {b.slice});
+    st.param_work = dp_group_->all_gather(mine, p, /*async=*/true);
+  } else {
+    Tensor staging = Tensor::zeros({b.slice * dp}, p.dtype(), p.device());
+    const int64_t len = b.shard_end - b.shard_start;
+    if (len > 0) staging.flat_slice(dp_group_->rank() * b.slice, {len}).copy_(p.flat_slice(b.shard_start - b.start, {len}));
+    Tensor mine = staging.flat_slice(dp_group_->rank() * b.slice, {b.slice});
+    st.param_work = dp_group_->all_gather(mine, staging, /*async=*/false);
+    p.copy_(staging.flat_slice(0, {n}));
+    st.param_work.reset();
+  }
+}
+
 void DistributedDataParallel::start_param_sync() {
   MEGATRON_CHECK(config_.use_distributed_optimizer) << "start_param_sync without the distributed optimizer";
-  const int dp = dp_group_->size();
   for (size_t k = 0; k < buckets_.size(); ++k) {
     auto& b = buckets_[k];
-    auto& st = *state_[k];
-    if (st.param_work) st.param_work->wait();
-    const int64_t n = b.end - b.start;
-    Tensor p = buffers_.param_data().flat_slice(b.start, {n});
-    if (b.slice * dp == n) {
-      Tensor mine = p.flat_slice(b.shard_start - b.start, {b.slice});
-      st.param_work = dp_group_->all_gather(mine, p, /*async=*/true);
-    } else {
-      Tensor staging = Tensor::zeros({b.slice * dp}, p.dtype(), p.device());
-      const int64_t len = b.shard_end - b.shard_start;
-      if (len > 0) staging.flat_slice(dp_group_->rank() * b.slice, {len}).copy_(p.flat_slice(b.shard_start - b.start, {len}));
-      Tensor mine = staging.flat_slice(dp_group_->rank() * b.slice, {b.slice});
-      st.param_work = dp_group_->all_gather(mine, staging, /*async=*/false);
-      p.copy_(staging.flat_slice(0, {n}));
-      st.param_work.reset();
+    if (b.fp8) {
+      // quantize_param_shard: this rank's elements of every FP8 weight in the bucket, from the
+      // model-dtype values the optimizer wrote, into the FP8 buffer.
+      for (size_t i : b.params) {
+        auto& prm = params_[i];
+        const auto [ps, pe] = buffers_.range(i);
+        const int64_t lo = std::max(ps, b.shard_start), hi = std::min(pe, b.shard_end);
+        if (lo >= hi) continue;
+        Tensor src = buffers_.param_data().flat_slice(lo, {hi - lo});
+        Tensor dst = buffers_.fp8_data().flat_slice(lo - buffers_.fp8_start(), {hi - lo});
+        fp8::quantize_param_shard(*prm.fp8_state, prm.fp8_base, src, dst);
+      }
     }
+    gather_bucket(k, b.fp8);
+    state_[k]->fp8_pending = b.fp8;
   }
   if (!config_.overlap_param_gather) finish_param_sync();
+}
+
+void DistributedDataParallel::gather_model_dtype_params() {
+  MEGATRON_CHECK(config_.use_distributed_optimizer) << "gather_model_dtype_params without the distributed optimizer";
+  finish_param_sync();
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    if (buckets_[k].fp8) {
+      gather_bucket(k, /*fp8_bytes=*/false);
+      auto& st = *state_[k];
+      if (st.param_work) st.param_work->wait();
+      st.param_work.reset();
+    }
 }
 
 void DistributedDataParallel::finish_param_sync() {
@@ -187,6 +234,14 @@ void DistributedDataParallel::wait_param(size_t k) {
   auto& st = *state_[k];
   if (st.param_work) st.param_work->wait();
   st.param_work.reset();
+  if (st.fp8_pending) {
+    // post_all_gather_processing: the gathered FP8 weights become their linears' operands.
+    st.fp8_pending = false;
+    for (size_t i : buckets_[k].params) {
+      auto& prm = params_[i];
+      fp8::post_all_gather_processing(*prm.fp8_state, prm.fp8_base, prm.fp8_data);
+    }
+  }
 }
 
 void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const FinalizeGroups& g, Tensor* num_tokens) {

@@ -53,6 +53,9 @@ struct Bucket {
   /// clipped to the bucket; may be empty on the last ranks of a small bucket).
   int64_t shard_start = 0, shard_end = 0;
   int64_t slice = 0;                // ceil((end - start) / DP)
+  /// --fp8-param-gather: the bucket holds FP8 primary weights only; its parameter all-gather
+  /// moves their FP8 bytes (fp8/fp8_param.h) instead of the model-dtype values.
+  bool fp8 = false;
 };
 
 class DistributedDataParallel {
@@ -80,13 +83,24 @@ class DistributedDataParallel {
   /// Waits until every bucket is reduced (launching the missing ones first).
   void finish_grad_sync();
   /// Distributed optimizer: all-gathers every bucket's parameter slices (async when
-  /// overlap_param_gather; finish_param_sync() waits).
+  /// overlap_param_gather; finish_param_sync() waits). FP8 buckets (--fp8-param-gather): this
+  /// rank first casts its shard of each FP8 weight (the model-dtype values the optimizer just
+  /// wrote) to FP8 (fp8::quantize_param_shard), the FP8 bytes are gathered, and once they arrive
+  /// each FP8 weight becomes its linear's weight operand (fp8::post_all_gather_processing).
   void start_param_sync();
   void finish_param_sync();
+  /// --fp8-param-gather: all-gathers the model-dtype values of the FP8 buckets too, so every
+  /// Parameter::data is whole and current (before a checkpoint save; not needed for training).
+  void gather_model_dtype_params();
+  /// Bytes received by this rank's parameter all-gathers so far (output buffer sizes, padding
+  /// included), all buckets / the FP8 buckets only.
+  int64_t param_gather_bytes() const { return param_gather_bytes_; }
+  int64_t param_gather_bytes_fp8() const { return param_gather_bytes_fp8_; }
 
  private:
   void launch(size_t bucket);
   void wait_param(size_t bucket);
+  void gather_bucket(size_t bucket, bool fp8_bytes);
   DistributedDataParallelConfig config_;
   ParamAndGradBuffer& buffers_;
   std::vector<transformer::Parameter>& params_;
@@ -96,6 +110,7 @@ class DistributedDataParallel {
   struct BucketState;
   std::vector<std::unique_ptr<BucketState>> state_;
   bool warned_ = false;
+  int64_t param_gather_bytes_ = 0, param_gather_bytes_fp8_ = 0;
 };
 
 /// Megatron's finalize_model_grads (megatron/core/distributed/finalize_model_grads.py):

@@ -10,6 +10,9 @@
 #include "megatron/core/distributed/process_group.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/fp8_cuda.h"
+#endif
 
 namespace megatron::fp8 {
 
@@ -29,7 +32,14 @@ Fp8State::Fp8State(const Fp8Config& cfg, Device device) : cfg_(cfg), device_(dev
 void Fp8State::set_weight_cache_mode(WeightCacheMode m) {
   cache_mode_ = m;
   if (m == WeightCacheMode::kOff)
-    for (auto& c : caches_) c = WeightCache{};
+    for (auto& c : caches_)
+      if (!c.primary) c = WeightCache{};  // FP8 parameters are not a cache
+}
+
+int Fp8State::find_linear(const std::string& prefix) const {
+  for (size_t l = 0; l < names_.size(); ++l)
+    if (names_[l] == prefix) return static_cast<int>(l) * kNumRoles;
+  return -1;
 }
 
 namespace {
@@ -69,8 +79,9 @@ bool Fp8State::weight_cache_admit(int base, int64_t bytes, int64_t (*free_bytes)
 }
 
 bool Fp8State::weight_cache_hit(int base, const Tensor& w, bool need_recorded) const {
-  if (cache_mode_ == WeightCacheMode::kOff) return false;
   const WeightCache& c = caches_.at(base / kNumRoles);
+  if (c.primary) return c.valid;
+  if (cache_mode_ == WeightCacheMode::kOff) return false;
   return c.valid && c.ptr == w.data_ptr() && c.numel == w.numel() && c.param_version == param_version() &&
          c.epoch == epoch_ && (c.recorded || !need_recorded);
 }
@@ -87,7 +98,8 @@ void Fp8State::weight_cache_mark(int base, const Tensor& w, bool recorded) {
 
 void Fp8State::invalidate_weight_cache() {
   ++epoch_;
-  for (auto& c : caches_) c.valid = false;
+  for (auto& c : caches_)
+    if (!c.primary) c.valid = false;
 }
 
 int Fp8State::register_linear(const std::string& prefix) {
@@ -115,6 +127,7 @@ void Fp8State::ensure_device() {
   d_scale_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_scale_inv_ = Tensor::zeros({n}, DType::kFloat32, device_);
   d_cur_ = Tensor::zeros({n}, DType::kFloat32, device_);
+  d_param_si_ = Tensor::zeros({std::max<int64_t>(1, static_cast<int64_t>(names_.size())) * kSlot}, DType::kFloat32, device_);
   push_scales();
 }
 
@@ -126,6 +139,37 @@ void Fp8State::push_scales() {
   }
   d_scale_.copy_(Tensor::from_vector(s, {d_scale_.numel()}));
   d_scale_inv_.copy_(Tensor::from_vector(si, {d_scale_inv_.numel()}));
+  if (device_.is_cuda() && !metas_.empty()) {
+    // The histories in logical order (ring position 0) and each role's FP8 max.
+    const int64_t H = cfg_.amax_history_len, R = num_roles();
+    std::vector<float> h(static_cast<size_t>(R * H)), fm(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < H; ++i) h[r * H + i] = metas_[r].amax_history[i];
+      fm[r] = fp8_max(metas_[r].dtype);
+    }
+    if (!d_hist_.defined()) {
+      d_hist_ = Tensor::empty({R * H}, DType::kFloat32, device_);
+      d_fmax_ = Tensor::empty({R}, DType::kFloat32, device_);
+    }
+    d_hist_.copy_(Tensor::from_vector(h, {R * H}));
+    d_fmax_.copy_(Tensor::from_vector(fm, {R}));
+    hist_pos_ = 0;
+  }
+  host_stale_ = false;
+}
+
+void Fp8State::sync_host() const {
+  if (!host_stale_) return;
+  const int64_t H = cfg_.amax_history_len, R = num_roles();
+  const std::vector<float> h = d_hist_.to_float_vector(), s = d_scale_.to_float_vector(),
+                           si = d_scale_inv_.to_float_vector();
+  for (int64_t r = 0; r < R; ++r) {
+    Fp8TensorMeta& m = metas_[r];
+    for (int64_t i = 0; i < H; ++i) m.amax_history[i] = h[r * H + (hist_pos_ + i) % H];
+    m.scale = s[r * kSlot];
+    m.scale_inv = si[r * kSlot];
+  }
+  host_stale_ = false;
 }
 
 Tensor Fp8State::scale(int r) {
@@ -143,6 +187,20 @@ Tensor Fp8State::amax(int r) {
 Tensor Fp8State::current_amax(int r) {
   ensure_device();
   return d_cur_.flat_slice(r * kSlot, {1});
+}
+
+Tensor Fp8State::weight_scale_inv(int base) {
+  const WeightCache& c = caches_.at(base / kNumRoles);
+  if (!(c.primary && c.valid)) return scale_inv(base + kWeight);
+  ensure_device();
+  return d_param_si_.flat_slice((base / kNumRoles) * kSlot, {1});
+}
+
+void Fp8State::snapshot_param_scale_inv(int base) {
+  ensure_device();
+  // The host value is the CPU path's (dequantize_cpu); on a GPU the device copy below is what the GEMMs read.
+  caches_.at(base / kNumRoles).param_scale_inv = metas_.at(base + kWeight).scale_inv;
+  d_param_si_.flat_slice((base / kNumRoles) * kSlot, {1}).copy_(scale_inv(base + kWeight));
 }
 
 void Fp8State::set_scale(int r, float s) {
@@ -165,6 +223,21 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   if (metas_.empty()) return;
   ensure_device();
   if (group && group->size() > 1) group->all_reduce(d_amax_, distributed::ReduceOp::kMax)->wait();
+#ifdef MEGATRON_WITH_CUDA
+  if (device_.is_cuda()) {
+    // Record + update + roll of every role in one kernel; the host copies go stale.
+    const int H = cfg_.amax_history_len;
+    ops::cuda::fp8_update_scales(static_cast<float*>(d_amax_.data_ptr()), kSlot, static_cast<float*>(d_hist_.data_ptr()),
+                                 H, hist_pos_, num_roles(), static_cast<const float*>(d_fmax_.data_ptr()), cfg_.margin,
+                                 cfg_.amax_compute_algo == AmaxComputeAlgo::kMax, cfg_.recipe == Fp8Recipe::kDelayed,
+                                 static_cast<float*>(d_scale_.data_ptr()), static_cast<float*>(d_scale_inv_.data_ptr()));
+    hist_pos_ = (hist_pos_ + 1) % H;
+    host_stale_ = true;
+    ++steps_done_;
+    invalidate_weight_cache();
+    return;
+  }
+#endif
   std::vector<float> amax = d_amax_.to_float_vector();  // one device-to-host copy per step
   for (size_t r = 0; r < metas_.size(); ++r) {
     Fp8TensorMeta& m = metas_[r];
@@ -188,6 +261,7 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
 
 std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
   using dist_checkpointing::ShardedTensor;
+  sync_host();
   std::vector<ShardedTensor> out;
   const int64_t H = cfg_.amax_history_len;
   for (size_t l = 0; l < names_.size(); ++l) {
@@ -208,6 +282,7 @@ std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int 
 
 void Fp8State::restore_checkpoint_tensors(const std::vector<dist_checkpointing::ShardedTensor>& ts,
                                           const std::vector<std::string>& loaded_keys) {
+  sync_host();  // roles not in the checkpoint keep their current state
   const int64_t H = cfg_.amax_history_len;
   for (size_t l = 0; l < names_.size(); ++l) {
     const std::string k = names_[l] + "._extra_state.fp8.";

@@ -45,7 +45,7 @@ bool backend_available(DeviceType type) { return g_allocators[static_cast<int>(t
 Allocator& allocator_for(DeviceType type) {
   Allocator* a = g_allocators[static_cast<int>(type)];
   if (!a)
-    user_error("CUDA was requested but this build has no CUDA backend (rebuild with CUDA, or run on CPU)");
+    user_error("CUDA was requested but no CUDA backend is registered: this build has none (rebuild with CUDA) or no GPU is visible (check nvidia-smi / CUDA_VISIBLE_DEVICES), or run on CPU");
   return *a;
 }
 

@@ -8,10 +8,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "megatron/core/tensor/tensor.h"
+
+namespace megatron::fp8 {
+class Fp8State;
+}
 
 namespace megatron::transformer {
 
@@ -54,6 +59,16 @@ struct Parameter {
   /// stage's copy of a tied embedding ("output_layer.weight", shared = true) uses
   /// "embedding.word_embeddings.weight", so both copies start equal without communication.
   std::string init_key;
+
+  // ---- --fp8-param-gather (docs/fp8.md, "FP8 parameters") ----
+  /// The weight of an FP8 GEMM kept as an FP8 primary weight: float8_e4m3, same shape as
+  /// `data`, a view into the FP8 parameter buffer (undefined otherwise). The distributed
+  /// optimizer casts its main-param shard into it and all-gathers these bytes; `data` then only
+  /// holds this rank's shard up to date (refreshed whole before a checkpoint save).
+  Tensor fp8_data;
+  /// The FP8 state and linear index (Fp8State::register_linear) whose weight role scales it.
+  std::shared_ptr<fp8::Fp8State> fp8_state;
+  int fp8_base = -1;
 };
 
 /// The ordered list of a model's parameters.

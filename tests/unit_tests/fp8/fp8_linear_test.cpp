@@ -199,4 +199,8 @@ TEST(Fp8Linear, FlagsReachTransformerConfig) {
             std::string::npos);
   EXPECT_NE(error_of({"--fp8-param-gather", "--use-distributed-optimizer"}).find("--fp8-format"), std::string::npos);
   EXPECT_EQ(error_of({"--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer"}), "");
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather",
+                      "--use-distributed-optimizer"})
+                .find("--fp8-recipe delayed"),
+            std::string::npos);
 }

@@ -90,9 +90,23 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
     }
   }
 
+  // --fp8-param-gather: the weights of the FP8 GEMMs become FP8 primary weights (fp8/fp8_param.h),
+  // laid out after the other parameters with an FP8 buffer of their own (training only).
+  std::vector<bool> fp8_weights;
+  if (config_.fp8_state && config_.fp8->param_gather && parallel_.allocate_main_grads) {
+    for (auto& p : registry_.params()) {
+      int base = -1;
+      if (p.name.ends_with(".weight")) base = config_.fp8_state->find_linear(p.name.substr(0, p.name.size() - 7));
+      fp8_weights.push_back(base >= 0);
+      if (base >= 0) {
+        p.fp8_state = config_.fp8_state;
+        p.fp8_base = base;
+      }
+    }
+  }
   buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
                                                                config_.params_dtype, config_.main_grads_dtype, device_,
-                                                               parallel_.allocate_main_grads);
+                                                               parallel_.allocate_main_grads, fp8_weights);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
   // --sequence-parallel: the block's norms (not the per-head q/k norms) see 1/TP of the sequence.
   if (config_.sequence_parallel && config_.tensor_model_parallel_size > 1)
