@@ -20,7 +20,11 @@
 //     weight is the FP8 primary weight (post_all_gather_processing) bit-identical to the cached
 //     linear that quantizes the bf16 weight, over 3 steps (outputs, gradients, scales), with no
 //     weight cast;
-//  8. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt.
+//  8. timing: FP8 GEMM TFLOP/s on LLaMA-3-8B shapes at 8192 tokens vs bf16 cuBLASLt;
+//  9. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
+//     kernels (bit-exact bytes and amax); scale_update: the device-side step boundary vs the
+//     host recipe (bit-exact histories and scales); residual_gemm: the FP8 GEMM with the residual in
+//     its epilogue vs GEMM + add (within one bf16 rounding).
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
@@ -38,6 +42,7 @@
 #include "megatron/core/fp8/fp8_recipe.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/ops.h"
 #include "megatron/core/ops/cuda/fp8_cuda.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/utils/param_version.h"
@@ -464,6 +469,241 @@ void test_weight_cache_cuda() {
   }
 }
 
+// Fast pseudo-random fill for the large bit-exactness inputs (hundreds of millions of values;
+// std::normal_distribution would take tens of seconds): a sum of two uniforms in [-a, a]
+// (xorshift64*), so values cluster near 0 with tails, enough to exercise rounding and saturation.
+void fast_fill(std::vector<float>& v, float a) {
+  uint64_t x = g_rng() | 1u;
+  for (auto& f : v) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    const uint64_t r = x * 0x2545F4914F6CDD1DULL;
+    const float u0 = (float)(r >> 40) * (1.0f / 16777216.0f), u1 = (float)((r >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+    f = a * (u0 + u1 - 1.0f);
+  }
+}
+
+// Fused producers (fp8fuse): fp8_rmsnorm_quantize (after rmsnorm_rstd) and fp8_swiglu_quantize
+// against the unfused path -- rmsnorm_forward / swiglu_forward writing bf16, then fp8_quantize
+// (q + q_t) -- bit-exact FP8 bytes of both layouts, the same amax bits, the same rstd bits; on
+// partial tiles and the LLaMA-3-8B shapes (8192 x 4096 norm, 8192 x 14336 SwiGLU output), with the
+// fused and unfused times (ms, GB/s of the fused kernel: bytes read + written).
+void test_fused_quantize() {
+  struct S { int64_t rows, cols; bool big; };
+  const S shapes[] = {{272, 264, false}, {16, 8, false}, {1024, 4096, false}, {8192, 4096, true}, {8192, 14336, true}};
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto ms_of = [&](auto&& f) {
+    f();
+    cudaEventRecord(e0);
+    for (int i = 0; i < 5; ++i) f();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms / 5;
+  };
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const S& sh : shapes)
+    for (int which = 0; which < 2; ++which) {  // 0: RMSNorm (zero-centred gamma), 1: SwiGLU
+      const int64_t R = sh.rows, C = sh.cols;
+      if (which == 0 && C > 8192) continue;  // the norm shape is the hidden size
+      const int64_t in_cols = which == 1 ? 2 * C : C;
+      std::vector<float> xv(R * in_cols), gv(C);
+      fast_fill(xv, 4.0f);
+      for (auto& v : gv) v = 0.1f * nd(g_rng);
+      xv[(R / 2) * in_cols + 3] = 1e4f;  // saturates at the scale below
+      Tensor x = Tensor::from_vector(xv, {R, in_cols}).to(DType::kBFloat16).to(Device::cuda());
+      Tensor gamma = Tensor::from_vector(gv, {C}).to(DType::kBFloat16).to(Device::cuda());
+      Tensor sc = Tensor::from_vector({37.5f}, {1}).to(Device::cuda());
+      Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+      Tensor qu = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtu = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+      Tensor qf = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtf = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+      Tensor y = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
+      Tensor rstd_u = Tensor::empty({R}, DType::kFloat32, Device::cuda()), rstd_f = Tensor::empty({R}, DType::kFloat32, Device::cuda());
+      auto unfused = [&] {
+        if (which == 0) cu::rmsnorm_forward(x, gamma, 1e-5f, true, y, rstd_u);
+        else cu::swiglu_forward(x, y);
+        cu::fp8_quantize(y, fp(sc), fp(am_u), &qu, &qtu);
+      };
+      bool launched = true;
+      auto fused = [&] {
+        if (which == 0) {
+          cu::rmsnorm_rstd(x, gamma, 1e-5f, rstd_f);
+          launched = cu::fp8_rmsnorm_quantize(x, gamma, rstd_f, true, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+        } else {
+          launched = cu::fp8_swiglu_quantize(x, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+        }
+      };
+      unfused();
+      fused();
+      const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
+      int64_t bad = 0;
+      for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
+      const float au = host(am_u)[0], af = host(am_f)[0];
+      int64_t bad_rstd = 0;
+      if (which == 0) {
+        const std::vector<float> ru = host(rstd_u), rf = host(rstd_f);
+        for (size_t i = 0; i < ru.size(); ++i) bad_rstd += std::memcmp(&ru[i], &rf[i], 4) != 0;
+      }
+      std::string t;
+      if (sh.big) {
+        const double tu = ms_of(unfused), tf = ms_of(fused);
+        const double by = which == 0 ? R * C * (2.0 * 2 + 2) : R * C * (4.0 + 2);  // fused: read x (twice for the norm), write q + q_t
+        char b[160];
+        std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms (%.0f GB/s)", tu, tf, by / tf / 1e6);
+        t = b;
+      }
+      char d[300];
+      std::snprintf(d, sizeof d, "%lld byte mismatches, %lld rstd mismatches, amax %.9g vs %.9g%s", (long long)bad,
+                    (long long)bad_rstd, af, au, t.c_str());
+      report(std::string(which ? "swiglu" : "rmsnorm") + "+quantize+transpose fused vs unfused " + std::to_string(R) +
+                 "x" + std::to_string(C),
+             launched && bad == 0 && bad_rstd == 0 && std::memcmp(&au, &af, 4) == 0, d);
+    }
+}
+
+// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
+// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
+// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
+// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
+// fp8_swiglu_backward_quantize (fc1's output gradient, E5M2) vs swiglu_backward + fp8_quantize
+// (q + q_t): bit-exact bytes of both layouts and the same amax bits; partial tiles and the
+// LLaMA-3-8B shape (8192 x 28672), with the fused and unfused times.
+void test_fused_swiglu_backward() {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (auto sh : {std::pair<int64_t, int64_t>{272, 272}, {16, 16}, {1024, 3584}, {8192, 28672}}) {
+    const int64_t R = sh.first, C = sh.second, F = C / 2;
+    std::vector<float> xv(R * C), dv(R * F);
+    fast_fill(xv, 4.0f);
+    fast_fill(dv, 4e-3f);
+    Tensor x = Tensor::from_vector(xv, {R, C}).to(DType::kBFloat16).to(Device::cuda());
+    Tensor dy = Tensor::from_vector(dv, {R, F}).to(DType::kBFloat16).to(Device::cuda());
+    Tensor sc = Tensor::from_vector({2048.0f}, {1}).to(Device::cuda());
+    Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    const DType e5 = DType::kFloat8E5M2;
+    Tensor qu = Tensor::empty({R, C}, e5, Device::cuda()), qtu = Tensor::empty({C, R}, e5, Device::cuda());
+    Tensor qf = Tensor::empty({R, C}, e5, Device::cuda()), qtf = Tensor::empty({C, R}, e5, Device::cuda());
+    Tensor dx = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
+    bool launched = true;
+    auto unfused = [&] {
+      cu::swiglu_backward(dy, x, dx);
+      cu::fp8_quantize(dx, fp(sc), fp(am_u), &qu, &qtu);
+    };
+    auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(am_f), &qf, &qtf); };
+    unfused();
+    fused();
+    const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
+    int64_t bad = 0;
+    for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
+    const float au = host(am_u)[0], af = host(am_f)[0];
+    std::string t;
+    if (R == 8192) {
+      auto ms_of = [&](auto&& f) {
+        f();
+        cudaEventRecord(e0);
+        for (int i = 0; i < 5; ++i) f();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return ms / 5;
+      };
+      const double tu = ms_of(unfused), tf = ms_of(fused);
+      char b[160];
+      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+      t = b;
+    }
+    char d[300];
+    std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
+    report("swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C),
+           launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+  }
+}
+
+void test_scale_update() {
+  std::uniform_real_distribution<float> ud(0.0f, 8.0f);
+  for (int H : {1, 4, 5})
+    for (int algo = 0; algo < 2; ++algo)
+      for (int recipe = 0; recipe < 2; ++recipe) {
+        fp8::Fp8Config cfg;
+        cfg.amax_history_len = H;
+        cfg.amax_compute_algo = algo ? fp8::AmaxComputeAlgo::kMostRecent : fp8::AmaxComputeAlgo::kMax;
+        cfg.recipe = recipe ? fp8::Fp8Recipe::kTensorwise : fp8::Fp8Recipe::kDelayed;
+        cfg.margin = H == 5 ? 1 : 0;
+        fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
+        for (int l = 0; l < 3; ++l) {
+          cpu.register_linear("l" + std::to_string(l));
+          gpu.register_linear("l" + std::to_string(l));
+        }
+        int64_t bad = 0;
+        for (int step = 0; step < 7; ++step) {
+          for (int r = 0; r < cpu.num_roles(); ++r) {
+            float a = ud(g_rng) * std::ldexp(1.0f, (int)(g_rng() % 20) - 10);
+            const int k = (step * 7 + r) % 13;
+            if (k == 3) a = 0.0f;
+            if (k == 5) a = std::nanf("");
+            if (k == 8) a = INFINITY;
+            if (k == 11) a = 3e38f;
+            if (step == 2 && r == 1) continue;  // a role not used this step
+            cpu.record_host_amax(r, a);
+            gpu.amax(r).copy_(Tensor::from_vector({a}, {1}));
+          }
+          cpu.reduce_and_update(nullptr);
+          gpu.reduce_and_update(nullptr);
+          for (int r = 0; r < cpu.num_roles(); ++r) {
+            const fp8::Fp8TensorMeta &mc = cpu.host_meta(r), &mg = gpu.host_meta(r);
+            for (int i = 0; i < H; ++i) bad += std::memcmp(&mc.amax_history[i], &mg.amax_history[i], 4) != 0;
+            if (recipe == 0)
+              bad += std::memcmp(&mc.scale, &mg.scale, 4) != 0 || std::memcmp(&mc.scale_inv, &mg.scale_inv, 4) != 0;
+            // The device scale the kernels read is the one reported.
+            if (recipe == 0) bad += host(gpu.scale(r))[0] != mg.scale;
+          }
+        }
+        char name[160];
+        std::snprintf(name, sizeof name, "scale update on the device == host recipe: H %d %s %s margin %d", H,
+                      algo ? "most_recent" : "max", recipe ? "tensorwise" : "delayed", cfg.margin);
+        report(name, bad == 0, std::to_string(bad) + " mismatching history entries/scales over 7 steps");
+      }
+}
+
+// The FP8 GEMM with the residual in its epilogue (fp8_gemm_tn_residual, linear_proj / fc2 forward)
+// vs fp8_gemm_tn + a bf16 add: the fused result rounds once, the reference twice, so they may
+// differ by one bf16 rounding of the output: |diff| <= 2^-8 |ref| + 1e-6 per element (2 ulp of bf16).
+void test_residual_gemm() {
+  const int64_t m = 512, n = 256, k = 384;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> av(m * k), bv(n * k), rv(m * n);
+  for (auto& v : av) v = nd(g_rng);
+  for (auto& v : bv) v = nd(g_rng);
+  for (auto& v : rv) v = 4.0f * nd(g_rng);
+  Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda()), am = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+  Tensor a = Tensor::empty({m, k}, DType::kFloat8E4M3, Device::cuda()), b = Tensor::empty({n, k}, DType::kFloat8E4M3, Device::cuda());
+  cu::fp8_quantize(Tensor::from_vector(av, {m, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &a, nullptr);
+  cu::fp8_quantize(Tensor::from_vector(bv, {n, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &b, nullptr);
+  Tensor r = Tensor::from_vector(rv, {m, n}).to(DType::kBFloat16).to(Device::cuda());
+  Tensor ref = Tensor::empty({m, n}, DType::kBFloat16, Device::cuda()), got = Tensor::empty({m, n}, DType::kBFloat16, Device::cuda());
+  cu::fp8_gemm_tn(a, fp(one), b, fp(one), ref, 0.0f, true);
+  ops::add_(ref, r);
+  const bool ran = cu::fp8_gemm_tn_residual(a, fp(one), b, fp(one), r, got, true);
+  const std::vector<float> hr = host(ref), hg = host(got), hres = host(r);
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < hr.size(); ++i) {
+    const double d = std::fabs((double)hg[i] - hr[i]);
+    worst = std::max(worst, d / (std::fabs(hr[i]) + 1e-6));
+    bad += d > std::ldexp(std::fabs(hr[i]), -8) + 1e-6;
+  }
+  const bool res_kept = hres == host(Tensor::from_vector(rv, {m, n}).to(DType::kBFloat16));
+  char d[200];
+  std::snprintf(d, sizeof d, "%s; %lld elements beyond 2 bf16 ulp, worst rel %.3g; residual unmodified %s",
+                ran ? "cuBLASLt has the C != D variant" : "NO algorithm (the layer falls back to GEMM + add)",
+                (long long)bad, worst, res_kept ? "yes" : "NO");
+  report("fp8 GEMM + residual epilogue vs GEMM then add", ran && bad == 0 && res_kept, d);
+}
+
 // Sets the weight role's scale of linear `base` (host and device) through the checkpoint path.
 void set_weight_scale(fp8::Fp8State& st, int base, float scale) {
   auto ts = st.checkpoint_tensors();
@@ -642,7 +882,8 @@ void time_gemms() {
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
-// linear weight_cache param_gather timing; default all, timing off with --no-timing).
+// linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm param_gather
+// timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
@@ -654,7 +895,9 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, void (*)()>> groups = {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
-      {"param_gather", test_param_gather}};
+      {"fused_quantize", test_fused_quantize}, {"fused_swiglu_backward", test_fused_swiglu_backward},
+      {"scale_update", test_scale_update},
+      {"residual_gemm", test_residual_gemm},   {"param_gather", test_param_gather}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
     if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;

@@ -413,6 +413,77 @@ void test_gemm_epilogues() {
   }
 }
 
+// gelu_backward_bgrad (gpt2perf): dpre = dy * gelu_tanh'(pre) and dbias (+)= Σ_rows dpre in one
+// pass, against float64 references of the formulas. Tolerance 1e-2 (bf16/fp16 results; the bias
+// gradient is rounded once to the 16-bit type, ~4e-3). 3000 x 3072 covers GPT-2's fc1 width with
+// several row chunks; 130 x 200 a partial 256-column tile; f = 12 must be declined.
+void test_gelu_bgrad() {
+  struct Sh { int64_t rows, f; };
+  std::vector<Sh> shapes = g_small ? std::vector<Sh>{{24, 64}} : std::vector<Sh>{{130, 200}, {3000, 3072}};
+  for (const auto& sh : shapes)
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (bool acc : {true, false}) {
+        const int64_t N = sh.rows, f = sh.f;
+        char tag[96];
+        std::snprintf(tag, sizeof tag, " %ldx%ld %s%s", (long)N, (long)f, dn(dt), acc ? " +=" : " =");
+        V pre = rounded(randn(N * f, 2.0f), dt), dy = rounded(randn(N * f), dt), db0 = randn(f);
+        Tensor PRE = dev(pre, {N, f}, dt), DY = dev(dy, {N, f}, dt), DPRE = poisoned({N, f}, dt);
+        Tensor DB = acc ? dev(db0, {f}, DType::kFloat32) : poisoned({f}, DType::kFloat32);
+        const bool ok = cu::gelu_backward_bgrad(DY, PRE, DPRE, &DB, acc);
+        check_true(std::string("gelu_backward_bgrad runs") + tag, ok);
+        if (!ok) continue;
+        VD rd(N * f), rdb(f);
+        for (int64_t i = 0; i < N * f; ++i) rd[i] = dy[i] * dgelu_tanh_ref(pre[i]);
+        for (int64_t j = 0; j < f; ++j) {
+          double a = acc ? db0[j] : 0.0;
+          for (int64_t i = 0; i < N; ++i) a += rd[i * f + j];
+          rdb[j] = a;
+        }
+        check(std::string("gelu_backward_bgrad dpre") + tag, host(DPRE), rd, 1e-2);
+        check(std::string("gelu_backward_bgrad dbias fp32") + tag, host(DB), rdb, 1e-2);
+        if (acc) {  // without a bias gradient, and a bias gradient in the 16-bit type
+          Tensor DPRE2 = poisoned({N, f}, dt);
+          const bool ok2 = cu::gelu_backward_bgrad(DY, PRE, DPRE2, nullptr, true);
+          check_true(std::string("gelu_backward_bgrad runs, no dbias") + tag, ok2);
+          if (ok2) check(std::string("gelu_backward_bgrad dpre, no dbias") + tag, host(DPRE2), rd, 1e-2);
+          V db16 = rounded(db0, dt);
+          Tensor DB16 = dev(db16, {f}, dt);
+          if (cu::gelu_backward_bgrad(DY, PRE, DPRE2, &DB16, true)) {
+            VD r16(f);
+            for (int64_t j = 0; j < f; ++j) r16[j] = rdb[j] - db0[j] + db16[j];
+            check(std::string("gelu_backward_bgrad dbias 16-bit +=") + tag, host(DB16), r16, 1e-2);
+          } else {
+            check_true(std::string("gelu_backward_bgrad runs, 16-bit dbias") + tag, false);
+          }
+        }
+      }
+  // bias_grad_colsum (linear layers' bias gradient, fp32 sum not rounded): 1e-5 for the fp32 result
+  // of bf16 inputs summed in fp32 over <= 3000 rows.
+  for (const auto& sh : std::vector<Sh>{{g_small ? 24 : 3000, g_small ? 64 : 2304}, {g_small ? 9 : 130, g_small ? 16 : 768}})
+    for (bool acc : {true, false}) {
+      const int64_t N = sh.rows, f = sh.f;
+      V dy = rounded(randn(N * f), DType::kBFloat16), db0 = randn(f);
+      Tensor DY = dev(dy, {N, f}, DType::kBFloat16);
+      Tensor DB = acc ? dev(db0, {f}, DType::kFloat32) : poisoned({f}, DType::kFloat32);
+      const bool ok = cu::bias_grad_colsum(DY, DB, acc);
+      char nm[96];
+      std::snprintf(nm, sizeof nm, "bias_grad_colsum %ldx%ld bf16 -> fp32%s", (long)N, (long)f, acc ? " +=" : " =");
+      check_true(std::string(nm) + " runs", ok);
+      if (!ok) continue;
+      VD r(f);
+      for (int64_t j = 0; j < f; ++j) {
+        double a = acc ? db0[j] : 0.0;
+        for (int64_t i = 0; i < N; ++i) a += dy[i * f + j];
+        r[j] = a;
+      }
+      check(nm, host(DB), r, 1e-5);
+    }
+  Tensor P12 = dev(V(24, 0.5f), {2, 12}, DType::kBFloat16), D12 = poisoned({2, 12}, DType::kBFloat16);
+  check_true("gelu_backward_bgrad declines f % 8 != 0", !cu::gelu_backward_bgrad(P12, P12, D12, nullptr, true));
+  Tensor P32 = dev(V(32, 0.5f), {2, 16}, DType::kFloat32), D32 = poisoned({2, 16}, DType::kFloat32);
+  check_true("gelu_backward_bgrad declines float32", !cu::gelu_backward_bgrad(P32, P32, D32, nullptr, true));
+}
+
 // Host-to-device copies go through pinned staging without a stream synchronization
 // (cuda_allocator.cu): many back-to-back copies from one reused host buffer must each land
 // intact (the staging block is copied before the call returns), and a copy larger than the
@@ -484,9 +555,27 @@ void test_embedding_ce() {
       if (ids[i] >= vs && ids[i] < vs + V_)
         for (int64_t c = 0; c < h; ++c) rd[(ids[i] - vs) * h + c] += dout[i * h + c];
     check(std::string("embedding_backward fp32 grad ") + dn(dt), host(DT), rd, 1e-5);
+    // A table view at a 4-float (16-byte) offset and one at a 1-float offset: the
+    // vector-atomic path (aligned) and the scalar fallback (misaligned) both accumulate correctly.
+    for (int64_t off : {4, 1}) {
+      V big = randn(V_ * h + off);
+      Tensor BIG = dev(big, {V_ * h + off}, DType::kFloat32);
+      Tensor DTv = BIG.flat_slice(off, {V_, h});
+      cu::embedding_backward(DO, I, DTv, vs);
+      VD rv(V_ * h);
+      for (int64_t i = 0; i < V_ * h; ++i) rv[i] = big[off + i];
+      for (int64_t i = 0; i < rows; ++i)
+        if (ids[i] >= vs && ids[i] < vs + V_)
+          for (int64_t c = 0; c < h; ++c) rv[(ids[i] - vs) * h + c] += dout[i * h + c];
+      check(std::string("embedding_backward fp32 grad, table at float offset ") + std::to_string(off) + " " + dn(dt),
+            host(DTv), rv, 1e-5);
+    }
   }
+  // Vl 50304 (GPT-2's padded vocab) runs cross_entropy_stats' unrolled loop (4 x 2048 logits per
+  // step, gpt2perf) and its tail; 5000 only the one-chunk loop.
+  for (int64_t vl : {g_small ? (int64_t)300 : (int64_t)5000, g_small ? (int64_t)8200 : (int64_t)50304})
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
-    const int64_t N = g_small ? 5 : 67, Vl = g_small ? 300 : 5000, vs = Vl / 2;
+    const int64_t N = g_small ? 5 : (vl > 10000 ? 24 : 67), Vl = vl, vs = Vl / 2;
     V logits = rounded(randn(N * Vl, 3.0f), dt);
     std::vector<int64_t> labels(N);
     std::uniform_int_distribution<int64_t> dl(0, 2 * Vl - 1);
@@ -506,9 +595,10 @@ void test_embedding_ce() {
       rp[i] = (t >= 0 && t < Vl) ? logits[i * Vl + t] : 0.0;
       lse[i] = m + std::log(s) + 0.25;  // pretend another shard contributed
     }
-    check(std::string("cross_entropy_stats max ") + dn(dt), host(mx), rm, 1e-6);
-    check(std::string("cross_entropy_stats sumexp ") + dn(dt), host(se), rs, 1e-5);
-    check(std::string("cross_entropy_stats pred ") + dn(dt), host(pr), rp, 0.0);
+    const std::string vt = " V=" + std::to_string(Vl) + " ";
+    check(std::string("cross_entropy_stats max") + vt + dn(dt), host(mx), rm, 1e-6);
+    check(std::string("cross_entropy_stats sumexp") + vt + dn(dt), host(se), rs, 1e-5);
+    check(std::string("cross_entropy_stats pred") + vt + dn(dt), host(pr), rp, 0.0);
     V lsef(lse.begin(), lse.end()), dloss = randn(N);
     VD rdl(N * Vl);
     for (int64_t i = 0; i < N; ++i)
@@ -516,15 +606,19 @@ void test_embedding_ce() {
         rdl[i * Vl + c] = (std::exp(logits[i * Vl + c] - (double)lsef[i]) - (c == labels[i] - vs ? 1.0 : 0.0)) * dloss[i];
     Tensor LS = dev(lsef, {N}, DType::kFloat32), DL = dev(dloss, {N}, DType::kFloat32);
     cu::cross_entropy_backward(L, LB, vs, LS, DL, L);  // in place
-    check(std::string("cross_entropy_backward in-place ") + dn(dt), host(L), rdl, dt == DType::kFloat32 ? 1e-5 : 1e-2);
+    check(std::string("cross_entropy_backward in-place") + vt + dn(dt), host(L), rdl, dt == DType::kFloat32 ? 1e-5 : 1e-2);
   }
 }
 
 void test_norms() {
-  for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096})
+  // h <= 1024 with h % 8 == 0 runs the register-accumulating backward (gpt2perf; 768 = GPT-2,
+  // 1000 = a partial last 256-column chunk), 4096 the shared-memory one; 768 with 3000 rows makes
+  // every warp of the one-wave grid loop over several rows. MEGATRON_NORM_BWD_V1=1 checks the old
+  // kernel on the same shapes.
+  for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096, g_small ? 256 : 768})
     for (DType dt : {DType::kFloat32, DType::kBFloat16})
       for (bool zc : {false, true}) {
-        const int64_t N = g_small ? 9 : 130;
+        const int64_t N = g_small ? 9 : (h == 768 ? 3000 : 130);
         const float eps = 1e-5f;
         V x = rounded(randn(N * h, 2.0f), dt), g = rounded(uniform(h, 0.5f, 1.5f), dt), be = rounded(randn(h), dt);
         if (zc)
@@ -788,6 +882,91 @@ void test_attention() {
   unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
+// Attention on the fused QKV tensor (gpt2perf; cuDNN reads strided Q/K/V views and writes dQ/dK/dV
+// strided into dqkv): qkv [s, b, h, (q, k, v), d] bf16, causal, against a float64 reference of
+// softmax attention written here from the formulas (as in test_attention). Tolerances as there:
+// 1e-2 for bf16 out/dq/dk/dv, 1e-3 for the fp32 lse of bf16 inputs.
+void test_attention_packed() {
+  struct Case { int S, B, H, D; };
+  std::vector<Case> cases = g_small ? std::vector<Case>{{64, 1, 2, 64}}
+                                    : std::vector<Case>{{200, 2, 3, 64}, {128, 1, 2, 128}, {256, 2, 12, 64}};
+  if (!cu::cudnn_sdpa::available()) {
+    check_true("attention_packed: cuDNN SDPA available", false, cu::cudnn_sdpa::last_error());
+    return;
+  }
+  for (auto cs : cases) {
+    const DType dt = DType::kBFloat16;
+    const int S = cs.S, B = cs.B, H = cs.H, D = cs.D;
+    V qkv = rounded(randn((int64_t)S * B * H * 3 * D), dt), dout = rounded(randn((int64_t)S * B * H * D), dt);
+    auto at = [&](int i, int bi, int h, int w, int c) { return ((((size_t)i * B + bi) * H + h) * 3 + w) * D + c; };
+    auto oi = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * H + h) * D + c; };
+    ops::AttentionParams p;
+    p.softmax_scale = 1.0f / std::sqrt((float)D);
+    p.causal = true;
+    Tensor QKV = dev(qkv, {S, B, 3 * H * D}, dt), O = poisoned({S, B, H, D}, dt), L = poisoned({B, H, S}, DType::kFloat32);
+    char nm[96];
+    std::snprintf(nm, sizeof nm, "attention_packed cudnn s=%d b=%d h=%d d=%d causal", S, B, H, D);
+    const bool okf = cu::attention_forward_packed_qkv(QKV, H, p, O, L);
+    check_true(std::string(nm) + " forward runs", okf, okf ? "" : cu::cudnn_sdpa::last_error());
+    if (!okf) continue;
+    Tensor DO = dev(dout, {S, B, H, D}, dt), DQKV = poisoned({S, B, 3 * H * D}, dt);
+    const bool okb = cu::attention_backward_packed_qkv(DO, QKV, H, O, L, p, DQKV);
+    check_true(std::string(nm) + " backward runs", okb, okb ? "" : cu::cudnn_sdpa::last_error());
+    VD ro((size_t)S * B * H * D), rl((size_t)B * H * S), rd(qkv.size(), 0.0);
+    std::vector<double> P(S), dP(S);
+    for (int bi = 0; bi < B; ++bi)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < S; ++i) {
+          double m = -1e300;
+          for (int j = 0; j <= i; ++j) {
+            double sc = 0;
+            for (int c = 0; c < D; ++c) sc += (double)qkv[at(i, bi, h, 0, c)] * qkv[at(j, bi, h, 1, c)];
+            P[j] = sc * p.softmax_scale;
+            m = std::max(m, P[j]);
+          }
+          double sum = 0;
+          for (int j = 0; j <= i; ++j) sum += (P[j] = std::exp(P[j] - m));
+          for (int j = 0; j <= i; ++j) P[j] /= sum;
+          rl[((size_t)bi * H + h) * S + i] = m + std::log(sum);
+          for (int c = 0; c < D; ++c) {
+            double a = 0;
+            for (int j = 0; j <= i; ++j) a += P[j] * qkv[at(j, bi, h, 2, c)];
+            ro[oi(i, bi, h, c)] = a;
+          }
+          double dsum = 0;
+          for (int j = 0; j <= i; ++j) {
+            double a = 0;
+            for (int c = 0; c < D; ++c) a += (double)dout[oi(i, bi, h, c)] * qkv[at(j, bi, h, 2, c)];
+            dP[j] = a;
+            dsum += a * P[j];
+          }
+          for (int j = 0; j <= i; ++j) {
+            const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
+            for (int c = 0; c < D; ++c) {
+              rd[at(i, bi, h, 0, c)] += ds * qkv[at(j, bi, h, 1, c)];
+              rd[at(j, bi, h, 1, c)] += ds * qkv[at(i, bi, h, 0, c)];
+              rd[at(j, bi, h, 2, c)] += P[j] * dout[oi(i, bi, h, c)];
+            }
+          }
+        }
+    check(std::string(nm) + " out", host(O), ro, 1e-2);
+    check(std::string(nm) + " lse", host(L), rl, 1e-3);
+    if (okb) check(std::string(nm) + " dqkv", host(DQKV), rd, 1e-2);
+  }
+  // Declined: grouped layouts are the caller's business (heads must match qkv), float32, dropout.
+  ops::AttentionParams p;
+  p.causal = true;
+  p.softmax_scale = 0.125f;
+  Tensor Q32 = poisoned({8, 1, 3 * 64}, DType::kFloat32), O32 = poisoned({8, 1, 1, 64}, DType::kFloat32),
+         L32 = poisoned({1, 1, 8}, DType::kFloat32);
+  check_true("attention_packed declines float32", !cu::attention_forward_packed_qkv(Q32, 1, p, O32, L32));
+  Tensor Qb = poisoned({8, 1, 3 * 64}, DType::kBFloat16), Ob = poisoned({8, 1, 1, 64}, DType::kBFloat16);
+  p.dropout_p = 0.1f;
+  check_true("attention_packed declines dropout", !cu::attention_forward_packed_qkv(Qb, 1, p, Ob, L32));
+  p.dropout_p = 0.0f;
+  check_true("attention_packed declines heads != qkv width / 3d", !cu::attention_forward_packed_qkv(Qb, 2, p, Ob, L32));
+}
+
 // Generic attention kernels (attention_generic.cu): odd head dims, float32 and bfloat16, GQA,
 // causal / full / explicit mask, attention dropout. Reference: float64 softmax attention written
 // here from the formulas (as in test_attention), with the dropout keep-scale F_ij of element
@@ -976,6 +1155,90 @@ void test_adam() {
     check(nm + " exp_avg_sq", host(Vt), rv, 1e-5);
     check(nm + " bf16 model param", host(MP), rmp, 1e-2);
   }
+  // adam_step_multi (gpt2perf): several tensors (sizes around the 8192-element block chunk, a
+  // misaligned view, model params bf16 / none / fp16, per-tensor lr and weight decay) in one call,
+  // against the float64 formula (1e-5) and against adam_step_scaled per tensor (1e-6).
+  for (bool dec : {true, false}) {
+    struct Tc { int64_t n, off; int kind; float lr, wd; };  // kind: 0 none, 1 bf16, 2 fp16 model param
+    const std::vector<Tc> tcs = g_small ? std::vector<Tc>{{1000, 0, 1, 1e-3f, 0.1f}, {37, 1, 0, 2e-3f, 0.0f}}
+                                        : std::vector<Tc>{{100001, 0, 1, 1e-3f, 0.1f}, {768, 0, 1, 2e-3f, 0.0f},
+                                                          {5, 0, 0, 1e-3f, 0.1f},      {8192 * 3 + 17, 1, 2, 5e-4f, 0.05f},
+                                                          {8192, 0, 1, 1e-3f, 0.1f}};
+    const float gscale = 0.61f;
+    ops::AdamParams ap;
+    ap.step = 11;
+    ap.decoupled = dec;
+    std::vector<Tensor> P, G, M, Vt, MP, P2, M2, V2, MP2;
+    std::vector<V> hp, hg, hm, hv;
+    std::vector<cu::AdamTensor> ts;
+    for (const auto& tc : tcs) {
+      hp.push_back(randn(tc.n));
+      hg.push_back(randn(tc.n, 0.1f));
+      hm.push_back(randn(tc.n, 0.01f));
+      hv.push_back(uniform(tc.n, 0.0f, 0.01f));
+      auto view = [&](const V& x) {  // a view at element offset tc.off (off 1: not 16-byte aligned)
+        V big(tc.n + tc.off, 0.0f);
+        std::copy(x.begin(), x.end(), big.begin() + tc.off);
+        return dev(big, {tc.n + tc.off}, DType::kFloat32).flat_slice(tc.off, {tc.n});
+      };
+      P.push_back(view(hp.back()));
+      G.push_back(view(hg.back()));
+      M.push_back(view(hm.back()));
+      Vt.push_back(view(hv.back()));
+      P2.push_back(view(hp.back()));
+      M2.push_back(view(hm.back()));
+      V2.push_back(view(hv.back()));
+      const DType md = tc.kind == 1 ? DType::kBFloat16 : DType::kFloat16;
+      MP.push_back(tc.kind ? poisoned({tc.n}, md) : Tensor());
+      MP2.push_back(tc.kind ? poisoned({tc.n}, md) : Tensor());
+    }
+    for (size_t k = 0; k < tcs.size(); ++k) {
+      cu::AdamTensor t;
+      t.param = &P[k];
+      t.grad = &G[k];
+      t.exp_avg = &M[k];
+      t.exp_avg_sq = &Vt[k];
+      t.model_param = tcs[k].kind ? &MP[k] : nullptr;
+      t.lr = tcs[k].lr;
+      t.weight_decay = tcs[k].wd;
+      ts.push_back(t);
+    }
+    const bool ok = cu::adam_step_multi(ts, ap, gscale);
+    check_true(std::string("adam_step_multi runs") + (dec ? " adamw" : " L2"), ok);
+    if (!ok) continue;
+    for (size_t k = 0; k < tcs.size(); ++k) {
+      ops::AdamParams a1 = ap;
+      a1.lr = tcs[k].lr;
+      a1.weight_decay = tcs[k].wd;
+      cu::adam_step_scaled(P2[k], G[k], M2[k], V2[k], a1, tcs[k].kind ? &MP2[k] : nullptr, gscale);
+      const int64_t n = tcs[k].n;
+      VD rp(n), rm(n), rv(n);
+      const double bc1 = 1 - std::pow((double)ap.beta1, 11.0), bc2 = 1 - std::pow((double)ap.beta2, 11.0);
+      for (int64_t i = 0; i < n; ++i) {
+        const double gs = (double)(hg[k][i] * gscale);  // the fp32 product, like the kernel
+        const double gi = dec ? gs : gs + (double)a1.weight_decay * hp[k][i];
+        const double mi = ap.beta1 * (double)hm[k][i] + (1 - (double)ap.beta1) * gi;
+        const double vi = ap.beta2 * (double)hv[k][i] + (1 - (double)ap.beta2) * gi * gi;
+        const double upd = (mi / bc1) / (std::sqrt(vi / bc2) + ap.eps) + (dec ? a1.weight_decay * (double)hp[k][i] : 0.0);
+        rp[i] = hp[k][i] - a1.lr * upd;
+        rm[i] = mi;
+        rv[i] = vi;
+      }
+      char nm[96];
+      std::snprintf(nm, sizeof nm, "adam_step_multi %s n=%ld off=%ld mp=%d", dec ? "adamw" : "L2", (long)n,
+                    (long)tcs[k].off, tcs[k].kind);
+      check(std::string(nm) + " param", host(P[k]), rp, 1e-5);
+      check(std::string(nm) + " exp_avg", host(M[k]), rm, 1e-5);
+      check(std::string(nm) + " exp_avg_sq", host(Vt[k]), rv, 1e-5);
+      // Same code per element: expected bit-identical; 1e-6 allows a different FMA contraction.
+      const V b = host(P2[k]);
+      check(std::string(nm) + " vs adam_step_scaled param", host(P[k]), VD(b.begin(), b.end()), 1e-6);
+      if (tcs[k].kind) {
+        const V bm = host(MP2[k]);
+        check(std::string(nm) + " vs adam_step_scaled model param", host(MP[k]), VD(bm.begin(), bm.end()), 1e-6);
+      }
+    }
+  }
 }
 // Ops added with the model (transpose01, bias_add_, rope_forward/backward, CE combine steps):
 // checked against float64 host formulas, and RoPE also against the CPU reference op.
@@ -1062,7 +1325,7 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
-      {"reduce_many", test_reduce_many}};
+      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

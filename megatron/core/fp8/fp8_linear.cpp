@@ -1,6 +1,8 @@
 #include "megatron/core/fp8/fp8_linear.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
@@ -9,6 +11,21 @@
 #endif
 
 namespace megatron::fp8 {
+
+bool fusion_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRON_FP8_FUSE");
+    if (!v || !*v || !std::strcmp(v, "1")) return true;
+    if (!std::strcmp(v, "0")) return false;
+    user_error("MEGATRON_FP8_FUSE=", v, ": expected 0 (quantize every FP8 GEMM input in a separate pass) or 1 "
+               "(fuse the quantization into RMSNorm/SwiGLU; the default)");
+  }();
+  return on;
+}
+
+bool fused_input_ok(const Fp8State& st, const Tensor& like) {
+  return like.is_cuda() && st.config().recipe == Fp8Recipe::kDelayed && st.config().wgrad && fusion_enabled();
+}
 
 namespace {
 bool is_tensorwise(const Fp8State& st) { return st.config().recipe == Fp8Recipe::kTensorwise; }
@@ -50,7 +67,8 @@ Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
   return wq;
 }
 
-void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                 const Tensor* residual) {
   const bool rec = st.recording();
   Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, rec);
   Tensor wq = weight_cpu(st, base, w, rec);
@@ -58,6 +76,7 @@ void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const
   ops::linear_forward(xq, wq, nullptr, y32);
   ops::cast(y32, y);
   if (bias) ops::bias_add_(y, *bias);
+  if (residual) ops::add_(y, *residual);
 }
 
 void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
@@ -94,7 +113,7 @@ void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q,
   if (is_tensorwise(st)) {
     Tensor cur = st.current_amax(r);  // zero here; fp8_scale_from_amax zeroes it again
     ops::cuda::fp8_amax(x, fptr(cur));
-    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.meta(r).dtype), st.config().margin, fptr(st.scale(r)),
+    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.dtype(r)), st.config().margin, fptr(st.scale(r)),
                                    fptr(st.scale_inv(r)), amax);
     amax = nullptr;
   }
@@ -116,7 +135,7 @@ struct WeightOperands {
 };
 WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record, bool need_q, bool need_q_t) {
   const int64_t out = w.size(0), in = w.size(1);
-  const DType wdt = st.meta(base + kWeight).dtype;
+  const DType wdt = st.dtype(base + kWeight);
   Fp8State::WeightCache& c = st.weight_cache(base);
   // --fp8-param-gather: the gathered FP8 parameter and its transpose (post_all_gather_processing).
   if (c.primary && c.valid) {
@@ -151,35 +170,58 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
   return r;
 }
 
-void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                  const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual) {
   const bool rec = st.recording();
-  const Shape xs = rows_cols(x);
+  const Shape xs = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(x);
   const int64_t out = w.size(0), in = w.size(1);
   check_aligned("tokens", xs[0]);
   check_aligned("in_features", in);
   check_aligned("out_features", out);
-  const DType fwd = st.meta(base + kInput).dtype;
-  Tensor xq = Tensor::empty(xs, fwd, x.device());
-  quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
+  const DType fwd = st.dtype(base + kInput);
+  Tensor xq;
+  if (pre) {
+    xq = pre->q;  // quantized (and its amax recorded) by the producer
+  } else {
+    xq = Tensor::empty(xs, fwd, x.device());
+    if (keep_x_t && fused_input_ok(st, x)) {
+      // One pass writes both layouts; the transpose waits for this micro-batch's wgrad GEMM.
+      *keep_x_t = Tensor::empty({xs[1], xs[0]}, fwd, x.device());
+      quantize_cuda(st, base + kInput, x, rec, &xq, keep_x_t);
+    } else {
+      quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
+    }
+  }
   const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
-  ops::cuda::fp8_gemm_tn(xq, fptr(st.scale_inv(base + kInput)), wq.q, fptr(st.weight_scale_inv(base)), y2, 0.0f,
-                         /*fast_accum=*/true);
+  const float* sx = fptr(st.scale_inv(base + kInput));
+  const float* sw = fptr(st.weight_scale_inv(base));
+  if (residual && !bias && ops::cuda::fp8_gemm_tn_residual(xq, sx, wq.q, sw, residual->view({xs[0], out}), y2,
+                                                           /*fast_accum=*/true))
+    return;
+  ops::cuda::fp8_gemm_tn(xq, sx, wq.q, sw, y2, 0.0f, /*fast_accum=*/true);
   if (bias) ops::bias_add_(y, *bias);
+  if (residual) ops::add_(y, *residual);
 }
 
 void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
-                   Tensor* dbias, bool accumulate) {
-  const Shape ds = rows_cols(dy);  // [N, out]
+                   Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre) {
+  const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
-  const DType gdt = st.meta(base + kGradOutput).dtype;
+  const DType gdt = st.dtype(base + kGradOutput);
   // dy is quantized once for both GEMMs: row layout for dgrad, transposed for wgrad (one pass).
   Tensor dyq, dyq_t;
-  if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
-  if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
-  if (dx || fp8_wgrad)
-    quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+  if (pre) {
+    MEGATRON_CHECK(pre->q.dtype() == gdt && pre->q_t.size(0) == out) << "fp8::linear_backward: dyq " << pre->q.str();
+    dyq = pre->q;  // quantized (and its amax recorded) by the producer
+    dyq_t = pre->q_t;
+  } else {
+    if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
+    if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
+    if (dx || fp8_wgrad)
+      quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+  }
   const float* sg = fptr(st.scale_inv(base + kGradOutput));
   if (dx) {
     const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
@@ -188,8 +230,16 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   }
   if (dw) {
     if (fp8_wgrad) {
-      Tensor xq_t = Tensor::empty({in, N}, st.meta(base + kInput).dtype, x.device());
-      quantize_cuda(st, base + kInput, x, false, nullptr, &xq_t);
+      Tensor xq_t;
+      if (x_t && x_t->defined()) {
+        MEGATRON_CHECK(x_t->dim() == 2 && x_t->size(0) == in && x_t->size(1) == N &&
+                       x_t->dtype() == st.dtype(base + kInput))
+            << "fp8::linear_backward: x_t " << x_t->str() << " for dy " << dy.str() << " w " << w.str();
+        xq_t = *x_t;  // the forward's transpose: the same bytes as quantizing x again
+      } else {
+        xq_t = Tensor::empty({in, N}, st.dtype(base + kInput), x.device());
+        quantize_cuda(st, base + kInput, x, false, nullptr, &xq_t);
+      }
       ops::cuda::fp8_gemm_tn(dyq_t, sg, xq_t, fptr(st.scale_inv(base + kInput)), *dw, accumulate ? 1.0f : 0.0f,
                              false);
     } else {
@@ -208,7 +258,7 @@ Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record
     m.set_current_scale(host_amax(x), st.config());
     st.set_scale(r, m.scale);
   }
-  Tensor q = Tensor::empty(x.shape(), st.meta(r).dtype);
+  Tensor q = Tensor::empty(x.shape(), st.dtype(r));
   const float amax = quantize_cpu(x, st.meta(r), q);
   if (record) st.record_host_amax(r, amax);
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32);
@@ -216,35 +266,113 @@ Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record
   return y;
 }
 
-void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  MEGATRON_CHECK(w.dim() == 2 && x.size(-1) == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
-                 base + kNumRoles <= st.num_roles())
+void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                    const Fp8Input* xq, Tensor* keep_x_t, const Tensor* residual) {
+  const int64_t in = xq ? xq->shape.back() : x.size(-1);
+  MEGATRON_CHECK(w.dim() == 2 && in == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
+                 base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && xq->q.is_cuda())) &&
+                 (!residual || (residual->numel() == y.numel() && residual->dtype() == y.dtype())))
       << "fp8::linear_forward: x " << x.str() << " w " << w.str() << " y " << y.str() << " base " << base;
-  if (x.is_cuda()) {
+  if (xq || x.is_cuda()) {
 #ifdef MEGATRON_WITH_CUDA
-    forward_cuda(st, base, x, w, bias, y);
+    forward_cuda(st, base, x, w, bias, y, xq, keep_x_t, residual);
     return;
 #else
     user_error("fp8::linear_forward: a CUDA tensor reached a build without the CUDA backend");
 #endif
   }
-  forward_cpu(st, base, x, w, bias, y);
+  forward_cpu(st, base, x, w, bias, y, residual);
 }
 
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                     Tensor* dw, Tensor* dbias, bool accumulate) {
-  MEGATRON_CHECK(w.dim() == 2 && dy.size(-1) == w.size(0) && x.size(-1) == w.size(1) && base >= 0 &&
-                 base + kNumRoles <= st.num_roles())
+                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* dyq) {
+  const bool have_t = x_t && x_t->defined();
+  const int64_t dy_out = dyq ? dyq->shape.back() : dy.size(-1);
+  MEGATRON_CHECK(w.dim() == 2 && dy_out == w.size(0) && (x.defined() ? x.size(-1) == w.size(1) : have_t) &&
+                 base >= 0 && base + kNumRoles <= st.num_roles() && (!dyq || (dyq->defined() && !dbias)) &&
+                 (!dyq || !dw || st.config().wgrad))
       << "fp8::linear_backward: dy " << dy.str() << " x " << x.str() << " w " << w.str();
-  if (dy.is_cuda()) {
+  // Without x only the FP8 wgrad (from x_t) and dgrad can run.
+  MEGATRON_CHECK(x.defined() || (!dbias && (!dw || st.config().wgrad)))
+      << "fp8::linear_backward: the bf16 input is needed (bias or --no-fp8-wgrad) but was not kept";
+  if (dyq || dy.is_cuda()) {
 #ifdef MEGATRON_WITH_CUDA
-    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate);
+    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq);
     return;
 #else
     user_error("fp8::linear_backward: a CUDA tensor reached a build without the CUDA backend");
 #endif
   }
   backward_cpu(st, base, dy, x, w, dx, dw, dbias, accumulate);
+}
+
+Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma,
+                     Tensor& rstd) {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fused_input_ok(st, x) || x.dim() < 1) return {};
+  const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
+  if (rows == 0 || rows % 16 != 0 || h % 16 != 0) return {};
+  auto f32_bf16 = [](DType t) { return t == DType::kBFloat16 || t == DType::kFloat32; };
+  if (!f32_bf16(x.dtype()) || !f32_bf16(gamma.dtype())) return {};  // the fused kernel's types
+  const DType dt = st.dtype(base + kInput);
+  Fp8Input r;
+  r.shape = x.shape();
+  r.dtype = x.dtype();
+  r.q = Tensor::empty({rows, h}, dt, x.device());
+  r.q_t = Tensor::empty({h, rows}, dt, x.device());
+  ops::cuda::rmsnorm_rstd(x, gamma, eps, rstd);
+  float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
+  if (!ops::cuda::fp8_rmsnorm_quantize(x, gamma, rstd, zero_centered_gamma, x.dtype(), fptr(st.scale(base + kInput)),
+                                       amax, &r.q, &r.q_t))
+    return {};
+  return r;
+#else
+  (void)st, (void)base, (void)x, (void)gamma, (void)eps, (void)zero_centered_gamma, (void)rstd;
+  return {};
+#endif
+}
+
+Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fused_input_ok(st, fc1_out) || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
+  const int64_t f = fc1_out.size(-1) / 2, rows = f ? fc1_out.numel() / (2 * f) : 0;
+  if (rows == 0 || rows % 16 != 0 || f % 16 != 0) return {};
+  const DType dt = st.dtype(base + kInput);
+  Fp8Input r;
+  r.shape = fc1_out.shape();
+  r.shape.back() = f;
+  r.dtype = fc1_out.dtype();
+  r.q = Tensor::empty({rows, f}, dt, fc1_out.device());
+  r.q_t = Tensor::empty({f, rows}, dt, fc1_out.device());
+  float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
+  if (!ops::cuda::fp8_swiglu_quantize(fc1_out, fc1_out.dtype(), fptr(st.scale(base + kInput)), amax, &r.q, &r.q_t))
+    return {};
+  return r;
+#else
+  (void)st, (void)base, (void)fc1_out;
+  return {};
+#endif
+}
+
+Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out) {
+#ifdef MEGATRON_WITH_CUDA
+  if (!fused_input_ok(st, fc1_out) || !dact.is_cuda() || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
+  const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
+  if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
+  const DType dt = st.dtype(base + kGradOutput);
+  Fp8Input r;
+  r.shape = fc1_out.shape();
+  r.dtype = dact.dtype();
+  r.q = Tensor::empty({rows, two_f}, dt, fc1_out.device());
+  r.q_t = Tensor::empty({two_f, rows}, dt, fc1_out.device());
+  float* amax = st.recording() ? fptr(st.amax(base + kGradOutput)) : nullptr;
+  if (!ops::cuda::fp8_swiglu_backward_quantize(dact, fc1_out, fptr(st.scale(base + kGradOutput)), amax, &r.q, &r.q_t))
+    return {};
+  return r;
+#else
+  (void)st, (void)base, (void)dact, (void)fc1_out;
+  return {};
+#endif
 }
 
 }  // namespace megatron::fp8

@@ -18,6 +18,7 @@
 // float_to_e4m3_bits / float_to_e5m2_bits), only the GEMM's summation order differs.
 #pragma once
 
+#include "megatron/core/fp8/fp8_input.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/tensor/tensor.h"
 
@@ -25,12 +26,54 @@ namespace megatron::fp8 {
 
 /// y[..., out] = x[..., in] @ w[out, in]^T (+ bias[out]) with FP8 operands; `base` is the
 /// layer's index from Fp8State::register_linear. y in the model dtype.
-void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+/// `xq`: x already quantized by its producer (fused; x may then be undefined, xq->shape gives its
+/// shape). `keep_x_t` (CUDA): also write x's FP8 transpose there in the same pass (for the wgrad
+/// GEMM, passed back to linear_backward as x_t) -- left undefined where not applicable.
+/// `residual` (y's shape and dtype): y = x w^T (+ bias) + residual; on CUDA without a bias added in
+/// the FP8 GEMM's epilogue (one rounding of y, as the bf16 path's fused residual) where cuBLASLt
+/// has the variant, else (and on the CPU) a separate add after the GEMM.
+void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                    const Fp8Input* xq = nullptr, Tensor* keep_x_t = nullptr, const Tensor* residual = nullptr);
 
 /// Backward of linear_forward (x, w: the forward's inputs). dx overwritten (skipped if nullptr);
-/// dw, dbias (+)= per `accumulate` (skipped if nullptr).
+/// dw, dbias (+)= per `accumulate` (skipped if nullptr). `x_t`: x's FP8 transpose from the forward
+/// (Fp8Input::q_t or keep_x_t), used by the FP8 wgrad GEMM instead of quantizing x again (x may
+/// then be undefined when there is no bias and the wgrad is FP8).
+/// `dyq`: dy already quantized (grad-output role, both layouts) by the kernel that produced it
+/// (swiglu_backward_fp8; dy may then be undefined: no bias, FP8 wgrad).
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                     Tensor* dw, Tensor* dbias, bool accumulate);
+                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t = nullptr,
+                     const Fp8Input* dyq = nullptr);
+
+/// Whether the fused quantization is on: MEGATRON_FP8_FUSE unset or 1 (default); 0 turns it off
+/// (every input quantized by a separate pass, as before; for A/B comparisons -- the FP8 bytes,
+/// amaxes and losses are the same either way). Read once.
+bool fusion_enabled();
+
+/// Whether an input of the FP8 linear layers of `st` living where `like` lives may be quantized
+/// by its producer: CUDA, the delayed recipe (the scale is known before the producer runs), FP8
+/// wgrad (the transpose replaces the bf16 input in backward), fusion_enabled().
+bool fused_input_ok(const Fp8State& st, const Tensor& like);
+
+/// RMSNorm forward fused with the quantization of its output for the linear at `base`:
+/// rstd [rows] as ops::rmsnorm_forward writes it, and the Fp8Input of the normalized x (in x's
+/// dtype before quantizing, as the unfused path), recording its amax while st.recording().
+/// Returns an undefined Fp8Input (nothing computed) when not fused_input_ok or the shapes do not
+/// fit the fused kernel (rows or h not multiples of 16); the caller then runs the unfused path.
+Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps,
+                     bool zero_centered_gamma, Tensor& rstd);
+
+/// SwiGLU of fc1_out [..., 2f] fused with the quantization of its output for the linear at `base`
+/// (linear_fc2): the Fp8Input of swiglu(fc1_out) (in fc1_out's dtype before quantizing); same
+/// conditions and fallback as rmsnorm_fp8.
+Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out);
+
+/// SwiGLU's backward (d fc1_out from dact [..., f] and fc1_out [..., 2f]) fused with the quantization
+/// of its result as the grad-output of the linear at `base` (linear_fc1): an Fp8Input (q, q_t in
+/// the grad-output dtype, shape of fc1_out, dtype of dact) for linear_backward's `dyq`, recording
+/// its amax while st.recording(); bit-identical to swiglu_backward + the unfused quantize. Same
+/// conditions and fallback as rmsnorm_fp8.
+Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out);
 
 /// CPU emulation helper (exposed for tests): x quantized with role r's scale and dequantized
 /// back to float32 (same shape). Records the amax of x into role r when `record`. The

@@ -10,7 +10,7 @@
 namespace megatron::fp8 {
 
 void quantize_param_shard(Fp8State& st, int base, const Tensor& shard, Tensor& out) {
-  MEGATRON_CHECK(out.numel() == shard.numel() && out.dtype() == st.meta(base + kWeight).dtype &&
+  MEGATRON_CHECK(out.numel() == shard.numel() && out.dtype() == st.dtype(base + kWeight) &&
                  out.device() == shard.device())
       << "quantize_param_shard: shard " << shard.str() << " out " << out.str();
   if (shard.numel() == 0) return;
@@ -39,7 +39,7 @@ Tensor fp8_transpose_cpu(const Tensor& q) {
 }
 
 void post_all_gather_processing(Fp8State& st, int base, const Tensor& w) {
-  MEGATRON_CHECK(w.dim() == 2 && w.dtype() == st.meta(base + kWeight).dtype) << "post_all_gather_processing(" << w.str() << ")";
+  MEGATRON_CHECK(w.dim() == 2 && w.dtype() == st.dtype(base + kWeight)) << "post_all_gather_processing(" << w.str() << ")";
   Fp8State::WeightCache& c = st.weight_cache(base);
   st.snapshot_param_scale_inv(base);
   c.primary = true;

@@ -10,6 +10,9 @@
 #include "megatron/core/distributed/process_group.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/fp8_cuda.h"
+#endif
 
 namespace megatron::fp8 {
 
@@ -136,6 +139,37 @@ void Fp8State::push_scales() {
   }
   d_scale_.copy_(Tensor::from_vector(s, {d_scale_.numel()}));
   d_scale_inv_.copy_(Tensor::from_vector(si, {d_scale_inv_.numel()}));
+  if (device_.is_cuda() && !metas_.empty()) {
+    // The histories in logical order (ring position 0) and each role's FP8 max.
+    const int64_t H = cfg_.amax_history_len, R = num_roles();
+    std::vector<float> h(static_cast<size_t>(R * H)), fm(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < H; ++i) h[r * H + i] = metas_[r].amax_history[i];
+      fm[r] = fp8_max(metas_[r].dtype);
+    }
+    if (!d_hist_.defined()) {
+      d_hist_ = Tensor::empty({R * H}, DType::kFloat32, device_);
+      d_fmax_ = Tensor::empty({R}, DType::kFloat32, device_);
+    }
+    d_hist_.copy_(Tensor::from_vector(h, {R * H}));
+    d_fmax_.copy_(Tensor::from_vector(fm, {R}));
+    hist_pos_ = 0;
+  }
+  host_stale_ = false;
+}
+
+void Fp8State::sync_host() const {
+  if (!host_stale_) return;
+  const int64_t H = cfg_.amax_history_len, R = num_roles();
+  const std::vector<float> h = d_hist_.to_float_vector(), s = d_scale_.to_float_vector(),
+                           si = d_scale_inv_.to_float_vector();
+  for (int64_t r = 0; r < R; ++r) {
+    Fp8TensorMeta& m = metas_[r];
+    for (int64_t i = 0; i < H; ++i) m.amax_history[i] = h[r * H + (hist_pos_ + i) % H];
+    m.scale = s[r * kSlot];
+    m.scale_inv = si[r * kSlot];
+  }
+  host_stale_ = false;
 }
 
 Tensor Fp8State::scale(int r) {
@@ -164,6 +198,7 @@ Tensor Fp8State::weight_scale_inv(int base) {
 
 void Fp8State::snapshot_param_scale_inv(int base) {
   ensure_device();
+  // The host value is the CPU path's (dequantize_cpu); on a GPU the device copy below is what the GEMMs read.
   caches_.at(base / kNumRoles).param_scale_inv = metas_.at(base + kWeight).scale_inv;
   d_param_si_.flat_slice((base / kNumRoles) * kSlot, {1}).copy_(scale_inv(base + kWeight));
 }
@@ -188,6 +223,21 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
   if (metas_.empty()) return;
   ensure_device();
   if (group && group->size() > 1) group->all_reduce(d_amax_, distributed::ReduceOp::kMax)->wait();
+#ifdef MEGATRON_WITH_CUDA
+  if (device_.is_cuda()) {
+    // Record + update + roll of every role in one kernel; the host copies go stale.
+    const int H = cfg_.amax_history_len;
+    ops::cuda::fp8_update_scales(static_cast<float*>(d_amax_.data_ptr()), kSlot, static_cast<float*>(d_hist_.data_ptr()),
+                                 H, hist_pos_, num_roles(), static_cast<const float*>(d_fmax_.data_ptr()), cfg_.margin,
+                                 cfg_.amax_compute_algo == AmaxComputeAlgo::kMax, cfg_.recipe == Fp8Recipe::kDelayed,
+                                 static_cast<float*>(d_scale_.data_ptr()), static_cast<float*>(d_scale_inv_.data_ptr()));
+    hist_pos_ = (hist_pos_ + 1) % H;
+    host_stale_ = true;
+    ++steps_done_;
+    invalidate_weight_cache();
+    return;
+  }
+#endif
   std::vector<float> amax = d_amax_.to_float_vector();  // one device-to-host copy per step
   for (size_t r = 0; r < metas_.size(); ++r) {
     Fp8TensorMeta& m = metas_[r];
@@ -211,6 +261,7 @@ void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
 
 std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
   using dist_checkpointing::ShardedTensor;
+  sync_host();
   std::vector<ShardedTensor> out;
   const int64_t H = cfg_.amax_history_len;
   for (size_t l = 0; l < names_.size(); ++l) {
@@ -231,6 +282,7 @@ std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int 
 
 void Fp8State::restore_checkpoint_tensors(const std::vector<dist_checkpointing::ShardedTensor>& ts,
                                           const std::vector<std::string>& loaded_keys) {
+  sync_host();  // roles not in the checkpoint keep their current state
   const int64_t H = cfg_.amax_history_len;
   for (size_t l = 0; l < names_.size(); ++l) {
     const std::string k = names_[l] + "._extra_state.fp8.";

@@ -10,8 +10,10 @@
 //     kernels and by cuBLASLt through device pointers).
 // Once per training step reduce_and_update() all-reduces (MAX) the step's amaxes over the amax
 // group (TP x DP x CP, Megatron's get_amax_reduction_group), records them into the histories,
-// updates every scale and copies the scales to the device: one device-to-host and one
-// host-to-device copy of 3 * num_layers_fp8 floats per step.
+// updates every scale. On the CPU the host metas are the state. On a GPU the histories live on the
+// device too (a ring per role) and the whole update is one kernel (ops::cuda::fp8_update_scales):
+// no host synchronization and no copies per step; the host metas are refreshed from the device
+// only when read through host_scale()/host_meta()/checkpoint_tensors().
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,16 @@ class Fp8State {
 
   const Fp8Config& config() const { return cfg_; }
   int num_roles() const { return static_cast<int>(metas_.size()); }
-  const Fp8TensorMeta& meta(int role) const { return metas_.at(role); }
+  /// Role r's FP8 dtype (never changes; no device access).
+  DType dtype(int role) const { return metas_.at(role).dtype; }
+  /// Role r's meta (history, scale, scale_inv), current: on a GPU, after a step boundary, the first
+  /// read copies the state back from the device (a device-to-host copy; free on the CPU). Hot
+  /// paths use dtype().
+  const Fp8TensorMeta& meta(int role) const {
+    sync_host();
+    return metas_.at(role);
+  }
+  const Fp8TensorMeta& host_meta(int role) const { return meta(role); }
   const std::string& linear_name(int base) const { return names_.at(base / kNumRoles); }
 
   /// Device views of role r's scale / scale_inv / current-step amax (float32 [1]).
@@ -58,8 +69,8 @@ class Fp8State {
   Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).
-  float host_scale(int r) const { return metas_.at(r).scale; }
-  float host_scale_inv(int r) const { return metas_.at(r).scale_inv; }
+  float host_scale(int r) const { return host_meta(r).scale; }
+  float host_scale_inv(int r) const { return host_meta(r).scale_inv; }
 
   /// Whether quantizations record their amax (training forward/backward); evaluation forwards
   /// do not feed the histories.
@@ -162,10 +173,15 @@ class Fp8State {
  private:
   void ensure_device();
   void push_scales();
+  void sync_host() const;  // GPU: device histories/scales -> metas_ (if changed since)
 
   Fp8Config cfg_;
   Device device_;
-  std::vector<Fp8TensorMeta> metas_;
+  mutable std::vector<Fp8TensorMeta> metas_;
+  // GPU: histories [R, H] (ring, logical entry i at (hist_pos_ + i) % H), fp8 max per role.
+  Tensor d_hist_, d_fmax_;
+  int64_t hist_pos_ = 0;
+  mutable bool host_stale_ = false;
   std::vector<std::string> names_;
   Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   Tensor d_param_si_;  // float32, one slot per linear: FP8 parameters' scale_inv

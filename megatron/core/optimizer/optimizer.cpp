@@ -242,11 +242,42 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   //    weight-derived values, e.g. the FP8 weight casts, are rebuilt at the next forward).
   ++step_;
   bump_param_version();
+  // Every device tensor in one multi-tensor Adam launch (per model-param dtype) when the CUDA
+  // backend takes them all; otherwise one fused kernel per tensor below (same arithmetic).
+  [[maybe_unused]] bool device_done = false;
+#ifdef MEGATRON_WITH_CUDA
+  if (config_.optimizer == "adam") {
+    std::vector<ops::cuda::AdamTensor> ts;
+    for (const auto& grp : groups_)
+      for (size_t i : grp.params) {
+        if (main_params_[i].is_cpu()) continue;
+        ops::cuda::AdamTensor t;
+        t.param = &main_params_[i];
+        t.grad = &grads_[i];
+        t.exp_avg = &exp_avg_[i];
+        t.exp_avg_sq = &exp_avg_sq_[i];
+        t.model_param = separate_main_[i] ? &params_[i].param : nullptr;
+        t.lr = static_cast<float>(grp.lr);
+        t.weight_decay = static_cast<float>(grp.weight_decay);
+        ts.push_back(t);
+      }
+    if (!ts.empty()) {
+      ops::AdamParams ap;
+      ap.beta1 = static_cast<float>(config_.adam_beta1);
+      ap.beta2 = static_cast<float>(config_.adam_beta2);
+      ap.eps = static_cast<float>(config_.adam_eps);
+      ap.step = step_;
+      ap.decoupled = config_.decoupled_weight_decay;
+      device_done = ops::cuda::adam_step_multi(ts, ap, fused_clip);
+    }
+  }
+#endif
   for (const auto& grp : groups_) {
     for (size_t i : grp.params) {
       Tensor& mp = main_params_[i];
       const Tensor& g = grads_[i];
       const int64_t n = mp.numel();
+      if (!mp.is_cpu() && device_done) continue;
       if (!mp.is_cpu()) {
         // Device tensors: one fused Adam(W) kernel that also writes the bf16/fp16 model param.
         MEGATRON_CHECK(config_.optimizer == "adam") << "device optimizer " << config_.optimizer;

@@ -27,11 +27,23 @@ namespace {
   return on;
 }
 
-Shape with_last(const Tensor& x, int64_t last) {
-  Shape s = x.shape();
+// MEGATRON_DGELU_EPILOGUE=1: fc2's dgrad GEMM applies the GeLU backward and yields fc1's bias
+// gradient (cuBLASLt DGELU_BGRAD; the default before Session 4). Default: a plain dgrad GEMM, then
+// one pass of our gelu_backward_bgrad kernel (cuBLASLt ran that epilogue as a separate 1.2 ms
+// kernel per GPT-2 layer).
+[[maybe_unused]] bool dgelu_epilogue_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRON_DGELU_EPILOGUE");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+Shape with_last_shape(Shape s, int64_t last) {
   s.back() = last;
   return s;
 }
+Shape with_last(const Tensor& x, int64_t last) { return with_last_shape(x.shape(), last); }
 
 ParamRef add_param(ParamRegistry& reg, const std::string& name, Shape global, int partition_dim, int stride,
                    const TPContext& tp, InitKind init, float std, bool is_embedding_or_output) {
@@ -73,6 +85,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   // needs the gathered input too, but only the shard is kept (1/TP of the memory; re-gathered).
   ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
   ctx.input = x;
+  ctx.fp8_input_t = Tensor();
   const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
   Tensor y = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
   if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
@@ -98,15 +111,46 @@ Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, 
   return pre;
 }
 
+fp8::Fp8State* ColumnParallelLinear::fused_fp8_input(const Tensor& like, int* base) const {
+  if (!fp8_ || bias_.defined() || (tp_.sequence_parallel && tp_.size() > 1) || !fp8::fused_input_ok(*fp8_, like))
+    return nullptr;
+  *base = fp8_base_;
+  return fp8_.get();
+}
+
+Tensor ColumnParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx) const {
+  MEGATRON_CHECK(fp8_ && xq.defined() && !bias_.defined()) << "ColumnParallelLinear::forward_fp8";
+  ctx.regather = false;
+  ctx.input = Tensor();
+  ctx.input_shape = xq.shape;
+  ctx.fp8_input_t = xq.q_t;
+  Tensor y = Tensor::empty(with_last_shape(xq.shape, out_local_), xq.dtype, xq.q.device());
+  fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq);
+  return y;
+}
+
+Tensor ColumnParallelLinear::backward_fp8(const fp8::Fp8Input& dyq, const LinearCtx& ctx, bool need_dx) const {
+  MEGATRON_CHECK(fp8_ && dyq.defined() && !bias_.defined() && !ctx.regather) << "ColumnParallelLinear::backward_fp8";
+  Tensor dx;
+  if (need_dx) dx = Tensor::empty(ctx.in_shape(), dyq.dtype, dyq.q.device());
+  fp8::linear_backward(*fp8_, fp8_base_, Tensor(), ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
+                       nullptr, /*accumulate=*/true, &ctx.fp8_input_t, &dyq);
+  if (need_dx && tp_.size() > 1) {
+    if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
+    tp_.group->all_reduce(dx);
+  }
+  return dx;
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done) const {
   // The forward's (gathered) input, bit-identical to what forward multiplied.
   const Tensor input = ctx.regather ? gather_along_first_dim(ctx.input, *tp_.group) : ctx.input;
   Tensor dx;
-  if (need_dx) dx = Tensor::empty(input.shape(), dy.dtype(), dy.device());
+  if (need_dx) dx = Tensor::empty(ctx.regather ? input.shape() : ctx.in_shape(), dy.dtype(), dy.device());
   Tensor* db = bias_.defined() && !bias_grad_done ? &bias_.grad() : nullptr;
   if (fp8_)
     fp8::linear_backward(*fp8_, fp8_base_, dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db,
-                         /*accumulate=*/true);
+                         /*accumulate=*/true, &ctx.fp8_input_t);
   else
     ops::linear_backward(dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db, /*accumulate=*/true);
   if (need_dx && tp_.size() > 1) {
@@ -125,14 +169,21 @@ RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& pref
 
 Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = x;
+  ctx.fp8_input_t = Tensor();
   Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
   // Without TP there is no reduction between the GEMM and the bias: the bias goes into the
   // GEMM (the cuBLASLt BIAS epilogue on CUDA) instead of a separate pass over y.
   const bool bias_in_gemm = bias_.defined() && tp_.size() == 1;
   const Tensor* b = bias_in_gemm ? &bias_.data() : nullptr;
-  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), b, y);
+  // FP8: the input's quantize also writes its transpose, kept for this micro-batch's wgrad GEMM
+  // (one read of x instead of a second one in backward; where fp8::fused_input_ok).
+  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), b, y, nullptr, &ctx.fp8_input_t);
   else ops::linear_forward(x, weight_.data(), b, y);
   if (bias_in_gemm) return y;
+  return finish_forward(std::move(y));
+}
+
+Tensor RowParallelLinear::finish_forward(Tensor y) const {
   if (tp_.size() > 1) {
     if (tp_.sequence_parallel)
       y = reduce_scatter_along_first_dim(y, *tp_.group);  // out of the TP region into the sequence shards
@@ -143,8 +194,39 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   return y;
 }
 
+fp8::Fp8State* RowParallelLinear::fused_fp8_input(const Tensor& like, int* base) const {
+  if (!fp8_ || bias_.defined() || !fp8::fused_input_ok(*fp8_, like)) return nullptr;
+  *base = fp8_base_;
+  return fp8_.get();
+}
+
+Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, const Tensor* residual) const {
+  MEGATRON_CHECK(fp8_ && xq.defined() && !bias_.defined()) << "RowParallelLinear::forward_fp8";
+  ctx.input = Tensor();
+  ctx.input_shape = xq.shape;
+  ctx.fp8_input_t = xq.q_t;
+  Tensor y = Tensor::empty(with_last_shape(xq.shape, out_), xq.dtype, xq.q.device());
+  if (residual && tp_.size() == 1 && gemm_epilogues_enabled()) {
+    // The residual in the FP8 GEMM's epilogue, as forward_add.
+    fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq, nullptr, residual);
+    return y;
+  }
+  fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq);
+  y = finish_forward(std::move(y));
+  if (residual) ops::add_(y, *residual);
+  return y;
+}
+
 Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const {
 #ifdef MEGATRON_WITH_CUDA
+  if (fp8_ && tp_.size() == 1 && !bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
+    // FP8: the residual goes into the FP8 GEMM's epilogue (fp8::linear_forward), as in bf16 below.
+    ctx.input = x;
+    ctx.fp8_input_t = Tensor();
+    Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
+    fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y, nullptr, &ctx.fp8_input_t, &residual);
+    return y;
+  }
   if (!fp8_ && tp_.size() == 1 && x.is_cuda() && gemm_epilogues_enabled()) {
     ctx.input = x;
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
@@ -162,10 +244,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bo
   // the TP sum of the shards' bias gradients (Megatron computes per shard, then all-reduces).
   const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
   Tensor dx;
-  if (need_dx) dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
+  if (need_dx) dx = Tensor::empty(ctx.in_shape(), dy.dtype(), dy.device());
   if (fp8_)
     fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true, &ctx.fp8_input_t);
   else
     ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
                          bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
@@ -176,6 +258,16 @@ Tensor RowParallelLinear::backward_dgelu(const Tensor& dy_in, const LinearCtx& c
                                          Tensor* pre_bias_grad, bool* bias_grad_done) const {
   if (bias_grad_done) *bias_grad_done = false;
 #ifdef MEGATRON_WITH_CUDA
+  if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled() && !dgelu_epilogue_enabled()) {
+    Tensor dact = backward(dy_in, ctx, /*need_dx=*/true);
+    Tensor dpre = Tensor::empty(pre.shape(), dact.dtype(), dact.device());
+    if (ops::cuda::gelu_backward_bgrad(dact, pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
+      if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
+    } else {
+      ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
+    }
+    return dpre;
+  }
   if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled()) {
     const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
     Tensor dpre = Tensor::empty(pre.shape(), dy.dtype(), dy.device());

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "megatron/core/distributed/process_group.h"
+#include "megatron/core/fp8/fp8_input.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/module.h"
 
@@ -29,6 +30,12 @@ namespace megatron::tensor_parallel {
 struct LinearCtx {
   Tensor input;
   bool regather = false;  // input is the sequence shard; backward all-gathers it over TP
+  // FP8: the input's FP8 transpose made in forward (by a fused producer or the forward's
+  // quantize) for the wgrad GEMM. With a fused producer `input` stays undefined (no bf16 copy
+  // exists) and input_shape holds its shape.
+  Tensor fp8_input_t;
+  Shape input_shape;
+  Shape in_shape() const { return input.defined() ? input.shape() : input_shape; }
 };
 
 /// Options shared by the TP layers.
@@ -73,6 +80,15 @@ class ColumnParallelLinear {
   transformer::ParamRef weight() const { return weight_; }
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
   void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
+  /// The FP8 state when this layer's input may come quantized from a fused producer
+  /// (fp8::rmsnorm_fp8; needs FP8, no bias, no sequence-parallel gather, fp8::fused_input_ok for
+  /// `like`), with *base its role base; else nullptr.
+  fp8::Fp8State* fused_fp8_input(const Tensor& like, int* base) const;
+  /// forward() for an input already quantized by its producer (see fused_fp8_input).
+  Tensor forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx) const;
+  /// backward() for an output gradient already quantized by its producer
+  /// (fp8::swiglu_backward_fp8; the conditions of fused_fp8_input hold): dx in dyq.dtype.
+  Tensor backward_fp8(const fp8::Fp8Input& dyq, const LinearCtx& ctx, bool need_dx) const;
 
  private:
   transformer::ParamRef weight_, bias_;
@@ -94,23 +110,32 @@ class RowParallelLinear {
                     int64_t output_size, bool bias, float init_std, const TPContext& tp);
   /// x [..., in/TP] -> y [..., out].
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
-  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16,
-  /// no FP8) one GEMM adds bias and residual in its epilogue (C = residual, beta 1); otherwise
-  /// forward + add_. The backward is backward() (dy passes to the residual unchanged).
+  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16)
+  /// one GEMM adds bias and residual in its epilogue (C = residual, beta 1); with FP8 likewise in
+  /// the FP8 GEMM when there is no bias; otherwise forward + add_ (MEGATRON_GEMM_EPILOGUES=0 too).
+  /// The backward is backward() (dy passes to the residual unchanged).
   Tensor forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx) const;
   /// backward whose dx GEMM also applies the tanh-GeLU backward: returns d(pre) =
   /// gelu'(pre) * dx for the GeLU input `pre` of this layer's input (fc2 after fc1 + GeLU) and,
   /// with pre_bias_grad, accumulates Σ_rows d(pre) into it (fc1's bias gradient; *bias_grad_done
-  /// says whether that happened). On CUDA bf16/fp16 without FP8, cuBLASLt's DGELU_BGRAD epilogue
-  /// (unless MEGATRON_GEMM_EPILOGUES=0); otherwise backward + gelu_backward (bias_grad_done false).
+  /// says whether that happened). On CUDA bf16/fp16 without FP8: backward, then one pass of
+  /// ops::cuda::gelu_backward_bgrad (GeLU backward + fc1's bias gradient), or cuBLASLt's
+  /// DGELU_BGRAD epilogue with MEGATRON_DGELU_EPILOGUE=1; with MEGATRON_GEMM_EPILOGUES=0 and
+  /// elsewhere backward + gelu_backward (bias_grad_done false).
   Tensor backward_dgelu(const Tensor& dy, const LinearCtx& ctx, const Tensor& pre, Tensor* pre_bias_grad,
                         bool* bias_grad_done) const;
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
   void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
+  /// As ColumnParallelLinear::fused_fp8_input (FP8, no bias, fp8::fused_input_ok).
+  fp8::Fp8State* fused_fp8_input(const Tensor& like, int* base) const;
+  /// forward() / forward_add() (residual != nullptr) for an input already quantized by its
+  /// producer (fp8::swiglu_fp8).
+  Tensor forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, const Tensor* residual) const;
 
  private:
+  Tensor finish_forward(Tensor y) const;  // TP reduction + bias after the GEMM
   transformer::ParamRef weight_, bias_;
   int64_t in_local_, out_;
   TPContext tp_;

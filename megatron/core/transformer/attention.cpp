@@ -2,6 +2,10 @@
 
 #include <cmath>
 
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#endif
+
 namespace megatron::transformer {
 
 SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
@@ -31,11 +35,36 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   }
 }
 
-Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual) const {
-  Tensor qkv = linear_qkv_->forward(x, ctx.qkv);
+Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual,
+                             const fp8::Fp8Input* xq) const {
+  Tensor qkv = xq ? linear_qkv_->forward_fp8(*xq, ctx.qkv) : linear_qkv_->forward(x_in, ctx.qkv);
+  const Tensor& x = qkv;  // dtype and device of the activations below
   const int64_t s = qkv.size(0), b = qkv.size(1), d = config_.kv_channels;  // s: full sequence with SP
   ctx.rope_positions = fc.rotary_position_ids;
   const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;
+  ctx.q = ctx.k = ctx.v = Tensor();
+#ifdef MEGATRON_WITH_CUDA
+  // MHA without RoPE / qk-layernorm / CP / mask / dropout on CUDA: cuDNN reads Q, K, V straight
+  // from the fused QKV output (no split copies; same values as the split path below).
+  const float dropout = fc.training ? config_.attention_dropout : 0.0f;
+  const bool cp = fc.cp_group && fc.cp_group->size() > 1;
+  if (qkv.is_cuda() && !rope_.enabled && !q_layernorm_ && heads_local_ == groups_local_ && !cp &&
+      !fc.attention_mask.defined() && dropout == 0.0f) {
+    ctx.params = {};
+    ctx.params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    ctx.params.causal = true;
+    ctx.mask = Tensor();
+    ctx.cp_group = nullptr;
+    ctx.out = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
+    ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
+    if (ops::cuda::attention_forward_packed_qkv(qkv, heads_local_, ctx.params, ctx.out, ctx.lse)) {
+      ctx.qkv_out = qkv;
+      if (residual) return linear_proj_->forward_add(ctx.out.view({s, b, heads_local_ * d}), ctx.proj, *residual);
+      return linear_proj_->forward(ctx.out.view({s, b, heads_local_ * d}), ctx.proj);
+    }
+  }
+#endif
+  ctx.qkv_out = Tensor();
   ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
   ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
   ctx.v = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
@@ -77,6 +106,28 @@ Tensor SelfAttention::forward(const Tensor& x, ForwardContext& fc, AttentionCtx&
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, AttentionCtx& ctx) const {
+  if (ctx.qkv_out.defined()) {  // the packed forward (CUDA, see forward)
+    const Tensor& qkv = ctx.qkv_out;
+    Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.out.shape());
+    Tensor dqkv = Tensor::empty(qkv.shape(), dy.dtype(), dy.device());
+#ifdef MEGATRON_WITH_CUDA
+    if (!ops::cuda::attention_backward_packed_qkv(dout, qkv, heads_local_, ctx.out, ctx.lse, ctx.params, dqkv))
+#endif
+    {
+      // cuDNN took the forward but not this backward: split now and run the general path.
+      ops::RopeParams no_rope;
+      Tensor q = Tensor::empty(ctx.out.shape(), qkv.dtype(), qkv.device());
+      Tensor k = Tensor::empty(ctx.out.shape(), qkv.dtype(), qkv.device());
+      Tensor v = Tensor::empty(ctx.out.shape(), qkv.dtype(), qkv.device());
+      ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, no_rope, nullptr, q, k, v);
+      Tensor dq = Tensor::empty(q.shape(), dy.dtype(), dy.device());
+      Tensor dk = Tensor::empty(k.shape(), dy.dtype(), dy.device());
+      Tensor dv = Tensor::empty(v.shape(), dy.dtype(), dy.device());
+      ops::attention_backward(dout, q, k, v, ctx.out, ctx.lse, ctx.params, dq, dk, dv);
+      ops::qkv_split_rope_backward(dq, dk, dv, heads_local_, groups_local_, no_rope, nullptr, dqkv);
+    }
+    return linear_qkv_->backward(dqkv, ctx.qkv, true);
+  }
   const int64_t s = ctx.q.size(0), b = ctx.q.size(1), d = config_.kv_channels;  // dy: sequence shard with SP
   ctx.params.attention_mask = ctx.mask.defined() ? &ctx.mask : nullptr;
   Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.q.shape());

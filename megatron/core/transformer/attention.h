@@ -21,6 +21,7 @@ struct AttentionCtx {
   tensor_parallel::LinearCtx qkv, proj;
   NormCtx q_norm, k_norm;    // with qk_layernorm
   Tensor q, k, v, out, lse;  // core attention inputs/outputs
+  Tensor qkv_out;  // packed path (CUDA, MHA without RoPE): the fused QKV output; q, k, v undefined
   ops::AttentionParams params;
   Tensor mask;  // keeps params.attention_mask alive
   Tensor rope_positions;  // RoPE positions of the forward (undefined = 0..s-1)
@@ -38,7 +39,12 @@ class SelfAttention {
                 const tensor_parallel::TPContext& tp);
   /// With `residual`: returns attention(x) + residual (added in the output projection's GEMM
   /// where possible, RowParallelLinear::forward_add).
-  Tensor forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual = nullptr) const;
+  /// `xq`: the input already quantized for linear_qkv by its producer (x then unused; see
+  /// fused_fp8_input).
+  Tensor forward(const Tensor& x, ForwardContext& fc, AttentionCtx& ctx, const Tensor* residual = nullptr,
+                 const fp8::Fp8Input* xq = nullptr) const;
+  /// linear_qkv's FP8 state (and *base) when its input may come quantized from the norm before it.
+  fp8::Fp8State* fused_fp8_input(const Tensor& like, int* base) const { return linear_qkv_->fused_fp8_input(like, base); }
   Tensor backward(const Tensor& dy, AttentionCtx& ctx) const;
 
  private:

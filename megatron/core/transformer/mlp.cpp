@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
 
 namespace megatron::transformer {
@@ -21,7 +22,8 @@ MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig&
   }
 }
 
-Tensor MLP::forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual) const {
+Tensor MLP::forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual, const fp8::Fp8Input* xq) const {
+  MEGATRON_CHECK(!xq || config_.gated_linear_unit) << "MLP::forward: a pre-quantized input needs SwiGLU";
   auto fc2 = [&](const Tensor& act) {
     return residual ? linear_fc2_->forward_add(act, ctx.fc2, *residual) : linear_fc2_->forward(act, ctx.fc2);
   };
@@ -31,10 +33,18 @@ Tensor MLP::forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual) const 
     ctx.fc1_out = linear_fc1_->forward_bias_gelu(x, ctx.fc1, act);
     return fc2(act);
   }
-  ctx.fc1_out = linear_fc1_->forward(x, ctx.fc1);
+  ctx.fc1_out = xq ? linear_fc1_->forward_fp8(*xq, ctx.fc1) : linear_fc1_->forward(x, ctx.fc1);
+  if (config_.gated_linear_unit) {
+    // FP8: SwiGLU writes fc2's FP8 input (and its transpose) instead of a bf16 activation.
+    int base = -1;
+    if (fp8::Fp8State* st = linear_fc2_->fused_fp8_input(ctx.fc1_out, &base)) {
+      const fp8::Fp8Input aq = fp8::swiglu_fp8(*st, base, ctx.fc1_out);
+      if (aq.defined()) return linear_fc2_->forward_fp8(aq, ctx.fc2, residual);
+    }
+  }
   Shape s = ctx.fc1_out.shape();
   if (config_.gated_linear_unit) s.back() /= 2;
-  Tensor act = Tensor::empty(s, x.dtype(), x.device());
+  Tensor act = Tensor::empty(s, ctx.fc1_out.dtype(), ctx.fc1_out.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_forward(ctx.fc1_out, act);
   } else {
@@ -51,6 +61,14 @@ Tensor MLP::backward(const Tensor& dy, MLPCtx& ctx) const {
     return linear_fc1_->backward(dfc1, ctx.fc1, true, fc1_bias_done);
   }
   Tensor dact = linear_fc2_->backward(dy, ctx.fc2, true);
+  if (config_.gated_linear_unit) {
+    // FP8: the SwiGLU backward writes fc1's FP8 output gradient (and its transpose) directly.
+    int base = -1;
+    if (fp8::Fp8State* st = linear_fc1_->fused_fp8_input(ctx.fc1_out, &base)) {
+      const fp8::Fp8Input gq = fp8::swiglu_backward_fp8(*st, base, dact, ctx.fc1_out);
+      if (gq.defined()) return linear_fc1_->backward_fp8(gq, ctx.fc1, true);
+    }
+  }
   Tensor dfc1 = Tensor::empty(ctx.fc1_out.shape(), dy.dtype(), dy.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_backward(dact, ctx.fc1_out, dfc1);

@@ -21,7 +21,16 @@ class MLP {
   MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
       const tensor_parallel::TPContext& tp);
   /// With `residual`: returns mlp(x) + residual (added in fc2's GEMM where possible).
-  Tensor forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual = nullptr) const;
+  /// `xq`: the input already quantized for linear_fc1 by its producer (x then unused; see
+  /// fused_fp8_input). With FP8 and SwiGLU the activation is quantized for linear_fc2 inside the
+  /// SwiGLU kernel (fp8::swiglu_fp8) where it applies.
+  Tensor forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual = nullptr,
+                 const fp8::Fp8Input* xq = nullptr) const;
+  /// linear_fc1's FP8 state (and *base) when its input may come quantized from the norm before it
+  /// (SwiGLU MLPs only).
+  fp8::Fp8State* fused_fp8_input(const Tensor& like, int* base) const {
+    return config_.gated_linear_unit ? linear_fc1_->fused_fp8_input(like, base) : nullptr;
+  }
   Tensor backward(const Tensor& dy, MLPCtx& ctx) const;
 
  private:

@@ -1,5 +1,6 @@
 #include "megatron/core/transformer/norm.h"
 
+#include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -38,6 +39,17 @@ Tensor Norm::forward(const Tensor& x, NormCtx& ctx) const {
     ops::layernorm_forward(x, weight_.data(), bias_.data(), eps_, zero_centered_, y, ctx.mean, ctx.rstd);
   }
   return y;
+}
+
+fp8::Fp8Input Norm::forward_fp8(const Tensor& x, NormCtx& ctx, fp8::Fp8State& st, int base) const {
+  if (!rms_) return {};
+  const int64_t rows = x.numel() / x.size(-1);
+  Tensor rstd = Tensor::empty({rows}, DType::kFloat32, x.device());
+  fp8::Fp8Input q = fp8::rmsnorm_fp8(st, base, x, weight_.data(), eps_, zero_centered_, rstd);
+  if (!q.defined()) return {};
+  ctx.input = x;
+  ctx.rstd = rstd;
+  return q;
 }
 
 Tensor Norm::backward(const Tensor& dy, const NormCtx& ctx, const Tensor* dresidual) const {

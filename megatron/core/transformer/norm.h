@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megatron/core/fp8/fp8_input.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/transformer/transformer_config.h"
 
@@ -22,6 +23,10 @@ class Norm {
   Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config);
   /// x [..., hidden] -> y, same shape/dtype.
   Tensor forward(const Tensor& x, NormCtx& ctx) const;
+  /// RMSNorm forward whose output goes straight into the FP8 input of the linear at `base` of
+  /// `st` (fp8::rmsnorm_fp8: no bf16 output). Returns an undefined Fp8Input (ctx untouched) for
+  /// LayerNorm or where the fused kernel does not apply; then call forward().
+  fp8::Fp8Input forward_fp8(const Tensor& x, NormCtx& ctx, fp8::Fp8State& st, int base) const;
   /// dy -> dx; accumulates the weight (and bias) gradients. With `dresidual` (dy's shape and
   /// dtype) returns dx + dresidual, added inside the norm's backward pass on CUDA.
   Tensor backward(const Tensor& dy, const NormCtx& ctx, const Tensor* dresidual = nullptr) const;

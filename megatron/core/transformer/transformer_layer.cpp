@@ -31,22 +31,38 @@ TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix
   mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp);
 }
 
+namespace {
+// norm(x) for the sublayer after it: with FP8 where it applies, straight into the sublayer's first
+// linear's FP8 input (*q defined, no bf16 output); otherwise the plain norm output.
+template <class Sublayer>
+Tensor norm_into(const Norm& norm, const Sublayer& next, const Tensor& x, NormCtx& nctx, fp8::Fp8Input* q) {
+  int base = -1;
+  if (fp8::Fp8State* st = next.fused_fp8_input(x, &base)) {
+    *q = norm.forward_fp8(x, nctx, *st, base);
+    if (q->defined()) return Tensor();
+  }
+  return norm.forward(x, nctx);
+}
+}  // namespace
+
 Tensor TransformerLayer::forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const {
   ctx.hidden_dropout = config_.hidden_dropout;
-  Tensor ln1 = input_layernorm_->forward(x, ctx.input_layernorm);
+  fp8::Fp8Input ln1q, ln2q;
+  auto qp = [](const fp8::Fp8Input& q) { return q.defined() ? &q : nullptr; };
+  Tensor ln1 = norm_into(*input_layernorm_, *self_attention_, x, ctx.input_layernorm, &ln1q);
   if (!(fc.training && config_.hidden_dropout > 0.0f)) {
     // No hidden dropout: each residual add goes into the sublayer's last GEMM (its epilogue reads
     // the residual as C) instead of a separate pass over the activation.
     ctx.attn_dropout_mask = Tensor();
     ctx.mlp_dropout_mask = Tensor();
-    Tensor x1 = self_attention_->forward(ln1, fc, ctx.attention, &x);
-    Tensor ln2 = pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm);
-    return mlp_->forward(ln2, ctx.mlp, &x1);
+    Tensor x1 = self_attention_->forward(ln1, fc, ctx.attention, &x, qp(ln1q));
+    Tensor ln2 = norm_into(*pre_mlp_layernorm_, *mlp_, x1, ctx.pre_mlp_layernorm, &ln2q);
+    return mlp_->forward(ln2, ctx.mlp, &x1, qp(ln2q));
   }
-  Tensor attn = self_attention_->forward(ln1, fc, ctx.attention);
+  Tensor attn = self_attention_->forward(ln1, fc, ctx.attention, nullptr, qp(ln1q));
   Tensor x1 = dropout_add(attn, x, config_.hidden_dropout, fc, ctx.attn_dropout_mask);
-  Tensor ln2 = pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm);
-  Tensor mlp = mlp_->forward(ln2, ctx.mlp);
+  Tensor ln2 = norm_into(*pre_mlp_layernorm_, *mlp_, x1, ctx.pre_mlp_layernorm, &ln2q);
+  Tensor mlp = mlp_->forward(ln2, ctx.mlp, nullptr, qp(ln2q));
   return dropout_add(mlp, x1, config_.hidden_dropout, fc, ctx.mlp_dropout_mask);
 }
 

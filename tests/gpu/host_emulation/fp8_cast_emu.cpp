@@ -1,5 +1,6 @@
 // Host emulation of the FP8 quantize kernels of megatron/core/ops/cuda/fp8_cast.cu (see
-// fp8_cast_run.sh): the kernel source (pack8, quantize_rows_kernel, quantize_transpose_vec_kernel)
+// fp8_cast_run.sh): the kernel source (pack8, quantize_rows_kernel, quantize_transpose_vec_kernel and
+// the fused swiglu/rmsnorm quantize kernels on the same tile)
 // compiled as C++ with host stand-ins for the CUDA intrinsics; each block's 256 threads run as
 // std::threads meeting at a std::barrier at every __syncthreads. The FP8 conversions are the CPU
 // emulation's float_to_e4m3_bits / float_to_e5m2_bits (proven bit-exact to CUDA's cvt on the H200
@@ -80,6 +81,17 @@ template <class T>
 inline void ld8(const T* p, int64_t i, int64_t n, bool vec, float (&f)[8]) {
   for (int j = 0; j < 8; ++j) f[j] = (i + j < n) ? to_f(p[i + j]) : 0.0f;
   (void)vec;
+}
+template <class T>
+inline T from_f(float x);
+template <>
+inline float from_f<float>(float x) { return x; }
+template <>
+inline bf16_t from_f<bf16_t>(float x) {  // round to nearest even (finite inputs), as __float2bfloat16_rn
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t{(uint16_t)(u >> 16)};
 }
 template <int kFmt>
 inline uint8_t to_fp8(float v) { return cvt(v, kFmt == 0 ? __NV_E4M3 : __NV_E5M2); }
@@ -163,6 +175,62 @@ int main() {
                       fmt ? "e5m2" : "e4m3", mode ? "q_t only" : "q + q_t");
         report(bad == 0 && amax == amax_ref, name, bad, amax, amax_ref);
       }
+  // Fused producers (SwiGLU, RMSNorm apply) through the same tile: the value is what the unfused
+  // kernel writes in bf16 (computed here by the same formulas), then quantized; q + q_t, amax.
+  auto bf = [](float f) { return from_f<bf16_t>(f); };
+  for (auto sh : {std::pair<int64_t, int64_t>{272, 264}, {144, 392}, {16, 8}, {272, 272}, {144, 400}, {16, 16}})
+    for (int which = 0; which < 3; ++which) {  // 0: SwiGLU, 1: RMSNorm, 2: SwiGLU backward (C = 2f)
+      const int64_t R = sh.first, C = sh.second;
+      if (which == 2 && C % 16 != 0) continue;
+      const int64_t F = C / 2;
+      std::vector<bf16_t> x(which == 0 ? R * 2 * C : R * C), gamma(C), dy(R * F);
+      for (auto& v : dy) v = bf(nd(rng));
+      std::vector<float> rstd(R);
+      for (auto& v : x) v = bf(nd(rng));
+      for (auto& v : gamma) v = bf(0.2f * nd(rng));
+      for (auto& v : rstd) v = 0.5f + std::fabs(nd(rng));
+      std::vector<float> ref(R * C);
+      float amax_ref = 0;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          float v;
+          if (which == 0) {
+            const float g = to_f(x[r * 2 * C + c]), u = to_f(x[r * 2 * C + C + c]);
+            v = to_f(bf(g / (1.0f + expf(-g)) * u));
+          } else if (which == 2) {  // x [R, C] = [gate | up], dy [R, F]
+            const int64_t cc = c % F;
+            const float g = to_f(x[r * C + cc]), u = to_f(x[r * C + F + cc]), d = to_f(dy[r * F + cc]);
+            const float sg = 1.0f / (1.0f + expf(-g)), s = g * sg;
+            v = to_f(bf(c >= F ? d * s : d * u * sg * (1.0f + g * (1.0f - sg))));
+          } else {
+            v = to_f(bf((to_f(x[r * C + c]) - 0.0f) * rstd[r] * (to_f(gamma[c]) + 1.0f) + 0.0f));
+          }
+          ref[r * C + c] = v;
+          amax_ref = std::max(amax_ref, std::fabs(v));
+        }
+      std::vector<uint8_t> q(R * C, 0xEE), qt(R * C, 0xEE);
+      float amax = 0;
+      launch((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128), [&] {
+        if (which == 0)
+          swiglu_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), R, C, &scale, &amax, q.data(), qt.data());
+        else if (which == 2)
+          swiglu_bwd_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), dy.data(), R, F, &scale, &amax, q.data(), qt.data());
+        else
+          rmsnorm_quantize_kernel<bf16_t, bf16_t, bf16_t, 0>(x.data(), gamma.data(), rstd.data(), R, C, 1.0f, &scale,
+                                                            &amax, q.data(), qt.data());
+      }, true);
+      long long bad = 0;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          const uint8_t b = cvt(ref[r * C + c] * scale, 0);
+          bad += (q[r * C + c] != b) + (qt[c * R + r] != b);
+        }
+      char name[120];
+      std::snprintf(name, sizeof name, "%s+quantize+transpose %lldx%lld e4m3",
+                    which == 2 ? "swiglu_bwd" : which ? "rmsnorm" : "swiglu",
+                    (long long)R, (long long)C);
+      report(bad == 0 && amax == amax_ref, name, bad, amax, amax_ref);
+    }
   // The general 64 x 64 byte-tile kernel (fallback for other shapes), q + q_t.
   for (auto sh : {std::pair<int64_t, int64_t>{99, 143}, {100, 72}})
     for (int fmt = 0; fmt < 2; ++fmt) {

@@ -45,6 +45,32 @@ bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 /// type, then added). bf16/fp16; f % 8 == 0. Returns false, writing nothing, when unsupported.
 bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
                                  bool accumulate);
+/// Self-attention straight from the fused QKV GEMM output (cudnn_attention.cpp, gpt2perf):
+/// qkv [s, b, 3·h·d] bf16 in the interleaved [s, b, h, (q, k, v), d] layout (num_query_groups ==
+/// heads, no RoPE, no qk-layernorm), out [s, b, h, d], lse float32 [b, h, s], the same result as
+/// qkv_split_rope_forward (no RoPE) followed by attention_forward, without the split copies. The
+/// backward writes dQ, dK, dV into dqkv (qkv's layout) like attention_backward followed by
+/// qkv_split_rope_backward. cuDNN only: false (nothing written) when cuDNN is unavailable or
+/// rejects the call, with a mask or dropout, under MEGATRON_ATTENTION_BACKEND=flash/generic or
+/// MEGATRON_PACKED_QKV=0; callers then split and call attention_forward/backward.
+bool attention_forward_packed_qkv(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out,
+                                  Tensor& lse);
+bool attention_backward_packed_qkv(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out,
+                                   const Tensor& lse, const AttentionParams& p, Tensor& dqkv);
+/// GeLU (tanh approximation) backward with the bias gradient in the same pass (gelu_bgrad.cu):
+/// dpre[N,f] = dy[N,f] * gelu_tanh'(pre[N,f]) and, if dbias, dbias[f] (+)= Σ_rows dpre (the dpre
+/// values as stored, summed in fp32 in a fixed order, rounded once to dpre's dtype, then added:
+/// Megatron's bf16 bias .grad accumulated into the main grad). dy, pre, dpre bf16 or fp16 of one
+/// dtype, f % 8 == 0, 16-byte aligned. Returns false, writing nothing, otherwise. Replaces the
+/// cuBLASLt DGELU_BGRAD epilogue, which runs as a separate slow epilogue kernel at GPT-2 shapes
+/// (1.2 ms per call against 0.35 ms for this pass; docs/performance.md, Session 4).
+bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tensor* dbias, bool accumulate);
+/// Bias gradient of a linear layer: dbias[f] (+)= Σ_rows dy[rows, f], summed in fp32 in a fixed
+/// order (not rounded; fp32 or dy-typed dbias), one 16-byte-load pass over dy (gelu_bgrad.cu).
+/// bf16/fp16 dy, f % 8 == 0, 16-byte aligned; false (nothing written) otherwise. linear_backward
+/// uses it instead of cuBLASLt's BGRADB epilogue, which runs as a separate 78 µs-per-call kernel
+/// at GPT-2 shapes (MEGATRON_BGRADB=1 selects the epilogue again).
+bool bias_grad_colsum(const Tensor& dy, Tensor& dbias, bool accumulate);
 /// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out]) + residual[N,out] in one cuBLASLt GEMM (residual
 /// read as C with beta 1, y written as D, fp32 accumulation, rounded once). bf16/fp16 y, residual,
 /// bias; residual must not alias y. Returns false, writing nothing, when not applicable

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -44,6 +45,11 @@ std::string last_error() { return "built without cuDNN 9 headers"; }
 bool forward(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, Tensor&, Tensor&) { return false; }
 bool backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
               const AttentionParams&, Tensor&, Tensor&, Tensor&) {
+  return false;
+}
+bool forward_packed(const Tensor&, int64_t, const AttentionParams&, Tensor&, Tensor&) { return false; }
+bool backward_packed(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&, const AttentionParams&,
+                     Tensor&) {
   return false;
 }
 
@@ -332,17 +338,24 @@ struct Shape {
   bool causal;
   bool bwd;
   int dev;
-  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev); }
+  // packed: Q, K, V (and dQ, dK, dV) are the interleaved [s, b, h, (q, k, v), d] fused QKV tensor
+  // (one query head per K/V group): token stride 3·h·d, head stride 3·d.
+  bool packed = false;
+  auto key() const { return std::tie(b, hq, hk, s, sk, d, causal, bwd, dev, packed); }
   bool operator<(const Shape& o) const { return key() < o.key(); }
 };
 
-// Our layouts as cuDNN [b, h, s, d] dims/strides.
+// Our layouts as cuDNN [b, h, s, d] dims/strides (token stride `row`, head stride `hs`).
+int64_t q_row(const Shape& x) { return x.packed ? 3 * x.hq * x.d : x.hq * x.d; }
+int64_t kv_row(const Shape& x) { return x.packed ? 3 * x.hk * x.d : x.hk * x.d; }
+int64_t head_stride(const Shape& x) { return x.packed ? 3 * x.d : x.d; }
 Dims q_dims(const Shape& x) { return {x.b, x.hq, x.s, x.d}; }
-Dims q_strides(const Shape& x) { return {x.hq * x.d, x.d, x.b * x.hq * x.d, 1}; }
+Dims q_strides(const Shape& x) { return {q_row(x), head_stride(x), x.b * q_row(x), 1}; }
+Dims o_strides(const Shape& x) { return {x.hq * x.d, x.d, x.b * x.hq * x.d, 1}; }  // out, dout: always [s, b, h, d]
 Dims kt_dims(const Shape& x) { return {x.b, x.hk, x.d, x.sk}; }  // K transposed: [b, hk, d, sk]
-Dims kt_strides(const Shape& x) { return {x.hk * x.d, x.d, 1, x.b * x.hk * x.d}; }
+Dims kt_strides(const Shape& x) { return {kv_row(x), head_stride(x), 1, x.b * kv_row(x)}; }
 Dims kv_dims(const Shape& x) { return {x.b, x.hk, x.sk, x.d}; }
-Dims kv_strides(const Shape& x) { return {x.hk * x.d, x.d, x.b * x.hk * x.d, 1}; }
+Dims kv_strides(const Shape& x) { return {kv_row(x), head_stride(x), x.b * kv_row(x), 1}; }
 Dims stat_dims(const Shape& x) { return {x.b, x.hq, x.s, 1}; }
 Dims stat_strides(const Shape& x) { return {x.hq * x.s, x.s, 1, 1}; }
 Dims s_dims(const Shape& x) { return {x.b, x.hq, x.s, x.sk}; }
@@ -355,7 +368,7 @@ void build_forward(GraphBuilder& g, const Shape& x) {
   auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
   auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
   auto V = g.tensor(kV, BF, kv_dims(x), kv_strides(x), false);
-  auto O = g.tensor(kO, BF, q_dims(x), q_strides(x), false);
+  auto O = g.tensor(kO, BF, q_dims(x), o_strides(x), false);
   auto stats = g.tensor(kStats, F, stat_dims(x), stat_strides(x), false);
   const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
   auto S = g.virt(F, sd, ss);
@@ -385,9 +398,9 @@ void build_backward(GraphBuilder& g, const Shape& x) {
   auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
   auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
   auto VT = g.tensor(kV, BF, kt_dims(x), kt_strides(x), false);
-  auto O = g.tensor(kO, BF, q_dims(x), q_strides(x), false);
+  auto O = g.tensor(kO, BF, q_dims(x), o_strides(x), false);
   auto stats = g.tensor(kStats, F, rd, rs, false);
-  auto dO = g.tensor(kDO, BF, q_dims(x), q_strides(x), false);
+  auto dO = g.tensor(kDO, BF, q_dims(x), o_strides(x), false);
   auto dQ = g.tensor(kDQ, BF, q_dims(x), q_strides(x), false);
   auto dK = g.tensor(kDK, BF, kv_dims(x), kv_strides(x), false);
   auto dV = g.tensor(kDV, BF, kv_dims(x), kv_strides(x), false);
@@ -491,6 +504,23 @@ Shape make_shape(const Tensor& q, const Tensor& k, const AttentionParams& p, boo
   return x;
 }
 
+// The packed call's shape from qkv [s, b, 3·h·d] and out [s, b, h, d]; false if not packable.
+bool packed_shape(const Tensor& qkv, int64_t heads, const Tensor& out, const AttentionParams& p, bool bwd, Shape& x) {
+  if (p.attention_mask || p.dropout_p != 0.0f || heads <= 0) return false;
+  if (qkv.dtype() != DType::kBFloat16 || out.dtype() != DType::kBFloat16 || qkv.dim() != 3 || out.dim() != 4)
+    return false;
+  const int64_t s = qkv.size(0), b = qkv.size(1), d = out.size(3);
+  if (s <= 0 || b <= 0 || d % 8 != 0 || d > 256 || qkv.size(2) != 3 * heads * d || out.size(0) != s ||
+      out.size(1) != b || out.size(2) != heads)
+    return false;
+  if ((reinterpret_cast<uintptr_t>(qkv.data_ptr()) & 15u) || (reinterpret_cast<uintptr_t>(out.data_ptr()) & 15u))
+    return false;
+  x = Shape{b, heads, heads, s, s, d, p.causal, bwd, 0};
+  x.packed = true;
+  cudaGetDevice(&x.dev);
+  return true;
+}
+
 void execute(Plan& pl, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
   Descs vds;
   auto vp = vds.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -585,6 +615,91 @@ bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
   return ok;
 }
 
+bool forward_packed(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out, Tensor& lse) {
+  Shape x;
+  if (!packed_shape(qkv, heads, out, p, false, x)) return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  void* ws = nullptr;
+  if (pl->workspace > 0) CUDA_CHECK(cudaMallocAsync(&ws, pl->workspace, st));
+  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity();
+  char* base = static_cast<char*>(const_cast<void*>(qkv.data_ptr()));
+  const int64_t hb = x.d * 2;  // bytes of one head's q (or k, v) in a group
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {base, base + hb, base + 2 * hb, out.data_ptr(), lse.data_ptr(), &scale};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, ws);
+  if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
+  return ok;
+}
+
+bool backward_packed(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out, const Tensor& lse,
+                     const AttentionParams& p, Tensor& dqkv) {
+  Shape x;
+  if (!packed_shape(qkv, heads, out, p, true, x)) return false;
+  if (dqkv.shape() != qkv.shape() || dqkv.dtype() != qkv.dtype() || dout.shape() != out.shape() ||
+      dout.dtype() != out.dtype() || (reinterpret_cast<uintptr_t>(dqkv.data_ptr()) & 15u) ||
+      (reinterpret_cast<uintptr_t>(dout.data_ptr()) & 15u))
+    return false;
+  std::lock_guard<std::mutex> lk(g_mu);
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  const int64_t ws_bytes = up(pl->workspace), sum_bytes = up(x.b * x.hq * x.s * 4),
+                acc_bytes = up(x.b * x.hq * x.s * x.d * 4);
+  char* buf = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), ws_bytes + sum_bytes + acc_bytes, st));
+  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
+  char* base = static_cast<char*>(const_cast<void*>(qkv.data_ptr()));
+  char* dbase = static_cast<char*>(dqkv.data_ptr());
+  const int64_t hb = x.d * 2;
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAcc};
+  std::vector<void*> ptrs = {base,         base + hb,         base + 2 * hb,
+                             const_cast<void*>(out.data_ptr()), const_cast<void*>(lse.data_ptr()),
+                             const_cast<void*>(dout.data_ptr()), dbase, dbase + hb, dbase + 2 * hb,
+                             &scale,       &one,              buf + ws_bytes,
+                             buf + ws_bytes + sum_bytes};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
+  CUDA_CHECK(cudaFreeAsync(buf, st));
+  return ok;
+}
+
 #endif
 
 }  // namespace megatron::ops::cuda::cudnn_sdpa
+
+namespace megatron::ops::cuda {
+namespace {
+// The packed path is cuDNN only: off under MEGATRON_ATTENTION_BACKEND=flash/generic and with
+// MEGATRON_PACKED_QKV=0 (A/B comparisons).
+bool packed_enabled() {
+  const char* v = std::getenv("MEGATRON_PACKED_QKV");
+  if (v && std::strcmp(v, "0") == 0) return false;
+  const char* be = std::getenv("MEGATRON_ATTENTION_BACKEND");
+  return !be || !*be || !std::strcmp(be, "auto") || !std::strcmp(be, "cudnn");
+}
+}  // namespace
+
+bool attention_forward_packed_qkv(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out,
+                                  Tensor& lse) {
+  if (!qkv.is_cuda() || !packed_enabled()) return false;
+  return cudnn_sdpa::forward_packed(qkv, heads, p, out, lse);
+}
+
+bool attention_backward_packed_qkv(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out,
+                                   const Tensor& lse, const AttentionParams& p, Tensor& dqkv) {
+  if (!qkv.is_cuda() || !packed_enabled()) return false;
+  return cudnn_sdpa::backward_packed(dout, qkv, heads, out, lse, p, dqkv);
+}
+
+}  // namespace megatron::ops::cuda

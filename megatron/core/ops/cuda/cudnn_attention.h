@@ -31,4 +31,15 @@ bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
 bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv);
 
+/// forward() on the fused QKV GEMM output without splitting it: qkv [s, b, 3·h·d] bf16 in
+/// Megatron's interleaved layout with one query head per group ([s, b, h, (q, k, v), d]: MHA
+/// without RoPE), out [s, b, h, d], lse [b, h, s]. Q, K and V are passed to cuDNN as strided views
+/// (token stride 3·h·d, head stride 3·d). Same conditions and return value as forward().
+bool forward_packed(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out, Tensor& lse);
+
+/// backward() writing dQ, dK, dV strided into dqkv (qkv's shape and layout; every element is
+/// written). Same conditions and return value as forward().
+bool backward_packed(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out, const Tensor& lse,
+                     const AttentionParams& p, Tensor& dqkv);
+
 }  // namespace megatron::ops::cuda::cudnn_sdpa

@@ -113,11 +113,85 @@ __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t n, const f
 // [128 by, +128) and cols [128 bx, +128). Shared word (r, w) holds columns 4w..4w+3 of row r at
 // physical word w ^ (((r >> 4) & 7) << 2).
 constexpr int kVTile = 128;
-template <class T, int kFmt>
-__global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows,
-                                                                     int64_t cols, const float* __restrict__ scale,
-                                                                     float* __restrict__ amax, uint8_t* __restrict__ q,
-                                                                     uint8_t* __restrict__ qt) {
+
+// Sources of the values a tile quantizes: load8(r, c, f) gives the 8 values of row r, columns
+// c..c+7 (c % 8 == 0, in range) as floats. PlainSrc reads x; the fused sources compute what the
+// unfused producer kernel would have written (rounded to its output type Y) from its inputs, so
+// the FP8 bytes and the amax are those of the unfused path bit for bit.
+template <class T>
+struct PlainSrc {
+  const T* x;
+  int64_t cols;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&f)[8]) const {
+    ld8(x, r * cols + c, r * cols + c + 8, true, f);
+  }
+};
+
+// silu(g) * u exactly as ops/cuda/elementwise.cu's swiglu_fwd_kernel: x [rows, 2f] = [gate | up].
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+template <class X, class Y>
+struct SwigluSrc {
+  const X* x;
+  int64_t f;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    float g[8], u[8];
+    ld8(x + r * 2 * f, c, c + 8, true, g);
+    ld8(x + r * 2 * f + f, c, c + 8, true, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<Y>(silu_f(g[j]) * u[j]));
+  }
+};
+
+// SwiGLU's input gradient exactly as ops/cuda/elementwise.cu's swiglu_bwd_kernel computes it (rounded
+// to its dx type D): columns [0, f) d/dgate, [f, 2f) d/dup of x [rows, 2f] = [gate | up], dy [rows, f].
+template <class X, class D>
+struct SwigluBwdSrc {
+  const X* x;
+  const D* dy;
+  int64_t f;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    const bool up = c >= f;
+    const int64_t cc = up ? c - f : c;
+    float g[8], u[8], d[8];
+    ld8(x + r * 2 * f, cc, cc + 8, true, g);
+    ld8(dy + r * f, cc, cc + 8, true, d);
+    if (!up) ld8(x + r * 2 * f + f, cc, cc + 8, true, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float sg = 1.0f / (1.0f + expf(-g[j]));
+      float s = g[j] * sg;
+      if (up) {
+        o[j] = to_f(from_f<D>(d[j] * s));
+      } else {
+        o[j] = to_f(from_f<D>(d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg))));
+      }
+    }
+  }
+};
+
+// RMSNorm's output exactly as ops/cuda/norm.cu's norm_fwd_kernel<false> computes it, from x, the
+// row's rstd (written by that kernel's rstd-only mode) and gamma (+ gofs for zero-centered gamma).
+template <class X, class G, class Y>
+struct RmsnormSrc {
+  const X* x;
+  const G* gamma;
+  const float* rstd;
+  int64_t cols;
+  float gofs;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    float f[8], g[8];
+    ld8(x + r * cols, c, c + 8, true, f);
+    ld8(gamma, c, c + 8, true, g);
+    const float mean = 0.0f, rs = rstd[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<Y>((f[j] - mean) * rs * (g[j] + gofs) + 0.0f));
+  }
+};
+
+template <class Src, int kFmt>
+__device__ __forceinline__ void quantize_transpose_tile(const Src& src, int64_t rows, int64_t cols,
+                                                        const float* __restrict__ scale, float* __restrict__ amax,
+                                                        uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
   __shared__ __align__(16) uint32_t tile[kVTile][kVTile / 4];
   const float s = *scale;
   const int t = threadIdx.x;
@@ -131,7 +205,7 @@ __global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __
   for (int i = 0; i < 8; ++i) {
     const int64_t r = r0 + 16 * i + rr;
     if (col_in && r < rows) {
-      ld8(x, r * cols + c, r * cols + c + 8, true, f[i]);
+      src.load8(r, c, f[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) f[i][j] = 0.0f;
@@ -171,6 +245,43 @@ __global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __
       *reinterpret_cast<uint4*>(qt + (cbase + k) * rows + rbase) = make_uint4(o[k][0], o[k][1], o[k][2], o[k][3]);
   }
   if (amax) block_amax_to(a, amax);
+}
+
+template <class T, int kFmt>
+__global__ void __launch_bounds__(256) quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows,
+                                                                     int64_t cols, const float* __restrict__ scale,
+                                                                     float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                     uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<PlainSrc<T>, kFmt>(PlainSrc<T>{x, cols}, rows, cols, scale, amax, q, qt);
+}
+
+// SwiGLU + quantize (+ transpose): q/q_t [rows, f] of swiglu(x) for x [rows, 2f].
+template <class X, class Y, int kFmt>
+__global__ void __launch_bounds__(256) swiglu_quantize_kernel(const X* __restrict__ x, int64_t rows, int64_t f,
+                                                              const float* __restrict__ scale, float* __restrict__ amax,
+                                                              uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<SwigluSrc<X, Y>, kFmt>(SwigluSrc<X, Y>{x, f}, rows, f, scale, amax, q, qt);
+}
+
+// SwiGLU backward + quantize (+ transpose): q/q_t [rows, 2f] of d(x) for x [rows, 2f], dy [rows, f].
+template <class X, class D, int kFmt>
+__global__ void __launch_bounds__(256) swiglu_bwd_quantize_kernel(const X* __restrict__ x, const D* __restrict__ dy,
+                                                                  int64_t rows, int64_t f,
+                                                                  const float* __restrict__ scale,
+                                                                  float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                  uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<SwigluBwdSrc<X, D>, kFmt>(SwigluBwdSrc<X, D>{x, dy, f}, rows, 2 * f, scale, amax, q, qt);
+}
+
+// RMSNorm apply + quantize (+ transpose) for x [rows, h] with the rows' rstd already computed.
+template <class X, class G, class Y, int kFmt>
+__global__ void __launch_bounds__(256) rmsnorm_quantize_kernel(const X* __restrict__ x, const G* __restrict__ gamma,
+                                                               const float* __restrict__ rstd, int64_t rows, int64_t h,
+                                                               float gofs, const float* __restrict__ scale,
+                                                               float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                               uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<RmsnormSrc<X, G, Y>, kFmt>(RmsnormSrc<X, G, Y>{x, gamma, rstd, h, gofs}, rows, h, scale,
+                                                       amax, q, qt);
 }
 
 // Tile (by, bx) covers rows [by*64, +64) and cols [bx*64, +64) of x [rows, cols].
@@ -248,6 +359,47 @@ __global__ void scale_from_amax_kernel(float* cur, float fmax, int margin, float
   if (step_amax && (a > *step_amax || isnan(a))) *step_amax = a;
 }
 
+// Step-boundary update of every FP8 role (one block per role; Fp8TensorMeta::record_amax + update
+// on the device). hist [R, H] is a ring: logical entry i of role r lives at hist[r H + (pos + i) % H].
+__global__ void update_scales_kernel(float* __restrict__ amax, int64_t slot, float* __restrict__ hist, int H,
+                                     int64_t pos, const float* __restrict__ fmax, int margin, bool max_algo,
+                                     bool update_scale, float* __restrict__ scale, float* __restrict__ scale_inv) {
+  const int r = blockIdx.x;
+  float* h = hist + (int64_t)r * H;
+  const int i0 = (int)(pos % H), i1 = (int)((pos + 1) % H);
+  const float a = amax[r * slot];
+  float h0 = h[i0];
+  if (isnan(a) || a > h0) h0 = a;  // record_amax: NaN propagates
+  if (update_scale) {
+    __shared__ float red[32];
+    float m = 0.0f;  // "max": fmaxf over the window (a NaN entry is ignored), from 0
+    if (max_algo)
+      for (int i = threadIdx.x; i < H; i += blockDim.x) m = fmaxf(m, i == i0 ? h0 : h[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, red[w]);
+      m = fmaxf(m, red[0]);
+      if (!max_algo) m = h0;  // "most_recent": entry 0 as is (a NaN keeps the old scale below)
+      // compute_scale of fp8_recipe.cpp: keep the old scale unless the amax is finite and > 0.
+      if (isfinite(m) && m > 0.0f) {
+        float s = (fmax[r] / m) / ldexpf(1.0f, margin);
+        if (isinf(s)) s = FLT_MAX;
+        scale[r * slot] = s;
+      }
+      scale_inv[r * slot] = 1.0f / scale[r * slot];
+    }
+  }
+  __syncthreads();  // every read of the window is done before the roll writes into it
+  if (threadIdx.x == 0) {
+    h[i0] = h0;    // becomes logical entry H - 1 (std::rotate by one)
+    h[i1] = 0.0f;  // the new logical entry 0 (with H == 1 the same slot: zeroed, as on the host)
+    amax[r * slot] = 0.0f;
+  }
+}
+
 int fmt_of(DType t) {
   MEGATRON_CHECK(t == DType::kFloat8E4M3 || t == DType::kFloat8E5M2) << "fp8_quantize: output " << dtype_name(t);
   return t == DType::kFloat8E4M3 ? 0 : 1;
@@ -301,6 +453,92 @@ void fp8_quantize(const Tensor& x, const float* scale, float* amax, Tensor* q, T
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// The tiled kernels' requirements (see quantize_transpose_tile): rows % 16 == 0, cols % 8 == 0,
+// 16-byte aligned inputs and q_t, 8-byte aligned q, both outputs of one FP8 type.
+bool fused_tile_ok(int64_t rows, int64_t cols, const Tensor* q, const Tensor* q_t) {
+  if (!q || !q_t || rows % 16 != 0 || cols % 8 != 0 || rows / kVTile >= 65535) return false;
+  if (q->dtype() != q_t->dtype() || (q->dtype() != DType::kFloat8E4M3 && q->dtype() != DType::kFloat8E5M2)) return false;
+  if (q->numel() != rows * cols || q_t->numel() != rows * cols || q_t->size(0) != cols) return false;
+  return aligned16(q_t->data_ptr()) && (reinterpret_cast<uintptr_t>(q->data_ptr()) & 7u) == 0;
+}
+}  // namespace
+
+bool fp8_swiglu_quantize(const Tensor& x, DType act_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t) {
+  check_cuda(x, "fp8_swiglu_quantize");
+  const int64_t two_f = x.size(-1), f = two_f / 2;
+  if (two_f % 2 != 0 || f == 0) return false;
+  const int64_t rows = x.numel() / two_f;
+  if (rows == 0 || !fused_tile_ok(rows, f, q, q_t) || !aligned16(x.data_ptr())) return false;
+  if (act_dtype != DType::kBFloat16 && act_dtype != DType::kFloat32) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32) return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  dim3 grid((unsigned)((f + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, MCU_F32_BF16_SWITCH(act_dtype, Y, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    if (fmt == 0) swiglu_quantize_kernel<X, Y, 0><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
+    else swiglu_quantize_kernel<X, Y, 1><<<grid, kThreads, 0, st>>>(xp, rows, f, scale, amax, qp, qtp);
+  }));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool fp8_swiglu_backward_quantize(const Tensor& dy, const Tensor& x, const float* scale, float* amax, Tensor* q,
+                                  Tensor* q_t) {
+  check_cuda(x, "fp8_swiglu_backward_quantize");
+  const int64_t two_f = x.size(-1), f = two_f / 2;
+  if (two_f % 2 != 0 || f == 0 || dy.size(-1) != f || dy.numel() * 2 != x.numel() || !dy.is_cuda()) return false;
+  const int64_t rows = x.numel() / two_f;
+  if (rows == 0 || !fused_tile_ok(rows, two_f, q, q_t) || !aligned16(x.data_ptr()) || !aligned16(dy.data_ptr()))
+    return false;
+  if (f % 8 != 0 || dy.dtype() != x.dtype() || (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32))
+    return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  dim3 grid((unsigned)((two_f + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    const X* dp = static_cast<const X*>(dy.data_ptr());
+    if (fmt == 0) swiglu_bwd_quantize_kernel<X, X, 0><<<grid, kThreads, 0, st>>>(xp, dp, rows, f, scale, amax, qp, qtp);
+    else swiglu_bwd_quantize_kernel<X, X, 1><<<grid, kThreads, 0, st>>>(xp, dp, rows, f, scale, amax, qp, qtp);
+  });
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma,
+                          DType out_dtype, const float* scale, float* amax, Tensor* q, Tensor* q_t) {
+  check_cuda(x, "fp8_rmsnorm_quantize");
+  const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
+  if (rows == 0 || gamma.numel() != h || rstd.numel() != rows || rstd.dtype() != DType::kFloat32) return false;
+  if (!fused_tile_ok(rows, h, q, q_t) || !aligned16(x.data_ptr()) || !aligned16(gamma.data_ptr())) return false;
+  if (out_dtype != DType::kBFloat16 && out_dtype != DType::kFloat32) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32) return false;
+  if (gamma.dtype() != DType::kBFloat16 && gamma.dtype() != DType::kFloat32) return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  const float* rp = static_cast<const float*>(rstd.data_ptr());
+  const float gofs = zero_centered_gamma ? 1.0f : 0.0f;
+  dim3 grid((unsigned)((h + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, MCU_F32_BF16_SWITCH(gamma.dtype(), G, MCU_F32_BF16_SWITCH(out_dtype, Y, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    const G* gp = static_cast<const G*>(gamma.data_ptr());
+    if (fmt == 0)
+      rmsnorm_quantize_kernel<X, G, Y, 0><<<grid, kThreads, 0, st>>>(xp, gp, rp, rows, h, gofs, scale, amax, qp, qtp);
+    else
+      rmsnorm_quantize_kernel<X, G, Y, 1><<<grid, kThreads, 0, st>>>(xp, gp, rp, rows, h, gofs, scale, amax, qp, qtp);
+  })));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 void fp8_amax(const Tensor& x, float* amax) {
   check_cuda(x, "fp8_amax");
   const int64_t n = x.numel();
@@ -310,6 +548,15 @@ void fp8_amax(const Tensor& x, float* amax) {
   MCU_FLOAT_SWITCH(x.dtype(), T,
                    amax_kernel<T><<<grid_for((n + 7) / 8, kThreads), kThreads, 0, st>>>(
                        static_cast<const T*>(x.data_ptr()), n, amax, vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_update_scales(float* amax, int64_t slot, float* hist, int history_len, int64_t pos, int roles,
+                       const float* fmax, int margin, bool max_algo, bool update_scale, float* scale,
+                       float* scale_inv) {
+  if (roles == 0) return;
+  update_scales_kernel<<<roles, 256, 0, megatron::cuda::current_stream()>>>(
+      amax, slot, hist, history_len, pos, fmax, margin, max_algo, update_scale, scale, scale_inv);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 // device are gemm.cu's (cublaslt_common.h); descriptors and the heuristic's algorithm are cached per shape/type key.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -37,12 +38,17 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool, bool
 using lt::Plan;
 using lt::pointer_alignment;
 
+struct CachedPlan {
+  Plan plan;
+  bool supported = false;
+};
 std::mutex g_plans_mu;
-std::map<Key, Plan> g_plans;  // the key holds the device too
-}  // namespace
+std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
-void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv, Tensor& c,
-                 float beta, bool fast_accum) {
+// The GEMM with C read from c_in (nullptr: C = D = c). `must`: no algorithm is an error; else
+// returns false (nothing launched).
+bool run_fp8_gemm(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv, Tensor& c,
+                  const Tensor* c_in, float beta, bool fast_accum, bool must) {
   MEGATRON_CHECK(a.is_cuda() && b.is_cuda() && c.is_cuda() && a.dim() == 2 && b.dim() == 2 && c.dim() == 2)
       << "fp8_gemm_tn: a " << a.str() << " b " << b.str() << " c " << c.str();
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
@@ -50,7 +56,7 @@ void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, con
       << "fp8_gemm_tn: a " << a.str() << " b " << b.str() << "^T c " << c.str();
   MEGATRON_CHECK(!(a.dtype() == DType::kFloat8E5M2 && b.dtype() == DType::kFloat8E5M2))
       << "fp8_gemm_tn: E5M2 x E5M2 is not supported by cuBLASLt";
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return true;
   if (k % 16 != 0 || n % 16 != 0 || m % 16 != 0)
     user_error("FP8 GEMM [", m, " x ", k, "] @ [", n, " x ", k, "]^T: cuBLASLt FP8 needs m, n and k divisible by 16");
   int dev = 0;
@@ -60,11 +66,12 @@ void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, con
   // Column-major problem: M = n, N = m; A' = b (transposed), B' = a.
   const int64_t M = n, N = m, K = k;
   const int al_a = pointer_alignment(b.data_ptr()), al_b = pointer_alignment(a.data_ptr()),
-            al_c = pointer_alignment(c.data_ptr());
+            al_c = std::min(pointer_alignment(c.data_ptr()), c_in ? pointer_alignment(c_in->data_ptr()) : 256);
   Key key{dev, M, N, K, (int)b.dtype(), (int)a.dtype(), (int)c.dtype(), fast_accum, beta != 0.0f, al_a, al_b, al_c};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
-    Plan p;
+    CachedPlan cp;
+    Plan& p = cp.plan;
     FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
     FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
@@ -81,21 +88,42 @@ void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, con
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(void*)));
     int found = 0;
     const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
-    MEGATRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0)
+    cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    MEGATRON_CHECK(cp.supported || !must)
         << "fp8_gemm: cuBLASLt has no algorithm for m=" << m << " n=" << n << " k=" << k << " types "
         << dtype_name(a.dtype()) << "/" << dtype_name(b.dtype()) << "->" << dtype_name(c.dtype()) << " (status "
         << (int)st << ")";
-    it = g_plans.emplace(key, p).first;
+    it = g_plans.emplace(key, cp).first;
   }
-  Plan& p = it->second;
+  if (!it->second.supported) {
+    MEGATRON_CHECK(!must) << "fp8_gemm: no algorithm (cached) for m=" << m << " n=" << n << " k=" << k;
+    return false;
+  }
+  Plan& p = it->second.plan;
   FP8_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(void*)));
   FP8_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof(void*)));
   const float alpha = 1.0f;
-  FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c.data_ptr(),
-                                  p.c, c.data_ptr(), p.c, &p.algo, s.workspace, lt::kWorkspaceBytes,
+  const void* c_read = c_in ? c_in->data_ptr() : c.data_ptr();
+  FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c_read, p.c,
+                                  c.data_ptr(), p.c, &p.algo, s.workspace, lt::kWorkspaceBytes,
                                   megatron::cuda::current_stream()));
+  return true;
+}
+}  // namespace
+
+void fp8_gemm_tn(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv, Tensor& c,
+                 float beta, bool fast_accum) {
+  run_fp8_gemm(a, a_scale_inv, b, b_scale_inv, c, nullptr, beta, fast_accum, /*must=*/true);
+}
+
+bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv,
+                          const Tensor& residual, Tensor& d, bool fast_accum) {
+  MEGATRON_CHECK(residual.is_cuda() && residual.dtype() == d.dtype() && residual.numel() == d.numel() &&
+                 d.dtype() != DType::kFloat32)
+      << "fp8_gemm_tn_residual: residual " << residual.str() << " d " << d.str();
+  return run_fp8_gemm(a, a_scale_inv, b, b_scale_inv, d, &residual, 1.0f, fast_accum, /*must=*/false);
 }
 
 }  // namespace megatron::ops::cuda

@@ -1,9 +1,12 @@
 // LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h],
-// fp32 statistics. The backward's dgamma/dbeta column sums are accumulated per block in shared
-// memory, written as [blocks, h] partials and summed in a fixed order by a second kernel
-// (deterministic).
+// fp32 statistics. The backward's dgamma/dbeta column sums are accumulated per block (in registers
+// for h <= 1024, else with shared-memory atomics), written as [blocks, h] partials and summed in a
+// fixed order by a second kernel.
+#include <cstdlib>
+
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/fp8_cuda.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -39,7 +42,7 @@ __global__ void norm_fwd_kernel(const X* __restrict__ x, const G* __restrict__ g
         if (c + j < h) ss += (f[j] - mean) * (f[j] - mean);
     }
     const float rstd = rsqrtf(warp_sum(ss) / h + eps);
-    for (int c = lane * 8; c < h; c += 256) {
+    for (int c = lane * 8; y && c < h; c += 256) {  // y == nullptr: statistics only (fp8_rmsnorm_quantize)
       float f[8], g[8], b[8];
       ld8(xr, c, h, vec, f);
       ld8(gamma, c, h, vec, g);
@@ -117,14 +120,197 @@ __global__ void norm_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
   }
 }
 
+// dgamma (blockIdx.y = 0) / dbeta (1) = the column sums of the [nb, h] partials: 32 columns x 8
+// row slices per block, each slice summed in row order, then the 8 slices in order
+// (deterministic; the partials of one call are always summed the same way).
 template <class G>
-__global__ void colsum_kernel(const float* __restrict__ part, int nb, int h, G* __restrict__ out, bool accumulate) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= h) return;
+__global__ void colsum_kernel(const float* __restrict__ part, int nb, int h, G* __restrict__ out_g,
+                              G* __restrict__ out_b, bool accumulate) {
+  __shared__ float red[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const float* p = part + (int64_t)blockIdx.y * nb * h;
   float s = 0.0f;
-  for (int b = 0; b < nb; ++b) s += part[(int64_t)b * h + c];
-  if (accumulate) s += to_f(out[c]);
-  out[c] = from_f<G>(s);
+  if (c < h)
+    for (int b = threadIdx.y; b < nb; b += 8) s += p[(int64_t)b * h + c];
+  red[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= h) return;
+  float t = 0.0f;
+#pragma unroll
+  for (int y = 0; y < 8; ++y) t += red[y][threadIdx.x];
+  G* out = blockIdx.y ? out_b : out_g;
+  if (accumulate) t += to_f(out[c]);
+  out[c] = from_f<G>(t);
+}
+
+// Eight elements of one row as stored (a 16-byte load for 2-byte types, two for float).
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+constexpr int kRegMaxChunks = 4;  // h <= 4 * 256 = 1024 columns per row
+constexpr int kRegWarps = 4;      // 4 warps per block, 3 blocks per SM: <= 168 registers, no spills
+
+// Norm forward for h <= 1024, h % 8 == 0, 16-byte aligned rows, x and y of one dtype: like
+// norm_fwd_kernel (warp per row, same sums in the same order, so the same bits) but the row is
+// loaded once into registers instead of read three times.
+template <bool kLN, class T, class G>
+__global__ void norm_fwd_reg_kernel(const T* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                    int64_t rows, int h, float eps, float gofs) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * (int64_t)kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    Pack8<T> xp[kRegMaxChunks];
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k)
+      if (lane * 8 + 256 * k < h) xp[k] = *reinterpret_cast<const Pack8<T>*>(x + r * h + lane * 8 + 256 * k);
+    float mean = 0.0f;
+    if (kLN) {
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kRegMaxChunks; ++k)
+        if (lane * 8 + 256 * k < h)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s += to_f(xp[k].v[j]);
+      mean = warp_sum(s) / h;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k)
+      if (lane * 8 + 256 * k < h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += (to_f(xp[k].v[j]) - mean) * (to_f(xp[k].v[j]) - mean);
+    const float rstd = rsqrtf(warp_sum(ss) / h + eps);
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c >= h) continue;
+      float g[8], b[8];
+      ld8(gamma, c, h, true, g);
+      if (kLN) ld8(beta, c, h, true, b);
+      Pack8<T> o;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        o.v[j] = from_f<T>((to_f(xp[k].v[j]) - mean) * rstd * (g[j] + gofs) + (kLN ? b[j] : 0.0f));
+      *reinterpret_cast<Pack8<T>*>(y + r * h + c) = o;
+    }
+    if (lane == 0) {
+      if (kLN) mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  }
+}
+
+// Norm backward for h <= 1024, h % 8 == 0, 16-byte aligned rows (GPT-2's 768, 1024): lane l of a
+// warp owns the columns 8l + 256k + j (k < 4, j < 8) of every row it visits, so dgamma/dbeta
+// accumulate in registers over the warp's rows (no shared-memory float atomics, which are
+// compare-and-swap loops); x and dy are loaded once per row (kept in registers between the two
+// passes). At the end the block's 4 warp partials are summed in warp order into part_[gb]
+// [blockIdx.x, h] (deterministic). Same per-element formulas as norm_bwd_kernel.
+template <bool kLN, class T, class G>
+__global__ void __launch_bounds__(kRegWarps * 32, 3)
+    norm_bwd_reg_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                        const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                        float* __restrict__ part_g, float* __restrict__ part_b, int64_t rows, int h, float gofs,
+                        const T* __restrict__ dres) {
+  __shared__ float red[kRegWarps * 32 * 8 * kRegMaxChunks];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float ag[kRegMaxChunks][8], ab[kRegMaxChunks][8];
+#pragma unroll
+  for (int k = 0; k < kRegMaxChunks; ++k)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      ag[k][j] = 0.0f;
+      ab[k][j] = 0.0f;
+    }
+  // gamma is re-read per row (an L1 hit) rather than held: registers go to the accumulators.
+  auto gam = [&](int k) { return *reinterpret_cast<const Pack8<G>*>(gamma + lane * 8 + 256 * k); };
+  for (int64_t r = blockIdx.x * (int64_t)kRegWarps + warp; r < rows; r += (int64_t)gridDim.x * kRegWarps) {
+    const float mean = kLN ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+    Pack8<T> xp[kRegMaxChunks], dp[kRegMaxChunks];
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c < h) {
+        xp[k] = *reinterpret_cast<const Pack8<T>*>(x + r * h + c);
+        dp[k] = *reinterpret_cast<const Pack8<T>*>(dy + r * h + c);
+      }
+    }
+    float a = 0.0f, b = 0.0f;  // sum(dxhat), sum(dxhat * xhat)
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      if (lane * 8 + 256 * k >= h) continue;
+      const Pack8<G> gp = gam(k);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xh = (to_f(xp[k].v[j]) - mean) * rstd, d = to_f(dp[k].v[j]);
+        const float dxh = d * (to_f(gp.v[j]) + gofs);
+        a += dxh;
+        b += dxh * xh;
+        ag[k][j] += d * xh;
+        if (kLN) ab[k][j] += d;
+      }
+    }
+    a = warp_sum(a) / h;
+    b = warp_sum(b) / h;
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c >= h) continue;
+      Pack8<T> rp, out;
+      if (dres) rp = *reinterpret_cast<const Pack8<T>*>(dres + r * h + c);  // + the residual branch's gradient
+      const Pack8<G> gp = gam(k);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xh = (to_f(xp[k].v[j]) - mean) * rstd, dxh = to_f(dp[k].v[j]) * (to_f(gp.v[j]) + gofs);
+        const float v = rstd * (dxh - (kLN ? a : 0.0f) - xh * b) + (dres ? to_f(rp.v[j]) : 0.0f);
+        out.v[j] = from_f<T>(v);
+      }
+      *reinterpret_cast<Pack8<T>*>(dx + r * h + c) = out;
+    }
+  }
+  // Block partials: warp w's value of column c at red[w * h + c], summed over w in order.
+  for (int part = 0; part < (kLN ? 2 : 1); ++part) {
+#pragma unroll
+    for (int k = 0; k < kRegMaxChunks; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c >= h) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red[warp * h + c + j] = part ? ab[k][j] : ag[k][j];
+    }
+    __syncthreads();
+    float* out = part ? part_b : part_g;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kRegWarps; ++w) s += red[w * h + c];
+      out[(int64_t)blockIdx.x * h + c] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// The register kernels are instantiated for float32 and bfloat16 only; other dtypes take the
+// general kernels.
+bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; }
+
+// MEGATRON_NORM_FWD_V1=1: always norm_fwd_kernel (A/B comparisons).
+bool norm_fwd_v1_forced() {
+  static const bool v = [] {
+    const char* e = std::getenv("MEGATRON_NORM_FWD_V1");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
+// MEGATRON_NORM_BWD_V1=1: always the shared-memory-atomics kernel (A/B comparisons).
+bool norm_bwd_v1_forced() {
+  static const bool v = [] {
+    const char* e = std::getenv("MEGATRON_NORM_BWD_V1");
+    return e && e[0] == '1';
+  }();
+  return v;
 }
 
 template <bool kLN>
@@ -132,23 +318,38 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
                   Tensor& y, Tensor* mean, Tensor& rstd) {
   check_cuda(x, name);
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
-  MEGATRON_CHECK(gamma.numel() == h && y.numel() == x.numel() && rstd.numel() == rows &&
+  const bool has_y = y.defined();  // undefined: only the statistics (mean/rstd) are written
+  MEGATRON_CHECK(gamma.numel() == h && (!has_y || y.numel() == x.numel()) && rstd.numel() == rows &&
                  rstd.dtype() == DType::kFloat32 && (!kLN || (beta->numel() == h && beta->dtype() == gamma.dtype() &&
                                                              mean->numel() == rows && mean->dtype() == DType::kFloat32)))
       << name << ": x " << x.str() << " gamma " << gamma.str() << " y " << y.str() << " rstd " << rstd.str();
   if (rows == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
-  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) && aligned16(gamma.data_ptr()) &&
-             (!kLN || aligned16(beta->data_ptr()));
+  bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && (!has_y || aligned16(y.data_ptr())) &&
+             aligned16(gamma.data_ptr()) && (!kLN || aligned16(beta->data_ptr()));
+  const DType ydt = has_y ? y.dtype() : x.dtype();
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
+  if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
+      f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {
+    MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+                          norm_fwd_reg_kernel<kLN, T, G><<<grid, kWarps * 32, 0, st>>>(
+                              static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                              kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<T*>(y.data_ptr()),
+                              kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
+                              static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f);
+                        }));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   MCU_F32_BF16_SWITCH(
       x.dtype(), X,
       MCU_F32_BF16_SWITCH(
           gamma.dtype(), G,
-          MCU_F32_BF16_SWITCH(y.dtype(), Y,
+          MCU_F32_BF16_SWITCH(ydt, Y,
                            norm_fwd_kernel<kLN, X, G, Y><<<grid, kWarps * 32, 0, st>>>(
                                static_cast<const X*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
-                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
+                               kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr,
+                               has_y ? static_cast<Y*>(y.data_ptr()) : nullptr,
                                kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
                                static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f, vec))));
   CUDA_CHECK_LAUNCH();
@@ -171,32 +372,47 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   cudaStream_t st = megatron::cuda::current_stream();
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(dy.data_ptr()) && aligned16(dx.data_ptr()) &&
              aligned16(gamma.data_ptr()) && (!dres || aligned16(dres->data_ptr()));
-  unsigned grid = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 2)));
+  // Register kernel: h <= 1024, 16-byte rows, x/dy/dx (and dres) of one dtype.
+  const bool reg = vec && h <= 256 * kRegMaxChunks && x.dtype() == dy.dtype() && f32_or_bf16(x.dtype()) &&
+                   f32_or_bf16(gamma.dtype()) && !norm_bwd_v1_forced();
+  const int wpb = reg ? kRegWarps : kWarps;  // warps per block
+  unsigned grid = static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>((rows + wpb - 1) / wpb, (int64_t)sm_count() * (reg ? 3 : 2))));  // reg: one wave of 3 blocks per SM
   const int nparts = kLN ? 2 : 1;
   float* part = nullptr;
   CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
-  size_t smem = sizeof(float) * h * nparts;
-  MCU_F32_BF16_SWITCH(
-      x.dtype(), X,
-      MCU_F32_BF16_SWITCH(
-          gamma.dtype(), G, MCU_F32_BF16_SWITCH(dy.dtype(), D, {
-            auto kern = norm_bwd_kernel<kLN, X, G, D>;
-            if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            kern<<<grid, kWarps * 32, smem, st>>>(
-                static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
-                static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
-                static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part,
-                part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0,
-                dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
-          })));
+  if (reg) {
+    MCU_F32_BF16_SWITCH(
+        x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+          norm_bwd_reg_kernel<kLN, T, G><<<grid, kRegWarps * 32, 0, st>>>(
+              static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+              static_cast<const float*>(rstd.data_ptr()), static_cast<T*>(dx.data_ptr()), part,
+              part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f,
+              dres ? static_cast<const T*>(dres->data_ptr()) : nullptr);
+        }));
+  } else {
+    size_t smem = sizeof(float) * h * nparts;
+    MCU_F32_BF16_SWITCH(
+        x.dtype(), X,
+        MCU_F32_BF16_SWITCH(
+            gamma.dtype(), G, MCU_F32_BF16_SWITCH(dy.dtype(), D, {
+              auto kern = norm_bwd_kernel<kLN, X, G, D>;
+              if (smem > 48 * 1024)
+                CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+              kern<<<grid, kWarps * 32, smem, st>>>(
+                  static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
+                  static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+                  static_cast<const float*>(rstd.data_ptr()), static_cast<D*>(dx.data_ptr()), part,
+                  part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f, vec, h % 8 == 0,
+                  dres ? static_cast<const D*>(dres->data_ptr()) : nullptr);
+            })));
+  }
   CUDA_CHECK_LAUNCH();
-  unsigned cg = static_cast<unsigned>((h + 255) / 256);
+  dim3 cg(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>(nparts));
   MCU_F32_BF16_SWITCH(dgamma.dtype(), G, {
-    colsum_kernel<G><<<cg, 256, 0, st>>>(part, (int)grid, (int)h, static_cast<G*>(dgamma.data_ptr()), accumulate);
-    if (kLN)
-      colsum_kernel<G><<<cg, 256, 0, st>>>(part + (int64_t)grid * h, (int)grid, (int)h,
-                                           static_cast<G*>(dbeta->data_ptr()), accumulate);
+    colsum_kernel<G><<<cg, dim3(32, 8), 0, st>>>(part, (int)grid, (int)h, static_cast<G*>(dgamma.data_ptr()),
+                                                 kLN ? static_cast<G*>(dbeta->data_ptr()) : nullptr, accumulate);
   });
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(part, st));
@@ -215,6 +431,10 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma, Tensor& y,
                      Tensor& rstd) {
   norm_forward<false>("rmsnorm_forward", x, gamma, nullptr, eps, zero_centered_gamma, y, nullptr, rstd);
+}
+void rmsnorm_rstd(const Tensor& x, const Tensor& gamma, float eps, Tensor& rstd) {
+  Tensor none;
+  norm_forward<false>("rmsnorm_rstd", x, gamma, nullptr, eps, false, none, nullptr, rstd);
 }
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                       bool zero_centered_gamma, Tensor& dx, Tensor& dgamma, bool accumulate) {
