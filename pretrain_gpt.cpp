@@ -358,11 +358,11 @@ void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_
   int64_t params = 0, grads = 0, state = 0;
   auto bytes = [](const Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(dtype_size(t.dtype())) : 0; };
   for (const auto& m : chunks) {
-    params += bytes(m->param_buffer());
+    params += m->buffers().param_bytes_held();  // FP8 weights: FP8 bytes (+ model-dtype copy until released)
     grads += bytes(m->grad_buffer());
   }
   for (size_t j = 0; j < opt.params().size(); ++j) {
-    if (opt.main_param(j).data_ptr() != opt.params()[j].param.data_ptr()) state += bytes(opt.main_param(j));
+    if (!opt.main_param(j).shares_storage(opt.params()[j].param)) state += bytes(opt.main_param(j));
     if (opt.config().optimizer == "adam") state += bytes(opt.exp_avg(j)) + bytes(opt.exp_avg_sq(j));
   }
   std::printf("[Rank %lld] allocated bytes: parameters %lld | main grads %lld | optimizer state %lld\n",
@@ -527,7 +527,6 @@ int run(int argc, char** argv) {
                                    args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(),
                                    tp_rank);
   OptimizerParamScheduler sched(eval_only ? eval_only_scheduler_options() : scheduler_options_from_args(args));
-  print_allocated_bytes(args, chunks, opt);
 
   // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
   // so they resume at consumed_train_samples).
@@ -583,10 +582,15 @@ int run(int argc, char** argv) {
   // initialization, TE's fp8_model_init; here after a checkpoint load too, with the restored
   // scales), and their first all-gather. Records the weights' amax for the first step, as the
   // first forward would without the flag.
+  // Then the FP8 weights' model-dtype copy is freed: as in Megatron/TE the FP8 weight is the model
+  // parameter; its full-precision values are the optimizer's fp32 main shards, from which a
+  // checkpoint save or a parameter dump rebuilds the model-dtype values temporarily.
   if (args.fp8_param_gather && args.use_distributed_optimizer) {
     for (auto* d : ddp_ptrs) d->start_param_sync();
     for (auto* d : ddp_ptrs) d->finish_param_sync();
+    for (auto* d : ddp_ptrs) d->release_model_dtype_fp8_params();
   }
+  print_allocated_bytes(args, chunks, opt);
 
   // Megatron's timers synchronize the device at stop: a one-element copy to the host waits for
   // the stream (initialization kernels and copies belong to the setup time).
@@ -793,7 +797,9 @@ int run(int argc, char** argv) {
       // Megatron's save_checkpoint_and_time: the time training was blocked, on the last rank.
       Timers& timers = trainer_ptr->timers();
       timers("save-checkpoint", 0).start();
-      save_checkpoint(st, ckpt_cfg, ranks, world.get());
+      save_checkpoint(st, ckpt_cfg, ranks, world.get());  // an async save has copied the tensors
+      if (args.fp8_param_gather)
+        for (auto* d : ddp_ptrs) d->release_model_dtype_fp8_params();
       timers("save-checkpoint", 0).stop();
       const std::string line = timers.log_string({"save-checkpoint"});
       if (args.rank == args.world_size - 1 && !line.empty()) {
@@ -843,6 +849,8 @@ int run(int argc, char** argv) {
     for (auto& m : chunks) raw.push_back(m.get());
     dump_parameters(dump, pp_rank, raw, *ps::get_tensor_model_parallel_group(),
                     tp_rank == 0 && ps::get_data_parallel_rank(true) == 0);
+    if (args.fp8_param_gather)
+      for (auto* d : ddp_ptrs) d->release_model_dtype_fp8_params();
   }
   maybe_finalize_async_save(world.get(), /*blocking=*/true);  // a pending --async-save completes before exit
   world->barrier();

@@ -15,7 +15,8 @@
 #     losses of iterations 5-6 equal the straight runs; resumed with the flag it is exact; the model
 #     weights saved with the flag (loaded with --no-load-optim) equal those saved without it
 #     (without the bf16 gather before the save, iteration 5 there was 4.347 instead of 4.262).
-#  4. Missing prerequisites stop with one line naming the flag.
+#  4. Memory: "allocated bytes: parameters" is 1 byte per FP8-weight element lower with the flag.
+#  5. Missing prerequisites stop with one line naming the flag.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 export MEGATRON_DEVICE=cpu
@@ -23,8 +24,8 @@ export MEGATRON_DEVICE=cpu
 log=$LOGDIR/gtest.log
 timeout 300 "${MPIRUN[@]}" -np 2 "$BIN/unit_tests" --gtest_filter='DistFp8ParamGather*' --gtest_color=no >"$log" 2>&1 \
   || { tail -50 "$log" >&2; fail "DistFp8ParamGather under mpirun -np 2"; }
-expect_passed "$log" 2 2
-echo "OK: gathered FP8 bytes = local quantize of the full main param; FP8 all-gather bytes = half of bf16"
+expect_passed "$log" 3 2
+echo "OK: gathered FP8 bytes = local quantize of the full main param; FP8 all-gather bytes = half of bf16; bf16 copy of the FP8 weights freed"
 
 ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
   --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
@@ -72,6 +73,17 @@ same("pg_to_pg", b, [5, 6], 0.0, "saved and resumed with the flag (exact)")
 same("weights_pg", losses("weights_base"), [5, 6], 0.0, "model weights saved with vs without the flag (--no-load-optim)")
 PY
 echo "OK: DP2 with --fp8-param-gather trains as without it; checkpoints load either way"
+
+# Memory: the parameter buffers hold 1 byte per FP8-weight element instead of 2 (the bf16 copy is
+# freed, docs/fp8.md "Memory"): 2 layers x (qkv 192x64 + proj 64x64 + fc1 256x64 + fc2 64x256)
+# = 98304 elements, by hand from the shapes, so 98304 bytes less per rank.
+pbytes() { grep -m1 "^\[Rank $2\] allocated bytes: parameters" "$LOGDIR/$1.log" | sed 's/.*parameters \([0-9]*\) .*/\1/'; }
+for r in 0 1; do
+  b=$(pbytes base $r); p=$(pbytes pg $r)
+  [ -n "$b" ] && [ -n "$p" ] && [ $((b - p)) = 98304 ] ||
+    fail "rank $r parameter bytes without/with --fp8-param-gather: '$b' / '$p' (want a difference of 98304)"
+  echo "OK rank $r: parameter bytes $b without, $p with --fp8-param-gather (98304 less)"
+done
 
 one() {  # one EXPECTED_SUBSTRING ARGS...: a one-line error naming the flag
   local want=$1; shift

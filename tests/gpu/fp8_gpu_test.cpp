@@ -670,8 +670,13 @@ void test_scale_update() {
 }
 
 // The FP8 GEMM with the residual in its epilogue (fp8_gemm_tn_residual, linear_proj / fc2 forward)
-// vs fp8_gemm_tn + a bf16 add: the fused result rounds once, the reference twice, so they may
-// differ by one bf16 rounding of the output: |diff| <= 2^-8 |ref| + 1e-6 per element (2 ulp of bf16).
+// against a float64 host reference D* = A B^T + R of the same E4M3 operands and bf16 residual. The
+// fused result rounds once to bf16: |got - D*| <= 2^-8 |D*| (one bf16 rounding, 2 ulp margin) +
+// 2^-10 sum_k |a_k b_k| (fp32 accumulation with FP8 fast accumulation, generous), per element.
+// The unfused GEMM + add (bf16(bf16(AB) + R)) rounds twice, so it may miss that bound where R
+// cancels most of AB (its first rounding, 2^-9 |AB|, is then large against |D*|); its count is
+// reported for comparison, not checked. (The first version of this check compared the two with a
+// 2 ulp bound on the difference and failed on exactly those cancellations.)
 void test_residual_gemm() {
   const int64_t m = 512, n = 256, k = 384;
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -688,19 +693,31 @@ void test_residual_gemm() {
   cu::fp8_gemm_tn(a, fp(one), b, fp(one), ref, 0.0f, true);
   ops::add_(ref, r);
   const bool ran = cu::fp8_gemm_tn_residual(a, fp(one), b, fp(one), r, got, true);
-  const std::vector<float> hr = host(ref), hg = host(got), hres = host(r);
-  int64_t bad = 0;
-  double worst = 0;
-  for (size_t i = 0; i < hr.size(); ++i) {
-    const double d = std::fabs((double)hg[i] - hr[i]);
-    worst = std::max(worst, d / (std::fabs(hr[i]) + 1e-6));
-    bad += d > std::ldexp(std::fabs(hr[i]), -8) + 1e-6;
-  }
+  const std::vector<float> hr = host(ref), hg = host(got), hres = host(r), ha = host(a), hb = host(b);
+  int64_t bad = 0, bad_unfused = 0;
+  double worst = 0;  // |got - D*| / bound, largest
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = 0, abs_sum = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        const double p = (double)ha[i * k + q] * hb[j * k + q];
+        dot += p;
+        abs_sum += std::fabs(p);
+      }
+      const double exact = dot + hres[i * n + j];
+      const double bound = std::ldexp(std::fabs(exact), -8) + std::ldexp(abs_sum, -10);
+      const double e = std::fabs((double)hg[i * n + j] - exact);
+      worst = std::max(worst, e / bound);
+      bad += e > bound;
+      bad_unfused += std::fabs((double)hr[i * n + j] - exact) > bound;
+    }
   const bool res_kept = hres == host(Tensor::from_vector(rv, {m, n}).to(DType::kBFloat16));
-  char d[200];
-  std::snprintf(d, sizeof d, "%s; %lld elements beyond 2 bf16 ulp, worst rel %.3g; residual unmodified %s",
+  char d[240];
+  std::snprintf(d, sizeof d,
+                "%s; %lld of %lld elements beyond the bound (worst err/bound %.3g; unfused GEMM + add: %lld); "
+                "residual unmodified %s",
                 ran ? "cuBLASLt has the C != D variant" : "NO algorithm (the layer falls back to GEMM + add)",
-                (long long)bad, worst, res_kept ? "yes" : "NO");
+                (long long)bad, (long long)(m * n), worst, (long long)bad_unfused, res_kept ? "yes" : "NO");
   report("fp8 GEMM + residual epilogue vs GEMM then add", ran && bad == 0 && res_kept, d);
 }
 

@@ -104,6 +104,12 @@ mb=$(ms_of "$O/ll_base.log"); mp=$(ms_of "$O/ll_pg.log")
 tok() { [ "$1" = NA ] && echo NA || awk -v ms="$1" 'BEGIN { printf "%.0f", 2 * 8192 / (ms / 1000) }'; }
 info "8B-shaped 4-layer DP2 gbs 2 fp8: without --fp8-param-gather $mb ms/iter ($(tok "$mb") tokens/s), max allocated $(maxmem "$O/ll_base.log")"
 info "8B-shaped 4-layer DP2 gbs 2 fp8: with    --fp8-param-gather $mp ms/iter ($(tok "$mp") tokens/s), max allocated $(maxmem "$O/ll_pg.log")"
+# The bf16 copy of the FP8 weights is freed with the flag (branch fp8mem, docs/fp8.md "Memory"):
+# predicted difference 2 B x 872,415,232 FP8-weight elements = 1664 MB (docs/performance.md).
+mmb=$(maxmem "$O/ll_base.log"); mmp=$(maxmem "$O/ll_pg.log")
+if [ "$mmb" != NA ] && [ "$mmp" != NA ]; then
+  info "8B-shaped max allocated without - with --fp8-param-gather: $(( ${mmb% MB} - ${mmp% MB} )) MB (predicted 1664 MB +-3 %)"
+fi
 info "8B-shaped final losses: without $(losses "$O/ll_base.log" | tail -1 | cut -d' ' -f2), with $(losses "$O/ll_pg.log" | tail -1 | cut -d' ' -f2)"
 info "elapsed $(( $(date +%s) - T0 )) s"
 [ $status = 0 ] && echo "fp8pg_check: all checks passed" || echo "fp8pg_check: FAILED (see $O/summary.txt)"

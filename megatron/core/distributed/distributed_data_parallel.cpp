@@ -172,7 +172,7 @@ void DistributedDataParallel::gather_bucket(size_t k, bool fp8_bytes) {
     p = Tensor::from_blob(static_cast<uint8_t*>(f.data_ptr()) + (b.start - buffers_.fp8_start()), {n}, DType::kUInt8,
                           f.device());
   } else {
-    p = buffers_.param_data().flat_slice(b.start, {n});
+    p = buffers_.model_data(b.start, n);
   }
   const int64_t bytes = b.slice * dp * static_cast<int64_t>(dtype_size(p.dtype()));
   param_gather_bytes_ += bytes;
@@ -203,7 +203,10 @@ void DistributedDataParallel::start_param_sync() {
         const auto [ps, pe] = buffers_.range(i);
         const int64_t lo = std::max(ps, b.shard_start), hi = std::min(pe, b.shard_end);
         if (lo >= hi) continue;
-        Tensor src = buffers_.param_data().flat_slice(lo, {hi - lo});
+        // The fp32 main shard rounded to the model dtype (a temporary of the shard's size), or,
+        // without a main shard held here, the model-dtype shard itself.
+        Tensor src = fp8_model_dtype_shard(lo, hi);
+        if (!src.defined()) src = buffers_.model_data(lo, hi - lo);
         Tensor dst = buffers_.fp8_data().flat_slice(lo - buffers_.fp8_start(), {hi - lo});
         fp8::quantize_param_shard(*prm.fp8_state, prm.fp8_base, src, dst);
       }
@@ -214,11 +217,60 @@ void DistributedDataParallel::start_param_sync() {
   if (!config_.overlap_param_gather) finish_param_sync();
 }
 
+Tensor DistributedDataParallel::fp8_main_param(int64_t start, int64_t n) {
+  MEGATRON_CHECK(start >= buffers_.fp8_start() && n > 0 && !fp8_main_.count(start))
+      << "fp8_main_param [" << start << ", " << start + n << ") (FP8 weights from " << buffers_.fp8_start() << ")";
+  Tensor model = buffers_.model_data(start, n);
+  Tensor mp = Tensor::empty({n}, DType::kFloat32, model.device());
+  ops::cast(model, mp);
+  fp8_main_.emplace(start, mp);
+  return mp;
+}
+
+Tensor DistributedDataParallel::fp8_model_dtype_shard(int64_t lo, int64_t hi) {
+  auto it = fp8_main_.find(lo);
+  if (it == fp8_main_.end()) return Tensor();
+  MEGATRON_CHECK(it->second.numel() == hi - lo) << "FP8 main shard at " << lo << ": " << it->second.str() << " for "
+                                                << hi - lo << " elements";
+  Tensor r = Tensor::empty({hi - lo}, buffers_.fp8_model_data().dtype(), it->second.device());
+  ops::cast(it->second, r);
+  return r;
+}
+
+// FP8 weight elements [lo, hi) of bucket b's shard, for each FP8 weight with elements there.
+template <class F>
+static void for_each_fp8_shard(const Bucket& b, ParamAndGradBuffer& buffers, F&& f) {
+  for (size_t i : b.params) {
+    const auto [ps, pe] = buffers.range(i);
+    const int64_t lo = std::max(ps, b.shard_start), hi = std::min(pe, b.shard_end);
+    if (lo < hi) f(lo, hi);
+  }
+}
+
+void DistributedDataParallel::release_model_dtype_fp8_params() {
+  if (!buffers_.fp8_model_data().defined()) return;
+  finish_param_sync();
+  for (const auto& b : buckets_)
+    if (b.fp8)
+      for_each_fp8_shard(b, buffers_, [&](int64_t lo, int64_t hi) {
+        MEGATRON_CHECK(fp8_main_.count(lo)) << "release_model_dtype_fp8_params: no fp32 main shard for FP8 weight "
+                                            << "elements [" << lo << ", " << hi << ")";
+      });
+  buffers_.release_fp8_model_data();
+}
+
 void DistributedDataParallel::gather_model_dtype_params() {
   MEGATRON_CHECK(config_.use_distributed_optimizer) << "gather_model_dtype_params without the distributed optimizer";
   finish_param_sync();
+  const bool was_released = buffers_.materialize_fp8_model_data();
   for (size_t k = 0; k < buckets_.size(); ++k)
     if (buckets_[k].fp8) {
+      for_each_fp8_shard(buckets_[k], buffers_, [&](int64_t lo, int64_t hi) {
+        Tensor v = fp8_model_dtype_shard(lo, hi);
+        MEGATRON_CHECK(v.defined() || !was_released) << "FP8 weight elements [" << lo << ", " << hi
+                                                     << ") were released without an fp32 main shard";
+        if (v.defined()) buffers_.model_data(lo, hi - lo).copy_(v);
+      });
       gather_bucket(k, /*fp8_bytes=*/false);
       auto& st = *state_[k];
       if (st.param_work) st.param_work->wait();

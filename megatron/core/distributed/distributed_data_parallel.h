@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -73,6 +74,7 @@ class DistributedDataParallel {
   std::vector<transformer::Parameter>& parameters() { return params_; }
   Tensor& grad_buffer() { return buffers_.grad_data(); }
   Tensor& param_buffer() { return buffers_.param_data(); }
+  ParamAndGradBuffer& buffers() { return buffers_; }
 
   /// Zeros the grad buffer and resets the per-iteration bucket state.
   void zero_grad_buffer();
@@ -89,9 +91,21 @@ class DistributedDataParallel {
   /// each FP8 weight becomes its linear's weight operand (fp8::post_all_gather_processing).
   void start_param_sync();
   void finish_param_sync();
-  /// --fp8-param-gather: all-gathers the model-dtype values of the FP8 buckets too, so every
-  /// Parameter::data is whole and current (before a checkpoint save; not needed for training).
+  /// --fp8-param-gather: makes every FP8 weight's Parameter::data whole and current (before a
+  /// checkpoint save or a parameter dump; not needed for training): reallocates the model-dtype
+  /// copy if it was released, writes this rank's shard from the fp32 main shard rounded to the
+  /// model dtype (exactly what the model-dtype copy held without the flag) and all-gathers it.
+  /// release_model_dtype_fp8_params() frees it again.
   void gather_model_dtype_params();
+  /// --fp8-param-gather: frees the FP8 weights' model-dtype copy (ParamAndGradBuffer::
+  /// release_fp8_model_data); every FP8 bucket's shard must have its fp32 main shard here
+  /// (fp8_main_param), since those are then the only full-precision values. No-op without FP8 weights.
+  void release_model_dtype_fp8_params();
+  /// --fp8-param-gather: the fp32 main param of buffer elements [start, start + n) (this rank's
+  /// shard of one FP8 weight), made from the model-dtype values and held here (shared with the
+  /// optimizer, which updates it in place: distributed_optimizer_params). start_param_sync casts
+  /// it, rounded to the model dtype, to FP8.
+  Tensor fp8_main_param(int64_t start, int64_t n);
   /// Bytes received by this rank's parameter all-gathers so far (output buffer sizes, padding
   /// included), all buckets / the FP8 buckets only.
   int64_t param_gather_bytes() const { return param_gather_bytes_; }
@@ -111,6 +125,10 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<BucketState>> state_;
   bool warned_ = false;
   int64_t param_gather_bytes_ = 0, param_gather_bytes_fp8_ = 0;
+  std::map<int64_t, Tensor> fp8_main_;  // buffer element -> fp32 main shard (fp8_main_param)
+  /// Model-dtype values of FP8 weight elements [lo, hi) from their fp32 main shard, or an
+  /// undefined tensor when none is held for `lo`.
+  Tensor fp8_model_dtype_shard(int64_t lo, int64_t hi);
 };
 
 /// Megatron's finalize_model_grads (megatron/core/distributed/finalize_model_grads.py):

@@ -46,8 +46,11 @@ std::vector<optimizer::OptimizerParam> distributed_optimizer_params(DistributedD
       const int64_t n = hi - lo;
       const Shape shape = p.data.dim() >= 2 ? Shape{1, n} : Shape{n};
       auto o = base(p);
-      o.param = ddp.param_buffer().flat_slice(lo, shape);
+      o.param = ddp.buffers().model_data(lo, n).view(shape);
       o.main_grad = ddp.grad_buffer().flat_slice(lo, shape);
+      // --fp8-param-gather: the FP8 weight's fp32 main shard is held by the DDP, which casts it
+      // to FP8 after each step; the model-dtype copy is not written (and released).
+      if (p.fp8_data.defined()) o.main_param = ddp.fp8_main_param(lo, n).view(shape);
       out.push_back(std::move(o));
     }
   }

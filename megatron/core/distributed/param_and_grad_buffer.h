@@ -28,16 +28,38 @@ class ParamAndGradBuffer {
   /// as FP8 primary weights. They are laid out after all other parameters (each group in reverse
   /// order; Megatron gives the uint8 params a buffer of their own), so buckets never mix the two;
   /// an FP8 buffer fp8_data [total - fp8_start] (float8_e4m3) holds their FP8 bytes at
-  /// (element - fp8_start) and each such Parameter's fp8_data views its slice.
+  /// (element - fp8_start) and each such Parameter's fp8_data views its slice. Their model-dtype
+  /// values live in a buffer of their own, fp8_model_data [total - fp8_start] (param_dtype; each
+  /// such Parameter's data views it), which release_fp8_model_data() frees once the FP8 weights
+  /// exist (Megatron/TE: the model parameter IS the FP8 tensor; docs/fp8.md "FP8 parameters");
+  /// param_data then holds the other parameters only ([fp8_start]).
   ParamAndGradBuffer(std::vector<transformer::Parameter>& params, const std::vector<Shape>& shapes,
                      DType param_dtype, DType grad_dtype, Device device, bool allocate_grads = true,
                      const std::vector<bool>& fp8_weights = {});
 
+  /// Model-dtype values of the parameters other than the FP8 weights: [fp8_start()] (== all
+  /// parameters without FP8 weights).
   Tensor& param_data() { return param_data_; }
   Tensor& grad_data() { return grad_data_; }
   /// Element range [start, end) of parameter i (registration index) in the buffers.
   std::pair<int64_t, int64_t> range(size_t i) const { return ranges_[i]; }
-  int64_t numel() const { return param_data_.numel(); }
+  /// Elements of all parameters (FP8 weights included).
+  int64_t numel() const { return numel_; }
+  /// The model-dtype values of buffer elements [start, start + n) (a range on one side of
+  /// fp8_start): a view of param_data or of fp8_model_data.
+  Tensor model_data(int64_t start, int64_t n);
+  /// --fp8-param-gather: frees the memory of fp8_model_data (every FP8 weight's Parameter::data
+  /// then views freed storage: reading it throws until materialize_fp8_model_data()).
+  void release_fp8_model_data();
+  /// Reallocates fp8_model_data's memory (uninitialized) if it was released; returns whether it
+  /// did. The caller fills it (DistributedDataParallel::gather_model_dtype_params).
+  bool materialize_fp8_model_data();
+  /// fp8_model_data exists and holds memory.
+  bool fp8_model_data_held() const;
+  Tensor& fp8_model_data() { return fp8_model_data_; }
+  /// Bytes of memory held now by the parameter buffers: param_data + fp8_data + fp8_model_data
+  /// (0 for the latter once released). Gradients not included.
+  int64_t param_bytes_held() const;
   /// The FP8 parameter buffer (undefined without FP8 weights) and the buffer element where the
   /// FP8 weights' region starts (== numel() without FP8 weights).
   Tensor& fp8_data() { return fp8_data_; }
@@ -47,7 +69,9 @@ class ParamAndGradBuffer {
   Tensor param_data_;
   Tensor grad_data_;
   Tensor fp8_data_;
+  Tensor fp8_model_data_;
   int64_t fp8_start_ = 0;
+  int64_t numel_ = 0;
   std::vector<std::pair<int64_t, int64_t>> ranges_;
 };
 

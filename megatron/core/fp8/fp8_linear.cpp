@@ -54,6 +54,9 @@ Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
     MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
     return c.q;
   }
+  MEGATRON_CHECK(w.storage_bytes() != 0)
+      << "FP8 weight " << w.str() << ": its model-dtype copy was released (--fp8-param-gather) and no gathered "
+      << "FP8 parameter is valid";
   if (st.weight_cache_hit(base, w, record) && c.q.defined()) return c.q;
   Tensor wq = quantize_dequantize_cpu(st, base + kWeight, w, record);
   st.count_weight_cast();
@@ -139,6 +142,9 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
     MEGATRON_CHECK(c.q.shape() == w.shape()) << "FP8 parameter " << c.q.str() << " for weight " << w.str();
     return {c.q, c.q_t};
   }
+  MEGATRON_CHECK(w.storage_bytes() != 0)
+      << "FP8 weight " << w.str() << ": its model-dtype copy was released (--fp8-param-gather) and no gathered "
+      << "FP8 parameter is valid";
   // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
   const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
   if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))

@@ -59,8 +59,13 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
 
     // fp32 main params: a master copy for bf16/fp16 params, the param itself for fp32.
     const bool separate = p.param.dtype() != DType::kFloat32;
-    separate_main_.push_back(separate);
-    if (separate && !p.param.is_cpu()) {
+    separate_main_.push_back(separate && !p.main_param.defined());
+    if (p.main_param.defined()) {
+      MEGATRON_CHECK(p.main_param.dtype() == DType::kFloat32 && p.main_param.numel() == p.param.numel() &&
+                     p.main_param.device() == p.param.device())
+          << p.name << ": main param " << p.main_param.str() << " for " << p.param.str();
+      main_params_.push_back(p.main_param);
+    } else if (separate && !p.param.is_cpu()) {
       // Device params: the fp32 master copy is cast on the device (Tensor::to(dtype) is CPU only).
       Tensor mp = Tensor::empty(p.param.shape(), DType::kFloat32, p.param.device());
       ops::cast(p.param, mp);

@@ -34,6 +34,11 @@ struct OptimizerParam {
   bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
   bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)
   bool shared = false;                  // duplicate of a tied weight owned elsewhere (not counted)
+  /// Optional fp32 main param supplied by the caller (same numel as `param`, shares storage with
+  /// it): used instead of a copy the optimizer would make from `param`, and `param` is then not
+  /// written by step() (--fp8-param-gather: the FP8 weight's model-dtype copy is released; the
+  /// DDP casts this main param to FP8 itself, DistributedDataParallel::fp8_main_param).
+  Tensor main_param;
 };
 
 /// A parameter group (Megatron's param_groups entry).

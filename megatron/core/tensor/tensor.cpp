@@ -130,7 +130,26 @@ int64_t Tensor::size(int64_t d) const {
 
 void* Tensor::data_ptr() const {
   MEGATRON_CHECK(storage_) << "data_ptr() of an undefined tensor";
+  MEGATRON_CHECK(storage_->bytes != 0 || numel_ == 0)
+      << "data_ptr() of " << shape_str(shape_) << " whose storage was freed (resize_storage_(0))";
   return static_cast<char*>(storage_->ptr) + offset_;
+}
+
+void Tensor::resize_storage_(size_t bytes) {
+  MEGATRON_CHECK(storage_ && storage_->owned) << "resize_storage_ needs an owned storage";
+  Storage& st = *storage_;
+  if (st.bytes == bytes && (st.ptr || bytes == 0)) return;
+  Allocator& a = allocator_for(st.device.type);
+  if (st.ptr) {
+    a.deallocate(st.ptr, st.bytes, st.device.index);
+    detail::count_free(st.device.type, st.bytes);
+    st.ptr = nullptr;
+  }
+  st.bytes = 0;
+  if (bytes == 0) return;
+  st.ptr = a.allocate(bytes, st.device.index);
+  st.bytes = bytes;
+  detail::count_alloc(st.device.type, bytes);
 }
 
 Tensor Tensor::view(Shape shape) const {

@@ -133,6 +133,14 @@ class Tensor {
   std::string str() const;
   /// True when both tensors view the same storage.
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
+  /// Frees (bytes == 0) or reallocates (uninitialized, `bytes` bytes) the memory of this tensor's
+  /// storage in place: every view of the storage sees the change (PyTorch's
+  /// untyped_storage().resize_(), which Megatron uses to drop and restore parameter/grad buffers).
+  /// Views must not be read while the storage is freed (data_ptr() then checks). Owned storage
+  /// only (a from_blob tensor throws).
+  void resize_storage_(size_t bytes);
+  /// Bytes of memory the storage holds now (0 when freed by resize_storage_ or undefined).
+  size_t storage_bytes() const { return storage_ ? storage_->bytes : 0; }
 
  private:
   std::shared_ptr<Storage> storage_;

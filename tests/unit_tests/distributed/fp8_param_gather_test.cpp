@@ -22,6 +22,7 @@
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/tensor/memory_stats.h"
 
 namespace megatron {
 namespace {
@@ -102,6 +103,7 @@ struct PgRun {
         opt(opt_config(), distributed::distributed_optimizer_params(ddp), world) {
     ddp.start_param_sync();  // pretrain_gpt's first cast + gather (FP8 buckets), a no-op refresh otherwise
     ddp.finish_param_sync();
+    ddp.release_model_dtype_fp8_params();  // as pretrain_gpt: the FP8 weight is the parameter
   }
   void train(int iters) {
     for (int it = 0; it < iters; ++it) {
@@ -128,13 +130,21 @@ TEST(DistFp8ParamGather, GatheredBytesEqualQuantizeOfFullMainParam) {
   fp8::Fp8State& st = *run.model.fp8_state();
   EXPECT_EQ(st.weight_casts(), 0) << "the FP8 GEMMs must use the gathered FP8 weights, not quantize bf16 ones";
   // The full fp32 main params from every rank's disjoint shards.
-  Tensor& pbuf = run.model.param_buffer();
-  const int64_t N = pbuf.numel();
+  // Optimizer parameter j's buffer element: by address in the model-dtype buffer of the other
+  // parameters or of the FP8 weights (reallocated for this: the run released it).
+  auto& bufs = run.model.buffers();
+  ASSERT_FALSE(bufs.fp8_model_data_held()) << "the FP8 weights' model-dtype copy must be released";
+  ASSERT_TRUE(bufs.materialize_fp8_model_data());
+  Tensor& pbuf = bufs.param_data();
+  const int64_t N = bufs.numel();
   Tensor full = Tensor::zeros({N}, DType::kFloat32);
   const auto& ops = run.opt.params();
   for (size_t j = 0; j < ops.size(); ++j) {
-    const int64_t off = (static_cast<const char*>(ops[j].param.data_ptr()) - static_cast<const char*>(pbuf.data_ptr())) /
-                        int64_t(dtype_size(pbuf.dtype()));
+    const bool in_fp8 = ops[j].param.shares_storage(bufs.fp8_model_data());
+    const Tensor& base = in_fp8 ? bufs.fp8_model_data() : pbuf;
+    const int64_t off = (static_cast<const char*>(ops[j].param.data_ptr()) - static_cast<const char*>(base.data_ptr())) /
+                            int64_t(dtype_size(pbuf.dtype())) +
+                        (in_fp8 ? bufs.fp8_start() : 0);
     full.flat_slice(off, Shape{ops[j].param.numel()}).copy_(run.opt.main_param(j).view(Shape{ops[j].param.numel()}));
   }
   run.world->all_reduce(full, distributed::ReduceOp::kSum);
@@ -186,6 +196,73 @@ TEST(DistFp8ParamGather, AllGatherMovesHalfTheBytesOfBf16ForFp8Weights) {
   EXPECT_EQ(without.ddp.param_gather_bytes_fp8(), 0);
   EXPECT_EQ(without.ddp.param_gather_bytes(), syncs * padded(n_all) * 2);
   // Both runs train the same numbers (the FP8 bytes are the ones the forward would have cast).
+  ASSERT_EQ(with.losses.size(), without.losses.size());
+  for (size_t i = 0; i < with.losses.size(); ++i) EXPECT_NEAR(with.losses[i], without.losses[i], 1e-6 * with.losses[i]);
+}
+
+
+// The model parameter IS the FP8 tensor (Megatron/TE): with the flag the FP8 weights' bf16 copy is
+// freed, so the parameter buffers hold 1 byte per FP8 weight element instead of 2 (bf16), and the
+// bf16 values come back, whole and equal to the rounded fp32 main params, only on request.
+TEST(DistFp8ParamGather, Bf16CopyOfFp8WeightsIsReleased) {
+  // 2 layers x (qkv 96x32 + proj 32x32 + fc1 128x32 + fc2 32x128), by hand from the shapes.
+  const int64_t n_fp8 = 2 * (96 * 32 + 32 * 32 + 128 * 32 + 32 * 128);
+  PgRun without(false, std::nullopt);
+  int64_t n_all = 0;
+  for (const auto& p : without.model.parameters()) n_all += p.data.numel();
+  EXPECT_EQ(without.model.buffers().param_bytes_held(), 2 * n_all) << "bf16: 2 bytes per parameter";
+
+  const int64_t before = memory_stats(DeviceType::kCPU).allocated;
+  PgRun with(true, /*bucket=*/1999);
+  auto& bufs = with.model.buffers();
+  // bf16 for the others + 1 FP8 byte per FP8 weight element: n_fp8 bytes less than without the flag.
+  EXPECT_EQ(bufs.param_bytes_held(), 2 * (n_all - n_fp8) + n_fp8);
+  EXPECT_EQ(without.model.buffers().param_bytes_held() - bufs.param_bytes_held(), n_fp8);
+  EXPECT_FALSE(bufs.fp8_model_data_held());
+  // Reading a released weight is an error, not stale data.
+  for (const auto& p : with.model.parameters())
+    if (p.fp8_data.defined()) EXPECT_ANY_THROW((void)p.data.data_ptr()) << p.name;
+  with.train(2);  // trains without the bf16 copy (forward, backward, optimizer, FP8 cast + gather)
+
+  // On request (checkpoint save, parameter dump) the bf16 values come back: exactly 2 bytes per
+  // FP8 weight element are allocated, and freed again by the release.
+  const int64_t held = memory_stats(DeviceType::kCPU).allocated;
+  EXPECT_GT(held, before);
+  with.ddp.gather_model_dtype_params();
+  EXPECT_EQ(memory_stats(DeviceType::kCPU).allocated - held, 2 * n_fp8);
+  ASSERT_TRUE(bufs.fp8_model_data_held());
+  {
+  // Reference: the full fp32 main params from every rank's disjoint shards (all-reduce SUM, exact),
+  // rounded to bf16 by Tensor::to -- what the bf16 copy held without the flag (the optimizer
+  // wrote bf16(main) after each step).
+  const int64_t N = bufs.numel();
+  Tensor full = Tensor::zeros({N}, DType::kFloat32);
+  const auto& ops = with.opt.params();
+  for (size_t j = 0; j < ops.size(); ++j) {
+    if (!ops[j].param.shares_storage(bufs.fp8_model_data())) continue;
+    const int64_t off = (static_cast<const char*>(ops[j].param.data_ptr()) -
+                         static_cast<const char*>(bufs.fp8_model_data().data_ptr())) / 2 + bufs.fp8_start();
+    full.flat_slice(off, Shape{ops[j].param.numel()}).copy_(with.opt.main_param(j).view(Shape{ops[j].param.numel()}));
+  }
+  with.world->all_reduce(full, distributed::ReduceOp::kSum);
+  int checked = 0;
+  for (size_t i = 0; i < with.model.parameters().size(); ++i) {
+    const auto& p = with.model.parameters()[i];
+    if (!p.fp8_data.defined()) continue;
+    const auto [s, e] = bufs.range(i);
+    Tensor ref = full.flat_slice(s, p.data.shape()).to(DType::kBFloat16);
+    EXPECT_EQ(0, std::memcmp(ref.data_ptr(), p.data.data_ptr(), ref.nbytes())) << p.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+  }  // the reference tensors are freed
+  with.ddp.release_model_dtype_fp8_params();
+  EXPECT_EQ(memory_stats(DeviceType::kCPU).allocated, held);
+  // Training goes on after a save-like gather/release, with the same losses as without the flag
+  // (same calls: train() draws its batches from iteration 0 each time).
+  with.train(1);
+  without.train(2);
+  without.train(1);
   ASSERT_EQ(with.losses.size(), without.losses.size());
   for (size_t i = 0; i < with.losses.size(); ++i) EXPECT_NEAR(with.losses[i], without.losses[i], 1e-6 * with.losses[i]);
 }

@@ -31,6 +31,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -139,6 +140,7 @@ class NcclWatchdog {
       const auto timeout = distributed_timeout();
       std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp<int64_t>(timeout.count() / 20, 20, 1000)));
       std::string fatal;
+      std::vector<ncclComm_t> comms;  // to abort, copied out of the lock
       {
         std::lock_guard<std::mutex> l(mu_);
         for (ncclComm_t c : comms_) {
@@ -165,10 +167,27 @@ class NcclWatchdog {
                     "collective. Ending the job.";
           ++it;
         }
-        if (!fatal.empty())
-          for (ncclComm_t c : comms_) ncclCommAbort(c);
+        if (!fatal.empty()) comms = comms_;
       }
-      if (!fatal.empty()) abort_job(fatal, 1);
+      if (!fatal.empty()) {
+        // Abort the communicators so that the peers' collectives fail fast, but never let the
+        // abort keep a broken job alive: ncclCommAbort waits for this rank's stuck kernels and
+        // can itself hang (seen on two H200: a rank whose peer never joined an all_reduce stayed
+        // up, silent, for the test's whole 120 s). After kAbortBudget the job ends regardless;
+        // the driver tears down the kernels of an exiting process.
+        constexpr auto kAbortBudget = std::chrono::seconds(5);
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        std::thread aborter([comms, done] {
+          for (ncclComm_t c : comms) ncclCommAbort(c);
+          *done = true;
+        });
+        const auto until = std::chrono::steady_clock::now() + kAbortBudget;
+        while (!*done && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (*done) aborter.join();
+        else aborter.detach();
+        abort_job(fatal, 1);
+      }
     }
   }
   std::mutex mu_;
