@@ -198,7 +198,8 @@ lane_b() {
   sanitize gpt_fp16_2steps memcheck 100 MEGATRON_DEVICE=cuda -- "$BIN/pretrain_gpt" "${gpt_fp16[@]}"
 }
 if [ "$WHAT" != bench ] && want sanitizer; then
-  lane_b > "$OUTD/lane_b.out" 2>&1 &
+  # GPUCHECK_SANITIZER_GPU=N runs this lane on another GPU (machines with two), off lane A's GPU.
+  CUDA_VISIBLE_DEVICES=${GPUCHECK_SANITIZER_GPU:-$CUDA_VISIBLE_DEVICES} lane_b > "$OUTD/lane_b.out" 2>&1 &
   LANE_B=$!
   echo "lane B: compute-sanitizer ($SAN) in the background, pid $LANE_B"
 else
