@@ -38,6 +38,7 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "megatron/core/distributed/comm_worker.h"
 #include "megatron/core/distributed/init_process_group.h"
@@ -118,11 +119,20 @@ class NcclWatchdog {
     comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
     // Without communicators nothing is in flight: release the kept tensors now (on the caller's
     // thread), so the watchdog makes no CUDA call while the process exits.
-    if (comms_.empty()) ops_.clear();
+    if (comms_.empty()) {
+      ops_.clear();
+      retired_.clear();
+    }
   }
   void add_op(std::shared_ptr<NcclOp> op) {
-    std::lock_guard<std::mutex> l(mu_);
-    ops_.push_back(std::move(op));
+    std::vector<std::shared_ptr<NcclOp>> release;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ops_.push_back(std::move(op));
+      release.swap(retired_);
+    }
+    // The completed operations the watchdog retired are destroyed here, on the caller's thread
+    // (cudaEventDestroy, tensor frees), never on the watchdog's: see loop().
   }
   /// Keeps `tensors` alive until `op` completed (a Work dropped without wait()).
   void keep_until_done(const std::shared_ptr<NcclOp>& op, std::vector<Tensor> tensors) {
@@ -153,12 +163,21 @@ class NcclWatchdog {
           }
         }
         auto now = std::chrono::steady_clock::now();
-        if (comms_.empty()) ops_.clear();
+        // The watchdog thread makes no CUDA call that can block (only cudaEventQuery): a completed
+        // operation is moved to retired_ and destroyed by the next add_op on a caller's thread.
+        // Destroying it here (cudaEventDestroy) took the driver's lock, which a caller blocked in a
+        // synchronous copy behind a hung collective holds: the watchdog then hung too and never
+        // ended the job (seen on two H200 with cuda-gdb, 2026-11-30).
+        if (comms_.empty()) {
+          for (auto& op : ops_) retired_.push_back(std::move(op));
+          ops_.clear();
+        }
         for (auto it = ops_.begin(); fatal.empty() && it != ops_.end();) {
           auto& op = *it;
           cudaSetDevice(op->device);
           if (op->query()) {
-            it = ops_.erase(it);  // releases the kept tensors
+            retired_.push_back(std::move(op));  // released (tensors, event) on a caller's thread
+            it = ops_.erase(it);
             continue;
           }
           if (now - op->start > timeout)
@@ -193,6 +212,7 @@ class NcclWatchdog {
   std::mutex mu_;
   std::vector<ncclComm_t> comms_;
   std::list<std::shared_ptr<NcclOp>> ops_;
+  std::vector<std::shared_ptr<NcclOp>> retired_;  // completed; destroyed by add_op / remove_comm
   std::thread thread_;
 };
 
