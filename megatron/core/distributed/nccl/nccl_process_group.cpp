@@ -31,8 +31,8 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -125,14 +125,8 @@ class NcclWatchdog {
     }
   }
   void add_op(std::shared_ptr<NcclOp> op) {
-    std::vector<std::shared_ptr<NcclOp>> release;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      ops_.push_back(std::move(op));
-      release.swap(retired_);
-    }
-    // The completed operations the watchdog retired are destroyed here, on the caller's thread
-    // (cudaEventDestroy, tensor frees), never on the watchdog's: see loop().
+    std::lock_guard<std::mutex> l(mu_);
+    ops_.push_back(std::move(op));
   }
   /// Keeps `tensors` alive until `op` completed (a Work dropped without wait()).
   void keep_until_done(const std::shared_ptr<NcclOp>& op, std::vector<Tensor> tensors) {
@@ -144,13 +138,26 @@ class NcclWatchdog {
  private:
   void start() {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!reaper_.joinable()) reaper_ = std::thread([this] { reap(); });
+  }
+  // Destroys the operations the watchdog retired (cudaEventDestroy, the kept tensors' frees): CUDA
+  // calls that can block on the driver's lock, so they run here and not on the watchdog thread.
+  void reap() {
+    for (;;) {
+      std::vector<std::shared_ptr<NcclOp>> release;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        reap_cv_.wait(l, [this] { return !retired_.empty(); });
+        release.swap(retired_);
+      }
+      release.clear();
+    }
   }
   void loop() {
     for (;;) {
       const auto timeout = distributed_timeout();
       std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp<int64_t>(timeout.count() / 20, 20, 1000)));
       std::string fatal;
-      std::vector<ncclComm_t> comms;  // to abort, copied out of the lock
       {
         std::lock_guard<std::mutex> l(mu_);
         for (ncclComm_t c : comms_) {
@@ -164,20 +171,22 @@ class NcclWatchdog {
         }
         auto now = std::chrono::steady_clock::now();
         // The watchdog thread makes no CUDA call that can block (only cudaEventQuery): a completed
-        // operation is moved to retired_ and destroyed by the next add_op on a caller's thread.
+        // operation is moved to retired_ and destroyed by reap() on its own thread.
         // Destroying it here (cudaEventDestroy) took the driver's lock, which a caller blocked in a
         // synchronous copy behind a hung collective holds: the watchdog then hung too and never
         // ended the job (seen on two H200 with cuda-gdb, 2026-11-30).
         if (comms_.empty()) {
           for (auto& op : ops_) retired_.push_back(std::move(op));
           ops_.clear();
+          reap_cv_.notify_one();
         }
         for (auto it = ops_.begin(); fatal.empty() && it != ops_.end();) {
           auto& op = *it;
           cudaSetDevice(op->device);
           if (op->query()) {
-            retired_.push_back(std::move(op));  // released (tensors, event) on a caller's thread
+            retired_.push_back(std::move(op));  // destroyed (event, kept tensors) by reap()
             it = ops_.erase(it);
+            reap_cv_.notify_one();
             continue;
           }
           if (now - op->start > timeout)
@@ -186,34 +195,20 @@ class NcclWatchdog {
                     "collective. Ending the job.";
           ++it;
         }
-        if (!fatal.empty()) comms = comms_;
       }
-      if (!fatal.empty()) {
-        // Abort the communicators so that the peers' collectives fail fast, but never let the
-        // abort keep a broken job alive: ncclCommAbort waits for this rank's stuck kernels and
-        // can itself hang (seen on two H200: a rank whose peer never joined an all_reduce stayed
-        // up, silent, for the test's whole 120 s). After kAbortBudget the job ends regardless;
-        // the driver tears down the kernels of an exiting process.
-        constexpr auto kAbortBudget = std::chrono::seconds(5);
-        auto done = std::make_shared<std::atomic<bool>>(false);
-        std::thread aborter([comms, done] {
-          for (ncclComm_t c : comms) ncclCommAbort(c);
-          *done = true;
-        });
-        const auto until = std::chrono::steady_clock::now() + kAbortBudget;
-        while (!*done && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (*done) aborter.join();
-        else aborter.detach();
-        abort_job(fatal, 1);
-      }
+      // Ends the job at once: the message first, then exit. No ncclCommAbort: it woke this rank's
+      // stuck collective, so the caller ran on with a result that never arrived before the exit
+      // (seen on two H200), and it can itself block on the driver. The driver tears down the
+      // kernels of an exiting process; the peers' NCCL sees the connections close.
+      if (!fatal.empty()) abort_job(fatal, 1);
     }
   }
   std::mutex mu_;
   std::vector<ncclComm_t> comms_;
   std::list<std::shared_ptr<NcclOp>> ops_;
-  std::vector<std::shared_ptr<NcclOp>> retired_;  // completed; destroyed by add_op / remove_comm
-  std::thread thread_;
+  std::vector<std::shared_ptr<NcclOp>> retired_;  // completed; destroyed by reap() / remove_comm
+  std::condition_variable reap_cv_;
+  std::thread thread_, reaper_;
 };
 
 class NcclWork final : public Work {
