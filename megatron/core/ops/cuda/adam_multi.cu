@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatron/core/ops/cuda/adam_update.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/fused_optimizer.h"
 
@@ -55,21 +56,9 @@ __global__ void __launch_bounds__(kThreads) adam_multi_kernel(const Desc* __rest
     float pp[8], gg[8], mm[8], vv[8];
     ld8(d.p, i, d.n, vec, pp);
     ld8(d.g, i, d.n, vec, gg);
-    if (gscale != 1.0f) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) gg[j] *= gscale;  // clip coefficient (same fp32 product as scale_)
-    }
     ld8(d.m, i, d.n, vec, mm);
     ld8(d.v, i, d.n, vec, vv);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {  // elementwise.cu adam_kernel, operation for operation
-      float gj = decoupled ? gg[j] : gg[j] + wd * pp[j];
-      mm[j] = b1 * mm[j] + (1.0f - b1) * gj;
-      vv[j] = b2 * vv[j] + (1.0f - b2) * gj * gj;
-      float upd = (mm[j] / bc1) / (sqrtf(vv[j] / bc2) + eps);
-      if (decoupled) upd += wd * pp[j];
-      pp[j] -= lr * upd;
-    }
+    adam_update8(pp, gg, mm, vv, gscale, lr, b1, b2, eps, wd, bc1, bc2, decoupled);  // as adam_kernel
     st8(d.p, i, d.n, vec, pp);
     st8(d.m, i, d.n, vec, mm);
     st8(d.v, i, d.n, vec, vv);

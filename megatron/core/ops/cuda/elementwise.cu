@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "megatron/core/ops/cuda/adam_update.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
@@ -254,21 +255,9 @@ __global__ void adam_kernel(float* __restrict__ p, const float* __restrict__ g, 
     float pp[8], gg[8], mm[8], vv[8];
     ld8(p, i, n, vec, pp);
     ld8(g, i, n, vec, gg);
-    if (gscale != 1.0f) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) gg[j] *= gscale;  // clip coefficient (same fp32 product as scale_)
-    }
     ld8(m, i, n, vec, mm);
     ld8(v, i, n, vec, vv);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float gj = decoupled ? gg[j] : gg[j] + wd * pp[j];
-      mm[j] = b1 * mm[j] + (1.0f - b1) * gj;
-      vv[j] = b2 * vv[j] + (1.0f - b2) * gj * gj;
-      float upd = (mm[j] / bc1) / (sqrtf(vv[j] / bc2) + eps);
-      if (decoupled) upd += wd * pp[j];
-      pp[j] -= lr * upd;
-    }
+    adam_update8(pp, gg, mm, vv, gscale, lr, b1, b2, eps, wd, bc1, bc2, decoupled);
     st8(p, i, n, vec, pp);
     st8(m, i, n, vec, mm);
     st8(v, i, n, vec, vv);
