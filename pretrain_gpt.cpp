@@ -19,6 +19,7 @@
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/datasets/utils.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
+#include "megatron/core/distributed/comm_worker.h"
 #include "megatron/core/distributed/distributed_optimizer.h"
 #include "megatron/core/distributed/init_process_group.h"
 #include "megatron/core/parallel_state.h"
@@ -866,9 +867,13 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stderr);
+    megatron::distributed::run_job_abort_hook(1);  // the other ranks too (MPI), not a 10-minute hang
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "internal error: %s\n", e.what());
+    std::fflush(stderr);
+    megatron::distributed::run_job_abort_hook(2);
     return 2;
   }
 }

@@ -709,6 +709,15 @@ void validate_args(Arguments& a) {
     else a.accumulate_allreduce_grads_in_fp32 = true;
   }
   if (a.fp16 && a.loss_scale && *a.loss_scale <= 0) fail("--loss-scale must be > 0");
+  // NaN passes every "<= 0" check and skips every step; the int fields are narrowed to int later.
+  for (auto [flag, v] : {std::pair<const char*, double>{"--initial-loss-scale", a.initial_loss_scale},
+                         {"--min-loss-scale", a.min_loss_scale}, {"--loss-scale", a.loss_scale.value_or(1.0)}})
+    if (!std::isfinite(v)) user_error(flag, " must be a finite number (got ", v, ")");
+  if (!(a.loss_scale_window >= 1 && a.loss_scale_window <= 2147483647.0) ||
+      a.loss_scale_window != std::floor(a.loss_scale_window))
+    user_error("--loss-scale-window must be a whole number of iterations in 1..2147483647 (got ", a.loss_scale_window, ")");
+  if (a.hysteresis < 1 || a.hysteresis > 2147483647)
+    user_error("--hysteresis must be in 1..2147483647 (got ", a.hysteresis, ")");
   // Dynamic loss scaling expects inf/NaN grads: Megatron turns the NaN check off then.
   if (a.fp16 && !a.loss_scale) a.check_for_nan_in_loss_and_grad = false;
 

@@ -112,7 +112,7 @@ struct Arguments {
   std::optional<double> loss_scale;  // constant scale; None -> dynamic (fp16)
   double initial_loss_scale = 4294967296.0;
   double min_loss_scale = 1.0;
-  int64_t loss_scale_window = 1000;
+  double loss_scale_window = 1000;  // a float in Megatron; validated: a whole number of iterations
   int64_t hysteresis = 2;
   bool grad_reduce_in_bf16 = false;
   bool accumulate_allreduce_grads_in_fp32 = false;

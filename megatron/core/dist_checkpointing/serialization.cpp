@@ -754,11 +754,17 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& checkpoint_dir, con
     auto it = idx.tensors.find(t.key);
     if (it == idx.tensors.end()) user_error("checkpoint ", dir, " has no tensor '", t.key, "'");
     const StoredTensor& stt = it->second;
-    if (stt.global_shape != t.global_shape)
+    if (stt.global_shape != t.global_shape) {
+      // The padding hint only where the padded vocabulary is a dimension (embedding, output layer).
+      const bool vocab = t.key.find("word_embeddings") != std::string::npos ||
+                         t.key.find("output_layer") != std::string::npos;
       user_error("checkpoint ", dir, ": '", t.key, "' has global shape ", shape_str(stt.global_shape),
                  " but the model expects ", shape_str(t.global_shape),
-                 " (different model configuration? The padded vocabulary is a multiple of "
-                 "--make-vocab-size-divisible-by x TP: to change TP, pick a divisor that gives the same padding)");
+                 vocab ? " (different model configuration? The padded vocabulary is a multiple of "
+                         "--make-vocab-size-divisible-by x TP: to change TP, pick a divisor that gives the same padding)"
+                       : " (different model configuration: layer sizes, --fp8-amax-history-len, ...? Load with "
+                         "the flags the checkpoint was saved with)");
+    }
     if (stt.dtype != t.data.dtype() && !(is_floating(stt.dtype) && is_floating(t.data.dtype())))
       user_error("checkpoint ", dir, ": '", t.key, "' is stored as ", dtype_name(stt.dtype), ", cannot load into ",
                  dtype_name(t.data.dtype()));

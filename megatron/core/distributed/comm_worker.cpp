@@ -78,6 +78,15 @@ void set_job_abort_hook(std::function<void(int)> hook) {
   g_abort_hook = std::move(hook);
 }
 
+void run_job_abort_hook(int code) {
+  std::function<void(int)> hook;
+  {
+    std::lock_guard<std::mutex> l(g_hook_mu);
+    hook = g_abort_hook;
+  }
+  if (hook) hook(code);
+}
+
 void abort_job(const std::string& message, int code) {
   int r = g_rank.load();
   if (r >= 0)

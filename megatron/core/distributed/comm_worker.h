@@ -32,6 +32,12 @@ void set_job_abort_hook(std::function<void(int code)> hook);
 /// Prints "[rank R] <message>" to stderr and ends the whole job with exit code `code`. Never returns.
 [[noreturn]] void abort_job(const std::string& message, int code = 1);
 
+/// Runs the job-abort hook, if a backend installed one (the MPI backend: MPI_Abort of every rank
+/// when the world has more than one), and returns if there is none. For an error that reached
+/// main() on some ranks only: without it those ranks would wait in MPI_Finalize for peers that
+/// wait in a collective for them, until --distributed-timeout-minutes (seen under mpirun).
+void run_job_abort_hook(int code);
+
 /// Shared state of one submitted operation.
 struct WorkState {
   std::mutex mu;

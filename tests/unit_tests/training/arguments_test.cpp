@@ -238,3 +238,24 @@ TEST(Arguments, Llama3ExampleFlagsParse) {
   EXPECT_FALSE(a.accumulate_allreduce_grads_in_fp32);  // --bf16 --grad-reduce-in-bf16
   EXPECT_EQ(a.distributed_timeout_minutes, 60);
 }
+
+// Loss-scaling flags (found by the session-4 breaker): values that overflowed the int the scaler
+// uses were narrowed silently (--hysteresis 4294967297 ran as 1), NaN/inf scales skipped every
+// step, and --loss-scale-window is a float in Megatron (`type=float`), so "1e3" must parse.
+TEST(Arguments, LossScaleFlagsAreRangeChecked) {
+  const auto fp16 = with(base_flags(), {"--fp16"});
+  EXPECT_NE(error_of(with(fp16, {"--hysteresis", "4294967297"})).find("--hysteresis must be in 1..2147483647"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(fp16, {"--loss-scale-window", "2147483648"})).find("--loss-scale-window must be a whole"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(fp16, {"--loss-scale-window", "10.5"})).find("--loss-scale-window must be a whole"),
+            std::string::npos);
+  for (const char* f : {"--loss-scale", "--initial-loss-scale", "--min-loss-scale"})
+    for (const char* v : {"nan", "inf"})
+      EXPECT_NE(error_of(with(fp16, {f, v})).find(std::string(f) + " must be a finite number"), std::string::npos)
+          << f << " " << v;
+  Arguments a = parse_args(with(fp16, {"--loss-scale-window", "1e3", "--hysteresis", "3"}));
+  validate_args(a);
+  EXPECT_EQ(a.loss_scale_window, 1000.0);
+  EXPECT_EQ(a.hysteresis, 3);
+}

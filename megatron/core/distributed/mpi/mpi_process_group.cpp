@@ -45,9 +45,10 @@ struct MpiRuntime {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     set_global_rank_for_messages(rank);
     set_job_abort_hook([](int code) {
-      int fin = 0;
+      int fin = 0, n = 1;
       MPI_Finalized(&fin);
-      if (!fin) MPI_Abort(MPI_COMM_WORLD, code);
+      if (!fin) MPI_Comm_size(MPI_COMM_WORLD, &n);
+      if (!fin && n > 1) MPI_Abort(MPI_COMM_WORLD, code);
     });
     std::atexit([] { MpiRuntime::get().finalize(); });
   }
