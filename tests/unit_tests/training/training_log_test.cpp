@@ -130,3 +130,24 @@ TEST(TrainingLog, FlopsGptHandComputed) {
   a.padded_vocab_size = 128;
   EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 1), 21233664.0);
 }
+
+// Megatron's training_log prints a loss only `if avg > 0.0`: an interval whose iterations were all
+// skipped (fp16 overflow) has avg 0 and no "lm loss" field (found by the session-4 fresh tester;
+// we printed "lm loss: 0.000000E+00").
+TEST(TrainingLog, ZeroAverageLossIsLeftOut) {
+  TrainingLogFields t;
+  t.timestamp = "2026-11-30 03:00:00.000000";
+  t.iteration = 1;
+  t.train_iters = 10;
+  t.consumed_samples = 8;
+  t.elapsed_ms_per_iteration = 12.5;
+  t.global_batch_size = 8;
+  t.losses = {{"lm loss", 0.0}};
+  t.loss_scale = 4294967296.0;
+  t.skipped_iterations = 1;
+  const std::string line = format_training_log_line(t);
+  EXPECT_EQ(line.find("lm loss"), std::string::npos) << line;
+  EXPECT_NE(line.find("| loss scale: 4294967296.0 |"), std::string::npos) << line;
+  t.losses = {{"lm loss", 4.5}};
+  EXPECT_NE(format_training_log_line(t).find("| lm loss: 4.500000E+00 |"), std::string::npos);
+}
