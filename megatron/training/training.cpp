@@ -20,6 +20,7 @@ unsigned long long host_sync_count();  // ops/cuda/cuda_utils.h (kept free of cu
 }
 #endif
 #include "megatron/training/training_log.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::training {
 
@@ -391,7 +392,7 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.nan_iterations = nan_iters_;
     print(format_training_log_line(f));
 #ifdef MEGATRON_WITH_CUDA
-    if (const char* v = std::getenv("MEGATRON_LOG_HOST_SYNCS"); v && std::string(v) != "0") {
+    if (env_switch("MEGATRON_LOG_HOST_SYNCS", false)) {
       // Diagnostics (not a Megatron log line): host waits for the GPU since the last log line.
       static unsigned long long last = 0;
       const unsigned long long now = megatron::cuda::host_sync_count();

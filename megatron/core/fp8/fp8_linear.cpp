@@ -8,18 +8,14 @@
 #include "megatron/core/utils/errors.h"
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/utils/env.h"
 #endif
 
 namespace megatron::fp8 {
 
 bool fusion_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_FP8_FUSE");
-    if (!v || !*v || !std::strcmp(v, "1")) return true;
-    if (!std::strcmp(v, "0")) return false;
-    user_error("MEGATRON_FP8_FUSE=", v, ": expected 0 (quantize every FP8 GEMM input in a separate pass) or 1 "
-               "(fuse the quantization into RMSNorm/SwiGLU; the default)");
-  }();
+  // 0: quantize every FP8 GEMM input in a separate pass; 1 (default): fused into RMSNorm/SwiGLU.
+  static const bool on = env_switch("MEGATRON_FP8_FUSE", true);
   return on;
 }
 

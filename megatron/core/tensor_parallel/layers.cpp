@@ -9,6 +9,7 @@
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #endif
 #include "megatron/core/tensor_parallel/mappings.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::tensor_parallel {
 
@@ -20,10 +21,7 @@ using transformer::ParamRegistry;
 namespace {
 [[maybe_unused]] bool gemm_epilogues_enabled() {
   // MEGATRON_GEMM_EPILOGUES=0 turns the fused cuBLASLt GeLU epilogues off (A/B comparisons).
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_GEMM_EPILOGUES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("MEGATRON_GEMM_EPILOGUES", true);
   return on;
 }
 
@@ -32,10 +30,7 @@ namespace {
 // one pass of our gelu_backward_bgrad kernel (cuBLASLt ran that epilogue as a separate 1.2 ms
 // kernel per GPT-2 layer).
 [[maybe_unused]] bool dgelu_epilogue_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_DGELU_EPILOGUE");
-    return v && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_switch("MEGATRON_DGELU_EPILOGUE", false);
   return on;
 }
 

@@ -11,6 +11,7 @@
 #include "megatron/core/ops/cuda/adam_update.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/fused_optimizer.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -67,10 +68,7 @@ __global__ void __launch_bounds__(kThreads) adam_multi_kernel(const Desc* __rest
 }
 
 bool multi_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MEGATRON_MULTI_TENSOR_ADAM");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env_switch("MEGATRON_MULTI_TENSOR_ADAM", true);
   return on;
 }
 }  // namespace

@@ -34,6 +34,7 @@
 
 #if __has_include(<cudnn.h>)
 #include <cudnn.h>
+#include "megatron/core/utils/env.h"
 #define MEGATRON_HAVE_CUDNN_H 1
 #endif
 
@@ -719,8 +720,7 @@ namespace {
 // The packed path is cuDNN only: off under MEGATRON_ATTENTION_BACKEND=flash/generic and with
 // MEGATRON_PACKED_QKV=0 (A/B comparisons).
 bool packed_enabled() {
-  const char* v = std::getenv("MEGATRON_PACKED_QKV");
-  if (v && std::strcmp(v, "0") == 0) return false;
+  if (!env_switch("MEGATRON_PACKED_QKV", true)) return false;
   const char* be = std::getenv("MEGATRON_ATTENTION_BACKEND");
   return !be || !*be || !std::strcmp(be, "auto") || !std::strcmp(be, "cudnn");
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdlib>
+#include "megatron/core/utils/env.h"
 
 namespace megatron::cuda {
 /// True when the environment has MEGATRON_DETERMINISTIC=1, which pretrain_gpt sets for Megatron's
@@ -16,10 +17,7 @@ namespace megatron::cuda {
 /// Slower (the norm and embedding backward, and attention backward without a deterministic cuDNN
 /// engine); the default path is unchanged.
 inline bool deterministic() {
-  static const bool on = [] {
-    const char* e = std::getenv("MEGATRON_DETERMINISTIC");
-    return e && e[0] == '1';
-  }();
+  static const bool on = env_switch("MEGATRON_DETERMINISTIC", false);
   return on;
 }
 }  // namespace megatron::cuda

@@ -7,6 +7,7 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -81,10 +82,7 @@ __global__ void embed_bwd_det_kernel(const X* __restrict__ dout, const int64_t* 
 
 // MEGATRON_EMBED_BWD_V1=1: scalar atomics only (A/B comparisons).
 bool embed_bwd_v4_host() {
-  static const bool on = [] {
-    const char* e = std::getenv("MEGATRON_EMBED_BWD_V1");
-    return !(e && e[0] == '1');
-  }();
+  static const bool on = !env_switch("MEGATRON_EMBED_BWD_V1", false);
   return on;
 }
 
@@ -98,10 +96,7 @@ __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s
 
 // MEGATRON_CE_STATS_V1=1: the one-load-per-iteration loop only (A/B comparisons).
 bool ce_stats_unroll_host() {
-  static const bool on = [] {
-    const char* e = std::getenv("MEGATRON_CE_STATS_V1");
-    return !(e && e[0] == '1');
-  }();
+  static const bool on = !env_switch("MEGATRON_CE_STATS_V1", false);
   return on;
 }
 

@@ -18,6 +18,7 @@
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/utils/env.h"
 
 #define CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
 
@@ -199,20 +200,14 @@ void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tenso
 
 // MEGATRON_GEMM_EPILOGUES=0 also keeps the bias gradients out of the wgrad GEMM (A/B runs).
 bool bgradb_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_GEMM_EPILOGUES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("MEGATRON_GEMM_EPILOGUES", true);
   return on;
 }
 
 // MEGATRON_BGRADB=1: bias gradients from cuBLASLt's BGRADB epilogue (the default before Session
 // 4); default: one 16-byte-load column-sum pass (bias_grad_colsum), 1.5x faster at GPT-2 shapes.
 bool bgradb_epilogue_preferred() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGATRON_BGRADB");
-    return v && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_switch("MEGATRON_BGRADB", false);
   return on;
 }
 

@@ -9,6 +9,7 @@
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
 #include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -329,19 +330,13 @@ bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16
 
 // MEGATRON_NORM_FWD_V1=1: always norm_fwd_kernel (A/B comparisons).
 bool norm_fwd_v1_forced() {
-  static const bool v = [] {
-    const char* e = std::getenv("MEGATRON_NORM_FWD_V1");
-    return e && e[0] == '1';
-  }();
+  static const bool v = env_switch("MEGATRON_NORM_FWD_V1", false);
   return v;
 }
 
 // MEGATRON_NORM_BWD_V1=1: always the shared-memory-atomics kernel (A/B comparisons).
 bool norm_bwd_v1_forced() {
-  static const bool v = [] {
-    const char* e = std::getenv("MEGATRON_NORM_BWD_V1");
-    return e && e[0] == '1';
-  }();
+  static const bool v = env_switch("MEGATRON_NORM_BWD_V1", false);
   return v;
 }
 
