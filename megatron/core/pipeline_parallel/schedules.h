@@ -63,10 +63,11 @@ std::vector<std::pair<int, int>> get_schedule_table(int num_microbatches, int nu
 /// before the warm-up; its recv_tensor_from_previous_stage decides whether and for which chunk).
 /// All sends and receives of a step are posted together and waited for before the next step, so
 /// the schedule is deadlock-free also on NCCL, whose sends wait for the matching receive.
-/// Activations travel on one subgroup of the pipeline group and gradients on another: with PP = 2
-/// both go to the same peer, and one batch on one communicator would pair a rank's gradient send
-/// with the peer's activation receive (messages between two ranks match in posting order) --
-/// the reason Megatron refuses PP = 2 with the interleaved schedule unless p2p overlap is on.
+/// Activations travel on one subgroup of the pipeline group and gradients on another, so messages
+/// (which match in posting order between two ranks of a communicator) pair up per direction: with
+/// PP = 2 both directions go to the same peer, and Megatron's single batch (send_prev, recv_prev,
+/// send_next, recv_next) would pair a rank's gradient send with the peer's activation receive --
+/// why Megatron refuses PP = 2 with the interleaved schedule unless p2p overlap is on.
 class InterleavedPipeline {
  public:
   /// Collective over pp_group (creates the two traffic subgroups). `shape`/`dtype`/`device`:
