@@ -68,6 +68,17 @@ std::vector<std::pair<int, int>> get_schedule_table(int M, int V, int G) {
   return t;
 }
 
+void check_microbatch_group_size(int P, int M, int G) {
+  if (G > M || G < P)
+    user_error("the number of contiguous micro-batches in a virtual pipeline stage (", G, ") must lie in [PP=", P,
+               ", M=", M, "] (--microbatch-group-size-per-virtual-pipeline-stage, default PP; M = global batch / "
+               "(micro batch x data-parallel size))");
+  if (M % G != 0 && M % G < P)
+    user_error("the remainder of the micro-batch count ", M, " divided by the group size ", G,
+               " must be 0 or >= the pipeline-parallel size ", P,
+               " (--microbatch-group-size-per-virtual-pipeline-stage)");
+}
+
 InterleavedPipeline::InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp, Shape shape, DType dtype,
                                          Device device)
     : pp_(std::move(pp)), shape_(std::move(shape)), dtype_(dtype), device_(device) {
@@ -80,12 +91,7 @@ std::vector<Tensor> InterleavedPipeline::run(VirtualPipelineStage& stage, int M,
   const int P = pp_->size(), r = pp_->rank();
   if (G == 0) G = P;
   if (V < 1) user_error("virtual pipeline size must be >= 1");
-  if (G > M || G < P)
-    user_error("the number of contiguous micro-batches in a virtual pipeline stage (", G, ") must lie in [PP=", P,
-               ", M=", M, "]");
-  if (M % G != 0 && M % G < P)
-    user_error("the remainder of the micro-batch count ", M, " divided by the group size ", G,
-               " must be 0 or >= the pipeline-parallel size ", P);
+  check_microbatch_group_size(P, M, G);
   const auto table = get_schedule_table(M, V, G);
   const int total = M * V;
   // Megatron's get_pp_rank_microbatches.

@@ -55,6 +55,10 @@ class VirtualPipelineStage {
 /// groups of `group_size` (microbatch_group_size_per_vp_stage), each group through chunk 0, 1, ...
 std::vector<std::pair<int, int>> get_schedule_table(int num_microbatches, int num_chunks, int group_size);
 
+/// Megatron's checks of microbatch_group_size_per_vp_stage G for PP = pp_size and M micro-batches:
+/// throws UserError unless PP <= G <= M and the last group (M mod G) is 0 or >= PP.
+void check_microbatch_group_size(int pp_size, int num_microbatches, int group_size);
+
 /// The interleaved (virtual pipeline) schedule, Megatron's forward_backward_pipelining_with_interleaving
 /// with batched p2p (no --overlap-p2p-communication): the order of forward/backward steps
 /// (schedule table; warm-up = (PP - rank - 1)*2 + (VP - 1)*G capped at M*VP; steady 1F1B;
