@@ -4,6 +4,11 @@
 // (hand-written forward/backward of the formula above). The schedule only reorders micro-batches
 // and moves tensors, so losses and the accumulated dW must match to fp32 rounding (tolerance
 // 1e-6 relative to the largest magnitude; they are in fact bit-identical).
+// The same checks run (a) as DistPipeline.* with one process per stage under mpirun /
+// megatron_launch -- on CUDA tensors when MEGATRON_TEST_DIST_BACKEND=nccl (tests/gpu/ppnccl_check.sh)
+// -- and (b) as PipelineSchedule.*UnderNcclPointToPointSemantics with threads as ranks on a group
+// that follows NCCL's point-to-point rules (see RendezvousHub), where a schedule that would
+// deadlock on NCCL fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,8 +148,15 @@ void check_one_f_one_b(const std::shared_ptr<distributed::ProcessGroup>& world) 
   }
 }
 
+// The backend MEGATRON_TEST_DIST_BACKEND asked for is the one in use (a GPU check must not pass
+// on a silent fallback to the CPU backends).
+void expect_requested_backend(const distributed::ProcessGroup& g) {
+  if (const char* b = std::getenv("MEGATRON_TEST_DIST_BACKEND")) EXPECT_STREQ(g.backend_name(), b);
+}
+
 TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
   SKIP_UNLESS_MULTI_RANK();
+  expect_requested_backend(*testing::dist_world());
   check_one_f_one_b(testing::dist_world());
 }
 
@@ -223,6 +235,7 @@ void check_interleaved(const std::shared_ptr<distributed::ProcessGroup>& world) 
 
 TEST(DistPipeline, InterleavedMatchesSequentialRun) {
   SKIP_UNLESS_MULTI_RANK();
+  expect_requested_backend(*testing::dist_world());
   check_interleaved(testing::dist_world());
 }
 
