@@ -213,8 +213,14 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
   b.num("--norm-epsilon", a.layernorm_epsilon);
   b.flag("--apply-layernorm-1p", a.layernorm_zero_centered_gamma, true);
-  b.flag("--apply-residual-connection-post-layernorm", a.apply_residual_connection_post_layernorm, true);
-  b.flag("--openai-gelu", a.openai_gelu, true);
+  b.noted_str("--apply-residual-connection-post-layernorm",
+              "Megatron-Core's GPT layers do not read it either (a TransformerConfig field only): pre-norm "
+              "residuals as always, no effect",
+              [&a](const std::string&) { a.apply_residual_connection_post_layernorm = true; });
+  b.noted_str("--openai-gelu",
+              "Megatron-Core's MLP does not read it either (GeLU is erf, or the tanh form when fused with the "
+              "bias): no effect",
+              [&a](const std::string&) { a.openai_gelu = true; });
   b.flag("--squared-relu", a.squared_relu, true);
   b.flag("--swiglu", a.swiglu, true);
   b.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights, true);
@@ -224,9 +230,15 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--init-method-std", a.init_method_std);
   b.num("--hidden-dropout", a.hidden_dropout);
   b.num("--attention-dropout", a.attention_dropout);
-  b.flag("--attention-softmax-in-fp32", a.attention_softmax_in_fp32, true);
-  b.flag("--apply-query-key-layer-scaling", a.apply_query_key_layer_scaling, true);
-  b.flag("--fp32-residual-connection", a.fp32_residual_connection, true);
+  b.noted_str("--attention-softmax-in-fp32", "the attention softmax is always computed in fp32 here",
+              [&a](const std::string&) { a.attention_softmax_in_fp32 = true; });
+  b.noted_str("--apply-query-key-layer-scaling",
+              "guards fp16 overflow in Megatron's unfused softmax; attention scores are fp32 here: no effect",
+              [&a](const std::string&) { a.apply_query_key_layer_scaling = true; });
+  b.noted_str("--fp32-residual-connection",
+              "the residual stream stays in the training dtype (bf16/fp16) here, not fp32: losses differ from "
+              "Megatron's at the bf16/fp16 rounding level",
+              [&a](const std::string&) { a.fp32_residual_connection = true; });
   b.noted_str("--attention-backend",
               "attention uses megatron.cpp's own kernels (CPU reference, CUDA flash-style); the backend choice "
               "has no effect",
@@ -591,6 +603,11 @@ void validate_args(Arguments& a) {
                *a.micro_batch_size, ") x data-parallel size (", a.data_parallel_size, ")");
   }
   if (!a.dataloader_type) a.dataloader_type = "single";
+  // Megatron's cyclic loader (MegatronPretrainingRandomSampler: a new random order each epoch) and
+  // external loaders are not implemented; the flag was parsed and the single order used silently.
+  if (*a.dataloader_type != "single")
+    user_error("--dataloader-type ", *a.dataloader_type,
+               " is not implemented in megatron.cpp yet (only single: Megatron's sequential sampler); remove it");
   if (a.num_dataset_builder_threads <= 0) fail("--num-dataset-builder-threads must be > 0");
 
   // Iteration- vs sample-based training (exactly one of them unless --skip-train).
@@ -694,6 +711,20 @@ void validate_args(Arguments& a) {
   // Bias flags (arguments.py): no bias -> no bias-gelu fusion; add_bias_linear implies a QKV bias.
   if (!a.add_bias_linear) a.bias_gelu_fusion = false;
   if (a.add_bias_linear) a.add_qkv_bias = true;
+  // --squared-relu (core_transformer_config_from_args: assert not swiglu; MLP.forward raises "Only
+  // support fusion of gelu and swiglu" when the bias-activation fusion is on).
+  // RoPE variants the rope kernels do not apply (they were parsed and silently ignored: a run would
+  // train with plain RoPE frequencies and positions).
+  if (a.use_rope_scaling)
+    fail("--use-rope-scaling (Llama-3.1 RoPE frequency scaling) is not implemented in megatron.cpp yet; remove it "
+         "(plain RoPE frequencies would be used)");
+  if (a.rotary_seq_len_interpolation_factor)
+    fail("--rotary-seq-len-interpolation-factor is not implemented in megatron.cpp yet; remove it (positions would "
+         "not be interpolated)");
+  if (a.squared_relu && a.swiglu) fail("--squared-relu and --swiglu cannot be used together");
+  if (a.squared_relu && a.bias_gelu_fusion)
+    fail("--squared-relu needs --no-bias-gelu-fusion (or --disable-bias-linear): Megatron fuses only GeLU and "
+         "SwiGLU with the bias ('Only support fusion of gelu and swiglu')");
 
   // Learning rate and weight decay.
   // --skip-train evaluates only (no optimizer is built), so it needs no learning rate.
@@ -894,6 +925,7 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.layernorm_zero_centered_gamma = a.layernorm_zero_centered_gamma;
   c.qk_layernorm = a.qk_layernorm;
   c.gated_linear_unit = a.swiglu;
+  c.squared_relu = a.squared_relu;
   c.add_bias_linear = a.add_bias_linear;
   c.add_qkv_bias = a.add_qkv_bias;
   c.bias_activation_fusion = a.swiglu ? a.bias_swiglu_fusion : a.bias_gelu_fusion;

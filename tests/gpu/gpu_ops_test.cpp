@@ -205,6 +205,22 @@ void test_activations() {
       }
     check(std::string("swiglu fwd ") + dn(dt), host(y), ry, tol_for(dt));
     check(std::string("swiglu bwd ") + dn(dt), host(dx), rdx, tol_for(dt));
+    // Squared ReLU (--squared-relu): y = relu(x)^2, dx = dy * 2 relu(x); odd length (tail path).
+    {
+      const int64_t n = rows * f + 3;
+      V x = rounded(randn(n, 2.0f), dt), dy = rounded(randn(n), dt);
+      Tensor tx = dev(x, {n}, dt), tdy = dev(dy, {n}, dt), y = poisoned({n}, dt), dx = poisoned({n}, dt);
+      cu::squared_relu_forward(tx, y);
+      cu::squared_relu_backward(tdy, tx, dx);
+      VD ry(n), rdx(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double r = x[i] > 0 ? double(x[i]) : 0.0;
+        ry[i] = r * r;
+        rdx[i] = dy[i] * 2.0 * r;
+      }
+      check(std::string("squared_relu fwd ") + dn(dt), host(y), ry, tol_for(dt));
+      check(std::string("squared_relu bwd ") + dn(dt), host(dx), rdx, tol_for(dt));
+    }
   }
   // dropout: mask statistics and y = x * mask / (1 - p)
   {

@@ -129,6 +129,8 @@ dropout_gpt;drop;$DROP
 dropout_ll;drop;$LL $DROP
 err_heads;err;--hidden-size 72 --num-attention-heads 5
 err_seq_gt_maxpos;err;--seq-length 2048
+err_rope_scaling;err;$LL --use-rope-scaling
+err_rope_interp;err;$LL --rotary-seq-len-interpolation-factor 2
 err_gqa_groups;err;$LL --num-attention-heads 4 $GQA 3
 tp2;dist;$LL --hidden-size 128;--tensor-model-parallel-size 2
 tp2_sp;dist;$LL --hidden-size 128;--tensor-model-parallel-size 2 --sequence-parallel
@@ -163,6 +165,7 @@ pp2_vpp;dist?;$LL --hidden-size 128 --num-layers 4;--pipeline-model-parallel-siz
 pp2_uneven;dist?;$LL --hidden-size 128 --num-layers 3;--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1
 pp2_fp16;dist16;$FP16 --hidden-size 128;--pipeline-model-parallel-size 2
 dp2_fp8_param_gather;dist8?;$LL --hidden-size 128;--use-distributed-optimizer --fp8-param-gather
+pp2_fp8_h72;dist8?;--hidden-size 72 --num-attention-heads 3;--pipeline-model-parallel-size 2
 tp2_mqa;err;$LL --hidden-size 128 $GQA 1 --tensor-model-parallel-size 2
 "
 

@@ -115,6 +115,14 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   MEGATRON_DISPATCH(dy, swiglu_backward, dy, x, dx);
 }
 
+void squared_relu_forward(const Tensor& x, Tensor& y) {
+  MEGATRON_DISPATCH(x, squared_relu_forward, x, y);
+}
+
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  MEGATRON_DISPATCH(dy, squared_relu_backward, dy, x, dx);
+}
+
 void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t seed, uint64_t offset) {
   MEGATRON_DISPATCH(x, dropout_forward, x, y, mask, p, seed, offset);
 }

@@ -102,6 +102,11 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approxima
 /// SwiGLU on x [N, 2f] = [gate | up] (Megatron's fc1 layout): y[N, f] = silu(gate) * up.
 void swiglu_forward(const Tensor& x, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+/// Squared ReLU (Megatron's --squared-relu, megatron/core/activations.py squared_relu):
+/// y = relu(x)^2 elementwise; backward dx = dy * 2 relu(x). x, y, dy, dx: any shape, equal numel,
+/// fp32/bf16/fp16 (computed in fp32).
+void squared_relu_forward(const Tensor& x, Tensor& y);
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 
 /// Dropout with keep-probability 1-p: y = x * mask / (1-p). mask uint8 [numel] is written
 /// (1 = kept). Random stream: (seed, offset) select a counter-based stream; CPU and CUDA

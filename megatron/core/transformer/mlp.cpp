@@ -47,6 +47,8 @@ Tensor MLP::forward(const Tensor& x, MLPCtx& ctx, const Tensor* residual, const 
   Tensor act = Tensor::empty(s, ctx.fc1_out.dtype(), ctx.fc1_out.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_forward(ctx.fc1_out, act);
+  } else if (config_.squared_relu) {
+    ops::squared_relu_forward(ctx.fc1_out, act);
   } else {
     ops::gelu_forward(ctx.fc1_out, act, config_.gelu_tanh());
   }
@@ -72,6 +74,8 @@ Tensor MLP::backward(const Tensor& dy, MLPCtx& ctx) const {
   Tensor dfc1 = Tensor::empty(ctx.fc1_out.shape(), dy.dtype(), dy.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_backward(dact, ctx.fc1_out, dfc1);
+  } else if (config_.squared_relu) {
+    ops::squared_relu_backward(dact, ctx.fc1_out, dfc1);
   } else {
     ops::gelu_backward(dact, ctx.fc1_out, dfc1, config_.gelu_tanh());
   }

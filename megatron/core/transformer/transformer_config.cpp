@@ -76,6 +76,8 @@ void TransformerConfig::validate() {
                  " gives rotary dim ", rot, "; it must be even and at least 2");
     if (!(rotary_base > 0.0f)) user_error("--rotary-base must be positive, got ", rotary_base);
   }
+  if (squared_relu && gated_linear_unit)
+    user_error("TransformerConfig: squared_relu (--squared-relu) and gated_linear_unit (--swiglu) cannot be used together");
   if (recompute_granularity == RecomputeGranularity::kFull) {
     if (recompute_method == RecomputeMethod::kNone)
       user_error("--recompute-granularity full needs --recompute-method uniform or block");

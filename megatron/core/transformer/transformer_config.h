@@ -67,6 +67,9 @@ struct TransformerConfig {
   // ---- MLP / linear layers ----
   /// --swiglu: fc1 produces [gate; up] (2 * ffn_hidden_size rows), activation silu(gate) * up.
   bool gated_linear_unit = false;
+  /// --squared-relu: the MLP activation is relu(x)^2 (Megatron's activation_func = squared_relu)
+  /// instead of GeLU; not with gated_linear_unit, never fused with the bias.
+  bool squared_relu = false;
   /// false with --disable-bias-linear (no bias in any linear layer).
   bool add_bias_linear = true;
   /// --add-qkv-bias: bias in linear_qkv even when add_bias_linear is false.
@@ -124,7 +127,7 @@ struct TransformerConfig {
   int64_t qkv_projection_size() const { return (num_attention_heads + 2 * num_query_groups) * kv_channels; }
   /// Rows of fc1: ffn_hidden_size, or 2 * ffn_hidden_size with gated_linear_unit.
   int64_t fc1_output_size() const { return gated_linear_unit ? 2 * ffn_hidden_size : ffn_hidden_size; }
-  bool gelu_tanh() const { return bias_activation_fusion && add_bias_linear; }
+  bool gelu_tanh() const { return !squared_relu && bias_activation_fusion && add_bias_linear; }
 };
 
 }  // namespace megatron::transformer

@@ -72,6 +72,19 @@ TEST(CpuOps, GeLU) {
   }
 }
 
+TEST(CpuOps, SquaredReLU) {
+  // Megatron's squared_relu (megatron/core/activations.py: relu(x)^2), by hand: y = max(x, 0)^2,
+  // dx = dy * 2 max(x, 0) (0 at x <= 0). All values are exact in fp32 (small dyadic rationals), so
+  // the comparison is exact.
+  Tensor x = Tensor::from_vector({-2.0f, -0.5f, 0.0f, 0.5f, 3.0f, 1.25f}, {2, 3});
+  Tensor dy = Tensor::from_vector({1.0f, 2.0f, 3.0f, 4.0f, 5.0f, -2.0f}, {2, 3});
+  Tensor y = like(x), dx = like(x);
+  ops::squared_relu_forward(x, y);
+  ops::squared_relu_backward(dy, x, dx);
+  EXPECT_EQ(y.to_float_vector(), (std::vector<float>{0.0f, 0.0f, 0.0f, 0.25f, 9.0f, 1.5625f}));
+  EXPECT_EQ(dx.to_float_vector(), (std::vector<float>{0.0f, 0.0f, 0.0f, 4.0f, 30.0f, -5.0f}));
+}
+
 TEST(CpuOps, SwiGLU) {
   Tensor x = get("swiglu/x"), y = f32({5, 20}), dx = like(x);
   ops::swiglu_forward(x, y);

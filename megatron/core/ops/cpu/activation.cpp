@@ -51,6 +51,29 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approxima
   fdx.commit();
 }
 
+void squared_relu_forward(const Tensor& x, Tensor& y) {
+  MEGATRON_CHECK(x.numel() == y.numel()) << "squared_relu_forward " << x.str() << " -> " << y.str();
+  FloatIn fx(x);
+  FloatOut fy(y);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = fx[i] > 0.0f ? fx[i] : 0.0f;
+    fy[i] = r * r;
+  }
+  fy.commit();
+}
+
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  MEGATRON_CHECK(x.numel() == dy.numel() && dx.numel() == x.numel()) << "squared_relu_backward " << x.str();
+  FloatIn fx(x), fdy(dy);
+  FloatOut fdx(dx);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) fdx[i] = fx[i] > 0.0f ? fdy[i] * 2.0f * fx[i] : 0.0f;
+  fdx.commit();
+}
+
 void swiglu_forward(const Tensor& x, Tensor& y) {
   const int64_t f = y.size(-1), n = rows_of(y);
   MEGATRON_CHECK(x.size(-1) == 2 * f && rows_of(x) == n) << "swiglu_forward " << x.str() << " -> " << y.str();

@@ -33,6 +33,8 @@ void gelu_forward(const Tensor& x, Tensor& y, bool approximate_tanh);
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approximate_tanh);
 void swiglu_forward(const Tensor& x, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void squared_relu_forward(const Tensor& x, Tensor& y);
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void dropout_forward(const Tensor& x, Tensor& y, Tensor& mask, float p, uint64_t seed, uint64_t offset);
 void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx);
 void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_query_groups, const RopeParams& rope, const Tensor* position_ids, Tensor& q, Tensor& k, Tensor& v);

@@ -187,6 +187,34 @@ __global__ void gelu_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ 
   }
 }
 
+// Squared ReLU (--squared-relu): y = relu(x)^2, dx = dy * 2 relu(x).
+template <class X, class Y>
+__global__ void squared_relu_fwd_kernel(const X* __restrict__ x, Y* __restrict__ y, int64_t n, bool vec) {
+  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
+    float a[8];
+    ld8(x, i, n, vec, a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float r = fmaxf(a[j], 0.0f);
+      a[j] = r * r;
+    }
+    st8(y, i, n, vec, a);
+  }
+}
+
+template <class X, class D>
+__global__ void squared_relu_bwd_kernel(const D* __restrict__ dy, const X* __restrict__ x, D* __restrict__ dx,
+                                        int64_t n, bool vec) {
+  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
+    float a[8], g[8];
+    ld8(x, i, n, vec, a);
+    ld8(dy, i, n, vec, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = a[j] > 0.0f ? g[j] * 2.0f * a[j] : 0.0f;
+    st8(dx, i, n, vec, g);
+  }
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // SwiGLU on rows: x [N, 2f] = [gate | up], y [N, f]. Work item = 8 consecutive outputs of one row.
@@ -408,6 +436,37 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, bool approxima
                                     gelu_bwd_kernel<X, D><<<grid8(n), kThreads, 0, st>>>(
                                         static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
                                         static_cast<D*>(dx.data_ptr()), n, approximate_tanh, vec)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void squared_relu_forward(const Tensor& x, Tensor& y) {
+  check_cuda(x, "squared_relu_forward");
+  check_cuda(y, "squared_relu_forward");
+  MEGATRON_CHECK(x.numel() == y.numel()) << "squared_relu_forward: " << x.str() << " -> " << y.str();
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = aligned16(x.data_ptr()) && aligned16(y.data_ptr());
+  MCU_FLOAT_SWITCH(x.dtype(), X,
+                   MCU_FLOAT_SWITCH(y.dtype(), Y,
+                                    squared_relu_fwd_kernel<X, Y><<<grid8(n), kThreads, 0, st>>>(
+                                        static_cast<const X*>(x.data_ptr()), static_cast<Y*>(y.data_ptr()), n, vec)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  check_cuda(dy, "squared_relu_backward");
+  MEGATRON_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dx.dtype() == dy.dtype())
+      << "squared_relu_backward: dy " << dy.str() << " x " << x.str() << " dx " << dx.str();
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  bool vec = aligned16(x.data_ptr()) && aligned16(dy.data_ptr()) && aligned16(dx.data_ptr());
+  MCU_FLOAT_SWITCH(x.dtype(), X,
+                   MCU_FLOAT_SWITCH(dy.dtype(), D,
+                                    squared_relu_bwd_kernel<X, D><<<grid8(n), kThreads, 0, st>>>(
+                                        static_cast<const D*>(dy.data_ptr()), static_cast<const X*>(x.data_ptr()),
+                                        static_cast<D*>(dx.data_ptr()), n, vec)));
   CUDA_CHECK_LAUNCH();
 }
 
