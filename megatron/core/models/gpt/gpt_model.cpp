@@ -245,7 +245,8 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   const auto& olc = st.output_layer;
   st.ce_fused = training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
                 st.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
-                !olc.fp8_input_t.defined() && olc.input.numel() % n == 0;
+                !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
+                olc.input.numel() == n * olc.input.size(-1);
   if (st.ce_fused) {
     Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
     st.lse = Tensor::empty({n}, DType::kFloat32, device_);

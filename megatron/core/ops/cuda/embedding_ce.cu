@@ -408,6 +408,9 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
     if (stash) {
       CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
+      // All of the unified L1/shared memory as shared memory: two 100 KB bf16 rows (GPT-2) per SM.
+      CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
       ce_fused_kernel<L, true><<<(unsigned)N, kFusedThreads, bytes, st>>>(p, lab, V, vocab_start, lo, ls, vec);
     } else {
       ce_fused_kernel<L, false><<<(unsigned)N, kFusedThreads, 0, st>>>(p, lab, V, vocab_start, lo, ls, vec);
