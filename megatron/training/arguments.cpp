@@ -988,6 +988,10 @@ std::vector<std::pair<std::string, std::string>> args_items(const Arguments& arg
   put("virtual_pipeline_model_parallel_size",
       a.virtual_pipeline_model_parallel_size.value_or(1) == 1 ? std::string("None")
                                                               : py_str(*a.virtual_pipeline_model_parallel_size));
+  // validate_args starts the sample counters at 0, and the block is printed before a checkpoint
+  // is loaded (in Megatron and here), so they always print as 0.
+  for (const char* counter : {"consumed_train_samples", "skipped_train_samples", "consumed_valid_samples"})
+    put(counter, "0");
   for (const auto& e : declared_entries(a)) put(e.dest, e.value());
   return items;
 }

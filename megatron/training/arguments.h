@@ -251,7 +251,7 @@ int64_t num_microbatches(const Arguments& args);
 /// "  <dest> <dots> <str(value)>" for every argument pretrain_gpt declares (under Megatron's
 /// argparse dest, one line per dest) plus the fields validate_args and the tokenizer derive that
 /// we have (world_size, rank, data_parallel_size, params_dtype, padded_vocab_size,
-/// virtual_pipeline_model_parallel_size); values as Python's str() prints them (None,
+/// virtual_pipeline_model_parallel_size, and the sample counters, 0 before training); values as Python's str() prints them (None,
 /// True/False, ['a', 'b'], float repr 1e-05). No trailing newline. Call after validate_args.
 std::string format_args(const Arguments& args);
 

@@ -133,7 +133,8 @@ TEST(PrintArgs, EveryDeclaredFlagOnceUnderMegatronDest) {
   }
   // Fields Megatron's parse/validate set that are not flags.
   for (const char* derived : {"world_size", "rank", "data_parallel_size", "params_dtype", "padded_vocab_size",
-                              "virtual_pipeline_model_parallel_size"}) {
+                              "virtual_pipeline_model_parallel_size", "consumed_train_samples", "skipped_train_samples",
+                              "consumed_valid_samples"}) {
     EXPECT_EQ(counts[derived], 1) << derived;
     distinct.insert(derived);
   }
@@ -201,6 +202,7 @@ TEST(PrintArgs, ValuesAsPythonPrintsThem) {
   EXPECT_EQ(v["world_size"], "1");
   EXPECT_EQ(v["virtual_pipeline_model_parallel_size"], "None");
   EXPECT_EQ(v["padded_vocab_size"], "None");  // before the tokenizer is built
+  EXPECT_EQ(v["consumed_train_samples"], "0");  // validate_args: args.consumed_train_samples = 0
 
   Arguments b = parse_args({"--data-path", "0.3", "it's", "0.7", "b", "--tokenizer-type", "GPT2BPETokenizer"});
   auto w = block_values(format_args(b));
