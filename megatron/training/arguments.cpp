@@ -456,6 +456,15 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
   b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
+  b.num("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage);
+  b.noted("--no-overlap-p2p-communication",
+          "the pipeline's send/receive of each schedule step is always one batch posted together here "
+          "(Megatron's behaviour under this flag); PP = 2 with virtual stages is allowed (docs/distributed.md)");
+  b.noted("--overlap-p2p-communication-warmup-flush",
+          "the pipeline's send/receive is not overlapped with compute here (one batch per step); no effect");
+  b.noted("--no-align-param-gather",
+          "every chunk's parameter all-gather is launched right after the optimizer step on every pipeline "
+          "stage here; no effect");
   b.flag("--sequence-parallel", a.sequence_parallel, true);
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
   b.flag("--overlap-grad-reduce", a.overlap_grad_reduce, true);
@@ -748,7 +757,9 @@ void validate_args(Arguments& a) {
                a.pipeline_model_parallel_size, ")");
   }
   // Megatron: the two virtual-pipeline flags exclude each other, and the interleaved schedule
-  // needs PP > 1 (PP > 2 only with --no-overlap-p2p-communication, which is not implemented).
+  // needs PP > 1. (Megatron also wants PP > 2 under --no-overlap-p2p-communication, because its
+  // single batch per step would then pair messages of the two directions between the same two
+  // ranks; our schedule keeps the two directions on separate subgroups, so PP = 2 is fine.)
   if (a.num_layers_per_virtual_pipeline_stage && a.num_virtual_stages_per_pipeline_rank)
     fail("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be set at the same time");
   if ((a.num_layers_per_virtual_pipeline_stage || a.num_virtual_stages_per_pipeline_rank) &&
@@ -764,6 +775,8 @@ void validate_args(Arguments& a) {
   } else if (a.num_virtual_stages_per_pipeline_rank) {
     a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
   }
+  if (a.microbatch_group_size_per_vp_stage && *a.microbatch_group_size_per_vp_stage < 1)
+    fail("--microbatch-group-size-per-virtual-pipeline-stage must be >= 1");
 
   // Bias flags (arguments.py): no bias -> no bias-gelu fusion; add_bias_linear implies a QKV bias.
   if (!a.add_bias_linear) a.bias_gelu_fusion = false;

@@ -139,6 +139,10 @@ struct Arguments {
   std::optional<int64_t> decoder_last_pipeline_num_layers;   // uneven pipeline split (last stage)
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // derived
+  /// --microbatch-group-size-per-virtual-pipeline-stage: micro-batches run back to back through a
+  /// virtual stage in the interleaved schedule (Megatron's microbatch_group_size_per_vp_stage);
+  /// unset = PP.
+  std::optional<int64_t> microbatch_group_size_per_vp_stage;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;
