@@ -44,8 +44,9 @@ COMMON="${COMMON/gpt2perf_cache/cefuse_cache}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 
 # 1. The new kernels against float64 host references: ce_fused (cross_entropy_fused_ at V 1000,
-#    50304 (shared-memory stash, vector loads), 50257 (element loads), 128256 (bf16/fp32 rows wider
-#    than shared memory: global re-read), fp32/bf16/fp16, labels outside the shard; scale_rows),
+#    50304 (whole row in shared memory, vector loads), 50257 (element loads), 128256 (bf16/fp16:
+#    ~90% in shared memory, the rest re-read; fp32: all re-read), fp32/bf16/fp16, labels outside
+#    the shard; scale_rows),
 #    grad_norm (sum_of_squares_many over 150 tensors vs float64), reduce_many, embedding_ce (the
 #    unfused CE kernels, still used with TP > 1 / fp16 / eval). Then grad_norm again at a fixed
 #    seed with MEGATRON_REDUCE_MULTI=1 and 0: the printed sums must be bit-identical.

@@ -563,9 +563,9 @@ void test_grad_norm() {
 
 // cross_entropy_fused_ (training cross entropy without TP) and scale_rows against float64 host
 // references: lse = log sum exp, loss = lse - logit[label] (0 term for labels outside the
-// shard), g = softmax - onehot written over the logits. Row widths: GPT-2's 50304 (shared-memory
-// stash path, vector loads), 50257 (odd: element loads), 128256 (LLaMA-3: bf16 row too wide for
-// shared memory -> the global re-read path; fp32 too), 1000.
+// shard), g = softmax - onehot written over the logits. Row widths: GPT-2's 50304 (whole row in
+// shared memory, vector loads), 50257 (odd: element loads), 128256 (LLaMA-3: bf16/fp16 ~90% of the
+// row in shared memory and the rest re-read; fp32 under half fits -> all re-read), 1000.
 void test_ce_fused() {
   std::vector<int64_t> widths = g_small ? std::vector<int64_t>{300, 8200, 8201} : std::vector<int64_t>{1000, 50304, 50257, 128256};
   for (int64_t Vl : widths)

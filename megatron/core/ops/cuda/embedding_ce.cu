@@ -183,15 +183,16 @@ __global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ label
 
 // Fused cross entropy (ops.h cross_entropy_fused_): one block per row. Pass 1 reads the row once
 // from DRAM (online max/sum-exp, four 16-byte loads in flight per thread) and, with kStash, keeps
-// a copy in shared memory; pass 2 writes g = softmax - onehot over the row from that copy (or,
-// without kStash, from a second global read that mostly hits L2). The unfused path reads the
-// row twice from DRAM (ce_stats_kernel, ce_bwd_kernel) and writes it once; this one reads it once.
+// its first `stash` elements (a multiple of 8: all of a GPT-2 row, ~90% of a bf16 LLaMA-3 row) in
+// shared memory; pass 2 writes g = softmax - onehot over the row from that copy and re-reads the
+// rest from global memory (partly L2 hits). The unfused path reads the row twice from DRAM
+// (ce_stats_kernel, ce_bwd_kernel) and writes it once; this one reads the stashed part once.
 constexpr int kFusedThreads = 512;
 
 template <class L, bool kStash>
 __global__ void __launch_bounds__(kFusedThreads)
     ce_fused_kernel(L* logits, const int64_t* __restrict__ labels, int64_t V, int64_t vstart, float* __restrict__ loss,
-                    float* __restrict__ lse_out, bool vec) {
+                    float* __restrict__ lse_out, int64_t stash, bool vec) {
   extern __shared__ __align__(16) unsigned char ce_fused_smem[];
   L* srow = reinterpret_cast<L*>(ce_fused_smem);
   const int64_t r = blockIdx.x;
@@ -210,7 +211,8 @@ __global__ void __launch_bounds__(kFusedThreads)
       for (int u = 0; u < 4; ++u) ld8(lr, c + u * kStep, V, true, f[u]);
       if constexpr (kStash) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) st8(srow, c + u * kStep, V, true, f[u]);
+        for (int u = 0; u < 4; ++u)
+          if (c + u * kStep < stash) st8(srow, c + u * kStep, V, true, f[u]);
       }
       float bm = -INFINITY;
 #pragma unroll
@@ -228,7 +230,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   for (; c < V; c += kStep) {
     float f[8];
     ld8(lr, c, V, vec, f);
-    if constexpr (kStash) st8(srow, c, V, vec, f);
+    if constexpr (kStash)
+      if (c < stash) st8(srow, c, V, vec, f);
     float bm = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -263,18 +266,17 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   __syncthreads();  // also orders every thread's stash writes and pass-1 reads before pass 2
   const float l = row_lse;
-  const L* src = kStash ? srow : lr;
   for (c = threadIdx.x * 8; c < V; c += kStep) {
     float f[8];
-    ld8(src, c, V, vec, f);
+    ld8(kStash && c < stash ? srow : lr, c, V, vec, f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = __expf(f[j] - l) - (c + j == t ? 1.0f : 0.0f);
     st8(lr, c, V, vec, f);
   }
 }
 
-// MEGATRON_CE_FUSED_STASH=0: pass 2 re-reads the row from global memory (L2) instead of shared
-// memory (A/B comparisons; rows wider than the shared memory per block always do).
+// MEGATRON_CE_FUSED_STASH=0: pass 2 re-reads the whole row from global memory (L2) instead of
+// shared memory (A/B comparisons).
 bool ce_fused_stash_host() {
   static const bool on = env_switch("MEGATRON_CE_FUSED_STASH", true);
   return on;
@@ -394,12 +396,20 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
   MEGATRON_CHECK(N < (1ll << 31)) << "cross_entropy_fused_: too many rows " << N;
   cudaStream_t st = megatron::cuda::current_stream();
   const bool vec = V % 8 == 0 && aligned16(logits.data_ptr());
-  const size_t bytes = static_cast<size_t>(V) * dtype_size(logits.dtype());
   int dev = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  // 1 KiB left for the kernel's static shared memory (the per-warp partials).
-  const bool stash = ce_fused_stash_host() && bytes + 1024 <= static_cast<size_t>(optin);
+  // The stash: as much of the row as fits (1 KiB left for the kernel's static shared memory), in
+  // whole 8-element chunks; none when that is under half the row (then the lower occupancy of a
+  // near-full shared memory costs more than the re-read it saves).
+  // A partial stash ends on a chunk boundary (chunks start at multiples of 8), so every chunk
+  // is either all in shared memory or all re-read.
+  const size_t esz = dtype_size(logits.dtype());
+  const int64_t cap = (static_cast<int64_t>(optin) - 1024) / static_cast<int64_t>(esz) / 8 * 8;
+  int64_t stash_elems = V <= cap ? V : cap;
+  if (!ce_fused_stash_host() || 2 * stash_elems < V) stash_elems = 0;
+  const bool stash = stash_elems > 0;
+  const size_t stash_bytes = static_cast<size_t>(stash_elems) * esz;
   MCU_FLOAT_SWITCH(logits.dtype(), L, {
     L* p = static_cast<L*>(logits.data_ptr());
     const int64_t* lab = static_cast<const int64_t*>(labels.data_ptr());
@@ -407,13 +417,14 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
     float* ls = static_cast<float*>(lse.data_ptr());
     if (stash) {
       CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
+                                      static_cast<int>(stash_bytes)));
       // All of the unified L1/shared memory as shared memory: two 100 KB bf16 rows (GPT-2) per SM.
       CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-      ce_fused_kernel<L, true><<<(unsigned)N, kFusedThreads, bytes, st>>>(p, lab, V, vocab_start, lo, ls, vec);
+      ce_fused_kernel<L, true><<<(unsigned)N, kFusedThreads, stash_bytes, st>>>(p, lab, V, vocab_start, lo, ls,
+                                                                                 stash_elems, vec);
     } else {
-      ce_fused_kernel<L, false><<<(unsigned)N, kFusedThreads, 0, st>>>(p, lab, V, vocab_start, lo, ls, vec);
+      ce_fused_kernel<L, false><<<(unsigned)N, kFusedThreads, 0, st>>>(p, lab, V, vocab_start, lo, ls, 0, vec);
     }
   });
   CUDA_CHECK_LAUNCH();
