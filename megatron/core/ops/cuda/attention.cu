@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -854,14 +855,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       if (small) launch(fa_fwd_v2_kernel<128, 4>, 128, 4);
       else launch(fa_fwd_v2_kernel<128, 8>, 128, 8);
     }
-  } else if (q.size(3) == 64) {
-    size_t smem = 3 * 64 * (64 + 8) * 2;
-    set_smem(fa_fwd_kernel<64>, smem);
-    fa_fwd_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
   } else {
-    size_t smem = 3 * 64 * (128 + 8) * 2;
-    set_smem(fa_fwd_kernel<128>, smem);
-    fa_fwd_kernel<128><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    auto launch = [&](auto kern, int d) {
+      size_t smem = 3 * 64 * (d + 8) * 2;
+      set_smem(kern, smem);
+      kern<<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    };
+    if (q.size(3) == 64) launch(fa_fwd_kernel<64>, 64);
+    else launch(fa_fwd_kernel<128>, 128);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -911,34 +912,24 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   dim3 grid((a.SK + kBN - 1) / kBN, a.B * a.NG);
   const bool v2 = use_v2(a, lse);
   unsigned g1 = grid_for(rows * 32, 256);
-  if (D == 64) {
-    fa_bwd_dot_kernel<64><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
-    constexpr int BM = 64, LD = 72;
+  // D = HD (64 or 128): Δ = rowsum(dO ∘ O), the dK/dV/dQ kernel (v2 with 4 or 8 warps, or v1),
+  // then dQ from its fp32 accumulator.
+  auto run = [&](auto head_dim) {
+    constexpr int HD = decltype(head_dim)::value, BM = 64, LD = HD + 8;
+    fa_bwd_dot_kernel<HD><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     if (v2) {
-      if (small_blocks(64)) launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 4>, 4, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 8>, 8, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      if (small_blocks(HD)) launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      else launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<64, BM>, smem);
-      fa_bwd_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      set_smem(fa_bwd_kernel<HD, BM>, smem);
+      fa_bwd_kernel<HD, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
     }
     CUDA_CHECK_LAUNCH();
-    fa_dq_convert_kernel<64><<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
-  } else {
-    fa_bwd_dot_kernel<128><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
-    constexpr int BM = 64, LD = 136;
-    if (v2) {
-      if (small_blocks(128)) launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 4>, 4, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 8>, 8, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-    } else {
-      size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<128, BM>, smem);
-      fa_bwd_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
-    }
-    CUDA_CHECK_LAUNCH();
-    fa_dq_convert_kernel<128>
-        <<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
-  }
+    fa_dq_convert_kernel<HD><<<grid_for(rows * HD, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
+  };
+  if (D == 64) run(std::integral_constant<int, 64>{});
+  else run(std::integral_constant<int, 128>{});
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(dvec, st));
   CUDA_CHECK(cudaFreeAsync(dq_acc, st));
