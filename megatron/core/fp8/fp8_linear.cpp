@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/core/ops/cuda/fp8_cuda.h"
-#include "megatron/core/utils/env.h"
 #endif
 
 namespace megatron::fp8 {
