@@ -71,6 +71,61 @@ std::vector<uint8_t> bytes(const Tensor& t) {
 
 std::vector<float> host(const Tensor& t) { return t.to(Device::cpu()).to_float_vector(); }
 
+// A float32 scalar tensor [1] on the device holding v (scales, amaxes).
+Tensor dev_scalar(float v) { return Tensor::from_vector({v}, {1}).to(Device::cuda()); }
+// A zeroed float32 amax [1] on the device.
+Tensor dev_amax() { return Tensor::zeros({1}, DType::kFloat32, Device::cuda()); }
+
+// Bytes of the device FP8 tensor q [R, C] that differ from the row-major reference bytes ref.
+int64_t row_mismatches(const Tensor& q, const std::vector<uint8_t>& ref) {
+  const std::vector<uint8_t> a = bytes(q);
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += a[i] != ref[i];
+  return bad;
+}
+// Bytes of the device FP8 tensor qt [C, R] that differ from the transpose of the row-major
+// reference bytes ref [R, C].
+int64_t transposed_mismatches(const Tensor& qt, const std::vector<uint8_t>& ref, int64_t R, int64_t C) {
+  const std::vector<uint8_t> t = bytes(qt);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) bad += t[c * R + r] != ref[r * C + c];
+  return bad;
+}
+
+// An FP8 output on the device in both layouts (q [R, C], q_t [C, R]) with its amax (zeroed), as
+// the quantize kernels write it.
+struct Fp8Out {
+  Tensor q, qt, amax;
+  Fp8Out(int64_t R, int64_t C, DType dt)
+      : q(Tensor::empty({R, C}, dt, Device::cuda())), qt(Tensor::empty({C, R}, dt, Device::cuda())), amax(dev_amax()) {}
+};
+// Bytes (both layouts) in which two FP8 outputs differ.
+int64_t byte_mismatches(const Fp8Out& a, const Fp8Out& b) {
+  const std::vector<uint8_t> qa = bytes(a.q), qb = bytes(b.q), ta = bytes(a.qt), tb = bytes(b.qt);
+  int64_t bad = 0;
+  for (size_t i = 0; i < qa.size(); ++i) bad += (qa[i] != qb[i]) + (ta[i] != tb[i]);
+  return bad;
+}
+
+// Timing helper: average ms of `reps` calls of f after `warmup` untimed calls.
+template <class F>
+double time_ms(F f, int reps, int warmup = 2) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int i = 0; i < warmup; ++i) f();
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) f();
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / reps;
+}
+
 // Host conversions of n floats, split over threads.
 std::vector<uint8_t> host_cast(const std::vector<float>& v, bool e4m3) {
   std::vector<uint8_t> out(v.size());
@@ -86,7 +141,7 @@ std::vector<uint8_t> host_cast(const std::vector<float>& v, bool e4m3) {
 
 void cast_chunk(const std::vector<float>& v, int64_t& mism_cast, int64_t& mism_q, uint32_t& first_bad) {
   Tensor x = Tensor::from_vector(v, {(int64_t)v.size()}).to(Device::cuda());
-  Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda());
+  Tensor one = dev_scalar(1.0f);
   for (int e = 0; e < 2; ++e) {
     const DType dt = e == 0 ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
     std::vector<uint8_t> ref = host_cast(v, e == 0);
@@ -161,22 +216,19 @@ void test_quantize() {
     Tensor qh = Tensor::empty({R, C}, dt);
     const float amax_ref = fp8::quantize_cpu(xh, meta, qh);
     Tensor x = xh.to(Device::cuda());
-    Tensor scale = Tensor::from_vector({37.5f}, {1}).to(Device::cuda());
-    Tensor amax = Tensor::from_vector({0.5f}, {1}).to(Device::cuda());
+    Tensor scale = dev_scalar(37.5f);
+    Tensor amax = dev_scalar(0.5f);
     Tensor q = Tensor::empty({R, C}, dt, Device::cuda()), qt = Tensor::empty({C, R}, dt, Device::cuda());
     cu::fp8_quantize(x, fp(scale), fp(amax), &q, &qt);
-    std::vector<uint8_t> ref = bytes(qh), a = bytes(q), t = bytes(qt);
-    int64_t bad = 0;
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) bad += (a[r * C + c] != ref[r * C + c]) + (t[c * R + r] != ref[r * C + c]);
-    const float got_amax = amax.to(Device::cpu()).to_float_vector()[0];
+    const std::vector<uint8_t> ref = bytes(qh);
+    int64_t bad = row_mismatches(q, ref) + transposed_mismatches(qt, ref, R, C);
+    const float got_amax = host(amax)[0];
     // Rows only, amax only.
     Tensor q2 = Tensor::empty({R, C}, dt, Device::cuda());
-    Tensor amax2 = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    Tensor amax2 = dev_amax();
     cu::fp8_quantize(x, fp(scale), fp(amax2), &q2, nullptr);
-    std::vector<uint8_t> b2 = bytes(q2);
-    for (int64_t i = 0; i < R * C; ++i) bad += b2[i] != ref[i];
-    const float got2 = amax2.to(Device::cpu()).to_float_vector()[0];
+    bad += row_mismatches(q2, ref);
+    const float got2 = host(amax2)[0];
     char d[160];
     std::snprintf(d, sizeof d, "%lld byte mismatches; amax %.6g / %.6g vs %.6g", (long long)bad, got_amax, got2,
                   amax_ref);
@@ -214,7 +266,7 @@ void test_gemm() {
     std::vector<float> da, db;
     Tensor a = random_fp8(cs.m, cs.k, cs.a, da), b = random_fp8(cs.n, cs.k, cs.b, db);
     const float sa = 0.5f, sb = 0.125f;
-    Tensor psa = Tensor::from_vector({sa}, {1}).to(Device::cuda()), psb = Tensor::from_vector({sb}, {1}).to(Device::cuda());
+    Tensor psa = dev_scalar(sa), psb = dev_scalar(sb);
     std::vector<float> c0(cs.m * cs.n);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (auto& x : c0) x = u(g_rng);
@@ -303,25 +355,6 @@ void test_linear() {
 }
 
 
-// Timing helper: average ms of `reps` calls of f after 2 warm-up calls.
-template <class F>
-double time_ms(F f, int reps) {
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  f();
-  f();
-  cudaEventRecord(e0);
-  for (int i = 0; i < reps; ++i) f();
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return ms / reps;
-}
-
 // Fast-path shapes (rows % 16 == 0, cols % 8 == 0): bit-exact vs quantize_cpu for q only, q_t
 // only, both; then bandwidth on the large ones. Data: N(0, 3) floats rounded to the input dtype.
 void test_quantize_fast() {
@@ -344,23 +377,16 @@ void test_quantize_fast() {
     const float amax_ref = fp8::quantize_cpu(xh, meta, qh);
     const std::vector<uint8_t> ref = bytes(qh);
     Tensor x = xh.to(Device::cuda());
-    Tensor scale = Tensor::from_vector({21.25f}, {1}).to(Device::cuda());
+    Tensor scale = dev_scalar(21.25f);
     int64_t bad = 0;
     float amaxes[3];
     for (int mode = 0; mode < 3; ++mode) {  // 0: q + q_t, 1: q_t only, 2: rows only
-      Tensor amax = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+      Tensor amax = dev_amax();
       Tensor q = Tensor::empty({R, C}, cs.q, Device::cuda()), qt = Tensor::empty({C, R}, cs.q, Device::cuda());
       cu::fp8_quantize(x, fp(scale), fp(amax), mode == 1 ? nullptr : &q, mode == 2 ? nullptr : &qt);
-      amaxes[mode] = amax.to(Device::cpu()).to_float_vector()[0];
-      if (mode != 1) {
-        std::vector<uint8_t> a = bytes(q);
-        for (int64_t i = 0; i < n; ++i) bad += a[i] != ref[i];
-      }
-      if (mode != 2) {
-        std::vector<uint8_t> t = bytes(qt);
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t c = 0; c < C; ++c) bad += t[c * R + r] != ref[r * C + c];
-      }
+      amaxes[mode] = host(amax)[0];
+      if (mode != 1) bad += row_mismatches(q, ref);
+      if (mode != 2) bad += transposed_mismatches(qt, ref, R, C);
     }
     char d[200];
     std::snprintf(d, sizeof d, "%lld byte mismatches; amax %.6g %.6g %.6g vs %.6g", (long long)bad, amaxes[0],
@@ -369,7 +395,7 @@ void test_quantize_fast() {
                std::to_string(R) + "x" + std::to_string(C),
            bad == 0 && amaxes[0] == amax_ref && amaxes[1] == amax_ref && amaxes[2] == amax_ref, d);
     if (!cs.timed) continue;
-    Tensor amax = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+    Tensor amax = dev_amax();
     Tensor q = Tensor::empty({R, C}, cs.q, Device::cuda()), qt = Tensor::empty({C, R}, cs.q, Device::cuda());
     const double in_b = (double)n * dtype_size(cs.in);
     const double t_rows = time_ms([&] { cu::fp8_quantize(x, fp(scale), fp(amax), &q, nullptr); }, 20);
@@ -490,19 +516,6 @@ void fast_fill(std::vector<float>& v, float a) {
 void test_fused_quantize() {
   struct S { int64_t rows, cols; bool big; };
   const S shapes[] = {{272, 264, false}, {16, 8, false}, {1024, 4096, false}, {8192, 4096, true}, {8192, 14336, true}};
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  auto ms_of = [&](auto&& f) {
-    f();
-    cudaEventRecord(e0);
-    for (int i = 0; i < 5; ++i) f();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    return ms / 5;
-  };
   std::normal_distribution<float> nd(0.0f, 2.0f);
   for (const S& sh : shapes)
     for (int which = 0; which < 2; ++which) {  // 0: RMSNorm (zero-centred gamma), 1: SwiGLU
@@ -515,32 +528,28 @@ void test_fused_quantize() {
       xv[(R / 2) * in_cols + 3] = 1e4f;  // saturates at the scale below
       Tensor x = Tensor::from_vector(xv, {R, in_cols}).to(DType::kBFloat16).to(Device::cuda());
       Tensor gamma = Tensor::from_vector(gv, {C}).to(DType::kBFloat16).to(Device::cuda());
-      Tensor sc = Tensor::from_vector({37.5f}, {1}).to(Device::cuda());
-      Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
-      Tensor qu = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtu = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
-      Tensor qf = Tensor::empty({R, C}, DType::kFloat8E4M3, Device::cuda()), qtf = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
+      Tensor sc = dev_scalar(37.5f);
+      Fp8Out u(R, C, DType::kFloat8E4M3), f(R, C, DType::kFloat8E4M3);  // unfused, fused
       Tensor y = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
       Tensor rstd_u = Tensor::empty({R}, DType::kFloat32, Device::cuda()), rstd_f = Tensor::empty({R}, DType::kFloat32, Device::cuda());
       auto unfused = [&] {
         if (which == 0) cu::rmsnorm_forward(x, gamma, 1e-5f, true, y, rstd_u);
         else cu::swiglu_forward(x, y);
-        cu::fp8_quantize(y, fp(sc), fp(am_u), &qu, &qtu);
+        cu::fp8_quantize(y, fp(sc), fp(u.amax), &u.q, &u.qt);
       };
       bool launched = true;
       auto fused = [&] {
         if (which == 0) {
           cu::rmsnorm_rstd(x, gamma, 1e-5f, rstd_f);
-          launched = cu::fp8_rmsnorm_quantize(x, gamma, rstd_f, true, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+          launched = cu::fp8_rmsnorm_quantize(x, gamma, rstd_f, true, DType::kBFloat16, fp(sc), fp(f.amax), &f.q, &f.qt);
         } else {
-          launched = cu::fp8_swiglu_quantize(x, DType::kBFloat16, fp(sc), fp(am_f), &qf, &qtf);
+          launched = cu::fp8_swiglu_quantize(x, DType::kBFloat16, fp(sc), fp(f.amax), &f.q, &f.qt);
         }
       };
       unfused();
       fused();
-      const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
-      int64_t bad = 0;
-      for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
-      const float au = host(am_u)[0], af = host(am_f)[0];
+      const int64_t bad = byte_mismatches(u, f);
+      const float au = host(u.amax)[0], af = host(f.amax)[0];
       int64_t bad_rstd = 0;
       if (which == 0) {
         const std::vector<float> ru = host(rstd_u), rf = host(rstd_f);
@@ -548,7 +557,7 @@ void test_fused_quantize() {
       }
       std::string t;
       if (sh.big) {
-        const double tu = ms_of(unfused), tf = ms_of(fused);
+        const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
         const double by = which == 0 ? R * C * (2.0 * 2 + 2) : R * C * (4.0 + 2);  // fused: read x (twice for the norm), write q + q_t
         char b[160];
         std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms (%.0f GB/s)", tu, tf, by / tf / 1e6);
@@ -571,9 +580,6 @@ void test_fused_quantize() {
 // (q + q_t): bit-exact bytes of both layouts and the same amax bits; partial tiles and the
 // LLaMA-3-8B shape (8192 x 28672), with the fused and unfused times.
 void test_fused_swiglu_backward() {
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   for (auto sh : {std::pair<int64_t, int64_t>{272, 272}, {16, 16}, {1024, 3584}, {8192, 28672}}) {
     const int64_t R = sh.first, C = sh.second, F = C / 2;
     std::vector<float> xv(R * C), dv(R * F);
@@ -581,37 +587,22 @@ void test_fused_swiglu_backward() {
     fast_fill(dv, 4e-3f);
     Tensor x = Tensor::from_vector(xv, {R, C}).to(DType::kBFloat16).to(Device::cuda());
     Tensor dy = Tensor::from_vector(dv, {R, F}).to(DType::kBFloat16).to(Device::cuda());
-    Tensor sc = Tensor::from_vector({2048.0f}, {1}).to(Device::cuda());
-    Tensor am_u = Tensor::zeros({1}, DType::kFloat32, Device::cuda()), am_f = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
-    const DType e5 = DType::kFloat8E5M2;
-    Tensor qu = Tensor::empty({R, C}, e5, Device::cuda()), qtu = Tensor::empty({C, R}, e5, Device::cuda());
-    Tensor qf = Tensor::empty({R, C}, e5, Device::cuda()), qtf = Tensor::empty({C, R}, e5, Device::cuda());
+    Tensor sc = dev_scalar(2048.0f);
+    Fp8Out u(R, C, DType::kFloat8E5M2), f(R, C, DType::kFloat8E5M2);  // unfused, fused
     Tensor dx = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
     bool launched = true;
     auto unfused = [&] {
       cu::swiglu_backward(dy, x, dx);
-      cu::fp8_quantize(dx, fp(sc), fp(am_u), &qu, &qtu);
+      cu::fp8_quantize(dx, fp(sc), fp(u.amax), &u.q, &u.qt);
     };
-    auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(am_f), &qf, &qtf); };
+    auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(f.amax), &f.q, &f.qt); };
     unfused();
     fused();
-    const std::vector<uint8_t> bu = bytes(qu), bf = bytes(qf), btu = bytes(qtu), btf = bytes(qtf);
-    int64_t bad = 0;
-    for (size_t i = 0; i < bu.size(); ++i) bad += (bu[i] != bf[i]) + (btu[i] != btf[i]);
-    const float au = host(am_u)[0], af = host(am_f)[0];
+    const int64_t bad = byte_mismatches(u, f);
+    const float au = host(u.amax)[0], af = host(f.amax)[0];
     std::string t;
     if (R == 8192) {
-      auto ms_of = [&](auto&& f) {
-        f();
-        cudaEventRecord(e0);
-        for (int i = 0; i < 5; ++i) f();
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        return ms / 5;
-      };
-      const double tu = ms_of(unfused), tf = ms_of(fused);
+      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
       char b[160];
       std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
       t = b;
@@ -684,7 +675,7 @@ void test_residual_gemm() {
   for (auto& v : av) v = nd(g_rng);
   for (auto& v : bv) v = nd(g_rng);
   for (auto& v : rv) v = 4.0f * nd(g_rng);
-  Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda()), am = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+  Tensor one = dev_scalar(1.0f), am = dev_amax();
   Tensor a = Tensor::empty({m, k}, DType::kFloat8E4M3, Device::cuda()), b = Tensor::empty({n, k}, DType::kFloat8E4M3, Device::cuda());
   cu::fp8_quantize(Tensor::from_vector(av, {m, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &a, nullptr);
   cu::fp8_quantize(Tensor::from_vector(bv, {n, k}).to(DType::kBFloat16).to(Device::cuda()), fp(one), fp(am), &b, nullptr);
@@ -772,20 +763,11 @@ void test_param_gather() {
     Tensor qt = Tensor::empty({C, R}, DType::kFloat8E4M3, Device::cuda());
     cu::fp8_transpose(q, qt);
     cudaDeviceSynchronize();
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaEventRecord(e0);
-    for (int i = 0; i < 10; ++i) cu::fp8_transpose(q, qt);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
+    const double ms = time_ms([&] { cu::fp8_transpose(q, qt); }, 10, 0);  // the call above warmed up
     Tensor ref = fp8::fp8_transpose_cpu(q.to(Device::cpu()));
     const bool ok = bytes(ref) == bytes(qt);
     char d[160];
-    std::snprintf(d, sizeof d, "%s; %.3f ms, %.0f GB/s", ok ? "bit-exact" : "MISMATCH", ms / 10,
-                  2.0 * R * C / (ms / 10 * 1e-3) / 1e9);
+    std::snprintf(d, sizeof d, "%s; %.3f ms, %.0f GB/s", ok ? "bit-exact" : "MISMATCH", ms, 2.0 * R * C / (ms * 1e-3) / 1e9);
     report("fp8_transpose " + std::to_string(R) + "x" + std::to_string(C) + " vs CPU", ok, d);
   }
   // (c) A linear on its FP8 primary weight == the cached linear quantizing the bf16 weight.
@@ -846,33 +828,17 @@ void time_gemms() {
   const S shapes[] = {{"qkv fwd", 8192, 6144, 4096}, {"proj fwd", 8192, 4096, 4096},
                       {"fc1 fwd", 8192, 28672, 4096}, {"fc2 fwd", 8192, 4096, 14336},
                       {"fc1 wgrad", 28672, 4096, 8192}};
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   for (const S& s : shapes) {
     Tensor a8 = Tensor::zeros({s.m, s.k}, DType::kFloat8E4M3, Device::cuda());
     Tensor b8 = Tensor::zeros({s.n, s.k}, DType::kFloat8E4M3, Device::cuda());
     Tensor c = Tensor::empty({s.m, s.n}, DType::kBFloat16, Device::cuda());
-    Tensor one = Tensor::from_vector({1.0f}, {1}).to(Device::cuda());
+    Tensor one = dev_scalar(1.0f);
     Tensor ab = Tensor::zeros({s.m, s.k}, DType::kBFloat16, Device::cuda());
     Tensor bb = Tensor::zeros({s.n, s.k}, DType::kBFloat16, Device::cuda());
     double t8 = 0, t16 = 0;
     for (int pass = 0; pass < 2; ++pass) {
-      for (int rep = 0; rep < 3; ++rep) cu::fp8_gemm_tn(a8, fp(one), b8, fp(one), c, 0.0f, true);
-      cudaEventRecord(e0);
-      for (int rep = 0; rep < 20; ++rep) cu::fp8_gemm_tn(a8, fp(one), b8, fp(one), c, 0.0f, true);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      t8 = ms / 20;
-      for (int rep = 0; rep < 3; ++rep) cu::gemm(ab, false, bb, true, c, 1.0f, 0.0f);
-      cudaEventRecord(e0);
-      for (int rep = 0; rep < 20; ++rep) cu::gemm(ab, false, bb, true, c, 1.0f, 0.0f);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      cudaEventElapsedTime(&ms, e0, e1);
-      t16 = ms / 20;
+      t8 = time_ms([&] { cu::fp8_gemm_tn(a8, fp(one), b8, fp(one), c, 0.0f, true); }, 20, 3);
+      t16 = time_ms([&] { cu::gemm(ab, false, bb, true, c, 1.0f, 0.0f); }, 20, 3);
     }
     const double fl = 2.0 * s.m * s.n * s.k;
     std::printf("time %-10s m%-6lld n%-6lld k%-6lld fp8 %7.3f ms %6.0f TFLOP/s (%.0f%% of 1487) | bf16 %7.3f ms %6.0f TFLOP/s | %.2fx\n",
@@ -883,17 +849,11 @@ void time_gemms() {
   Tensor x = Tensor::zeros({8192, 14336}, DType::kBFloat16, Device::cuda());
   Tensor q = Tensor::empty({8192, 14336}, DType::kFloat8E4M3, Device::cuda());
   Tensor qt = Tensor::empty({14336, 8192}, DType::kFloat8E4M3, Device::cuda());
-  Tensor sc = Tensor::from_vector({1.0f}, {1}).to(Device::cuda()), am = Tensor::zeros({1}, DType::kFloat32, Device::cuda());
+  Tensor sc = dev_scalar(1.0f), am = dev_amax();
   for (int t = 0; t < 2; ++t) {
-    cudaEventRecord(e0);
-    for (int rep = 0; rep < 10; ++rep) cu::fp8_quantize(x, fp(sc), fp(am), &q, t ? &qt : nullptr);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
+    const double ms = time_ms([&] { cu::fp8_quantize(x, fp(sc), fp(am), &q, t ? &qt : nullptr); }, 10, 0);
     const double by = 8192.0 * 14336 * (2 + 1 + t);
-    std::printf("time fp8_quantize%s 8192x14336 bf16: %.3f ms, %.0f GB/s\n", t ? "+transpose" : "", ms / 10,
-                by / (ms / 10) / 1e6);
+    std::printf("time fp8_quantize%s 8192x14336 bf16: %.3f ms, %.0f GB/s\n", t ? "+transpose" : "", ms, by / ms / 1e6);
   }
 }
 }  // namespace

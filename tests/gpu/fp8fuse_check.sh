@@ -25,11 +25,10 @@ O="${OUT:-/tmp/out}/fp8fuse"
 mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 . "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
+# pass/fail/info, ms_of, tps, ratio, the model flags (fp8_llama_args), the small runs' helpers.
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"
 T0=$(date +%s)
 status=0
-pass() { echo "PASS $*" | tee -a "$O/summary.txt"; }
-fail() { echo "FAIL $*" | tee -a "$O/summary.txt"; status=1; }
-info() { echo "INFO $*" | tee -a "$O/summary.txt"; }
 : > "$O/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader > "$O/gpu.txt" 2>&1; info "gpu: $(cat "$O/gpu.txt")"
 
@@ -41,18 +40,7 @@ if [ $rc = 0 ]; then pass "fp8_gpu_test fused_quantize,fused_swiglu_backward,sca
 else fail "fp8_gpu_test rc $rc ($(tail -1 "$O/fp8_gpu_test.log"))"; fi
 
 # ---- 2. throughput + profiles -----------------------------------------------------------------
-LL=(--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention
-    --num-query-groups 8 --kv-channels 128 --seq-length 8192 --max-position-embeddings 8192
-    --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm
-    --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 --micro-batch-size 1
-    --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine
-    --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --mock-data --tokenizer-type NullTokenizer
-    --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path "$O/cache")
-FP8=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
-ms_of() {  # log first last -> mean ms/iter over iterations first..last
-  awk -v lo="$2" -v hi="$3" -F'elapsed time per iteration \\(ms\\): ' '/ iteration +[0-9]+\// {
-    split($0, a, "iteration +"); split(a[2], b, "/"); it = b[1] + 0;
-    if (it >= lo && it <= hi) { split($2, c, " "); s += c[1]; n++ } } END { if (n) printf "%.1f", s / n; else print "NA" }' "$1"; }
+fp8_llama_args  # LL, FP8, SM
 RES=NA; RES10=NA
 run_ll() {  # name fuse(1|0) extra... -> RES (iters 3..8), RES10 (3..10)
   local name=$1 fuse=$2; shift 2
@@ -66,8 +54,6 @@ run_ll() {  # name fuse(1|0) extra... -> RES (iters 3..8), RES10 (3..10)
     RES=NA
   fi
 }
-tps() { awk -v ms="$1" 'BEGIN { if (ms == "NA") print "NA"; else printf "%.0f", 8192 / (ms / 1000) }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.3f", a / b }'; }
 run_ll ll_bf16 1; ms_bf16=$RES; ms_bf16_10=$RES10
 run_ll ll_fp8_fused 1 "${FP8[@]}"; ms_fu=$RES; ms_fu_10=$RES10
 run_ll ll_fp8_unfused 0 "${FP8[@]}"; ms_un=$RES; ms_un_10=$RES10
@@ -100,33 +86,17 @@ for f in "$O"/ll_*.log; do
 done
 
 # ---- 3. numerics: fused == unfused ------------------------------------------------------------
-SM=(--num-layers 4 --hidden-size 256 --ffn-hidden-size 768 --num-attention-heads 4 --group-query-attention
-    --num-query-groups 2 --kv-channels 64 --seq-length 256 --max-position-embeddings 256
-    --position-embedding-type rope --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights
-    --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 4 --global-batch-size 16
-    --train-iters 30 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1
-    --clip-grad 1.0 --bf16 --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 4096
-    --data-cache-path "$O/cache" --log-interval 1 --eval-interval 10 --eval-iters 2
-    --fp8-format hybrid --fp8-amax-history-len 16 --fp8-amax-compute-algo max)
-for v in fused1 fused2 unfused; do
-  f=1; [ $v = unfused ] && f=0
-  MEGATRON_FP8_FUSE=$f timeout 60 "$BIN/pretrain_gpt" "${SM[@]}" > "$O/small_$v.log" 2>&1 || fail "small $v rc $?"
-  grep -oE "lm loss( value)?: [0-9.E+-]+" "$O/small_$v.log" | awk '{print $NF}' > "$O/small_$v.loss"
-done
-n=$(wc -l < "$O/small_unfused.loss")
-cmp_losses() {
-  paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r } END { printf "%.3g", m + 0 }'; }
-noise=$(cmp_losses "$O/small_fused1.loss" "$O/small_fused2.loss")
-diff_un=$(cmp_losses "$O/small_fused1.loss" "$O/small_unfused.loss")
-first=$(head -1 "$O/small_fused1.loss"); last=$(grep -oE "iteration +30/.*lm loss: [0-9.E+-]+" "$O/small_fused1.log" | grep -oE "[0-9.E+-]+$")
-if [ "$n" -lt 33 ] || [ "$(wc -l < "$O/small_fused1.loss")" != "$n" ]; then
-  fail "small fp8 runs: expected 30 training + 3 validation losses, got $(wc -l < "$O/small_fused1.loss") / $n (logs $O/small_*.log)"
+small_fp8_run fused1 MEGATRON_FP8_FUSE=1
+small_fp8_run fused2 MEGATRON_FP8_FUSE=1
+small_fp8_run unfused MEGATRON_FP8_FUSE=0
+if ! small_fp8_stats fused1 fused2 unfused; then  # -> N NOISE DIFF FIRST LAST
+  fail "small fp8 runs: expected 30 training + 3 validation losses, got $(wc -l < "$O/small_fused1.loss") / $N (logs $O/small_*.log)"
 elif cmp -s "$O/small_fused1.loss" "$O/small_unfused.loss"; then
-  pass "small LLaMA fp8 fused vs unfused (MEGATRON_FP8_FUSE=0): all $n logged losses identical ($first -> $last; run-to-run max rel diff $noise)"
-elif awk -v d="$diff_un" -v z="$noise" 'BEGIN { exit !(z > 0 && d <= 2 * z) }'; then
-  pass "small LLaMA fp8 fused vs unfused: max rel diff $diff_un over $n losses, within the run-to-run noise $noise of two fused runs (not bitwise: the GPU run itself is not reproducible)"
+  pass "small LLaMA fp8 fused vs unfused (MEGATRON_FP8_FUSE=0): all $N logged losses identical ($FIRST -> $LAST; run-to-run max rel diff $NOISE)"
+elif awk -v d="$DIFF" -v z="$NOISE" 'BEGIN { exit !(z > 0 && d <= 2 * z) }'; then
+  pass "small LLaMA fp8 fused vs unfused: max rel diff $DIFF over $N losses, within the run-to-run noise $NOISE of two fused runs (not bitwise: the GPU run itself is not reproducible)"
 else
-  fail "small LLaMA fp8 fused vs unfused: max rel diff $diff_un over $n losses; run-to-run noise (fused twice) $noise"
+  fail "small LLaMA fp8 fused vs unfused: max rel diff $DIFF over $N losses; run-to-run noise (fused twice) $NOISE"
 fi
 info "total $(( $(date +%s) - T0 )) s; logs in $O"
 echo "fp8fuse_check: status $status" | tee -a "$O/summary.txt"

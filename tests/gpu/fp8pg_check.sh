@@ -22,12 +22,10 @@ mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 . "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"  # pass/fail/info, ms_of, tps
 T0=$(date +%s)
 status=0
 : > "$O/summary.txt"
-pass() { echo "PASS $*" | tee -a "$O/summary.txt"; }
-fail() { echo "FAIL $*" | tee -a "$O/summary.txt"; status=1; }
-info() { echo "INFO $*" | tee -a "$O/summary.txt"; }
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader > "$O/gpu.txt" 2>&1; info "gpus: $(tr '\n' ';' < "$O/gpu.txt")"
 
 # ---- 1. kernels -------------------------------------------------------------------------------
@@ -48,9 +46,6 @@ launch() {  # launch NAME TIMEOUT ARGS... : DP2 on GPUs 0,1 (NCCL)
 }
 losses() { grep -E " iteration +[0-9]+/" "$1" | sed -E 's/.* iteration +([0-9]+)\/.*lm loss: ([0-9.E+-]+) .*/\1 \2/'; }
 maxmem() { grep -o "max allocated: [0-9.]*" "$1" | awk '{ if ($3 > m) m = $3 } END { if (m) printf "%.0f MB", m; else print "NA" }'; }
-ms_of() { awk -F'elapsed time per iteration \\(ms\\): ' '/ iteration +[0-9]+\// {
-            split($0, a, "iteration +"); split(a[2], b, "/"); it = b[1] + 0;
-            if (it >= 3) { split($2, c, " "); s += c[1]; n++ } } END { if (n) printf "%.1f", s / n; else print "NA" }' "$1"; }
 
 # ---- 2. small LLaMA: losses -------------------------------------------------------------------
 SM=(--num-layers 2 --hidden-size 256 --ffn-hidden-size 512 --num-attention-heads 4 --group-query-attention
@@ -101,9 +96,8 @@ LL=(--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-he
 launch ll_base 60 "${LL[@]}"
 launch ll_pg 60 "${LL[@]}" --fp8-param-gather
 mb=$(ms_of "$O/ll_base.log"); mp=$(ms_of "$O/ll_pg.log")
-tok() { [ "$1" = NA ] && echo NA || awk -v ms="$1" 'BEGIN { printf "%.0f", 2 * 8192 / (ms / 1000) }'; }
-info "8B-shaped 4-layer DP2 gbs 2 fp8: without --fp8-param-gather $mb ms/iter ($(tok "$mb") tokens/s), max allocated $(maxmem "$O/ll_base.log")"
-info "8B-shaped 4-layer DP2 gbs 2 fp8: with    --fp8-param-gather $mp ms/iter ($(tok "$mp") tokens/s), max allocated $(maxmem "$O/ll_pg.log")"
+info "8B-shaped 4-layer DP2 gbs 2 fp8: without --fp8-param-gather $mb ms/iter ($(tps "$mb" 16384) tokens/s), max allocated $(maxmem "$O/ll_base.log")"
+info "8B-shaped 4-layer DP2 gbs 2 fp8: with    --fp8-param-gather $mp ms/iter ($(tps "$mp" 16384) tokens/s), max allocated $(maxmem "$O/ll_pg.log")"
 # The bf16 copy of the FP8 weights is freed with the flag (branch fp8mem, docs/fp8.md "Memory"):
 # predicted difference 2 B x 872,415,232 FP8-weight elements = 1664 MB (docs/performance.md).
 mmb=$(maxmem "$O/ll_base.log"); mmp=$(maxmem "$O/ll_pg.log")

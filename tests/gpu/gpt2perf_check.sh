@@ -24,25 +24,12 @@ O="${OUT:-/tmp/out}/gpt2perf"; mkdir -p "$O" && O="$(cd "$O" && pwd)" && cd "$O"
 export MEGATRON_KERNEL_PROFILE_OUT="$O"
 export NCCL_NVLS_ENABLE=0
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
-if [ -f "$BIN/lib.tar.xz" ]; then
-  mkdir -p /tmp/gpt2perf_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/gpt2perf_lib
-  export LD_LIBRARY_PATH="/tmp/gpt2perf_lib/lib:${LD_LIBRARY_PATH:-}"
-fi
-. "$HERE/cuda_libs.sh"
-for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
-  if ldd "$BIN/pretrain_gpt" | grep -q "$l => not found"; then
-    f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
-  fi
-done
-if [ -z "${MEGATRON_CUPTI_LIB:-}" ]; then
-  f=$(find / -xdev -name 'libcupti.so.13*' 2>/dev/null | sort | head -1)
-  [ -z "$f" ] && f=$(find / -xdev -name 'libcupti.so*' 2>/dev/null | sort | head -1)
-  [ -n "$f" ] && export MEGATRON_CUPTI_LIB=$f
-fi
+. "$HERE/gpucheck_lib.sh"  # gc_find_libs, gc_find_cupti, gc_steptime, lm_losses, tiny_gpt_gpu_vs_cpu
+gc_find_libs gpt2perf  # BIN/lib.tar.xz -> /tmp/gpt2perf_lib, cuda_libs.sh, CUDA libraries ldd misses
+gc_find_cupti
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 status=0
-fail() { echo "FAIL $*"; status=1; }
+fail() { echo "FAIL $*"; status=1; }  # this script's lines go to stdout only
 OFF="MEGATRON_NORM_BWD_V1=1 MEGATRON_DGELU_EPILOGUE=1 MEGATRON_PACKED_QKV=0 MEGATRON_CE_STATS_V1=1 MEGATRON_EMBED_BWD_V1=1 MEGATRON_MULTI_TENSOR_ADAM=0 MEGATRON_BGRADB=1 MEGATRON_NORM_FWD_V1=1"
 
 # 1. The new kernels against float64 host references (norms: h 768/1000 take the register kernel,
@@ -64,15 +51,15 @@ GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 10
 # log line, to locate the ~4 ms GPU-idle gap at the start of each iteration (host only, no syncs).
 # Step time: mean "elapsed time per iteration (ms)" of iterations 3.. (1-2 warm up), leaving out
 # the profiled iterations 10-11 (CUPTI adds a little per launch).
-steptime() { grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk '{v[NR]=$NF} END {s=0;n=0;for(i=3;i<=NR;i++){if(i==10||i==11)continue;s+=v[i];n++} if(n) printf "%.1f", s/n; else print "nan"}'; }
-losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $NF}'; }
+steptime() { gc_steptime "$1" 3 10 11; }
+losses() { lm_losses "$1"; }
 gpt2() {  # $1 label, $2 iterations, $3 profile (1/0), rest: env assignments
   local lab=$1 it=$2 prof=$3 rc t; shift 3
   local pe=""; [ "$prof" = 1 ] && pe="MEGATRON_KERNEL_PROFILE=10:11" && mkdir -p "$O/prof_$lab"
   env "$@" $pe MEGATRON_KERNEL_PROFILE_OUT="$O/prof_$lab" timeout 40 "$BIN/pretrain_gpt" $GPT2 --train-iters "$it" $COMMON > "$O/gpt2_$lab.log" 2>&1
   rc=$?; t=$(steptime "$O/gpt2_$lab.log")
   if [ $rc = 0 ] && [ "$t" != nan ]; then
-    echo "INFO GPT-2 124M [$lab] ($*): $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 133.5 ms in the s4 profile run, 132.7 ms / 494k in hostgap's; goal 111 ms / 590k)"
+    echo "INFO GPT-2 124M [$lab] ($*): $t ms/iter, $(tps "$t" 65536) tokens/s (before: 133.5 ms in the s4 profile run, 132.7 ms / 494k in hostgap's; goal 111 ms / 590k)"
   else fail "GPT-2 [$lab] exit $rc ($O/gpt2_$lab.log)"; tail -n 5 "$O/gpt2_$lab.log" | sed 's/^/  /'; fi
   eval "T_$lab=$t"
 }
@@ -107,14 +94,8 @@ grep -qiE "lm loss: *(nan|inf)" "$O/gpt2_new.log" && fail "NaN/inf loss in the n
 
 # 3. Tiny GPT (biases, tanh GeLU, LayerNorm h 64, one head of 64: all three new paths) 30 steps on
 #    the GPU in bf16 vs the CPU in fp32, per-iteration lm loss within 2e-2 relative (as hostgap).
-TINY="--num-layers 2 --hidden-size 64 --num-attention-heads 1 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr-decay-iters 20 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 4 --weight-decay 0.1 --clip-grad 1.0 --vocab-size 128 --log-interval 1"
 echo "== tiny GPT 30 steps: GPU bf16 (new paths) vs CPU fp32"
-timeout 20 "$BIN/pretrain_gpt" $TINY $COMMON --bf16 > "$O/tiny_gpu_bf16.log" 2>&1 || fail "tiny GPU run exit $? ($O/tiny_gpu_bf16.log)"
-MEGATRON_DEVICE=cpu OMP_NUM_THREADS=8 timeout 25 "$BIN/pretrain_gpt" $TINY $COMMON > "$O/tiny_cpu_fp32.log" 2>&1 || fail "tiny CPU run exit $? ($O/tiny_cpu_fp32.log)"
-paste <(losses "$O/tiny_gpu_bf16.log") <(losses "$O/tiny_cpu_fp32.log") | awk '
-  {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m){m=r; at=NR}; n++; last=$1" vs "$2}
-  END {if(n<30){printf "FAIL tiny GPT: %d of 30 loss lines\n", n; exit 1}
-       printf "%s tiny GPT 30 steps, GPU bf16 vs CPU fp32: max rel loss diff %.2e at iteration %d (tol 2e-2); last %s\n", (m<=2e-2?"PASS":"FAIL"), m, at, last; exit (m<=2e-2?0:1)}' || status=1
+tiny_gpt_gpu_vs_cpu "$COMMON"
 
 # 4. The three large changes off one at a time (10 iterations, no profile): the gain of each alone,
 #    against the new run's mean (iterations 3-9 here and there, plus 12-16 there). The small

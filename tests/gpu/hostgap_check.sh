@@ -21,25 +21,12 @@ export MEGATRON_KERNEL_PROFILE_OUT="$O"
 export NCCL_NVLS_ENABLE=0
 export MEGATRON_LOG_HOST_SYNCS=1  # pretrain_gpt prints host synchronizations per iteration at each log line
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
-if [ -f "$BIN/lib.tar.xz" ]; then
-  mkdir -p /tmp/hostgap_lib && tar xJf "$BIN/lib.tar.xz" -C /tmp/hostgap_lib
-  export LD_LIBRARY_PATH="/tmp/hostgap_lib/lib:${LD_LIBRARY_PATH:-}"
-fi
-. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
-for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
-  if ldd "$BIN/pretrain_gpt" | grep -q "$l => not found"; then
-    f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
-  fi
-done
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"  # gc_find_libs, gc_find_cupti, gc_steptime, lm_losses, ...
+gc_find_libs hostgap  # BIN/lib.tar.xz -> /tmp/hostgap_lib, cuda_libs.sh, CUDA libraries ldd misses
 # CUPTI for the kernel profiler (MEGATRON_KERNEL_PROFILE, docs/performance.md "Kernel profile"):
 # GPU idle time (host gaps) of the last iteration of the GPT-2 and LLaMA runs.
 for d in /usr/local/cuda/extras/CUPTI/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
-if [ -z "${MEGATRON_CUPTI_LIB:-}" ]; then
-  f=$(find / -xdev -name 'libcupti.so.13*' 2>/dev/null | sort | head -1)
-  [ -z "$f" ] && f=$(find / -xdev -name 'libcupti.so*' 2>/dev/null | sort | head -1)
-  [ -n "$f" ] && export MEGATRON_CUPTI_LIB=$f
-fi
+gc_find_cupti
 kprof() {  # $1 log, $2 label: the profile's summary lines (wall/busy/idle, categories, gaps)
   grep "kernel profile |" "$1" | grep -E "wall|idle|memcpy|memset|gaps by length" | head -n 6 | sed "s/^/INFO $2 /"
   grep -A4 "longest GPU idle gaps" "$1" | head -n 5 | sed "s/^/INFO $2 /"
@@ -47,7 +34,7 @@ kprof() {  # $1 log, $2 label: the profile's summary lines (wall/busy/idle, cate
 ldd "$BIN/pretrain_gpt" | grep "not found" && echo "FAIL pretrain_gpt has unresolved libraries (see above; put lib.tar.xz in BIN_DIR or set LD_LIBRARY_PATH)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | sed 's/^/INFO gpu: /'
 status=0
-fail() { echo "FAIL $*"; status=1; }
+fail() { echo "FAIL $*"; status=1; }  # this script's lines go to stdout only
 
 # 1. Ops vs float64 host references (new: epilogues, h2d_staging, reduce_many; changed: gemm's
 #    linear_backward now takes the BGRADB path for bf16).
@@ -61,8 +48,8 @@ grep -E "^PASS .*(linear_bias_gelu|linear_dgelu|linear_forward_residual|BGRADB|h
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/hostgap_cache"
 # step time = mean of the logged "elapsed time per iteration (ms)" after the first log line (the
 # last interval holds the profiled iteration: two device synchronizations more, negligible).
-steptime() { grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk '{v[NR]=$NF} END {s=0;n=0;for(i=2;i<=NR;i++){s+=v[i];n++} if(n) printf "%.1f", s/n; else print "nan"}'; }
-losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $NF}'; }
+steptime() { gc_steptime "$1" 2; }
+losses() { lm_losses "$1"; }
 
 # 2. GPT-2 124M, the bench's flags (bench/gpu/pretrain_gpt_e2e.sh), 20 iterations, with and
 #    without the GeLU epilogues (MEGATRON_GEMM_EPILOGUES=0). Before (docs/performance.md,
@@ -77,7 +64,7 @@ gpt2_run() {  # $1 = MEGATRON_GEMM_EPILOGUES value
   grep "host synchronizations" "$O/gpt2_ep$ep.log" | tail -n 1 | sed 's/^ */INFO GPT-2 /'
   kprof "$O/gpt2_ep$ep.log" "GPT-2 ep=$ep"
   if [ $rc = 0 ] && [ "$t" != nan ]; then
-    echo "INFO GPT-2 124M epilogues=$ep: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 65536/(t/1000)}') tokens/s (before: 132.1 ms, 496k; goal 590k)"
+    echo "INFO GPT-2 124M epilogues=$ep: $t ms/iter, $(tps "$t" 65536) tokens/s (before: 132.1 ms, 496k; goal 590k)"
   else fail "GPT-2 124M epilogues=$ep exit $rc ($O/gpt2_ep$ep.log)"; fi
 }
 gpt2_run 1
@@ -97,19 +84,13 @@ kprof "$O/llama8b_4l.log" "LLaMA"
 # Expected after this change: 2 per iteration (the loss copy after the backward, the grad norm).
 grep -A5 "time across ranks" "$O/llama8b_4l.log" | tail -n 5 | sed 's/^ */INFO host timer (last interval, ms per iteration) /'
 if [ $rc = 0 ] && [ "$t" != nan ]; then
-  echo "INFO LLaMA-8B-shaped 4L: $t ms/iter, $(awk -v t=$t 'BEGIN{printf "%.0f", 8192/(t/1000)}') tokens/s (before: 145.2 ms, 56.4k; goal 66k)"
+  echo "INFO LLaMA-8B-shaped 4L: $t ms/iter, $(tps "$t") tokens/s (before: 145.2 ms, 56.4k; goal 66k)"
 else fail "LLaMA exit $rc ($O/llama8b_4l.log)"; fi
 
 # 4. Training unchanged: tiny GPT (biases, tanh GeLU: the fused path) 30 steps on the GPU in bf16
 #    vs the same flags on the CPU in fp32; per-iteration lm loss within 2e-2 relative (bf16).
-TINY="--num-layers 2 --hidden-size 64 --num-attention-heads 1 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 8 --train-iters 30 --lr-decay-iters 20 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 4 --weight-decay 0.1 --clip-grad 1.0 --vocab-size 128 --log-interval 1"
 echo "== tiny GPT 30 steps: GPU bf16 vs CPU fp32"
-timeout 20 "$BIN/pretrain_gpt" $TINY $COMMON --bf16 > "$O/tiny_gpu_bf16.log" 2>&1 || fail "tiny GPU run exit $? ($O/tiny_gpu_bf16.log)"
-MEGATRON_DEVICE=cpu OMP_NUM_THREADS=8 timeout 25 "$BIN/pretrain_gpt" $TINY $COMMON > "$O/tiny_cpu_fp32.log" 2>&1 || fail "tiny CPU run exit $? ($O/tiny_cpu_fp32.log)"
-paste <(losses "$O/tiny_gpu_bf16.log") <(losses "$O/tiny_cpu_fp32.log") | awk '
-  {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m){m=r; at=NR}; n++; last=$1" vs "$2}
-  END {if(n<30){printf "FAIL tiny GPT: %d of 30 loss lines\n", n; exit 1}
-       printf "%s tiny GPT 30 steps, GPU bf16 vs CPU fp32: max rel loss diff %.2e at iteration %d (tol 2e-2); last %s\n", (m<=2e-2?"PASS":"FAIL"), m, at, last; exit (m<=2e-2?0:1)}' || status=1
+tiny_gpt_gpu_vs_cpu "$COMMON"
 grep -qiE "lm loss: *(nan|inf)" "$O/tiny_gpu_bf16.log" && fail "NaN/inf loss in the tiny GPU log"
 # For scale: before this change the first 20 steps (same LR schedule: --lr-decay-iters 20) were
 # within 5e-4 of the CPU fp32 losses (bench/results/2026-11-29-h200-e2e); this prints the new run

@@ -16,11 +16,8 @@ for l in libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
     f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
   fi
 done
-if [ -z "${MEGATRON_CUPTI_LIB:-}" ]; then
-  f=$(find / -xdev -name 'libcupti.so.13*' 2>/dev/null | sort | head -1)
-  [ -z "$f" ] && f=$(find / -xdev -name 'libcupti.so*' 2>/dev/null | sort | head -1)
-  [ -n "$f" ] && export MEGATRON_CUPTI_LIB=$f
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"  # gc_find_cupti (its pass/fail are redefined below)
+gc_find_cupti
 echo "libcupti: ${MEGATRON_CUPTI_LIB:-<not found by find; relying on LD_LIBRARY_PATH>}" | tee "$O/env.txt"
 ldd "$BIN/pretrain_gpt" | grep -E "cublas|cudart|nccl|not found" >> "$O/env.txt"
 status=0

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -84,6 +85,89 @@ __device__ __forceinline__ bool visible(const FaArgs& a, int b, int qi, int kj) 
   return !a.causal || kj <= qi;
 }
 
+// One K/V tile of the forward's online softmax, shared by fa_fwd_kernel and fa_fwd_v2_kernel:
+// scales this warp's scores s (16 query rows from qr0 = q0 + m0, kBN keys from k0) to log2 units,
+// masks them unless `full` (every key of the tile visible to every row), updates the running max
+// mrow and sum lrow (rescaling oacc), then O += P V with V's tile sV (row stride LD) in shared memory.
+template <int D, int LD>
+__device__ __forceinline__ void fwd_softmax_pv(float (&s)[8][4], float (&oacc)[D / 8][4], float (&mrow)[2],
+                                               float (&lrow)[2], const FaArgs& a, bool full, int bi, int qr0, int k0,
+                                               int g, int t, int lane, const bf16_t* sV) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[nt][e] * a.scale_log2;
+      if (!full) {
+        int qi = qr0 + g + (e >= 2 ? 8 : 0), kj = k0 + nt * 8 + 2 * t + (e & 1);
+        if (!visible(a, bi, qi, kj)) x = -INFINITY;
+      }
+      s[nt][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  float muse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    float mnew = fmaxf(mrow[r], mx[r]);
+    muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+    float alpha = exp2f(mrow[r] - muse[r]);
+    mrow[r] = mnew;
+    lrow[r] *= alpha;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      oacc[dt][2 * r] *= alpha;
+      oacc[dt][2 * r + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = exp2f(s[nt][e] - muse[e >> 1]);
+      s[nt][e] = p;
+      lrow[e >> 1] += p;
+    }
+  // O += P V
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                      pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+      mma16816(oacc[dt], pa, b0, b1);
+      mma16816(oacc[dt + 1], pa, b2, b3);
+    }
+  }
+}
+
+// The forward's end: this warp's rows (from qr0) of out = oacc / l in bf16 and lse = ln(sum exp)
+// (-inf for a fully masked row), row bh of lse [b·np, s].
+template <int D>
+__device__ __forceinline__ void fwd_store(const float (&oacc)[D / 8][4], const float (&mrow)[2], float (&lrow)[2],
+                                          const FaArgs& a, bf16_t* __restrict__ o, float* __restrict__ lse, int bi,
+                                          int h, int bh, int qr0, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    const int qi = qr0 + g + r * 8;
+    if (qi >= a.S) continue;
+    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+    bf16_t* orow = o + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
+          pack_bf16(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+    if (t == 0)
+      lse[(int64_t)bh * a.S + qi] = lrow[r] > 0.0f ? (mrow[r] + log2f(lrow[r])) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: block = 4 warps x 16 query rows; loops over 64-key tiles.
 // ---------------------------------------------------------------------------------------------
@@ -141,75 +225,12 @@ __global__ void __launch_bounds__(128) fa_fwd_kernel(const bf16_t* __restrict__ 
         uint32_t b1 = lds32(sK + (nt * 8 + g) * LD + kk * 16 + 8 + 2 * t);
         mma16816(s[nt], qf[kk], b0, b1);
       }
-    // scale, mask, online softmax
+    // scale, mask, online softmax; O += P V
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * a.scale_log2;
-        if (!full) {
-          int qi = q0 + m0 + g + (e >= 2 ? 8 : 0), kj = k0 + nt * 8 + 2 * t + (e & 1);
-          if (!visible(a, bi, qi, kj)) x = -INFINITY;
-        }
-        s[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    float muse[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      float mnew = fmaxf(mrow[r], mx[r]);
-      muse[r] = mnew == -INFINITY ? 0.0f : mnew;
-      float alpha = exp2f(mrow[r] - muse[r]);
-      mrow[r] = mnew;
-      lrow[r] *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        oacc[dt][2 * r] *= alpha;
-        oacc[dt][2 * r + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = exp2f(s[nt][e] - muse[e >> 1]);
-        s[nt][e] = p;
-        lrow[e >> 1] += p;
-      }
-    // O += P V
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                        pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-      for (int dt = 0; dt < D / 8; dt += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-        mma16816(oacc[dt], pa, b0, b1);
-        mma16816(oacc[dt + 1], pa, b2, b3);
-      }
-    }
+    fwd_softmax_pv<D, LD>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV);
   }
   // finalize
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-    const int qi = q0 + m0 + g + r * 8;
-    if (qi >= a.S) continue;
-    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
-    bf16_t* orow = o + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
-          pack_bf16(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
-    if (t == 0)
-      lse[(int64_t)bh * a.S + qi] = lrow[r] > 0.0f ? (mrow[r] + log2f(lrow[r])) * 0.6931471805599453f : -INFINITY;
-  }
+  fwd_store<D>(oacc, mrow, lrow, a, o, lse, bi, h, bh, q0 + m0, g, t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -230,6 +251,102 @@ __global__ void fa_bwd_dot_kernel(const bf16_t* __restrict__ dout, const bf16_t*
     if (lane == 0) {
       const int64_t h = r % a.NP, bi = (r / a.NP) % a.B, qi = r / ((int64_t)a.NP * a.B);
       dvec[(bi * a.NP + h) * a.S + qi] = acc;
+    }
+  }
+}
+
+// dV += Pᵀ dO and dK += dSᵀ Q for this warp's 16 keys (k-dim: the BM queries of the tile), shared
+// by fa_bwd_kernel and fa_bwd_v2_kernel: st = Pᵀ, dp = dSᵀ (unscaled) in registers; the Q and dO
+// tiles in shared memory (row stride LD).
+template <int D, int LD, int BM>
+__device__ __forceinline__ void bwd_dkdv_accumulate(float (&dka)[D / 8][4], float (&dva)[D / 8][4],
+                                                    const float (&st)[BM / 8][4], const float (&dp)[BM / 8][4],
+                                                    const bf16_t* sQ, const bf16_t* sdO, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < BM / 16; ++kc) {
+    uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
+                      pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                      pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+    uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                      pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                      pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3, sdO + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+      mma16816(dva[dt], pa, b0, b1);
+      mma16816(dva[dt + 1], pa, b2, b3);
+      ldsm_x4_trans(b0, b1, b2, b3, sQ + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+      mma16816(dka[dt], da, b0, b1);
+      mma16816(dka[dt + 1], da, b2, b3);
+    }
+  }
+}
+
+// dQ += dS K for one query tile, shared by both backward kernels: every warp stores its dSᵀ rows
+// (dp, keys n0.. of the block's KB keys) to sdS [KB][LDS], then computes its DC-column slice
+// (rows dq_m0.., columns dq_c0..) of dS K over the block's keys (sK, row stride LD) and adds it,
+// times the softmax scale, to the fp32 accumulator dq_acc [b·np, s, D] row bh (atomics).
+template <int D, int LD, int LDS, int BM, int KB, int DC>
+__device__ __forceinline__ void bwd_dq_accumulate(const float (&dp)[BM / 8][4], bf16_t* sdS, const bf16_t* sK,
+                                                  float* __restrict__ dq_acc, const FaArgs& a, int64_t bh, int q0,
+                                                  int n0, int dq_m0, int dq_c0, int g, int t, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) {
+    *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][0], dp[nt][1]);
+    *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][2], dp[nt][3]);
+  }
+  __syncthreads();
+  float dqa[DC / 8][4];
+#pragma unroll
+  for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < KB / 16; ++kc) {
+    uint32_t aa[4];
+    const int mat = lane >> 3, r = lane & 7;
+    ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3], sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
+#pragma unroll
+    for (int dt = 0; dt < DC / 8; dt += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(b0, b1, b2, b3, sK + (kc * 16 + (lane & 15)) * LD + dq_c0 + dt * 8 + (lane >> 4) * 8);
+      mma16816(dqa[dt], aa, b0, b1);
+      mma16816(dqa[dt + 1], aa, b2, b3);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = q0 + dq_m0 + g + r * 8;
+    if (qi >= a.S) continue;
+    float* row = dq_acc + (bh * a.S + qi) * D + dq_c0;
+#pragma unroll
+    for (int dt = 0; dt < DC / 8; ++dt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float2*>(row + dt * 8 + 2 * t),
+                make_float2(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale));
+#else
+      atomicAdd(row + dt * 8 + 2 * t, dqa[dt][2 * r] * a.scale);
+      atomicAdd(row + dt * 8 + 2 * t + 1, dqa[dt][2 * r + 1] * a.scale);
+#endif
+    }
+  }
+}
+
+// The backward's end: this warp's key rows (from kr0 = k0 + n0) of dK (times the softmax scale)
+// and dV in bf16, layout [sk, b, ng, D], K/V group grp.
+template <int D>
+__device__ __forceinline__ void bwd_store_dkdv(const float (&dka)[D / 8][4], const float (&dva)[D / 8][4],
+                                               bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const FaArgs& a,
+                                               int bi, int grp, int kr0, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int kj = kr0 + g + r * 8;
+    if (kj >= a.SK) continue;
+    const int64_t off = ((int64_t)kj * a.B + bi) * a.NG * D + (int64_t)grp * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dk + off + dt * 8 + 2 * t) =
+          pack_bf16(dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(dv + off + dt * 8 + 2 * t) = pack_bf16(dva[dt][2 * r], dva[dt][2 * r + 1]);
     }
   }
 }
@@ -322,82 +439,13 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
           dp[nt][e] = p * (dp[nt][e] - sD[ql]);
         }
       // dV += P^T dO ; dK += dS^T Q (k-dim = queries)
-#pragma unroll
-      for (int kc = 0; kc < BM / 16; ++kc) {
-        uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
-                          pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                          pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-        uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                          pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                          pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4_trans(b0, b1, b2, b3, sdO + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-          mma16816(dva[dt], pa, b0, b1);
-          mma16816(dva[dt + 1], pa, b2, b3);
-          ldsm_x4_trans(b0, b1, b2, b3, sQ + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-          mma16816(dka[dt], da, b0, b1);
-          mma16816(dka[dt + 1], da, b2, b3);
-        }
-      }
+      bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
       // dS^T to shared memory for dQ = dS K
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][0], dp[nt][1]);
-        *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][2], dp[nt][3]);
-      }
-      __syncthreads();
-      {
-        float dqa[DC / 8][4];
-#pragma unroll
-        for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
-#pragma unroll
-        for (int kc = 0; kc < kBN / 16; ++kc) {
-          uint32_t aa[4];
-          const int mat = lane >> 3, r = lane & 7;
-          ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3],
-                        sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
-#pragma unroll
-          for (int dt = 0; dt < DC / 8; dt += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_trans(b0, b1, b2, b3, sK + (kc * 16 + (lane & 15)) * LD + dq_c0 + dt * 8 + (lane >> 4) * 8);
-            mma16816(dqa[dt], aa, b0, b1);
-            mma16816(dqa[dt + 1], aa, b2, b3);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int qi = q0 + dq_m0 + g + r * 8;
-          if (qi >= a.S) continue;
-          float* row = dq_acc + (bh * a.S + qi) * D + dq_c0;
-#pragma unroll
-          for (int dt = 0; dt < DC / 8; ++dt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2*>(row + dt * 8 + 2 * t),
-                      make_float2(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale));
-#else
-            atomicAdd(row + dt * 8 + 2 * t, dqa[dt][2 * r] * a.scale);
-            atomicAdd(row + dt * 8 + 2 * t + 1, dqa[dt][2 * r + 1] * a.scale);
-#endif
-          }
-        }
-      }
+      bwd_dq_accumulate<D, LD, LDS, BM, kBN, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
     }
   }
   // write dK (scaled), dV
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kj = k0 + n0 + g + r * 8;
-    if (kj >= a.SK) continue;
-    const int64_t off = ((int64_t)kj * a.B + bi) * a.NG * D + (int64_t)grp * D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(dk + off + dt * 8 + 2 * t) =
-          pack_bf16(dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dv + off + dt * 8 + 2 * t) = pack_bf16(dva[dt][2 * r], dva[dt][2 * r + 1]);
-    }
-  }
+  bwd_store_dkdv<D>(dka, dva, dk, dv, a, bi, grp, k0 + n0, g, t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,72 +556,10 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __
         mma16816(s[nt + 1], qf[kk], b[2], b[3]);
       }
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * a.scale_log2;
-        if (!full) {
-          int qi = q0 + m0 + g + (e >= 2 ? 8 : 0), kj = k0 + nt * 8 + 2 * t + (e & 1);
-          if (!visible(a, bi, qi, kj)) x = -INFINITY;
-        }
-        s[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    float muse[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      float mnew = fmaxf(mrow[r], mx[r]);
-      muse[r] = mnew == -INFINITY ? 0.0f : mnew;
-      float alpha = exp2f(mrow[r] - muse[r]);
-      mrow[r] = mnew;
-      lrow[r] *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        oacc[dt][2 * r] *= alpha;
-        oacc[dt][2 * r + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = exp2f(s[nt][e] - muse[e >> 1]);
-        s[nt][e] = p;
-        lrow[e >> 1] += p;
-      }
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                        pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-      for (int dt = 0; dt < D / 8; dt += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-        mma16816(oacc[dt], pa, b0, b1);
-        mma16816(oacc[dt + 1], pa, b2, b3);
-      }
-    }
+    fwd_softmax_pv<D, LD>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV);
     __syncthreads();  // this stage is refilled two iterations on
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-    const int qi = q0 + m0 + g + r * 8;
-    if (qi >= a.S) continue;
-    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
-    bf16_t* orow = o + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) =
-          pack_bf16(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
-    if (t == 0)
-      lse[(int64_t)bh * a.S + qi] = lrow[r] > 0.0f ? (mrow[r] + log2f(lrow[r])) * 0.6931471805599453f : -INFINITY;
-  }
+  fwd_store<D>(oacc, mrow, lrow, a, o, lse, bi, h, bh, q0 + m0, g, t);
 }
 
 template <int D, int BM, int kWarps>  // kWarps warps x 16 keys per block
@@ -683,80 +669,12 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
         st[nt][e] = p;
         dp[nt][e] = p * (dp[nt][e] - sD[ql]);
       }
-#pragma unroll
-    for (int kc = 0; kc < BM / 16; ++kc) {
-      uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
-                        pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                        pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-      uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                        pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                        pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
-#pragma unroll
-      for (int dt = 0; dt < D / 8; dt += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_trans(b0, b1, b2, b3, sdO + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-        mma16816(dva[dt], pa, b0, b1);
-        mma16816(dva[dt + 1], pa, b2, b3);
-        ldsm_x4_trans(b0, b1, b2, b3, sQ + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-        mma16816(dka[dt], da, b0, b1);
-        mma16816(dka[dt + 1], da, b2, b3);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      *reinterpret_cast<uint32_t*>(sdS + (n0 + g) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][0], dp[nt][1]);
-      *reinterpret_cast<uint32_t*>(sdS + (n0 + g + 8) * LDS + nt * 8 + 2 * t) = pack_bf16(dp[nt][2], dp[nt][3]);
-    }
-    __syncthreads();
-    {
-      float dqa[DC / 8][4];
-#pragma unroll
-      for (int i = 0; i < DC / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < kBNB / 16; ++kc) {
-        uint32_t aa[4];
-        const int mat = lane >> 3, r = lane & 7;
-        ldsm_x4_trans(aa[0], aa[1], aa[2], aa[3], sdS + (kc * 16 + r + (mat >> 1) * 8) * LDS + dq_m0 + (mat & 1) * 8);
-#pragma unroll
-        for (int dt = 0; dt < DC / 8; dt += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4_trans(b0, b1, b2, b3, sK + (kc * 16 + (lane & 15)) * LD + dq_c0 + dt * 8 + (lane >> 4) * 8);
-          mma16816(dqa[dt], aa, b0, b1);
-          mma16816(dqa[dt + 1], aa, b2, b3);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int qi = q0 + dq_m0 + g + r * 8;
-        if (qi >= a.S) continue;
-        float* row = dq_acc + (bh * a.S + qi) * D + dq_c0;
-#pragma unroll
-        for (int dt = 0; dt < DC / 8; ++dt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(row + dt * 8 + 2 * t),
-                    make_float2(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale));
-#else
-          atomicAdd(row + dt * 8 + 2 * t, dqa[dt][2 * r] * a.scale);
-          atomicAdd(row + dt * 8 + 2 * t + 1, dqa[dt][2 * r + 1] * a.scale);
-#endif
-        }
-      }
-    }
+    bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
+    bwd_dq_accumulate<D, LD, LDS, BM, kBNB, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
     __syncthreads();  // sdS and this stage are rewritten later
   }
   cp_async_wait<0>();  // no copy may be in flight at exit (iters == 0 when sk > s, causal)
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kj = k0 + n0 + g + r * 8;
-    if (kj >= a.SK) continue;
-    const int64_t off = ((int64_t)kj * a.B + bi) * a.NG * D + (int64_t)grp * D;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(dk + off + dt * 8 + 2 * t) =
-          pack_bf16(dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dv + off + dt * 8 + 2 * t) = pack_bf16(dva[dt][2 * r], dva[dt][2 * r + 1]);
-    }
-  }
+  bwd_store_dkdv<D>(dka, dva, dk, dv, a, bi, grp, k0 + n0, g, t);
 }
 
 // dq[s, b, np, d] = dq_acc[b, np, s, d]
@@ -937,14 +855,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       if (small) launch(fa_fwd_v2_kernel<128, 4>, 128, 4);
       else launch(fa_fwd_v2_kernel<128, 8>, 128, 8);
     }
-  } else if (q.size(3) == 64) {
-    size_t smem = 3 * 64 * (64 + 8) * 2;
-    set_smem(fa_fwd_kernel<64>, smem);
-    fa_fwd_kernel<64><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
   } else {
-    size_t smem = 3 * 64 * (128 + 8) * 2;
-    set_smem(fa_fwd_kernel<128>, smem);
-    fa_fwd_kernel<128><<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    auto launch = [&](auto kern, int d) {
+      size_t smem = 3 * 64 * (d + 8) * 2;
+      set_smem(kern, smem);
+      kern<<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+    };
+    if (q.size(3) == 64) launch(fa_fwd_kernel<64>, 64);
+    else launch(fa_fwd_kernel<128>, 128);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -994,34 +912,24 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   dim3 grid((a.SK + kBN - 1) / kBN, a.B * a.NG);
   const bool v2 = use_v2(a, lse);
   unsigned g1 = grid_for(rows * 32, 256);
-  if (D == 64) {
-    fa_bwd_dot_kernel<64><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
-    constexpr int BM = 64, LD = 72;
+  // D = HD (64 or 128): Δ = rowsum(dO ∘ O), the dK/dV/dQ kernel (v2 with 4 or 8 warps, or v1),
+  // then dQ from its fp32 accumulator.
+  auto run = [&](auto head_dim) {
+    constexpr int HD = decltype(head_dim)::value, BM = 64, LD = HD + 8;
+    fa_bwd_dot_kernel<HD><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     if (v2) {
-      if (small_blocks(64)) launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 4>, 4, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<64, BM, 8>, 8, 64, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      if (small_blocks(HD)) launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      else launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<64, BM>, smem);
-      fa_bwd_kernel<64, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      set_smem(fa_bwd_kernel<HD, BM>, smem);
+      fa_bwd_kernel<HD, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
     }
     CUDA_CHECK_LAUNCH();
-    fa_dq_convert_kernel<64><<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
-  } else {
-    fa_bwd_dot_kernel<128><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
-    constexpr int BM = 64, LD = 136;
-    if (v2) {
-      if (small_blocks(128)) launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 4>, 4, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<128, BM, 8>, 8, 128, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-    } else {
-      size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<128, BM>, smem);
-      fa_bwd_kernel<128, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
-    }
-    CUDA_CHECK_LAUNCH();
-    fa_dq_convert_kernel<128>
-        <<<grid_for(rows * D, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
-  }
+    fa_dq_convert_kernel<HD><<<grid_for(rows * HD, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
+  };
+  if (D == 64) run(std::integral_constant<int, 64>{});
+  else run(std::integral_constant<int, 128>{});
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(dvec, st));
   CUDA_CHECK(cudaFreeAsync(dq_acc, st));

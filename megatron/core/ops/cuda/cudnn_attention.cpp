@@ -396,18 +396,41 @@ Dims s_strides(const Shape& x) { return {x.hq * x.s * x.sk, x.s * x.sk, x.sk, 1}
 Dims st_dims(const Shape& x) { return {x.b, x.hq, x.sk, x.s}; }  // transposed scores
 Dims st_strides(const Shape& x) { return {x.hq * x.s * x.sk, x.s * x.sk, 1, x.sk}; }
 
-void build_forward(GraphBuilder& g, const Shape& x) {
-  const auto BF = x.half ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
-  auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
-  auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
-  auto V = g.tensor(kV, BF, kv_dims(x), kv_strides(x), false);
-  auto O = g.tensor(kO, BF, q_dims(x), o_strides(x), false);
-  auto stats = g.tensor(kStats, F, stat_dims(x), stat_strides(x), false);
-  const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
-  auto S = g.virt(F, sd, ss);
-  g.matmul(Q, KT, S);
-  auto S1 = g.virt(F, sd, ss);
+// The 16-bit data type of the graph's q/k/v/o tensors.
+cudnnDataType_t data_type(const Shape& x) { return x.half ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+
+// The tensors both graphs read, created in this order (UIDs kQ, kK, kV, kO, kStats): Q, Kᵀ, V (the
+// forward reads V [b, hk, sk, d] for P·V, the backward Vᵀ [b, hk, d, sk] for dO·Vᵀ), O, stats.
+struct InputTensors {
+  cudnnBackendDescriptor_t Q, KT, V, O, stats;
+};
+InputTensors input_tensors(GraphBuilder& g, const Shape& x) {
+  const auto BF = data_type(x);
+  InputTensors t;
+  t.Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
+  t.KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
+  t.V = x.bwd ? g.tensor(kV, BF, kt_dims(x), kt_strides(x), false) : g.tensor(kV, BF, kv_dims(x), kv_strides(x), false);
+  t.O = g.tensor(kO, BF, q_dims(x), o_strides(x), false);
+  t.stats = g.tensor(kStats, CUDNN_DATA_FLOAT, stat_dims(x), stat_strides(x), false);
+  return t;
+}
+
+// S = Q·Kᵀ · scale (virtual fp32 [b, hq, s, sk]), the scores both graphs start from.
+cudnnBackendDescriptor_t scaled_scores(GraphBuilder& g, const Shape& x, const InputTensors& in) {
+  const Dims sd = s_dims(x), ss = s_strides(x);
+  auto S = g.virt(CUDNN_DATA_FLOAT, sd, ss);
+  g.matmul(in.Q, in.KT, S);
+  auto S1 = g.virt(CUDNN_DATA_FLOAT, sd, ss);
   g.pointwise(CUDNN_POINTWISE_MUL, S, g.scalar(kScale), nullptr, S1);
+  return S1;
+}
+
+void build_forward(GraphBuilder& g, const Shape& x) {
+  const auto BF = data_type(x), F = CUDNN_DATA_FLOAT;
+  const InputTensors in = input_tensors(g, x);
+  const auto V = in.V, O = in.O, stats = in.stats;
+  const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
+  auto S1 = scaled_scores(g, x, in);
   if (x.causal) S1 = g.causal_mask(S1, sd, ss, kNegInf);
   auto M = g.virt(F, rd, rs);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, S1, M);
@@ -425,14 +448,24 @@ void build_forward(GraphBuilder& g, const Shape& x) {
   g.matmul(P, V, O);
 }
 
+// out = A·B for dV = Pᵀ·dO and dK = dSᵀ·Q: with grouped-query attention (hq > hk) per query head
+// into a virtual [b, hq, sk, d] tensor, then summed over the heads of each K/V group.
+void matmul_group_sum(GraphBuilder& g, const Shape& x, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                      cudnnBackendDescriptor_t out) {
+  if (x.hq == x.hk) {
+    g.matmul(a, b, out);
+  } else {
+    auto full = g.virt(data_type(x), {x.b, x.hq, x.sk, x.d}, {x.hq * x.sk * x.d, x.sk * x.d, x.d, 1});
+    g.matmul(a, b, full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  }
+}
+
 void build_backward(GraphBuilder& g, const Shape& x) {
-  const auto BF = x.half ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+  const auto BF = data_type(x), F = CUDNN_DATA_FLOAT;
   const Dims sd = s_dims(x), ss = s_strides(x), rd = stat_dims(x), rs = stat_strides(x);
-  auto Q = g.tensor(kQ, BF, q_dims(x), q_strides(x), false);
-  auto KT = g.tensor(kK, BF, kt_dims(x), kt_strides(x), false);
-  auto VT = g.tensor(kV, BF, kt_dims(x), kt_strides(x), false);
-  auto O = g.tensor(kO, BF, q_dims(x), o_strides(x), false);
-  auto stats = g.tensor(kStats, F, rd, rs, false);
+  const InputTensors in = input_tensors(g, x);
+  const auto Q = in.Q, KT = in.KT, VT = in.V, O = in.O, stats = in.stats;
   auto dO = g.tensor(kDO, BF, q_dims(x), o_strides(x), false);
   auto dQ = g.tensor(kDQ, BF, q_dims(x), q_strides(x), false);
   auto dK = g.tensor(kDK, BF, kv_dims(x), kv_strides(x), false);
@@ -447,10 +480,7 @@ void build_backward(GraphBuilder& g, const Shape& x) {
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, t, r);
   g.pointwise(CUDNN_POINTWISE_MUL, r, g.scalar(kOne), nullptr, ssum);
   // P = exp(Q·Kᵀ·scale - stats), masked
-  auto S = g.virt(F, sd, ss);
-  g.matmul(Q, KT, S);
-  auto S1 = g.virt(F, sd, ss);
-  g.pointwise(CUDNN_POINTWISE_MUL, S, g.scalar(kScale), nullptr, S1);
+  auto S1 = scaled_scores(g, x, in);
   auto S2 = g.virt(F, sd, ss);
   g.pointwise(CUDNN_POINTWISE_SUB, S1, stats, nullptr, S2);
   if (x.causal) S2 = g.causal_mask(S2, sd, ss, kNegInf);
@@ -459,14 +489,7 @@ void build_backward(GraphBuilder& g, const Shape& x) {
   // dV = Pᵀ·dO (per query head, then summed over the group's heads)
   auto PT = g.virt(BF, st_dims(x), st_strides(x));
   g.reshape(E, PT);
-  const Dims full_kv = {x.b, x.hq, x.sk, x.d}, full_kv_st = {x.hq * x.sk * x.d, x.sk * x.d, x.d, 1};
-  if (x.hq == x.hk) {
-    g.matmul(PT, dO, dV);
-  } else {
-    auto dVf = g.virt(BF, full_kv, full_kv_st);
-    g.matmul(PT, dO, dVf);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dVf, dV);
-  }
+  matmul_group_sum(g, x, PT, dO, dV);
   // dS = P ∘ (dO·Vᵀ - Δ) · scale
   auto dP = g.virt(F, sd, ss);
   g.matmul(dO, VT, dP);
@@ -479,13 +502,7 @@ void build_backward(GraphBuilder& g, const Shape& x) {
   // dK = dSᵀ·Q
   auto dST = g.virt(BF, st_dims(x), st_strides(x));
   g.reshape(dS, dST);
-  if (x.hq == x.hk) {
-    g.matmul(dST, Q, dK);
-  } else {
-    auto dKf = g.virt(BF, full_kv, full_kv_st);
-    g.matmul(dST, Q, dKf);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dKf, dK);
-  }
+  matmul_group_sum(g, x, dST, Q, dK);
   // dQ = dS·K through an fp32 accumulator
   auto Kn = g.virt(F, kv_dims(x), kv_strides(x));
   g.reshape(KT, Kn);
@@ -586,6 +603,55 @@ bool run_plan(Plan& pl, const Shape& x, const std::vector<int64_t>& uids, std::v
   }
 }
 
+// The forward graph of shape x on the tensors at q, k, v (cuDNN layout through the shape's strides),
+// writing out and lse; false if cuDNN cannot run it (the caller falls back). Call with g_mu held.
+bool run_forward(const Shape& x, float softmax_scale, void* q, void* k, void* v, void* out, void* lse) {
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  void* ws = nullptr;
+  if (pl->workspace > 0) CUDA_CHECK(cudaMallocAsync(&ws, pl->workspace, st));
+  float scale = softmax_scale, neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs = {q, k, v, out, lse, &scale};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, ws);
+  if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
+  return ok;
+}
+
+// The backward graph of shape x: reads q, k, v, out, lse, dout, writes dq, dk, dv; false if cuDNN
+// cannot run it. Call with g_mu held.
+bool run_backward(const Shape& x, float softmax_scale, void* q, void* k, void* v, void* out, void* lse, void* dout,
+                  void* dq, void* dk, void* dv) {
+  Plan* pl = get_plan(x);
+  if (!pl) return false;
+  cudaStream_t st = megatron::cuda::current_stream();
+  // One pool allocation: plan workspace | softmax_sum [b, h, s] fp32 | dQ accumulator [b, h, s, d] fp32.
+  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  const int64_t ws_bytes = up(pl->workspace), sum_bytes = up(x.b * x.hq * x.s * 4),
+                acc_bytes = up(x.b * x.hq * x.s * x.d * 4);
+  char* buf = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), ws_bytes + sum_bytes + acc_bytes, st));
+  float scale = softmax_scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAcc};
+  std::vector<void*> ptrs = {q,  k,  v,      out,  lse, dout, dq, dk, dv, &scale, &one, buf + ws_bytes,
+                             buf + ws_bytes + sum_bytes};
+  if (x.causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&neg_inf);
+  }
+  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
+  CUDA_CHECK(cudaFreeAsync(buf, st));
+  return ok;
+}
+
+// Pointer `bytes` past p (the k and v heads of the packed QKV tensor).
+void* offset(const void* p, int64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+
 }  // namespace
 
 bool available() {
@@ -602,22 +668,8 @@ bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   if (!shape_ok(q, k, p)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
   Shape x = make_shape(q, k, p, false);
-  Plan* pl = get_plan(x);
-  if (!pl) return false;
-  cudaStream_t st = megatron::cuda::current_stream();
-  void* ws = nullptr;
-  if (pl->workspace > 0) CUDA_CHECK(cudaMallocAsync(&ws, pl->workspace, st));
-  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
-  std::vector<void*> ptrs = {const_cast<void*>(q.data_ptr()), const_cast<void*>(k.data_ptr()),
-                             const_cast<void*>(v.data_ptr()), out.data_ptr(), lse.data_ptr(), &scale};
-  if (x.causal) {
-    uids.push_back(kNegInf);
-    ptrs.push_back(&neg_inf);
-  }
-  bool ok = run_plan(*pl, x, uids, ptrs, ws);
-  if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
-  return ok;
+  return run_forward(x, p.softmax_scale, const_cast<void*>(q.data_ptr()), const_cast<void*>(k.data_ptr()),
+                     const_cast<void*>(v.data_ptr()), out.data_ptr(), lse.data_ptr());
 }
 
 bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -625,54 +677,20 @@ bool backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
   if (!shape_ok(q, k, p)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
   Shape x = make_shape(q, k, p, true);
-  Plan* pl = get_plan(x);
-  if (!pl) return false;
-  cudaStream_t st = megatron::cuda::current_stream();
-  // One pool allocation: plan workspace | softmax_sum [b, h, s] fp32 | dQ accumulator [b, h, s, d] fp32.
-  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t ws_bytes = up(pl->workspace), sum_bytes = up(x.b * x.hq * x.s * 4),
-                acc_bytes = up(x.b * x.hq * x.s * x.d * 4);
-  char* buf = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), ws_bytes + sum_bytes + acc_bytes, st));
-  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAcc};
-  std::vector<void*> ptrs = {const_cast<void*>(q.data_ptr()),   const_cast<void*>(k.data_ptr()),
-                             const_cast<void*>(v.data_ptr()),   const_cast<void*>(out.data_ptr()),
-                             const_cast<void*>(lse.data_ptr()), const_cast<void*>(dout.data_ptr()),
-                             dq.data_ptr(),                     dk.data_ptr(),
-                             dv.data_ptr(),                     &scale,
-                             &one,                              buf + ws_bytes,
-                             buf + ws_bytes + sum_bytes};
-  if (x.causal) {
-    uids.push_back(kNegInf);
-    ptrs.push_back(&neg_inf);
-  }
-  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
-  CUDA_CHECK(cudaFreeAsync(buf, st));
-  return ok;
+  return run_backward(x, p.softmax_scale, const_cast<void*>(q.data_ptr()), const_cast<void*>(k.data_ptr()),
+                      const_cast<void*>(v.data_ptr()), const_cast<void*>(out.data_ptr()),
+                      const_cast<void*>(lse.data_ptr()), const_cast<void*>(dout.data_ptr()), dq.data_ptr(),
+                      dk.data_ptr(), dv.data_ptr());
 }
 
 bool forward_packed(const Tensor& qkv, int64_t heads, const AttentionParams& p, Tensor& out, Tensor& lse) {
   Shape x;
   if (!packed_shape(qkv, heads, out, p, false, x)) return false;
   std::lock_guard<std::mutex> lk(g_mu);
-  Plan* pl = get_plan(x);
-  if (!pl) return false;
-  cudaStream_t st = megatron::cuda::current_stream();
-  void* ws = nullptr;
-  if (pl->workspace > 0) CUDA_CHECK(cudaMallocAsync(&ws, pl->workspace, st));
-  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity();
-  char* base = static_cast<char*>(const_cast<void*>(qkv.data_ptr()));
   const int64_t hb = x.d * 2;  // bytes of one head's q (or k, v) in a group
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
-  std::vector<void*> ptrs = {base, base + hb, base + 2 * hb, out.data_ptr(), lse.data_ptr(), &scale};
-  if (x.causal) {
-    uids.push_back(kNegInf);
-    ptrs.push_back(&neg_inf);
-  }
-  bool ok = run_plan(*pl, x, uids, ptrs, ws);
-  if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
-  return ok;
+  const void* base = qkv.data_ptr();
+  return run_forward(x, p.softmax_scale, offset(base, 0), offset(base, hb), offset(base, 2 * hb), out.data_ptr(),
+                     lse.data_ptr());
 }
 
 bool backward_packed(const Tensor& dout, const Tensor& qkv, int64_t heads, const Tensor& out, const Tensor& lse,
@@ -684,31 +702,11 @@ bool backward_packed(const Tensor& dout, const Tensor& qkv, int64_t heads, const
       (reinterpret_cast<uintptr_t>(dout.data_ptr()) & 15u))
     return false;
   std::lock_guard<std::mutex> lk(g_mu);
-  Plan* pl = get_plan(x);
-  if (!pl) return false;
-  cudaStream_t st = megatron::cuda::current_stream();
-  auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t ws_bytes = up(pl->workspace), sum_bytes = up(x.b * x.hq * x.s * 4),
-                acc_bytes = up(x.b * x.hq * x.s * x.d * 4);
-  char* buf = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), ws_bytes + sum_bytes + acc_bytes, st));
-  float scale = p.softmax_scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
-  char* base = static_cast<char*>(const_cast<void*>(qkv.data_ptr()));
-  char* dbase = static_cast<char*>(dqkv.data_ptr());
   const int64_t hb = x.d * 2;
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAcc};
-  std::vector<void*> ptrs = {base,         base + hb,         base + 2 * hb,
-                             const_cast<void*>(out.data_ptr()), const_cast<void*>(lse.data_ptr()),
-                             const_cast<void*>(dout.data_ptr()), dbase, dbase + hb, dbase + 2 * hb,
-                             &scale,       &one,              buf + ws_bytes,
-                             buf + ws_bytes + sum_bytes};
-  if (x.causal) {
-    uids.push_back(kNegInf);
-    ptrs.push_back(&neg_inf);
-  }
-  bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
-  CUDA_CHECK(cudaFreeAsync(buf, st));
-  return ok;
+  const void *base = qkv.data_ptr(), *dbase = dqkv.data_ptr();
+  return run_backward(x, p.softmax_scale, offset(base, 0), offset(base, hb), offset(base, 2 * hb),
+                      const_cast<void*>(out.data_ptr()), const_cast<void*>(lse.data_ptr()),
+                      const_cast<void*>(dout.data_ptr()), offset(dbase, 0), offset(dbase, hb), offset(dbase, 2 * hb));
 }
 
 #endif
