@@ -737,7 +737,8 @@ int run(int argc, char** argv) {
     pipeline = std::make_unique<GPTPipeline>(raw, ps::get_pipeline_model_parallel_group(),
                                              Shape{s_local, *args.micro_batch_size, *args.hidden_size},
                                              model.config().params_dtype, device, num_microbatches(args),
-                                             args.calculate_per_token_loss);
+                                             args.calculate_per_token_loss,
+                                             args.microbatch_group_size_per_vp_stage.value_or(0));
     if (args.overlap_grad_reduce)
       for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
     hooks.forward_backward = [&pipeline](BatchIterator& data, bool forward_only, double loss_scale) {

@@ -47,6 +47,16 @@ std::vector<std::string> known_flags(const CLI::App& app) {
   return out;
 }
 
+void reject_switch_value(const CLI::App& app, const std::string& arg) {
+  const size_t eq = arg.find('=');
+  if (arg.rfind("--", 0) != 0 || eq == std::string::npos) return;
+  const std::string name = arg.substr(0, eq);
+  const CLI::Option* o = app.get_option_no_throw(name);
+  if (o == nullptr || o->get_items_expected_max() != 0) return;
+  user_error("argument ", name, ": ignored explicit argument '", arg.substr(eq + 1), "' (", name,
+             " is a switch and takes no value: give ", name, " alone, or leave it out)");
+}
+
 bool parse_args(CLI::App& app, int argc, const char* const* argv) {
   std::vector<std::string> known = known_flags(app);
   std::vector<std::string> args;
@@ -81,6 +91,7 @@ bool parse_args(CLI::App& app, int argc, const char* const* argv) {
         user_error("unknown flag ", name, "; did you mean ", near, "?");
       }
     }
+    if (has_value) reject_switch_value(app, name + "=" + value);
     args.push_back(has_value ? name + "=" + value : name);
   }
   std::reverse(args.begin(), args.end());  // CLI11 takes them reversed

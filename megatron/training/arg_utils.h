@@ -27,10 +27,17 @@ std::string closest_flag(const std::string& flag, const std::vector<std::string>
 /// All long flags of `app` ("--name"), in declaration order.
 std::vector<std::string> known_flags(const CLI::App& app);
 
+/// argparse's rule for switches (store_true/store_false): "--flag=value" is an error, whatever the
+/// value ("--bf16=0" does not turn --bf16 off). Throws UserError "argument --flag: ignored explicit
+/// argument 'value' ..." when `arg` is "--name=value" and --name is an option of `app` that takes
+/// no value; does nothing otherwise.
+void reject_switch_value(const CLI::App& app, const std::string& arg);
+
 /// Parses argv with `app`. Before CLI11 sees them, long flags are checked: an exact name passes,
 /// a unique prefix of a known flag is expanded (argparse's allow_abbrev), anything else throws
 /// UserError "unknown flag --x; did you mean --y?" (or "ambiguous flag ..."). CLI11's own errors
-/// (missing value, bad number, missing required flag) are rethrown as UserError. Returns false
+/// (missing value, bad number, missing required flag) are rethrown as UserError. A switch given a
+/// value ("--flag=0") is refused (reject_switch_value). Returns false
 /// if --help was printed (the caller should exit 0).
 bool parse_args(CLI::App& app, int argc, const char* const* argv);
 

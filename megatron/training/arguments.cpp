@@ -17,39 +17,66 @@
 
 #include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/training/arg_utils.h"
 
 namespace megatron::training {
 namespace {
 
 struct MegatronFlag {
   const char* name;
-  int arity;  // 0 flag, n values, -1 one or more
+  int arity;            // 0 flag, n values, -1 one or more
+  const char* dest;     // argparse dest
+  const char* default_str;  // str() of the default
+  char kind;            // T store_true, F store_false, B BooleanOptional, i int, f float, e enum, s other
 };
 // Every flag of Megatron-LM's pretrain_gpt parser (generated; see the .inc header).
 const MegatronFlag kMegatronFlags[] = {
 #include "megatron/training/megatron_flag_names.inc"
 };
 
-const std::unordered_map<std::string_view, int>& megatron_flag_map() {
+const std::unordered_map<std::string_view, const MegatronFlag*>& megatron_flag_map() {
   static const auto* m = [] {
-    auto* mp = new std::unordered_map<std::string_view, int>();
-    for (const auto& f : kMegatronFlags) (*mp)[f.name] = f.arity;
+    auto* mp = new std::unordered_map<std::string_view, const MegatronFlag*>();
+    for (const auto& f : kMegatronFlags) (*mp)[f.name] = &f;
     return mp;
   }();
   return *m;
 }
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
+const MegatronFlag* megatron_flag(const std::string& flag) {
+  auto it = megatron_flag_map().find(flag);
+  return it == megatron_flag_map().end() ? nullptr : it->second;
+}
+
+/// The argparse dest `flag` is printed under: Megatron's, or (flags Megatron lacks) the name with
+/// dashes as underscores and a leading "no_" dropped (the store_false convention).
+std::string dest_of(const std::string& flag) {
+  if (const MegatronFlag* f = megatron_flag(flag)) return f->dest;
+  std::string d = flag.substr(2);
+  std::replace(d.begin(), d.end(), '-', '_');
+  if (d.rfind("no_", 0) == 0) d = d.substr(3);
+  return d;
+}
+
+/// Python's str() of a value stored in an Arguments field.
+std::string py_str(bool v) { return v ? "True" : "False"; }
+std::string py_str(int64_t v) { return std::to_string(v); }
+std::string py_str(double v) { return py_float_repr(v); }
+std::string py_str(const std::string& v) { return v; }
+template <class T>
+std::string py_str(const std::optional<T>& v) {
+  return v ? py_str(*v) : std::string("None");
+}
+/// str(list): the elements' repr, ", "-joined in brackets.
+std::string py_list(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + py_str_repr(v[i]);
+  return out + "]";
+}
+std::string py_list(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
 }
 
 template <class T>
@@ -75,33 +102,61 @@ T parse_number(const std::string& flag, const std::string& s) {
   return v;
 }
 
-/// Registers our flags on a CLI11 app, each writing into Arguments.
+/// Registers our flags on a CLI11 app, each writing into Arguments, and records for each the
+/// argparse dest and how to print its value (the arguments block is derived from this one list).
 class Binder {
  public:
+  /// One declared flag: its dest and str() of its current value (reads the bound Arguments).
+  struct Entry {
+    std::string flag, dest;
+    std::function<std::string()> value;
+  };
+
   Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
 
   template <class T>
   void num(const std::string& flag, T& field) {
-    add1(flag, [this, flag, &field](const std::string& s) { field = parse_number<T>(flag, s); });
+    std::function<std::string()> show = [&field] { return py_str(field); };
+    if constexpr (std::is_floating_point_v<T>) {
+      // argparse converts only string defaults with `type`: Megatron's float flags whose default
+      // is a Python int (--initial-loss-scale 2**32, --loss-scale-window 1000) print as ints
+      // ("4294967296") unless given on the command line ("1000.0").
+      const MegatronFlag* m = megatron_flag(flag);
+      std::string_view d = m ? m->default_str : "";
+      if (!d.empty() && d.find_first_not_of("-0123456789") == std::string_view::npos) {
+        const Arguments& args = a_;
+        const double dv = std::strtod(std::string(d).c_str(), nullptr);
+        show = [&field, &args, flag, d, dv] {
+          const bool given = std::find(args.given_flags.begin(), args.given_flags.end(), flag) != args.given_flags.end();
+          return !given && static_cast<double>(field) == dv ? std::string(d) : py_str(field);
+        };
+      }
+    }
+    add1(flag, [this, flag, &field](const std::string& s) { field = parse_number<T>(flag, s); }, std::move(show));
   }
   template <class T>
   void num(const std::string& flag, std::optional<T>& field) {
-    add1(flag, [flag, &field](const std::string& s) { field = parse_number<T>(flag, s); });
+    add1(flag, [flag, &field](const std::string& s) { field = parse_number<T>(flag, s); },
+         [&field] { return py_str(field); });
   }
+  /// A string flag; an empty value prints as None where Megatron's default is None.
   void str(const std::string& flag, std::string& field, std::vector<std::string> choices = {}) {
+    const bool none_if_empty = default_is_none(flag);
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
-    });
+    }, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : field; });
   }
   void str(const std::string& flag, std::optional<std::string>& field, std::vector<std::string> choices = {}) {
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
-    });
+    }, [&field] { return py_str(field); });
   }
+  /// A list flag (nargs '*'/'+'); an empty list prints as None where Megatron's default is None.
   void strs(const std::string& flag, std::vector<std::string>& field) {
-    known_.insert(flag);
+    const bool none_if_empty = default_is_none(flag);
+    record(flag, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : py_list(field); });
     app_.add_option_function<std::vector<std::string>>(
             flag, [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
@@ -111,7 +166,7 @@ class Binder {
         ->allow_extra_args();
   }
   void ints(const std::string& flag, std::vector<int64_t>& field) {
-    known_.insert(flag);
+    record(flag, [&field] { return py_list(field); });
     app_.add_option_function<std::vector<std::string>>(
             flag, [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
@@ -121,68 +176,103 @@ class Binder {
         ->expected(1, CLI::detail::expected_max_vector_size)
         ->allow_extra_args();
   }
-  /// A store_true / store_false style flag: sets `field` to `value`.
+  /// A store_true / store_false style flag: sets `field` to `value`. Printed as Megatron's dest
+  /// holds it: the value the flag stores when `field` == `value`, the other one otherwise (so
+  /// --tokenizer-hf-no-include-special-tokens, stored inverted here, prints as Megatron's).
   void flag(const std::string& flag, bool& field, bool value) {
-    known_.insert(flag);
+    const MegatronFlag* m = megatron_flag(flag);
+    const bool stores = m ? m->kind != 'F' : value;  // what Megatron's dest becomes when it is given
+    record(flag, [&field, value, stores] { return py_str(field == value ? stores : !stores); });
     app_.add_flag_callback(flag, [this, flag, &field, value] {
       given(flag);
       field = value;
     });
   }
   /// A flag accepted with a one-time note. arity from Megatron's table.
-  void noted(const std::string& flag, std::string note) {
-    auto it = megatron_flag_map().find(flag);
-    MEGATRON_CHECK(it != megatron_flag_map().end()) << flag << " is not a Megatron flag";
-    noted_with(flag, it->second, std::move(note), nullptr);
-  }
+  void noted(const std::string& flag, std::string note) { noted_with(flag, std::move(note), nullptr); }
   /// Noted flag that also stores its value.
   void noted_str(const std::string& flag, std::string note, std::function<void(const std::string&)> store) {
-    auto it = megatron_flag_map().find(flag);
-    MEGATRON_CHECK(it != megatron_flag_map().end()) << flag << " is not a Megatron flag";
-    noted_with(flag, it->second, std::move(note), std::move(store));
+    noted_with(flag, std::move(note), std::move(store));
   }
 
-  /// A one-value flag handled by `fn` (which validates and stores it).
-  void with(const std::string& flag, std::function<void(const std::string&)> fn) { add1(flag, std::move(fn)); }
+  /// A one-value flag handled by `fn` (which validates and stores it); `show` prints its value.
+  void with(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show) {
+    add1(flag, std::move(fn), std::move(show));
+  }
 
-  const std::set<std::string>& known() const { return known_; }
+  const std::vector<Entry>& entries() const { return entries_; }
 
  private:
   void given(const std::string& flag) { a_.given_flags.push_back(flag); }
+  static bool default_is_none(const std::string& flag) {
+    const MegatronFlag* m = megatron_flag(flag);
+    return m && std::string_view(m->default_str) == "None";
+  }
+  void record(const std::string& flag, std::function<std::string()> show) {
+    entries_.push_back({flag, dest_of(flag), std::move(show)});
+  }
   static void check_choice(const std::string& flag, const std::string& s, const std::vector<std::string>& choices) {
     if (choices.empty() || std::find(choices.begin(), choices.end(), s) != choices.end()) return;
     std::string list;
     for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
     user_error(flag, ": invalid choice '", s, "' (choose from ", list, ")");
   }
-  void add1(const std::string& flag, std::function<void(const std::string&)> fn) {
-    known_.insert(flag);
+  void add1(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show) {
+    record(flag, std::move(show));
     app_.add_option_function<std::string>(flag, [this, flag, fn](const std::string& s) {
           given(flag);
           fn(s);
         })
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
   }
-  void noted_with(const std::string& flag, int arity, std::string note,
-                  std::function<void(const std::string&)> store) {
-    known_.insert(flag);
-    auto record = [this, flag, note] {
+  /// str() of a noted flag's value as Megatron's parser would hold it: its default when not
+  /// given, else what the action stores (True/False for switches, the typed value otherwise).
+  static std::string noted_value(const MegatronFlag& m, const Arguments& a) {
+    auto it = a.noted_values.find(m.name);
+    if (it == a.noted_values.end()) return m.default_str;
+    if (m.kind == 'T' || m.kind == 'F') return py_str(m.kind == 'T');
+    auto one = [&m](const std::string& v, bool in_list) -> std::string {
+      switch (m.kind) {
+        case 'i': return std::to_string(parse_number<int64_t>(m.name, v));
+        case 'f': return py_float_repr(parse_number<double>(m.name, v));
+        case 'e': {  // str(Enum member): "<Class>.<name>", the class from the default's text
+          std::string_view d = m.default_str;
+          size_t dot = d.rfind('.');
+          return std::string(dot == std::string_view::npos ? std::string_view() : d.substr(0, dot + 1)) + v;
+        }
+        default: return in_list ? py_str_repr(v) : v;
+      }
+    };
+    if (m.arity == 1) return it->second.empty() ? std::string("None") : one(it->second.back(), false);
+    std::string out = "[";
+    for (size_t i = 0; i < it->second.size(); ++i) out += (i ? ", " : "") + one(it->second[i], true);
+    return out + "]";
+  }
+  void noted_with(const std::string& flag, std::string note, std::function<void(const std::string&)> store) {
+    const MegatronFlag* m = megatron_flag(flag);
+    MEGATRON_CHECK(m != nullptr) << flag << " is not a Megatron flag";
+    const int arity = m->arity;
+    Arguments& args = a_;
+    record(flag, [m, &args] { return noted_value(*m, args); });
+    auto note_given = [this, flag, note](std::vector<std::string> values) {
       given(flag);
       a_.notes.emplace_back(flag, note);
+      a_.noted_values[flag] = std::move(values);
     };
     if (arity == 0) {
-      app_.add_flag_callback(flag, [record, store] {
-        record();
+      app_.add_flag_callback(flag, [note_given, store] {
+        note_given({});
         if (store) store("");
       });
     } else if (arity == 1) {
-      app_.add_option_function<std::string>(flag, [record, store](const std::string& s) {
-            record();
+      app_.add_option_function<std::string>(flag, [note_given, store](const std::string& s) {
+            note_given({s});
             if (store) store(s);
           })
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     } else {
-      app_.add_option_function<std::vector<std::string>>(flag, [record](const std::vector<std::string>&) { record(); })
+      app_.add_option_function<std::vector<std::string>>(
+              flag, [note_given](const std::vector<std::string>& v) { note_given(v); })
           ->expected(arity < 0 ? 1 : arity, arity < 0 ? CLI::detail::expected_max_vector_size : arity)
           ->allow_extra_args();
     }
@@ -190,7 +280,7 @@ class Binder {
 
   CLI::App& app_;
   Arguments& a_;
-  std::set<std::string> known_;
+  std::vector<Entry> entries_;
 };
 
 void bind_all(Binder& b, Arguments& a) {
@@ -278,7 +368,7 @@ void bind_all(Binder& b, Arguments& a) {
       user_error("--recompute-granularity: invalid choice '", s, "' (choose from full, selective)");
     a.recompute_granularity = s;
     if (s == "selective") a.notes.emplace_back("--recompute-granularity", kSelectiveNote);
-  });
+  }, [&a] { return py_str(a.recompute_granularity); });
   b.str("--recompute-method", a.recompute_method, {"uniform", "block"});
   b.num("--recompute-num-layers", a.recompute_num_layers);
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
@@ -366,6 +456,15 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
   b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
   b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
+  b.num("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage);
+  b.noted("--no-overlap-p2p-communication",
+          "the pipeline's send/receive of each schedule step is always one batch posted together here "
+          "(Megatron's behaviour under this flag); PP = 2 with virtual stages is allowed (docs/distributed.md)");
+  b.noted("--overlap-p2p-communication-warmup-flush",
+          "the pipeline's send/receive is not overlapped with compute here (one batch per step); no effect");
+  b.noted("--no-align-param-gather",
+          "every chunk's parameter all-gather is launched right after the optimizer step on every pipeline "
+          "stage here; no effect");
   b.flag("--sequence-parallel", a.sequence_parallel, true);
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
   b.flag("--overlap-grad-reduce", a.overlap_grad_reduce, true);
@@ -423,6 +522,11 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--log-throughput", a.log_throughput, true);
   b.flag("--log-progress", a.log_progress, true);
   b.noted("--log-energy", "no energy counters are read here; the energy/power fields are not printed");
+  b.with("--timing-log-level", [&a](const std::string& s) {
+    a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
+    if (a.timing_log_level < 0 || a.timing_log_level > 2)
+      user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
+  }, [&a] { return py_str(a.timing_log_level); });
   b.str("--timing-log-option", a.timing_log_option, {"max", "minmax", "all"});
   b.flag("--no-barrier-with-level-1-timing", a.barrier_with_L1_time, false);
   b.str("--tensorboard-dir", a.tensorboard_dir);
@@ -484,20 +588,13 @@ Arguments parse_args(const std::vector<std::string>& in) {
   app.set_help_flag("-h,--help", "show this help message and exit");
   Binder b(app, a);
   bind_all(b, a);
-  // --timing-log-level is an int with choices.
-  app.add_option_function<std::string>("--timing-log-level", [&a](const std::string& s) {
-       a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
-       if (a.timing_log_level < 0 || a.timing_log_level > 2)
-         user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
-       a.given_flags.push_back("--timing-log-level");
-     })
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // CLI11 would read a negative number value ("--null-tokenizer-pad-id -1") as an option name:
   // glue "--flag -1" into "--flag=-1" for flags that take one value.
   std::vector<std::string> args;
   for (size_t i = 0; i < in.size(); ++i) {
     const std::string& s = in[i];
+    if (s.rfind("--", 0) == 0) reject_switch_value(app, s);
     if (s.rfind("--", 0) == 0 && s.find('=') == std::string::npos && i + 1 < in.size()) {
       const std::string& nxt = in[i + 1];
       bool negative_number = nxt.size() > 1 && nxt[0] == '-' && (std::isdigit(static_cast<unsigned char>(nxt[1])) ||
@@ -515,7 +612,6 @@ Arguments parse_args(const std::vector<std::string>& in) {
     }
     args.push_back(s);
   }
-  // Megatron's argparse rejects "--flag=value" for flags that take no value, and so does CLI11.
   std::vector<std::string> rev(args.rbegin(), args.rend());
   try {
     app.parse(rev);
@@ -661,7 +757,9 @@ void validate_args(Arguments& a) {
                a.pipeline_model_parallel_size, ")");
   }
   // Megatron: the two virtual-pipeline flags exclude each other, and the interleaved schedule
-  // needs PP > 1 (PP > 2 only with --no-overlap-p2p-communication, which is not implemented).
+  // needs PP > 1. (Megatron also wants PP > 2 under --no-overlap-p2p-communication, because its
+  // single batch per step would then pair messages of the two directions between the same two
+  // ranks; our schedule keeps the two directions on separate subgroups, so PP = 2 is fine.)
   if (a.num_layers_per_virtual_pipeline_stage && a.num_virtual_stages_per_pipeline_rank)
     fail("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be set at the same time");
   if ((a.num_layers_per_virtual_pipeline_stage || a.num_virtual_stages_per_pipeline_rank) &&
@@ -677,6 +775,8 @@ void validate_args(Arguments& a) {
   } else if (a.num_virtual_stages_per_pipeline_rank) {
     a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
   }
+  if (a.microbatch_group_size_per_vp_stage && *a.microbatch_group_size_per_vp_stage < 1)
+    fail("--microbatch-group-size-per-virtual-pipeline-stage must be >= 1");
 
   // Bias flags (arguments.py): no bias -> no bias-gelu fusion; add_bias_linear implies a QKV bias.
   if (!a.add_bias_linear) a.bias_gelu_fusion = false;
@@ -799,71 +899,117 @@ int64_t num_microbatches(const Arguments& a) {
   return *a.global_batch_size / (*a.micro_batch_size * a.data_parallel_size);
 }
 
-std::string format_args(const Arguments& a) {
-  std::vector<std::pair<std::string, std::string>> kv;
-  auto opt = [](const auto& o) -> std::string {
-    if (!o) return "None";
-    std::ostringstream os;
-    os << *o;
-    return os.str();
-  };
-  auto b = [](bool v) -> std::string { return v ? "True" : "False"; };
-  auto n = [](auto v) {
-    std::ostringstream os;
-    os << v;
-    return os.str();
-  };
-  kv = {{"num_layers", opt(a.num_layers)},
-        {"hidden_size", opt(a.hidden_size)},
-        {"ffn_hidden_size", opt(a.ffn_hidden_size)},
-        {"num_attention_heads", opt(a.num_attention_heads)},
-        {"kv_channels", opt(a.kv_channels)},
-        {"num_query_groups", n(a.num_query_groups)},
-        {"seq_length", opt(a.seq_length)},
-        {"max_position_embeddings", opt(a.max_position_embeddings)},
-        {"position_embedding_type", a.position_embedding_type},
-        {"normalization", a.normalization},
-        {"swiglu", b(a.swiglu)},
-        {"micro_batch_size", opt(a.micro_batch_size)},
-        {"global_batch_size", opt(a.global_batch_size)},
-        {"train_iters", opt(a.train_iters)},
-        {"train_samples", opt(a.train_samples)},
-        {"lr", opt(a.lr)},
-        {"min_lr", n(a.min_lr)},
-        {"lr_decay_style", a.lr_decay_style},
-        {"weight_decay", n(a.weight_decay)},
-        {"clip_grad", n(a.clip_grad)},
-        {"adam_beta1", n(a.adam_beta1)},
-        {"adam_beta2", n(a.adam_beta2)},
-        {"adam_eps", n(a.adam_eps)},
-        {"bf16", b(a.bf16)},
-        {"fp16", b(a.fp16)},
-        {"seed", n(a.seed)},
-        {"tensor_model_parallel_size", n(a.tensor_model_parallel_size)},
-        {"pipeline_model_parallel_size", n(a.pipeline_model_parallel_size)},
-        {"context_parallel_size", n(a.context_parallel_size)},
-        {"data_parallel_size", n(a.data_parallel_size)},
-        {"world_size", n(a.world_size)},
-        {"tokenizer_type", a.tokenizer.tokenizer_type},
-        {"vocab_size", opt(a.tokenizer.vocab_size)},
-        {"padded_vocab_size", n(a.padded_vocab_size)},
-        {"calculate_per_token_loss", b(a.calculate_per_token_loss)},
-        {"recompute_granularity", opt(a.recompute_granularity)},
-        {"recompute_method", opt(a.recompute_method)},
-        {"recompute_num_layers", opt(a.recompute_num_layers)},
-        {"log_interval", n(a.log_interval)},
-        {"eval_iters", n(a.eval_iters)},
-        {"eval_interval", opt(a.eval_interval)}};
-  std::sort(kv.begin(), kv.end());
-  std::ostringstream os;
-  os << "------------------------ arguments ------------------------\n";
-  for (const auto& [k, v] : kv) {
-    std::string dots(std::max<int>(0, 48 - static_cast<int>(k.size())), '.');
-    os << "  " << k << " " << dots << " " << v << "\n";
+std::string py_float_repr(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // Shortest round-trip digits (as Python's repr: David Gay's shortest mode) from to_chars.
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), std::fabs(v), std::chars_format::scientific);
+  const std::string sci(buf, r.ptr);  // "d[.ddd]e[+-]XX"
+  const size_t e = sci.find('e');
+  std::string digits;
+  for (char c : sci.substr(0, e)) if (c != '.') digits += c;
+  const int exp10 = std::stoi(sci.substr(e + 1));
+  const int decpt = exp10 + 1;  // position of the decimal point after the first digit
+  std::string out = std::signbit(v) ? "-" : "";
+  if (decpt > -4 && decpt <= 16) {  // Python's repr: positional for 1e-4 <= |v| < 1e16
+    const int n = static_cast<int>(digits.size());
+    if (decpt <= 0) out += "0." + std::string(-decpt, '0') + digits;
+    else if (decpt >= n) out += digits + std::string(decpt - n, '0') + ".0";
+    else out += digits.substr(0, decpt) + "." + digits.substr(decpt);
+  } else {
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof(eb), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    out += eb;
   }
-  os << "-------------------- end of arguments ---------------------";
-  return os.str();
+  return out;
 }
+
+std::string py_str_repr(const std::string& s) {
+  const char q = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == '\\' || c == static_cast<unsigned char>(q)) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      char eb[8];
+      std::snprintf(eb, sizeof(eb), "\\x%02x", c);
+      out += eb;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + q;
+}
+
+std::string format_args_block(const std::string& title, const std::vector<std::pair<std::string, std::string>>& items) {
+  std::vector<std::pair<std::string, std::string>> lines;  // (lower-cased key, line)
+  for (const auto& [name, value] : items) {
+    const std::string dots(static_cast<size_t>(std::max<int64_t>(0, 48 - static_cast<int64_t>(name.size()))), '.');
+    std::string line = "  " + name + " " + dots + " " + value;
+    std::string key = line;
+    for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    lines.emplace_back(std::move(key), std::move(line));
+  }
+  std::stable_sort(lines.begin(), lines.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::string out = "------------------------ " + title + " ------------------------\n";
+  for (const auto& l : lines) out += l.second + "\n";
+  return out + "-------------------- end of " + title + " ---------------------";
+}
+
+namespace {
+/// The declared flags' entries, bound to `a` (a throwaway CLI11 app; nothing is parsed).
+std::vector<Binder::Entry> declared_entries(Arguments& a) {
+  CLI::App app;
+  Binder b(app, a);
+  bind_all(b, a);
+  return b.entries();
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> declared_flag_dests() {
+  Arguments a;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : declared_entries(a)) out.emplace_back(e.flag, e.dest);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> args_items(const Arguments& args) {
+  Arguments a = args;  // the entries' printers read this copy
+  std::vector<std::pair<std::string, std::string>> items;
+  std::set<std::string> seen;
+  auto put = [&](const std::string& dest, std::string value) {
+    if (seen.insert(dest).second) items.emplace_back(dest, std::move(value));
+  };
+  // Fields Megatron's parse_args/validate_args/build_tokenizer set on args that we have. They go
+  // first so that they win over a flag with the same dest.
+  put("world_size", py_str(a.world_size));
+  put("rank", py_str(a.rank));
+  put("data_parallel_size", py_str(a.data_parallel_size));
+  put("params_dtype", a.bf16 ? "torch.bfloat16" : a.fp16 ? "torch.float16" : "torch.float32");
+  put("padded_vocab_size", a.padded_vocab_size > 0 ? py_str(a.padded_vocab_size) : std::string("None"));
+  // Megatron stores None for a virtual pipeline size of 1.
+  put("virtual_pipeline_model_parallel_size",
+      a.virtual_pipeline_model_parallel_size.value_or(1) == 1 ? std::string("None")
+                                                              : py_str(*a.virtual_pipeline_model_parallel_size));
+  // validate_args starts the sample counters at 0, and the block is printed before a checkpoint
+  // is loaded (in Megatron and here), so they always print as 0.
+  for (const char* counter : {"consumed_train_samples", "skipped_train_samples", "consumed_valid_samples"})
+    put(counter, "0");
+  for (const auto& e : declared_entries(a)) put(e.dest, e.value());
+  return items;
+}
+
+std::string format_args(const Arguments& a) { return format_args_block("arguments", args_items(a)); }
 
 transformer::TransformerConfig core_transformer_config_from_args(const Arguments& a) {
   transformer::TransformerConfig c;

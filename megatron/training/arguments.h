@@ -139,6 +139,10 @@ struct Arguments {
   std::optional<int64_t> decoder_last_pipeline_num_layers;   // uneven pipeline split (last stage)
   std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // derived
+  /// --microbatch-group-size-per-virtual-pipeline-stage: micro-batches run back to back through a
+  /// virtual stage in the interleaved schedule (Megatron's microbatch_group_size_per_vp_stage);
+  /// unset = PP.
+  std::optional<int64_t> microbatch_group_size_per_vp_stage;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;
@@ -219,6 +223,9 @@ struct Arguments {
   std::vector<std::pair<std::string, std::string>> notes;
   /// All flags given on the command line (as typed, e.g. "--bf16").
   std::vector<std::string> given_flags;
+  /// Values of the accepted-with-a-note flags that were given (flag -> its values; empty for a
+  /// switch), for the arguments block.
+  std::map<std::string, std::vector<std::string>> noted_values;
 };
 
 /// Parses argv (argv[0] is the program name) into Arguments with Megatron's defaults.
@@ -244,8 +251,35 @@ std::string closest_flag(const std::string& flag);
 /// Number of micro-batches per iteration: global_batch_size / (micro_batch_size * DP).
 int64_t num_microbatches(const Arguments& args);
 
-/// Megatron-style dump of the arguments ("------------------------ arguments ---..." block).
+/// Megatron's _print_args("arguments", args) block (megatron/training/arguments.py): one line
+/// "  <dest> <dots> <str(value)>" for every argument pretrain_gpt declares (under Megatron's
+/// argparse dest, one line per dest) plus the fields validate_args and the tokenizer derive that
+/// we have (world_size, rank, data_parallel_size, params_dtype, padded_vocab_size,
+/// virtual_pipeline_model_parallel_size, and the sample counters, 0 before training); values as Python's str() prints them (None,
+/// True/False, ['a', 'b'], float repr 1e-05). No trailing newline. Call after validate_args.
 std::string format_args(const Arguments& args);
+
+/// The (name, value) lines of format_args, in declaration order (before sorting).
+std::vector<std::pair<std::string, std::string>> args_items(const Arguments& args);
+
+/// Every flag pretrain_gpt's parser declares, with the argparse dest it is printed under
+/// (Megatron's dest from megatron_flag_names.inc; for the few flags Megatron lacks, the name with
+/// dashes as underscores and a leading "no_" dropped).
+std::vector<std::pair<std::string, std::string>> declared_flag_dests();
+
+/// Megatron's _print_args layout for already formatted values: the title lines, then
+/// "  name " + '.' * max(0, 48 - len(name)) + " value" per item, the lines sorted by their
+/// lower-cased text (Python's sorted(key=str.lower), stable), then the end line.
+std::string format_args_block(const std::string& title, const std::vector<std::pair<std::string, std::string>>& items);
+
+/// Python's repr(float) (== str(float)): shortest round-trip digits; positional when the decimal
+/// exponent is in [-4, 16), e.g. 0.0001, 1000.0, else d.ddde±XX, e.g. 1e-05, 3e-05, 1e+16;
+/// nan, inf, -inf.
+std::string py_float_repr(double v);
+
+/// Python's repr(str): single quotes unless the text holds ' and no ", backslash and the quote
+/// escaped, \t \n \r and other control bytes as escapes; bytes >= 0x80 copied as they are.
+std::string py_str_repr(const std::string& s);
 
 /// Megatron's core_transformer_config_from_args (megatron/training/arguments.py) for the fields
 /// GPTModel has: sizes, dropout, init, norm, bias/GLU/activation-fusion choices, positions, tying,

@@ -66,6 +66,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
   bool per_token;
   std::unique_ptr<pipeline_parallel::P2PCommunicator> p2p;
   std::unique_ptr<pipeline_parallel::InterleavedPipeline> interleaved;
+  int group_size = 0;  // microbatch_group_size_per_vp_stage
   // Per global batch.
   std::vector<datasets::GPTBatch> batches;
   std::vector<LossReport> reports;
@@ -138,7 +139,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
 
 GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<distributed::ProcessGroup> pp_group,
                          Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches,
-                         bool calculate_per_token_loss)
+                         bool calculate_per_token_loss, int64_t microbatch_group_size)
     : impl_(std::make_unique<Impl>()) {
   MEGATRON_CHECK(!chunks.empty() && pp_group) << "pipeline without chunks or group";
   Impl& d = *impl_;
@@ -155,6 +156,8 @@ GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared
       user_error("the interleaved pipeline schedule needs at least --pipeline-model-parallel-size (", d.pp->size(),
                  ") micro-batches per global batch (got ", num_microbatches,
                  "); raise --global-batch-size or drop the virtual pipeline flags");
+    d.group_size = static_cast<int>(microbatch_group_size > 0 ? microbatch_group_size : d.pp->size());
+    pipeline_parallel::check_microbatch_group_size(d.pp->size(), static_cast<int>(num_microbatches), d.group_size);
     d.interleaved = std::make_unique<pipeline_parallel::InterleavedPipeline>(d.pp, d.shape, dtype, device);
   } else {
     d.p2p = std::make_unique<pipeline_parallel::P2PCommunicator>(d.pp, d.shape, dtype, device);
@@ -186,7 +189,7 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
   d.loss_scale = loss_scale;
   const int M = static_cast<int>(d.M);
   if (d.interleaved) {
-    d.interleaved->run(d, M, static_cast<int>(d.chunks.size()), 0, forward_only);
+    d.interleaved->run(d, M, static_cast<int>(d.chunks.size()), d.group_size, forward_only);
   } else {
     pipeline_parallel::forward_backward_pipelining_without_interleaving(d, M, *d.p2p, forward_only);
   }

@@ -46,8 +46,11 @@ class GPTPipeline {
   /// [s/(TP if SP), mbs, h], `dtype` the model dtype. `vp_size` > 1 selects the interleaved
   /// schedule (needs num_microbatches >= PP; Megatron's checks raise UserError). Collective
   /// over pp_group (the interleaved schedule creates its traffic subgroups).
+  /// `microbatch_group_size`: --microbatch-group-size-per-virtual-pipeline-stage (0 = PP; UserError
+  /// unless Megatron's checks pass, see check_microbatch_group_size).
   GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<distributed::ProcessGroup> pp_group,
-              Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches, bool calculate_per_token_loss);
+              Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches, bool calculate_per_token_loss,
+              int64_t microbatch_group_size = 0);
   ~GPTPipeline();
 
   /// --overlap-grad-reduce: called (per chunk) during the LAST micro-batch's backward with the

@@ -20,6 +20,8 @@ expect "error: --global-batch-size (7) is not divisible by --micro-batch-size (2
 expect "error: --max-position-embeddings (32) must be greater than or equal to --seq-length (64)" "${BASE[@]}" --seq-length 64
 expect "error: use either --train-iters or --train-samples, not both" "${BASE[@]}" --train-samples 16
 expect "error: --lr-decay-style: invalid choice 'exp' (choose from constant, linear, cosine, inverse-square-root, WSD)" "${BASE[@]}" --lr-decay-style exp
+# A switch takes no value (argparse: "ignored explicit argument"); --bf16=0 is not "off".
+expect "error: argument --bf16: ignored explicit argument '0' (--bf16 is a switch and takes no value: give --bf16 alone, or leave it out)" "${BASE[@]}" --bf16=0
 # Device choice (docs/training.md "Device"): an unknown MEGATRON_DEVICE is refused.
 MEGATRON_DEVICE=tpu expect "error: MEGATRON_DEVICE=tpu: unknown device (use cpu or cuda, or leave it unset for GPU when present)" "${BASE[@]}"
 exit $fail

@@ -108,6 +108,9 @@ check gpt_pp2 gpt 2 --pipeline-model-parallel-size 2
 check llama_pp2 llama 2 --pipeline-model-parallel-size 2
 check gpt_pp2_vp2 gpt 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
 check llama_pp2_vp2 llama 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
+# Megatron's microbatch_group_size_per_vp_stage = M (4): all micro-batches through chunk 0, then chunk 1.
+check gpt_pp2_vp2_g4 gpt 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
+  --microbatch-group-size-per-virtual-pipeline-stage 4
 check gpt_pp2_uneven gpt 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 \
   --decoder-last-pipeline-num-layers 3
 check llama_pp3_uneven llama 3 --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2 \

@@ -533,6 +533,85 @@ void test_reduce_many() {
   check_true("has_inf_or_nan_many with a NaN", cu::has_inf_or_nan_many(ts));
 }
 
+// sum_of_squares_many (the global gradient norm, clip_grads.cpp): 150 tensors (more than one
+// multi-tensor launch holds), fp32 with a bf16 run in the middle, an empty one and sizes that are
+// not multiples of 8, against a float64 host sum (tol 1e-12: double accumulation of exact
+// squares, only the summation order differs). Prints the result's bits so a caller can compare
+// runs with MEGATRON_REDUCE_MULTI=0 and 1 at a fixed --seed (identical by construction).
+void test_grad_norm() {
+  std::vector<Tensor> ts;
+  double ref = 0.0;
+  const int count = g_small ? 70 : 150;
+  for (int k = 0; k < count; ++k) {
+    const int64_t n = k == 7 ? 0 : (g_small ? 5 + k : (k % 3 ? 768 : 768 * 3 * 768 / 64) + k);
+    const DType dt = (k >= 40 && k < 45) ? DType::kBFloat16 : DType::kFloat32;
+    V v = rounded(randn(n, 0.01f), dt);
+    for (float x : v) ref += (double)x * (double)x;
+    ts.push_back(n ? dev(v, {n}, dt) : Tensor::empty({0}, dt, Device::cuda()));
+  }
+  const double got = cu::sum_of_squares_many(ts);
+  const double err = std::abs(got - ref) / ref;
+  check_true("sum_of_squares_many (" + std::to_string(count) + " tensors, fp32+bf16, one empty)", err <= 1e-12,
+             "rel_err " + std::to_string(err));
+  double per = 0.0;  // the single-tensor reduction, one launch and sync each
+  for (const Tensor& t : ts) per += t.numel() ? cu::sum_of_squares(t) : 0.0;
+  check_true("sum_of_squares_many vs per-tensor sum_of_squares", std::abs(got - per) <= 1e-12 * ref);
+  uint64_t bits;
+  std::memcpy(&bits, &got, sizeof bits);
+  std::printf("INFO sum_of_squares_many bits %016llx (%.17g)\n", (unsigned long long)bits, got);
+}
+
+// cross_entropy_fused_ (training cross entropy without TP) and scale_rows against float64 host
+// references: lse = log sum exp, loss = lse - logit[label] (0 term for labels outside the
+// shard), g = softmax - onehot written over the logits. Row widths: GPT-2's 50304 (whole row in
+// shared memory, vector loads), 50257 (odd: element loads), 128256 (LLaMA-3: bf16/fp16 ~90% of the
+// row in shared memory and the rest re-read; fp32 under half fits -> all re-read), 1000.
+void test_ce_fused() {
+  std::vector<int64_t> widths = g_small ? std::vector<int64_t>{300, 8200, 8201} : std::vector<int64_t>{1000, 50304, 50257, 128256};
+  for (int64_t Vl : widths)
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      const int64_t N = g_small ? 4 : (Vl > 10000 ? 19 : 70), vs = Vl / 3;
+      V logits = rounded(randn(N * Vl, 3.0f), dt);
+      std::vector<int64_t> labels(N);
+      std::uniform_int_distribution<int64_t> dl(0, Vl + Vl / 2);  // ~1/3 outside [vs, vs + Vl)
+      for (auto& l : labels) l = dl(g_rng);
+      labels[0] = vs;            // first and last column of the shard
+      labels[N - 1] = vs + Vl - 1;
+      Tensor L = dev(logits, {N, Vl}, dt), LB = dev_i64(labels, {N});
+      Tensor loss = poisoned({N}, DType::kFloat32), lse = poisoned({N}, DType::kFloat32);
+      cu::cross_entropy_fused_(L, LB, vs, loss, lse);
+      VD rl(N), rlse(N), rg(N * Vl);
+      for (int64_t i = 0; i < N; ++i) {
+        double m = -1e300, s = 0;
+        for (int64_t c = 0; c < Vl; ++c) m = std::max(m, (double)logits[i * Vl + c]);
+        for (int64_t c = 0; c < Vl; ++c) s += std::exp(logits[i * Vl + c] - m);
+        rlse[i] = m + std::log(s);
+        const int64_t t = labels[i] - vs;
+        rl[i] = rlse[i] - ((t >= 0 && t < Vl) ? logits[i * Vl + t] : 0.0);
+        for (int64_t c = 0; c < Vl; ++c) rg[i * Vl + c] = std::exp(logits[i * Vl + c] - rlse[i]) - (c == t ? 1.0 : 0.0);
+      }
+      const std::string vt = " V=" + std::to_string(Vl) + " ";
+      check("cross_entropy_fused_ loss" + vt + dn(dt), host(loss), rl, 1e-5);
+      check("cross_entropy_fused_ lse" + vt + dn(dt), host(lse), rlse, 1e-5);
+      check("cross_entropy_fused_ softmax-onehot in place" + vt + dn(dt), host(L), rg, tol_for(dt));
+    }
+  for (int64_t h : {768, 13})
+    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+      const int64_t n = g_small ? 6 : 515;
+      V x = rounded(randn(n * h), dt), sc = randn(n);
+      sc[1] = 0.0f;  // a masked token
+      VD r(n * h);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < h; ++c) r[i * h + c] = (double)x[i * h + c] * sc[i];
+      Tensor X = dev(x, {n, h}, dt), S = dev(sc, {n}, DType::kFloat32), O = poisoned({n, h}, dt);
+      cu::scale_rows(X, S, O);
+      const std::string ht = " h=" + std::to_string(h) + " ";
+      check("scale_rows" + ht + dn(dt), host(O), r, dt == DType::kFloat32 ? 1e-6 : 1e-2);
+      cu::scale_rows(X, S, X);
+      check("scale_rows in place" + ht + dn(dt), host(X), r, dt == DType::kFloat32 ? 1e-6 : 1e-2);
+    }
+}
+
 void test_embedding_ce() {
   for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     const int64_t V_ = 50, h = g_small ? 16 : 72, rows = g_small ? 12 : 300, vs = 20;
@@ -1325,7 +1404,8 @@ int main(int argc, char** argv) {
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
-      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed}};
+      {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
+      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

@@ -167,6 +167,14 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
   MEGATRON_DISPATCH(logits, cross_entropy_backward, logits, labels, vocab_start, lse, dloss, dlogits);
 }
 
+void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse) {
+  MEGATRON_DISPATCH(logits, cross_entropy_fused_, logits, labels, vocab_start, loss, lse);
+}
+
+void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  MEGATRON_DISPATCH(x, scale_rows, x, scale, out);
+}
+
 void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p, Tensor* model_param) {
   MEGATRON_DISPATCH(param, adam_step, param, grad, exp_avg, exp_avg_sq, p, model_param);
 }

@@ -193,6 +193,20 @@ void cross_entropy_loss(const Tensor& global_max, const Tensor& global_sumexp, c
 /// global lse [N]. dlogits may be the same tensor as logits (in-place, saves memory).
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t vocab_start, const Tensor& lse,
                             const Tensor& dloss, Tensor& dlogits);
+/// Fused cross entropy of a training forward whose row holds the whole softmax (no vocab
+/// parallelism, TP = 1): per row of logits [N, V] (float32/bf16/fp16) with labels int64 [N],
+/// lse = log(sum exp(logit)) and loss = lse - logit[label - vocab_start] (the logit term is 0
+/// for a label outside [vocab_start, vocab_start + V)), both float32 [N] (written); and logits
+/// is OVERWRITTEN in place with the unscaled gradient g = softmax(logits) - onehot(label) in
+/// its own dtype. Backward then needs only dlogits = diag(dloss) g, which the caller applies to
+/// the small GEMM operands (GPTModel: rows of the output layer's input and dgrad) instead of to
+/// the [N, V] tensor. Same loss as cross_entropy_stats + cross_entropy_loss up to fp32 summation
+/// order; the fused classifier of llm.c and Megatron's vocab-parallel cross entropy
+/// (megatron/core/tensor_parallel/cross_entropy.py, §9.3) with the whole vocab on one rank.
+void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse);
+/// out[r, :] = x[r, :] * scale[r] for x, out [N, H] of one float dtype (rounded once to it) and
+/// scale float32 [N]; out may be x (in place).
+void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out);
 
 // ------------------------------------------------------------------------------------------
 // Optimizer

@@ -1,6 +1,7 @@
 #include "megatron/core/pipeline_parallel/schedules.h"
 
 #include <algorithm>
+#include <deque>
 
 namespace megatron::pipeline_parallel {
 
@@ -67,13 +68,21 @@ std::vector<std::pair<int, int>> get_schedule_table(int M, int V, int G) {
   return t;
 }
 
+void check_microbatch_group_size(int P, int M, int G) {
+  if (G > M || G < P)
+    user_error("the number of contiguous micro-batches in a virtual pipeline stage (", G, ") must lie in [PP=", P,
+               ", M=", M, "] (--microbatch-group-size-per-virtual-pipeline-stage, default PP; M = global batch / "
+               "(micro batch x data-parallel size))");
+  if (M % G != 0 && M % G < P)
+    user_error("the remainder of the micro-batch count ", M, " divided by the group size ", G,
+               " must be 0 or >= the pipeline-parallel size ", P,
+               " (--microbatch-group-size-per-virtual-pipeline-stage)");
+}
+
 InterleavedPipeline::InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp, Shape shape, DType dtype,
                                          Device device)
     : pp_(std::move(pp)), shape_(std::move(shape)), dtype_(dtype), device_(device) {
   MEGATRON_CHECK(pp_) << "null pipeline group";
-  if (std::string(pp_->backend_name()) == "nccl")
-    user_error("the interleaved pipeline schedule (--num-layers-per-virtual-pipeline-stage) is not supported on the "
-               "NCCL backend yet");
   fwd_ = pp_->split({pp_->ranks()});
   bwd_ = pp_->split({pp_->ranks()});
 }
@@ -82,58 +91,141 @@ std::vector<Tensor> InterleavedPipeline::run(VirtualPipelineStage& stage, int M,
   const int P = pp_->size(), r = pp_->rank();
   if (G == 0) G = P;
   if (V < 1) user_error("virtual pipeline size must be >= 1");
-  if (G > M || G < P)
-    user_error("the number of contiguous micro-batches in a virtual pipeline stage (", G, ") must lie in [PP=", P,
-               ", M=", M, "]");
-  if (M % G != 0 && M % G < P)
-    user_error("the remainder of the micro-batch count ", M, " divided by the group size ", G,
-               " must be 0 or >= the pipeline-parallel size ", P);
+  check_microbatch_group_size(P, M, G);
   const auto table = get_schedule_table(M, V, G);
   const int total = M * V;
+  // Megatron's get_pp_rank_microbatches.
   int warmup = forward_only ? total : (P - r - 1) * 2 + (V - 1) * G;
-  warmup = std::min(warmup, total);
+  const bool all_warmup = warmup >= total;
+  if (all_warmup) warmup = total;
+  const int remaining = total - warmup;
+  const bool first_rank = r == 0, last_rank = r == P - 1;
   const int next = (r + 1) % P, prev = (r - 1 + P) % P;
-  std::vector<std::unique_ptr<distributed::Work>> sends;
-  std::vector<Tensor> keep, losses;
-  auto forward = [&](int k) {
-    auto [mb, c] = table[k];
-    Tensor in;
-    if (!(r == 0 && c == 0)) {
-      in = Tensor::empty(shape_, dtype_, device_);
-      fwd_->recv(in, prev);
-    }
-    Tensor out = stage.forward_step(c, mb, in);
-    if (r == P - 1 && c == V - 1) {
-      losses.push_back(out);
+
+  auto chunk_id = [&](int k, bool forward) {
+    const int c = table[static_cast<size_t>(k % total)].second;
+    return forward ? c : V - 1 - c;
+  };
+  // Megatron's recv_tensor_from_previous_stage: whether step k receives (an activation from the
+  // previous rank when `forward`, a gradient from the next rank otherwise) and for which chunk.
+  auto recv_from_previous_stage = [&](int k, bool forward) {
+    bool recv = true;
+    const bool leading = forward ? first_rank : last_rank;
+    const int last_chunk = forward ? V - 1 : 0;
+    int nc;
+    if (leading) {
+      // The leading rank is P - 1 steps ahead of the ending rank, which has sent nothing yet.
+      if (k < P - 1) {
+        recv = false;
+        nc = chunk_id(k + 1, forward);
+      } else {
+        nc = chunk_id(k - (P - 1), forward);
+      }
+      if (nc == last_chunk) recv = false;  // the last chunk of the ending rank sends nothing
+      nc += forward ? 1 : -1;
     } else {
-      MEGATRON_CHECK(out.shape() == shape_) << "chunk " << c << " output " << out.str() << " vs " << shape_str(shape_);
-      keep.push_back(out);
-      sends.push_back(fwd_->send(out, next, /*async=*/true));
+      nc = chunk_id(k + 1, forward);
     }
+    return std::pair<bool, int>{recv, nc};
   };
+
+  // Received tensors per chunk, in micro-batch order (each chunk consumes them in that order).
+  std::vector<std::deque<Tensor>> inputs(static_cast<size_t>(V)), out_grads(static_cast<size_t>(V));
+  std::vector<Tensor> losses;
+  // One step's exchange (Megatron's send_forward_backward_recv_forward_backward and its special
+  // cases): activations on fwd_ (to next / from prev), gradients on bwd_ (to prev / from next);
+  // both batches are posted before either is waited for.
+  auto exchange = [&](const Tensor& send_next, const Tensor& send_prev, bool recv_prev, int prev_chunk, bool recv_next,
+                      int next_chunk) {
+    Tensor sn = send_next, sp = send_prev, rp, rn;
+    std::vector<distributed::P2POp> f, b;
+    if (sn.defined()) {
+      MEGATRON_CHECK(sn.shape() == shape_) << "activation " << sn.str() << " vs " << shape_str(shape_);
+      f.push_back({distributed::P2POp::kSend, &sn, next});
+    }
+    if (recv_prev) {
+      rp = Tensor::empty(shape_, dtype_, device_);
+      f.push_back({distributed::P2POp::kRecv, &rp, prev});
+    }
+    if (sp.defined()) {
+      MEGATRON_CHECK(sp.shape() == shape_) << "input gradient " << sp.str() << " vs " << shape_str(shape_);
+      b.push_back({distributed::P2POp::kSend, &sp, prev});
+    }
+    if (recv_next) {
+      rn = Tensor::empty(shape_, dtype_, device_);
+      b.push_back({distributed::P2POp::kRecv, &rn, next});
+    }
+    std::unique_ptr<distributed::Work> wf, wb;
+    if (!f.empty()) wf = fwd_->batch_isend_irecv(f);
+    if (!b.empty()) wb = bwd_->batch_isend_irecv(b);
+    if (wf) wf->wait();
+    if (wb) wb->wait();
+    if (recv_prev) inputs[static_cast<size_t>(prev_chunk)].push_back(rp);
+    if (recv_next) out_grads[static_cast<size_t>(next_chunk)].push_back(rn);
+  };
+  auto pop = [](std::deque<Tensor>& q, const char* what, int c) {
+    MEGATRON_CHECK(!q.empty()) << "no " << what << " received for chunk " << c;
+    Tensor t = q.front();
+    q.pop_front();
+    return t;
+  };
+  // Forward of step k; returns what to send on (undefined for the loss chunk).
+  auto forward = [&](int k) {
+    auto [mb, c] = table[static_cast<size_t>(k)];
+    Tensor in;
+    if (!(first_rank && c == 0)) in = pop(inputs[static_cast<size_t>(c)], "activation", c);
+    Tensor out = stage.forward_step(c, mb, in);
+    if (last_rank && c == V - 1) {
+      losses.push_back(out);
+      return Tensor();
+    }
+    return out;
+  };
+  // Backward of step k; returns the input gradient to send back (undefined for chunk 0 of rank 0).
   auto backward = [&](int k) {
-    auto [mb, fc] = table[k];
-    const int c = V - 1 - fc;
+    const int mb = table[static_cast<size_t>(k)].first, c = chunk_id(k, false);
     Tensor g;
-    if (!(r == P - 1 && c == V - 1)) {
-      g = Tensor::empty(shape_, dtype_, device_);
-      bwd_->recv(g, next);
-    }
+    if (!(last_rank && c == V - 1)) g = pop(out_grads[static_cast<size_t>(c)], "output gradient", c);
     Tensor in_grad = stage.backward_step(c, mb, g);
-    if (!(r == 0 && c == 0)) {
-      MEGATRON_CHECK(in_grad.defined() && in_grad.shape() == shape_) << "chunk " << c << " input grad";
-      keep.push_back(in_grad);
-      sends.push_back(bwd_->send(in_grad, prev, /*async=*/true));
-    }
+    if (first_rank && c == 0) return Tensor();
+    MEGATRON_CHECK(in_grad.defined()) << "chunk " << c << " micro-batch " << mb << ": no input gradient";
+    return in_grad;
   };
-  for (int k = 0; k < warmup; ++k) forward(k);
-  for (int k = 0; k < total - warmup; ++k) {
-    forward(warmup + k);
-    backward(k);
+
+  // Warm-up: the first input, then forward k and (send its output, receive the input of k + 1).
+  if (!first_rank) exchange(Tensor(), Tensor(), true, 0, false, 0);
+  for (int k = 0; k < warmup; ++k) {
+    auto [recv_prev, prev_chunk] = recv_from_previous_stage(k, true);
+    if (k == total - 1) recv_prev = false;
+    Tensor out = forward(k);
+    // The last warm-up step also receives the gradient for the first backward.
+    const bool recv_next = k == warmup - 1 && !forward_only && !all_warmup && !last_rank;
+    exchange(out, Tensor(), recv_prev, prev_chunk, recv_next, V - 1);
   }
-  if (!forward_only)
-    for (int k = total - warmup; k < total; ++k) backward(k);
-  for (auto& w : sends) w->wait();
+  // Steady state: forward warmup + k, backward k, one exchange of all four.
+  for (int k = 0; k < remaining; ++k) {
+    const int fk = warmup + k;
+    Tensor out = forward(fk);
+    Tensor in_grad = backward(k);
+    auto [recv_prev, prev_chunk] = recv_from_previous_stage(fk, true);
+    auto [recv_next, next_chunk] = recv_from_previous_stage(k, false);
+    if (k == remaining - 1) recv_prev = false;
+    exchange(out, in_grad, recv_prev, prev_chunk, recv_next, next_chunk);
+  }
+  // Cool-down: the remaining backwards.
+  if (!forward_only) {
+    if (all_warmup && !last_rank) exchange(Tensor(), Tensor(), false, 0, true, V - 1);
+    for (int k = remaining; k < total; ++k) {
+      auto [recv_next, next_chunk] = recv_from_previous_stage(k, false);
+      if (k == total - 1) recv_next = false;
+      Tensor in_grad = backward(k);
+      exchange(Tensor(), in_grad, false, 0, recv_next, next_chunk);
+    }
+  }
+  for (int c = 0; c < V; ++c)
+    MEGATRON_CHECK(inputs[static_cast<size_t>(c)].empty() && out_grads[static_cast<size_t>(c)].empty())
+        << "chunk " << c << ": " << inputs[static_cast<size_t>(c)].size() << " activations and "
+        << out_grads[static_cast<size_t>(c)].size() << " gradients received but not used";
   return losses;
 }
 

@@ -55,16 +55,27 @@ class VirtualPipelineStage {
 /// groups of `group_size` (microbatch_group_size_per_vp_stage), each group through chunk 0, 1, ...
 std::vector<std::pair<int, int>> get_schedule_table(int num_microbatches, int num_chunks, int group_size);
 
-/// The interleaved (virtual pipeline) schedule: the order of forward/backward steps is Megatron's
+/// Megatron's checks of microbatch_group_size_per_vp_stage G for PP = pp_size and M micro-batches:
+/// throws UserError unless PP <= G <= M and the last group (M mod G) is 0 or >= PP.
+void check_microbatch_group_size(int pp_size, int num_microbatches, int group_size);
+
+/// The interleaved (virtual pipeline) schedule, Megatron's forward_backward_pipelining_with_interleaving
+/// with batched p2p (no --overlap-p2p-communication): the order of forward/backward steps
 /// (schedule table; warm-up = (PP - rank - 1)*2 + (VP - 1)*G capped at M*VP; steady 1F1B;
-/// cool-down). Activations/gradients travel on two dedicated subgroups of the pipeline group
-/// (forward and backward traffic), sent asynchronously and received when needed, which keeps the
-/// messages of each direction in order without Megatron's lock-step exchanges. That relies on
-/// sends that do not wait for the receiver: the MPI and TCP backends; with NCCL it raises
-/// UserError (not supported yet).
+/// cool-down) and the communication are Megatron's: after each step one exchange sends that
+/// step's output / input gradient and receives the tensors the next steps need (the first input
+/// before the warm-up; its recv_tensor_from_previous_stage decides whether and for which chunk).
+/// All sends and receives of a step are posted together and waited for before the next step, so
+/// the schedule is deadlock-free also on NCCL, whose sends wait for the matching receive.
+/// Activations travel on one subgroup of the pipeline group and gradients on another, so messages
+/// (which match in posting order between two ranks of a communicator) pair up per direction: with
+/// PP = 2 both directions go to the same peer, and Megatron's single batch (send_prev, recv_prev,
+/// send_next, recv_next) would pair a rank's gradient send with the peer's activation receive --
+/// why Megatron refuses PP = 2 with the interleaved schedule unless p2p overlap is on.
 class InterleavedPipeline {
  public:
-  /// Collective over pp_group (creates the two traffic subgroups).
+  /// Collective over pp_group (creates the two traffic subgroups). `shape`/`dtype`/`device`:
+  /// every tensor exchanged (CUDA tensors on the NCCL backend).
   InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp_group, Shape shape, DType dtype,
                       Device device = Device::cpu());
   /// group_size 0 = PP (Megatron's default). Throws UserError (Megatron's checks) when

@@ -4,10 +4,25 @@
 // (hand-written forward/backward of the formula above). The schedule only reorders micro-batches
 // and moves tensors, so losses and the accumulated dW must match to fp32 rounding (tolerance
 // 1e-6 relative to the largest magnitude; they are in fact bit-identical).
+// The same checks run (a) as DistPipeline.* with one process per stage under mpirun /
+// megatron_launch -- on CUDA tensors when MEGATRON_TEST_DIST_BACKEND=nccl (tests/gpu/ppnccl_check.sh)
+// -- and (b) as PipelineSchedule.*UnderNcclPointToPointSemantics with threads as ranks on a group
+// that follows NCCL's point-to-point rules (see RendezvousHub), where a schedule that would
+// deadlock on NCCL fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
 
 #include "dist_test_util.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
@@ -37,6 +52,7 @@ std::vector<float> target(int m) {
 // One stage of the toy model with per-micro-batch saved activations.
 struct ToyStage : pipeline_parallel::PipelineStage {
   int s, S, M;
+  Device dev = Device::cpu();  // where the tensors it hands to the schedule live (CUDA on NCCL)
   std::vector<float> w, dw;
   std::map<int, std::pair<std::vector<float>, std::vector<float>>> saved;  // mb -> (in, out)
   std::vector<int> order;  // forward/backward trace: +mb forward, -(mb+1) backward
@@ -58,7 +74,7 @@ struct ToyStage : pipeline_parallel::PipelineStage {
       for (int k = 0; k < kRows * kH; ++k) loss += out[k] * t[k];
       return Tensor::from_vector({loss / M}, {1});
     }
-    return Tensor::from_vector(out, {kRows, kH});
+    return Tensor::from_vector(out, {kRows, kH}).to(dev);
   }
   Tensor backward_step(int mb, const Tensor& out_grad) override {
     order.push_back(-(mb + 1));
@@ -80,13 +96,20 @@ struct ToyStage : pipeline_parallel::PipelineStage {
           din[r * kH + i] += dz[r * kH + j] * w[i * kH + j];
         }
     if (s == 0) return {};
-    return Tensor::from_vector(din, {kRows, kH});
+    return Tensor::from_vector(din, {kRows, kH}).to(dev);
   }
 };
 
-TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
-  SKIP_UNLESS_MULTI_RANK();
-  auto world = testing::dist_world();
+// The device of the schedule's tensors: CUDA (this rank's GPU, LOCAL_RANK as the NCCL backend
+// picks it) on the NCCL backend, else the CPU.
+Device pipeline_device(const distributed::ProcessGroup& g) {
+  if (std::string(g.backend_name()) != "nccl") return Device::cpu();
+  const char* lr = std::getenv("LOCAL_RANK");
+  return Device::cuda(lr ? std::atoi(lr) : 0);
+}
+
+// 1F1B on `world` (stage = group rank) vs the sequential run, for several micro-batch counts.
+void check_one_f_one_b(const std::shared_ptr<distributed::ProcessGroup>& world) {
   const int S = world->size(), r = world->rank();
   for (int M : {1, 2, S, 2 * S + 1}) {
     // Reference: all stages in this process, micro-batch by micro-batch.
@@ -101,7 +124,8 @@ TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
       for (int s = S - 1; s >= 0; --s) g = ref[s]->backward_step(mb, g);
     }
     ToyStage mine(r, S, M);
-    pipeline_parallel::P2PCommunicator p2p(world, {kRows, kH}, DType::kFloat32);
+    mine.dev = pipeline_device(*world);
+    pipeline_parallel::P2PCommunicator p2p(world, {kRows, kH}, DType::kFloat32, mine.dev);
     auto losses = pipeline_parallel::forward_backward_pipelining_without_interleaving(mine, M, p2p);
     if (r == S - 1) {
       ASSERT_EQ(int(losses.size()), M);
@@ -124,11 +148,26 @@ TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
   }
 }
 
+// The backend MEGATRON_TEST_DIST_BACKEND asked for is the one in use (a GPU check must not pass
+// on a silent fallback to the CPU backends).
+void expect_requested_backend(const distributed::ProcessGroup& g) {
+  if (const char* b = std::getenv("MEGATRON_TEST_DIST_BACKEND")) EXPECT_STREQ(g.backend_name(), b);
+}
+
+TEST(DistPipeline, OneFOneBMatchesSequentialRun) {
+  SKIP_UNLESS_MULTI_RANK();
+  expect_requested_backend(*testing::dist_world());
+  check_one_f_one_b(testing::dist_world());
+}
+
 struct VirtualToy : pipeline_parallel::VirtualPipelineStage {
   std::vector<std::unique_ptr<ToyStage>> chunks;
   std::vector<std::pair<char, int>> trace;  // ('F'|'B', chunk)
-  VirtualToy(int rank, int P, int V, int M) {
-    for (int c = 0; c < V; ++c) chunks.push_back(std::make_unique<ToyStage>(c * P + rank, P * V, M));
+  VirtualToy(int rank, int P, int V, int M, Device dev) {
+    for (int c = 0; c < V; ++c) {
+      chunks.push_back(std::make_unique<ToyStage>(c * P + rank, P * V, M));
+      chunks.back()->dev = dev;
+    }
   }
   Tensor forward_step(int c, int mb, const Tensor& in) override {
     trace.push_back({'F', c});
@@ -140,13 +179,15 @@ struct VirtualToy : pipeline_parallel::VirtualPipelineStage {
   }
 };
 
-TEST(DistPipeline, InterleavedMatchesSequentialRun) {
-  SKIP_UNLESS_MULTI_RANK();
-  auto world = testing::dist_world();
+// The interleaved schedule on `world` vs the sequential run of the P*V model stages: VP 2 and 3,
+// one and two micro-batch groups, a group size above PP with a remainder group, forward only.
+void check_interleaved(const std::shared_ptr<distributed::ProcessGroup>& world) {
   const int P = world->size(), r = world->rank();
-  pipeline_parallel::InterleavedPipeline pipe(world, {kRows, kH}, DType::kFloat32);
-  struct Case { int V, M, G; };
-  for (Case cs : {Case{2, P, 0}, Case{2, 2 * P, 0}, Case{3, 2 * P, 0}, Case{2, 2 * P + P, 2 * P}}) {
+  const Device dev = pipeline_device(*world);
+  pipeline_parallel::InterleavedPipeline pipe(world, {kRows, kH}, DType::kFloat32, dev);
+  struct Case { int V, M, G; bool forward_only; };
+  for (Case cs : {Case{2, P, 0, false}, Case{2, 2 * P, 0, false}, Case{3, 2 * P, 0, false},
+                  Case{2, 2 * P + P, 2 * P, false}, Case{2, 2 * P, 0, true}}) {
     const int V = cs.V, M = cs.M, S = P * V;
     std::vector<std::unique_ptr<ToyStage>> ref;
     for (int s = 0; s < S; ++s) ref.push_back(std::make_unique<ToyStage>(s, S, M));
@@ -156,29 +197,218 @@ TEST(DistPipeline, InterleavedMatchesSequentialRun) {
       for (int s = 0; s < S; ++s) x = ref[s]->forward_step(mb, x);
       ref_losses.push_back(float(x.item()));
       Tensor g;
-      for (int s = S - 1; s >= 0; --s) g = ref[s]->backward_step(mb, g);
+      if (!cs.forward_only)
+        for (int s = S - 1; s >= 0; --s) g = ref[s]->backward_step(mb, g);
     }
-    VirtualToy mine(r, P, V, M);
-    auto losses = pipe.run(mine, M, V, cs.G);
+    VirtualToy mine(r, P, V, M, dev);
+    auto losses = pipe.run(mine, M, V, cs.G, cs.forward_only);
     const int G = cs.G ? cs.G : P;
+    const std::string where = "V=" + std::to_string(V) + " M=" + std::to_string(M) + " G=" + std::to_string(G) +
+                              (cs.forward_only ? " forward only" : "");
     if (r == P - 1) {
       // Losses arrive in schedule-table order of the last chunk = micro-batch order.
-      ASSERT_EQ(int(losses.size()), M);
-      for (int mb = 0; mb < M; ++mb) EXPECT_NEAR(losses[mb].item(), ref_losses[mb], 1e-6 * std::fabs(ref_losses[mb]) + 1e-7);
+      ASSERT_EQ(int(losses.size()), M) << where;
+      for (int mb = 0; mb < M; ++mb)
+        EXPECT_NEAR(losses[mb].item(), ref_losses[mb], 1e-6 * std::fabs(ref_losses[mb]) + 1e-7) << where;
+    } else {
+      EXPECT_TRUE(losses.empty()) << where;
+    }
+    if (cs.forward_only) {
+      EXPECT_EQ(int(mine.trace.size()), M * V) << where;
+      for (const auto& t : mine.trace) EXPECT_EQ(t.first, 'F') << where;
+      continue;
     }
     for (int c = 0; c < V; ++c) {
       const auto& got = mine.chunks[c]->dw;
       const auto& want = ref[c * P + r]->dw;
       float mx = 0, err = 0;
       for (int k = 0; k < kH * kH; ++k) mx = std::max(mx, std::fabs(want[k])), err = std::max(err, std::fabs(got[k] - want[k]));
-      EXPECT_LE(err, 1e-6 * mx) << "dW of chunk " << c << " (model stage " << c * P + r << "), V=" << V << " M=" << M;
+      EXPECT_LE(err, 1e-6 * mx) << "dW of chunk " << c << " (model stage " << c * P + r << "), " << where;
     }
     // Megatron's warm-up: (P - r - 1)*2 + (V - 1)*G forwards (capped at M*V) before the first backward.
     const int warmup = std::min((P - r - 1) * 2 + (V - 1) * G, M * V);
-    for (int i = 0; i < warmup; ++i) EXPECT_EQ(mine.trace[i].first, 'F') << i;
-    if (warmup < M * V) EXPECT_EQ(mine.trace[warmup + 1].first, 'B');
-    EXPECT_EQ(int(mine.trace.size()), 2 * M * V);
+    for (int i = 0; i < warmup; ++i) EXPECT_EQ(mine.trace[i].first, 'F') << i << " " << where;
+    if (warmup < M * V) EXPECT_EQ(mine.trace[warmup + 1].first, 'B') << where;
+    EXPECT_EQ(int(mine.trace.size()), 2 * M * V) << where;
   }
+}
+
+TEST(DistPipeline, InterleavedMatchesSequentialRun) {
+  SKIP_UNLESS_MULTI_RANK();
+  expect_requested_backend(*testing::dist_world());
+  check_interleaved(testing::dist_world());
+}
+
+// ---------------------------------------------------------------------------------------------
+// NCCL's point-to-point semantics on the CPU: ranks are threads of this process; a send completes
+// only once the peer has posted the matching receive (no buffering); messages between two ranks
+// on one communicator match in posting order; a rank's batches on one communicator run one after
+// another (NCCL serializes them on the communicator's stream), and only the batch at the head
+// takes part in matching. A schedule that would deadlock on NCCL hangs here; after 10 s the
+// waits give up and the test fails naming the rank. (The MPI and TCP backends buffer sends, so
+// they cannot catch this: the old interleaved schedule passed on them and was refused on NCCL.)
+class RendezvousHub {
+ public:
+  explicit RendezvousHub(int n) : n_(n), next_channel_(static_cast<size_t>(n), 0) {}
+  int size() const { return n_; }
+  struct Op {
+    distributed::P2POp::Kind kind;
+    Tensor* tensor;
+    int me, peer, channel;
+    int64_t seq = 0;
+    bool done = false;
+  };
+  struct Batch {
+    std::vector<Op> ops;
+    bool done = false;
+  };
+  std::shared_ptr<Batch> post(int me, int channel, const std::vector<distributed::P2POp>& ops) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto b = std::make_shared<Batch>();
+    for (const auto& o : ops) {
+      Op op{o.kind, o.tensor, me, o.peer, channel};
+      op.seq = count_[{channel, o.kind == distributed::P2POp::kSend ? me : o.peer,
+                       o.kind == distributed::P2POp::kSend ? o.peer : me, int(o.kind)}]++;
+      b->ops.push_back(op);
+    }
+    queue_[{me, channel}].push_back(b);
+    progress();
+    return b;
+  }
+  void wait(const std::shared_ptr<Batch>& b, int me) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, std::chrono::seconds(10), [&] { return b->done || failed_; }) || failed_) {
+      failed_ = true;
+      cv_.notify_all();
+      throw UserError("rendezvous p2p: rank " + std::to_string(me) +
+                      " waits for a batch no peer can complete (a deadlock under NCCL's semantics)");
+    }
+  }
+  int new_channel(int me) { return ++next_channel_[static_cast<size_t>(me)]; }
+
+ private:
+  // Matches the active ops (those of each queue's head batch) until nothing changes.
+  void progress() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::map<std::tuple<int, int, int, int64_t>, Op*> sends, recvs;  // (channel, src, dst, seq)
+      for (auto& [key, q] : queue_) {
+        if (q.empty()) continue;
+        for (auto& op : q.front()->ops) {
+          if (op.done) continue;
+          if (op.kind == distributed::P2POp::kSend) sends[{op.channel, op.me, op.peer, op.seq}] = &op;
+          else recvs[{op.channel, op.peer, op.me, op.seq}] = &op;
+        }
+      }
+      for (auto& [k, s] : sends) {
+        auto it = recvs.find(k);
+        if (it == recvs.end()) continue;
+        MEGATRON_CHECK(it->second->tensor->shape() == s->tensor->shape()) << "p2p shape mismatch";
+        it->second->tensor->copy_(*s->tensor);
+        s->done = it->second->done = true;
+        changed = true;
+      }
+      for (auto& [key, q] : queue_) {
+        while (!q.empty() && std::all_of(q.front()->ops.begin(), q.front()->ops.end(), [](const Op& o) { return o.done; })) {
+          q.front()->done = true;
+          q.pop_front();
+          changed = true;
+        }
+      }
+    }
+    cv_.notify_all();
+  }
+  int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool failed_ = false;
+  std::vector<int> next_channel_;
+  std::map<std::tuple<int, int, int, int>, int64_t> count_;  // (channel, src, dst, kind) -> ops posted
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Batch>>> queue_;  // (rank, channel)
+};
+
+class RendezvousGroup final : public distributed::ProcessGroup {
+ public:
+  RendezvousGroup(std::shared_ptr<RendezvousHub> hub, int rank, int channel)
+      : hub_(std::move(hub)), rank_(rank), channel_(channel) {
+    for (int i = 0; i < hub_->size(); ++i) ranks_.push_back(i);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+  const std::vector<int>& ranks() const override { return ranks_; }
+  const char* backend_name() const override { return "rendezvous"; }
+  std::unique_ptr<distributed::Work> batch_isend_irecv(const std::vector<distributed::P2POp>& ops) override {
+    return std::make_unique<W>(hub_, hub_->post(rank_, channel_, ops), rank_);
+  }
+  std::unique_ptr<distributed::Work> send(const Tensor& t, int peer, bool async) override {
+    auto held = std::make_shared<Tensor>(t);  // the op refers to it until the Work is gone
+    auto w = std::make_unique<W>(hub_, hub_->post(rank_, channel_, {{distributed::P2POp::kSend, held.get(), peer}}), rank_);
+    w->held = held;
+    if (!async) w->wait();
+    return w;
+  }
+  std::unique_ptr<distributed::Work> recv(Tensor& t, int peer, bool async) override {
+    auto w = batch_isend_irecv({{distributed::P2POp::kRecv, &t, peer}});
+    if (!async) w->wait();
+    return w;
+  }
+  std::shared_ptr<distributed::ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
+    MEGATRON_CHECK(groups.size() == 1 && groups[0] == ranks_) << "only the whole group";
+    return std::make_shared<RendezvousGroup>(hub_, rank_, hub_->new_channel(rank_));
+  }
+  std::unique_ptr<distributed::Work> all_reduce(Tensor&, distributed::ReduceOp, bool) override { return unsupported(); }
+  std::unique_ptr<distributed::Work> all_gather(const Tensor&, Tensor&, bool) override { return unsupported(); }
+  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+    return unsupported();
+  }
+  std::unique_ptr<distributed::Work> broadcast(Tensor&, int, bool) override { return unsupported(); }
+  void barrier() override { unsupported(); }
+
+ private:
+  struct W final : distributed::Work {
+    W(std::shared_ptr<RendezvousHub> h, std::shared_ptr<RendezvousHub::Batch> b, int me)
+        : hub(std::move(h)), batch(std::move(b)), me(me) {}
+    void wait() override { hub->wait(batch, me); }
+    bool is_completed() override { return batch->done; }
+    std::shared_ptr<RendezvousHub> hub;
+    std::shared_ptr<RendezvousHub::Batch> batch;
+    int me;
+    std::shared_ptr<Tensor> held;
+  };
+  static std::unique_ptr<distributed::Work> unsupported() {
+    MEGATRON_CHECK(false) << "only point-to-point on the rendezvous group";
+    return nullptr;
+  }
+  std::shared_ptr<RendezvousHub> hub_;
+  int rank_, channel_;
+  std::vector<int> ranks_;
+};
+
+// Runs fn(group) on P threads; returns the first error message ("" if none).
+std::string run_ranks(int P, const std::function<void(std::shared_ptr<distributed::ProcessGroup>)>& fn) {
+  auto hub = std::make_shared<RendezvousHub>(P);
+  std::vector<std::string> errors(static_cast<size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(std::make_shared<RendezvousGroup>(hub, r, 0));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) return e;
+  return "";
+}
+
+TEST(PipelineSchedule, OneFOneBUnderNcclPointToPointSemantics) {
+  for (int P : {2, 3, 4}) EXPECT_EQ(run_ranks(P, check_one_f_one_b), "") << "PP=" << P;
+}
+
+TEST(PipelineSchedule, InterleavedUnderNcclPointToPointSemantics) {
+  for (int P : {2, 3, 4}) EXPECT_EQ(run_ranks(P, check_interleaved), "") << "PP=" << P;
 }
 
 TEST(PipelineSchedule, ScheduleTableFollowsMegatron) {

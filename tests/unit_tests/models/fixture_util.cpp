@@ -20,10 +20,6 @@ Fixture::Fixture(const std::string& name) {
   data_.assign(std::istreambuf_iterator<char>(bin), std::istreambuf_iterator<char>());
 }
 
-bool Fixture::exists(const std::string& name) {
-  return std::ifstream(std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/model/data/" + name + ".json").good();
-}
-
 Tensor Fixture::get(const std::string& key) const {
   auto it = index_.find(key);
   MEGATRON_CHECK(it != index_.end()) << "fixture has no tensor " << key;

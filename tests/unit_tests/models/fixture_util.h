@@ -15,8 +15,6 @@ class Fixture {
  public:
   /// Loads tests/reference/model/data/<name>.{json,bin} from the source tree.
   explicit Fixture(const std::string& name);
-  /// True if tests/reference/model/data/<name>.json exists (optional fixtures).
-  static bool exists(const std::string& name);
   bool has(const std::string& key) const { return index_.count(key) != 0; }
   /// CPU tensor (float32 or int64) with the stored shape; throws if absent.
   Tensor get(const std::string& key) const;

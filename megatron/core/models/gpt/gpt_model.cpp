@@ -7,6 +7,7 @@
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/transformer_block.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::models::gpt {
 
@@ -16,8 +17,9 @@ struct GPTModel::State {
   common::EmbeddingCtx embedding;
   transformer::TransformerBlockCtx decoder;
   tensor_parallel::LinearCtx output_layer;
-  Tensor logits;  // [s, b, V/TP]
+  Tensor logits;  // [s, b, V/TP]; with ce_fused the unscaled gradient softmax - onehot instead
   Tensor lse;     // [s*b] float32
+  bool ce_fused = false;  // forward ran ops::cross_entropy_fused_ (see GPTModel::forward)
 };
 
 namespace {
@@ -30,6 +32,11 @@ Tensor to_seq_first(const Tensor& t, Device device) {
   ops::transpose01(src, out);
   return out;
 }
+
+// MEGATRON_CE_FUSED=0: the unfused cross entropy (stats pass in forward, gradient pass in
+// backward) also where the fused one applies (A/B comparisons). Read at every forward (one
+// getenv per micro-batch), so a test may switch it between forwards.
+bool ce_fused_enabled() { return env_switch("MEGATRON_CE_FUSED", true); }
 
 void check_ids(const Tensor& t, int64_t limit, const char* what) {
   if (!t.is_cpu()) return;
@@ -230,6 +237,25 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
   Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
   Tensor labels1d = st.labels.view({n});
+  // Training without TP: one pass computes the loss and overwrites the logits with the unscaled
+  // gradient softmax - onehot; backward applies dloss to the output layer's small operands
+  // instead of to the [n, V] tensor (one read of the logits fewer). Not for fp16 logits (their
+  // gradient keeps the loss-scaled dloss factor inside the fp16 range, as in the unfused path),
+  // nor for eval forwards (the logits stay readable through last_logits()).
+  const auto& olc = st.output_layer;
+  st.ce_fused = training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
+                st.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
+                !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
+                olc.input.numel() == n * olc.input.size(-1);
+  if (st.ce_fused) {
+    Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
+    st.lse = Tensor::empty({n}, DType::kFloat32, device_);
+    Tensor loss_flat = loss_sb.view({n});
+    ops::cross_entropy_fused_(logits2d, labels1d, vocab_start, loss_flat, st.lse);
+    Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
+    ops::transpose01(loss_sb, loss);
+    return loss;
+  }
   Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor pred = Tensor::empty({n}, DType::kFloat32, device_);
@@ -262,10 +288,25 @@ void GPTModel::backward(const Tensor& dloss) {
         << "dloss " << dloss.str() << " for batch " << b << " x seq " << s;
     const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
     Tensor dloss_sb = to_seq_first(dloss, device_);
-    // dlogits overwrite the logits (they are not needed any more).
-    Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
-    ops::cross_entropy_backward(logits2d, st.labels.view({n}), vocab_start, st.lse, dloss_sb.view({n}), logits2d);
-    dh = output_layer_->backward(st.logits, st.output_layer, true);
+    if (st.ce_fused) {
+      // st.logits holds g = softmax - onehot; dlogits = diag(dloss) g, so
+      // dW = dlogits^T x = g^T (diag(dloss) x) and dx = dlogits W = diag(dloss) (g W).
+      const Tensor dl = dloss_sb.view({n});
+      tensor_parallel::LinearCtx ctx = st.output_layer;
+      const int64_t hid = ctx.input.size(-1);
+      Tensor xs = Tensor::empty(ctx.input.shape(), ctx.input.dtype(), device_);
+      Tensor xs2d = xs.view({n, hid});
+      ops::scale_rows(ctx.input.view({n, hid}), dl, xs2d);
+      ctx.input = xs;
+      dh = output_layer_->backward(st.logits, ctx, true);
+      Tensor dh2d = dh.view({n, hid});
+      ops::scale_rows(dh2d, dl, dh2d);
+    } else {
+      // dlogits overwrite the logits (they are not needed any more).
+      Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
+      ops::cross_entropy_backward(logits2d, st.labels.view({n}), vocab_start, st.lse, dloss_sb.view({n}), logits2d);
+      dh = output_layer_->backward(st.logits, st.output_layer, true);
+    }
     if (grad_ready_hook_ && !output_params_.empty()) grad_ready_hook_(output_params_);
   } else {
     dh = dloss.to(device_);

@@ -109,7 +109,10 @@ class GPTModel {
   /// label is outside the vocabulary.
   Tensor forward(const datasets::GPTBatch& batch, bool training);
   /// Logits of the last forward, [s, b, padded_vocab/TP] in the model dtype (sequence-first);
-  /// valid until backward() (which reuses their memory for the logits' gradient).
+  /// valid until backward() (which reuses their memory for the logits' gradient). After a
+  /// training forward without TP and with fp32/bf16 logits (the fused cross entropy,
+  /// MEGATRON_CE_FUSED unset or 1) they already hold softmax - onehot(label): read logits from a
+  /// training=false forward.
   const Tensor& last_logits() const;
   /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
   /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad.

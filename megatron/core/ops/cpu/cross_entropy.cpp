@@ -79,4 +79,42 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
   fd.commit();
 }
 
+void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse) {
+  check_rows(logits, labels, {&loss, &lse}, "cross_entropy_fused_");
+  const int64_t n = rows_of(logits), v = logits.size(-1);
+  FloatOut fl(logits, /*load=*/true);  // fp32: the tensor itself; else a copy committed at the end
+  const int64_t* lab = labels.data<int64_t>();
+  float *l = loss.data<float>(), *ls = lse.data<float>();
+#pragma omp parallel for schedule(static) if (n * v > 16384)
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = fl.data() + r * v;
+    // The arithmetic of cross_entropy_stats + cross_entropy_loss + cross_entropy_backward
+    // (without the dloss factor), so TP = 1 losses match the unfused path bit for bit.
+    float mx = row[0];
+    for (int64_t j = 1; j < v; ++j) mx = std::max(mx, row[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - mx);
+    const int64_t local = lab[r] - vocab_start;
+    const float pred = (local >= 0 && local < v) ? row[local] : 0.0f;
+    ls[r] = std::log(static_cast<float>(sum)) + mx;
+    l[r] = ls[r] - pred;
+    for (int64_t j = 0; j < v; ++j) row[j] = std::exp(row[j] - ls[r]) - (j == local ? 1.0f : 0.0f);
+  }
+  fl.commit();
+}
+
+void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  const int64_t n = rows_of(x), h = x.dim() ? x.size(-1) : 1;
+  MEGATRON_CHECK(out.numel() == x.numel() && out.dtype() == x.dtype() && scale.dtype() == DType::kFloat32 &&
+                 scale.numel() == n)
+      << "scale_rows: x " << x.str() << " scale " << scale.str() << " out " << out.str();
+  FloatIn fx(x);  // a copy for reduced dtypes, so out may alias x
+  FloatOut fo(out);
+  const float* sc = scale.data<float>();
+#pragma omp parallel for schedule(static) if (n * h > 32768)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < h; ++j) fo[r * h + j] = fx[r * h + j] * sc[r];
+  fo.commit();
+}
+
 }  // namespace megatron::ops::cpu

@@ -108,6 +108,8 @@ void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t voc
 void cross_entropy_rescale_(Tensor& row_sumexp, const Tensor& row_max, const Tensor& global_max);
 void cross_entropy_loss(const Tensor& global_max, const Tensor& global_sumexp, const Tensor& pred, Tensor& loss, Tensor& lse);
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t vocab_start, const Tensor& lse, const Tensor& dloss, Tensor& dlogits);
+void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse);
+void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out);
 void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p, Tensor* model_param);
 
 }  // namespace megatron::ops::cuda

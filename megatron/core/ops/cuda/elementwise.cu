@@ -12,6 +12,7 @@
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
 #include "megatron/core/ops/cuda/fused_optimizer.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -83,10 +84,13 @@ __global__ void scale_kernel(T* __restrict__ x, int64_t n, float alpha, bool vec
 // Reductions: kind 0 = sum of squares (double), 1 = zero count, 2 = non-finite count.
 // Stage 1 writes one partial per block; stage 2 (one block) sums the partials in a fixed
 // order, so results are deterministic.
+// One block's partial of a reduction over x[0, n) split over `blocks` blocks (this one is
+// `block`): the body of reduce_stage1 and of reduce_stage1_multi, so both give identical partials.
 template <class T, int kKind>
-__global__ void reduce_stage1(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
+__device__ __forceinline__ void reduce_block(const T* __restrict__ x, int64_t n, bool vec, int64_t block,
+                                             int64_t blocks, double* __restrict__ out) {
   double acc = 0.0;
-  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
+  for (int64_t i = (block * blockDim.x + threadIdx.x) * 8; i < n; i += blocks * blockDim.x * 8) {
     float f[8];
     ld8(x, i, n, vec, f);
 #pragma unroll
@@ -104,7 +108,42 @@ __global__ void reduce_stage1(const T* __restrict__ x, int64_t n, bool vec, doub
     if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
     __syncthreads();
   }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+  if (threadIdx.x == 0) *out = sh[0];
+}
+
+template <class T, int kKind>
+__global__ void reduce_stage1(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
+  reduce_block<T, kKind>(x, n, vec, blockIdx.x, gridDim.x, partial + blockIdx.x);
+}
+
+// Multi-tensor stage 1: up to kMultiMax tensors of one dtype in one launch. Tensor k owns the
+// blocks [start[k], start[k+1]) and reduces exactly as its own reduce_stage1 launch with
+// start[k+1] - start[k] blocks would (same partials, same order for stage 2).
+constexpr int kMultiMax = 64;
+struct MultiReduceArgs {
+  const void* ptr[kMultiMax];
+  int64_t n[kMultiMax];
+  unsigned start[kMultiMax + 1];
+  bool vec[kMultiMax];
+  int count;
+};
+
+template <class T, int kKind>
+__global__ void reduce_stage1_multi(const MultiReduceArgs a, double* __restrict__ partial) {
+  int lo = 0, hi = a.count - 1;  // the last k with start[k] <= blockIdx.x
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.start[mid] <= blockIdx.x) lo = mid;
+    else hi = mid - 1;
+  }
+  reduce_block<T, kKind>(static_cast<const T*>(a.ptr[lo]), a.n[lo], a.vec[lo], blockIdx.x - a.start[lo],
+                         a.start[lo + 1] - a.start[lo], partial + blockIdx.x);
+}
+
+// MEGATRON_REDUCE_MULTI=0: one stage-1 launch per tensor in the *_many reductions (A/B).
+bool reduce_multi_host() {
+  static const bool on = env_switch("MEGATRON_REDUCE_MULTI", true);
+  return on;
 }
 
 __global__ void reduce_stage2(const double* __restrict__ partial, int n, double* __restrict__ out) {
@@ -336,7 +375,8 @@ void scale_(Tensor& x, float alpha) {
 
 double sum_of_squares(const Tensor& x) { return reduce<0>(x, "sum_of_squares"); }
 
-// One stage-1 launch per tensor into one partials buffer, one stage-2 over all partials, one
+// Stage-1 partials of every tensor into one buffer (multi-tensor launches, or one launch per
+// tensor with MEGATRON_REDUCE_MULTI=0), one stage-2 over all partials, one
 // device-to-host copy and synchronization for the whole list.
 template <int kKind>
 double reduce_many(const std::vector<Tensor>& xs, const char* name) {
@@ -352,14 +392,40 @@ double reduce_many(const std::vector<Tensor>& xs, const char* name) {
   double* buf = nullptr;
   CUDA_CHECK(cudaMallocAsync(&buf, sizeof(double) * (total + 1), st));
   int64_t off = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    if (!grids[i]) continue;
-    const Tensor& x = xs[i];
-    bool vec = aligned16(x.data_ptr());
-    MCU_FLOAT_SWITCH(x.dtype(), T, reduce_stage1<T, kKind><<<grids[i], kThreads, 0, st>>>(
-        static_cast<const T*>(x.data_ptr()), x.numel(), vec, buf + off));
-    CUDA_CHECK_LAUNCH();
-    off += grids[i];
+  if (reduce_multi_host()) {
+    // Runs of consecutive tensors of one dtype, kMultiMax at a time: one launch each (GPT-2's
+    // 148 fp32 main grads: 3 launches instead of 148), partials at the same offsets as below.
+    MultiReduceArgs a{};
+    DType dt = DType::kFloat32;
+    auto flush = [&] {
+      if (!a.count) return;
+      const unsigned blocks = a.start[a.count];
+      MCU_FLOAT_SWITCH(dt, T, reduce_stage1_multi<T, kKind><<<blocks, kThreads, 0, st>>>(a, buf + off));
+      CUDA_CHECK_LAUNCH();
+      off += blocks;
+      a = MultiReduceArgs{};
+    };
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!grids[i]) continue;
+      if (a.count && (a.count == kMultiMax || xs[i].dtype() != dt)) flush();
+      dt = xs[i].dtype();
+      a.ptr[a.count] = xs[i].data_ptr();
+      a.n[a.count] = xs[i].numel();
+      a.vec[a.count] = aligned16(xs[i].data_ptr());
+      a.start[a.count + 1] = a.start[a.count] + grids[i];
+      ++a.count;
+    }
+    flush();
+  } else {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!grids[i]) continue;
+      const Tensor& x = xs[i];
+      bool vec = aligned16(x.data_ptr());
+      MCU_FLOAT_SWITCH(x.dtype(), T, reduce_stage1<T, kKind><<<grids[i], kThreads, 0, st>>>(
+          static_cast<const T*>(x.data_ptr()), x.numel(), vec, buf + off));
+      CUDA_CHECK_LAUNCH();
+      off += grids[i];
+    }
   }
   MEGATRON_CHECK(total < (1LL << 31)) << name << ": " << total << " partials";
   reduce_stage2<<<1, kThreads, 0, st>>>(buf, static_cast<int>(total), buf + total);

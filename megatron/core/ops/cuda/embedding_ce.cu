@@ -180,6 +180,122 @@ __global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ label
     st8(dr, c, V, vec, f);
   }
 }
+
+// Fused cross entropy (ops.h cross_entropy_fused_): one block per row. Pass 1 reads the row once
+// from DRAM (online max/sum-exp, four 16-byte loads in flight per thread) and, with kStash, keeps
+// its first `stash` elements (a multiple of 8: all of a GPT-2 row, ~90% of a bf16 LLaMA-3 row) in
+// shared memory; pass 2 writes g = softmax - onehot over the row from that copy and re-reads the
+// rest from global memory (partly L2 hits). The unfused path reads the row twice from DRAM
+// (ce_stats_kernel, ce_bwd_kernel) and writes it once; this one reads the stashed part once.
+constexpr int kFusedThreads = 512;
+
+template <class L, bool kStash>
+__global__ void __launch_bounds__(kFusedThreads)
+    ce_fused_kernel(L* logits, const int64_t* __restrict__ labels, int64_t V, int64_t vstart, float* __restrict__ loss,
+                    float* __restrict__ lse_out, int64_t stash, bool vec) {
+  extern __shared__ __align__(16) unsigned char ce_fused_smem[];
+  L* srow = reinterpret_cast<L*>(ce_fused_smem);
+  const int64_t r = blockIdx.x;
+  L* lr = logits + r * V;
+  const int64_t t = labels[r] - vstart;
+  // The label's logit, read before any thread of this block overwrites the row.
+  float pred = 0.0f;
+  if (threadIdx.x == 0 && t >= 0 && t < V) pred = to_f(lr[t]);
+  float m = -INFINITY, s = 0.0f;
+  constexpr int64_t kStep = kFusedThreads * 8;
+  int64_t c = threadIdx.x * 8;
+  if (vec) {
+    for (; c + 3 * kStep < V; c += 4 * kStep) {
+      float f[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) ld8(lr, c + u * kStep, V, true, f[u]);
+      if constexpr (kStash) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (c + u * kStep < stash) st8(srow, c + u * kStep, V, true, f[u]);
+      }
+      float bm = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bm = fmaxf(bm, f[u][j]);
+      float bs = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bs += __expf(f[u][j] - bm);
+      ms_combine(m, s, bm, bs);
+    }
+  }
+  for (; c < V; c += kStep) {
+    float f[8];
+    ld8(lr, c, V, vec, f);
+    if constexpr (kStash)
+      if (c < stash) st8(srow, c, V, vec, f);
+    float bm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < V) bm = fmaxf(bm, f[j]);
+    float bs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < V) bs += __expf(f[j] - bm);
+    ms_combine(m, s, bm, bs);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_combine(m, s, m2, s2);
+  }
+  constexpr int kWarps = kFusedThreads / 32;
+  __shared__ float sm[kWarps], ss[kWarps];
+  __shared__ float row_lse;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = sm[0], S = ss[0];
+    for (int w = 1; w < kWarps; ++w) ms_combine(M, S, sm[w], ss[w]);
+    const float l = logf(S) + M;  // as ce_loss_kernel
+    row_lse = l;
+    lse_out[r] = l;
+    loss[r] = l - pred;
+  }
+  __syncthreads();  // also orders every thread's stash writes and pass-1 reads before pass 2
+  const float l = row_lse;
+  for (c = threadIdx.x * 8; c < V; c += kStep) {
+    float f[8];
+    ld8(kStash && c < stash ? srow : lr, c, V, vec, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = __expf(f[j] - l) - (c + j == t ? 1.0f : 0.0f);
+    st8(lr, c, V, vec, f);
+  }
+}
+
+// MEGATRON_CE_FUSED_STASH=0: pass 2 re-reads the whole row from global memory (L2) instead of
+// shared memory (A/B comparisons).
+bool ce_fused_stash_host() {
+  static const bool on = env_switch("MEGATRON_CE_FUSED_STASH", true);
+  return on;
+}
+
+template <class X>
+__global__ void scale_rows_kernel(const X* x, const float* __restrict__ scale, X* out, int64_t rows, int64_t h,
+                                  bool vec) {
+  const int64_t per = (h + 7) / 8, work = rows * per;
+  for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < work; w += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = w / per, c = (w % per) * 8;
+    float f[8];
+    ld8(x + r * h, c, h, vec, f);
+    const float a = scale[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] *= a;
+    st8(out + r * h, c, h, vec, f);
+  }
+}
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
@@ -267,6 +383,67 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
                                               static_cast<const float*>(lse.data_ptr()),
                                               static_cast<const float*>(dloss.data_ptr()),
                                               static_cast<D*>(dlogits.data_ptr()), vec)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse) {
+  check_cuda(logits, "cross_entropy_fused_");
+  const int64_t V = logits.size(-1), N = V ? logits.numel() / V : 0;
+  MEGATRON_CHECK(labels.numel() == N && labels.dtype() == DType::kInt64 && loss.numel() == N && lse.numel() == N &&
+                 loss.dtype() == DType::kFloat32 && lse.dtype() == DType::kFloat32)
+      << "cross_entropy_fused_: logits " << logits.str() << " labels " << labels.str();
+  if (N == 0) return;
+  MEGATRON_CHECK(N < (1ll << 31)) << "cross_entropy_fused_: too many rows " << N;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const bool vec = V % 8 == 0 && aligned16(logits.data_ptr());
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  // The stash: as much of the row as fits (1 KiB left for the kernel's static shared memory), in
+  // whole 8-element chunks; none when that is under half the row (then the lower occupancy of a
+  // near-full shared memory costs more than the re-read it saves).
+  // A partial stash ends on a chunk boundary (chunks start at multiples of 8), so every chunk
+  // is either all in shared memory or all re-read.
+  const size_t esz = dtype_size(logits.dtype());
+  const int64_t cap = (static_cast<int64_t>(optin) - 1024) / static_cast<int64_t>(esz) / 8 * 8;
+  int64_t stash_elems = V <= cap ? V : cap;
+  if (!ce_fused_stash_host() || 2 * stash_elems < V) stash_elems = 0;
+  const bool stash = stash_elems > 0;
+  const size_t stash_bytes = static_cast<size_t>(stash_elems) * esz;
+  MCU_FLOAT_SWITCH(logits.dtype(), L, {
+    L* p = static_cast<L*>(logits.data_ptr());
+    const int64_t* lab = static_cast<const int64_t*>(labels.data_ptr());
+    float* lo = static_cast<float*>(loss.data_ptr());
+    float* ls = static_cast<float*>(lse.data_ptr());
+    if (stash) {
+      CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(stash_bytes)));
+      // All of the unified L1/shared memory as shared memory: two 100 KB bf16 rows (GPT-2) per SM.
+      CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+      ce_fused_kernel<L, true><<<(unsigned)N, kFusedThreads, stash_bytes, st>>>(p, lab, V, vocab_start, lo, ls,
+                                                                                 stash_elems, vec);
+    } else {
+      ce_fused_kernel<L, false><<<(unsigned)N, kFusedThreads, 0, st>>>(p, lab, V, vocab_start, lo, ls, 0, vec);
+    }
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out) {
+  check_cuda(x, "scale_rows");
+  check_cuda(out, "scale_rows");
+  const int64_t h = x.dim() ? x.size(-1) : 1, rows = h ? x.numel() / h : 0;
+  MEGATRON_CHECK(out.numel() == x.numel() && out.dtype() == x.dtype() && scale.dtype() == DType::kFloat32 &&
+                 scale.numel() == rows)
+      << "scale_rows: x " << x.str() << " scale " << scale.str() << " out " << out.str();
+  if (rows == 0 || h == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && aligned16(out.data_ptr());
+  MCU_FLOAT_SWITCH(x.dtype(), X,
+                   scale_rows_kernel<X><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads, 0, st>>>(
+                       static_cast<const X*>(x.data_ptr()), static_cast<const float*>(scale.data_ptr()),
+                       static_cast<X*>(out.data_ptr()), rows, h, vec));
   CUDA_CHECK_LAUNCH();
 }
 
