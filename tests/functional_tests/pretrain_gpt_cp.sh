@@ -12,6 +12,7 @@
 # --cp-comm-type a2a, and a checkpoint written by CP2 resumed on one rank.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
+source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
 BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
   --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
   --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
@@ -31,36 +32,11 @@ run() {  # run NAME NP -- EXTRA ARGS   (NP 1 = no mpirun; NP "L4" = megatron_lau
   esac
   timeout 300 "${launch[@]}" "$BIN/pretrain_gpt" "${BASE[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
     || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
-  python3 - "$LOGDIR/$name.log" >"$LOGDIR/$name.sum" <<'PY'
-import re, sys
-for line in open(sys.argv[1]):
-    m = re.search(r'\] iteration +(\d+)/ +\d+ \| consumed samples: +(\d+) .*global batch size: +(\d+) '
-                  r'.*lm loss: ([0-9.E+-]+) .*grad norm: ([0-9.E+-]+)', line)
-    if m: print('train', *m.groups())
-    m = re.search(r'validation loss at (.*) \| lm loss value: ([0-9.E+-]+)', line)
-    if m: print('valid', m.group(1).replace(' ', '_'), m.group(2))
-PY
+  log_summary "$LOGDIR/$name.log" >"$LOGDIR/$name.sum"
 }
 
 compare() {  # compare NAME REF
-  python3 - "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" "$1" <<'PY' || { cat "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" >&2; fail "$1 differs from $2"; }
-import sys
-ref = [l.split() for l in open(sys.argv[1])]
-got = [l.split() for l in open(sys.argv[2])]
-name = sys.argv[3]
-if len(ref) != len(got) or len(ref) < 6:
-    sys.exit(f"{name}: {len(got)} log lines vs {len(ref)} in the single-rank run")
-for r, g in zip(ref, got):
-    for col, (a, b) in enumerate(zip(r, g)):
-        try:
-            x, y = float(a), float(b)
-        except ValueError:
-            if a != b: sys.exit(f"{name}: {g} vs single-rank {r}")
-            continue
-        tol = 1e-3 if (r[0] == 'train' and col == 5) else 1e-5 * abs(x)  # grad norm: printed resolution
-        if abs(x - y) > tol:
-            sys.exit(f"{name}: {g} vs single-rank {r} (tolerance 1e-5 relative)")
-PY
+  summaries_equal "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" "$1" || { cat "$LOGDIR/$2.sum" "$LOGDIR/$1.sum" >&2; fail "$1 differs from $2"; }
   echo "$1: per-iteration lm loss, grad norm, consumed samples and validation/test losses equal $2"
 }
 

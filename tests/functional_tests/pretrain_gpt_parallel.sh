@@ -14,6 +14,7 @@
 # exactly one rank (Megatron's print_rank_last).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
+source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
 ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
   --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
   --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
@@ -31,37 +32,10 @@ run() {  # run NAME LAUNCHER... -- EXTRA ARGS
 }
 
 # Extracts "iteration consumed gbs loss gradnorm" per training line and the validation values.
-summary() {
-  python3 - "$1" <<'EOF'
-import re, sys
-for line in open(sys.argv[1]):
-    m = re.search(r'\] iteration +(\d+)/ +\d+ \| consumed samples: +(\d+) .*global batch size: +(\d+) '
-                  r'.*lm loss: ([0-9.E+-]+) .*grad norm: ([0-9.E+-]+)', line)
-    if m: print('train', *m.groups())
-    m = re.search(r'validation loss at (.*) \| lm loss value: ([0-9.E+-]+)', line)
-    if m: print('valid', m.group(1).replace(' ', '_'), m.group(2))
-EOF
-}
+summary() { log_summary "$1"; }
 
 compare() {  # compare NAME [REF]: against the single-rank run REF (default single)
-  python3 - "$LOGDIR/${2:-single}.sum" "$LOGDIR/$1.sum" "$1" <<'EOF'
-import sys
-ref = [l.split() for l in open(sys.argv[1])]
-got = [l.split() for l in open(sys.argv[2])]
-name = sys.argv[3]
-if len(ref) != len(got) or len(ref) < 6:
-    sys.exit(f"{name}: {len(got)} log lines vs {len(ref)} in the single-rank run")
-for r, g in zip(ref, got):
-    for col, (a, b) in enumerate(zip(r, g)):
-        try:
-            x, y = float(a), float(b)
-        except ValueError:
-            if a != b: sys.exit(f"{name}: {g} vs single-rank {r}")
-            continue
-        tol = 1e-3 if (r[0] == 'train' and col == 5) else 1e-5 * abs(x)  # grad norm: printed resolution
-        if abs(x - y) > tol:
-            sys.exit(f"{name}: {g} vs single-rank {r} (tolerance 1e-5 relative)")
-EOF
+  summaries_equal "$LOGDIR/${2:-single}.sum" "$LOGDIR/$1.sum" "$1"
 }
 
 run single env --

@@ -205,15 +205,16 @@ void GPTDataset::build_indices() {
   const int32_t* lengths = dataset_->sequence_lengths();
   const std::string what = (dataset_path_ ? "'" + *dataset_path_ + "'" : std::string("mock data")) +
                            " " + split_name(split_) + " split";
+  // No samples requested from a split with no usable data: empty indices (no error).
+  auto set_empty_indices = [this] {
+    num_samples_total_ = 0;
+    document_index_ = NpyView::own(NpyDType::kInt32, {0}, std::vector<int32_t>{});
+    sample_index_ = NpyView::own(NpyDType::kInt32, {1, 2}, std::vector<int32_t>{0, 0});
+    shuffle_index_ = NpyView::own(NpyDType::kUInt32, {0}, std::vector<uint32_t>{});
+  };
 
   if (index_end_ <= index_beg_) {
-    if (num_samples_ && *num_samples_ == 0) {
-      num_samples_total_ = 0;
-      document_index_ = NpyView::own(NpyDType::kInt32, {0}, std::vector<int32_t>{});
-      sample_index_ = NpyView::own(NpyDType::kInt32, {1, 2}, std::vector<int32_t>{0, 0});
-      shuffle_index_ = NpyView::own(NpyDType::kUInt32, {0}, std::vector<uint32_t>{});
-      return;
-    }
+    if (num_samples_ && *num_samples_ == 0) return set_empty_indices();
     user_error(what, ": --split '", config_->split.value_or(""), "' leaves it no sequences (range [",
                index_beg_, ", ", index_end_, ") of ", dataset_->num_sequences(),
                "); give this split a larger share in --split or request no samples from it");
@@ -221,13 +222,7 @@ void GPTDataset::build_indices() {
   int64_t tokens_per_epoch = 0;
   for (int64_t i = index_beg_; i < index_end_; ++i) tokens_per_epoch += lengths[i];
   if (tokens_per_epoch <= 1) {
-    if (num_samples_ && *num_samples_ == 0) {
-      num_samples_total_ = 0;
-      document_index_ = NpyView::own(NpyDType::kInt32, {0}, std::vector<int32_t>{});
-      sample_index_ = NpyView::own(NpyDType::kInt32, {1, 2}, std::vector<int32_t>{0, 0});
-      shuffle_index_ = NpyView::own(NpyDType::kUInt32, {0}, std::vector<uint32_t>{});
-      return;
-    }
+    if (num_samples_ && *num_samples_ == 0) return set_empty_indices();
     user_error(what, ": its ", index_end_ - index_beg_, " sequences hold only ", tokens_per_epoch,
                " token(s); a GPT sample needs at least 2. Use more data or another --split");
   }

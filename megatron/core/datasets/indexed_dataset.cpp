@@ -141,16 +141,25 @@ void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens, con
   add_document(tokens.data(), tokens.size(), lengths.data(), lengths.size());
 }
 
-void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_tokens, const int64_t* lengths,
-                                         size_t num_lengths) {
+namespace {
+// The sequence lengths of one document: each must fit the .idx's int32 length field (UserError
+// naming the .bin otherwise) and together they must cover the document's num_tokens tokens.
+void check_document_lengths(const std::string& bin_path, const int64_t* lengths, size_t num_lengths,
+                            size_t num_tokens, const char* caller) {
   int64_t total = 0;
   for (size_t i = 0; i < num_lengths; ++i) {
     if (lengths[i] < 0 || lengths[i] > std::numeric_limits<int32_t>::max())
-      user_error(bin_path_, ": a sequence of ", lengths[i], " tokens does not fit the int32 length field of the .idx");
+      user_error(bin_path, ": a sequence of ", lengths[i], " tokens does not fit the int32 length field of the .idx");
     total += lengths[i];
   }
   MEGATRON_CHECK(total == static_cast<int64_t>(num_tokens))
-      << "add_document: lengths sum " << total << " != " << num_tokens << " tokens";
+      << caller << ": lengths sum " << total << " != " << num_tokens << " tokens";
+}
+}  // namespace
+
+void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_tokens, const int64_t* lengths,
+                                         size_t num_lengths) {
+  check_document_lengths(bin_path_, lengths, num_lengths, num_tokens, "add_document");
   write_tokens(tokens, num_tokens);
   for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
@@ -158,14 +167,7 @@ void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_token
 
 void IndexedDatasetBuilder::add_document_encoded(const char* bytes, size_t num_tokens, const int64_t* lengths,
                                                  size_t num_lengths) {
-  int64_t total = 0;
-  for (size_t i = 0; i < num_lengths; ++i) {
-    if (lengths[i] < 0 || lengths[i] > std::numeric_limits<int32_t>::max())
-      user_error(bin_path_, ": a sequence of ", lengths[i], " tokens does not fit the int32 length field of the .idx");
-    total += lengths[i];
-  }
-  MEGATRON_CHECK(total == static_cast<int64_t>(num_tokens))
-      << "add_document_encoded: lengths sum " << total << " != " << num_tokens << " tokens";
+  check_document_lengths(bin_path_, lengths, num_lengths, num_tokens, "add_document_encoded");
   write_all(bin_, bytes, num_tokens * index_dtype_size(dtype_), bin_path_ + ".tmp");
   tokens_written_ += num_tokens;
   for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));

@@ -223,41 +223,8 @@ NpyArray npy_load(const std::string& path) {
   }
   std::string h(hlen, '\0');
   if (!f.read(h.data(), hlen)) user_error(path, ": truncated .npy header");
-  auto field = [&](const std::string& key) -> std::string {
-    const size_t k = h.find("'" + key + "'");
-    if (k == std::string::npos) user_error(path, ": .npy header lacks '", key, "'");
-    size_t c = h.find(':', k);
-    return h.substr(c + 1);
-  };
   NpyArray a;
-  {
-    std::string d = field("descr");
-    const size_t q1 = d.find('\'');
-    const size_t q2 = d.find('\'', q1 + 1);
-    const std::string descr = d.substr(q1 + 1, q2 - q1 - 1);
-    if (descr == "<i2") a.dtype = NpyDType::kInt16;
-    else if (descr == "<i4") a.dtype = NpyDType::kInt32;
-    else if (descr == "<u4") a.dtype = NpyDType::kUInt32;
-    else if (descr == "<i8") a.dtype = NpyDType::kInt64;
-    else user_error(path, ": unsupported .npy dtype '", descr, "' (expected <i2, <i4, <u4 or <i8)");
-  }
-  if (field("fortran_order").find("False") > 2) user_error(path, ": Fortran-order .npy is not supported");
-  {
-    std::string s = field("shape");
-    const size_t p1 = s.find('(');
-    const size_t p2 = s.find(')');
-    std::string inner = s.substr(p1 + 1, p2 - p1 - 1);
-    size_t i = 0;
-    while (i < inner.size()) {
-      while (i < inner.size() && (inner[i] == ' ' || inner[i] == ',')) ++i;
-      if (i >= inner.size()) break;
-      size_t j = i;
-      while (j < inner.size() && inner[j] >= '0' && inner[j] <= '9') ++j;
-      if (j == i) user_error(path, ": bad .npy shape");
-      a.shape.push_back(std::stoll(inner.substr(i, j - i)));
-      i = j;
-    }
-  }
+  parse_header(path, h, a.dtype, a.shape);
   const int64_t n = a.numel();
   const size_t isz = npy_itemsize(a.dtype);
   std::vector<char> buf(static_cast<size_t>(n) * isz);

@@ -240,6 +240,15 @@ struct HeapEntry {
   bool operator>(const HeapEntry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
+// The token of one byte (the merges' starting symbol); UserError if the vocabulary has none.
+inline int32_t byte_token(const int32_t (&byte_ids)[256], char c) {
+  const int32_t id = byte_ids[static_cast<uint8_t>(c)];
+  if (id < 0)
+    user_error("tokenizer: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(c)),
+               " has no token in the vocabulary (not a byte-level BPE vocabulary?)");
+  return id;
+}
+
 }  // namespace
 
 uint32_t byte_to_unicode(uint8_t b) { return byte_tables().to_cp[b]; }
@@ -392,10 +401,7 @@ void BytePairModel::merge_word(std::string_view word, std::vector<int32_t>& ids)
   prev.resize(n);
   heap.clear();
   for (size_t i = 0; i < n; ++i) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(word[i])];
-    if (id < 0)
-      user_error("tokenizer: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(word[i])),
-                 " has no token in the vocabulary (not a byte-level BPE vocabulary?)");
+    const int32_t id = byte_token(byte_ids_, word[i]);
     sym[i] = id;
     next[i] = (i + 1 < n) ? static_cast<int32_t>(i + 1) : -1;
     prev[i] = static_cast<int32_t>(i) - 1;
@@ -439,10 +445,7 @@ void BytePairModel::merge_small(std::string_view word, std::vector<int32_t>& ids
   int32_t sym[kSmallWord];
   uint64_t rank[kSmallWord];  // rank << 32 | result of pair (i, i+1); ~0 = no merge
   for (size_t i = 0; i < n; ++i) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(word[i])];
-    if (id < 0)
-      user_error("tokenizer: byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(word[i])),
-                 " has no token in the vocabulary (not a byte-level BPE vocabulary?)");
+    const int32_t id = byte_token(byte_ids_, word[i]);
     sym[i] = id;
   }
   auto pair_rank = [&](size_t i) -> uint64_t {

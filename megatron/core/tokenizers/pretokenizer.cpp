@@ -181,6 +181,17 @@ size_t upper_plus_lower_star(const Text& t, size_t j) {
 }
 
 // One match of scanner `s` starting at i (< size); returns its end (> i).
+// The end of the run of code points with a class that `in_class` accepts, starting at byte j (j
+// when the code point at j is not in the class).
+inline size_t run_end(const Text& t, size_t j, bool (*in_class)(uint16_t)) {
+  Cp c = t.at(j);
+  while (c.len && in_class(c.cls)) {
+    j += c.len;
+    c = t.at(j);
+  }
+  return j;
+}
+
 size_t next_match(const Scanner& s, const Text& t, size_t i) {
   const Cp c0 = t.at(i);
   const size_t n = t.size();
@@ -191,28 +202,14 @@ size_t next_match(const Scanner& s, const Text& t, size_t i) {
   // 2. letters
   switch (s.letters) {
     case Letters::kGpt2: {  // " ?\p{L}+"
-      size_t j = (c0.cp == ' ') ? i + 1 : i;
-      Cp c = t.at(j);
-      if (is_letter(c.cls)) {
-        while (c.len && is_letter(c.cls)) {
-          j += c.len;
-          c = t.at(j);
-        }
-        return j;
-      }
+      const size_t j = (c0.cp == ' ') ? i + 1 : i;
+      if (is_letter(t.at(j).cls)) return run_end(t, j, is_letter);
       break;
     }
     case Letters::kCl100k: {  // "[^\r\n\p{L}\p{N}]?\p{L}+"
       size_t j = i;
       if (is_prefix(c0)) j += c0.len;
-      Cp c = t.at(j);
-      if (is_letter(c.cls)) {
-        while (c.len && is_letter(c.cls)) {
-          j += c.len;
-          c = t.at(j);
-        }
-        return j;
-      }
+      if (is_letter(t.at(j).cls)) return run_end(t, j, is_letter);
       break;
     }
     case Letters::kO200k: {
@@ -231,15 +228,8 @@ size_t next_match(const Scanner& s, const Text& t, size_t i) {
   }
   // 3. digits
   if (s.max_digits == 0) {  // " ?\p{N}+"
-    size_t j = (c0.cp == ' ') ? i + 1 : i;
-    Cp c = t.at(j);
-    if (is_number(c.cls)) {
-      while (c.len && is_number(c.cls)) {
-        j += c.len;
-        c = t.at(j);
-      }
-      return j;
-    }
+    const size_t j = (c0.cp == ' ') ? i + 1 : i;
+    if (is_number(t.at(j).cls)) return run_end(t, j, is_number);
   } else if (is_number(c0.cls)) {
     size_t j = i;
     Cp c = c0;

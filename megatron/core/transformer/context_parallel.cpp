@@ -137,8 +137,22 @@ std::unique_ptr<distributed::Work> ring_exchange(distributed::ProcessGroup& g, T
 
 /// x [2c, b, n, d] (this rank's two chunks, all n heads) -> [S, b, n/CP, d]: the whole sequence in
 /// natural token order for head slice cp_rank. Collective over g.
-Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
+// All-to-all over g by point-to-point (one batch_isend_irecv, waited for): sends[j] goes to rank j,
+// recvs[j] receives rank j's; this rank's own slot is copied locally. One send/recv per rank.
+void all_to_all_p2p(distributed::ProcessGroup& g, std::vector<Tensor>& sends, std::vector<Tensor>& recvs) {
   const int cp = g.size(), r = g.rank();
+  std::vector<distributed::P2POp> ops;
+  for (int j = 0; j < cp; ++j) {
+    if (j == r) continue;
+    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
+    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
+  }
+  recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
+  if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
+}
+
+Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
+  const int cp = g.size();
   const int64_t n2 = x.size(0), b = x.size(1), n = x.size(2), d = x.size(3), hs = n / cp, c = n2 / 2;
   const Device dev = x.device();
   // [2c*b, CP, hs*d] -> [CP, 2c*b, hs*d]: slot j = head slice j of all local rows.
@@ -150,14 +164,7 @@ Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
     sends.push_back(send.narrow0(j, 1).view({n2, b, hs, d}));
     recvs.push_back(recv.narrow0(j, 1).view({n2, b, hs, d}));
   }
-  std::vector<distributed::P2POp> ops;
-  for (int j = 0; j < cp; ++j) {
-    if (j == r) continue;
-    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
-    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
-  }
-  recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
-  if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
+  all_to_all_p2p(g, sends, recvs);
   // Rank i's rows are its chunks (i, 2CP-1-i): put every chunk at its place in the sequence.
   Tensor full = Tensor::empty({2 * cp * c, b, hs, d}, x.dtype(), dev);
   for (int i = 0; i < cp; ++i)
@@ -171,7 +178,7 @@ Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
 /// Inverse of seq_gather_heads_scatter: full [S, b, hs, d] (head slice cp_rank) -> [2c, b, hs*CP, d]
 /// (this rank's two chunks, all heads), into `out` (any float dtype of full's). Collective over g.
 void seq_scatter_heads_gather(const Tensor& full, distributed::ProcessGroup& g, Tensor& out) {
-  const int cp = g.size(), r = g.rank();
+  const int cp = g.size();
   const int64_t S = full.size(0), b = full.size(1), hs = full.size(2), d = full.size(3), c = S / (2 * cp);
   const Device dev = full.device();
   Tensor send = Tensor::empty({cp, 2 * c, b, hs, d}, full.dtype(), dev);
@@ -186,14 +193,7 @@ void seq_scatter_heads_gather(const Tensor& full, distributed::ProcessGroup& g, 
     sends.push_back(slot);
     recvs.push_back(recv.narrow0(i, 1).view({2 * c, b, hs, d}));
   }
-  std::vector<distributed::P2POp> ops;
-  for (int j = 0; j < cp; ++j) {
-    if (j == r) continue;
-    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
-    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
-  }
-  recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
-  if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
+  all_to_all_p2p(g, sends, recvs);
   // [CP, 2c*b, hs*d] -> [2c*b, CP, hs*d] = [2c, b, CP*hs, d] (head slice j from rank j).
   if (out.dtype() == full.dtype()) {
     Tensor o = out.view({2 * c * b, cp, hs * d});

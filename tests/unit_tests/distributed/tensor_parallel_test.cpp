@@ -50,19 +50,9 @@ transformer::TransformerConfig llama_config(int tp, int query_groups) {
   return c;
 }
 
-datasets::GPTBatch sample(int iter) {
-  std::mt19937 gen(4242 + iter);
-  std::uniform_int_distribution<int64_t> tok(0, kVocab - 1);
-  const int64_t b = 2;
-  std::vector<int64_t> t(b * kSeq), l(b * kSeq), pos(b * kSeq);
-  for (int64_t i = 0; i < b * kSeq; ++i) t[i] = tok(gen), l[i] = tok(gen), pos[i] = i % kSeq;
-  datasets::GPTBatch x;
-  x.tokens = Tensor::from_vector_i64(t, {b, kSeq});
-  x.labels = Tensor::from_vector_i64(l, {b, kSeq});
-  x.position_ids = Tensor::from_vector_i64(pos, {b, kSeq});
-  x.loss_mask = Tensor::from_vector(std::vector<float>(b * kSeq, 1.f), {b, kSeq});
-  return x;
-}
+datasets::GPTBatch sample(int iter) { return testing::random_gpt_batch(4242 + iter, 2, kSeq, kVocab); }
+using testing::max_rel_err;
+using testing::sgd_step;
 
 double step(GPTModel& m, const datasets::GPTBatch& b) {
   m.zero_grad();
@@ -72,19 +62,6 @@ double step(GPTModel& m, const datasets::GPTBatch& b) {
   for (float x : l) mean += x / l.size();
   m.backward(Tensor::from_vector(std::vector<float>(l.size(), 1.f / l.size()), loss.shape()));
   return mean;
-}
-
-void sgd(Tensor& p, const Tensor& g) {
-  float* P = p.data<float>();
-  const float* G = g.data<float>();
-  for (int64_t i = 0; i < p.numel(); ++i) P[i] -= 0.1f * G[i];
-}
-
-double rel_err(const Tensor& a, const Tensor& ref) {
-  auto x = a.to_float_vector(), y = ref.to_float_vector();
-  double e = 0, m = 0;
-  for (size_t i = 0; i < y.size(); ++i) e = std::max(e, double(std::fabs(x[i] - y[i]))), m = std::max(m, double(std::fabs(y[i])));
-  return m > 0 ? e / m : e;
 }
 
 void run_tp_equivalence(transformer::TransformerConfig (*make)(int, int)) {
@@ -105,15 +82,15 @@ void run_tp_equivalence(transformer::TransformerConfig (*make)(int, int)) {
       const auto& p = model.parameters()[i];
       ASSERT_EQ(p.name, ref.parameters()[i].name);
       Tensor g = distributed::gather_tensor_parallel(p, p.main_grad, *world);
-      EXPECT_LE(rel_err(g, ref.parameters()[i].main_grad), 1e-5) << p.name << " grad, iteration " << it;
+      EXPECT_LE(max_rel_err(g, ref.parameters()[i].main_grad), 1e-5) << p.name << " grad, iteration " << it;
     }
-    sgd(ref.param_buffer(), ref.grad_buffer());
-    sgd(model.param_buffer(), model.grad_buffer());
+    sgd_step(ref.param_buffer(), ref.grad_buffer());
+    sgd_step(model.param_buffer(), model.grad_buffer());
   }
   for (size_t i = 0; i < ref.parameters().size(); ++i) {
     const auto& p = model.parameters()[i];
     Tensor w = distributed::gather_tensor_parallel(p, p.data, *world);
-    EXPECT_LE(rel_err(w, ref.parameters()[i].data), 1e-5) << p.name << " final parameter";
+    EXPECT_LE(max_rel_err(w, ref.parameters()[i].data), 1e-5) << p.name << " final parameter";
   }
 }
 
@@ -178,15 +155,15 @@ TEST(DistTPxDP, Tp2Dp2OverlapMatchesSingleRank) {
     for (size_t i = 0; i < ref.parameters().size(); ++i) {
       const auto& p = model.parameters()[i];
       Tensor g = distributed::gather_tensor_parallel(p, p.main_grad, *tpg);
-      EXPECT_LE(rel_err(g, ref.parameters()[i].main_grad), 1e-5) << p.name << " grad, iteration " << it;
+      EXPECT_LE(max_rel_err(g, ref.parameters()[i].main_grad), 1e-5) << p.name << " grad, iteration " << it;
     }
-    sgd(ref.param_buffer(), ref.grad_buffer());
-    sgd(model.param_buffer(), model.grad_buffer());
+    sgd_step(ref.param_buffer(), ref.grad_buffer());
+    sgd_step(model.param_buffer(), model.grad_buffer());
   }
   for (size_t i = 0; i < ref.parameters().size(); ++i) {
     const auto& p = model.parameters()[i];
     Tensor w = distributed::gather_tensor_parallel(p, p.data, *tpg);
-    EXPECT_LE(rel_err(w, ref.parameters()[i].data), 1e-5) << p.name << " final parameter";
+    EXPECT_LE(max_rel_err(w, ref.parameters()[i].data), 1e-5) << p.name << " final parameter";
   }
   ps::destroy_model_parallel();
 }
