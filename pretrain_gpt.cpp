@@ -35,6 +35,7 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/kernel_profile.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/checkpoint_args.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/datasets/data_samplers.h"
 #include "megatron/training/gpt_pipeline.h"
@@ -531,7 +532,13 @@ int run(int argc, char** argv) {
 
   // Checkpoint (Megatron's load_checkpoint in setup_model_and_optimizer, before the data loaders
   // so they resume at consumed_train_samples).
-  const CheckpointConfig ckpt_cfg = checkpoint_config_from_args(args);
+  // The checkpoint's args: every argument (Megatron saves its whole args namespace), so that a
+  // --load with other architecture flags is refused and converters read the architecture.
+  // vocab_size: --vocab-size, else the tokenizer's (the unpadded size an HF export needs).
+  nlohmann::json run_args = checkpoint_args(args);
+  if (run_args.value("vocab_size", nlohmann::json()).is_null()) run_args["vocab_size"] = tokenizer->vocab_size();
+  CheckpointConfig ckpt_cfg = checkpoint_config_from_args(args);
+  ckpt_cfg.expected_args = run_args;
   const ParallelRanks ranks = checkpoint_ranks();
   auto optimizer_common = [&opt]() {
     nlohmann::json c = {{"step", opt.step_count()}};
@@ -787,14 +794,15 @@ int run(int argc, char** argv) {
       st.consumed_train_samples = c.consumed_train_samples;
       st.consumed_valid_samples = c.consumed_valid_samples;
       st.num_floating_point_operations_so_far = c.floating_point_operations_so_far;
-      st.args = {{"num_layers", args.num_layers.value_or(0)}, {"hidden_size", args.hidden_size.value_or(0)},
+      st.args = run_args;
+      st.args.update(nlohmann::json{{"num_layers", args.num_layers.value_or(0)}, {"hidden_size", args.hidden_size.value_or(0)},
                  {"num_attention_heads", args.num_attention_heads.value_or(0)}, {"seq_length", *args.seq_length},
                  {"padded_vocab_size", args.padded_vocab_size}, {"micro_batch_size", *args.micro_batch_size},
                  {"global_batch_size", *args.global_batch_size}, {"seed", args.seed},
                  {"tensor_model_parallel_size", args.tensor_model_parallel_size},
                  {"pipeline_model_parallel_size", args.pipeline_model_parallel_size},
                  {"data_parallel_size", ranks.dp_size},
-                 {"use_distributed_optimizer", args.use_distributed_optimizer}};
+                 {"use_distributed_optimizer", args.use_distributed_optimizer}});
       // --async-save: returns after the snapshot; the write overlaps the next iterations.
       // Megatron's save_checkpoint_and_time: the time training was blocked, on the last rank.
       Timers& timers = trainer_ptr->timers();

@@ -10,7 +10,10 @@
 //                      [--hf-config config.json] [--max-shard-size-mb 5120]
 //       reads the tracker's checkpoint (model tensors only) and writes config.json +
 //       model.safetensors (sharded with model.safetensors.index.json when larger than the shard
-//       size). Without --hf-config the model settings come from the checkpoint's args.
+//       size). Without --hf-config the model settings come from the checkpoint's args; with it,
+//       config.json must agree with the args the checkpoint was trained with (activation, sizes,
+//       norm, ...). An architecture the HF model cannot represent (e.g. --qk-layernorm, squared
+//       ReLU in LLaMA) is refused; squared ReLU in GPT-2 exports as activation_function "relu2".
 // Errors (unsupported config options, missing tensors, wrong shapes, unreadable dtypes) are one
 // line naming the key/tensor/file; exit status 1.
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/training/checkpointing.h"
+#include "megatron/training/hf/hf_args.h"
 #include "megatron/training/hf/hf_checkpoint.h"
 
 using namespace megatron;
@@ -63,58 +67,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-json spec_to_args(const hf::HFModelSpec& s, int64_t padded) {
-  return {{"hf_model_type", s.model_type},
-          {"num_layers", s.num_layers},
-          {"hidden_size", s.hidden_size},
-          {"ffn_hidden_size", s.ffn_hidden_size},
-          {"num_attention_heads", s.num_attention_heads},
-          {"num_query_groups", s.num_query_groups},
-          {"group_query_attention", s.num_query_groups != s.num_attention_heads},
-          {"kv_channels", s.kv_channels},
-          {"max_position_embeddings", s.max_position_embeddings},
-          {"vocab_size", s.vocab_size},
-          {"padded_vocab_size", padded},
-          {"normalization", s.normalization},
-          {"norm_epsilon", s.norm_epsilon},
-          {"position_embedding_type", s.position_embedding_type},
-          {"rotary_base", s.rotary_base},
-          {"swiglu", s.swiglu},
-          {"hf_activation", s.activation},
-          {"add_bias_linear", s.add_bias_linear},
-          {"add_qkv_bias", s.add_qkv_bias},
-          {"untie_embeddings_and_output_weights", s.untie_embeddings_and_output_weights},
-          {"tensor_model_parallel_size", 1},
-          {"pipeline_model_parallel_size", 1}};
-}
-
-hf::HFModelSpec spec_from_args(const json& a, const std::string& where) {
-  auto need = [&](const char* k) -> const json& {
-    if (!a.contains(k)) user_error(where, ": checkpoint args lack '", k, "'; pass --hf-config with the model's config.json");
-    return a[k];
-  };
-  hf::HFModelSpec s;
-  s.model_type = a.value("hf_model_type", a.value("swiglu", false) ? "llama" : "gpt2");
-  s.num_layers = need("num_layers").get<int64_t>();
-  s.hidden_size = need("hidden_size").get<int64_t>();
-  s.ffn_hidden_size = need("ffn_hidden_size").get<int64_t>();
-  s.num_attention_heads = need("num_attention_heads").get<int64_t>();
-  s.num_query_groups = a.value("num_query_groups", s.num_attention_heads);
-  s.kv_channels = a.value("kv_channels", s.hidden_size / s.num_attention_heads);
-  s.max_position_embeddings = need("max_position_embeddings").get<int64_t>();
-  s.vocab_size = need("vocab_size").get<int64_t>();
-  s.normalization = a.value("normalization", std::string("LayerNorm"));
-  s.norm_epsilon = a.value("norm_epsilon", 1e-5);
-  s.position_embedding_type = a.value("position_embedding_type", std::string("learned_absolute"));
-  s.rotary_base = a.value("rotary_base", 10000.0);
-  s.swiglu = a.value("swiglu", false);
-  s.activation = a.value("hf_activation", s.swiglu ? std::string("silu") : std::string("gelu_tanh"));
-  s.add_bias_linear = a.value("add_bias_linear", true);
-  s.add_qkv_bias = a.value("add_qkv_bias", s.add_bias_linear);
-  s.untie_embeddings_and_output_weights = a.value("untie_embeddings_and_output_weights", false);
-  return s;
-}
-
 int hf_to_mcore(const Args& a) {
   hf::HFModelSpec spec = hf::read_hf_config(a.load_dir + "/config.json");
   const int64_t mult = a.divisible_by * a.tp;
@@ -126,7 +78,7 @@ int hf_to_mcore(const Args& a) {
     auto v = tr::model_sharded_tensors(name, t, {}, spec.num_layers, {});
     sd.tensors.insert(sd.tensors.end(), v.begin(), v.end());
   }
-  sd.common = {{"args", spec_to_args(spec, padded)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
+  sd.common = {{"args", hf::spec_to_args(spec, padded, a.divisible_by)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
   const std::string dir = tr::checkpoint_dir_name(a.save_dir, 0, /*release=*/true);
   std::filesystem::create_directories(a.save_dir);
   dc::save(sd, dir);
@@ -145,8 +97,16 @@ int mcore_to_hf(const Args& a) {
   if (!tracker) user_error(a.load_dir, ": no latest_checkpointed_iteration.txt");
   const std::string dir = tr::checkpoint_dir_name(a.load_dir, tracker->first, tracker->second);
   json common = dc::load_common_state(dir);
-  hf::HFModelSpec spec = a.hf_config.empty() ? spec_from_args(common.value("args", json::object()), dir)
-                                             : hf::read_hf_config(a.hf_config);
+  // The architecture the checkpoint was trained with comes from its args; a --hf-config must
+  // agree with them, and what the HF architecture cannot represent is refused.
+  const json ck_args = common.value("args", json::object());
+  hf::HFModelSpec spec;
+  if (a.hf_config.empty()) {
+    spec = hf::spec_from_args(ck_args, dir);
+  } else {
+    spec = hf::read_hf_config(a.hf_config);
+    hf::check_hf_export(ck_args, spec, dir, a.hf_config);
+  }
   dc::CheckpointIndex idx = dc::load_index(dir);
   dc::ShardedStateDict sd;
   for (const auto& [key, st] : idx.tensors) {

@@ -17,6 +17,7 @@
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
+#include "megatron/training/checkpoint_args.h"
 
 namespace megatron::training {
 
@@ -360,6 +361,7 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   const bool want_optim = !cfg.no_load_optim && !cfg.finetune && !release;
   bool want_rng = !cfg.no_load_rng && !cfg.finetune && !release;
   const json args = common.value("args", json::object());
+  if (cfg.expected_args.is_object() && !cfg.finetune) check_checkpoint_args(args, cfg.expected_args, dir);
   int ck_tp = args.value("tensor_model_parallel_size", ranks.tp_size);
   int ck_pp = args.value("pipeline_model_parallel_size", ranks.pp_size);
   if (want_rng && (ck_tp != ranks.tp_size || ck_pp != ranks.pp_size)) {

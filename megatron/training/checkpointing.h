@@ -57,6 +57,10 @@ struct CheckpointConfig {
   bool exit_on_missing_checkpoint = false; // --exit-on-missing-checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration instead of the tracker's
   std::string ckpt_format = "torch_dist";  // --ckpt-format (printed; our on-disk format is always ours)
+  /// This run's arguments (checkpoint_args.h checkpoint_args()); when an object, load_checkpoint
+  /// runs check_checkpoint_args against the checkpoint's args before reading any tensor (not
+  /// with --finetune, as Megatron). Null: no check.
+  nlohmann::json expected_args;
 };
 
 /// This rank's position (printed in the log lines, RNG state grid). dp_rank/dp_size: the

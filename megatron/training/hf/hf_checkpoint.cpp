@@ -130,7 +130,8 @@ HFModelSpec read_hf_config(const std::string& path) {
     std::string act = c.opt_str("activation_function", "gelu_new");
     if (act == "gelu_new" || act == "gelu_pytorch_tanh") s.activation = "gelu_tanh";
     else if (act == "gelu") s.activation = "gelu";
-    else user_error(path, ": activation_function '", act, "' is not supported (gelu_new or gelu)");
+    else if (act == "relu2") s.activation = "relu2";  // transformers' ReLUSquaredActivation: relu(x)^2
+    else user_error(path, ": activation_function '", act, "' is not supported (gelu_new, gelu or relu2)");
     if (c.opt_bool("scale_attn_by_inverse_layer_idx", false))
       user_error(path, ": scale_attn_by_inverse_layer_idx=true is not supported");
     if (!c.opt_bool("scale_attn_weights", true)) user_error(path, ": scale_attn_weights=false is not supported");
@@ -165,6 +166,9 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
   if (add_qkv_bias && !add_bias_linear) a.push_back("--add-qkv-bias");
   if (untie_embeddings_and_output_weights) a.push_back("--untie-embeddings-and-output-weights");
   if (activation == "gelu_tanh") a.push_back("--openai-gelu");
+  // Exact (erf) GeLU: pretrain_gpt's fused bias-GeLU is the tanh approximation.
+  if (activation == "gelu") a.push_back("--no-bias-gelu-fusion");
+  if (activation == "relu2") a.push_back("--squared-relu");
   return a;
 }
 
@@ -199,7 +203,7 @@ json hf_config_json(const HFModelSpec& s) {
           {"n_positions", s.max_position_embeddings},
           {"vocab_size", s.vocab_size},
           {"layer_norm_epsilon", s.norm_epsilon},
-          {"activation_function", s.activation == "gelu" ? "gelu" : "gelu_new"},
+          {"activation_function", s.activation == "gelu" || s.activation == "relu2" ? s.activation : "gelu_new"},
           {"tie_word_embeddings", !s.untie_embeddings_and_output_weights}};
 }
 

@@ -42,7 +42,7 @@ struct HFModelSpec {
   std::string position_embedding_type;    // "rope" | "learned_absolute"
   double rotary_base = 10000.0;           // --rotary-base
   bool swiglu = false;                    // --swiglu
-  std::string activation;                 // "silu" (SwiGLU) | "gelu_tanh" (GPT-2 gelu_new) | "gelu"
+  std::string activation;                 // "silu" (SwiGLU) | "gelu_tanh" (GPT-2 gelu_new) | "gelu" | "relu2" (--squared-relu)
   bool add_bias_linear = false;           // !--disable-bias-linear
   bool add_qkv_bias = false;              // --add-qkv-bias
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
@@ -54,7 +54,7 @@ struct HFModelSpec {
 /// Parses a LLaMA or GPT-2 config.json. Throws UserError "<path>: <key> ..." for a missing key,
 /// an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default,
 /// hidden_act other than silu (LLaMA), attention_bias without mlp_bias, pretraining_tp != 1,
-/// GPT-2 activation_function not gelu/gelu_new, scale_attn_by_inverse_layer_idx, ...
+/// GPT-2 activation_function not gelu/gelu_new/relu2, scale_attn_by_inverse_layer_idx, ...
 HFModelSpec read_hf_config(const std::string& config_json_path);
 /// config.json content for export (the inverse of read_hf_config for the keys it reads).
 nlohmann::json hf_config_json(const HFModelSpec& spec);

@@ -22,6 +22,7 @@ transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& s) 
   c.add_bias_linear = s.add_bias_linear;
   c.add_qkv_bias = s.add_qkv_bias;
   c.bias_activation_fusion = s.activation == "gelu_tanh";
+  c.squared_relu = s.activation == "relu2";
   c.position_embedding_type =
       s.position_embedding_type == "rope" ? transformer::PositionEmbeddingType::kRope : transformer::PositionEmbeddingType::kLearnedAbsolute;
   c.rotary_base = static_cast<float>(s.rotary_base);
