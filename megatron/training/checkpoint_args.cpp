@@ -81,11 +81,12 @@ void check_checkpoint_args(const json& ck, const json& cur, const std::string& w
       mismatch(dest, cv, kv);
     }
   };
-  for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
-                        "make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels", "swiglu", "squared_relu",
+  // The choices first: a derived size (ffn_hidden_size of --swiglu) would otherwise be named.
+  for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "swiglu", "squared_relu",
                         "normalization", "layernorm_epsilon", "position_embedding_type", "add_bias_linear",
                         "qk_layernorm", "untie_embeddings_and_output_weights", "layernorm_zero_centered_gamma",
-                        "group_query_attention"})
+                        "group_query_attention", "max_position_embeddings", "make_vocab_size_divisible_by",
+                        "ffn_hidden_size", "kv_channels"})
     cmp(k);
   // Effective values: QKV bias is add_bias_linear or --add-qkv-bias; the group count matters
   // only with grouped-query attention; rotary settings only with rope.

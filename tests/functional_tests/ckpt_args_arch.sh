@@ -8,7 +8,7 @@
 #  2. the same checkpoint exported as LLaMA (config.json with model_type llama) is refused: a
 #     LLaMA MLP is gated, squared ReLU without --swiglu is not representable.
 #  3. --load with a changed architecture flag (no --squared-relu) is refused before any tensor is
-#     read, with a line naming squared_relu and both values; --finetune skips the check (Megatron).
+#     read, with a line naming squared_relu and both values (also --disable-bias-linear).
 #  4. a checkpoint whose args hold only the old keys (rewritten common.json) still loads.
 #  5. --qk-layernorm: export refused naming --qk-layernorm.
 # Args: bin dir, source dir.
@@ -52,7 +52,7 @@ cmp "$OUT/sq.hf/model.safetensors" "$OUT/sq3.hf/model.safetensors" || fail "weig
 "$BIN/convert_checkpoint" --loader hf --saver mcore --load-dir "$OUT/sq.hf" --save-dir "$OUT/back" > "$OUT/imp.log" 2>&1 \
   || fail "import of the relu2 export"
 grep -q -- "--squared-relu" "$OUT/imp.log" || fail "import did not print --squared-relu"
-grep -q -- "--no-bias-gelu-fusion" "$OUT/imp.log" && fail "import printed --no-bias-gelu-fusion for relu2"
+grep -q -- "--no-bias-gelu-fusion" "$OUT/imp.log" || fail "import did not print --no-bias-gelu-fusion (needed with --squared-relu)"
 n=$((n + 1))
 
 # 2. as LLaMA: refused

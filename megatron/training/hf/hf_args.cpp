@@ -58,7 +58,7 @@ json spec_to_args(const HFModelSpec& s, int64_t padded, int64_t divisible_by) {
           {"rotary_interleaved", false},
           {"swiglu", s.swiglu},
           {"squared_relu", s.activation == "relu2"},
-          {"bias_gelu_fusion", s.activation != "gelu"},
+          {"bias_gelu_fusion", s.activation != "gelu" && s.activation != "relu2"},
           {"hf_activation", s.activation},
           {"add_bias_linear", s.add_bias_linear},
           {"add_qkv_bias", s.add_qkv_bias},

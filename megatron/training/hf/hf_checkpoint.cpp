@@ -167,7 +167,8 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
   if (untie_embeddings_and_output_weights) a.push_back("--untie-embeddings-and-output-weights");
   if (activation == "gelu_tanh") a.push_back("--openai-gelu");
   // Exact (erf) GeLU: pretrain_gpt's fused bias-GeLU is the tanh approximation.
-  if (activation == "gelu") a.push_back("--no-bias-gelu-fusion");
+  // Squared ReLU: Megatron fuses only GeLU / SwiGLU with the bias.
+  if (activation == "gelu" || activation == "relu2") a.push_back("--no-bias-gelu-fusion");
   if (activation == "relu2") a.push_back("--squared-relu");
   return a;
 }
