@@ -1,5 +1,6 @@
 #include "megatron/training/checkpoint_args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -68,7 +69,8 @@ void check_checkpoint_args(const json& ck, const json& cur, const std::string& w
   if (!ck.is_object() || !cur.is_object()) return;
   auto mismatch = [&](const std::string& dest, const json& cv, const json& kv) {
     auto it = flag_of_dest().find(dest);
-    const std::string flag = it == flag_of_dest().end() ? dest : it->second;
+    std::string flag = it == flag_of_dest().end() ? "--" + dest : it->second;
+    std::replace(flag.begin(), flag.end(), '_', '-');
     user_error(where, ": ", dest, " (", flag, ") is ", show(cv), " in this run but ", show(kv),
                " in the checkpoint; train with the checkpoint's architecture flags (Megatron's check_checkpoint_args)");
   };
@@ -98,7 +100,10 @@ void check_checkpoint_args(const json& ck, const json& cur, const std::string& w
   if (get_bool(ck, "group_query_attention", false) && get_bool(cur, "group_query_attention", false))
     cmp("num_query_groups");
   if (ck.value("position_embedding_type", json()) == "rope" && cur.value("position_embedding_type", json()) == "rope")
-    for (const char* k : {"rotary_base", "rotary_percent", "rotary_interleaved"}) cmp(k);
+    for (const char* k : {"rotary_base", "rotary_percent", "rotary_interleaved", "use_rope_scaling",
+                          "rotary_seq_len_interpolation_factor"})
+      cmp(k);
+  if (get_bool(ck, "use_rope_scaling", false) && get_bool(cur, "use_rope_scaling", false)) cmp("rope_scaling_factor");
 }
 
 }  // namespace megatron::training

@@ -31,7 +31,8 @@ nlohmann::json py_str_to_json(const std::string& s);
 /// add_bias_linear, add_qkv_bias (effective: add_bias_linear or add_qkv_bias), qk_layernorm,
 /// untie_embeddings_and_output_weights, apply_layernorm_1p (layernorm_zero_centered_gamma),
 /// ffn_hidden_size, kv_channels, group_query_attention / num_query_groups, layernorm_epsilon,
-/// rotary_base / rotary_percent / rotary_interleaved (rope only). Parallel sizes are not checked:
+/// rotary_base / rotary_percent / rotary_interleaved / use_rope_scaling (and its factor) /
+/// rotary_seq_len_interpolation_factor (rope only). Parallel sizes are not checked:
 /// our checkpoints reshard (Megatron's --use-dist-ckpt behaviour). A key absent from either side
 /// is skipped, so checkpoints that recorded only the old ~15 keys still load.
 /// Throws UserError "<where>: --<flag> is <current> but the checkpoint was saved with <value>

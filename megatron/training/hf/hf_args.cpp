@@ -119,6 +119,8 @@ void check_hf_export(const json& a, const HFModelSpec& s, const std::string& whe
   if (flag("qk_layernorm")) refuse("--qk-layernorm");
   if (flag("layernorm_zero_centered_gamma")) refuse("--apply-layernorm-1p");
   if (flag("use_rope_scaling")) refuse("--use-rope-scaling");
+  if (num("rotary_seq_len_interpolation_factor", 1.0) != 1.0)
+    refuse("--rotary-seq-len-interpolation-factor " + show(a["rotary_seq_len_interpolation_factor"]));
   const std::string act = trained_activation(a);
   if (s.model_type == "llama") {
     if (!act.empty() && act != "silu")

@@ -242,3 +242,27 @@ TEST(HFArgs, HfConfigMustAgreeWithTheCheckpoint) {
               {"max_position_embeddings", 64}, {"vocab_size", 256}, {"swiglu", false}, {"hf_activation", "gelu"}};
   EXPECT_EQ(hf::spec_from_args(imp, "ck").activation, "gelu");
 }
+
+TEST(CheckpointArgs, RopeScalingIsArchitecture) {
+  // Built as JSON: the flags are refused by the parser until RoPE scaling is implemented.
+  json ck = run_args({"--position-embedding-type", "rope"});
+  json cur = ck;
+  ck["use_rope_scaling"] = true;
+  ck["rope_scaling_factor"] = 8.0;
+  cur["use_rope_scaling"] = false;
+  cur["rope_scaling_factor"] = 8.0;
+  EXPECT_NE(error_of([&] { check_checkpoint_args(ck, cur, "ck"); }).find("use_rope_scaling (--use-rope-scaling) is False in this run but True"),
+            std::string::npos);
+  cur["use_rope_scaling"] = true;
+  cur["rope_scaling_factor"] = 16.0;
+  EXPECT_NE(error_of([&] { check_checkpoint_args(ck, cur, "ck"); }).find("rope_scaling_factor (--rope-scaling-factor) is 16.0"),
+            std::string::npos);
+  cur["rope_scaling_factor"] = 8.0;
+  EXPECT_EQ(error_of([&] { check_checkpoint_args(ck, cur, "ck"); }), "");
+  // The HF exporter has no rope_scaling yet: refused rather than dropped.
+  ck["normalization"] = "RMSNorm";
+  ck["swiglu"] = true;
+  ck["add_bias_linear"] = false;
+  ck["vocab_size"] = 128;
+  EXPECT_NE(error_of([&] { hf::spec_from_args(ck, "ck"); }).find("--use-rope-scaling, which LLaMA"), std::string::npos);
+}
