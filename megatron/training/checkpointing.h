@@ -94,7 +94,8 @@ struct TrainingState {
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
   double num_floating_point_operations_so_far = 0.0;
-  /// All arguments (flag name → value); stored as common "args".
+  /// All arguments (argparse dest → typed value, checkpoint_args.h checkpoint_args()); stored as
+  /// common "args".
   nlohmann::json args = nlohmann::json::object();
   /// Further named state (e.g. FP8 amax history / scales), saved always and loaded unless
   /// --finetune; a key the checkpoint does not have is left as it is (listed in

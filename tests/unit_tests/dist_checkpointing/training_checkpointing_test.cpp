@@ -433,3 +433,39 @@ TEST(TrainingCheckpointing, TiedOutputLayerCopyIsALoadOnlyEmbeddingReplica) {
   EXPECT_EQ(v[0].global_offset, (Shape{2, 0}));
   EXPECT_NE(v[0].replica_id, 0);  // DP rank 0, TP-sharded: still not written
 }
+
+// CheckpointConfig::expected_args: load_checkpoint runs check_checkpoint_args before reading any
+// tensor (Megatron's load_checkpoint does so unless --finetune); old-style args are not checked.
+TEST(TrainingCheckpointing, ExpectedArgsRefuseAnotherArchitectureBeforeLoading) {
+  std::string root = tmp_dir("arch");
+  Toy t;
+  t.st.args = {{"seq_length", 64}, {"num_layers", 1}, {"squared_relu", true}};
+  CheckpointConfig cfg;
+  cfg.save = cfg.load = root;
+  ::testing::internal::CaptureStdout();
+  save_checkpoint(t.st, cfg, {});
+  Toy u;
+  u.w.fill_(0);
+  cfg.expected_args = {{"num_layers", 1}, {"squared_relu", false}};
+  std::string err;
+  try {
+    load_checkpoint(u.st, cfg, {});
+  } catch (const UserError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find(root + "/iter_0000005: squared_relu (--squared-relu) is False in this run but True in the checkpoint"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(u.w.to_float_vector(), std::vector<float>(6, 0.0f));  // nothing was read
+  cfg.finetune = true;  // weights only: not checked (Megatron)
+  EXPECT_TRUE(load_checkpoint(u.st, cfg, {}).loaded);
+  EXPECT_EQ(u.w.to_float_vector(), t.w.to_float_vector());
+  // A checkpoint that recorded only the old keys (no squared_relu): loads.
+  cfg.finetune = false;
+  t.st.args = {{"seq_length", 64}, {"num_layers", 1}};
+  t.st.iteration = 6;
+  save_checkpoint(t.st, cfg, {});
+  EXPECT_TRUE(load_checkpoint(u.st, cfg, {}).loaded);
+  ::testing::internal::GetCapturedStdout();
+  fs::remove_all(root);
+}
