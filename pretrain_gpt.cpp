@@ -416,6 +416,8 @@ int run(int argc, char** argv) {
   // Checkpoint I/O settings are checked now, not at the first save hours into the run.
   if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
   validate_args(args);
+  if (args.rank == 0)
+    for (const auto& w : args.warnings) std::cerr << "UserWarning: " << w << "\n";
   check_supported_parallelism(args);
 
   // --deterministic-mode (Megatron's): the CUDA backend reduces in a fixed order (no atomics), read
@@ -441,11 +443,12 @@ int run(int argc, char** argv) {
   const int pp_rank = ps::get_pipeline_model_parallel_rank();
   auto dp_group = ps::get_data_parallel_group(/*with_context_parallel=*/true);
 
-  // Tokenizer and vocab padding.
+  // The arguments block (Megatron's _print_args, at the end of validate_args), then the tokenizer
+  // and vocab padding (build_tokenizer runs after it).
+  say(format_args(args));
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
   std::shared_ptr<tokenizers::MegatronTokenizer> tokenizer = tokenizers::build_tokenizer(args.tokenizer);
   say(set_padded_vocab_size(args, tokenizer->vocab_size()));
-  say(format_args(args));
 
   // Model, optimizer, scheduler (Megatron's 'model-and-optimizer-setup' timer, started after a
   // barrier, covers setup_model_and_optimizer including the checkpoint load).
