@@ -632,9 +632,9 @@ Arguments parse_args(const std::vector<std::string>& in) {
   // --help: each flag with its value kind and its default (str() as the arguments block prints it).
   for (const auto& e : b.entries()) {
     CLI::Option* o = app.get_option_no_throw(e.flag);
-    if (o == nullptr || e.type.empty()) continue;
-    o->type_name(e.type);
-    o->default_str(e.value());
+    if (o == nullptr) continue;
+    if (!e.type.empty()) o->type_name(e.type.substr(0, e.type.find(' ')));  // CLI11 adds " ..." to a list
+    if (o->get_description().empty()) o->description("default: " + e.value());
   }
 
   // argparse's reading of the command line (arg_utils.h argparse_normalize): a value never
