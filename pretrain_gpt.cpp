@@ -416,6 +416,7 @@ int run(int argc, char** argv) {
   // Checkpoint I/O settings are checked now, not at the first save hours into the run.
   if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
   validate_args(args);
+  for (const auto& m : args.messages) say(m);
   if (args.rank == 0)
     for (const auto& w : args.warnings) std::cerr << "UserWarning: " << w << "\n";
   check_supported_parallelism(args);

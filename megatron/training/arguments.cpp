@@ -819,6 +819,11 @@ void validate_args(Arguments& a) {
   } else if (a.num_virtual_stages_per_pipeline_rank) {
     a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
   }
+  // Megatron's validate_args: without the interleaved schedule overlap_p2p_comm and
+  // align_param_gather become False (args_items prints them so), with this line when PP > 1.
+  if (!a.virtual_pipeline_model_parallel_size && a.pipeline_model_parallel_size > 1)
+    a.messages.push_back("WARNING: Setting args.overlap_p2p_comm and args.align_param_gather to False since "
+                         "non-interleaved schedule does not support overlapping p2p communication and aligned param AG");
   if (a.microbatch_group_size_per_vp_stage && *a.microbatch_group_size_per_vp_stage < 1)
     fail("--microbatch-group-size-per-virtual-pipeline-stage must be >= 1");
 

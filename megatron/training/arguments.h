@@ -224,6 +224,9 @@ struct Arguments {
   /// Warnings validate_args raises as Megatron's does (warn_rank_0), without the "UserWarning: "
   /// prefix; pretrain_gpt prints them on stderr on rank 0.
   std::vector<std::string> warnings;
+  /// Lines validate_args prints as Megatron's does (print on rank 0, stdout), e.g. its
+  /// "WARNING: Setting args.overlap_p2p_comm ..." line.
+  std::vector<std::string> messages;
   /// All flags given on the command line (as typed, e.g. "--bf16").
   std::vector<std::string> given_flags;
   /// Values of the accepted-with-a-note flags that were given (flag -> its values; empty for a

@@ -272,4 +272,28 @@ TEST(PrintArgs, ValidateArgsDerivationsAsMegatron) {
   Arguments e = parse_args(with(flags, {"--data-path", "x", "--split", "98,2,0"}));
   validate_args(e);
   EXPECT_TRUE(e.warnings.empty());
+  EXPECT_TRUE(e.messages.empty());  // PP = 1: Megatron prints no line
+}
+
+TEST(PrintArgs, OverlapP2pFollowsVirtualPipeline) {
+  // arguments.py validate_args: PP > 1 without virtual stages sets both False and prints the line;
+  // with virtual stages they keep the flags' values (defaults True).
+  Arguments a = parse_args(with(base_flags(), {"--pipeline-model-parallel-size", "2"}));
+  a.world_size = 2;
+  validate_args(a);
+  ASSERT_EQ(a.messages.size(), 1u);
+  EXPECT_EQ(a.messages[0], "WARNING: Setting args.overlap_p2p_comm and args.align_param_gather to False since "
+                           "non-interleaved schedule does not support overlapping p2p communication and aligned param AG");
+  auto v = block_values(format_args(a));
+  EXPECT_EQ(v["overlap_p2p_comm"], "False");
+  EXPECT_EQ(v["align_param_gather"], "False");
+  Arguments b = parse_args(with(base_flags(), {"--pipeline-model-parallel-size", "2",
+                                               "--num-virtual-stages-per-pipeline-rank", "2", "--num-layers", "4"}));
+  b.world_size = 2;
+  validate_args(b);
+  EXPECT_TRUE(b.messages.empty());
+  auto w = block_values(format_args(b));
+  EXPECT_EQ(w["overlap_p2p_comm"], "True");
+  EXPECT_EQ(w["align_param_gather"], "True");
+  EXPECT_EQ(w["virtual_pipeline_model_parallel_size"], "2");
 }
