@@ -397,6 +397,11 @@ int run(int argc, char** argv) {
       ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
+  // Validated before the notes, so a rejected flag is not first announced as accepted.
+  validate_args(args);
+  for (const auto& m : args.messages) say(m);
+  if (args.rank == 0)
+    for (const auto& w : args.warnings) std::cerr << "UserWarning: " << w << "\n";
   std::set<std::string> noted;
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
@@ -415,10 +420,6 @@ int run(int argc, char** argv) {
   }
   // Checkpoint I/O settings are checked now, not at the first save hours into the run.
   if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
-  validate_args(args);
-  for (const auto& m : args.messages) say(m);
-  if (args.rank == 0)
-    for (const auto& w : args.warnings) std::cerr << "UserWarning: " << w << "\n";
   check_supported_parallelism(args);
 
   // --deterministic-mode (Megatron's): the CUDA backend reduces in a fixed order (no atomics), read
