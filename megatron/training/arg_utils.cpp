@@ -177,7 +177,7 @@ bool parse_args(CLI::App& app, int argc, const char* const* argv) {
     std::string flag = msg.substr(0, msg.find(':'));
     if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) && flag.rfind("--", 0) == 0 &&
         msg.find("required") != std::string::npos)
-      user_error(flag, ": expected one argument (give its value after the flag)");
+      user_error("argument ", flag, ": expected one argument");
     // CLI11: "Could not convert: --workers = abc" (argparse: "invalid int value: 'abc'").
     const std::string conv = "Could not convert: ";
     size_t eq = msg.find(" = ");

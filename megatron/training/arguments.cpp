@@ -662,7 +662,7 @@ Arguments parse_args(const std::vector<std::string>& in) {
     std::string msg = e.what();
     std::string flag = msg.substr(0, msg.find(':'));
     if (flag.rfind("--", 0) == 0 && msg.find("required") != std::string::npos)
-      user_error(flag, ": expected one argument (give its value after the flag)");
+      user_error("argument ", flag, ": expected one argument");
     user_error("command line: ", msg);
   } catch (const CLI::ParseError& e) {
     user_error("command line: ", e.what());
@@ -670,7 +670,7 @@ Arguments parse_args(const std::vector<std::string>& in) {
   for (const auto& r : app.remaining()) {
     std::string name = r.substr(0, r.find('='));
     if (name.rfind("-", 0) != 0) {
-      user_error("unexpected argument '", r, "' (pretrain_gpt takes only --flags; values follow their flag)");
+      user_error("unrecognized arguments: ", r, " (pretrain_gpt takes only --flags; each value follows its flag)");
     }
     if (megatron_flag_map().count(name)) {
       user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
