@@ -400,6 +400,9 @@ int run(int argc, char** argv) {
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
   // Validated before the notes, so a rejected flag is not first announced as accepted.
   validate_args(args);
+  for (const auto& m : args.messages) say(m);
+  if (args.rank == 0)
+    for (const auto& w : args.warnings) std::cerr << "UserWarning: " << w << "\n";
   std::set<std::string> noted;
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
@@ -443,11 +446,12 @@ int run(int argc, char** argv) {
   const int pp_rank = ps::get_pipeline_model_parallel_rank();
   auto dp_group = ps::get_data_parallel_group(/*with_context_parallel=*/true);
 
-  // Tokenizer and vocab padding.
+  // The arguments block (Megatron's _print_args, at the end of validate_args), then the tokenizer
+  // and vocab padding (build_tokenizer runs after it).
+  say(format_args(args));
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
   std::shared_ptr<tokenizers::MegatronTokenizer> tokenizer = tokenizers::build_tokenizer(args.tokenizer);
   say(set_padded_vocab_size(args, tokenizer->vocab_size()));
-  say(format_args(args));
 
   // Model, optimizer, scheduler (Megatron's 'model-and-optimizer-setup' timer, started after a
   // barrier, covers setup_model_and_optimizer including the checkpoint load).

@@ -3,7 +3,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <iostream>
+#include <map>
 
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/utils/errors.h"
@@ -26,7 +28,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string prefix_flag(const std::string& flag, const std::vector<std::string>& known) {
+  std::string best;
+  if (flag.size() < 3) return best;  // "--" or "-x" is a prefix of everything
+  for (const auto& k : known)
+    if (k.size() > flag.size() && k.compare(0, flag.size(), flag) == 0 && (best.empty() || k.size() < best.size()))
+      best = k;
+  return best;
+}
+
 std::string closest_flag(const std::string& flag, const std::vector<std::string>& known) {
+  if (std::string p = prefix_flag(flag, known); !p.empty()) return p;
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const auto& k : known) {
@@ -47,6 +59,80 @@ std::vector<std::string> known_flags(const CLI::App& app) {
   return out;
 }
 
+bool looks_like_negative_number(const std::string& s) {
+  // '^-\d+$|^-\d*\.\d+$'
+  if (s.size() < 2 || s[0] != '-') return false;
+  size_t i = 1, d1 = 0, d2 = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++d1;
+  if (i == s.size()) return d1 > 0;
+  if (s[i] != '.') return false;
+  ++i;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++d2;
+  return i == s.size() && d2 > 0;
+}
+
+bool looks_like_option(const std::string& s) {
+  if (s.size() < 2 || s[0] != '-') return false;
+  if (looks_like_negative_number(s)) return false;
+  return s.find(' ') == std::string::npos;
+}
+
+std::vector<std::string> argparse_normalize(const CLI::App& app, const std::vector<std::string>& in,
+                                            const std::function<std::string(const std::string&)>& resolve,
+                                            const std::function<void(const std::string&)>& stray) {
+  std::vector<std::vector<std::string>> groups;  // one per occurrence, in order
+  std::map<std::string, size_t> last;            // value-taking option -> its group (last wins)
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& tok = in[i];
+    if (tok == "--") {  // argparse: everything after "--" is a positional value
+      for (size_t j = i + 1; j < in.size(); ++j) stray(in[j]);
+      break;
+    }
+    if (!looks_like_option(tok)) {
+      stray(tok);
+      continue;
+    }
+    const size_t eq = tok.find('=');
+    const bool explicit_value = eq != std::string::npos;
+    const std::string name = resolve(explicit_value ? tok.substr(0, eq) : tok);
+    const CLI::Option* o = app.get_option_no_throw(name);
+    if (o == nullptr) {  // resolve() knows the name but the app does not hold it (e.g. -h)
+      groups.push_back({explicit_value ? name + tok.substr(eq) : name});
+      continue;
+    }
+    const int lo = o->get_items_expected_min();
+    const int hi = o->get_items_expected_max();
+    if (hi == 0) {
+      if (explicit_value) reject_switch_value(app, name + tok.substr(eq));
+      groups.push_back({name});
+      continue;
+    }
+    std::vector<std::string> values;
+    if (explicit_value) {
+      values.push_back(tok.substr(eq + 1));
+    } else {
+      while (i + 1 < in.size() && static_cast<int>(values.size()) < hi && in[i + 1] != "--" &&
+             !looks_like_option(in[i + 1]))
+        values.push_back(in[++i]);
+    }
+    if (static_cast<int>(values.size()) < lo) {
+      if (hi == 1) user_error("argument ", name, ": expected one argument");
+      if (lo == hi) user_error("argument ", name, ": expected ", lo, " arguments");
+      user_error("argument ", name, ": expected at least one argument");
+    }
+    std::vector<std::string> group;
+    for (const auto& v : values) group.push_back(name + "=" + v);
+    if (group.empty()) group.push_back(name);
+    if (auto it = last.find(name); it != last.end()) groups[it->second].clear();
+    last[name] = groups.size();
+    groups.push_back(std::move(group));
+  }
+  std::vector<std::string> out;
+  for (auto& g : groups)
+    for (auto& t : g) out.push_back(std::move(t));
+  return out;
+}
+
 void reject_switch_value(const CLI::App& app, const std::string& arg) {
   const size_t eq = arg.find('=');
   if (arg.rfind("--", 0) != 0 || eq == std::string::npos) return;
@@ -58,42 +144,27 @@ void reject_switch_value(const CLI::App& app, const std::string& arg) {
 }
 
 bool parse_args(CLI::App& app, int argc, const char* const* argv) {
-  std::vector<std::string> known = known_flags(app);
-  std::vector<std::string> args;
-  bool only_values = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (only_values || a.size() < 3 || a.compare(0, 2, "--") != 0) {
-      if (a == "--") only_values = true;
-      args.push_back(a);
-      continue;
-    }
-    std::string name = a, value;
-    bool has_value = false;
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      name = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      std::vector<std::string> cands;
+  const std::vector<std::string> known = known_flags(app);
+  auto resolve = [&](const std::string& name) -> std::string {
+    if (name == "-h" || std::find(known.begin(), known.end(), name) != known.end()) return name;
+    if (name.rfind("--", 0) == 0 && name.size() > 2) {
+      std::vector<std::string> cands;  // argparse's allow_abbrev: a unique prefix
       for (const auto& k : known)
         if (k.compare(0, name.size(), name) == 0) cands.push_back(k);
-      if (cands.size() == 1) {
-        name = cands[0];
-      } else if (cands.size() > 1) {
+      if (cands.size() == 1) return cands[0];
+      if (cands.size() > 1) {
         std::string list;
         for (const auto& c : cands) list += (list.empty() ? "" : ", ") + c;
         user_error("ambiguous flag ", name, ": it could be ", list);
-      } else {
-        std::string near = closest_flag(name, known);
-        if (near.empty()) user_error("unknown flag ", name, "; run with --help for the list of flags");
-        user_error("unknown flag ", name, "; did you mean ", near, "?");
       }
     }
-    if (has_value) reject_switch_value(app, name + "=" + value);
-    args.push_back(has_value ? name + "=" + value : name);
-  }
+    std::string near = closest_flag(name, known);
+    if (near.empty()) user_error("unknown flag ", name, "; run with --help for the list of flags");
+    user_error("unknown flag ", name, "; did you mean ", near, "?");
+  };
+  auto stray = [](const std::string& tok) { user_error("unrecognized arguments: ", tok); };
+  std::vector<std::string> args =
+      argparse_normalize(app, std::vector<std::string>(argv + 1, argv + argc), resolve, stray);
   std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
   try {
     app.parse(args);
@@ -106,7 +177,7 @@ bool parse_args(CLI::App& app, int argc, const char* const* argv) {
     std::string flag = msg.substr(0, msg.find(':'));
     if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) && flag.rfind("--", 0) == 0 &&
         msg.find("required") != std::string::npos)
-      user_error(flag, ": expected one argument (give its value after the flag)");
+      user_error("argument ", flag, ": expected one argument");
     // CLI11: "Could not convert: --workers = abc" (argparse: "invalid int value: 'abc'").
     const std::string conv = "Could not convert: ";
     size_t eq = msg.find(" = ");

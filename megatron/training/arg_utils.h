@@ -5,6 +5,7 @@
 // add the same prefix rule plus an error that names the closest known flag.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,39 @@ namespace megatron::training {
 /// Edit (Levenshtein) distance between two strings.
 size_t edit_distance(const std::string& a, const std::string& b);
 
-/// The known flag closest to `flag` (smallest edit distance; ties: first in `known`), or ""
-/// when nothing is reasonably close (distance > max(3, |flag|/2)).
+/// The known flag closest to `flag`: one that starts with `flag` (prefix_flag) if any, else the
+/// smallest edit distance (ties: first in `known`), or "" when nothing is reasonably close
+/// (distance > max(3, |flag|/2)).
 std::string closest_flag(const std::string& flag, const std::vector<std::string>& known);
+
+/// argparse's _negative_number_matcher: "-1", "-0.5", "-.5" (not "-1e-3", not "-x").
+bool looks_like_negative_number(const std::string& s);
+
+/// argparse's test for "this token is an option, not a value": it starts with '-', is not "-"
+/// alone, is not a negative number (our parsers have no option that looks like one) and holds no
+/// space. A value-taking option never takes such a token as its value.
+bool looks_like_option(const std::string& s);
+
+/// Reads `in` (argv without the program name) as argparse does and returns it in a form CLI11
+/// cannot misread: every value glued to its option ("--load=x"), a list option's values as one
+/// "--name=v" token each (a list option given with no value: "--name" alone). Rules (Python's
+/// argparse, Lib/argparse.py _parse_known_args / _match_argument):
+///  - an option-like token (looks_like_option) is an option; `resolve` maps it to the option's
+///    name in `app` ("--x" or "-h"), or throws UserError for an unknown one;
+///  - a one-value option takes "=value" or the next token if that is not option-like, else
+///    UserError "argument --x: expected one argument";
+///  - a list option (nargs '*'/'+'/N) takes "=value" (exactly one value, as argparse) or the
+///    following tokens up to the next option-like one; too few: "expected at least one argument"
+///    / "expected N arguments";
+///  - given twice, the last occurrence wins (for lists too: argparse replaces, not appends);
+///  - a switch given "=value" is refused (reject_switch_value);
+///  - any other token (a stray value, or anything after "--") goes to `stray`, which throws.
+std::vector<std::string> argparse_normalize(const CLI::App& app, const std::vector<std::string>& in,
+                                            const std::function<std::string(const std::string&)>& resolve,
+                                            const std::function<void(const std::string&)>& stray);
+
+/// The known flag that `flag` is a prefix of (the shortest; ties: first in `known`), or "".
+std::string prefix_flag(const std::string& flag, const std::vector<std::string>& known);
 
 /// All long flags of `app` ("--name"), in declaration order.
 std::vector<std::string> known_flags(const CLI::App& app);

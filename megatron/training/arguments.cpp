@@ -110,12 +110,16 @@ class Binder {
   struct Entry {
     std::string flag, dest;
     std::function<std::string()> value;
+    std::string type;  // what --help shows for the value: INT, FLOAT, STR, {a,b}, "STR ...", "" (a switch)
   };
 
   Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
 
+  /// A number flag. `min` (integer flags that are a size, count, interval or divisor): a smaller
+  /// value is refused when parsed, "argument --flag: invalid value 0 (must be >= 1)", before any
+  /// code divides by it or sizes a buffer with it.
   template <class T>
-  void num(const std::string& flag, T& field) {
+  void num(const std::string& flag, T& field, std::optional<int64_t> min = std::nullopt) {
     std::function<std::string()> show = [&field] { return py_str(field); };
     if constexpr (std::is_floating_point_v<T>) {
       // argparse converts only string defaults with `type`: Megatron's float flags whose default
@@ -132,12 +136,13 @@ class Binder {
         };
       }
     }
-    add1(flag, [this, flag, &field](const std::string& s) { field = parse_number<T>(flag, s); }, std::move(show));
+    add1(flag, [flag, &field, min](const std::string& s) { field = checked_number<T>(flag, s, min); }, std::move(show),
+         type_name<T>());
   }
   template <class T>
-  void num(const std::string& flag, std::optional<T>& field) {
-    add1(flag, [flag, &field](const std::string& s) { field = parse_number<T>(flag, s); },
-         [&field] { return py_str(field); });
+  void num(const std::string& flag, std::optional<T>& field, std::optional<int64_t> min = std::nullopt) {
+    add1(flag, [flag, &field, min](const std::string& s) { field = checked_number<T>(flag, s, min); },
+         [&field] { return py_str(field); }, type_name<T>());
   }
   /// A string flag; an empty value prints as None where Megatron's default is None.
   void str(const std::string& flag, std::string& field, std::vector<std::string> choices = {}) {
@@ -145,18 +150,20 @@ class Binder {
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
-    }, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : field; });
+    }, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : field; },
+         choice_type(choices));
   }
   void str(const std::string& flag, std::optional<std::string>& field, std::vector<std::string> choices = {}) {
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
-    }, [&field] { return py_str(field); });
+    }, [&field] { return py_str(field); }, choice_type(choices));
   }
   /// A list flag (nargs '*'/'+'); an empty list prints as None where Megatron's default is None.
   void strs(const std::string& flag, std::vector<std::string>& field) {
     const bool none_if_empty = default_is_none(flag);
-    record(flag, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : py_list(field); });
+    record(flag, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : py_list(field); },
+           "STR ...");
     app_.add_option_function<std::vector<std::string>>(
             flag, [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
@@ -166,7 +173,7 @@ class Binder {
         ->allow_extra_args();
   }
   void ints(const std::string& flag, std::vector<int64_t>& field) {
-    record(flag, [&field] { return py_list(field); });
+    record(flag, [&field] { return py_list(field); }, "INT ...");
     app_.add_option_function<std::vector<std::string>>(
             flag, [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
@@ -208,8 +215,24 @@ class Binder {
     const MegatronFlag* m = megatron_flag(flag);
     return m && std::string_view(m->default_str) == "None";
   }
-  void record(const std::string& flag, std::function<std::string()> show) {
-    entries_.push_back({flag, dest_of(flag), std::move(show)});
+  void record(const std::string& flag, std::function<std::string()> show, std::string type = "") {
+    entries_.push_back({flag, dest_of(flag), std::move(show), std::move(type)});
+  }
+  template <class T>
+  static std::string type_name() {
+    return std::is_integral_v<T> ? "INT" : "FLOAT";
+  }
+  template <class T>
+  static T checked_number(const std::string& flag, const std::string& s, std::optional<int64_t> min) {
+    const T v = parse_number<T>(flag, s);
+    if (min && v < static_cast<T>(*min)) user_error("argument ", flag, ": invalid value ", s, " (must be >= ", *min, ")");
+    return v;
+  }
+  static std::string choice_type(const std::vector<std::string>& choices) {
+    if (choices.empty()) return "STR";
+    std::string t = "{";
+    for (const auto& c : choices) t += (t.size() > 1 ? "," : "") + c;
+    return t + "}";
   }
   static void check_choice(const std::string& flag, const std::string& s, const std::vector<std::string>& choices) {
     if (choices.empty() || std::find(choices.begin(), choices.end(), s) != choices.end()) return;
@@ -217,8 +240,9 @@ class Binder {
     for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
     user_error(flag, ": invalid choice '", s, "' (choose from ", list, ")");
   }
-  void add1(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show) {
-    record(flag, std::move(show));
+  void add1(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show,
+            std::string type = "STR") {
+    record(flag, std::move(show), std::move(type));
     app_.add_option_function<std::string>(flag, [this, flag, fn](const std::string& s) {
           given(flag);
           fn(s);
@@ -253,7 +277,9 @@ class Binder {
     MEGATRON_CHECK(m != nullptr) << flag << " is not a Megatron flag";
     const int arity = m->arity;
     Arguments& args = a_;
-    record(flag, [m, &args] { return noted_value(*m, args); });
+    const std::string one = m->kind == 'i' ? "INT" : m->kind == 'f' ? "FLOAT" : "STR";
+    record(flag, [m, &args] { return noted_value(*m, args); },
+           arity == 0 ? std::string() : arity == 1 ? one : one + " ...");
     auto note_given = [this, flag, note](std::vector<std::string> values) {
       given(flag);
       a_.notes.emplace_back(flag, note);
@@ -285,21 +311,21 @@ class Binder {
 
 void bind_all(Binder& b, Arguments& a) {
   // ---- network size ----
-  b.num("--num-layers", a.num_layers);
-  b.num("--hidden-size", a.hidden_size);
-  b.num("--ffn-hidden-size", a.ffn_hidden_size);
-  b.num("--num-attention-heads", a.num_attention_heads);
-  b.num("--kv-channels", a.kv_channels);
+  b.num("--num-layers", a.num_layers, 1);
+  b.num("--hidden-size", a.hidden_size, 1);
+  b.num("--ffn-hidden-size", a.ffn_hidden_size, 1);
+  b.num("--num-attention-heads", a.num_attention_heads, 1);
+  b.num("--kv-channels", a.kv_channels, 1);
   b.flag("--group-query-attention", a.group_query_attention, true);
-  b.num("--num-query-groups", a.num_query_groups);
-  b.num("--max-position-embeddings", a.max_position_embeddings);
+  b.num("--num-query-groups", a.num_query_groups, 1);
+  b.num("--max-position-embeddings", a.max_position_embeddings, 1);
   b.str("--position-embedding-type", a.position_embedding_type, {"learned_absolute", "rope", "none"});
   b.num("--rotary-base", a.rotary_base);
   b.num("--rotary-percent", a.rotary_percent);
   b.flag("--rotary-interleaved", a.rotary_interleaved, true);
   b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor);
   b.flag("--use-rope-scaling", a.use_rope_scaling, true);
-  b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by);
+  b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1);
   b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
   b.num("--norm-epsilon", a.layernorm_epsilon);
   b.flag("--apply-layernorm-1p", a.layernorm_zero_centered_gamma, true);
@@ -351,14 +377,14 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted("--use-mcore-models", "deprecated no-op in Megatron; megatron.cpp only has the Megatron-Core model");
 
   // ---- training ----
-  b.num("--micro-batch-size", a.micro_batch_size);
-  b.num("--global-batch-size", a.global_batch_size);
-  b.num("--train-iters", a.train_iters);
-  b.num("--train-samples", a.train_samples);
-  b.num("--exit-interval", a.exit_interval);
-  b.num("--exit-duration-in-mins", a.exit_duration_in_mins);
+  b.num("--micro-batch-size", a.micro_batch_size, 1);
+  b.num("--global-batch-size", a.global_batch_size, 1);
+  b.num("--train-iters", a.train_iters, 1);
+  b.num("--train-samples", a.train_samples, 1);
+  b.num("--exit-interval", a.exit_interval, 1);
+  b.num("--exit-duration-in-mins", a.exit_duration_in_mins, 0);
   b.flag("--exit-signal-handler", a.exit_signal_handler, true);
-  b.num("--seed", a.seed);
+  b.num("--seed", a.seed, 0);
   b.flag("--calculate-per-token-loss", a.calculate_per_token_loss, true);
   b.noted_str("--empty-unused-memory-level",
               "empties PyTorch's caching allocator in Megatron; megatron.cpp's memory pool is managed by the "
@@ -382,7 +408,7 @@ void bind_all(Binder& b, Arguments& a) {
     if (s == "selective") a.notes.emplace_back("--recompute-granularity", kSelectiveNote);
   }, [&a] { return py_str(a.recompute_granularity); });
   b.str("--recompute-method", a.recompute_method, {"uniform", "block"});
-  b.num("--recompute-num-layers", a.recompute_num_layers);
+  b.num("--recompute-num-layers", a.recompute_num_layers, 1);
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
   b.flag("--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, false);
   b.flag("--check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, true);
@@ -411,13 +437,13 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--min-lr", a.min_lr);
   b.str("--lr-decay-style", a.lr_decay_style, {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
   b.str("--lr-wsd-decay-style", a.lr_wsd_decay_style, {"exponential", "linear", "cosine", "minus_sqrt"});
-  b.num("--lr-decay-iters", a.lr_decay_iters);
-  b.num("--lr-decay-samples", a.lr_decay_samples);
-  b.num("--lr-wsd-decay-iters", a.lr_wsd_decay_iters);
-  b.num("--lr-wsd-decay-samples", a.lr_wsd_decay_samples);
+  b.num("--lr-decay-iters", a.lr_decay_iters, 1);
+  b.num("--lr-decay-samples", a.lr_decay_samples, 1);
+  b.num("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, 1);
+  b.num("--lr-wsd-decay-samples", a.lr_wsd_decay_samples, 1);
   b.num("--lr-warmup-fraction", a.lr_warmup_fraction);
-  b.num("--lr-warmup-iters", a.lr_warmup_iters);
-  b.num("--lr-warmup-samples", a.lr_warmup_samples);
+  b.num("--lr-warmup-iters", a.lr_warmup_iters, 0);
+  b.num("--lr-warmup-samples", a.lr_warmup_samples, 0);
   b.num("--lr-warmup-init", a.lr_warmup_init);
   b.num("--decoupled-lr", a.decoupled_lr);
   b.num("--decoupled-min-lr", a.decoupled_min_lr);
@@ -442,7 +468,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--initial-loss-scale", a.initial_loss_scale);
   b.num("--min-loss-scale", a.min_loss_scale);
   b.num("--loss-scale-window", a.loss_scale_window);
-  b.num("--hysteresis", a.hysteresis);
+  b.num("--hysteresis", a.hysteresis, 1);
   b.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, true);
   b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
   b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
@@ -450,25 +476,25 @@ void bind_all(Binder& b, Arguments& a) {
   // ---- FP8 (§10; megatron/core/fp8) ----
   b.str("--fp8-format", a.fp8, {"e4m3", "hybrid"});
   b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
-  b.num("--fp8-margin", a.fp8_margin);
+  b.num("--fp8-margin", a.fp8_margin, 0);
   b.noted_str("--fp8-interval", "deprecated in Megatron-LM and ignored (the scales update every step)",
               [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
-  b.num("--fp8-amax-history-len", a.fp8_amax_history_len);
+  b.num("--fp8-amax-history-len", a.fp8_amax_history_len, 1);
   b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
   b.flag("--fp8-param-gather", a.fp8_param_gather, true);
   b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);
 
   // ---- parallelism ----
-  b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size);
-  b.num("--pipeline-model-parallel-size", a.pipeline_model_parallel_size);
-  b.num("--context-parallel-size", a.context_parallel_size);
+  b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1);
+  b.num("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1);
+  b.num("--context-parallel-size", a.context_parallel_size, 1);
   b.strs("--cp-comm-type", a.cp_comm_type);
-  b.num("--expert-model-parallel-size", a.expert_model_parallel_size);
-  b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage);
-  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers);
-  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers);
-  b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank);
-  b.num("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage);
+  b.num("--expert-model-parallel-size", a.expert_model_parallel_size, 1);
+  b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1);
+  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers, 0);
+  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers, 0);
+  b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank, 1);
+  b.num("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage, 1);
   b.noted("--no-overlap-p2p-communication",
           "the pipeline's send/receive of each schedule step is always one batch posted together here "
           "(Megatron's behaviour under this flag); PP = 2 with virtual stages is allowed (docs/distributed.md)");
@@ -481,9 +507,9 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
   b.flag("--overlap-grad-reduce", a.overlap_grad_reduce, true);
   b.flag("--overlap-param-gather", a.overlap_param_gather, true);
-  b.num("--ddp-bucket-size", a.ddp_bucket_size);
+  b.num("--ddp-bucket-size", a.ddp_bucket_size, 1);
   b.str("--distributed-backend", a.distributed_backend, {"nccl", "gloo"});
-  b.num("--distributed-timeout-minutes", a.distributed_timeout_minutes);
+  b.num("--distributed-timeout-minutes", a.distributed_timeout_minutes, 1);
 
   // ---- data and tokenizer ----
   b.strs("--data-path", a.data_path);
@@ -501,10 +527,10 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--reset-attention-mask", a.reset_attention_mask, true);
   b.flag("--eod-mask-loss", a.eod_mask_loss, true);
   b.flag("--no-create-attention-mask-in-dataloader", a.create_attention_mask_in_dataloader, false);
-  b.num("--num-dataset-builder-threads", a.num_dataset_builder_threads);
+  b.num("--num-dataset-builder-threads", a.num_dataset_builder_threads, 1);
   b.num("--mid-level-dataset-surplus", a.mid_level_dataset_surplus);
   b.str("--dataloader-type", a.dataloader_type, {"single", "cyclic", "external"});
-  b.num("--seq-length", a.seq_length);
+  b.num("--seq-length", a.seq_length, 1);
   auto& t = a.tokenizer;
   b.str("--tokenizer-type", t.tokenizer_type,
         {"BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
@@ -513,10 +539,10 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--tokenizer-model", t.tokenizer_model);
   b.str("--vocab-file", t.vocab_file);
   b.str("--merge-file", t.merge_file);
-  b.num("--vocab-size", t.vocab_size);
-  b.num("--vocab-extra-ids", t.vocab_extra_ids);
+  b.num("--vocab-size", t.vocab_size, 1);
+  b.num("--vocab-extra-ids", t.vocab_extra_ids, 0);
   b.str("--tiktoken-pattern", t.tiktoken_pattern, {"v1", "v2"});
-  b.num("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens);
+  b.num("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens, 0);
   b.strs("--tokenizer-special-tokens", t.tokenizer_special_tokens);
   b.flag("--tokenizer-hf-no-include-special-tokens", t.tokenizer_hf_include_special_tokens, false);
   b.flag("--tokenizer-sentencepiece-legacy", t.tokenizer_sentencepiece_legacy, true);
@@ -524,11 +550,11 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--null-tokenizer-pad-id", t.null_tokenizer_pad_id);
 
   // ---- evaluation ----
-  b.num("--eval-iters", a.eval_iters);
-  b.num("--eval-interval", a.eval_interval);
+  b.num("--eval-iters", a.eval_iters, 0);
+  b.num("--eval-interval", a.eval_interval, 1);
 
   // ---- logging ----
-  b.num("--log-interval", a.log_interval);
+  b.num("--log-interval", a.log_interval, 1);
   b.flag("--log-params-norm", a.log_params_norm, true);
   b.flag("--log-num-zeros-in-grad", a.log_num_zeros_in_grad, true);
   b.flag("--log-throughput", a.log_throughput, true);
@@ -542,8 +568,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--timing-log-option", a.timing_log_option, {"max", "minmax", "all"});
   b.flag("--no-barrier-with-level-1-timing", a.barrier_with_L1_time, false);
   b.str("--tensorboard-dir", a.tensorboard_dir);
-  b.num("--tensorboard-log-interval", a.tensorboard_log_interval);
-  b.num("--tensorboard-queue-size", a.tensorboard_queue_size);
+  b.num("--tensorboard-log-interval", a.tensorboard_log_interval, 1);
+  b.num("--tensorboard-queue-size", a.tensorboard_queue_size, 1);
   b.flag("--log-timers-to-tensorboard", a.log_timers_to_tensorboard, true);
   b.flag("--no-log-loss-scale-to-tensorboard", a.log_loss_scale_to_tensorboard, false);
   b.flag("--no-log-learning-rate-to-tensorboard", a.log_learning_rate_to_tensorboard, false);
@@ -558,21 +584,21 @@ void bind_all(Binder& b, Arguments& a) {
   // ---- checkpointing ----
   b.str("--save", a.save);
   b.str("--load", a.load);
-  b.num("--save-interval", a.save_interval);
+  b.num("--save-interval", a.save_interval, 1);
   b.flag("--no-save-optim", a.no_save_optim, true);
   b.flag("--no-save-rng", a.no_save_rng, true);
   b.flag("--no-load-optim", a.no_load_optim, true);
   b.flag("--no-load-rng", a.no_load_rng, true);
   b.flag("--finetune", a.finetune, true);
   b.str("--ckpt-format", a.ckpt_format, {"torch", "torch_dist", "torch_dcp", "fsdp_dtensor"});
-  b.num("--ckpt-step", a.ckpt_step);
+  b.num("--ckpt-step", a.ckpt_step, 0);
   b.flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint, true);
   b.flag("--async-save", a.async_save, true);
 
   // ---- profiling ----
   b.flag("--profile", a.profile, true);
-  b.num("--profile-step-start", a.profile_step_start);
-  b.num("--profile-step-end", a.profile_step_end);
+  b.num("--profile-step-start", a.profile_step_start, 0);
+  b.num("--profile-step-end", a.profile_step_end, 0);
   b.ints("--profile-ranks", a.profile_ranks);
   b.noted("--use-pytorch-profiler",
           "there is no PyTorch profiler; --profile writes a Chrome/Perfetto trace of megatron.cpp's timers");
@@ -581,6 +607,9 @@ void bind_all(Binder& b, Arguments& a) {
 }  // namespace
 
 std::string closest_flag(const std::string& flag) {
+  std::vector<std::string> names;
+  for (const auto& f : kMegatronFlags) names.emplace_back(f.name);
+  if (std::string p = prefix_flag(flag, names); !p.empty()) return p;
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const auto& f : kMegatronFlags) {
@@ -600,30 +629,28 @@ Arguments parse_args(const std::vector<std::string>& in) {
   app.set_help_flag("-h,--help", "show this help message and exit");
   Binder b(app, a);
   bind_all(b, a);
-
-  // CLI11 would read a negative number value ("--null-tokenizer-pad-id -1") as an option name:
-  // glue "--flag -1" into "--flag=-1" for flags that take one value.
-  std::vector<std::string> args;
-  for (size_t i = 0; i < in.size(); ++i) {
-    const std::string& s = in[i];
-    if (s.rfind("--", 0) == 0) reject_switch_value(app, s);
-    if (s.rfind("--", 0) == 0 && s.find('=') == std::string::npos && i + 1 < in.size()) {
-      const std::string& nxt = in[i + 1];
-      bool negative_number = nxt.size() > 1 && nxt[0] == '-' && (std::isdigit(static_cast<unsigned char>(nxt[1])) ||
-                                                                  nxt[1] == '.');
-      const CLI::Option* opt = nullptr;
-      try {
-        opt = app.get_option(s);
-      } catch (const CLI::OptionNotFound&) {
-      }
-      if (negative_number && opt && opt->get_items_expected_max() >= 1) {
-        args.push_back(s + "=" + nxt);
-        ++i;
-        continue;
-      }
-    }
-    args.push_back(s);
+  // --help: each flag with its value kind and its default (str() as the arguments block prints it).
+  for (const auto& e : b.entries()) {
+    CLI::Option* o = app.get_option_no_throw(e.flag);
+    if (o == nullptr) continue;
+    if (!e.type.empty()) o->type_name(e.type.substr(0, e.type.find(' ')));  // CLI11 adds " ..." to a list
+    if (o->get_description().empty()) o->description("default: " + e.value());
   }
+
+  // argparse's reading of the command line (arg_utils.h argparse_normalize): a value never
+  // starts like an option, the last occurrence of a flag wins, lists included.
+  auto resolve = [&app](const std::string& name) -> std::string {
+    if (name == "-h" || app.get_option_no_throw(name) != nullptr) return name;
+    if (megatron_flag_map().count(name)) {
+      user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
+                       "(see docs/training.md for the supported flags)");
+    }
+    user_error("unknown flag ", name, "; did you mean ", closest_flag(name), "?");
+  };
+  auto stray = [](const std::string& tok) {
+    user_error("unrecognized arguments: ", tok, " (pretrain_gpt takes only --flags; each value follows its flag)");
+  };
+  std::vector<std::string> args = argparse_normalize(app, in, resolve, stray);
   std::vector<std::string> rev(args.rbegin(), args.rend());
   try {
     app.parse(rev);
@@ -635,7 +662,7 @@ Arguments parse_args(const std::vector<std::string>& in) {
     std::string msg = e.what();
     std::string flag = msg.substr(0, msg.find(':'));
     if (flag.rfind("--", 0) == 0 && msg.find("required") != std::string::npos)
-      user_error(flag, ": expected one argument (give its value after the flag)");
+      user_error("argument ", flag, ": expected one argument");
     user_error("command line: ", msg);
   } catch (const CLI::ParseError& e) {
     user_error("command line: ", e.what());
@@ -643,7 +670,7 @@ Arguments parse_args(const std::vector<std::string>& in) {
   for (const auto& r : app.remaining()) {
     std::string name = r.substr(0, r.find('='));
     if (name.rfind("-", 0) != 0) {
-      user_error("unexpected argument '", r, "' (pretrain_gpt takes only --flags; values follow their flag)");
+      user_error("unrecognized arguments: ", r, " (pretrain_gpt takes only --flags; each value follows its flag)");
     }
     if (megatron_flag_map().count(name)) {
       user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
@@ -792,6 +819,11 @@ void validate_args(Arguments& a) {
   } else if (a.num_virtual_stages_per_pipeline_rank) {
     a.virtual_pipeline_model_parallel_size = *a.num_virtual_stages_per_pipeline_rank;
   }
+  // Megatron's validate_args: without the interleaved schedule overlap_p2p_comm and
+  // align_param_gather become False (args_items prints them so), with this line when PP > 1.
+  if (!a.virtual_pipeline_model_parallel_size && a.pipeline_model_parallel_size > 1)
+    a.messages.push_back("WARNING: Setting args.overlap_p2p_comm and args.align_param_gather to False since "
+                         "non-interleaved schedule does not support overlapping p2p communication and aligned param AG");
   if (a.microbatch_group_size_per_vp_stage && *a.microbatch_group_size_per_vp_stage < 1)
     fail("--microbatch-group-size-per-virtual-pipeline-stage must be >= 1");
 
@@ -898,7 +930,12 @@ void validate_args(Arguments& a) {
   const bool per_split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
   if (int(a.mock_data) + int(!a.data_path.empty()) + int(per_split_paths) > 1)
     fail("give one data source: --mock-data, --data-path, or --train-data-path/--valid-data-path/--test-data-path");
-  if (!a.mock_data && !a.data_path.empty() && !a.split) a.split = "969, 30, 1";
+  if (!a.mock_data && !a.data_path.empty() && !a.split) {
+    // Megatron's validate_args (warn_rank_0, a Python UserWarning on stderr).
+    a.split = "969, 30, 1";
+    a.warnings.push_back("Please specify --split when using --data-path. Using legacy default value of \"969, 30, 1\"");
+  }
+  if (a.apply_query_key_layer_scaling) a.attention_softmax_in_fp32 = true;  // Megatron's validate_args
   if (a.tokenizer.tokenizer_type.empty()) fail("--tokenizer-type is required");
   if (a.tokenizer.tokenizer_type == "NullTokenizer" && !a.tokenizer.vocab_size)
     fail("--tokenizer-type NullTokenizer needs --vocab-size");
@@ -1014,6 +1051,14 @@ std::vector<std::pair<std::string, std::string>> declared_flag_dests() {
   return out;
 }
 
+std::vector<std::string> declared_int_flags() {
+  Arguments a;
+  std::vector<std::string> out;
+  for (const auto& e : declared_entries(a))
+    if (e.type == "INT") out.push_back(e.flag);
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> args_items(const Arguments& args) {
   Arguments a = args;  // the entries' printers read this copy
   std::vector<std::pair<std::string, std::string>> items;
@@ -1027,11 +1072,19 @@ std::vector<std::pair<std::string, std::string>> args_items(const Arguments& arg
   put("rank", py_str(a.rank));
   put("data_parallel_size", py_str(a.data_parallel_size));
   put("params_dtype", a.bf16 ? "torch.bfloat16" : a.fp16 ? "torch.float16" : "torch.float32");
-  put("padded_vocab_size", a.padded_vocab_size > 0 ? py_str(a.padded_vocab_size) : std::string("None"));
+  // padded_vocab_size is not in the block: Megatron's build_tokenizer sets it after _print_args.
   // Megatron stores None for a virtual pipeline size of 1.
   put("virtual_pipeline_model_parallel_size",
       a.virtual_pipeline_model_parallel_size.value_or(1) == 1 ? std::string("None")
                                                               : py_str(*a.virtual_pipeline_model_parallel_size));
+  // validate_args: without virtual pipeline stages, overlap_p2p_comm and align_param_gather are
+  // set to False (whatever the flags said) before the block is printed.
+  if (!a.virtual_pipeline_model_parallel_size || *a.virtual_pipeline_model_parallel_size == 1) {
+    put("overlap_p2p_comm", "False");
+    put("align_param_gather", "False");
+  }
+  // validate_args: --apply-query-key-layer-scaling also sets attention_softmax_in_fp32.
+  if (a.apply_query_key_layer_scaling) put("attention_softmax_in_fp32", "True");
   // validate_args starts the sample counters at 0, and the block is printed before a checkpoint
   // is loaded (in Megatron and here), so they always print as 0.
   for (const char* counter : {"consumed_train_samples", "skipped_train_samples", "consumed_valid_samples"})

@@ -221,6 +221,12 @@ struct Arguments {
   int64_t padded_vocab_size = 0;  // §3.1, set by set_padded_vocab_size()
   /// Flags given on the command line that are accepted with a note (flag -> note), in order.
   std::vector<std::pair<std::string, std::string>> notes;
+  /// Warnings validate_args raises as Megatron's does (warn_rank_0), without the "UserWarning: "
+  /// prefix; pretrain_gpt prints them on stderr on rank 0.
+  std::vector<std::string> warnings;
+  /// Lines validate_args prints as Megatron's does (print on rank 0, stdout), e.g. its
+  /// "WARNING: Setting args.overlap_p2p_comm ..." line.
+  std::vector<std::string> messages;
   /// All flags given on the command line (as typed, e.g. "--bf16").
   std::vector<std::string> given_flags;
   /// Values of the accepted-with-a-note flags that were given (flag -> its values; empty for a
@@ -266,6 +272,10 @@ std::vector<std::pair<std::string, std::string>> args_items(const Arguments& arg
 /// (Megatron's dest from megatron_flag_names.inc; for the few flags Megatron lacks, the name with
 /// dashes as underscores and a leading "no_" dropped).
 std::vector<std::pair<std::string, std::string>> declared_flag_dests();
+
+/// Every one-value integer flag pretrain_gpt's parser declares (for tests that feed each of them
+/// out-of-range values).
+std::vector<std::string> declared_int_flags();
 
 /// Megatron's _print_args layout for already formatted values: the title lines, then
 /// "  name " + '.' * max(0, 48 - len(name)) + " value" per item, the lines sorted by their

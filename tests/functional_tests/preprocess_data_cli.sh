@@ -38,6 +38,16 @@ if "$BIN/preprocess_data" --input x --output-prefix y --workers 1 --tokenizer-ty
   2> "$T/err.txt"; then fail "unknown flag accepted"; fi
 grep -q "unknown flag --vocab-sise; did you mean --vocab-size?" "$T/err.txt" || { cat "$T/err.txt"; fail "suggestion"; }
 
+# --json-keys given twice: the last list wins (argparse), one key, one output
+"$BIN/preprocess_data" --input "$T/golden.jsonl" --output-prefix "$T/j" --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --workers 1 --json-keys text --json-keys text > /dev/null 2> "$T/err.txt" \
+  || { cat "$T/err.txt"; fail "--json-keys text --json-keys text"; }
+[ -e "$T/j_text_document.idx" ] || fail "--json-keys repeated: no output"
+# the same key twice in one list is refused with one line naming --json-keys
+if "$BIN/preprocess_data" --input "$T/golden.jsonl" --output-prefix "$T/jj" --tokenizer-type NullTokenizer \
+  --vocab-size 1000 --workers 1 --json-keys text text > /dev/null 2> "$T/err.txt"; then fail "duplicate key accepted"; fi
+grep -q "argument --json-keys: key 'text' is given twice" "$T/err.txt" || { cat "$T/err.txt"; fail "duplicate key line"; }
+
 # a bad line stops with file:line and leaves no output
 printf '{"text": "1 2"}\n{"text": "3"\n' > "$T/bad.jsonl"
 if "$BIN/preprocess_data" --input "$T/bad.jsonl" --output-prefix "$T/b" --tokenizer-type NullTokenizer \

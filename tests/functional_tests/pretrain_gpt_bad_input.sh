@@ -22,6 +22,16 @@ expect "error: use either --train-iters or --train-samples, not both" "${BASE[@]
 expect "error: --lr-decay-style: invalid choice 'exp' (choose from constant, linear, cosine, inverse-square-root, WSD)" "${BASE[@]}" --lr-decay-style exp
 # A switch takes no value (argparse: "ignored explicit argument"); --bf16=0 is not "off".
 expect "error: argument --bf16: ignored explicit argument '0' (--bf16 is a switch and takes no value: give --bf16 alone, or leave it out)" "${BASE[@]}" --bf16=0
+# argparse: a value never looks like an option (--load would otherwise swallow --finetune).
+expect "error: argument --load: expected one argument" "${BASE[@]}" --load --finetune
+expect "error: argument --tensorboard-dir: expected one argument" "${BASE[@]}" --tensorboard-dir --seed 5
+expect "error: argument --profile-ranks: expected at least one argument" "${BASE[@]}" --profile-ranks --bf16
+expect "error: unrecognized arguments: 1 (pretrain_gpt takes only --flags; each value follows its flag)" "${BASE[@]}" --profile-ranks=0 1
+expect "error: unrecognized arguments: --foo (pretrain_gpt takes only --flags; each value follows its flag)" "${BASE[@]}" -- --foo
+# Sizes and divisors are range-checked where they are parsed (0 used to divide by zero).
+expect "error: argument --num-layers-per-virtual-pipeline-stage: invalid value 0 (must be >= 1)" "${BASE[@]}" --num-layers-per-virtual-pipeline-stage 0
+expect "error: argument --num-virtual-stages-per-pipeline-rank: invalid value -2 (must be >= 1)" "${BASE[@]}" --num-virtual-stages-per-pipeline-rank -2
+expect "error: unknown flag --untie-embeddings; did you mean --untie-embeddings-and-output-weights?" "${BASE[@]}" --untie-embeddings
 # Device choice (docs/training.md "Device"): an unknown MEGATRON_DEVICE is refused.
 MEGATRON_DEVICE=tpu expect "error: MEGATRON_DEVICE=tpu: unknown device (use cpu or cuda, or leave it unset for GPU when present)" "${BASE[@]}"
 exit $fail

@@ -81,7 +81,7 @@ bad() {  # bad MESSAGE-REGEX ARGS...: pretrain_gpt must fail with the message
 }
 bad 'needs --recompute-method' --recompute-granularity full --recompute-num-layers 1
 bad 'needs --recompute-num-layers' --recompute-granularity full --recompute-method block
-bad 'must be positive' --recompute-granularity full --recompute-method uniform --recompute-num-layers 0
+bad 'argument --recompute-num-layers: invalid value 0' --recompute-granularity full --recompute-method uniform --recompute-num-layers 0
 bad 'not yet supported for selective' --recompute-granularity selective --recompute-method uniform
 bad 'invalid choice' --recompute-granularity half
 bad 'invalid choice' --recompute-granularity full --recompute-method every --recompute-num-layers 1

@@ -16,10 +16,12 @@ struct Args {
   tokenizers::TokenizerConfig tok;
   std::string output_prefix;
   int workers = 0;
+  std::vector<std::string> json_keys{"text"};
   Args() {
     training::add_tokenizer_args(app, tok);
     app.add_option("--output-prefix", output_prefix);
     app.add_option("--workers", workers);
+    app.add_option("--json-keys", json_keys);
   }
   std::string parse(std::vector<const char*> argv) {
     argv.insert(argv.begin(), "prog");
@@ -65,8 +67,7 @@ TEST(ArgUtils, AmbiguousPrefix) {
 // argparse's wording for a missing value and a non-numeric value, naming the flag.
 TEST(ArgUtils, MissingAndNonNumericValues) {
   Args a;
-  EXPECT_EQ(a.parse({"--workers", "2", "--output-prefix"}),
-            "--output-prefix: expected one argument (give its value after the flag)");
+  EXPECT_EQ(a.parse({"--workers", "2", "--output-prefix"}), "argument --output-prefix: expected one argument");
   Args b;
   EXPECT_EQ(b.parse({"--workers", "abc"}), "--workers: invalid value 'abc' (expected a number)");
 }
@@ -77,6 +78,41 @@ TEST(ArgUtils, BadChoice) {
   Args b;
   EXPECT_EQ(b.parse({"--tokenizer-hf-no-include-special-tokens"}), "");
   EXPECT_FALSE(b.tok.tokenizer_hf_include_special_tokens);
+}
+
+// Python's argparse (preprocess_data.py's parser): an option-like token is never a value, the last
+// occurrence wins (nargs='+' lists are replaced, not appended), "--x=v" is one value.
+TEST(ArgUtils, ArgparseValueAndRepeatRules) {
+  Args a;
+  EXPECT_EQ(a.parse({"--output-prefix", "--workers", "2"}), "argument --output-prefix: expected one argument");
+  Args b;
+  EXPECT_EQ(b.parse({"--json-keys", "--workers", "2"}), "argument --json-keys: expected at least one argument");
+  Args c;
+  EXPECT_EQ(c.parse({"--json-keys", "text", "--json-keys", "text", "--workers", "1", "--workers", "2",
+                     "--output-prefix", "a", "--output-prefix", "b"}), "");
+  EXPECT_EQ(c.json_keys, (std::vector<std::string>{"text"}));
+  EXPECT_EQ(c.workers, 2);
+  EXPECT_EQ(c.output_prefix, "b");
+  Args d;
+  EXPECT_EQ(d.parse({"--json-keys", "a", "b", "--json-keys", "c", "d"}), "");
+  EXPECT_EQ(d.json_keys, (std::vector<std::string>{"c", "d"}));
+  Args e;
+  EXPECT_EQ(e.parse({"--json-keys=a", "b"}), "unrecognized arguments: b");
+  Args f;
+  EXPECT_EQ(f.parse({"--workers", "2", "stray"}), "unrecognized arguments: stray");
+  Args g;
+  EXPECT_EQ(g.parse({"--workers", "-1"}), "");  // a negative number is a value
+  EXPECT_EQ(g.workers, -1);
+  Args h;
+  EXPECT_EQ(h.parse({"--workers=1", "--", "--foo"}), "unrecognized arguments: --foo");
+}
+
+TEST(ArgUtils, PrefixPreferredInSuggestions) {
+  EXPECT_EQ(training::closest_flag("--untie-embeddings",
+                                   {"--output-bert-embeddings", "--untie-embeddings-and-output-weights"}),
+            "--untie-embeddings-and-output-weights");
+  EXPECT_EQ(training::prefix_flag("--vocab", {"--vocab-size", "--vocab-file", "--vocab-extra-ids"}), "--vocab-size");
+  EXPECT_EQ(training::prefix_flag("--", {"--vocab-size"}), "");
 }
 
 }  // namespace

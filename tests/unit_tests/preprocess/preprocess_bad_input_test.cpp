@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "megatron/core/datasets/indexed_dataset.h"
+#include "megatron/core/datasets/preprocess/json_record.h"
 #include "megatron/core/utils/errors.h"
 #include "preprocess_test_util.h"
 
@@ -82,6 +83,22 @@ TEST(PreprocessBadInput, MissingKeyStops) {
   Fixture f;
   std::string e = f.run_error("{\"text\": \"1\"}\n{\"txt\": \"2\"}\n");
   EXPECT_NE(e.find("in.jsonl:2: key 'text' is missing"), std::string::npos) << e;
+}
+
+// A key requested twice would write the same output files twice in Megatron: refused up front.
+// (Before, the Python-compatible JSON path filled only the last of the two and said "missing".)
+TEST(PreprocessBadInput, DuplicateJsonKeyIsRefused) {
+  std::vector<datasets::preprocess::KeyValue> out;
+  // Python: d = json.loads('{"text": "x"}'); [d[k] for k in ("text", "text")] == ["x", "x"].
+  EXPECT_EQ(datasets::preprocess::parse_record_python_compatible("{\"text\": \"x\"}", {"text", "text"}, out), "");
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, datasets::preprocess::KeyValue::Kind::kString);
+  EXPECT_EQ(out[1].kind, datasets::preprocess::KeyValue::Kind::kString);
+  EXPECT_EQ(out[0].strings, std::vector<std::string>{"x"});
+  Fixture f;
+  f.cfg.json_keys = {"text", "text"};
+  std::string e = f.run_error("{\"text\": \"1\"}\n");
+  EXPECT_NE(e.find("argument --json-keys: key 'text' is given twice"), std::string::npos) << e;
 }
 
 // A number/null/object as the value: Megatron's tokenizer fails on a non-string.

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <string>
@@ -132,7 +134,8 @@ TEST(PrintArgs, EveryDeclaredFlagOnceUnderMegatronDest) {
     EXPECT_EQ(counts[dest], 1) << flag << " (dest " << dest << ")";
   }
   // Fields Megatron's parse/validate set that are not flags.
-  for (const char* derived : {"world_size", "rank", "data_parallel_size", "params_dtype", "padded_vocab_size",
+  EXPECT_EQ(counts.count("padded_vocab_size"), 0u);  // set by build_tokenizer, after Megatron's _print_args
+  for (const char* derived : {"world_size", "rank", "data_parallel_size", "params_dtype",
                               "virtual_pipeline_model_parallel_size", "consumed_train_samples", "skipped_train_samples",
                               "consumed_valid_samples"}) {
     EXPECT_EQ(counts[derived], 1) << derived;
@@ -201,7 +204,11 @@ TEST(PrintArgs, ValuesAsPythonPrintsThem) {
   EXPECT_EQ(v["wandb_project"], "None");  // noted, not given: Megatron's default None
   EXPECT_EQ(v["world_size"], "1");
   EXPECT_EQ(v["virtual_pipeline_model_parallel_size"], "None");
-  EXPECT_EQ(v["padded_vocab_size"], "None");  // before the tokenizer is built
+  EXPECT_EQ(v.count("padded_vocab_size"), 0u);  // build_tokenizer sets it after _print_args
+  // validate_args without virtual pipeline stages: both False (their flags' defaults are True).
+  EXPECT_EQ(v["overlap_p2p_comm"], "False");
+  EXPECT_EQ(v["align_param_gather"], "False");
+  EXPECT_EQ(v["attention_softmax_in_fp32"], "False");
   EXPECT_EQ(v["consumed_train_samples"], "0");  // validate_args: args.consumed_train_samples = 0
 
   Arguments b = parse_args({"--data-path", "0.3", "it's", "0.7", "b", "--tokenizer-type", "GPT2BPETokenizer"});
@@ -220,7 +227,7 @@ TEST(PrintArgs, SwitchWithValueIsRefusedLikeArgparse) {
   int switches = 0;
   for (const auto& [flag, dest] : declared_flag_dests()) {
     const bool alone_ok = parse_error(with(base_flags(), {flag})).empty();
-    const bool takes_no_word = parse_error(with(base_flags(), {flag, "7"})).rfind("unexpected argument '7'", 0) == 0;
+    const bool takes_no_word = parse_error(with(base_flags(), {flag, "7"})).rfind("unrecognized arguments: 7", 0) == 0;
     const std::string err = parse_error(with(base_flags(), {flag + "=false"}));
     const bool refused = err.rfind("argument " + flag + ": ignored explicit argument 'false'", 0) == 0;
     EXPECT_EQ(refused, alone_ok && takes_no_word) << flag << ": " << err;
@@ -246,4 +253,47 @@ TEST(PrintArgs, SwitchWithValueIsRefusedLikeArgparse) {
   EXPECT_TRUE(parse_args(app, 3, argv3));
   EXPECT_TRUE(append_eod);
   EXPECT_EQ(input, "x");
+}
+
+TEST(PrintArgs, ValidateArgsDerivationsAsMegatron) {
+  // arguments.py validate_args: --apply-query-key-layer-scaling sets attention_softmax_in_fp32.
+  Arguments a = parse_args(with(base_flags(), {"--apply-query-key-layer-scaling"}));
+  validate_args(a);
+  EXPECT_TRUE(a.attention_softmax_in_fp32);
+  EXPECT_EQ(block_values(format_args(a))["attention_softmax_in_fp32"], "True");
+  // --data-path without --split: the legacy default and Megatron's warning text (warn_rank_0).
+  std::vector<std::string> flags = base_flags();
+  flags.erase(std::find(flags.begin(), flags.end(), "--mock-data"));
+  Arguments d = parse_args(with(flags, {"--data-path", "x"}));
+  validate_args(d);
+  EXPECT_EQ(*d.split, "969, 30, 1");
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_EQ(d.warnings[0], "Please specify --split when using --data-path. Using legacy default value of \"969, 30, 1\"");
+  Arguments e = parse_args(with(flags, {"--data-path", "x", "--split", "98,2,0"}));
+  validate_args(e);
+  EXPECT_TRUE(e.warnings.empty());
+  EXPECT_TRUE(e.messages.empty());  // PP = 1: Megatron prints no line
+}
+
+TEST(PrintArgs, OverlapP2pFollowsVirtualPipeline) {
+  // arguments.py validate_args: PP > 1 without virtual stages sets both False and prints the line;
+  // with virtual stages they keep the flags' values (defaults True).
+  Arguments a = parse_args(with(base_flags(), {"--pipeline-model-parallel-size", "2"}));
+  a.world_size = 2;
+  validate_args(a);
+  ASSERT_EQ(a.messages.size(), 1u);
+  EXPECT_EQ(a.messages[0], "WARNING: Setting args.overlap_p2p_comm and args.align_param_gather to False since "
+                           "non-interleaved schedule does not support overlapping p2p communication and aligned param AG");
+  auto v = block_values(format_args(a));
+  EXPECT_EQ(v["overlap_p2p_comm"], "False");
+  EXPECT_EQ(v["align_param_gather"], "False");
+  Arguments b = parse_args(with(base_flags(), {"--pipeline-model-parallel-size", "2",
+                                               "--num-virtual-stages-per-pipeline-rank", "2", "--num-layers", "4"}));
+  b.world_size = 2;
+  validate_args(b);
+  EXPECT_TRUE(b.messages.empty());
+  auto w = block_values(format_args(b));
+  EXPECT_EQ(w["overlap_p2p_comm"], "True");
+  EXPECT_EQ(w["align_param_gather"], "True");
+  EXPECT_EQ(w["virtual_pipeline_model_parallel_size"], "2");
 }

@@ -173,7 +173,7 @@ TEST(Arguments, BadValues) {
   EXPECT_EQ(error_of(with(base_flags(), {"--lr", "x1"}), false), "--lr: expected a number, got 'x1'");
   // A value flag given last without its value (argparse: "expected one argument").
   EXPECT_EQ(error_of(with(base_flags(), {"--hidden-size"}), false),
-            "--hidden-size: expected one argument (give its value after the flag)");
+            "argument --hidden-size: expected one argument");
 }
 
 TEST(Arguments, ConsistencyChecks) {

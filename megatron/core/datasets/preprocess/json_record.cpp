@@ -262,6 +262,9 @@ class PyJson {
         for (size_t i = 0; i < keys_.size(); ++i)
           if (keys_[i] == key) target = &out_[i];  // a later duplicate overwrites: last wins
       if (!value(target, 1, nullptr)) return false;
+      if (target != nullptr)  // a key requested twice gets the value at every position (as simdjson's path)
+        for (size_t i = 0; i < keys_.size(); ++i)
+          if (keys_[i] == key && &out_[i] != target) out_[i] = *target;
       ws();
       if (p_ < s_.size() && s_[p_] == ',') { ++p_; continue; }
       if (p_ < s_.size() && s_[p_] == '}') { ++p_; return true; }

@@ -380,6 +380,13 @@ PreprocessStats run_preprocess(const PreprocessConfig& cfg, const tokenizers::Me
                                std::ostream& out, std::ostream& err, Clock::time_point startup_begin) {
   if (cfg.inputs.empty()) user_error("--input: no input file");
   if (cfg.json_keys.empty()) user_error("--json-keys needs at least one key");
+  // Megatron would write the same <prefix>_<key>_<level> files once per occurrence (the second
+  // overwrites the first while both are open): refuse instead.
+  for (size_t i = 0; i < cfg.json_keys.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (cfg.json_keys[i] == cfg.json_keys[j])
+        user_error("argument --json-keys: key '", cfg.json_keys[i],
+                   "' is given twice (each key writes its own output files); give each key once");
   if (cfg.workers < 1) user_error("--workers must be at least 1 (got ", cfg.workers, ")");
   if (cfg.partitions < 1) user_error("--partitions must be at least 1 (got ", cfg.partitions, ")");
   if (cfg.log_interval < 1) user_error("--log-interval must be at least 1 (got ", cfg.log_interval, ")");

@@ -1,0 +1,144 @@
+// pretrain_gpt's command line read as Python's argparse reads Megatron-LM's (allow_abbrev=False):
+// a value never looks like an option, the last occurrence of a flag wins (lists included), and the
+// error lines argparse prints. Expected values: Python 3 Lib/argparse.py (_parse_optional,
+// _negative_number_matcher '^-\d+$|^-\d*\.\d+$', _match_argument's messages), checked by hand.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "megatron/core/utils/errors.h"
+#include "megatron/training/arg_utils.h"
+#include "megatron/training/arguments.h"
+
+using megatron::UserError;
+using namespace megatron::training;
+
+namespace {
+std::vector<std::string> base() {
+  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+          "--train-iters", "10", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
+          "--vocab-size", "128"};
+}
+std::vector<std::string> with(std::vector<std::string> v, std::initializer_list<std::string> extra) {
+  v.insert(v.end(), extra);
+  return v;
+}
+std::string parse_error(const std::vector<std::string>& flags) {
+  try {
+    parse_args(flags);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(ArgparseRules, NegativeNumberMatcher) {
+  for (const char* s : {"-1", "-10", "-0.5", "-.5", "-12.25"}) EXPECT_TRUE(looks_like_negative_number(s)) << s;
+  for (const char* s : {"-", "-x", "-1e-3", "-1.", "--1", "-1a", "1", ""}) EXPECT_FALSE(looks_like_negative_number(s)) << s;
+  for (const char* s : {"--bf16", "-h", "--x=1", "-1e-3"}) EXPECT_TRUE(looks_like_option(s)) << s;
+  for (const char* s : {"-1", "-0.5", "-", "x", "-a b", ""}) EXPECT_FALSE(looks_like_option(s)) << s;
+}
+
+// A one-value flag followed by a switch or another flag: argparse refuses (the flag would otherwise
+// swallow --finetune and train from random weights).
+TEST(ArgparseRules, ValueFlagDoesNotSwallowAFlag) {
+  EXPECT_EQ(parse_error(with(base(), {"--load", "--finetune"})), "argument --load: expected one argument");
+  EXPECT_EQ(parse_error(with(base(), {"--tensorboard-dir", "--bf16"})), "argument --tensorboard-dir: expected one argument");
+  EXPECT_EQ(parse_error(with(base(), {"--data-cache-path", "--no-load-optim"})),
+            "argument --data-cache-path: expected one argument");
+  EXPECT_EQ(parse_error(with(base(), {"--tensorboard-dir", "--seed", "5"})),
+            "argument --tensorboard-dir: expected one argument");
+  EXPECT_EQ(parse_error(with(base(), {"--load"})), "argument --load: expected one argument");
+  // An unknown option-like token is not a value either.
+  EXPECT_EQ(parse_error(with(base(), {"--save", "-x"})), "argument --save: expected one argument");
+  // "-1e-3" does not match argparse's negative-number pattern: it is an option, not a value.
+  EXPECT_EQ(parse_error(with(base(), {"--init-method-std", "-1e-3"})), "argument --init-method-std: expected one argument");
+  // List flags stop at the next option and need at least one value where Megatron says nargs='+'.
+  EXPECT_EQ(parse_error(with(base(), {"--profile-ranks", "--bf16"})), "argument --profile-ranks: expected at least one argument");
+  // "=" glues anything, as in argparse.
+  Arguments a = parse_args(with(base(), {"--load=--finetune"}));
+  EXPECT_EQ(a.load, "--finetune");
+  EXPECT_FALSE(a.finetune);
+}
+
+TEST(ArgparseRules, NegativeNumbersAreValues) {
+  Arguments a = parse_args(with(base(), {"--null-tokenizer-pad-id", "-1", "--init-method-std", "-.5", "--profile-ranks", "-1", "-2"}));
+  EXPECT_EQ(a.tokenizer.null_tokenizer_pad_id, -1);
+  EXPECT_EQ(a.init_method_std, -0.5);
+  EXPECT_EQ(a.profile_ranks, (std::vector<int64_t>{-1, -2}));
+}
+
+// argparse stores a list flag's values on each occurrence: the last one wins, for every list flag.
+TEST(ArgparseRules, LastListOccurrenceWins) {
+  Arguments a = parse_args(with(base(), {"--cp-comm-type", "p2p", "--cp-comm-type", "a2a", "--profile-ranks", "0", "1",
+                                         "--profile-ranks", "3", "--tokenizer-special-tokens", "<a>", "<b>",
+                                         "--tokenizer-special-tokens", "<c>", "--seed", "3", "--seed", "4"}));
+  EXPECT_EQ(a.cp_comm_type, (std::vector<std::string>{"a2a"}));
+  EXPECT_EQ(a.profile_ranks, (std::vector<int64_t>{3}));
+  EXPECT_EQ(a.tokenizer.tokenizer_special_tokens, (std::vector<std::string>{"<c>"}));
+  EXPECT_EQ(a.seed, 4);
+  std::vector<std::string> flags = base();
+  flags.erase(flags.begin() + 18);  // --mock-data
+  Arguments d = parse_args(with(flags, {"--data-path", "A", "--data-path", "B", "--train-data-path", "X", "--train-data-path", "Y"}));
+  EXPECT_EQ(d.data_path, (std::vector<std::string>{"B"}));
+  EXPECT_EQ(d.train_data_path, (std::vector<std::string>{"Y"}));
+  // "--profile-ranks=0 1": the "=" value is the one value, "1" is stray (argparse: unrecognized arguments).
+  EXPECT_EQ(parse_error(with(base(), {"--profile-ranks=0", "1"})).rfind("unrecognized arguments: 1", 0), 0u);
+}
+
+TEST(ArgparseRules, MessagesForUnknownAndDoubleDash) {
+  // A prefix of a flag is suggested before any edit-distance neighbour.
+  EXPECT_EQ(parse_error(with(base(), {"--untie-embeddings"})),
+            "unknown flag --untie-embeddings; did you mean --untie-embeddings-and-output-weights?");
+  EXPECT_EQ(closest_flag("--untie-embeddings", {"--output-bert-embeddings", "--untie-embeddings-and-output-weights"}),
+            "--untie-embeddings-and-output-weights");
+  // After "--" everything is a positional value; pretrain_gpt has none.
+  EXPECT_EQ(parse_error(with(base(), {"--", "--foo"})).rfind("unrecognized arguments: --foo", 0), 0u);
+  EXPECT_EQ(parse_error(with(base(), {"stray"})).rfind("unrecognized arguments: stray", 0), 0u);
+}
+
+// Every integer flag, fed 0 and -1: parse + validate (+ the derived values pretrain_gpt computes
+// next) either accepts it or stops with one UserError line that names the flag -- never a signal
+// (a division by zero kills this test binary) and never an internal check failure.
+TEST(ArgparseRules, EveryIntegerFlagZeroAndMinusOneIsCleanlyHandled) {
+  const std::vector<std::string> ints = declared_int_flags();
+  ASSERT_GT(ints.size(), 40u);  // the Binder's integer flags (sizes, counts, intervals, ...)
+  for (const std::string& flag : ints) {
+    for (const char* v : {"0", "-1"}) {
+      std::vector<std::string> flags = with(base(), {flag, v});
+      try {
+        Arguments a = parse_args(flags);
+        validate_args(a);
+        core_transformer_config_from_args(a);
+        num_microbatches(a);
+        set_padded_vocab_size(a, 128);
+      } catch (const UserError& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << flag << " " << v << ": " << msg;
+        EXPECT_EQ(msg.find("internal"), std::string::npos) << flag << " " << v << ": " << msg;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << flag << " " << v << ": not a UserError: " << e.what();
+      }
+    }
+  }
+}
+
+// The sizes and divisors Megatron gives no meaning to at 0 are refused where they are parsed.
+TEST(ArgparseRules, SizesAndDivisorsMustBePositive) {
+  for (const char* flag : {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                           "--num-layers", "--hidden-size", "--num-attention-heads", "--kv-channels", "--num-query-groups",
+                           "--ffn-hidden-size", "--seq-length", "--micro-batch-size", "--global-batch-size",
+                           "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                           "--save-interval", "--log-interval", "--eval-interval", "--make-vocab-size-divisible-by"}) {
+    EXPECT_EQ(parse_error(with(base(), {flag, "0"})), std::string("argument ") + flag + ": invalid value 0 (must be >= 1)");
+    EXPECT_EQ(parse_error(with(base(), {flag, "-2"})), std::string("argument ") + flag + ": invalid value -2 (must be >= 1)");
+  }
+  // 0 has a meaning for these (Megatron: no evaluation; seed 0; no warmup).
+  for (const char* flag : {"--eval-iters", "--seed", "--lr-warmup-iters"}) {
+    EXPECT_EQ(parse_error(with(base(), {flag, "0"})), "") << flag;
+    EXPECT_EQ(parse_error(with(base(), {flag, "-1"})), std::string("argument ") + flag + ": invalid value -1 (must be >= 0)");
+  }
+}
