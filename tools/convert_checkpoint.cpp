@@ -79,6 +79,8 @@ json spec_to_args(const hf::HFModelSpec& s, int64_t padded) {
           {"norm_epsilon", s.norm_epsilon},
           {"position_embedding_type", s.position_embedding_type},
           {"rotary_base", s.rotary_base},
+          {"use_rope_scaling", s.use_rope_scaling},
+          {"rope_scaling_factor", s.rope_scaling_factor},
           {"swiglu", s.swiglu},
           {"hf_activation", s.activation},
           {"add_bias_linear", s.add_bias_linear},
@@ -107,6 +109,8 @@ hf::HFModelSpec spec_from_args(const json& a, const std::string& where) {
   s.norm_epsilon = a.value("norm_epsilon", 1e-5);
   s.position_embedding_type = a.value("position_embedding_type", std::string("learned_absolute"));
   s.rotary_base = a.value("rotary_base", 10000.0);
+  s.use_rope_scaling = a.value("use_rope_scaling", false);
+  s.rope_scaling_factor = a.value("rope_scaling_factor", 8.0);
   s.swiglu = a.value("swiglu", false);
   s.activation = a.value("hf_activation", s.swiglu ? std::string("silu") : std::string("gelu_tanh"));
   s.add_bias_linear = a.value("add_bias_linear", true);
