@@ -352,7 +352,7 @@ OptimizerParamScheduler::Options eval_only_scheduler_options() {
 }
 
 // One line per rank with the bytes this rank allocated for the model's parameters, its gradient
-// buffer and the optimizer state (fp32 main params separate from the model's + Adam moments):
+// buffer and the optimizer state (fp32 main params separate from the model's + Adam moments or SGD momentum):
 // shows what --skip-train saves (no Megatron counterpart).
 void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_ptr<models::gpt::GPTModel>>& chunks,
                            const optimizer::MegatronOptimizer& opt) {
@@ -364,7 +364,7 @@ void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_
   }
   for (size_t j = 0; j < opt.params().size(); ++j) {
     if (!opt.main_param(j).shares_storage(opt.params()[j].param)) state += bytes(opt.main_param(j));
-    if (opt.config().optimizer == "adam") state += bytes(opt.exp_avg(j)) + bytes(opt.exp_avg_sq(j));
+    state += bytes(opt.exp_avg(j)) + bytes(opt.exp_avg_sq(j)) + bytes(opt.momentum_buffer(j));  // undefined: 0
   }
   std::printf("[Rank %lld] allocated bytes: parameters %lld | main grads %lld | optimizer state %lld\n",
               static_cast<long long>(args.rank), static_cast<long long>(params), static_cast<long long>(grads),
@@ -397,6 +397,8 @@ int run(int argc, char** argv) {
       ", hierarchical context-parallel sizes: None" +
       ", tensor-model-parallel size: " + std::to_string(args.tensor_model_parallel_size) +
       ", pipeline-model-parallel size: " + std::to_string(args.pipeline_model_parallel_size));
+  // Validated before the notes, so a rejected flag is not first announced as accepted.
+  validate_args(args);
   std::set<std::string> noted;
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
@@ -415,7 +417,6 @@ int run(int argc, char** argv) {
   }
   // Checkpoint I/O settings are checked now, not at the first save hours into the run.
   if (args.save || args.load) (void)dist_checkpointing::io_options_from_env();
-  validate_args(args);
   check_supported_parallelism(args);
 
   // --deterministic-mode (Megatron's): the CUDA backend reduces in a fixed order (no atomics), read

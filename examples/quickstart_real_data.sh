@@ -12,8 +12,9 @@ for f in "$BIN/preprocess_data" "$BIN/pretrain_gpt"; do
   [[ -x "$f" ]] || { echo "error: $f not found; build first: bash scripts/build.sh" >&2; exit 1; }
 done
 [[ -f "$TOK/encoder.json" ]] || { echo "error: $TOK/encoder.json missing; run bash scripts/setup.sh" >&2; exit 1; }
-WORK=${QUICKSTART_DIR:-$(mktemp -d -t megatron_quickstart_XXXXXX)}
-mkdir -p "$WORK"
+# The work folder: QUICKSTART_DIR if given (kept), else a temporary one removed at exit.
+if [[ -n "${QUICKSTART_DIR:-}" ]]; then WORK=$QUICKSTART_DIR; mkdir -p "$WORK"
+else WORK=$(mktemp -d -t megatron_quickstart_XXXXXX); trap 'rm -rf "$WORK"' EXIT; fi
 
 TOKENIZER_ARGS=(--tokenizer-type GPT2BPETokenizer --vocab-file "$TOK/encoder.json" --merge-file "$TOK/vocab.bpe")
 
@@ -22,7 +23,7 @@ echo "== preprocess_data: bundled corpus -> $WORK/corpus_text_document.{bin,idx}
     --output-prefix "$WORK/corpus" "${TOKENIZER_ARGS[@]}" --append-eod --workers 2
 
 echo "== pretrain_gpt: tiny GPT on it"
-exec "$BIN/pretrain_gpt" \
+"$BIN/pretrain_gpt" \
     --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 \
     --attention-dropout 0.0 --hidden-dropout 0.0 \
     --micro-batch-size 4 --global-batch-size 8 --train-iters 40 \

@@ -10,7 +10,9 @@ if [[ ! -x "$BIN" ]]; then
   echo "error: $BIN not found; build first: bash scripts/build.sh" >&2
   exit 1
 fi
-CACHE=${DATA_CACHE_PATH:-$(mktemp -d -t megatron_quickstart_XXXXXX)}
+# The mock-data index cache: DATA_CACHE_PATH if given (kept), else a temporary folder removed at exit.
+if [[ -n "${DATA_CACHE_PATH:-}" ]]; then CACHE=$DATA_CACHE_PATH
+else CACHE=$(mktemp -d -t megatron_quickstart_XXXXXX); trap 'rm -rf "$CACHE"' EXIT; fi
 
 GPT_MODEL_ARGS=(
   --num-layers 2
@@ -46,4 +48,4 @@ EVAL_AND_LOGGING_ARGS=(
   --log-throughput
 )
 
-exec "$BIN" "${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" "$@"
+"$BIN" "${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${DATA_ARGS[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" "$@"

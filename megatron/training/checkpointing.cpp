@@ -196,6 +196,10 @@ TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter
     const Tensor& mp = opt.main_param(j);
     const Tensor& m = opt.exp_avg(j);
     const Tensor& v = opt.exp_avg_sq(j);
+    // SGD's momentum buffer (torch state "momentum_buffer"): state once a step was taken, so
+    // saved and required on load then; before the first step only loaded when present.
+    const Tensor& buf = opt.momentum_buffer(j);
+    auto& buf_list = opt.step_count() > 0 ? st.optimizer : st.optimizer_if_present;
     auto slice = [](const Tensor& t, int64_t off, const Shape& shape) { return t.defined() ? t.flat_slice(off, shape) : Tensor(); };
     for (const Piece& pc : pieces[i]) {
       const int64_t lo = std::max(ob, pc.begin), hi = std::min(oe, pc.end);
@@ -206,6 +210,7 @@ TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter
                                                        << "optimizer parameter must cover whole parameter pieces";
         const Shape shape = piece.data.shape();
         add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape));
+        if (buf.defined()) buf_list.push_back(optimizer_piece("momentum_buffer", piece, slice(buf, lo - ob, shape)));
       } else {
         // Flat range of the piece's box this rank owns; only DP owners write (TP/PP copies and
         // the tied output-layer copy are replicas).
@@ -213,10 +218,27 @@ TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter
         const int replica = p.shared ? 1 : (p.partition_dim < 0 ? ranks.tp_rank : 0);
         add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape),
                             std::make_pair(lo - pc.begin, hi - pc.begin), replica);
+        if (buf.defined())
+          buf_list.push_back(optimizer_piece("momentum_buffer", piece, slice(buf, lo - ob, shape),
+                                             std::make_pair(lo - pc.begin, hi - pc.begin), replica));
       }
     }
   }
   return st;
+}
+
+ShardedTensor optimizer_piece(const std::string& what, const ShardedTensor& piece, const Tensor& t,
+                              std::optional<std::pair<int64_t, int64_t>> flattened_range, int replica_id) {
+  ShardedTensor s;
+  s.key = prefixed(what, piece.key);
+  s.data = t;
+  s.global_shape = piece.global_shape;
+  s.global_offset = piece.global_offset;
+  s.local_shape = piece.local_shape;
+  s.flattened_range = flattened_range;
+  s.replica_id = flattened_range ? replica_id : piece.replica_id;
+  s.validate();
+  return s;
 }
 
 void add_optimizer_state(TrainingState& st, const ShardedTensor& piece, const Tensor& main_param, const Tensor& exp_avg,
@@ -226,16 +248,7 @@ void add_optimizer_state(TrainingState& st, const ShardedTensor& piece, const Te
       {"fp32_param", &main_param}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}};
   for (const auto& [what, t] : parts) {
     if (!t->defined()) continue;
-    ShardedTensor s;
-    s.key = prefixed(what, piece.key);
-    s.data = *t;
-    s.global_shape = piece.global_shape;
-    s.global_offset = piece.global_offset;
-    s.local_shape = piece.local_shape;
-    s.flattened_range = flattened_range;
-    s.replica_id = flattened_range ? replica_id : piece.replica_id;
-    s.validate();
-    st.optimizer.push_back(std::move(s));
+    st.optimizer.push_back(optimizer_piece(what, piece, *t, flattened_range, replica_id));
   }
 }
 
@@ -363,6 +376,14 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
       user_error(dir, ": the checkpoint has no optimizer state (saved with --no-save-optim?); "
                  "use --no-load-optim or --finetune to load only the weights");
     sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
+    if (!st.optimizer_if_present.empty()) {
+      const dc::CheckpointIndex idx = dc::load_index(dir);
+      for (const auto& t : st.optimizer_if_present) {
+        if (idx.tensors.count(t.key)) sd.tensors.push_back(t);
+        else if (std::find(res.missing_optimizer.begin(), res.missing_optimizer.end(), t.key) == res.missing_optimizer.end())
+          res.missing_optimizer.push_back(t.key);
+      }
+    }
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
   if (!cfg.finetune && !st.extra.empty()) {

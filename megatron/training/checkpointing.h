@@ -74,6 +74,12 @@ struct TrainingState {
   /// fp32 optimizer state pieces, keys "optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model key>"
   /// (use add_optimizer_state). Saved unless --no-save-optim; loaded unless --no-load-optim/--finetune.
   std::vector<ShardedTensor> optimizer;
+  /// Optimizer state that exists only after the first optimizer step (SGD's
+  /// "optimizer.state.momentum_buffer.<key>", which torch.optim.SGD creates at step 1): never
+  /// saved from here (once it exists, model_and_optimizer_state lists it in `optimizer`); loaded
+  /// with the optimizer state when the checkpoint has the key, else left as it is and listed in
+  /// LoadResult::missing_optimizer.
+  std::vector<ShardedTensor> optimizer_if_present;
   /// Non-tensor optimizer state, e.g. {"step": 100, "param_groups": [...], "grad_scaler": {...}}.
   nlohmann::json optimizer_common = nlohmann::json::object();
   /// OptimizerParamScheduler state (Megatron keys: max_lr, lr_warmup_steps, num_steps, ...).
@@ -110,6 +116,7 @@ struct LoadResult {
   nlohmann::json args;             // the checkpoint's arguments
   std::string checkpoint_dir;      // the iter_XXXXXXX directory read
   std::vector<std::string> missing_extra;  // TrainingState::extra keys the checkpoint lacked
+  std::vector<std::string> missing_optimizer;  // TrainingState::optimizer_if_present keys it lacked
   nlohmann::json extra_common;     // the checkpoint's "extra" common state (null if none)
 };
 
@@ -157,7 +164,9 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
 ///    global layer index in the stacked layer axis, DP copies as replicas; the tied output-layer
 ///    copy of a later pipeline stage as a never-written replica of the word embedding, so it is
 ///    loaded too);
-///  * optimizer (with_optimizer): fp32 main params and Adam m/v for every optimizer parameter.
+///  * optimizer (with_optimizer): fp32 main params and Adam m/v (or SGD's momentum_buffer:
+///    in `optimizer` once opt.step_count() > 0, before that in `optimizer_if_present`) for every
+///    optimizer parameter, all with the same sharding.
 ///    opt.params()[j].param must view a model parameter or a contiguous element range of one
 ///    (the distributed optimizer's slices, distributed/distributed_optimizer.h). Without the
 ///    distributed optimizer the state is a box like the parameter piece (replicated over DP like
@@ -169,6 +178,12 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
 TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter>& params,
                                         const optimizer::MegatronOptimizer& opt, int64_t num_layers,
                                         const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer);
+
+/// One optimizer state piece "optimizer.state.<what>.<key>" of `model_piece` (sharding as for
+/// add_optimizer_state).
+ShardedTensor optimizer_piece(const std::string& what, const ShardedTensor& model_piece, const Tensor& t,
+                              std::optional<std::pair<int64_t, int64_t>> flattened_range = std::nullopt,
+                              int replica_id = 0);
 
 /// Adds the fp32 optimizer state of model tensor piece `model_piece` (same local shape as its
 /// data, or a 1-D flat range when `flattened_range` is given) to st.optimizer, keys

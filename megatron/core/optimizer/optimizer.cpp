@@ -73,13 +73,19 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     } else {
       main_params_.push_back(separate ? p.param.to(DType::kFloat32) : p.param);
     }
-    if (config_.optimizer != "adam" && !p.param.is_cpu())
-      user_error("--optimizer ", config_.optimizer, ": runs on CPU tensors only; use --optimizer adam on a GPU");
     if (config_.optimizer == "adam") {
       exp_avg_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
       exp_avg_sq_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));
-    } else {
       momentum_.push_back(Tensor());
+    } else {
+      // SGD's momentum buffer, allocated up front as zeros (torch.optim.SGD creates it at the
+      // first step as a copy of d; momentum * 0 + d == d exactly, so a zero buffer gives the same
+      // bits and lets a checkpoint load fill it in place). No buffer with --sgd-momentum 0.
+      exp_avg_.push_back(Tensor());
+      exp_avg_sq_.push_back(Tensor());
+      momentum_.push_back(config_.sgd_momentum != 0.0
+                              ? Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device())
+                              : Tensor());
     }
   }
   if (config_.fp16) {
@@ -184,6 +190,28 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float 
 }
 }  // namespace
 
+void MegatronOptimizer::sgd_update(size_t i, const ParamGroup& grp) {
+  // torch.optim.SGD (dampening 0, no Nesterov), composed from ops that run on the CPU and on the
+  // GPU alike: d = g + wd * p; buf = momentum * buf + d (buf starts at zero, see the
+  // constructor); p -= lr * buf (p -= lr * d without momentum). fp32 throughout.
+  Tensor& mp = main_params_[i];
+  const Tensor& g = grads_[i];
+  const float lr = static_cast<float>(grp.lr), wd = static_cast<float>(grp.weight_decay);
+  Tensor d = g;
+  if (wd != 0.0f) {
+    d = g.clone();  // torch adds the decay out of place: the main grad itself stays as it is
+    ops::add_(d, mp, wd);
+  }
+  if (momentum_[i].defined()) {
+    ops::scale_(momentum_[i], static_cast<float>(config_.sgd_momentum));
+    ops::add_(momentum_[i], d, 1.0f);
+    ops::add_(mp, momentum_[i], -lr);
+  } else {
+    ops::add_(mp, d, -lr);
+  }
+  if (separate_main_[i]) ops::cast(mp, params_[i].param);  // main -> bf16/fp16 model param
+}
+
 void MegatronOptimizer::release_main_grad_copies() {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].main_grad.dtype() != DType::kFloat32) grads_[i] = Tensor();
@@ -277,6 +305,10 @@ StepResult MegatronOptimizer::step_on_main_grads() {
       Tensor& mp = main_params_[i];
       const Tensor& g = grads_[i];
       const int64_t n = mp.numel();
+      if (config_.optimizer == "sgd") {
+        sgd_update(i, grp);
+        continue;
+      }
       if (!mp.is_cpu() && device_done) continue;
       if (!mp.is_cpu()) {
         // Device tensors: one fused Adam(W) kernel that also writes the bf16/fp16 model param.
@@ -297,26 +329,10 @@ StepResult MegatronOptimizer::step_on_main_grads() {
 #endif
         continue;
       }
-      if (config_.optimizer == "adam") {
-        adam_update(mp.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
-                    static_cast<float>(grp.lr), static_cast<float>(config_.adam_beta1),
-                    static_cast<float>(config_.adam_beta2), static_cast<float>(config_.adam_eps),
-                    static_cast<float>(grp.weight_decay), step_, config_.decoupled_weight_decay);
-      } else {
-        // torch.optim.SGD with momentum and L2 weight decay (Megatron's --optimizer sgd).
-        if (!momentum_[i].defined()) momentum_[i] = Tensor::zeros({n}, DType::kFloat32);
-        float* p = mp.data<float>();
-        const float* gg = g.data<float>();
-        float* buf = momentum_[i].data<float>();
-        const float lr = static_cast<float>(grp.lr), wd = static_cast<float>(grp.weight_decay);
-        const float mom = static_cast<float>(config_.sgd_momentum);
-        const bool first = step_ == 1;
-        for (int64_t k = 0; k < n; ++k) {
-          const float d = gg[k] + wd * p[k];
-          buf[k] = (first || mom == 0.0f) ? d : mom * buf[k] + d;
-          p[k] -= lr * buf[k];
-        }
-      }
+      adam_update(mp.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
+                  static_cast<float>(grp.lr), static_cast<float>(config_.adam_beta1),
+                  static_cast<float>(config_.adam_beta2), static_cast<float>(config_.adam_eps),
+                  static_cast<float>(grp.weight_decay), step_, config_.decoupled_weight_decay);
       // 5. Copy main -> model params.
       if (separate_main_[i]) {
         cpu_convert_from_float(mp.data<float>(), params_[i].param.data_ptr(), params_[i].param.dtype(), n);

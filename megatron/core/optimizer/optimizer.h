@@ -7,7 +7,8 @@
 // (update_successful = false, grad norm None); global grad norm over the grads that count
 // (always computed) and clipping (--clip-grad > 0); zero count
 // (--log-num-zeros-in-grad); Adam(W) on fp32 main params; copy main params -> bf16/fp16 model
-// params. Param groups (§6.4): no weight decay for 1-D params and biases; --decoupled-lr for
+// params (SGD: torch.optim.SGD's update composed from ops::add_/scale_/cast, so the same code
+// runs on CPU and GPU tensors). Param groups (§6.4): no weight decay for 1-D params and biases; --decoupled-lr for
 // embedding/output weights.
 #pragma once
 
@@ -95,6 +96,10 @@ class MegatronOptimizer {
   const Tensor& main_param(size_t i) const { return main_params_[i]; }
   const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  /// SGD's momentum buffer of param i (torch.optim.SGD state "momentum_buffer"): fp32, numel of
+  /// the param, on its device; undefined for Adam and with --sgd-momentum 0. Allocated (zeros) at
+  /// construction so a checkpoint load can fill it; it holds state once step_count() > 0.
+  const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
   int64_t step_count() const { return step_; }
   /// Restores the step counter (Adam bias correction) from a checkpoint.
   void set_step_count(int64_t step) { step_ = step; }
@@ -105,6 +110,7 @@ class MegatronOptimizer {
   std::vector<Tensor> all_main_grads() const;
   void copy_model_grads_to_main_grads();
   void release_main_grad_copies();
+  void sgd_update(size_t i, const ParamGroup& grp);
   StepResult step_on_main_grads();
 
   OptimizerConfig config_;

@@ -76,7 +76,8 @@ void check_microbatch_group_size(int P, int M, int G) {
   if (M % G != 0 && M % G < P)
     user_error("the remainder of the micro-batch count ", M, " divided by the group size ", G,
                " must be 0 or >= the pipeline-parallel size ", P,
-               " (--microbatch-group-size-per-virtual-pipeline-stage)");
+               " (the group size is --microbatch-group-size-per-virtual-pipeline-stage, default PP; choose a "
+               "--global-batch-size that gives a multiple of it, or set the flag)");
 }
 
 InterleavedPipeline::InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp, Shape shape, DType dtype,

@@ -241,7 +241,9 @@ struct SlicedModel {
   std::vector<transformer::Parameter> params;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   // `slices`: this rank's buffer ranges (the distributed optimizer's), or empty = whole params.
-  explicit SlicedModel(const std::vector<std::pair<int64_t, int64_t>>& slices) {
+  // `cfg`: Adam by default; with SGD the momentum buffer takes exp_avg's hand-made values.
+  explicit SlicedModel(const std::vector<std::pair<int64_t, int64_t>>& slices,
+                       const optimizer::OptimizerConfig& cfg = optimizer::OptimizerConfig{}) {
     transformer::Parameter w, b;
     w.name = "decoder.layers.0.mlp.linear_fc2.weight";
     w.data = buf.flat_slice(0, {4, 3});
@@ -266,7 +268,7 @@ struct SlicedModel {
         if (hi > 12) add(b.name, std::max<int64_t>(lo, 12), hi, false);
       }
     }
-    opt = std::make_unique<optimizer::MegatronOptimizer>(optimizer::OptimizerConfig{}, ops);
+    opt = std::make_unique<optimizer::MegatronOptimizer>(cfg, ops);
   }
   void fill_expected() {
     float* p = buf.data<float>();
@@ -275,10 +277,10 @@ struct SlicedModel {
     for (size_t j = 0; j < opt->params().size(); ++j) {
       const int64_t at = (static_cast<const char*>(opt->params()[j].param.data_ptr()) -
                           static_cast<const char*>(buf.data_ptr())) / 4;
-      Tensor m = opt->exp_avg(j), v = opt->exp_avg_sq(j);
+      Tensor m = opt->exp_avg(j).defined() ? opt->exp_avg(j) : opt->momentum_buffer(j), v = opt->exp_avg_sq(j);
       for (int64_t e = 0; e < m.numel(); ++e) {
         m.data<float>()[e] = 100.0f + static_cast<float>(at + e);
-        v.data<float>()[e] = 0.5f * static_cast<float>(at + e);
+        if (v.defined()) v.data<float>()[e] = 0.5f * static_cast<float>(at + e);
       }
     }
   }
@@ -290,11 +292,14 @@ struct SlicedModel {
     for (size_t j = 0; j < opt->params().size(); ++j) {
       const int64_t at = (static_cast<const char*>(opt->params()[j].param.data_ptr()) -
                           static_cast<const char*>(buf.data_ptr())) / 4;
-      auto m = opt->exp_avg(j).to_float_vector(), v = opt->exp_avg_sq(j).to_float_vector();
-      for (size_t e = 0; e < m.size(); ++e) {
-        EXPECT_EQ(m[e], 100.0f + static_cast<float>(at + static_cast<int64_t>(e))) << "exp_avg at " << at + e;
+      const bool sgd = !opt->exp_avg(j).defined();
+      auto m = (sgd ? opt->momentum_buffer(j) : opt->exp_avg(j)).to_float_vector();
+      for (size_t e = 0; e < m.size(); ++e)
+        EXPECT_EQ(m[e], 100.0f + static_cast<float>(at + static_cast<int64_t>(e))) << "exp_avg/momentum at " << at + e;
+      if (sgd) continue;
+      auto v = opt->exp_avg_sq(j).to_float_vector();
+      for (size_t e = 0; e < v.size(); ++e)
         EXPECT_EQ(v[e], 0.5f * static_cast<float>(at + static_cast<int64_t>(e))) << "exp_avg_sq at " << at + e;
-      }
     }
   }
 };
@@ -347,6 +352,65 @@ TEST(TrainingCheckpointing, DistributedOptimizerStateReshardsAcrossDP) {
     n += s.flattened_range->second - s.flattened_range->first;
   }
   EXPECT_EQ(n, 12);
+  fs::remove_all(root);
+}
+
+// --optimizer sgd: the momentum buffers are saved as "optimizer.state.momentum_buffer.<key>"
+// (torch.optim.SGD's state key, as Megatron's optim_state_to_sharding_state names it) with the
+// distributed optimizer's flat ranges, and reshard like exp_avg. As in torch they exist only after
+// the first step: a save at step 0 has none, and loading such a checkpoint leaves the buffers at
+// zero (listed in missing_optimizer).
+TEST(TrainingCheckpointing, SgdMomentumBufferSavedAndResharded) {
+  std::string root = tmp_dir("sgd");
+  CheckpointConfig cfg;
+  cfg.save = cfg.load = root;
+  optimizer::OptimizerConfig oc;
+  oc.optimizer = "sgd";
+  oc.sgd_momentum = 0.9;
+  ::testing::internal::CaptureStdout();
+  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+    SlicedModel m(r == 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, 8}} : std::vector<std::pair<int64_t, int64_t>>{{8, 15}}, oc);
+    m.fill_expected();
+    m.opt->set_step_count(3);  // the buffers hold state
+    ParallelRanks pr{0, 1, 0, 1, r, 2};
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, pr, /*distributed_optimizer=*/true, true);
+    st.iteration = 7;
+    save_checkpoint(st, cfg, pr, &g);
+  });
+  {
+    SlicedModel m({}, oc);  // fresh optimizer (step 0), one rank, no distributed optimizer
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, {}, false, true);
+    EXPECT_EQ(st.optimizer_if_present.size(), 2u);
+    LoadResult r = load_checkpoint(st, cfg, {});
+    EXPECT_TRUE(r.optimizer_loaded);
+    EXPECT_TRUE(r.missing_optimizer.empty());
+    m.expect_expected();
+  }
+  dc::CheckpointIndex idx = dc::load_index(root + "/iter_0000007");
+  const auto& e = idx.tensors.at("optimizer.state.momentum_buffer.decoder.layers.mlp.linear_fc2.weight");
+  EXPECT_EQ(e.global_shape, (Shape{1, 4, 3}));
+  EXPECT_EQ(e.shards.size(), 2u);
+  EXPECT_TRUE(idx.tensors.count("optimizer.state.momentum_buffer.decoder.layers.mlp.linear_fc2.bias"));
+  EXPECT_FALSE(idx.tensors.count("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"));
+  // Step 0: no buffers saved; a load finds none and leaves them at zero.
+  {
+    SlicedModel m({}, oc);
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, {}, false, true);
+    st.iteration = 9;
+    save_checkpoint(st, cfg, {});
+  }
+  EXPECT_FALSE(dc::load_index(root + "/iter_0000009").tensors.count(
+      "optimizer.state.momentum_buffer.decoder.layers.mlp.linear_fc2.weight"));
+  {
+    SlicedModel m({}, oc);
+    TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, {}, false, true);
+    LoadResult r = load_checkpoint(st, cfg, {});
+    EXPECT_EQ(r.iteration, 9);
+    EXPECT_EQ(r.missing_optimizer.size(), 2u);
+    for (size_t j = 0; j < m.opt->params().size(); ++j)
+      for (float x : m.opt->momentum_buffer(j).to_float_vector()) EXPECT_EQ(x, 0.0f);
+  }
+  ::testing::internal::GetCapturedStdout();
   fs::remove_all(root);
 }
 
