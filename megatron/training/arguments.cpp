@@ -325,6 +325,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--rotary-interleaved", a.rotary_interleaved, true);
   b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor);
   b.flag("--use-rope-scaling", a.use_rope_scaling, true);
+  b.num("--rope-scaling-factor", a.rope_scaling_factor);
   b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1);
   b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
   b.num("--norm-epsilon", a.layernorm_epsilon);
@@ -832,14 +833,12 @@ void validate_args(Arguments& a) {
   if (a.add_bias_linear) a.add_qkv_bias = true;
   // --squared-relu (core_transformer_config_from_args: assert not swiglu; MLP.forward raises "Only
   // support fusion of gelu and swiglu" when the bias-activation fusion is on).
-  // RoPE variants the rope kernels do not apply (they were parsed and silently ignored: a run would
-  // train with plain RoPE frequencies and positions).
-  if (a.use_rope_scaling)
-    fail("--use-rope-scaling (Llama-3.1 RoPE frequency scaling) is not implemented in megatron.cpp yet; remove it "
-         "(plain RoPE frequencies would be used)");
-  if (a.rotary_seq_len_interpolation_factor)
-    fail("--rotary-seq-len-interpolation-factor is not implemented in megatron.cpp yet; remove it (positions would "
-         "not be interpolated)");
+  // RoPE variants (Megatron does not check these; a zero factor would divide by zero there).
+  if (a.use_rope_scaling && !(a.rope_scaling_factor > 0.0))
+    fail("--rope-scaling-factor must be positive, got " + py_float_repr(a.rope_scaling_factor));
+  if (a.rotary_seq_len_interpolation_factor && *a.rotary_seq_len_interpolation_factor <= 0)
+    fail("--rotary-seq-len-interpolation-factor must be a positive integer, got " +
+         std::to_string(*a.rotary_seq_len_interpolation_factor));
   if (a.squared_relu && a.swiglu) fail("--squared-relu and --swiglu cannot be used together");
   if (a.squared_relu && a.bias_gelu_fusion)
     fail("--squared-relu needs --no-bias-gelu-fusion (or --disable-bias-linear): Megatron fuses only GeLU and "
@@ -1119,6 +1118,10 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.rotary_base = static_cast<float>(a.rotary_base);
   c.rotary_percent = static_cast<float>(a.rotary_percent);
   c.rotary_interleaved = a.rotary_interleaved;
+  c.rope_scaling = a.use_rope_scaling;
+  c.rope_scaling_factor = static_cast<float>(a.rope_scaling_factor);
+  c.seq_len_interpolation_factor =
+      a.rotary_seq_len_interpolation_factor ? static_cast<double>(*a.rotary_seq_len_interpolation_factor) : 0.0;
   c.share_embeddings_and_output_weights = !a.untie_embeddings_and_output_weights;
   c.params_dtype = a.bf16 ? DType::kBFloat16 : a.fp16 ? DType::kFloat16 : DType::kFloat32;
   // --grad-reduce-in-bf16 makes the DDP grad buffer bf16 (Megatron's grad_reduce_in_fp32=False).

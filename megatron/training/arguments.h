@@ -33,8 +33,9 @@ struct Arguments {
   int64_t rotary_base = 10000;
   double rotary_percent = 1.0;
   bool rotary_interleaved = false;
-  std::optional<double> rotary_seq_len_interpolation_factor;
+  std::optional<int64_t> rotary_seq_len_interpolation_factor;  // Megatron: type=int
   bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
   int64_t make_vocab_size_divisible_by = 128;
   std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
   double layernorm_epsilon = 1e-5;          // --norm-epsilon

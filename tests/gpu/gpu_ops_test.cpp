@@ -789,13 +789,18 @@ void test_norms() {
 
 void test_rope() {
   for (DType dt : {DType::kFloat32, DType::kBFloat16})
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       const int64_t s = g_small ? 6 : 37, b = 2, np = 4, ng = 2, d = 32, npg = np / ng;
       ops::RopeParams rp;
       rp.enabled = variant != 2 || true;
       rp.interleaved = variant == 1;
       rp.percent = variant == 2 ? 0.5f : 1.0f;
-      rp.base = 10000.0f;
+      rp.base = variant == 3 ? 500000.0f : 10000.0f;
+      if (variant == 3) {  // --use-rope-scaling (factor 8) --rotary-seq-len-interpolation-factor 4
+        rp.scaling.enabled = true;
+        rp.scaling.factor = 8.0f;
+        rp.position_scale = ops::rope_position_scale(4.0);
+      }
       const int64_t W = ng * (npg + 2) * d;
       V qkv = rounded(randn(s * b * W), dt);
       std::vector<int64_t> pos(s * b);
@@ -820,8 +825,11 @@ void test_rope() {
           } else {
             partner = c - rot / 2, sign = 1, fi = c - rot / 2;
           }
-          float inv = (float)(1.0 / std::pow(10000.0, 2.0 * fi / rot));
-          double ang = (double)((float)posv * inv);  // angle formed in fp32, as Megatron does
+          // variant 3: the Llama-3.1 frequencies (rope_freq.h, checked against a float64
+          // reference by tests/unit_tests/ops/rope_scaling_test.cpp) and scaled positions.
+          float inv = variant == 3 ? ops::rope_inv_freq(rp.base, fi, rot, rp.scaling)
+                                   : (float)(1.0 / std::pow(10000.0, 2.0 * fi / rot));
+          double ang = (double)(((float)posv * rp.position_scale) * inv);  // fp32 angle, as Megatron
           y[c] = x[c] * std::cos(ang) + (inverse ? -sign : sign) * x[partner] * std::sin(ang);
         }
       };
@@ -838,7 +846,9 @@ void test_rope() {
                 for (int c = 0; c < d; ++c) rv[(tok * ng + gi) * d + c] = src[c];
             }
         }
-      std::string nm = std::string("qkv_split_rope ") + (variant == 0 ? "half" : variant == 1 ? "interleaved+pos" : "half 50%+pos") + " " + dn(dt);
+      std::string nm = std::string("qkv_split_rope ") +
+                       (variant == 0 ? "half" : variant == 1 ? "interleaved+pos" : variant == 2 ? "half 50%+pos" : "half+pos llama3-scaled interp4") +
+                       " " + dn(dt);
       check(nm + " fwd q", host(Q), rq, tol_for(dt));
       check(nm + " fwd k", host(K), rk, tol_for(dt));
       check(nm + " fwd v", host(Vt), rv, dt == DType::kFloat32 ? 0.0 : 1e-2);
@@ -1359,12 +1369,19 @@ void test_model_ops() {
       for (int64_t i = 0; i < rows * n; ++i) r[i] = (double)y[i] + b[i % n];
       check(std::string("bias_add_ y ") + dn(dt) + " bias " + dn(bd), host(Y), r, tol_for(dt));
     }
-    for (bool inter : {false, true}) {
+    for (int rv = 0; rv < 3; ++rv) {
+      const bool inter = rv == 1, scaled = rv == 2;
       const int64_t s = g_small ? 5 : 29, b = 2, n = 3, d = 64;
       ops::RopeParams rp;
       rp.enabled = true;
       rp.interleaved = inter;
-      rp.percent = inter ? 1.0f : 0.5f;
+      rp.percent = inter || scaled ? 1.0f : 0.5f;
+      if (scaled) {  // --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 32 --rotary-seq-len-interpolation-factor 3
+        rp.base = 500000.0f;
+        rp.scaling.enabled = true;
+        rp.scaling.factor = 32.0f;
+        rp.position_scale = ops::rope_position_scale(3.0);
+      }
       V x = rounded(randn(s * b * n * d), dt);
       std::vector<int64_t> pos(s * b);
       std::uniform_int_distribution<int64_t> dp(0, 63);
@@ -1377,7 +1394,7 @@ void test_model_ops() {
       ops::cpu::rope_backward(Xc, rp, &Pc, DXc);
       Tensor X = dev(x, {s, b, n, d}, dt), Y = poisoned({s, b, n, d}, dt);
       cu::rope_forward(X, rp, &P, Y);
-      std::string nm = std::string("rope ") + (inter ? "interleaved" : "half 50%") + " " + dn(dt);
+      std::string nm = std::string("rope ") + (inter ? "interleaved" : scaled ? "half llama3-scaled f32 interp3" : "half 50%") + " " + dn(dt);
       check(nm + " fwd vs cpu::rope_forward", host(Y), to_d(Yc.to_float_vector()), tol_for(dt));
       cu::rope_backward(X, rp, &P, X);  // in place
       check(nm + " bwd in-place vs cpu::rope_backward", host(X), to_d(DXc.to_float_vector()), tol_for(dt));

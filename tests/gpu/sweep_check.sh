@@ -91,6 +91,10 @@ vocab503_div1;bf16;--vocab-size 503 --make-vocab-size-divisible-by 1
 vocab1001_default;bf16;--vocab-size 1001
 rope_pct05;bf16;$LL --rotary-percent 0.5
 rope_base;bf16;$LL --rotary-base 500000
+rope_scaling;bf16;$LL --use-rope-scaling --rotary-base 500000
+rope_scaling_f32;bf16;$LL --use-rope-scaling --rope-scaling-factor 32
+rope_interp;bf16;$LL --rotary-seq-len-interpolation-factor 2
+rope_scaling_interp;bf16;$LL --use-rope-scaling --rotary-seq-len-interpolation-factor 4
 rope_interleaved;bf16?;$LL --rotary-interleaved
 pos_none;bf16;--position-embedding-type none
 layernorm_1p;bf16;--apply-layernorm-1p
@@ -129,8 +133,6 @@ dropout_gpt;drop;$DROP
 dropout_ll;drop;$LL $DROP
 err_heads;err;--hidden-size 72 --num-attention-heads 5
 err_seq_gt_maxpos;err;--seq-length 2048
-err_rope_scaling;err;$LL --use-rope-scaling
-err_rope_interp;err;$LL --rotary-seq-len-interpolation-factor 2
 err_gqa_groups;err;$LL --num-attention-heads 4 $GQA 3
 tp2;dist;$LL --hidden-size 128;--tensor-model-parallel-size 2
 tp2_sp;dist;$LL --hidden-size 128;--tensor-model-parallel-size 2 --sequence-parallel

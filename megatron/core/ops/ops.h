@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "megatron/core/ops/rope_freq.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::ops {
@@ -119,14 +120,19 @@ void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx)
 // ------------------------------------------------------------------------------------------
 
 /// Rotary embedding parameters (Megatron RotaryEmbedding): the first rot_dim = d*rotary_percent
-/// channels of each head are rotated with inv_freq[i] = base^(-2i/rot_dim); rotate-half
-/// (non-interleaved) unless interleaved. Positions come from `position_ids` int64 [s, b]
-/// if given, else 0..s-1.
+/// channels of each head are rotated with inv_freq[i] = base^(-2i/rot_dim) (Llama-3.1-scaled with scaling.enabled)
+/// at angle (position * position_scale) * inv_freq (rope_freq.h, shared by both backends); rotate-half unless
+/// interleaved. Positions come from `position_ids` int64 [s, b] if given, else 0..s-1.
 struct RopeParams {
   bool enabled = false;
   float base = 10000.0f;
   float percent = 1.0f;
   bool interleaved = false;
+  /// Llama-3.1 frequency scaling (--use-rope-scaling); see rope_freq.h.
+  RopeScaling scaling;
+  /// Positions are multiplied by this before the angle: float32(1 / --rotary-seq-len-interpolation-factor),
+  /// 1 without the flag (rope_position_scale in rope_freq.h).
+  float position_scale = 1.0f;
 };
 
 /// Splits Megatron's fused QKV projection output qkv [s, b, ng * (np/ng + 2) * d] — rows grouped

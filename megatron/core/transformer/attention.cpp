@@ -17,6 +17,9 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   rope_.base = config.rotary_base;
   rope_.percent = config.rotary_percent;
   rope_.interleaved = config.rotary_interleaved;
+  rope_.scaling.enabled = config.rope_scaling;
+  rope_.scaling.factor = config.rope_scaling_factor;
+  rope_.position_scale = ops::rope_position_scale(config.seq_len_interpolation_factor);
   const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
   const int64_t q_size = config.num_attention_heads * config.kv_channels;
   linear_proj_ = std::make_unique<tensor_parallel::RowParallelLinear>(reg, prefix + ".linear_proj", q_size,

@@ -75,6 +75,10 @@ void TransformerConfig::validate() {
       user_error("--rotary-percent ", rotary_percent, " of --kv-channels ", kv_channels,
                  " gives rotary dim ", rot, "; it must be even and at least 2");
     if (!(rotary_base > 0.0f)) user_error("--rotary-base must be positive, got ", rotary_base);
+    if (rope_scaling && !(rope_scaling_factor > 0.0f))
+      user_error("--rope-scaling-factor must be positive, got ", rope_scaling_factor);
+    if (seq_len_interpolation_factor < 0.0)
+      user_error("--rotary-seq-len-interpolation-factor must be positive, got ", seq_len_interpolation_factor);
   }
   if (squared_relu && gated_linear_unit)
     user_error("TransformerConfig: squared_relu (--squared-relu) and gated_linear_unit (--swiglu) cannot be used together");

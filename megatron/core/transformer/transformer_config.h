@@ -85,6 +85,14 @@ struct TransformerConfig {
   float rotary_base = 10000.0f;
   float rotary_percent = 1.0f;
   bool rotary_interleaved = false;
+  /// Llama-3.1 RoPE frequency scaling (Megatron's GPTModel rope_scaling / rope_scaling_factor,
+  /// --use-rope-scaling / --rope-scaling-factor; RotaryEmbedding._apply_scaling with
+  /// low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192).
+  bool rope_scaling = false;
+  float rope_scaling_factor = 8.0f;
+  /// GPTModel seq_len_interpolation_factor (--rotary-seq-len-interpolation-factor): RoPE positions
+  /// are multiplied by 1 / factor. 0 = None (positions as they are).
+  double seq_len_interpolation_factor = 0.0;
 
   // ---- embeddings ----
   /// false with --untie-embeddings-and-output-weights.

@@ -54,6 +54,8 @@ json spec_to_args(const HFModelSpec& s, int64_t padded, int64_t divisible_by) {
           {"qk_layernorm", false},
           {"position_embedding_type", s.position_embedding_type},
           {"rotary_base", s.rotary_base},
+          {"use_rope_scaling", s.use_rope_scaling},
+          {"rope_scaling_factor", s.rope_scaling_factor},
           {"rotary_percent", 1.0},
           {"rotary_interleaved", false},
           {"swiglu", s.swiglu},
@@ -93,6 +95,8 @@ HFModelSpec spec_from_args(const json& a, const std::string& where) {
   s.norm_epsilon = a.value("layernorm_epsilon", a.value("norm_epsilon", 1e-5));
   s.position_embedding_type = a.value("position_embedding_type", std::string("learned_absolute"));
   s.rotary_base = a.value("rotary_base", 10000.0);
+  s.use_rope_scaling = a.value("use_rope_scaling", false);
+  s.rope_scaling_factor = a.value("rope_scaling_factor", 8.0);
   s.swiglu = a.value("swiglu", false);
   s.activation = trained_activation(a);
   if (s.activation.empty()) s.activation = s.swiglu ? "silu" : "gelu_tanh";
@@ -118,7 +122,8 @@ void check_hf_export(const json& a, const HFModelSpec& s, const std::string& whe
   // --- representable at all? ---
   if (flag("qk_layernorm")) refuse("--qk-layernorm");
   if (flag("layernorm_zero_centered_gamma")) refuse("--apply-layernorm-1p");
-  if (flag("use_rope_scaling")) refuse("--use-rope-scaling");
+  // Llama-3.1 RoPE scaling is LLaMA's rope_scaling {"rope_type": "llama3", ...}; GPT-2 has no RoPE.
+  if (flag("use_rope_scaling") && s.model_type != "llama") refuse("--use-rope-scaling");
   if (num("rotary_seq_len_interpolation_factor", 1.0) != 1.0)
     refuse("--rotary-seq-len-interpolation-factor " + show(a["rotary_seq_len_interpolation_factor"]));
   const std::string act = trained_activation(a);
@@ -179,6 +184,12 @@ void check_hf_export(const json& a, const HFModelSpec& s, const std::string& whe
   if (s.model_type == "llama" && a.contains("rotary_base") && a["rotary_base"].is_number() &&
       a["rotary_base"].get<double>() != s.rotary_base)
     differs("rope_theta", json(s.rotary_base).dump(), "rotary_base", a["rotary_base"]);
+  if (s.model_type == "llama" && a.contains("use_rope_scaling") && a["use_rope_scaling"].is_boolean() &&
+      a["use_rope_scaling"].get<bool>() != s.use_rope_scaling)
+    differs("rope_scaling", s.use_rope_scaling ? "llama3" : "none", "use_rope_scaling", a["use_rope_scaling"]);
+  if (s.model_type == "llama" && s.use_rope_scaling && a.contains("rope_scaling_factor") &&
+      a["rope_scaling_factor"].is_number() && a["rope_scaling_factor"].get<double>() != s.rope_scaling_factor)
+    differs("rope_scaling.factor", json(s.rope_scaling_factor).dump(), "rope_scaling_factor", a["rope_scaling_factor"]);
   if (s.model_type == "llama" && a.contains("add_bias_linear") && a["add_bias_linear"].is_boolean() &&
       a["add_bias_linear"].get<bool>() != s.add_bias_linear)
     differs("attention_bias/mlp_bias", s.add_bias_linear ? "true" : "false", "add_bias_linear", a["add_bias_linear"]);

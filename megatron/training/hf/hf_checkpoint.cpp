@@ -54,14 +54,41 @@ struct Cfg {
   }
 };
 
-void check_rope_object(const json& r, const std::string& path, const char* key) {
+/// Reads a rope_scaling / rope_parameters object into s: rope_type "default" (plain RoPE) or
+/// "llama3" (Llama-3.1 scaling = Megatron's --use-rope-scaling --rope-scaling-factor <factor>).
+/// Megatron fixes low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192
+/// (RotaryEmbedding._apply_scaling), so other values are refused, as are other rope types.
+void read_rope_object(const json& r, const std::string& path, const char* key, HFModelSpec& s) {
   if (r.is_null()) return;
   if (!r.is_object()) user_error(path, ": '", key, "' must be an object or null");
   std::string type = r.value("rope_type", r.value("type", std::string("default")));
-  if (type != "default")
+  if (type == "default") return;
+  if (type != "llama3")
     user_error(path, ": ", key, ".rope_type '", type,
-               "' is not supported (only plain RoPE; scaled variants such as llama3/linear/dynamic/yarn would "
+               "' is not supported (plain RoPE or llama3 only; scaled variants such as linear/dynamic/yarn would "
                "give a different model)");
+  auto num = [&](const char* k, double def, bool required) {
+    if (!r.contains(k) || r[k].is_null()) {
+      if (required) user_error(path, ": ", key, ".", k, " is missing (rope_type llama3 needs it)");
+      return def;
+    }
+    if (!r[k].is_number()) user_error(path, ": ", key, ".", k, " is not a number");
+    return r[k].get<double>();
+  };
+  const double factor = num("factor", 8.0, true);
+  if (!(factor > 0.0)) user_error(path, ": ", key, ".factor must be positive, got ", factor);
+  const struct {
+    const char* k;
+    double megatron;
+  } fixed[] = {{"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192.0}};
+  for (const auto& f : fixed) {
+    const double v = num(f.k, f.megatron, false);
+    if (v != f.megatron)
+      user_error(path, ": ", key, ".", f.k, " = ", v, " is not supported (Megatron's --use-rope-scaling fixes it to ",
+                 f.megatron, ")");
+  }
+  s.use_rope_scaling = true;
+  s.rope_scaling_factor = factor;
 }
 
 }  // namespace
@@ -94,13 +121,13 @@ HFModelSpec read_hf_config(const std::string& path) {
     s.position_embedding_type = "rope";
     s.rotary_base = c.opt_num("rope_theta", 10000.0);
     if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
-      check_rope_object(j["rope_parameters"], path, "rope_parameters");
+      read_rope_object(j["rope_parameters"], path, "rope_parameters", s);
       if (j["rope_parameters"].contains("rope_theta")) s.rotary_base = j["rope_parameters"]["rope_theta"].get<double>();
       if (j["rope_parameters"].contains("partial_rotary_factor") &&
           j["rope_parameters"]["partial_rotary_factor"].get<double>() != 1.0)
         user_error(path, ": rope_parameters.partial_rotary_factor != 1 is not supported for LLaMA import");
     }
-    if (j.contains("rope_scaling")) check_rope_object(j["rope_scaling"], path, "rope_scaling");
+    if (j.contains("rope_scaling")) read_rope_object(j["rope_scaling"], path, "rope_scaling", s);
     std::string act = c.opt_str("hidden_act", "silu");
     if (act != "silu") user_error(path, ": hidden_act '", act, "' is not supported (LLaMA uses silu for SwiGLU)");
     s.swiglu = true;
@@ -161,6 +188,7 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
     a.insert(a.end(), {"--group-query-attention", "--num-query-groups", std::to_string(num_query_groups)});
   }
   if (position_embedding_type == "rope") a.insert(a.end(), {"--rotary-base", num(rotary_base)});
+  if (use_rope_scaling) a.insert(a.end(), {"--use-rope-scaling", "--rope-scaling-factor", num(rope_scaling_factor)});
   if (swiglu) a.push_back("--swiglu");
   if (!add_bias_linear) a.push_back("--disable-bias-linear");
   if (add_qkv_bias && !add_bias_linear) a.push_back("--add-qkv-bias");
@@ -187,7 +215,12 @@ json hf_config_json(const HFModelSpec& s) {
             {"vocab_size", s.vocab_size},
             {"rms_norm_eps", s.norm_epsilon},
             {"rope_theta", s.rotary_base},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", s.use_rope_scaling ? json{{"rope_type", "llama3"},
+                                                        {"factor", s.rope_scaling_factor},
+                                                        {"low_freq_factor", 1.0},
+                                                        {"high_freq_factor", 4.0},
+                                                        {"original_max_position_embeddings", 8192}}
+                                                 : json(nullptr)},
             {"hidden_act", "silu"},
             {"tie_word_embeddings", !s.untie_embeddings_and_output_weights},
             {"attention_bias", s.add_bias_linear},

@@ -41,6 +41,8 @@ struct HFModelSpec {
   double norm_epsilon = 1e-5;             // --norm-epsilon
   std::string position_embedding_type;    // "rope" | "learned_absolute"
   double rotary_base = 10000.0;           // --rotary-base
+  bool use_rope_scaling = false;          // --use-rope-scaling (rope_type "llama3")
+  double rope_scaling_factor = 8.0;       // --rope-scaling-factor (llama3 "factor")
   bool swiglu = false;                    // --swiglu
   std::string activation;                 // "silu" (SwiGLU) | "gelu_tanh" (GPT-2 gelu_new) | "gelu" | "relu2" (--squared-relu)
   bool add_bias_linear = false;           // !--disable-bias-linear
@@ -52,7 +54,9 @@ struct HFModelSpec {
 };
 
 /// Parses a LLaMA or GPT-2 config.json. Throws UserError "<path>: <key> ..." for a missing key,
-/// an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default,
+/// an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default or
+/// llama3 (llama3 with low_freq_factor != 1, high_freq_factor != 4 or
+/// original_max_position_embeddings != 8192, which Megatron's flags cannot express),
 /// hidden_act other than silu (LLaMA), attention_bias without mlp_bias, pretraining_tp != 1,
 /// GPT-2 activation_function not gelu/gelu_new/relu2, scale_attn_by_inverse_layer_idx, ...
 HFModelSpec read_hf_config(const std::string& config_json_path);

@@ -26,6 +26,8 @@ transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& s) 
   c.position_embedding_type =
       s.position_embedding_type == "rope" ? transformer::PositionEmbeddingType::kRope : transformer::PositionEmbeddingType::kLearnedAbsolute;
   c.rotary_base = static_cast<float>(s.rotary_base);
+  c.rope_scaling = s.use_rope_scaling;
+  c.rope_scaling_factor = static_cast<float>(s.rope_scaling_factor);
   c.share_embeddings_and_output_weights = !s.untie_embeddings_and_output_weights;
   return c;
 }

@@ -117,15 +117,34 @@ TEST(Arguments, NotedFlagsAreAcceptedOnce) {
   EXPECT_NE(notes["--manual-gc"].find("garbage collector"), std::string::npos);
 }
 
-TEST(Arguments, RopeVariantsNotImplementedFailClearly) {
-  // Megatron applies Llama-3.1 frequency scaling / position interpolation; our rope kernels do
-  // neither, so the flags must stop the run instead of being ignored.
-  EXPECT_EQ(error_of(with(base_flags(), {"--position-embedding-type", "rope", "--use-rope-scaling"})),
-            "--use-rope-scaling (Llama-3.1 RoPE frequency scaling) is not implemented in megatron.cpp yet; remove it "
-            "(plain RoPE frequencies would be used)");
-  EXPECT_EQ(error_of(with(base_flags(), {"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "2"})),
-            "--rotary-seq-len-interpolation-factor is not implemented in megatron.cpp yet; remove it (positions would "
-            "not be interpolated)");
+TEST(Arguments, RopeScalingAndInterpolationReachTheConfig) {
+  // Megatron: --use-rope-scaling (store_true), --rope-scaling-factor (float, default 8.0),
+  // --rotary-seq-len-interpolation-factor (int, default None) -> GPTModel's rope_scaling,
+  // rope_scaling_factor, seq_len_interpolation_factor.
+  EXPECT_EQ(error_of(with(base_flags(), {"--position-embedding-type", "rope", "--use-rope-scaling"})), "");
+  {
+    Arguments a = parse_args(with(base_flags(), {"--position-embedding-type", "rope", "--use-rope-scaling"}));
+    validate_args(a);
+    auto c = core_transformer_config_from_args(a);
+    EXPECT_TRUE(c.rope_scaling);
+    EXPECT_EQ(c.rope_scaling_factor, 8.0f);
+    EXPECT_EQ(c.seq_len_interpolation_factor, 0.0);
+  }
+  {
+    Arguments a = parse_args(with(base_flags(), {"--position-embedding-type", "rope", "--use-rope-scaling",
+                                                 "--rope-scaling-factor", "32", "--rotary-seq-len-interpolation-factor", "4"}));
+    validate_args(a);
+    auto c = core_transformer_config_from_args(a);
+    EXPECT_TRUE(c.rope_scaling);
+    EXPECT_EQ(c.rope_scaling_factor, 32.0f);
+    EXPECT_EQ(c.seq_len_interpolation_factor, 4.0);
+  }
+  // Megatron parses the interpolation factor with type=int.
+  EXPECT_NE(error_of(with(base_flags(), {"--rotary-seq-len-interpolation-factor", "2.5"})), "");
+  EXPECT_EQ(error_of(with(base_flags(), {"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "0"})),
+            "--rotary-seq-len-interpolation-factor must be a positive integer, got 0");
+  EXPECT_EQ(error_of(with(base_flags(), {"--use-rope-scaling", "--rope-scaling-factor", "0"})),
+            "--rope-scaling-factor must be positive, got 0.0");
 }
 
 TEST(Arguments, DataloaderTypeOnlySingle) {

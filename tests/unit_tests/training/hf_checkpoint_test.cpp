@@ -12,6 +12,7 @@
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/hf/hf_mapping.h"
+#include "megatron/training/hf/hf_model.h"
 
 using namespace megatron;
 using namespace megatron::hf;
@@ -126,6 +127,49 @@ TEST(HFConfig, ReadsTransformersConfigs) {
   fs::remove_all(d);
 }
 
+TEST(HFConfig, Llama31RopeScalingMapsToMegatronFlags) {
+  // Llama-3.1-8B's config.json rope_scaling (values as Meta publishes them) and the transformers 5
+  // form (rope_parameters); both become --use-rope-scaling --rope-scaling-factor 8, and export
+  // writes the llama3 object back.
+  std::string d = tmp_dir("cfg31");
+  auto j = nlohmann::json::parse(dc::read_text_file(fixture("llama_tiny/config.json")));
+  j.erase("rope_parameters");
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  write_json(d + "/config.json", j);
+  HFModelSpec s = read_hf_config(d + "/config.json");
+  EXPECT_TRUE(s.use_rope_scaling);
+  EXPECT_EQ(s.rope_scaling_factor, 8.0);
+  auto args = s.megatron_args();
+  auto it = std::find(args.begin(), args.end(), "--use-rope-scaling");
+  ASSERT_NE(it, args.end());
+  ASSERT_NE(std::find(args.begin(), args.end(), "--rope-scaling-factor"), args.end());
+  EXPECT_EQ(*(std::find(args.begin(), args.end(), "--rope-scaling-factor") + 1), "8");
+  auto out = hf_config_json(s);
+  EXPECT_EQ(out["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(out["rope_scaling"]["factor"], 8.0);
+  EXPECT_EQ(out["rope_scaling"]["low_freq_factor"], 1.0);
+  EXPECT_EQ(out["rope_scaling"]["high_freq_factor"], 4.0);
+  EXPECT_EQ(out["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_TRUE(transformer_config_from_hf(s).rope_scaling);
+  EXPECT_EQ(transformer_config_from_hf(s).rope_scaling_factor, 8.0f);
+  // transformers 5 writes the same under rope_parameters (with rope_theta); factor 32 (Llama-3.2).
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  write_json(d + "/config.json", j);
+  HFModelSpec s5 = read_hf_config(d + "/config.json");
+  EXPECT_TRUE(s5.use_rope_scaling);
+  EXPECT_EQ(s5.rope_scaling_factor, 32.0);
+  EXPECT_EQ(s5.rotary_base, 500000.0);
+  // plain config: no flag, exported as null
+  HFModelSpec plain = read_hf_config(fixture("llama_tiny/config.json"));
+  EXPECT_FALSE(plain.use_rope_scaling);
+  EXPECT_TRUE(hf_config_json(plain)["rope_scaling"].is_null());
+  fs::remove_all(d);
+}
+
 TEST(HFConfig, UnsupportedOptionsNameTheKey) {
   std::string d = tmp_dir("cfgbad");
   auto base = nlohmann::json::parse(dc::read_text_file(fixture("llama_tiny/config.json")));
@@ -135,8 +179,14 @@ TEST(HFConfig, UnsupportedOptionsNameTheKey) {
     write_json(d + "/config.json", j);
     return d + "/config.json";
   };
-  expect_user_error([&] { read_hf_config(with([](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; })); },
-                    "rope_scaling.rope_type 'llama3'");
+  expect_user_error([&] { read_hf_config(with([](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}}; })); },
+                    "rope_scaling.rope_type 'linear'");
+  // llama3 with values Megatron's --use-rope-scaling cannot express (it fixes them).
+  expect_user_error([&] { read_hf_config(with([](auto& j) {
+                      j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 2.0}}; })); },
+                    "rope_scaling.high_freq_factor = 2 is not supported");
+  expect_user_error([&] { read_hf_config(with([](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; })); },
+                    "rope_scaling.factor is missing");
   expect_user_error([&] { read_hf_config(with([](auto& j) { j["rope_parameters"]["rope_type"] = "yarn"; })); },
                     "rope_parameters.rope_type 'yarn'");
   expect_user_error([&] { read_hf_config(with([](auto& j) { j["hidden_act"] = "gelu"; })); }, "hidden_act 'gelu'");

@@ -10,22 +10,25 @@
 namespace megatron::ops::cpu {
 
 namespace {
-/// inv_freq[i] = 1 / base^(2i / rot_dim), i < rot_dim / 2, in float32 as torch computes it.
+/// inv_freq[i] = 1 / base^(2i / rot_dim), i < rot_dim / 2, in float32 as torch computes it, with
+/// the Llama-3.1 scaling when rope.scaling.enabled (rope_inv_freq, shared with the CUDA kernels).
 std::vector<float> inv_freq(const RopeParams& rope, int64_t d, int64_t* rot_dim) {
   int64_t rd = static_cast<int64_t>(static_cast<float>(d) * rope.percent);
   MEGATRON_CHECK(rd % 2 == 0 && rd <= d && rd > 0) << "rope: rotary dim " << rd << " of head dim " << d;
   *rot_dim = rd;
   std::vector<float> f(static_cast<size_t>(rd / 2));
   for (int64_t i = 0; i < rd / 2; ++i)
-    f[i] = 1.0f / std::pow(rope.base, static_cast<float>(2 * i) / static_cast<float>(rd));
+    f[i] = rope_inv_freq(rope.base, static_cast<int>(i), static_cast<int>(rd), rope.scaling);
   return f;
 }
 
-/// Rotates one head vector x[d] in place by angles pos * inv_freq (sign -1 = inverse rotation).
-void rotate(float* x, int64_t rot_dim, const std::vector<float>& freq, float pos, bool interleaved, float sign) {
+/// Rotates one head vector x[d] in place by angles rope_angle(pos, pos_scale, inv_freq) (sign -1 =
+/// inverse rotation).
+void rotate(float* x, int64_t rot_dim, const std::vector<float>& freq, float pos, float pos_scale, bool interleaved,
+            float sign) {
   const int64_t half = rot_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const float angle = pos * freq[i];
+    const float angle = rope_angle(pos, pos_scale, freq[i]);
     const float c = std::cos(angle), s = sign * std::sin(angle);
     const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     const float xa = x[a], xb = x[b];
@@ -52,7 +55,7 @@ void rope_apply(const Tensor& x, const RopeParams& rope, const Tensor* position_
 #pragma omp parallel for schedule(static) if (s * b * n * d > 16384)
   for (int64_t sb = 0; sb < s * b; ++sb) {
     const float pos = position_of(position_ids, sb / b, sb % b, b);
-    for (int64_t h = 0; h < n; ++h) rotate(out.data() + (sb * n + h) * d, rd, freq, pos, rope.interleaved, sign);
+    for (int64_t h = 0; h < n; ++h) rotate(out.data() + (sb * n + h) * d, rd, freq, pos, rope.position_scale, rope.interleaved, sign);
   }
   cpu_convert_from_float(out.data(), y.data_ptr(), y.dtype(), y.numel());
 }
@@ -87,7 +90,7 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
       for (int64_t j = 0; j < npg; ++j) {
         float* dst = fq.data() + (sb * num_heads + g * npg + j) * d;
         for (int64_t c = 0; c < d; ++c) dst[c] = grp[j * d + c];
-        if (rope.enabled) rotate(dst, rd, freq, pos, rope.interleaved, 1.0f);
+        if (rope.enabled) rotate(dst, rd, freq, pos, rope.position_scale, rope.interleaved, 1.0f);
       }
       float* dk = fk.data() + (sb * ng + g) * d;
       float* dv = fv.data() + (sb * ng + g) * d;
@@ -95,7 +98,7 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
         dk[c] = grp[npg * d + c];
         dv[c] = grp[(npg + 1) * d + c];
       }
-      if (rope.enabled) rotate(dk, rd, freq, pos, rope.interleaved, 1.0f);
+      if (rope.enabled) rotate(dk, rd, freq, pos, rope.position_scale, rope.interleaved, 1.0f);
     }
   }
   fq.commit();
@@ -123,7 +126,7 @@ void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
       for (int64_t j = 0; j < npg; ++j) {
         const float* src = fq.data() + (sb * num_heads + g * npg + j) * d;
         for (int64_t c = 0; c < d; ++c) grp[j * d + c] = src[c];
-        if (rope.enabled) rotate(grp + j * d, rd, freq, pos, rope.interleaved, -1.0f);
+        if (rope.enabled) rotate(grp + j * d, rd, freq, pos, rope.position_scale, rope.interleaved, -1.0f);
       }
       const float* sk = fk.data() + (sb * ng + g) * d;
       const float* sv = fv.data() + (sb * ng + g) * d;
@@ -131,7 +134,7 @@ void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
         grp[npg * d + c] = sk[c];
         grp[(npg + 1) * d + c] = sv[c];
       }
-      if (rope.enabled) rotate(grp + npg * d, rd, freq, pos, rope.interleaved, -1.0f);
+      if (rope.enabled) rotate(grp + npg * d, rd, freq, pos, rope.position_scale, rope.interleaved, -1.0f);
     }
   }
   out.commit();

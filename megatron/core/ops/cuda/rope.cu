@@ -1,11 +1,13 @@
 // qkv_split_rope forward/backward on CUDA (ops.h): splits Megatron's per-group fused QKV rows
 // into q, k, v and applies rotary embedding (rotate-half or interleaved; partial rotary via
-// rope.percent) with fp32 angles pos * base^(-2i/rot_dim). One thread per 8 channels of a row
+// rope.percent) with fp32 angles pos * base^(-2i/rot_dim) (rope_freq.h: also Llama-3.1 frequency
+// scaling and position interpolation, the same inline functions the CPU reference calls). One thread per 8 channels of a row
 // (rope_vec_kernel) when the shapes allow, else one thread per output element.
 #include <initializer_list>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/rope_freq.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -18,6 +20,8 @@ struct RopeArgs {
   int rot;  // rotated channels (0 = no rope)
   bool interleaved;
   float base;
+  RopeScaling scaling;  // Llama-3.1 frequency scaling (rope_freq.h)
+  float pos_scale;      // 1 / --rotary-seq-len-interpolation-factor, else 1
 };
 
 // Returns the sign and partner channel for channel c (< rot), and the frequency index.
@@ -72,9 +76,9 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
       rope_partner(c, a.rot, a.interleaved, partner, sign, fi);
       const int64_t si = tok / a.b;
       const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(si);
-      const float inv_freq = 1.0f / powf(a.base, static_cast<float>(2 * fi) / static_cast<float>(a.rot));
+      const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
       float sn, cs;
-      sincosf(pos * inv_freq, &sn, &cs);
+      sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
       const float pv = to_f(src[partner]);
       // forward: out[c] = x[c] cos + sign * x[partner] sin; backward: the transpose.
       val = kBwd ? val * cs - sign * pv * sn : val * cs + sign * pv * sn;
@@ -133,9 +137,9 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
         int partner, fi;
         float sign;
         rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
-        const float inv_freq = 1.0f / powf(a.base, static_cast<float>(2 * fi) / static_cast<float>(a.rot));
+        const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
         float sn, cs;
-        sincosf(pos * inv_freq, &sn, &cs);
+        sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
         y[j] = kBwd ? x[j] * cs - sign * pv[j] * sn : x[j] * cs + sign * pv[j] * sn;
       }
     } else {
@@ -164,6 +168,8 @@ RopeArgs make_args(const Shape& qkv, int64_t np, int64_t ng, const RopeParams& r
   a.rot -= a.rot % 2;
   a.interleaved = rope.interleaved;
   a.base = rope.base;
+  a.scaling = rope.scaling;
+  a.pos_scale = rope.position_scale;
   return a;
 }
 }  // namespace
@@ -234,7 +240,8 @@ namespace {
 // both) or per pass-through channel. kInverse applies the inverse rotation (backward).
 template <class T, bool kInverse>
 __global__ void rope_pairs_kernel(const T* x, T* y, const int64_t* __restrict__ pos_ids, int64_t s, int64_t b,
-                                  int64_t n, int d, int rot, bool inter, float base) {
+                                  int64_t n, int d, int rot, bool inter, float base,
+                                  RopeScaling sc, float pos_scale) {
   const int per_head = rot / 2 + (d - rot);
   const int64_t total = s * b * n * per_head;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -248,9 +255,9 @@ __global__ void rope_pairs_kernel(const T* x, T* y, const int64_t* __restrict__ 
     }
     const int ca = inter ? 2 * w : w, cb = inter ? 2 * w + 1 : w + rot / 2;
     const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / b);
-    const float inv_freq = 1.0f / powf(base, static_cast<float>(2 * w) / static_cast<float>(rot));
+    const float inv_freq = rope_inv_freq(base, w, rot, sc);
     float sn, cs;
-    sincosf(pos * inv_freq, &sn, &cs);
+    sincosf(rope_angle(pos, pos_scale, inv_freq), &sn, &cs);
     if (kInverse) sn = -sn;
     const float xa = to_f(x[off + ca]), xb = to_f(x[off + cb]);
     y[off + ca] = from_f<T>(xa * cs - xb * sn);
@@ -274,7 +281,7 @@ void rope_apply(const char* name, const Tensor& x, const RopeParams& rope, const
   MCU_FLOAT_SWITCH(x.dtype(), T,
                    rope_pairs_kernel<T, kInverse><<<grid_for(total, kThreads), kThreads, 0, st>>>(
                        static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), pos, x.size(0), x.size(1),
-                       x.size(2), d, rot, rope.interleaved, rope.base));
+                       x.size(2), d, rot, rope.interleaved, rope.base, rope.scaling, rope.position_scale));
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
