@@ -29,6 +29,9 @@ json py_str_to_json(const std::string& s) {
 json checkpoint_args(const Arguments& args) {
   json j = json::object();
   for (const auto& [dest, value] : args_items(args)) j[dest] = py_str_to_json(value);
+  // Set by the tokenizer after the arguments block is printed (so not in it, as in Megatron), but part
+  // of Megatron's saved args.
+  if (args.padded_vocab_size > 0) j["padded_vocab_size"] = args.padded_vocab_size;
   return j;
 }
 

@@ -244,7 +244,6 @@ TEST(HFArgs, HfConfigMustAgreeWithTheCheckpoint) {
 }
 
 TEST(CheckpointArgs, RopeScalingIsArchitecture) {
-  // Built as JSON: the flags are refused by the parser until RoPE scaling is implemented.
   json ck = run_args({"--position-embedding-type", "rope"});
   json cur = ck;
   ck["use_rope_scaling"] = true;
@@ -259,10 +258,15 @@ TEST(CheckpointArgs, RopeScalingIsArchitecture) {
             std::string::npos);
   cur["rope_scaling_factor"] = 8.0;
   EXPECT_EQ(error_of([&] { check_checkpoint_args(ck, cur, "ck"); }), "");
-  // The HF exporter has no rope_scaling yet: refused rather than dropped.
+  // LLaMA exports it as rope_scaling {"rope_type": "llama3", "factor": ...}; GPT-2 (no RoPE) refuses it.
   ck["normalization"] = "RMSNorm";
   ck["swiglu"] = true;
   ck["add_bias_linear"] = false;
+  ck["add_qkv_bias"] = false;
   ck["vocab_size"] = 128;
-  EXPECT_NE(error_of([&] { hf::spec_from_args(ck, "ck"); }).find("--use-rope-scaling, which LLaMA"), std::string::npos);
+  const hf::HFModelSpec spec = hf::spec_from_args(ck, "ck");
+  EXPECT_TRUE(spec.use_rope_scaling);
+  EXPECT_DOUBLE_EQ(spec.rope_scaling_factor, 8.0);
+  ck["hf_model_type"] = "gpt2";
+  EXPECT_NE(error_of([&] { hf::spec_from_args(ck, "ck"); }).find("--use-rope-scaling, which GPT-2"), std::string::npos);
 }
