@@ -10,29 +10,15 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
 #include "megatron/training/arguments.h"
+#include "arguments_test_util.h"
 
 using megatron::UserError;
 using namespace megatron::training;
 
 namespace {
-std::vector<std::string> base() {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "10", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "128"};
-}
-std::vector<std::string> with(std::vector<std::string> v, std::initializer_list<std::string> extra) {
-  v.insert(v.end(), extra);
-  return v;
-}
-std::string parse_error(const std::vector<std::string>& flags) {
-  try {
-    parse_args(flags);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::with;
+std::vector<std::string> base() { return test::tiny_gpt_flags("1e-3"); }
+std::string parse_error(const std::vector<std::string>& flags) { return test::args_error(flags, false); }
 }  // namespace
 
 TEST(ArgparseRules, NegativeNumberMatcher) {

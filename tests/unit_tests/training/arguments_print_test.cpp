@@ -20,6 +20,7 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
 #include "megatron/training/arguments.h"
+#include "arguments_test_util.h"
 
 using megatron::UserError;
 using namespace megatron::training;
@@ -32,24 +33,9 @@ nlohmann::json load_fixture() {
   return nlohmann::json::parse(f);
 }
 
-std::vector<std::string> base_flags() {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "10", "--lr", "3e-5", "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "128"};
-}
-std::vector<std::string> with(std::vector<std::string> v, std::initializer_list<std::string> extra) {
-  v.insert(v.end(), extra);
-  return v;
-}
-std::string parse_error(const std::vector<std::string>& flags) {
-  try {
-    parse_args(flags);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::with;
+std::vector<std::string> base_flags() { return test::tiny_gpt_flags("3e-5"); }
+std::string parse_error(const std::vector<std::string>& flags) { return test::args_error(flags, false); }
 
 /// name -> value of each "  name <dots> value" line of a block; counts every name.
 std::map<std::string, std::string> block_values(const std::string& block, std::map<std::string, int>* counts = nullptr) {

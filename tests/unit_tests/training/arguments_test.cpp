@@ -9,30 +9,15 @@
 
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "arguments_test_util.h"
 
 using megatron::UserError;
 using namespace megatron::training;
 
 namespace {
-std::vector<std::string> base_flags() {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "10", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "128"};
-}
-std::string error_of(std::vector<std::string> flags, bool validate = true) {
-  try {
-    Arguments a = parse_args(flags);
-    if (validate) validate_args(a);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-std::vector<std::string> with(std::vector<std::string> v, std::initializer_list<std::string> extra) {
-  v.insert(v.end(), extra);
-  return v;
-}
+using test::with;
+std::vector<std::string> base_flags() { return test::tiny_gpt_flags("1e-3"); }
+std::string error_of(const std::vector<std::string>& flags, bool validate = true) { return test::args_error(flags, validate); }
 }  // namespace
 
 TEST(Arguments, MegatronDefaults) {

@@ -15,6 +15,7 @@
 #include "megatron/training/hf/hf_args.h"
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/hf/hf_model.h"
+#include "arguments_test_util.h"
 
 using megatron::UserError;
 using nlohmann::json;
@@ -23,12 +24,7 @@ namespace hf = megatron::hf;
 
 namespace {
 
-std::vector<std::string> base_flags() {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "10", "--lr", "3e-5", "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "128"};
-}
+std::vector<std::string> base_flags() { return test::tiny_gpt_flags("3e-5"); }
 
 json run_args(const std::vector<std::string>& extra) {
   auto f = base_flags();
