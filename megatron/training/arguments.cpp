@@ -102,6 +102,44 @@ T parse_number(const std::string& flag, const std::string& s) {
   return v;
 }
 
+/// An integer flag's value, refused below `min` ("argument --flag: invalid value -1 (must be >= 0)").
+int64_t checked_int(const std::string& flag, const std::string& s, int64_t min) {
+  const int64_t v = parse_number<int64_t>(flag, s);
+  if (v < min) user_error("argument ", flag, ": invalid value ", s, " (must be >= ", min, ")");
+  return v;
+}
+
+/// The valid interval of a float flag: lo/hi bounds, each closed or open, or absent (unbounded).
+/// describe() writes it as the error text does: ">= 0", "> 0", "in [0, 1)", "in (0, 1]".
+struct FloatRange {
+  std::optional<double> lo, hi;
+  bool lo_open = false, hi_open = false;
+  bool contains(double v) const {
+    if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
+    if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
+    return true;
+  }
+  std::string describe() const {
+    auto num = [](double x) {  // bounds are small whole numbers: "0", "1"
+      std::ostringstream o;
+      o << x;
+      return o.str();
+    };
+    if (lo && !hi) return std::string(lo_open ? "> " : ">= ") + num(*lo);
+    if (hi && !lo) return std::string(hi_open ? "< " : "<= ") + num(*hi);
+    return std::string("in ") + (lo_open ? "(" : "[") + num(*lo) + ", " + num(*hi) + (hi_open ? ")" : "]");
+  }
+};
+FloatRange at_least(double lo) { return {lo, std::nullopt, false, false}; }  // [lo, inf)
+FloatRange above(double lo) { return {lo, std::nullopt, true, false}; }      // (lo, inf)
+/// [0, 1) (Adam's betas, a warmup fraction) / (0, 1] / [0, 1].
+const FloatRange kUnitHalfOpen{0.0, 1.0, false, true};
+const FloatRange kUnitOpenClosed{0.0, 1.0, true, false};
+
+/// A number flag's bound: a minimum for integers, a FloatRange for floats.
+template <class T>
+using Bound = std::conditional_t<std::is_floating_point_v<T>, FloatRange, std::optional<int64_t>>;
+
 /// Registers our flags on a CLI11 app, each writing into Arguments, and records for each the
 /// argparse dest and how to print its value (the arguments block is derived from this one list).
 class Binder {
@@ -115,11 +153,13 @@ class Binder {
 
   Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
 
-  /// A number flag. `min` (integer flags that are a size, count, interval or divisor): a smaller
-  /// value is refused when parsed, "argument --flag: invalid value 0 (must be >= 1)", before any
-  /// code divides by it or sizes a buffer with it.
+  /// A number flag. Integer flags take `min` (a size, count, interval or divisor): a smaller value
+  /// is refused when parsed, "argument --flag: invalid value 0 (must be >= 1)", before any code
+  /// divides by it or sizes a buffer with it. Float flags take a FloatRange: a value outside it, and
+  /// nan/inf always (Python's float() accepts them; Megatron would then train NaN), is refused when
+  /// parsed, "argument --adam-beta1: invalid value 1.5 (must be in [0, 1))".
   template <class T>
-  void num(const std::string& flag, T& field, std::optional<int64_t> min = std::nullopt) {
+  void num(const std::string& flag, T& field, Bound<T> bound = {}) {
     std::function<std::string()> show = [&field] { return py_str(field); };
     if constexpr (std::is_floating_point_v<T>) {
       // argparse converts only string defaults with `type`: Megatron's float flags whose default
@@ -136,12 +176,12 @@ class Binder {
         };
       }
     }
-    add1(flag, [flag, &field, min](const std::string& s) { field = checked_number<T>(flag, s, min); }, std::move(show),
+    add1(flag, [flag, &field, bound](const std::string& s) { field = checked_number<T>(flag, s, bound); }, std::move(show),
          type_name<T>());
   }
   template <class T>
-  void num(const std::string& flag, std::optional<T>& field, std::optional<int64_t> min = std::nullopt) {
-    add1(flag, [flag, &field, min](const std::string& s) { field = checked_number<T>(flag, s, min); },
+  void num(const std::string& flag, std::optional<T>& field, Bound<T> bound = {}) {
+    add1(flag, [flag, &field, bound](const std::string& s) { field = checked_number<T>(flag, s, bound); },
          [&field] { return py_str(field); }, type_name<T>());
   }
   /// A string flag; an empty value prints as None where Megatron's default is None.
@@ -223,9 +263,14 @@ class Binder {
     return std::is_integral_v<T> ? "INT" : "FLOAT";
   }
   template <class T>
-  static T checked_number(const std::string& flag, const std::string& s, std::optional<int64_t> min) {
+  static T checked_number(const std::string& flag, const std::string& s, const Bound<T>& bound) {
     const T v = parse_number<T>(flag, s);
-    if (min && v < static_cast<T>(*min)) user_error("argument ", flag, ": invalid value ", s, " (must be >= ", *min, ")");
+    if constexpr (std::is_integral_v<T>) {
+      if (bound && v < static_cast<T>(*bound)) user_error("argument ", flag, ": invalid value ", s, " (must be >= ", *bound, ")");
+    } else {
+      if (!std::isfinite(v)) user_error("argument ", flag, ": invalid value ", s, " (must be a finite number)");
+      if (!bound.contains(v)) user_error("argument ", flag, ": invalid value ", s, " (must be ", bound.describe(), ")");
+    }
     return v;
   }
   static std::string choice_type(const std::vector<std::string>& choices) {
@@ -291,7 +336,11 @@ class Binder {
         if (store) store("");
       });
     } else if (arity == 1) {
-      app_.add_option_function<std::string>(flag, [note_given, store](const std::string& s) {
+      const char kind = m->kind;
+      app_.add_option_function<std::string>(flag, [flag, kind, note_given, store](const std::string& s) {
+            // Typed as Megatron types them, so a bad value stops here, not when the block prints.
+            if (kind == 'i') parse_number<int64_t>(flag, s);
+            if (kind == 'f') checked_number<double>(flag, s, FloatRange{});
             note_given({s});
             if (store) store(s);
           })
@@ -320,15 +369,15 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--num-query-groups", a.num_query_groups, 1);
   b.num("--max-position-embeddings", a.max_position_embeddings, 1);
   b.str("--position-embedding-type", a.position_embedding_type, {"learned_absolute", "rope", "none"});
-  b.num("--rotary-base", a.rotary_base);
-  b.num("--rotary-percent", a.rotary_percent);
+  b.num("--rotary-base", a.rotary_base, 1);
+  b.num("--rotary-percent", a.rotary_percent, kUnitOpenClosed);
   b.flag("--rotary-interleaved", a.rotary_interleaved, true);
-  b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor);
+  b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor, 1);
   b.flag("--use-rope-scaling", a.use_rope_scaling, true);
-  b.num("--rope-scaling-factor", a.rope_scaling_factor);
+  b.num("--rope-scaling-factor", a.rope_scaling_factor, above(0));
   b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1);
   b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
-  b.num("--norm-epsilon", a.layernorm_epsilon);
+  b.num("--norm-epsilon", a.layernorm_epsilon, above(0));
   b.flag("--apply-layernorm-1p", a.layernorm_zero_centered_gamma, true);
   b.noted_str("--apply-residual-connection-post-layernorm",
               "Megatron-Core's GPT layers do not read it either (a TransformerConfig field only): pre-norm "
@@ -344,9 +393,9 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--disable-bias-linear", a.add_bias_linear, false);
   b.flag("--add-qkv-bias", a.add_qkv_bias, true);
   b.flag("--qk-layernorm", a.qk_layernorm, true);
-  b.num("--init-method-std", a.init_method_std);
-  b.num("--hidden-dropout", a.hidden_dropout);
-  b.num("--attention-dropout", a.attention_dropout);
+  b.num("--init-method-std", a.init_method_std, above(0));
+  b.num("--hidden-dropout", a.hidden_dropout, kUnitHalfOpen);
+  b.num("--attention-dropout", a.attention_dropout, kUnitHalfOpen);
   b.noted_str("--attention-softmax-in-fp32", "the attention softmax is always computed in fp32 here",
               [&a](const std::string&) { a.attention_softmax_in_fp32 = true; });
   b.noted_str("--apply-query-key-layer-scaling",
@@ -417,7 +466,8 @@ void bind_all(Binder& b, Arguments& a) {
   // megatron/core/ops/cuda/deterministic.h); the CPU kernels are deterministic anyway.
   b.flag("--deterministic-mode", a.deterministic_mode, true);
   b.noted("--manual-gc", "controls Python's garbage collector in Megatron; there is none here (no effect)");
-  b.noted("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here");
+  b.noted_str("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here",
+              [](const std::string& s) { checked_int("--manual-gc-interval", s, 0); });
   b.noted("--no-manual-gc-eval", "controls Python's garbage collector in Megatron; there is none here");
   b.noted("--cross-entropy-loss-fusion",
           "megatron.cpp's cross entropy is always one fused pass (same math); no effect");
@@ -434,41 +484,41 @@ void bind_all(Binder& b, Arguments& a) {
 
   // ---- optimizer / learning rate ----
   b.str("--optimizer", a.optimizer, {"adam", "sgd"});
-  b.num("--lr", a.lr);
-  b.num("--min-lr", a.min_lr);
+  b.num("--lr", a.lr, at_least(0));
+  b.num("--min-lr", a.min_lr, at_least(0));
   b.str("--lr-decay-style", a.lr_decay_style, {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
   b.str("--lr-wsd-decay-style", a.lr_wsd_decay_style, {"exponential", "linear", "cosine", "minus_sqrt"});
   b.num("--lr-decay-iters", a.lr_decay_iters, 1);
   b.num("--lr-decay-samples", a.lr_decay_samples, 1);
   b.num("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, 1);
   b.num("--lr-wsd-decay-samples", a.lr_wsd_decay_samples, 1);
-  b.num("--lr-warmup-fraction", a.lr_warmup_fraction);
+  b.num("--lr-warmup-fraction", a.lr_warmup_fraction, kUnitHalfOpen);
   b.num("--lr-warmup-iters", a.lr_warmup_iters, 0);
   b.num("--lr-warmup-samples", a.lr_warmup_samples, 0);
-  b.num("--lr-warmup-init", a.lr_warmup_init);
-  b.num("--decoupled-lr", a.decoupled_lr);
-  b.num("--decoupled-min-lr", a.decoupled_min_lr);
+  b.num("--lr-warmup-init", a.lr_warmup_init, at_least(0));
+  b.num("--decoupled-lr", a.decoupled_lr, at_least(0));
+  b.num("--decoupled-min-lr", a.decoupled_min_lr, at_least(0));
   b.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler, true);
   b.flag("--use-checkpoint-opt_param-scheduler", a.use_checkpoint_opt_param_scheduler, true);
-  b.num("--weight-decay", a.weight_decay);
-  b.num("--start-weight-decay", a.start_weight_decay);
-  b.num("--end-weight-decay", a.end_weight_decay);
+  b.num("--weight-decay", a.weight_decay, at_least(0));
+  b.num("--start-weight-decay", a.start_weight_decay, at_least(0));
+  b.num("--end-weight-decay", a.end_weight_decay, at_least(0));
   b.str("--weight-decay-incr-style", a.weight_decay_incr_style, {"constant", "linear", "cosine"});
-  b.num("--clip-grad", a.clip_grad);
-  b.num("--adam-beta1", a.adam_beta1);
-  b.num("--adam-beta2", a.adam_beta2);
-  b.num("--adam-eps", a.adam_eps);
-  b.num("--sgd-momentum", a.sgd_momentum);
+  b.num("--clip-grad", a.clip_grad, at_least(0));
+  b.num("--adam-beta1", a.adam_beta1, kUnitHalfOpen);
+  b.num("--adam-beta2", a.adam_beta2, kUnitHalfOpen);
+  b.num("--adam-eps", a.adam_eps, above(0));
+  b.num("--sgd-momentum", a.sgd_momentum, at_least(0));
   b.flag("--no-decoupled-weight-decay", a.decoupled_weight_decay, false);
   b.flag("--decoupled-weight-decay", a.decoupled_weight_decay, true);
 
   // ---- mixed precision ----
   b.flag("--fp16", a.fp16, true);
   b.flag("--bf16", a.bf16, true);
-  b.num("--loss-scale", a.loss_scale);
-  b.num("--initial-loss-scale", a.initial_loss_scale);
-  b.num("--min-loss-scale", a.min_loss_scale);
-  b.num("--loss-scale-window", a.loss_scale_window);
+  b.num("--loss-scale", a.loss_scale, above(0));
+  b.num("--initial-loss-scale", a.initial_loss_scale, above(0));
+  b.num("--min-loss-scale", a.min_loss_scale, above(0));
+  b.num("--loss-scale-window", a.loss_scale_window, at_least(1));
   b.num("--hysteresis", a.hysteresis, 1);
   b.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, true);
   b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
@@ -479,7 +529,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
   b.num("--fp8-margin", a.fp8_margin, 0);
   b.noted_str("--fp8-interval", "deprecated in Megatron-LM and ignored (the scales update every step)",
-              [&a](const std::string& s) { a.fp8_interval = parse_number<int64_t>("--fp8-interval", s); });
+              [&a](const std::string& s) { a.fp8_interval = checked_int("--fp8-interval", s, 1); });
   b.num("--fp8-amax-history-len", a.fp8_amax_history_len, 1);
   b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
   b.flag("--fp8-param-gather", a.fp8_param_gather, true);
@@ -523,13 +573,13 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--no-mmap-bin-files", a.mmap_bin_files, false);
   b.noted_str("--num-workers",
               "Megatron's DataLoader worker processes; megatron.cpp prefetches with one background thread",
-              [&a](const std::string& s) { a.num_workers = parse_number<int64_t>("--num-workers", s); });
+              [&a](const std::string& s) { a.num_workers = checked_int("--num-workers", s, 0); });
   b.flag("--reset-position-ids", a.reset_position_ids, true);
   b.flag("--reset-attention-mask", a.reset_attention_mask, true);
   b.flag("--eod-mask-loss", a.eod_mask_loss, true);
   b.flag("--no-create-attention-mask-in-dataloader", a.create_attention_mask_in_dataloader, false);
   b.num("--num-dataset-builder-threads", a.num_dataset_builder_threads, 1);
-  b.num("--mid-level-dataset-surplus", a.mid_level_dataset_surplus);
+  b.num("--mid-level-dataset-surplus", a.mid_level_dataset_surplus, at_least(0));
   b.str("--dataloader-type", a.dataloader_type, {"single", "cyclic", "external"});
   b.num("--seq-length", a.seq_length, 1);
   auto& t = a.tokenizer;
@@ -833,12 +883,8 @@ void validate_args(Arguments& a) {
   if (a.add_bias_linear) a.add_qkv_bias = true;
   // --squared-relu (core_transformer_config_from_args: assert not swiglu; MLP.forward raises "Only
   // support fusion of gelu and swiglu" when the bias-activation fusion is on).
-  // RoPE variants (Megatron does not check these; a zero factor would divide by zero there).
-  if (a.use_rope_scaling && !(a.rope_scaling_factor > 0.0))
-    fail("--rope-scaling-factor must be positive, got " + py_float_repr(a.rope_scaling_factor));
-  if (a.rotary_seq_len_interpolation_factor && *a.rotary_seq_len_interpolation_factor <= 0)
-    fail("--rotary-seq-len-interpolation-factor must be a positive integer, got " +
-         std::to_string(*a.rotary_seq_len_interpolation_factor));
+  // RoPE variants: --rope-scaling-factor > 0 and --rotary-seq-len-interpolation-factor >= 1 are
+  // checked where parsed (Megatron does not check them; a zero factor would divide by zero there).
   if (a.squared_relu && a.swiglu) fail("--squared-relu and --swiglu cannot be used together");
   if (a.squared_relu && a.bias_gelu_fusion)
     fail("--squared-relu needs --no-bias-gelu-fusion (or --disable-bias-linear): Megatron fuses only GeLU and "
@@ -870,11 +916,7 @@ void validate_args(Arguments& a) {
     if (a.grad_reduce_in_bf16) a.accumulate_allreduce_grads_in_fp32 = false;
     else a.accumulate_allreduce_grads_in_fp32 = true;
   }
-  if (a.fp16 && a.loss_scale && *a.loss_scale <= 0) fail("--loss-scale must be > 0");
-  // NaN passes every "<= 0" check and skips every step; the int fields are narrowed to int later.
-  for (auto [flag, v] : {std::pair<const char*, double>{"--initial-loss-scale", a.initial_loss_scale},
-                         {"--min-loss-scale", a.min_loss_scale}, {"--loss-scale", a.loss_scale.value_or(1.0)}})
-    if (!std::isfinite(v)) user_error(flag, " must be a finite number (got ", v, ")");
+  // Loss scales > 0 and finite, --loss-scale-window >= 1: checked where parsed (bind_all).
   if (!(a.loss_scale_window >= 1 && a.loss_scale_window <= 2147483647.0) ||
       a.loss_scale_window != std::floor(a.loss_scale_window))
     user_error("--loss-scale-window must be a whole number of iterations in 1..2147483647 (got ", a.loss_scale_window, ")");
@@ -886,7 +928,6 @@ void validate_args(Arguments& a) {
   // FP8 (Megatron's validate_args and TE's recipe constraints).
   if (a.fp8) {
     fp8::parse_fp8_recipe(a.fp8_recipe);  // UserError for mxfp8/blockwise/custom (not Hopper recipes here)
-    if (a.fp8_margin < 0) user_error("--fp8-margin must be >= 0 (got ", a.fp8_margin, ")");
     if (a.fp8_amax_history_len < 1)
       user_error("--fp8-amax-history-len must be >= 1 (got ", a.fp8_amax_history_len, ")");
     if (a.fp8_param_gather && !a.use_distributed_optimizer)
@@ -1050,13 +1091,15 @@ std::vector<std::pair<std::string, std::string>> declared_flag_dests() {
   return out;
 }
 
-std::vector<std::string> declared_int_flags() {
+static std::vector<std::string> declared_flags_of_type(const std::string& type) {
   Arguments a;
   std::vector<std::string> out;
   for (const auto& e : declared_entries(a))
-    if (e.type == "INT") out.push_back(e.flag);
+    if (e.type == type) out.push_back(e.flag);
   return out;
 }
+std::vector<std::string> declared_int_flags() { return declared_flags_of_type("INT"); }
+std::vector<std::string> declared_float_flags() { return declared_flags_of_type("FLOAT"); }
 
 std::vector<std::pair<std::string, std::string>> args_items(const Arguments& args) {
   Arguments a = args;  // the entries' printers read this copy

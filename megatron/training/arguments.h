@@ -278,6 +278,10 @@ std::vector<std::pair<std::string, std::string>> declared_flag_dests();
 /// out-of-range values).
 std::vector<std::string> declared_int_flags();
 
+/// Every one-value float flag pretrain_gpt's parser declares (for tests that feed each of them
+/// nan, inf and out-of-range values).
+std::vector<std::string> declared_float_flags();
+
 /// Megatron's _print_args layout for already formatted values: the title lines, then
 /// "  name " + '.' * max(0, 48 - len(name)) + " value" per item, the lines sorted by their
 /// lower-cased text (Python's sorted(key=str.lower), stable), then the end line.

@@ -4,6 +4,7 @@
 // _negative_number_matcher '^-\d+$|^-\d*\.\d+$', _match_argument's messages), checked by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,11 @@ TEST(ArgparseRules, ValueFlagDoesNotSwallowAFlag) {
 }
 
 TEST(ArgparseRules, NegativeNumbersAreValues) {
-  Arguments a = parse_args(with(base(), {"--null-tokenizer-pad-id", "-1", "--init-method-std", "-.5", "--profile-ranks", "-1", "-2"}));
+  Arguments a = parse_args(with(base(), {"--null-tokenizer-pad-id", "-1", "--profile-ranks", "-1", "-2"}));
   EXPECT_EQ(a.tokenizer.null_tokenizer_pad_id, -1);
-  EXPECT_EQ(a.init_method_std, -0.5);
   EXPECT_EQ(a.profile_ranks, (std::vector<int64_t>{-1, -2}));
+  // "-.5" is taken as the value (then refused by the flag's range), not as an option.
+  EXPECT_EQ(parse_error(with(base(), {"--init-method-std", "-.5"})), "argument --init-method-std: invalid value -.5 (must be > 0)");
 }
 
 // argparse stores a list flag's values on each occurrence: the last one wins, for every list flag.
@@ -127,4 +129,85 @@ TEST(ArgparseRules, SizesAndDivisorsMustBePositive) {
     EXPECT_EQ(parse_error(with(base(), {flag, "0"})), "") << flag;
     EXPECT_EQ(parse_error(with(base(), {flag, "-1"})), std::string("argument ") + flag + ": invalid value -1 (must be >= 0)");
   }
+}
+
+// Every float flag: nan and +-inf are refused where parsed (Python's float() accepts them, and
+// Megatron would then train NaN); each flag with a range refuses a value just outside it and parses
+// its boundary values. Ranges (checked by hand against their source): Megatron's
+// OptimizerParamScheduler asserts min_lr >= 0 and start/end weight decay >= 0; torch.optim.Adam
+// refuses betas outside [0, 1), torch.optim.SGD momentum < 0; a warmup fraction of 1 makes warmup
+// steps == decay steps, which the scheduler asserts against; the rest is the mathematical domain
+// (an epsilon, a std, a scale or a RoPE base of 0 divides by zero or gives identical weights; dropout
+// 1 zeroes every activation and its keep-scale 1/(1-p) is inf).
+TEST(ArgparseRules, EveryFloatFlagRefusesNanInfAndOutOfRange) {
+  struct Case {
+    const char* flag;
+    const char* bad;     // just outside the range
+    const char* rule;    // the range as the error line writes it
+    std::vector<const char*> ok;  // boundary values that parse
+  };
+  const std::vector<Case> ranged = {
+      {"--rotary-percent", "0", "in (0, 1]", {"1", "1e-9"}},
+      {"--rope-scaling-factor", "0", "> 0", {"1e-9"}},
+      {"--norm-epsilon", "0", "> 0", {"1e-12"}},
+      {"--init-method-std", "0", "> 0", {"1e-9"}},
+      {"--hidden-dropout", "1", "in [0, 1)", {"0", "0.999"}},
+      {"--attention-dropout", "1.0", "in [0, 1)", {"0", "0.999"}},
+      {"--lr", "-0.1", ">= 0", {"0"}},
+      {"--min-lr", "-1e-9", ">= 0", {"0"}},
+      {"--lr-warmup-fraction", "1", "in [0, 1)", {"0", "0.99"}},
+      {"--lr-warmup-init", "-0.5", ">= 0", {"0"}},
+      {"--decoupled-lr", "-0.5", ">= 0", {"0"}},
+      {"--decoupled-min-lr", "-0.5", ">= 0", {"0"}},
+      {"--weight-decay", "-0.5", ">= 0", {"0"}},
+      {"--start-weight-decay", "-0.5", ">= 0", {"0"}},
+      {"--end-weight-decay", "-0.5", ">= 0", {"0"}},
+      {"--clip-grad", "-0.5", ">= 0", {"0"}},
+      {"--adam-beta1", "1.5", "in [0, 1)", {"0", "0.999999"}},
+      {"--adam-beta2", "1", "in [0, 1)", {"0", "0.999999"}},
+      {"--adam-eps", "0", "> 0", {"1e-30"}},
+      {"--sgd-momentum", "-0.5", ">= 0", {"0"}},
+      {"--loss-scale", "0", "> 0", {"1e-3"}},
+      {"--initial-loss-scale", "0", "> 0", {"1"}},
+      {"--min-loss-scale", "-1.0", "> 0", {"1e-3"}},
+      {"--loss-scale-window", "0.5", ">= 1", {"1"}},
+      {"--mid-level-dataset-surplus", "-0.5", ">= 0", {"0"}},
+  };
+  // Float flags Megatron declares that megatron.cpp notes and ignores: only nan/inf are refused.
+  const std::vector<std::string> unranged_noted = {};
+  const std::vector<std::string> floats = declared_float_flags();
+  ASSERT_GE(floats.size(), ranged.size());
+  for (const std::string& flag : floats) {
+    const bool has_range = std::any_of(ranged.begin(), ranged.end(), [&](const Case& c) { return flag == c.flag; });
+    const bool noted = std::find(unranged_noted.begin(), unranged_noted.end(), flag) != unranged_noted.end();
+    EXPECT_TRUE(has_range || noted) << flag << ": a float flag without a declared range; add it to this test";
+    for (const char* v : {"nan", "inf", "NaN", "-inf", "Infinity"}) {
+      const std::string msg = parse_error(with(base(), {flag, v}));
+      // "-inf" is an option token for argparse (not a negative number): then "expected one argument".
+      if (std::string(v) == "-inf") {
+        EXPECT_EQ(msg, "argument " + flag + ": expected one argument");
+      } else {
+        EXPECT_EQ(msg, "argument " + flag + ": invalid value " + v + " (must be a finite number)");
+      }
+    }
+    EXPECT_EQ(parse_error(with(base(), {flag + "=-inf"})), "argument " + flag + ": invalid value -inf (must be a finite number)");
+  }
+  for (const Case& c : ranged) {
+    EXPECT_NE(std::find(floats.begin(), floats.end(), c.flag), floats.end()) << c.flag << " is not a declared float flag";
+    EXPECT_EQ(parse_error(with(base(), {std::string(c.flag) + "=" + c.bad})),
+              std::string("argument ") + c.flag + ": invalid value " + c.bad + " (must be " + c.rule + ")");
+    for (const char* v : c.ok) EXPECT_EQ(parse_error(with(base(), {c.flag, v})), "") << c.flag << " " << v;
+  }
+}
+
+// The integer flags megatron.cpp only notes (no effect here) are still typed and bounded as
+// Megatron uses them: worker processes >= 0, an fp8 update interval >= 1, a GC interval >= 0.
+TEST(ArgparseRules, NotedIntegerFlagsHaveTheirMinimum) {
+  EXPECT_EQ(parse_error(with(base(), {"--num-workers", "-1"})), "argument --num-workers: invalid value -1 (must be >= 0)");
+  EXPECT_EQ(parse_error(with(base(), {"--fp8-interval", "0"})), "argument --fp8-interval: invalid value 0 (must be >= 1)");
+  EXPECT_EQ(parse_error(with(base(), {"--manual-gc-interval", "-1"})),
+            "argument --manual-gc-interval: invalid value -1 (must be >= 0)");
+  EXPECT_EQ(parse_error(with(base(), {"--manual-gc-interval", "x"})), "--manual-gc-interval: expected an integer, got 'x'");
+  for (const char* f : {"--num-workers", "--manual-gc-interval"}) EXPECT_EQ(parse_error(with(base(), {f, "0"})), "") << f;
+  EXPECT_EQ(parse_error(with(base(), {"--fp8-interval", "1"})), "");
 }
