@@ -132,7 +132,7 @@ struct FloatRange {
 };
 FloatRange at_least(double lo) { return {lo, std::nullopt, false, false}; }  // [lo, inf)
 FloatRange above(double lo) { return {lo, std::nullopt, true, false}; }      // (lo, inf)
-/// [0, 1) (Adam's betas, a warmup fraction) / (0, 1] / [0, 1].
+/// [0, 1) (Adam's betas, a warmup fraction, a dropout probability) and (0, 1] (--rotary-percent).
 const FloatRange kUnitHalfOpen{0.0, 1.0, false, true};
 const FloatRange kUnitOpenClosed{0.0, 1.0, true, false};
 
