@@ -1,5 +1,6 @@
 #include "megatron/training/hf/hf_checkpoint.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -187,7 +188,13 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
   if (num_query_groups != num_attention_heads) {
     a.insert(a.end(), {"--group-query-attention", "--num-query-groups", std::to_string(num_query_groups)});
   }
-  if (position_embedding_type == "rope") a.insert(a.end(), {"--rotary-base", num(rotary_base)});
+  if (position_embedding_type == "rope") {
+    // Megatron's --rotary-base is an int: print the whole number (%g would give 1e+06 for 1000000).
+    if (!(rotary_base >= 1.0 && rotary_base < 9.0e15 && std::floor(rotary_base) == rotary_base))
+      user_error("config.json rope_theta ", num(rotary_base), " is not a whole number >= 1; Megatron's --rotary-base "
+                 "takes an int");
+    a.insert(a.end(), {"--rotary-base", std::to_string(static_cast<int64_t>(rotary_base))});
+  }
   if (use_rope_scaling) a.insert(a.end(), {"--use-rope-scaling", "--rope-scaling-factor", num(rope_scaling_factor)});
   if (swiglu) a.push_back("--swiglu");
   if (!add_bias_linear) a.push_back("--disable-bias-linear");

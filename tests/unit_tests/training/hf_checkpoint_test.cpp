@@ -108,6 +108,18 @@ TEST(HFConfig, ReadsTransformersConfigs) {
   EXPECT_TRUE(l.swiglu && l.untie_embeddings_and_output_weights && !l.add_bias_linear);
   auto args = l.megatron_args();
   EXPECT_NE(std::find(args.begin(), args.end(), "--group-query-attention"), args.end());
+  {
+    // Megatron's --rotary-base is an int: rope_theta 1e6 (Qwen-2, Llama-3 long-context variants) must print as
+    // 1000000, which the parser takes (printf %g gave 1e+06, refused); a fractional theta cannot be expressed.
+    HFModelSpec big = l;
+    big.rotary_base = 1.0e6;
+    auto b = big.megatron_args();
+    auto it = std::find(b.begin(), b.end(), "--rotary-base");
+    ASSERT_NE(it, b.end());
+    EXPECT_EQ(*(it + 1), "1000000");
+    big.rotary_base = 10000.5;
+    EXPECT_THROW(big.megatron_args(), megatron::UserError);
+  }
   EXPECT_NE(std::find(args.begin(), args.end(), "--disable-bias-linear"), args.end());
   HFModelSpec g = read_hf_config(fixture("gpt2_tiny/config.json"));
   EXPECT_EQ(g.model_type, "gpt2");
