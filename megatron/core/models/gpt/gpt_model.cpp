@@ -247,32 +247,27 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
                 st.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
                 !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
                 olc.input.numel() == n * olc.input.size(-1);
-  if (st.ce_fused) {
-    Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
-    st.lse = Tensor::empty({n}, DType::kFloat32, device_);
-    Tensor loss_flat = loss_sb.view({n});
-    ops::cross_entropy_fused_(logits2d, labels1d, vocab_start, loss_flat, st.lse);
-    Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
-    ops::transpose01(loss_sb, loss);
-    return loss;
-  }
-  Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
-  Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
-  Tensor pred = Tensor::empty({n}, DType::kFloat32, device_);
-  ops::cross_entropy_stats(logits2d, labels1d, vocab_start, row_max, sumexp, pred);
-  Tensor global_max = row_max;
-  auto& tpg = *parallel_.tp_group;
-  if (tpg.size() > 1) {
-    global_max = row_max.clone();
-    tpg.all_reduce(global_max, distributed::ReduceOp::kMax);
-    ops::cross_entropy_rescale_(sumexp, row_max, global_max);
-    tpg.all_reduce(sumexp, distributed::ReduceOp::kSum);
-    tpg.all_reduce(pred, distributed::ReduceOp::kSum);
-  }
   Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
   st.lse = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor loss_flat = loss_sb.view({n});
-  ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
+  if (st.ce_fused) {
+    ops::cross_entropy_fused_(logits2d, labels1d, vocab_start, loss_flat, st.lse);
+  } else {
+    Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
+    Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
+    Tensor pred = Tensor::empty({n}, DType::kFloat32, device_);
+    ops::cross_entropy_stats(logits2d, labels1d, vocab_start, row_max, sumexp, pred);
+    Tensor global_max = row_max;
+    auto& tpg = *parallel_.tp_group;
+    if (tpg.size() > 1) {
+      global_max = row_max.clone();
+      tpg.all_reduce(global_max, distributed::ReduceOp::kMax);
+      ops::cross_entropy_rescale_(sumexp, row_max, global_max);
+      tpg.all_reduce(sumexp, distributed::ReduceOp::kSum);
+      tpg.all_reduce(pred, distributed::ReduceOp::kSum);
+    }
+    ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
+  }
   Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
   ops::transpose01(loss_sb, loss);
   return loss;
