@@ -19,9 +19,10 @@
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/datasets/utils.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
-#include "megatron/core/distributed/comm_worker.h"
-#include "megatron/core/distributed/distributed_optimizer.h"
-#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/comm/comm_worker.h"
+#include "megatron/core/optimizer/distributed_optimizer.h"
+#include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -215,7 +216,7 @@ ParallelRanks checkpoint_ranks() {
 // Views of the live model parameters and fp32 optimizer state (load writes into them, save reads
 // them), in global coordinates whatever the layout.
 // `params`: every model chunk's parameters of this rank (virtual pipeline stages: all chunks).
-TrainingState training_state(std::vector<transformer::Parameter>& params, int64_t num_layers,
+TrainingState training_state(std::vector<Parameter>& params, int64_t num_layers,
                              const optimizer::MegatronOptimizer& opt, const ParallelRanks& ranks,
                              bool distributed_optimizer, bool with_optim) {
   return model_and_optimizer_state(params, opt, num_layers, ranks, distributed_optimizer, with_optim);
@@ -248,13 +249,13 @@ std::vector<ShardedTensor> fp8_checkpoint_tensors(const std::vector<std::unique_
 // (ms):" then one line per timer, "    <name + ' ' padded with '.' to 48>: (min, max)", min and
 // max over all ranks (megatron/core/timers.py _get_global_min_max_time_string; timers that are 0
 // on every rank are left out). Collective over `world`.
-std::string setup_timers_string(const std::vector<std::pair<std::string, double>>& ms, distributed::ProcessGroup& world) {
+std::string setup_timers_string(const std::vector<std::pair<std::string, double>>& ms, comm::ProcessGroup& world) {
   const int64_t n = static_cast<int64_t>(ms.size());
   Tensor lo = Tensor::empty({n}, DType::kFloat64), hi = Tensor::empty({n}, DType::kFloat64);
   for (int64_t i = 0; i < n; ++i) lo.data<double>()[i] = hi.data<double>()[i] = ms[i].second;
   if (world.size() > 1) {
-    world.all_reduce(lo, distributed::ReduceOp::kMin);
-    world.all_reduce(hi, distributed::ReduceOp::kMax);
+    world.all_reduce(lo, comm::ReduceOp::kMin);
+    world.all_reduce(hi, comm::ReduceOp::kMax);
   }
   std::string out = "(min, max) time across ranks (ms):";
   bool any = false;
@@ -376,7 +377,7 @@ void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_
 int run(int argc, char** argv) {
   Arguments args = parse_args(argc, argv);
   {
-    const distributed::LaunchEnv env = distributed::detect_launch_env();
+    const comm::LaunchEnv env = comm::detect_launch_env();
     args.world_size = env.world_size;
     args.rank = env.rank;
   }
@@ -430,10 +431,10 @@ int run(int argc, char** argv) {
 
   // Process groups (Megatron's initialize_megatron: init_process_group + initialize_model_parallel).
   const Device device = choose_device(args, say);
-  distributed::InitOptions io;
+  comm::InitOptions io;
   io.backend = backend_for(args.distributed_backend, device, args.world_size);
   io.timeout = std::chrono::minutes(args.distributed_timeout_minutes);
-  auto world = distributed::init_process_group(io);
+  auto world = comm::init_process_group(io);
   namespace ps = parallel_state;
   ps::ParallelConfig pc;
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
@@ -489,7 +490,7 @@ int run(int argc, char** argv) {
                                                              static_cast<uint64_t>(args.seed), device, par));
   }
   models::gpt::GPTModel& model = *chunks.front();
-  std::vector<transformer::Parameter> all_params;  // views; checkpointing sees every chunk
+  std::vector<Parameter> all_params;  // views; checkpointing sees every chunk
   for (auto& m : chunks) all_params.insert(all_params.end(), m->parameters().begin(), m->parameters().end());
   int64_t nparams = 0;
   for (auto& m : chunks)
@@ -522,8 +523,8 @@ int run(int argc, char** argv) {
     ddps.push_back(std::make_unique<distributed::DistributedDataParallel>(cc, chunks[c]->buffers(),
                                                                           chunks[c]->parameters(), dp_group));
     ddp_ptrs.push_back(ddps.back().get());
-    auto op = args.use_distributed_optimizer ? distributed::distributed_optimizer_params(*ddps.back())
-                                             : distributed::optimizer_params(chunks[c]->parameters());
+    auto op = args.use_distributed_optimizer ? optimizer::distributed_optimizer_params(*ddps.back())
+                                             : optimizer::optimizer_params(chunks[c]->parameters());
     opt_params.insert(opt_params.end(), op.begin(), op.end());
   }
   // Grad norm / zero counts: over the model-parallel group (grads are equal across DP), or with
@@ -763,7 +764,7 @@ int run(int argc, char** argv) {
     hooks.microbatch_loss_tokens = [cp_group, cp_size](double local_tokens) {
       Tensor t = Tensor::empty({1}, DType::kFloat64);
       t.data<double>()[0] = local_tokens;
-      cp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      cp_group->all_reduce(t, comm::ReduceOp::kSum);
       return std::max(t.data<double>()[0], 1.0) / static_cast<double>(cp_size);
     };
     if (pipeline) pipeline->set_microbatch_loss_tokens(hooks.microbatch_loss_tokens);
@@ -774,7 +775,7 @@ int run(int argc, char** argv) {
       double* p = t.data<double>();
       p[0] = r.loss_sum;
       p[1] = r.num_tokens;
-      dp_group->all_reduce(t, distributed::ReduceOp::kSum);
+      dp_group->all_reduce(t, comm::ReduceOp::kSum);
       r.loss_sum = p[0];
       r.num_tokens = p[1];
     };
@@ -834,7 +835,7 @@ int run(int argc, char** argv) {
   if (world->size() > 1) {
     hooks.any_rank = [w = world.get()](bool flag) {
       Tensor t = Tensor::from_vector({flag ? 1.0f : 0.0f}, {1});
-      w->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+      w->all_reduce(t, comm::ReduceOp::kMax)->wait();
       return t.to_float_vector()[0] > 0.5f;
     };
   }
@@ -870,7 +871,7 @@ int run(int argc, char** argv) {
   maybe_finalize_async_save(world.get(), /*blocking=*/true);  // a pending --async-save completes before exit
   world->barrier();
   ps::destroy_model_parallel();
-  distributed::destroy_process_group();
+  comm::destroy_process_group();
   return 0;
 }
 
@@ -882,12 +883,12 @@ int main(int argc, char** argv) {
   } catch (const UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     std::fflush(stderr);
-    megatron::distributed::run_job_abort_hook(1);  // the other ranks too (MPI), not a 10-minute hang
+    megatron::comm::run_job_abort_hook(1);  // the other ranks too (MPI), not a 10-minute hang
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "internal error: %s\n", e.what());
     std::fflush(stderr);
-    megatron::distributed::run_job_abort_hook(2);
+    megatron::comm::run_job_abort_hook(2);
     return 2;
   }
 }

@@ -28,7 +28,8 @@
 #include "megatron/core/datasets/gpt_dataset.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
-#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
@@ -102,11 +103,11 @@ Device choose_device(const Options& o, int local_rank) {
 }
 
 int run(const Options& opt) {
-  const distributed::LaunchEnv env = distributed::detect_launch_env();
+  const comm::LaunchEnv env = comm::detect_launch_env();
   const Device device = choose_device(opt, env.local_rank);
-  distributed::InitOptions io;
+  comm::InitOptions io;
   if (device.is_cuda() && env.world_size > 1) io.backend = "nccl";  // TP/DP collectives on device tensors
-  auto world = distributed::init_process_group(io);
+  auto world = comm::init_process_group(io);
   ps::ParallelConfig pc;
   pc.tensor_model_parallel_size = world->size() >= 2 ? 2 : 1;
   ps::initialize_model_parallel(world, pc);

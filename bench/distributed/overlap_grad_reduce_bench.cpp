@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "megatron/core/distributed/distributed_data_parallel.h"
-#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
 
@@ -34,9 +34,9 @@ struct Interval {
 };
 
 // Work whose completion time is recorded by an observer thread.
-class TimedWork final : public distributed::Work {
+class TimedWork final : public comm::Work {
  public:
-  TimedWork(std::unique_ptr<distributed::Work> inner, Interval* slot)
+  TimedWork(std::unique_ptr<comm::Work> inner, Interval* slot)
       : inner_(std::move(inner)), observer_([this, slot] {
           inner_->wait();
           slot->end = ms_since_t0(Clock::now());
@@ -50,40 +50,40 @@ class TimedWork final : public distributed::Work {
   bool is_completed() override { return !observer_.joinable() || inner_->is_completed(); }
 
  private:
-  std::unique_ptr<distributed::Work> inner_;
+  std::unique_ptr<comm::Work> inner_;
   std::thread observer_;
 };
 
 // Decorates the data-parallel group: records when each async all-reduce / reduce-scatter was
 // launched and when it completed.
-class TimelineGroup final : public distributed::ProcessGroup {
+class TimelineGroup final : public comm::ProcessGroup {
  public:
-  explicit TimelineGroup(std::shared_ptr<distributed::ProcessGroup> inner) : inner_(std::move(inner)) {}
+  explicit TimelineGroup(std::shared_ptr<comm::ProcessGroup> inner) : inner_(std::move(inner)) {}
   std::vector<Interval> reduces;  // in launch order
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::vector<int>& ranks() const override { return inner_->ranks(); }
-  std::unique_ptr<distributed::Work> all_reduce(Tensor& t, distributed::ReduceOp op, bool async) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor& t, comm::ReduceOp op, bool async) override {
     if (!async) return inner_->all_reduce(t, op, false);
     Interval* slot = record();
     return std::make_unique<TimedWork>(inner_->all_reduce(t, op, true), slot);
   }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor& in, Tensor& out, bool async) override {
+  std::unique_ptr<comm::Work> all_gather(const Tensor& in, Tensor& out, bool async) override {
     return inner_->all_gather(in, out, async);
   }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor& in, Tensor& out, distributed::ReduceOp op,
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor& in, Tensor& out, comm::ReduceOp op,
                                                     bool async) override {
     if (!async) return inner_->reduce_scatter(in, out, op, false);
     Interval* slot = record();
     return std::make_unique<TimedWork>(inner_->reduce_scatter(in, out, op, true), slot);
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor& t, int root, bool async) override {
+  std::unique_ptr<comm::Work> broadcast(Tensor& t, int root, bool async) override {
     return inner_->broadcast(t, root, async);
   }
-  std::unique_ptr<distributed::Work> send(const Tensor& t, int peer, bool async) override {
+  std::unique_ptr<comm::Work> send(const Tensor& t, int peer, bool async) override {
     return inner_->send(t, peer, async);
   }
-  std::unique_ptr<distributed::Work> recv(Tensor& t, int peer, bool async) override {
+  std::unique_ptr<comm::Work> recv(Tensor& t, int peer, bool async) override {
     return inner_->recv(t, peer, async);
   }
   void barrier() override { inner_->barrier(); }
@@ -95,7 +95,7 @@ class TimelineGroup final : public distributed::ProcessGroup {
     reduces.push_back({ms_since_t0(Clock::now()), -1.0});
     return &reduces.back();
   }
-  std::shared_ptr<distributed::ProcessGroup> inner_;
+  std::shared_ptr<comm::ProcessGroup> inner_;
 };
 
 int64_t flag(int argc, char** argv, const std::string& name, int64_t dflt) {
@@ -109,7 +109,7 @@ int64_t flag(int argc, char** argv, const std::string& name, int64_t dflt) {
 int main(int argc, char** argv) {
   const int64_t layers = flag(argc, argv, "--layers", 8), hidden = flag(argc, argv, "--hidden", 256),
                 seq = flag(argc, argv, "--seq", 256), mbs = 2, vocab = 512;
-  auto world = distributed::init_process_group();
+  auto world = comm::init_process_group();
   training::Arguments a = training::parse_args(std::vector<std::string>{
       "--num-layers", std::to_string(layers), "--hidden-size", std::to_string(hidden), "--num-attention-heads", "8",
       "--seq-length", std::to_string(seq), "--max-position-embeddings", std::to_string(seq), "--attention-dropout",
@@ -188,6 +188,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   world->barrier();
-  distributed::destroy_process_group();
+  comm::destroy_process_group();
   return 0;
 }

@@ -236,7 +236,7 @@ void initialize_model_parallel(const GroupPtr& world, const ParallelConfig& conf
   state() = std::move(s);
 }
 
-void initialize_single_rank() { initialize_model_parallel(distributed::make_single_rank_group(0), ParallelConfig{}); }
+void initialize_single_rank() { initialize_model_parallel(comm::make_single_rank_group(0), ParallelConfig{}); }
 
 bool model_parallel_is_initialized() { return state().initialized; }
 void destroy_model_parallel() { state() = State{}; }

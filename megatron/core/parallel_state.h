@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
 namespace megatron::parallel_state {
 
@@ -118,7 +118,7 @@ Seeds compute_seeds(int64_t seed, int tp_rank, int pp_rank, int dp_rank, bool da
 // ---------------------------------------------------------------------------------------------
 // Process-wide state (Megatron's module globals). Not thread-safe to initialize; read freely.
 // ---------------------------------------------------------------------------------------------
-using distributed::ProcessGroup;
+using comm::ProcessGroup;
 using GroupPtr = std::shared_ptr<ProcessGroup>;
 
 /// Creates every group of compute_group_layout(config, world->size()) by splitting `world`

@@ -14,7 +14,7 @@
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/core/optimizer/optimizer.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
 #include "megatron/training/checkpoint_args.h"
@@ -40,9 +40,9 @@ std::string timestamp() {
   return b;
 }
 
-int group_rank(distributed::ProcessGroup* g) { return g ? g->rank() : 0; }
+int group_rank(comm::ProcessGroup* g) { return g ? g->rank() : 0; }
 
-void print0(distributed::ProcessGroup* g, const std::string& line) {
+void print0(comm::ProcessGroup* g, const std::string& line) {
   if (group_rank(g) != 0) return;
   std::fputs(line.c_str(), stdout);
   std::fputc('\n', stdout);
@@ -124,12 +124,12 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
   return out;
 }
 
-std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
+std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t num_layers,
                                                      const ParallelRanks& ranks) {
   if (p.shared) {
     // The last stage's copy of the tied word embedding: load-only replica of the embedding.
     MEGATRON_CHECK(!p.init_key.empty()) << p.name << ": shared parameter without init_key";
-    transformer::Parameter q = p;
+    Parameter q = p;
     q.shared = false;
     q.name = p.init_key;
     auto out = parameter_sharded_tensors(q, num_layers, ranks);
@@ -155,7 +155,7 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
   return out;
 }
 
-TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter>& params,
+TrainingState model_and_optimizer_state(const std::vector<Parameter>& params,
                                         const optimizer::MegatronOptimizer& opt, int64_t num_layers,
                                         const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer) {
   TrainingState st;
@@ -253,12 +253,12 @@ void add_optimizer_state(TrainingState& st, const ShardedTensor& piece, const Te
   }
 }
 
-bool maybe_finalize_async_save(distributed::ProcessGroup* world, bool blocking) {
+bool maybe_finalize_async_save(comm::ProcessGroup* world, bool blocking) {
   auto& p = pending();
   if (!p.req) return true;
   if (!blocking) {
     Tensor done = Tensor::from_vector({p.req->write_done() ? 1.0f : 0.0f}, {1});
-    if (world) world->all_reduce(done, distributed::ReduceOp::kMin)->wait();
+    if (world) world->all_reduce(done, comm::ReduceOp::kMin)->wait();
     if (done.to_float_vector()[0] < 0.5f) return false;
   }
   auto req = std::move(p.req);
@@ -267,7 +267,7 @@ bool maybe_finalize_async_save(distributed::ProcessGroup* world, bool blocking) 
 }
 
 void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
-                     distributed::ProcessGroup* world) {
+                     comm::ProcessGroup* world) {
   if (cfg.save.empty()) user_error("save_checkpoint: --save is not set");
   maybe_finalize_async_save(world, /*blocking=*/true);
   const int64_t it = st.iteration;
@@ -328,7 +328,7 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
 }
 
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
-                           distributed::ProcessGroup* world) {
+                           comm::ProcessGroup* world) {
   LoadResult res;
   if (cfg.load.empty()) return res;
   int64_t it = 0;
@@ -350,7 +350,7 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   // All ranks must agree on the iteration (Megatron: all-reduce MAX of the tracker's value).
   if (world) {
     Tensor t = Tensor::from_vector_i64({it}, {1});
-    world->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+    world->all_reduce(t, comm::ReduceOp::kMax)->wait();
     if (t.data<int64_t>()[0] != it)
       user_error("--load ", cfg.load, ": ranks read different iterations from ", tracker_filename(cfg.load),
                  " (", it, " vs ", t.data<int64_t>()[0], "): is the directory shared by all ranks?");

@@ -31,9 +31,9 @@
 #include <nlohmann/json.hpp>
 
 #include "megatron/core/dist_checkpointing/mapping.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
-namespace megatron::transformer {
+namespace megatron {
 struct Parameter;
 }
 namespace megatron::optimizer {
@@ -152,14 +152,14 @@ struct ParamSharding {
 std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
                                                  int64_t num_layers, const ParallelRanks& ranks);
 
-/// ShardedTensors of a GPTModel parameter (megatron/core/transformer/module.h): uses its name,
+/// ShardedTensors of a GPTModel parameter (megatron/core/tensor/parameter.h): uses its name,
 /// data, partition_dim / partition_stride (2 = SwiGLU fc1) and tp_rank / tp_size. The tied
 /// output-layer duplicate on a later pipeline stage (p.shared) yields pieces keyed by its
 /// init_key (the word embedding) with a non-zero replica id: never written, but loaded (as
 /// Megatron's GPTModel.sharded_state_dict does for the tied output layer).
 /// `ranks` gives the TP rank for TP-replicated parameters (replica id = tp_rank) and the DP rank
 /// (dp_rank > 0 marks the pieces as replicas).
-std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Parameter& p, int64_t num_layers,
+std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t num_layers,
                                                      const ParallelRanks& ranks = {});
 
 /// The checkpoint view of a whole model and its optimizer (what pretrain_gpt saves and loads),
@@ -173,14 +173,14 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const transformer::Paramete
 ///    in `optimizer` once opt.step_count() > 0, before that in `optimizer_if_present`) for every
 ///    optimizer parameter, all with the same sharding.
 ///    opt.params()[j].param must view a model parameter or a contiguous element range of one
-///    (the distributed optimizer's slices, distributed/distributed_optimizer.h). Without the
+///    (the distributed optimizer's slices, optimizer/distributed_optimizer.h). Without the
 ///    distributed optimizer the state is a box like the parameter piece (replicated over DP like
 ///    it); with it (`distributed_optimizer`) each DP rank writes its own flat element ranges of
 ///    the parameters in global coordinates (Megatron's fully-reshardable layout, §8.3), so DP
 ///    ranks never write the same element and a load with another DP size, TP/PP size or without
 ///    the distributed optimizer reads the overlapping ranges.
 /// Throws InternalError when an optimizer parameter does not lie inside one model parameter.
-TrainingState model_and_optimizer_state(const std::vector<transformer::Parameter>& params,
+TrainingState model_and_optimizer_state(const std::vector<Parameter>& params,
                                         const optimizer::MegatronOptimizer& opt, int64_t num_layers,
                                         const ParallelRanks& ranks, bool distributed_optimizer, bool with_optimizer);
 
@@ -209,11 +209,11 @@ void add_optimizer_state(TrainingState& st, const ShardedTensor& model_piece, co
 /// the second line come from maybe_finalize_async_save(). A pending async save is finalized
 /// (blocking) before a new one starts. Throws UserError when cfg.save is empty or on I/O errors.
 void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
-                     distributed::ProcessGroup* world = nullptr);
+                     comm::ProcessGroup* world = nullptr);
 
 /// Finalizes a pending async save when every rank's write is done (blocking: waits for it).
 /// Returns true if nothing is pending afterwards. Collective when a save is pending.
-bool maybe_finalize_async_save(distributed::ProcessGroup* world = nullptr, bool blocking = false);
+bool maybe_finalize_async_save(comm::ProcessGroup* world = nullptr, bool blocking = false);
 
 /// Loads from cfg.load (tracker → iter dir, or cfg.ckpt_step) into the tensors of `st` (in place)
 /// following --no-load-optim/--no-load-rng/--finetune. With no tracker file it prints Megatron's
@@ -222,6 +222,6 @@ bool maybe_finalize_async_save(distributed::ProcessGroup* world = nullptr, bool 
 /// " loading distributed checkpoint from {load} at iteration {it}" and
 /// "  successfully loaded checkpoint from {load} [ t a/b, p c/d ] at iteration {it}" on rank 0.
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
-                           distributed::ProcessGroup* world = nullptr);
+                           comm::ProcessGroup* world = nullptr);
 
 }  // namespace megatron::training

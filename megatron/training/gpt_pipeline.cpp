@@ -58,7 +58,7 @@ std::vector<PipelineChunk> pipeline_chunks(int64_t num_layers, int pp, int pp_ra
 struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_parallel::VirtualPipelineStage {
   std::vector<models::gpt::GPTModel*> chunks;
   std::vector<models::gpt::GPTModel::GradReadyHook> grad_ready;
-  std::shared_ptr<distributed::ProcessGroup> pp;
+  std::shared_ptr<comm::ProcessGroup> pp;
   Shape shape;
   DType dtype;
   Device device;
@@ -137,7 +137,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
   Tensor backward_step(int mb, const Tensor& output_grad) override { return backward_step(0, mb, output_grad); }
 };
 
-GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<distributed::ProcessGroup> pp_group,
+GPTPipeline::GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<comm::ProcessGroup> pp_group,
                          Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches,
                          bool calculate_per_token_loss, int64_t microbatch_group_size)
     : impl_(std::make_unique<Impl>()) {

@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/training.h"
 
@@ -48,7 +48,7 @@ class GPTPipeline {
   /// over pp_group (the interleaved schedule creates its traffic subgroups).
   /// `microbatch_group_size`: --microbatch-group-size-per-virtual-pipeline-stage (0 = PP; UserError
   /// unless Megatron's checks pass, see check_microbatch_group_size).
-  GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<distributed::ProcessGroup> pp_group,
+  GPTPipeline(std::vector<models::gpt::GPTModel*> chunks, std::shared_ptr<comm::ProcessGroup> pp_group,
               Shape p2p_shape, DType dtype, Device device, int64_t num_microbatches, bool calculate_per_token_loss,
               int64_t microbatch_group_size = 0);
   ~GPTPipeline();

@@ -9,7 +9,7 @@
 namespace megatron::training {
 
 void dump_parameters(const std::string& dir, int pp_rank, const std::vector<models::gpt::GPTModel*>& chunks,
-                     distributed::ProcessGroup& tp_group, bool write) {
+                     comm::ProcessGroup& tp_group, bool write) {
   const std::string path = dir + "/params_pp" + std::to_string(pp_rank) + ".bin";
   const std::string tmp = path + ".tmp";
   std::FILE* f = nullptr;

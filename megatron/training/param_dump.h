@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 
 namespace megatron::training {
@@ -19,6 +19,6 @@ namespace megatron::training {
 /// TP rank 0 and DP rank 0). The file is written to a temporary name and renamed. Throws
 /// UserError when the file cannot be written (naming it and MEGATRON_DUMP_PARAMS).
 void dump_parameters(const std::string& dir, int pp_rank, const std::vector<models::gpt::GPTModel*>& chunks,
-                     distributed::ProcessGroup& tp_group, bool write);
+                     comm::ProcessGroup& tp_group, bool write);
 
 }  // namespace megatron::training

@@ -8,7 +8,7 @@
 # iteration (143 GB vs ~90 GB expected) because the NCCL backend kept every collective's tensors
 # alive until its watchdog's next poll (once a second): all gathered activations and
 # pre-reduce-scatter outputs of the last second stayed allocated. Fixed in
-# megatron/core/distributed/nccl/nccl_process_group.cpp (the Work drops its references once the
+# megatron/core/comm/nccl/nccl_process_group.cpp (the Work drops its references once the
 # caller's stream waited); the column-parallel linears also keep only the sequence shard now.
 #
 # Steps (each prints PASS/FAIL with numbers):

@@ -49,9 +49,9 @@ std::string hex32(uint32_t v) {
 }
 
 // Error flag agreement across ranks: returns true if any rank reported failure.
-bool any_rank_failed(distributed::ProcessGroup* g, bool failed) {
+bool any_rank_failed(comm::ProcessGroup* g, bool failed) {
   Tensor t = Tensor::from_vector({failed ? 1.0f : 0.0f}, {1});
-  g->all_reduce(t, distributed::ReduceOp::kMax)->wait();
+  g->all_reduce(t, comm::ReduceOp::kMax)->wait();
   return t.to_float_vector()[0] > 0.5f;
 }
 
@@ -151,8 +151,8 @@ std::vector<uint32_t> parallel_crc32c(const std::vector<SafetensorsItem>& items)
 }  // namespace
 
 struct AsyncSaveRequest::State {
-  std::shared_ptr<distributed::ProcessGroup> owned_group;
-  distributed::ProcessGroup* group = nullptr;
+  std::shared_ptr<comm::ProcessGroup> owned_group;
+  comm::ProcessGroup* group = nullptr;
   int rank = 0;
   int size = 1;
   std::string tmp_dir;
@@ -214,10 +214,10 @@ SnapshotPool& snapshot_pool() {
 }
 
 std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, const std::string& dir,
-                                                 distributed::ProcessGroup* group, bool snapshot) {
+                                                 comm::ProcessGroup* group, bool snapshot) {
   auto st = std::make_unique<AsyncSaveRequest::State>();
   if (!group) {
-    st->owned_group = distributed::make_single_rank_group();
+    st->owned_group = comm::make_single_rank_group();
     group = st->owned_group.get();
   }
   st->group = group;
@@ -401,7 +401,7 @@ void AsyncSaveRequest::finalize() {
 }
 
 std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const std::string& checkpoint_dir,
-                                             distributed::ProcessGroup* group) {
+                                             comm::ProcessGroup* group) {
   auto req = std::unique_ptr<AsyncSaveRequest>(new AsyncSaveRequest());
   req->dir_ = normalize_dir(checkpoint_dir);
   req->st_ = prepare(sd, req->dir_, group, /*snapshot=*/true);
@@ -410,7 +410,7 @@ std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const s
   return req;
 }
 
-void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, distributed::ProcessGroup* group) {
+void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group) {
   AsyncSaveRequest req;
   req.dir_ = normalize_dir(checkpoint_dir);
   req.st_ = prepare(sd, req.dir_, group, /*snapshot=*/false);

@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megatron/core/dist_checkpointing/mapping.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
 namespace megatron::dist_checkpointing {
 
@@ -82,8 +82,8 @@ class AsyncSaveRequest {
 
  private:
   friend std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict&, const std::string&,
-                                                      distributed::ProcessGroup*);
-  friend void save(const ShardedStateDict&, const std::string&, distributed::ProcessGroup*);
+                                                      comm::ProcessGroup*);
+  friend void save(const ShardedStateDict&, const std::string&, comm::ProcessGroup*);
   std::unique_ptr<State> st_;
   std::string dir_;
   std::vector<std::function<void()>> finalize_fns_;
@@ -94,13 +94,13 @@ class AsyncSaveRequest {
 /// atomically). Synchronous: returns after the checkpoint is complete on disk on every rank.
 /// Throws UserError on I/O failures (naming the file) and on inconsistent shards (two ranks
 /// writing the same piece, pieces not covering a tensor, dtype/shape disagreement across ranks).
-void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, distributed::ProcessGroup* group = nullptr);
+void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group = nullptr);
 
 /// Like save(), but takes a snapshot (a CPU copy of every tensor this rank writes) and writes it on
 /// a background thread; training may modify the tensors as soon as this returns. Call
 /// finalize() on the returned request (all ranks) to publish the checkpoint.
 std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const std::string& checkpoint_dir,
-                                             distributed::ProcessGroup* group = nullptr);
+                                             comm::ProcessGroup* group = nullptr);
 
 /// Options for load().
 struct LoadOptions {

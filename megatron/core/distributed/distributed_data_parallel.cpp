@@ -11,14 +11,14 @@ namespace megatron::distributed {
 
 struct DistributedDataParallel::BucketState {
   size_t ready = 0;
-  std::unique_ptr<Work> grad_work, param_work;
+  std::unique_ptr<comm::Work> grad_work, param_work;
   Tensor staging;  // padded copy when the bucket does not split evenly
   bool fp8_pending = false;  // FP8 bytes gathered (or in flight), post-processing not done yet
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
-                                                 std::vector<transformer::Parameter>& params,
-                                                 std::shared_ptr<ProcessGroup> dp_group)
+                                                 std::vector<Parameter>& params,
+                                                 std::shared_ptr<comm::ProcessGroup> dp_group)
     : config_(config), buffers_(buffers), params_(params), dp_group_(std::move(dp_group)) {
   MEGATRON_CHECK(dp_group_) << "null data-parallel group";
   if (config_.overlap_param_gather && !config_.use_distributed_optimizer)
@@ -103,10 +103,10 @@ void DistributedDataParallel::launch(size_t k) {
   if (st.grad_work) return;
   const int dp = dp_group_->size();
   Tensor g = buffers_.grad_data().flat_slice(b.start, {b.end - b.start});
-  ReduceOp op = ReduceOp::kSum;
+  comm::ReduceOp op = comm::ReduceOp::kSum;
   if (dp > 1 && !config_.calculate_per_token_loss) {
     if (config_.average_in_collective)
-      op = ReduceOp::kAvg;
+      op = comm::ReduceOp::kAvg;
     else
       ops::scale_(g, 1.0f / static_cast<float>(dp));
   }
@@ -293,50 +293,6 @@ void DistributedDataParallel::wait_param(size_t k) {
       auto& prm = params_[i];
       fp8::post_all_gather_processing(*prm.fp8_state, prm.fp8_base, prm.fp8_data);
     }
-  }
-}
-
-void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const FinalizeGroups& g, Tensor* num_tokens) {
-  for (auto* c : chunks) c->finish_grad_sync();
-  if (g.sequence_parallel && g.tp_group && g.tp_group->size() > 1) {
-    // Norm weights saw only this rank's sequence shard: sum their grads over TP (one
-    // coalesced all-reduce, as Megatron's _allreduce_non_tensor_model_parallel_grads).
-    std::vector<Tensor> grads;
-    int64_t n = 0;
-    for (auto* c : chunks)
-      for (auto& p : c->parameters())
-        if (p.sequence_parallel) {
-          grads.push_back(p.main_grad);
-          n += p.main_grad.numel();
-        }
-    if (n > 0) {
-      Tensor flat = Tensor::empty({n}, grads.front().dtype(), grads.front().device());
-      int64_t off = 0;
-      for (auto& t : grads) {
-        flat.flat_slice(off, {t.numel()}).copy_(t.view({t.numel()}));
-        off += t.numel();
-      }
-      g.tp_group->all_reduce(flat);
-      off = 0;
-      for (auto& t : grads) {
-        t.view({t.numel()}).copy_(flat.flat_slice(off, {t.numel()}));
-        off += t.numel();
-      }
-    }
-  }
-  if (g.embedding_group && g.embedding_group->size() > 1 && g.share_embeddings_and_output_weights) {
-    // First stage holds the word embedding, the last stage its shared copy (output layer).
-    for (auto* c : chunks)
-      for (auto& p : c->parameters())
-        if (p.name == "embedding.word_embeddings.weight" || p.shared) g.embedding_group->all_reduce(p.main_grad);
-  }
-  if (num_tokens) {
-    MEGATRON_CHECK(num_tokens->numel() == 1) << "num_tokens must be a scalar";
-    if (g.pp_group && g.pp_group->size() > 1) g.pp_group->broadcast(*num_tokens, g.pp_group->size() - 1);
-    if (g.dp_group && g.dp_group->size() > 1) g.dp_group->all_reduce(*num_tokens);
-    const double n = num_tokens->to(DType::kFloat64).item();
-    if (n > 0)
-      for (auto* c : chunks) ops::scale_(c->grad_buffer(), static_cast<float>(1.0 / n));
   }
 }
 

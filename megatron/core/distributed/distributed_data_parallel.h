@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "megatron/core/distributed/param_and_grad_buffer.h"
-#include "megatron/core/distributed/process_group.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/tensor/parameter.h"
 
 namespace megatron::distributed {
 
@@ -65,13 +65,13 @@ class DistributedDataParallel {
   /// `dp_group` is the data-parallel group with context parallelism (dp-cp). Throws UserError
   /// for --overlap-param-gather without --use-distributed-optimizer.
   DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
-                          std::vector<transformer::Parameter>& params, std::shared_ptr<ProcessGroup> dp_group);
+                          std::vector<Parameter>& params, std::shared_ptr<comm::ProcessGroup> dp_group);
   ~DistributedDataParallel();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const DistributedDataParallelConfig& config() const { return config_; }
-  ProcessGroup& dp_group() const { return *dp_group_; }
-  std::vector<transformer::Parameter>& parameters() { return params_; }
+  comm::ProcessGroup& dp_group() const { return *dp_group_; }
+  std::vector<Parameter>& parameters() { return params_; }
   Tensor& grad_buffer() { return buffers_.grad_data(); }
   Tensor& param_buffer() { return buffers_.param_data(); }
   ParamAndGradBuffer& buffers() { return buffers_; }
@@ -117,8 +117,8 @@ class DistributedDataParallel {
   void gather_bucket(size_t bucket, bool fp8_bytes);
   DistributedDataParallelConfig config_;
   ParamAndGradBuffer& buffers_;
-  std::vector<transformer::Parameter>& params_;
-  std::shared_ptr<ProcessGroup> dp_group_;
+  std::vector<Parameter>& params_;
+  std::shared_ptr<comm::ProcessGroup> dp_group_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_param_;
   struct BucketState;
@@ -130,22 +130,5 @@ class DistributedDataParallel {
   /// undefined tensor when none is held for `lo`.
   Tensor fp8_model_dtype_shard(int64_t lo, int64_t hi);
 };
-
-/// Megatron's finalize_model_grads (megatron/core/distributed/finalize_model_grads.py):
-///  1. finish the DP gradient sync of every model chunk;
-///  2. sequence parallelism (TP > 1): all-reduce over `tp_group` of the grads of every parameter
-///     marked `sequence_parallel` (the norm weights/biases);
-///  3. all-reduce the word-embedding grad ("embedding.word_embeddings.weight" on the first stage,
-///     the `shared` output weight on the last) over `embedding_group` (tied embeddings, PP > 1;
-///     skipped when the group is null or of size 1);
-///  4. with num_tokens (--calculate-per-token-loss): num_tokens is broadcast from the last pipeline
-///     stage over `pp_group`, summed over `dp_group`, and every grad is scaled by 1/num_tokens.
-struct FinalizeGroups {
-  std::shared_ptr<ProcessGroup> tp_group, pp_group, dp_group, embedding_group;
-  bool sequence_parallel = false;
-  bool share_embeddings_and_output_weights = true;
-};
-void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const FinalizeGroups& groups,
-                          Tensor* num_tokens = nullptr);
 
 }  // namespace megatron::distributed

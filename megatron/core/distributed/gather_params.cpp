@@ -4,7 +4,7 @@
 
 namespace megatron::distributed {
 
-Tensor gather_tensor_parallel(const transformer::Parameter& p, const Tensor& local, ProcessGroup& tp) {
+Tensor gather_tensor_parallel(const Parameter& p, const Tensor& local, comm::ProcessGroup& tp) {
   if (p.partition_dim < 0 || tp.size() == 1) return local.to(Device::cpu()).clone();
   const int T = tp.size();
   Tensor src = local.to(Device::cpu());

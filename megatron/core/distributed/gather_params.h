@@ -2,8 +2,8 @@
 // tests and by tools that need the unsharded weights).
 #pragma once
 
-#include "megatron/core/distributed/process_group.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/tensor/parameter.h"
 
 namespace megatron::distributed {
 
@@ -12,6 +12,6 @@ namespace megatron::distributed {
 /// Megatron's layout: along p.partition_dim the global extent G is cut into partition_stride
 /// blocks and rank r holds piece r of every block. A parameter that is not TP-partitioned is
 /// returned as a copy of `local`.
-Tensor gather_tensor_parallel(const transformer::Parameter& p, const Tensor& local, ProcessGroup& tp_group);
+Tensor gather_tensor_parallel(const Parameter& p, const Tensor& local, comm::ProcessGroup& tp_group);
 
 }  // namespace megatron::distributed

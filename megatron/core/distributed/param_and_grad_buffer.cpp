@@ -2,7 +2,7 @@
 
 namespace megatron::distributed {
 
-ParamAndGradBuffer::ParamAndGradBuffer(std::vector<transformer::Parameter>& params, const std::vector<Shape>& shapes,
+ParamAndGradBuffer::ParamAndGradBuffer(std::vector<Parameter>& params, const std::vector<Shape>& shapes,
                                        DType param_dtype, DType grad_dtype, Device device,
                                        bool allocate_grads, const std::vector<bool>& fp8_weights) {
   MEGATRON_CHECK(params.size() == shapes.size()) << params.size() << " params, " << shapes.size() << " shapes";

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "megatron/core/tensor/tensor.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 
 namespace megatron::distributed {
 
@@ -33,7 +33,7 @@ class ParamAndGradBuffer {
   /// such Parameter's data views it), which release_fp8_model_data() frees once the FP8 weights
   /// exist (Megatron/TE: the model parameter IS the FP8 tensor; docs/fp8.md "FP8 parameters");
   /// param_data then holds the other parameters only ([fp8_start]).
-  ParamAndGradBuffer(std::vector<transformer::Parameter>& params, const std::vector<Shape>& shapes,
+  ParamAndGradBuffer(std::vector<Parameter>& params, const std::vector<Shape>& shapes,
                      DType param_dtype, DType grad_dtype, Device device, bool allocate_grads = true,
                      const std::vector<bool>& fp8_weights = {});
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
 #ifdef MEGATRON_WITH_CUDA
@@ -219,10 +219,10 @@ void Fp8State::record_host_amax(int r, float a) {
   if (std::isnan(a) || a > slot) slot = a;
 }
 
-void Fp8State::reduce_and_update(distributed::ProcessGroup* group) {
+void Fp8State::reduce_and_update(comm::ProcessGroup* group) {
   if (metas_.empty()) return;
   ensure_device();
-  if (group && group->size() > 1) group->all_reduce(d_amax_, distributed::ReduceOp::kMax)->wait();
+  if (group && group->size() > 1) group->all_reduce(d_amax_, comm::ReduceOp::kMax)->wait();
 #ifdef MEGATRON_WITH_CUDA
   if (device_.is_cuda()) {
     // Record + update + roll of every role in one kernel; the host copies go stale.

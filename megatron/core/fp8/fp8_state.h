@@ -24,7 +24,7 @@
 #include "megatron/core/fp8/fp8_recipe.h"
 #include "megatron/core/tensor/tensor.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 class ProcessGroup;
 }
 
@@ -80,7 +80,7 @@ class Fp8State {
   /// The step boundary: all-reduce (MAX) the device amaxes over `amax_group` (nullptr = this rank
   /// only), record them, update every scale (delayed recipe; the tensorwise recipe keeps its
   /// per-tensor scales and only records), write the new scales to the device, zero the amaxes.
-  void reduce_and_update(distributed::ProcessGroup* amax_group);
+  void reduce_and_update(comm::ProcessGroup* amax_group);
 
   /// Checkpoint tensors (host copies, float32), per linear `<prefix>._extra_state.fp8.amax_history`
   /// [H, 3] (TE's layout: one column per role), `.scale` [3], `.scale_inv` [3]. replica_id marks

@@ -15,7 +15,7 @@ const float* f32(const Tensor& t) {
   MEGATRON_CHECK(t.is_cpu() && t.dtype() == DType::kFloat32) << "fp32 CPU grad expected, got " << t.str();
   return t.data<float>();
 }
-double all_reduce_scalar(double v, distributed::ProcessGroup* g, distributed::ReduceOp op) {
+double all_reduce_scalar(double v, comm::ProcessGroup* g, comm::ReduceOp op) {
   if (g == nullptr || g->size() == 1) return v;
   Tensor t = Tensor::empty({1}, DType::kFloat64);
   t.data<double>()[0] = v;
@@ -24,7 +24,7 @@ double all_reduce_scalar(double v, distributed::ProcessGroup* g, distributed::Re
 }
 }  // namespace
 
-double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+double get_grad_norm_fp32(const std::vector<Tensor>& grads, comm::ProcessGroup* group) {
   double local = 0.0;
   std::vector<Tensor> device_grads;  // one fp64 kernel reduction and one host sync for all of them
   for (const auto& g : grads) {
@@ -49,7 +49,7 @@ double get_grad_norm_fp32(const std::vector<Tensor>& grads, distributed::Process
 #endif
       for (const auto& g : device_grads) local += ops::sum_of_squares(g);
   }
-  return std::sqrt(all_reduce_scalar(local, group, distributed::ReduceOp::kSum));
+  return std::sqrt(all_reduce_scalar(local, group, comm::ReduceOp::kSum));
 }
 
 void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_norm, double total_norm) {
@@ -69,7 +69,7 @@ void clip_grad_by_total_norm_fp32(const std::vector<Tensor>& grads, double max_n
   }
 }
 
-int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+int64_t count_zeros_fp32(const std::vector<Tensor>& grads, comm::ProcessGroup* group) {
   int64_t z = 0;
   std::vector<Tensor> device_grads;  // one host synchronization for all of them
   for (const auto& g : grads) {
@@ -92,10 +92,10 @@ int64_t count_zeros_fp32(const std::vector<Tensor>& grads, distributed::ProcessG
 #endif
       for (const auto& g : device_grads) z += ops::count_zeros(g);
   }
-  return static_cast<int64_t>(all_reduce_scalar(static_cast<double>(z), group, distributed::ReduceOp::kSum));
+  return static_cast<int64_t>(all_reduce_scalar(static_cast<double>(z), group, comm::ReduceOp::kSum));
 }
 
-bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGroup* group) {
+bool found_inf_or_nan(const std::vector<Tensor>& grads, comm::ProcessGroup* group) {
   int bad = 0;
   std::vector<Tensor> device_grads;  // one host synchronization for all of them
   for (const auto& g : grads) {
@@ -118,7 +118,7 @@ bool found_inf_or_nan(const std::vector<Tensor>& grads, distributed::ProcessGrou
 #endif
       for (const auto& g : device_grads) bad |= ops::has_inf_or_nan(g) ? 1 : 0;
   }
-  return all_reduce_scalar(bad, group, distributed::ReduceOp::kMax) > 0.0;
+  return all_reduce_scalar(bad, group, comm::ReduceOp::kMax) > 0.0;
 }
 
 }  // namespace megatron::optimizer

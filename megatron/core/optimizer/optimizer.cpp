@@ -22,7 +22,7 @@ bool is_no_weight_decay(const std::string& name, const Tensor& param) {
 }
 
 MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params,
-                                     std::shared_ptr<distributed::ProcessGroup> grad_stats_group, int tp_rank)
+                                     std::shared_ptr<comm::ProcessGroup> grad_stats_group, int tp_rank)
     : config_(config), params_(std::move(params)), group_(std::move(grad_stats_group)), tp_rank_(tp_rank) {
   if (config_.optimizer != "adam" && config_.optimizer != "sgd")
     user_error("--optimizer: unsupported '", config_.optimizer, "' (choose from adam, sgd)");

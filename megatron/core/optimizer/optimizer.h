@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer_config.h"
 #include "megatron/core/optimizer_param_scheduler.h"
@@ -67,7 +67,7 @@ class MegatronOptimizer {
   /// inf checks are all-reduced (model-parallel group; nullptr = single rank). `tp_rank` decides
   /// whether TP-duplicated params count in norms. Throws UserError for an unknown optimizer.
   MegatronOptimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params,
-                    std::shared_ptr<distributed::ProcessGroup> grad_stats_group = nullptr, int tp_rank = 0);
+                    std::shared_ptr<comm::ProcessGroup> grad_stats_group = nullptr, int tp_rank = 0);
 
   /// One optimizer step as described above.
   StepResult step();
@@ -119,7 +119,7 @@ class MegatronOptimizer {
   std::vector<bool> separate_main_;
   std::vector<ParamGroup> groups_;
   std::unique_ptr<MegatronGradScaler> scaler_;
-  std::shared_ptr<distributed::ProcessGroup> group_;
+  std::shared_ptr<comm::ProcessGroup> group_;
   int tp_rank_;
   int64_t step_ = 0;
 };

@@ -2,9 +2,9 @@
 
 namespace megatron::pipeline_parallel {
 
-using distributed::P2POp;
+using comm::P2POp;
 
-P2PCommunicator::P2PCommunicator(std::shared_ptr<distributed::ProcessGroup> g, Shape shape, DType dtype, Device device)
+P2PCommunicator::P2PCommunicator(std::shared_ptr<comm::ProcessGroup> g, Shape shape, DType dtype, Device device)
     : group_(std::move(g)), shape_(std::move(shape)), dtype_(dtype), device_(device) {
   MEGATRON_CHECK(group_) << "null pipeline group";
 }

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
 namespace megatron::pipeline_parallel {
 
@@ -15,7 +15,7 @@ class P2PCommunicator {
  public:
   /// pp_group: this rank's pipeline group (group rank = stage). `shape`/`dtype`/`device`
   /// describe every activation exchanged ([s/(CP*TP if SP), mbs, h] in Megatron).
-  P2PCommunicator(std::shared_ptr<distributed::ProcessGroup> pp_group, Shape shape, DType dtype,
+  P2PCommunicator(std::shared_ptr<comm::ProcessGroup> pp_group, Shape shape, DType dtype,
                   Device device = Device::cpu());
   int stage() const { return group_->rank(); }
   int num_stages() const { return group_->size(); }
@@ -32,7 +32,7 @@ class P2PCommunicator {
   Tensor send_backward_recv_forward(const Tensor& input_grad);
 
  private:
-  std::shared_ptr<distributed::ProcessGroup> group_;
+  std::shared_ptr<comm::ProcessGroup> group_;
   Shape shape_;
   DType dtype_;
   Device device_;

@@ -80,7 +80,7 @@ void check_microbatch_group_size(int P, int M, int G) {
                "--global-batch-size that gives a multiple of it, or set the flag)");
 }
 
-InterleavedPipeline::InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp, Shape shape, DType dtype,
+InterleavedPipeline::InterleavedPipeline(std::shared_ptr<comm::ProcessGroup> pp, Shape shape, DType dtype,
                                          Device device)
     : pp_(std::move(pp)), shape_(std::move(shape)), dtype_(dtype), device_(device) {
   MEGATRON_CHECK(pp_) << "null pipeline group";
@@ -139,24 +139,24 @@ std::vector<Tensor> InterleavedPipeline::run(VirtualPipelineStage& stage, int M,
   auto exchange = [&](const Tensor& send_next, const Tensor& send_prev, bool recv_prev, int prev_chunk, bool recv_next,
                       int next_chunk) {
     Tensor sn = send_next, sp = send_prev, rp, rn;
-    std::vector<distributed::P2POp> f, b;
+    std::vector<comm::P2POp> f, b;
     if (sn.defined()) {
       MEGATRON_CHECK(sn.shape() == shape_) << "activation " << sn.str() << " vs " << shape_str(shape_);
-      f.push_back({distributed::P2POp::kSend, &sn, next});
+      f.push_back({comm::P2POp::kSend, &sn, next});
     }
     if (recv_prev) {
       rp = Tensor::empty(shape_, dtype_, device_);
-      f.push_back({distributed::P2POp::kRecv, &rp, prev});
+      f.push_back({comm::P2POp::kRecv, &rp, prev});
     }
     if (sp.defined()) {
       MEGATRON_CHECK(sp.shape() == shape_) << "input gradient " << sp.str() << " vs " << shape_str(shape_);
-      b.push_back({distributed::P2POp::kSend, &sp, prev});
+      b.push_back({comm::P2POp::kSend, &sp, prev});
     }
     if (recv_next) {
       rn = Tensor::empty(shape_, dtype_, device_);
-      b.push_back({distributed::P2POp::kRecv, &rn, next});
+      b.push_back({comm::P2POp::kRecv, &rn, next});
     }
-    std::unique_ptr<distributed::Work> wf, wb;
+    std::unique_ptr<comm::Work> wf, wb;
     if (!f.empty()) wf = fwd_->batch_isend_irecv(f);
     if (!b.empty()) wb = bwd_->batch_isend_irecv(b);
     if (wf) wf->wait();

@@ -76,7 +76,7 @@ class InterleavedPipeline {
  public:
   /// Collective over pp_group (creates the two traffic subgroups). `shape`/`dtype`/`device`:
   /// every tensor exchanged (CUDA tensors on the NCCL backend).
-  InterleavedPipeline(std::shared_ptr<distributed::ProcessGroup> pp_group, Shape shape, DType dtype,
+  InterleavedPipeline(std::shared_ptr<comm::ProcessGroup> pp_group, Shape shape, DType dtype,
                       Device device = Device::cpu());
   /// group_size 0 = PP (Megatron's default). Throws UserError (Megatron's checks) when
   /// group_size is outside [PP, M] or the last group has 0 < size < PP micro-batches.
@@ -85,7 +85,7 @@ class InterleavedPipeline {
                           bool forward_only = false);
 
  private:
-  std::shared_ptr<distributed::ProcessGroup> pp_, fwd_, bwd_;
+  std::shared_ptr<comm::ProcessGroup> pp_, fwd_, bwd_;
   Shape shape_;
   DType dtype_;
   Device device_;

@@ -13,10 +13,6 @@
 
 namespace megatron::tensor_parallel {
 
-using transformer::InitKind;
-using transformer::Parameter;
-using transformer::ParamRef;
-using transformer::ParamRegistry;
 
 namespace {
 [[maybe_unused]] bool gemm_epilogues_enabled() {

@@ -12,10 +12,10 @@
 #include <memory>
 #include <string>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/fp8/fp8_input.h"
 #include "megatron/core/tensor/tensor.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 
 namespace megatron::fp8 {
 class Fp8State;
@@ -40,7 +40,7 @@ struct LinearCtx {
 
 /// Options shared by the TP layers.
 struct TPContext {
-  std::shared_ptr<distributed::ProcessGroup> group;  // never null (single-rank group when TP = 1)
+  std::shared_ptr<comm::ProcessGroup> group;  // never null (single-rank group when TP = 1)
   bool sequence_parallel = false;
   int rank() const { return group->rank(); }
   int size() const { return group->size(); }
@@ -57,11 +57,11 @@ class ColumnParallelLinear {
   /// Registers "<prefix>.weight" (and "<prefix>.bias" if bias) with global shape
   /// [output_size, input_size], init N(0, init_std). `weight` may instead be supplied by
   /// set_shared_weight (tied output layer), then nothing is registered for it.
-  ColumnParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+  ColumnParallelLinear(ParamRegistry& reg, const std::string& prefix, int64_t input_size,
                        int64_t output_size, bool bias, float init_std, const TPContext& tp,
                        int partition_stride = 1, bool skip_weight = false, bool is_embedding_or_output = false);
   /// Uses `w` (e.g. the word embedding [V/TP, h]) as the weight.
-  void set_shared_weight(transformer::ParamRef w) { weight_ = w; }
+  void set_shared_weight(ParamRef w) { weight_ = w; }
 
   /// x [..., in] -> y [..., out/TP] in x's dtype.
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
@@ -77,7 +77,7 @@ class ColumnParallelLinear {
   Tensor* bias_grad() const { return bias_.defined() ? &bias_.grad() : nullptr; }
 
   int64_t output_size_per_partition() const { return out_local_; }
-  transformer::ParamRef weight() const { return weight_; }
+  ParamRef weight() const { return weight_; }
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).
   void enable_fp8(std::shared_ptr<fp8::Fp8State> st, const std::string& name);
   /// The FP8 state when this layer's input may come quantized from a fused producer
@@ -91,7 +91,7 @@ class ColumnParallelLinear {
   Tensor backward_fp8(const fp8::Fp8Input& dyq, const LinearCtx& ctx, bool need_dx) const;
 
  private:
-  transformer::ParamRef weight_, bias_;
+  ParamRef weight_, bias_;
   int64_t in_, out_local_;
   TPContext tp_;
   std::shared_ptr<fp8::Fp8State> fp8_;
@@ -106,7 +106,7 @@ class ColumnParallelLinear {
 /// identity for dY; dX stays split.
 class RowParallelLinear {
  public:
-  RowParallelLinear(transformer::ParamRegistry& reg, const std::string& prefix, int64_t input_size,
+  RowParallelLinear(ParamRegistry& reg, const std::string& prefix, int64_t input_size,
                     int64_t output_size, bool bias, float init_std, const TPContext& tp);
   /// x [..., in/TP] -> y [..., out].
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
@@ -136,7 +136,7 @@ class RowParallelLinear {
 
  private:
   Tensor finish_forward(Tensor y) const;  // TP reduction + bias after the GEMM
-  transformer::ParamRef weight_, bias_;
+  ParamRef weight_, bias_;
   int64_t in_local_, out_;
   TPContext tp_;
   std::shared_ptr<fp8::Fp8State> fp8_;
@@ -147,17 +147,17 @@ class RowParallelLinear {
 /// outside this rank's range give zero rows, then the outputs are all-reduced.
 class VocabParallelEmbedding {
  public:
-  VocabParallelEmbedding(transformer::ParamRegistry& reg, const std::string& name, int64_t num_embeddings,
+  VocabParallelEmbedding(ParamRegistry& reg, const std::string& name, int64_t num_embeddings,
                          int64_t embedding_dim, float init_std, const TPContext& tp);
   /// ids int64 [s, b] -> [s, b, h] in the weight's dtype.
   Tensor forward(const Tensor& ids) const;
   /// Accumulates dout [s, b, h] into the weight's main_grad.
   void backward(const Tensor& dout, const Tensor& ids) const;
-  transformer::ParamRef weight() const { return weight_; }
+  ParamRef weight() const { return weight_; }
   int64_t vocab_start() const { return vocab_start_; }
 
  private:
-  transformer::ParamRef weight_;
+  ParamRef weight_;
   int64_t vocab_start_, vocab_local_, dim_;
   TPContext tp_;
 };

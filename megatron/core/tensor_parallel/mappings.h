@@ -5,12 +5,12 @@
 // Every function is the identity (or a copy) when the group has one rank.
 #pragma once
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::tensor_parallel {
 
-using distributed::ProcessGroup;
+using comm::ProcessGroup;
 
 /// all-reduce (SUM) across the group; returns a new tensor (input untouched).
 /// = reduce_from_tensor_model_parallel_region forward, copy_to_... backward.

@@ -37,7 +37,7 @@ float normal_at(uint64_t key, uint64_t index) {
 
 namespace {
 // global_index_of without heap allocation (hot loop of the host initialization; up to 8 dims).
-inline int64_t global_index_fast(const transformer::Parameter& p, const Shape& ls, int64_t local_index) {
+inline int64_t global_index_fast(const Parameter& p, const Shape& ls, int64_t local_index) {
   const auto& g = p.global_shape;
   const int64_t nd = static_cast<int64_t>(g.size());
   int64_t idx[8];
@@ -56,14 +56,12 @@ inline int64_t global_index_fast(const transformer::Parameter& p, const Shape& l
   for (int64_t d = 0; d < nd; ++d) flat = flat * g[d] + idx[d];
   return flat;
 }
-DeviceNormalInit g_device_init = nullptr;  // constant-initialized; set by the CUDA backend
 bool g_use_cpu_init = false;
 }  // namespace
 
-void register_device_normal_init(DeviceNormalInit fn) { g_device_init = fn; }
 void set_use_cpu_initialization(bool on) { g_use_cpu_init = on; }
 
-int64_t global_index_of(const transformer::Parameter& p, const Shape& local_shape, int64_t local_index) {
+int64_t global_index_of(const Parameter& p, const Shape& local_shape, int64_t local_index) {
   MEGATRON_CHECK(p.global_shape.size() == local_shape.size() && local_shape.size() <= 8)
       << "global_index_of: shapes " << shape_str(p.global_shape) << " / " << shape_str(local_shape);
   return global_index_fast(p, local_shape, local_index);
@@ -92,14 +90,14 @@ int init_threads() {
 }
 }  // namespace
 
-void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
+void initialize_parameter(Parameter& p, uint64_t seed) {
   const int64_t n = p.data.numel();
   const Shape& ls = p.data.shape();
-  if (p.init == transformer::InitKind::kNormal) {
+  if (p.init == InitKind::kNormal) {
     const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
     // Unpartitioned (or TP = 1): the global index is the local one.
     const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
-    if (p.data.is_cuda() && g_device_init && !g_use_cpu_init && ls.size() <= NormalInitSpec::kMaxDims &&
+    if (p.data.is_cuda() && ops::device_normal_init() && !g_use_cpu_init && ls.size() <= NormalInitSpec::kMaxDims &&
         p.global_shape.size() == ls.size()) {
       NormalInitSpec s;
       s.key = key;
@@ -109,7 +107,7 @@ void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
       s.partition_dim = identity ? -1 : p.partition_dim;
       s.stride = p.partition_stride;
       s.tp_rank = p.tp_rank;
-      if (g_device_init(p.data, s)) return;
+      if (ops::device_normal_init()(p.data, s)) return;
     }
     MEGATRON_CHECK(p.global_shape.size() == ls.size() && ls.size() <= 8)
         << p.name << ": shapes " << shape_str(p.global_shape) << " / " << shape_str(ls);
@@ -137,7 +135,7 @@ void initialize_parameter(transformer::Parameter& p, uint64_t seed) {
     return;
   }
   // Zeros / ones (biases, norm weights: small).
-  if (p.init == transformer::InitKind::kZeros) {
+  if (p.init == InitKind::kZeros) {
     p.data.zero_();
     return;
   }

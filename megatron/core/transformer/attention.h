@@ -26,7 +26,7 @@ struct AttentionCtx {
   Tensor mask;  // keeps params.attention_mask alive
   Tensor rope_positions;  // RoPE positions of the forward (undefined = 0..s-1)
   // Context parallelism: the CP group of the forward (null = none) and its ring state.
-  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  std::shared_ptr<comm::ProcessGroup> cp_group;
   std::string cp_comm_type;
   ContextParallelAttnCtx cp;
 };

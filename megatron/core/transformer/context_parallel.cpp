@@ -87,7 +87,7 @@ struct Dims {
 };
 
 Dims check(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionParams& p,
-           distributed::ProcessGroup& g, const std::string& comm_type) {
+           comm::ProcessGroup& g, const std::string& comm_type) {
   if (comm_type != "p2p" && comm_type != "a2a")
     user_error("--cp-comm-type ", comm_type, ": only p2p (ring exchange of K/V) and a2a (all-to-all) are implemented");
   if (comm_type == "a2a") {
@@ -126,10 +126,10 @@ Tensor pack_kv(const Tensor& k, const Tensor& v) {
 }
 
 /// Posts "send `out` to the next rank, receive `in` from the previous one" on the CP ring.
-std::unique_ptr<distributed::Work> ring_exchange(distributed::ProcessGroup& g, Tensor& out, Tensor& in) {
+std::unique_ptr<comm::Work> ring_exchange(comm::ProcessGroup& g, Tensor& out, Tensor& in) {
   const int r = g.rank(), n = g.size();
-  std::vector<distributed::P2POp> ops = {{distributed::P2POp::kSend, &out, (r + 1) % n},
-                                         {distributed::P2POp::kRecv, &in, (r - 1 + n) % n}};
+  std::vector<comm::P2POp> ops = {{comm::P2POp::kSend, &out, (r + 1) % n},
+                                         {comm::P2POp::kRecv, &in, (r - 1 + n) % n}};
   return g.batch_isend_irecv(ops);
 }
 
@@ -139,19 +139,19 @@ std::unique_ptr<distributed::Work> ring_exchange(distributed::ProcessGroup& g, T
 /// natural token order for head slice cp_rank. Collective over g.
 // All-to-all over g by point-to-point (one batch_isend_irecv, waited for): sends[j] goes to rank j,
 // recvs[j] receives rank j's; this rank's own slot is copied locally. One send/recv per rank.
-void all_to_all_p2p(distributed::ProcessGroup& g, std::vector<Tensor>& sends, std::vector<Tensor>& recvs) {
+void all_to_all_p2p(comm::ProcessGroup& g, std::vector<Tensor>& sends, std::vector<Tensor>& recvs) {
   const int cp = g.size(), r = g.rank();
-  std::vector<distributed::P2POp> ops;
+  std::vector<comm::P2POp> ops;
   for (int j = 0; j < cp; ++j) {
     if (j == r) continue;
-    ops.push_back({distributed::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
-    ops.push_back({distributed::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
+    ops.push_back({comm::P2POp::kSend, &sends[static_cast<size_t>(j)], j});
+    ops.push_back({comm::P2POp::kRecv, &recvs[static_cast<size_t>(j)], j});
   }
   recvs[static_cast<size_t>(r)].copy_(sends[static_cast<size_t>(r)]);
   if (!ops.empty()) g.batch_isend_irecv(ops)->wait();
 }
 
-Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
+Tensor seq_gather_heads_scatter(const Tensor& x, comm::ProcessGroup& g) {
   const int cp = g.size();
   const int64_t n2 = x.size(0), b = x.size(1), n = x.size(2), d = x.size(3), hs = n / cp, c = n2 / 2;
   const Device dev = x.device();
@@ -177,7 +177,7 @@ Tensor seq_gather_heads_scatter(const Tensor& x, distributed::ProcessGroup& g) {
 
 /// Inverse of seq_gather_heads_scatter: full [S, b, hs, d] (head slice cp_rank) -> [2c, b, hs*CP, d]
 /// (this rank's two chunks, all heads), into `out` (any float dtype of full's). Collective over g.
-void seq_scatter_heads_gather(const Tensor& full, distributed::ProcessGroup& g, Tensor& out) {
+void seq_scatter_heads_gather(const Tensor& full, comm::ProcessGroup& g, Tensor& out) {
   const int cp = g.size();
   const int64_t S = full.size(0), b = full.size(1), hs = full.size(2), d = full.size(3), c = S / (2 * cp);
   const Device dev = full.device();
@@ -206,7 +206,7 @@ void seq_scatter_heads_gather(const Tensor& full, distributed::ProcessGroup& g, 
 }
 
 void a2a_forward(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionParams& p,
-                 distributed::ProcessGroup& g, Tensor& out, ContextParallelAttnCtx& ctx) {
+                 comm::ProcessGroup& g, Tensor& out, ContextParallelAttnCtx& ctx) {
   ctx.q_full = seq_gather_heads_scatter(q, g);
   ctx.k_full = seq_gather_heads_scatter(k, g);
   ctx.v_full = seq_gather_heads_scatter(v, g);
@@ -219,7 +219,7 @@ void a2a_forward(const Tensor& q, const Tensor& k, const Tensor& v, const ops::A
   seq_scatter_heads_gather(ctx.out_full, g, out);
 }
 
-void a2a_backward(const Tensor& dout, const ops::AttentionParams& p, distributed::ProcessGroup& g,
+void a2a_backward(const Tensor& dout, const ops::AttentionParams& p, comm::ProcessGroup& g,
                   const ContextParallelAttnCtx& ctx, Tensor& dq, Tensor& dk, Tensor& dv) {
   MEGATRON_CHECK(ctx.q_full.defined() && ctx.out_full.defined()) << "a2a backward without its forward";
   Tensor dout_full = seq_gather_heads_scatter(dout, g);
@@ -289,7 +289,7 @@ Tensor cp_rank_global_positions(int64_t s_local, int64_t b, int cp_size, int cp_
 }
 
 void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const ops::AttentionParams& p, distributed::ProcessGroup& cp_group,
+                                        const ops::AttentionParams& p, comm::ProcessGroup& cp_group,
                                         const std::string& comm_type, Tensor& out, ContextParallelAttnCtx& ctx) {
   const Dims dm = check(q, k, v, p, cp_group, comm_type);
   MEGATRON_CHECK(out.shape() == q.shape()) << "out " << out.str() << " for q " << q.str();
@@ -308,7 +308,7 @@ void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const 
     const int src = (r - i + cp) % cp;
     // Post the exchange for the next step before computing on the current block.
     Tensor kv_next;
-    std::unique_ptr<distributed::Work> work;
+    std::unique_ptr<comm::Work> work;
     if (i + 1 < cp) {
       kv_next = Tensor::empty(kv.shape(), kv.dtype(), dev);
       work = ring_exchange(cp_group, kv, kv_next);
@@ -337,7 +337,7 @@ void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const 
 
 void context_parallel_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const ops::AttentionParams& p,
-                                         distributed::ProcessGroup& cp_group, const std::string& comm_type,
+                                         comm::ProcessGroup& cp_group, const std::string& comm_type,
                                          const ContextParallelAttnCtx& ctx, Tensor& dq, Tensor& dk, Tensor& dv) {
   const Dims dm = check(q, k, v, p, cp_group, comm_type);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
@@ -355,11 +355,11 @@ void context_parallel_attention_backward(const Tensor& dout, const Tensor& q, co
   // The dK/dV accumulator of the block held at step i travels with the block: it arrives from
   // the previous rank (which held the block at step i-1) and leaves for the next one.
   Tensor acc_sent, acc_in;
-  std::unique_ptr<distributed::Work> acc_work;
+  std::unique_ptr<comm::Work> acc_work;
   for (int i = 0; i < cp; ++i) {
     const int src = (r - i + cp) % cp;
     Tensor kv_next;
-    std::unique_ptr<distributed::Work> kv_work;
+    std::unique_ptr<comm::Work> kv_work;
     if (i + 1 < cp) {
       kv_next = Tensor::empty(kv.shape(), kv.dtype(), dev);
       kv_work = ring_exchange(cp_group, kv, kv_next);

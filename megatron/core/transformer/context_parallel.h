@@ -32,7 +32,7 @@
 #include <string>
 
 #include "megatron/core/datasets/gpt_batch.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 
@@ -73,7 +73,7 @@ struct ContextParallelAttnCtx {
 /// Must be called by every rank of cp_group (collective). Throws UserError for an unsupported
 /// comm_type; InternalError for shapes that do not fit.
 void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const ops::AttentionParams& p, distributed::ProcessGroup& cp_group,
+                                        const ops::AttentionParams& p, comm::ProcessGroup& cp_group,
                                         const std::string& comm_type, Tensor& out, ContextParallelAttnCtx& ctx);
 
 /// Backward of context_parallel_attention_forward: dq, dk, dv (shapes and dtypes of q, k, v)
@@ -81,7 +81,7 @@ void context_parallel_attention_forward(const Tensor& q, const Tensor& k, const 
 /// of every CP rank). Collective over cp_group.
 void context_parallel_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const ops::AttentionParams& p,
-                                         distributed::ProcessGroup& cp_group, const std::string& comm_type,
+                                         comm::ProcessGroup& cp_group, const std::string& comm_type,
                                          const ContextParallelAttnCtx& ctx, Tensor& dq, Tensor& dk, Tensor& dv);
 
 }  // namespace megatron::transformer

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::transformer {
@@ -25,7 +25,7 @@ struct ForwardContext {
   uint64_t next_offset() { return rng_offset++; }
   /// Context parallelism (context_parallel.h): the CP group (null or size 1 = none; the
   /// sequence of this forward is then this rank's two chunks) and --cp-comm-type.
-  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  std::shared_ptr<comm::ProcessGroup> cp_group;
   std::string cp_comm_type = "p2p";
   /// RoPE positions int64 [s, b]; undefined = 0..s-1. With CP: the global positions of this
   /// rank's chunks (cp_rank_global_positions).

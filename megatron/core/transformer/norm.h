@@ -5,7 +5,7 @@
 #include <string>
 
 #include "megatron/core/fp8/fp8_input.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 
 namespace megatron::transformer {

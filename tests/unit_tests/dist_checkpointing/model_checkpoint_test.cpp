@@ -37,9 +37,9 @@ transformer::TransformerConfig llama_config(int tp) {
 TEST(ModelCheckpoint, LlamaTP2SaveLoadsIntoTP1) {
   const std::string root = (fs::temp_directory_path() / ("megatron_mc_" + std::to_string(::getpid()))).string();
   fs::remove_all(root);
-  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+  megatron::testing::run_ranks(2, [&](int r, comm::ProcessGroup& g) {
     models::gpt::GPTModelParallel par;
-    par.tp_group = std::shared_ptr<distributed::ProcessGroup>(&g, [](distributed::ProcessGroup*) {});
+    par.tp_group = std::shared_ptr<comm::ProcessGroup>(&g, [](comm::ProcessGroup*) {});
     models::gpt::GPTModel model(llama_config(2), 256, 64, /*seed=*/7, Device::cpu(), par);
     TrainingState st;
     for (auto& p : model.parameters()) {

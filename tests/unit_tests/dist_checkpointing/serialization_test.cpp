@@ -85,7 +85,7 @@ ShardedStateDict tp2pp2_state(int pp, int tp) {
 }
 
 void save_tp2pp2(const std::string& dir) {
-  run_ranks(4, [&](int r, distributed::ProcessGroup& g) { save(tp2pp2_state(r / 2, r % 2), dir, &g); });
+  run_ranks(4, [&](int r, comm::ProcessGroup& g) { save(tp2pp2_state(r / 2, r % 2), dir, &g); });
 }
 
 }  // namespace
@@ -251,7 +251,7 @@ TEST(DistCheckpointing, SaveRejectsMissingAndDuplicatePieces) {
   std::string dir = tmp_dir("pieces") + "/ckpt";
   // rank 1 forgets its half: coverage error on every rank, nothing published
   EXPECT_THROW(run_ranks(2,
-                         [&](int r, distributed::ProcessGroup& g) {
+                         [&](int r, comm::ProcessGroup& g) {
                            ShardedStateDict sd;
                            if (r == 0)
                              sd.tensors.push_back(ShardedTensor::from_rank_offsets("w", Tensor::zeros({2}, DType::kFloat32), {{0, 0, 2}}));
@@ -261,7 +261,7 @@ TEST(DistCheckpointing, SaveRejectsMissingAndDuplicatePieces) {
   EXPECT_FALSE(fs::exists(dir));
   // both ranks claim replica 0 of the same piece
   EXPECT_THROW(run_ranks(2,
-                         [&](int, distributed::ProcessGroup& g) {
+                         [&](int, comm::ProcessGroup& g) {
                            save(ShardedStateDict{{ShardedTensor::from_tensor("w", Tensor::zeros({2}, DType::kFloat32))}, {}, {}},
                                 dir, &g);
                          }),

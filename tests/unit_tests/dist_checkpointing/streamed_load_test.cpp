@@ -50,7 +50,7 @@ class StreamedLoad : public ::testing::TestWithParam<size_t> {
     fs::remove_all(root_);
     fs::create_directories(root_);
     dir_ = (root_ / "ckpt").string();
-    run_ranks(2, [&](int r, distributed::ProcessGroup& g) { save(saved_state(r), dir_, &g); });
+    run_ranks(2, [&](int r, comm::ProcessGroup& g) { save(saved_state(r), dir_, &g); });
     opts_.read_chunk_bytes = GetParam();
   }
   void TearDown() override { fs::remove_all(root_); }

@@ -17,13 +17,13 @@ struct Shared {
   std::vector<const Tensor*> slots;
 };
 
-class DoneWork final : public distributed::Work {
+class DoneWork final : public comm::Work {
  public:
   void wait() override {}
   bool is_completed() override { return true; }
 };
 
-class ThreadGroup final : public distributed::ProcessGroup {
+class ThreadGroup final : public comm::ProcessGroup {
  public:
   ThreadGroup(std::shared_ptr<Shared> s, int rank) : s_(std::move(s)), rank_(rank) {
     for (int i = 0; i < s_->n; ++i) ranks_.push_back(i);
@@ -32,7 +32,7 @@ class ThreadGroup final : public distributed::ProcessGroup {
   int size() const override { return s_->n; }
   const std::vector<int>& ranks() const override { return ranks_; }
 
-  std::unique_ptr<distributed::Work> all_reduce(Tensor& t, distributed::ReduceOp op, bool) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor& t, comm::ReduceOp op, bool) override {
     s_->slots[rank_] = &t;
     s_->bar.arrive_and_wait();
     std::vector<double> acc(t.numel());
@@ -41,12 +41,12 @@ class ThreadGroup final : public distributed::ProcessGroup {
       for (int r = 1; r < s_->n; ++r) {
         double x = s_->slots[r]->item_at(i);
         switch (op) {
-          case distributed::ReduceOp::kMax: v = std::max(v, x); break;
-          case distributed::ReduceOp::kMin: v = std::min(v, x); break;
+          case comm::ReduceOp::kMax: v = std::max(v, x); break;
+          case comm::ReduceOp::kMin: v = std::min(v, x); break;
           default: v += x;
         }
       }
-      if (op == distributed::ReduceOp::kAvg) v /= s_->n;
+      if (op == comm::ReduceOp::kAvg) v /= s_->n;
       acc[i] = v;
     }
     s_->bar.arrive_and_wait();
@@ -59,7 +59,7 @@ class ThreadGroup final : public distributed::ProcessGroup {
     s_->bar.arrive_and_wait();
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor& in, Tensor& out, bool) override {
+  std::unique_ptr<comm::Work> all_gather(const Tensor& in, Tensor& out, bool) override {
     s_->slots[rank_] = &in;
     s_->bar.arrive_and_wait();
     for (int r = 0; r < s_->n; ++r)
@@ -67,22 +67,22 @@ class ThreadGroup final : public distributed::ProcessGroup {
     s_->bar.arrive_and_wait();
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor&, Tensor&, comm::ReduceOp, bool) override {
     MEGATRON_CHECK(false) << "reduce_scatter not implemented in the test thread group";
     return nullptr;
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor& t, int root, bool) override {
+  std::unique_ptr<comm::Work> broadcast(Tensor& t, int root, bool) override {
     s_->slots[rank_] = &t;
     s_->bar.arrive_and_wait();
     if (rank_ != root) std::memcpy(t.data_ptr(), s_->slots[root]->data_ptr(), t.nbytes());
     s_->bar.arrive_and_wait();
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<distributed::Work> send(const Tensor&, int, bool) override {
+  std::unique_ptr<comm::Work> send(const Tensor&, int, bool) override {
     MEGATRON_CHECK(false) << "send not implemented in the test thread group";
     return nullptr;
   }
-  std::unique_ptr<distributed::Work> recv(Tensor&, int, bool) override {
+  std::unique_ptr<comm::Work> recv(Tensor&, int, bool) override {
     MEGATRON_CHECK(false) << "recv not implemented in the test thread group";
     return nullptr;
   }
@@ -96,14 +96,14 @@ class ThreadGroup final : public distributed::ProcessGroup {
 
 }  // namespace
 
-std::vector<std::shared_ptr<distributed::ProcessGroup>> make_thread_groups(int n) {
+std::vector<std::shared_ptr<comm::ProcessGroup>> make_thread_groups(int n) {
   auto s = std::make_shared<Shared>(n);
-  std::vector<std::shared_ptr<distributed::ProcessGroup>> g;
+  std::vector<std::shared_ptr<comm::ProcessGroup>> g;
   for (int i = 0; i < n; ++i) g.push_back(std::make_shared<ThreadGroup>(s, i));
   return g;
 }
 
-void run_ranks(int n, const std::function<void(int, distributed::ProcessGroup&)>& fn) {
+void run_ranks(int n, const std::function<void(int, comm::ProcessGroup&)>& fn) {
   auto groups = make_thread_groups(n);
   std::vector<std::exception_ptr> errs(n);
   std::vector<std::thread> th;

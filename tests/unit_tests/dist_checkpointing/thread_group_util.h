@@ -7,14 +7,14 @@
 #include <memory>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
 namespace megatron::testing {
 
 /// Creates `n` groups that talk to each other; group i has rank i.
-std::vector<std::shared_ptr<distributed::ProcessGroup>> make_thread_groups(int n);
+std::vector<std::shared_ptr<comm::ProcessGroup>> make_thread_groups(int n);
 
 /// Runs fn(rank, group) on n threads (one per rank) and rethrows the first exception.
-void run_ranks(int n, const std::function<void(int, distributed::ProcessGroup&)>& fn);
+void run_ranks(int n, const std::function<void(int, comm::ProcessGroup&)>& fn);
 
 }  // namespace megatron::testing

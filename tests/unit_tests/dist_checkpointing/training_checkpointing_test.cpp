@@ -11,7 +11,7 @@
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/core/optimizer/optimizer.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 #include "thread_group_util.h"
 
 using namespace megatron;
@@ -198,7 +198,7 @@ TEST(TrainingCheckpointing, AsyncSaveFinalizesTrackerLater) {
 TEST(TrainingCheckpointing, SwigluFc1GlobalLayoutAcrossTP) {
   std::string root = tmp_dir("swiglu");
   // gate row g has value 10+g, up row u has value 20+u (hidden size 1)
-  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+  megatron::testing::run_ranks(2, [&](int r, comm::ProcessGroup& g) {
     ParallelRanks pr{r, 2, 0, 1, 0, 1};
     Tensor local = Tensor::from_vector({10.0f + 2 * r, 11.0f + 2 * r, 20.0f + 2 * r, 21.0f + 2 * r}, {4, 1});
     TrainingState st;
@@ -238,13 +238,13 @@ namespace {
 struct SlicedModel {
   Tensor buf = Tensor::zeros({15}, DType::kFloat32);
   Tensor grad = Tensor::zeros({15}, DType::kFloat32);
-  std::vector<transformer::Parameter> params;
+  std::vector<Parameter> params;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   // `slices`: this rank's buffer ranges (the distributed optimizer's), or empty = whole params.
   // `cfg`: Adam by default; with SGD the momentum buffer takes exp_avg's hand-made values.
   explicit SlicedModel(const std::vector<std::pair<int64_t, int64_t>>& slices,
                        const optimizer::OptimizerConfig& cfg = optimizer::OptimizerConfig{}) {
-    transformer::Parameter w, b;
+    Parameter w, b;
     w.name = "decoder.layers.0.mlp.linear_fc2.weight";
     w.data = buf.flat_slice(0, {4, 3});
     w.main_grad = grad.flat_slice(0, {4, 3});
@@ -311,7 +311,7 @@ TEST(TrainingCheckpointing, DistributedOptimizerStateReshardsAcrossDP) {
   cfg.save = cfg.load = root;
   ::testing::internal::CaptureStdout();
   // DP2 with the distributed optimizer: rank 0 owns buffer [0, 8), rank 1 [8, 15).
-  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+  megatron::testing::run_ranks(2, [&](int r, comm::ProcessGroup& g) {
     SlicedModel m(r == 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, 8}} : std::vector<std::pair<int64_t, int64_t>>{{8, 15}});
     m.fill_expected();
     ParallelRanks pr{0, 1, 0, 1, r, 2};
@@ -332,7 +332,7 @@ TEST(TrainingCheckpointing, DistributedOptimizerStateReshardsAcrossDP) {
     save_checkpoint(st, cfg, {});
   }
   // ... which DP3 slices of 5 elements (boundaries inside W and at b) load.
-  megatron::testing::run_ranks(3, [&](int r, distributed::ProcessGroup& g) {
+  megatron::testing::run_ranks(3, [&](int r, comm::ProcessGroup& g) {
     SlicedModel m({{5 * r, 5 * r + 5}});
     ParallelRanks pr{0, 1, 0, 1, r, 3};
     TrainingState st = model_and_optimizer_state(m.params, *m.opt, 1, pr, true, true);
@@ -368,7 +368,7 @@ TEST(TrainingCheckpointing, SgdMomentumBufferSavedAndResharded) {
   oc.optimizer = "sgd";
   oc.sgd_momentum = 0.9;
   ::testing::internal::CaptureStdout();
-  megatron::testing::run_ranks(2, [&](int r, distributed::ProcessGroup& g) {
+  megatron::testing::run_ranks(2, [&](int r, comm::ProcessGroup& g) {
     SlicedModel m(r == 0 ? std::vector<std::pair<int64_t, int64_t>>{{0, 8}} : std::vector<std::pair<int64_t, int64_t>>{{8, 15}}, oc);
     m.fill_expected();
     m.opt->set_step_count(3);  // the buffers hold state
@@ -417,7 +417,7 @@ TEST(TrainingCheckpointing, SgdMomentumBufferSavedAndResharded) {
 // The last pipeline stage's copy of the tied word embedding (Megatron's GPTModel.sharded_state_dict
 // maps it to the embedding's key as a non-written replica): loaded from the embedding, never saved.
 TEST(TrainingCheckpointing, TiedOutputLayerCopyIsALoadOnlyEmbeddingReplica) {
-  transformer::Parameter p;
+  Parameter p;
   p.name = "output_layer.weight";
   p.init_key = "embedding.word_embeddings.weight";
   p.shared = true;

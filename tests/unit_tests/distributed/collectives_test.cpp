@@ -11,12 +11,12 @@
 #include <thread>
 
 #include "dist_test_util.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/parallel_state.h"
 
 using megatron::DType;
 using megatron::Tensor;
-using megatron::distributed::ReduceOp;
+using megatron::comm::ReduceOp;
 using megatron::testing::dist_world;
 
 namespace {
@@ -165,7 +165,7 @@ TEST(DistCollectives, AsyncCollectivesCompleteInAnyWaitOrder) {
   auto w = dist_world();
   const int n = w->size();
   std::vector<Tensor> ts;
-  std::vector<std::unique_ptr<megatron::distributed::Work>> works;
+  std::vector<std::unique_ptr<megatron::comm::Work>> works;
   for (int k = 0; k < 4; ++k) {
     ts.push_back(Tensor::from_vector(std::vector<float>(100000, float(k + 1)), {100000}));
     works.push_back(w->all_reduce(ts.back(), ReduceOp::kSum, /*async=*/true));
@@ -256,7 +256,7 @@ TEST(DistCollectives, BatchIsendIrecvExchangeWithBothNeighbours) {
   Tensor to_next = Tensor::from_vector(std::vector<float>(N, float(r)), {N});
   Tensor to_prev = Tensor::from_vector(std::vector<float>(N, float(100 + r)), {N});
   Tensor from_prev = Tensor::zeros({N}, DType::kFloat32), from_next = Tensor::zeros({N}, DType::kFloat32);
-  using megatron::distributed::P2POp;
+  using megatron::comm::P2POp;
   auto work = w->batch_isend_irecv({P2POp{P2POp::kSend, &to_next, next}, P2POp{P2POp::kSend, &to_prev, prev},
                                     P2POp{P2POp::kRecv, &from_prev, prev}, P2POp{P2POp::kRecv, &from_next, next}});
   work->wait();

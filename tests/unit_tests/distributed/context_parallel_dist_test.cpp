@@ -18,6 +18,7 @@
 
 #include "dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/gather_params.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/parallel_state.h"
@@ -98,7 +99,7 @@ void run_cp_equivalence(int tp, int cp, transformer::TransformerConfig (*make)(i
     fg.dp_group = dpcp;
     distributed::finalize_model_grads({&ddp}, fg);
     Tensor l = Tensor::from_vector({float(lsum)}, {1});
-    cpg->all_reduce(l, distributed::ReduceOp::kSum);
+    cpg->all_reduce(l, comm::ReduceOp::kSum);
     EXPECT_NEAR(l.item() / n_tokens, lref, 1e-5 * std::fabs(lref)) << "loss, iteration " << it;
     for (size_t i = 0; i < ref.parameters().size(); ++i) {
       const auto& p = model.parameters()[i];

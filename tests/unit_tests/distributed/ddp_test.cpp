@@ -16,7 +16,8 @@
 
 #include "dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
-#include "megatron/core/distributed/distributed_optimizer.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -122,7 +123,7 @@ void run_dp_equivalence(const DistributedDataParallelConfig& cfg, bool simulate_
       for (size_t p = model.parameters().size(); p-- > 0;) ddp.register_grad_ready(p);
     ddp.finish_grad_sync();
     Tensor l = Tensor::from_vector({float(loss)}, {1});
-    world->all_reduce(l, distributed::ReduceOp::kAvg);  // Megatron's logged loss: DP average
+    world->all_reduce(l, comm::ReduceOp::kAvg);  // Megatron's logged loss: DP average
     EXPECT_NEAR(l.item(), ref_loss, 1e-5 * std::fabs(ref_loss)) << "iteration " << it;
     std::vector<std::pair<int64_t, int64_t>> mine;
     if (cfg.use_distributed_optimizer) {
@@ -152,8 +153,8 @@ void run_dp_equivalence(const DistributedDataParallelConfig& cfg, bool simulate_
   EXPECT_LE(err, 1e-5 * max_abs(pr)) << "final parameters";
   // Every DP replica holds identical parameters.
   Tensor mx = model.param_buffer().clone(), mn = model.param_buffer().clone();
-  world->all_reduce(mx, distributed::ReduceOp::kMax);
-  world->all_reduce(mn, distributed::ReduceOp::kMin);
+  world->all_reduce(mx, comm::ReduceOp::kMax);
+  world->all_reduce(mn, comm::ReduceOp::kMin);
   EXPECT_EQ(mx.to_float_vector(), mn.to_float_vector());
 }
 
@@ -213,10 +214,10 @@ void run_with_megatron_optimizer(bool distributed_optimizer) {
   dc.bucket_size = 2500;
   dc.overlap_grad_reduce = true;
   DistributedDataParallel ddp(dc, model.buffers(), model.parameters(), world);
-  optimizer::MegatronOptimizer ref_opt(oc, distributed::optimizer_params(ref.parameters()));
+  optimizer::MegatronOptimizer ref_opt(oc, optimizer::optimizer_params(ref.parameters()));
   optimizer::MegatronOptimizer opt(oc,
-                                   distributed_optimizer ? distributed::distributed_optimizer_params(ddp)
-                                                         : distributed::optimizer_params(model.parameters()),
+                                   distributed_optimizer ? optimizer::distributed_optimizer_params(ddp)
+                                                         : optimizer::optimizer_params(model.parameters()),
                                    distributed_optimizer ? world : nullptr);
   ref_opt.apply_schedule(sched);
   opt.apply_schedule(sched);
@@ -238,7 +239,7 @@ void run_with_megatron_optimizer(bool distributed_optimizer) {
       ddp.finish_param_sync();
     }
     Tensor l = Tensor::from_vector({float(loss)}, {1});
-    world->all_reduce(l, distributed::ReduceOp::kAvg);
+    world->all_reduce(l, comm::ReduceOp::kAvg);
     EXPECT_NEAR(l.item(), ref_loss, 1e-5 * std::fabs(ref_loss)) << "loss, iteration " << it;
     ASSERT_TRUE(res.grad_norm && ref_res.grad_norm);
     EXPECT_NEAR(*res.grad_norm, *ref_res.grad_norm, 1e-5 * *ref_res.grad_norm) << "grad norm, iteration " << it;
@@ -264,7 +265,7 @@ TEST(DDPConfig, BucketsFollowMegatronRules) {
   // One process: layout only. Megatron: no overlap and no size -> one bucket; otherwise close a
   // bucket once it holds >= bucket_size elements, walking the buffer front to back.
   GPTModel m(tiny_config(), kVocab, kSeq, 1);
-  auto single = distributed::make_single_rank_group();
+  auto single = comm::make_single_rank_group();
   DistributedDataParallel one({}, m.buffers(), m.parameters(), single);
   ASSERT_EQ(one.buckets().size(), 1u);
   EXPECT_EQ(one.buckets()[0].start, 0);

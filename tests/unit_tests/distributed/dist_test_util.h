@@ -5,14 +5,14 @@
 #include <memory>
 
 #include "megatron/core/datasets/gpt_batch.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::testing {
 
 /// The world group of this test process (created once from the launcher environment; the
 /// timeout comes from MEGATRON_TEST_DIST_TIMEOUT_S, default 120 s). Size 1 when not launched.
-std::shared_ptr<distributed::ProcessGroup> dist_world();
+std::shared_ptr<comm::ProcessGroup> dist_world();
 
 /// A random GPT micro-batch of b sequences of s tokens for the equivalence tests: tokens and labels
 /// drawn alternately, uniform in [0, vocab), from std::mt19937(seed); position ids 0..s-1 in each

@@ -17,7 +17,8 @@
 
 #include "dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
-#include "megatron/core/distributed/distributed_optimizer.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/fp8/fp8_param.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -76,7 +77,7 @@ double micro_step(GPTModel& m, const datasets::GPTBatch& b) {
 // A model + DDP (distributed optimizer) + Megatron optimizer trained for a few steps; the FP8 scales
 // are updated at every step's end as pretrain_gpt does (reduce_and_update over the DP group).
 struct PgRun {
-  std::shared_ptr<distributed::ProcessGroup> world = testing::dist_world();
+  std::shared_ptr<comm::ProcessGroup> world = testing::dist_world();
   GPTModel model;
   DistributedDataParallel ddp;
   optimizer::MegatronOptimizer opt;
@@ -100,7 +101,7 @@ struct PgRun {
   PgRun(bool param_gather, std::optional<int64_t> bucket)
       : model(fp8_config(param_gather), kVocab, kSeq, /*seed=*/7),
         ddp(ddp_config(bucket), model.buffers(), model.parameters(), world),
-        opt(opt_config(), distributed::distributed_optimizer_params(ddp), world) {
+        opt(opt_config(), optimizer::distributed_optimizer_params(ddp), world) {
     ddp.start_param_sync();  // pretrain_gpt's first cast + gather (FP8 buckets), a no-op refresh otherwise
     ddp.finish_param_sync();
     ddp.release_model_dtype_fp8_params();  // as pretrain_gpt: the FP8 weight is the parameter
@@ -118,7 +119,7 @@ struct PgRun {
       ddp.start_param_sync();
       ddp.finish_param_sync();
       Tensor t = Tensor::from_vector({float(l)}, {1});
-      world->all_reduce(t, distributed::ReduceOp::kAvg);
+      world->all_reduce(t, comm::ReduceOp::kAvg);
       losses.push_back(t.item());
     }
   }
@@ -147,7 +148,7 @@ TEST(DistFp8ParamGather, GatheredBytesEqualQuantizeOfFullMainParam) {
                         (in_fp8 ? bufs.fp8_start() : 0);
     full.flat_slice(off, Shape{ops[j].param.numel()}).copy_(run.opt.main_param(j).view(Shape{ops[j].param.numel()}));
   }
-  run.world->all_reduce(full, distributed::ReduceOp::kSum);
+  run.world->all_reduce(full, comm::ReduceOp::kSum);
   int n_fp8 = 0;
   bool scale_moved = false;
   for (size_t i = 0; i < run.model.parameters().size(); ++i) {
@@ -244,7 +245,7 @@ TEST(DistFp8ParamGather, Bf16CopyOfFp8WeightsIsReleased) {
                          static_cast<const char*>(bufs.fp8_model_data().data_ptr())) / 2 + bufs.fp8_start();
     full.flat_slice(off, Shape{ops[j].param.numel()}).copy_(with.opt.main_param(j).view(Shape{ops[j].param.numel()}));
   }
-  with.world->all_reduce(full, distributed::ReduceOp::kSum);
+  with.world->all_reduce(full, comm::ReduceOp::kSum);
   int checked = 0;
   for (size_t i = 0; i < with.model.parameters().size(); ++i) {
     const auto& p = with.model.parameters()[i];

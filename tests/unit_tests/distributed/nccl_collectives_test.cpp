@@ -14,8 +14,8 @@
 using megatron::Device;
 using megatron::DType;
 using megatron::Tensor;
-using megatron::distributed::P2POp;
-using megatron::distributed::ReduceOp;
+using megatron::comm::P2POp;
+using megatron::comm::ReduceOp;
 using megatron::testing::dist_world;
 
 namespace {
@@ -100,7 +100,7 @@ TEST(DistNccl, BatchIsendIrecvRingAndAsync) {
   work->wait();
   EXPECT_EQ(host(q)[N - 1], float((r - 1 + n) % n));
   std::vector<Tensor> ts;
-  std::vector<std::unique_ptr<megatron::distributed::Work>> ws;
+  std::vector<std::unique_ptr<megatron::comm::Work>> ws;
   for (int k = 0; k < 3; ++k) {
     ts.push_back(cuda_vec(std::vector<float>(1000, float(k + 1))));
     ws.push_back(w->all_reduce(ts.back(), ReduceOp::kSum, true));

@@ -102,14 +102,14 @@ struct ToyStage : pipeline_parallel::PipelineStage {
 
 // The device of the schedule's tensors: CUDA (this rank's GPU, LOCAL_RANK as the NCCL backend
 // picks it) on the NCCL backend, else the CPU.
-Device pipeline_device(const distributed::ProcessGroup& g) {
+Device pipeline_device(const comm::ProcessGroup& g) {
   if (std::string(g.backend_name()) != "nccl") return Device::cpu();
   const char* lr = std::getenv("LOCAL_RANK");
   return Device::cuda(lr ? std::atoi(lr) : 0);
 }
 
 // 1F1B on `world` (stage = group rank) vs the sequential run, for several micro-batch counts.
-void check_one_f_one_b(const std::shared_ptr<distributed::ProcessGroup>& world) {
+void check_one_f_one_b(const std::shared_ptr<comm::ProcessGroup>& world) {
   const int S = world->size(), r = world->rank();
   for (int M : {1, 2, S, 2 * S + 1}) {
     // Reference: all stages in this process, micro-batch by micro-batch.
@@ -150,7 +150,7 @@ void check_one_f_one_b(const std::shared_ptr<distributed::ProcessGroup>& world) 
 
 // The backend MEGATRON_TEST_DIST_BACKEND asked for is the one in use (a GPU check must not pass
 // on a silent fallback to the CPU backends).
-void expect_requested_backend(const distributed::ProcessGroup& g) {
+void expect_requested_backend(const comm::ProcessGroup& g) {
   if (const char* b = std::getenv("MEGATRON_TEST_DIST_BACKEND")) EXPECT_STREQ(g.backend_name(), b);
 }
 
@@ -181,7 +181,7 @@ struct VirtualToy : pipeline_parallel::VirtualPipelineStage {
 
 // The interleaved schedule on `world` vs the sequential run of the P*V model stages: VP 2 and 3,
 // one and two micro-batch groups, a group size above PP with a remainder group, forward only.
-void check_interleaved(const std::shared_ptr<distributed::ProcessGroup>& world) {
+void check_interleaved(const std::shared_ptr<comm::ProcessGroup>& world) {
   const int P = world->size(), r = world->rank();
   const Device dev = pipeline_device(*world);
   pipeline_parallel::InterleavedPipeline pipe(world, {kRows, kH}, DType::kFloat32, dev);
@@ -252,7 +252,7 @@ class RendezvousHub {
   explicit RendezvousHub(int n) : n_(n), next_channel_(static_cast<size_t>(n), 0) {}
   int size() const { return n_; }
   struct Op {
-    distributed::P2POp::Kind kind;
+    comm::P2POp::Kind kind;
     Tensor* tensor;
     int me, peer, channel;
     int64_t seq = 0;
@@ -262,13 +262,13 @@ class RendezvousHub {
     std::vector<Op> ops;
     bool done = false;
   };
-  std::shared_ptr<Batch> post(int me, int channel, const std::vector<distributed::P2POp>& ops) {
+  std::shared_ptr<Batch> post(int me, int channel, const std::vector<comm::P2POp>& ops) {
     std::lock_guard<std::mutex> l(mu_);
     auto b = std::make_shared<Batch>();
     for (const auto& o : ops) {
       Op op{o.kind, o.tensor, me, o.peer, channel};
-      op.seq = count_[{channel, o.kind == distributed::P2POp::kSend ? me : o.peer,
-                       o.kind == distributed::P2POp::kSend ? o.peer : me, int(o.kind)}]++;
+      op.seq = count_[{channel, o.kind == comm::P2POp::kSend ? me : o.peer,
+                       o.kind == comm::P2POp::kSend ? o.peer : me, int(o.kind)}]++;
       b->ops.push_back(op);
     }
     queue_[{me, channel}].push_back(b);
@@ -296,7 +296,7 @@ class RendezvousHub {
         if (q.empty()) continue;
         for (auto& op : q.front()->ops) {
           if (op.done) continue;
-          if (op.kind == distributed::P2POp::kSend) sends[{op.channel, op.me, op.peer, op.seq}] = &op;
+          if (op.kind == comm::P2POp::kSend) sends[{op.channel, op.me, op.peer, op.seq}] = &op;
           else recvs[{op.channel, op.peer, op.me, op.seq}] = &op;
         }
       }
@@ -327,7 +327,7 @@ class RendezvousHub {
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<Batch>>> queue_;  // (rank, channel)
 };
 
-class RendezvousGroup final : public distributed::ProcessGroup {
+class RendezvousGroup final : public comm::ProcessGroup {
  public:
   RendezvousGroup(std::shared_ptr<RendezvousHub> hub, int rank, int channel)
       : hub_(std::move(hub)), rank_(rank), channel_(channel) {
@@ -337,35 +337,35 @@ class RendezvousGroup final : public distributed::ProcessGroup {
   int size() const override { return hub_->size(); }
   const std::vector<int>& ranks() const override { return ranks_; }
   const char* backend_name() const override { return "rendezvous"; }
-  std::unique_ptr<distributed::Work> batch_isend_irecv(const std::vector<distributed::P2POp>& ops) override {
+  std::unique_ptr<comm::Work> batch_isend_irecv(const std::vector<comm::P2POp>& ops) override {
     return std::make_unique<W>(hub_, hub_->post(rank_, channel_, ops), rank_);
   }
-  std::unique_ptr<distributed::Work> send(const Tensor& t, int peer, bool async) override {
+  std::unique_ptr<comm::Work> send(const Tensor& t, int peer, bool async) override {
     auto held = std::make_shared<Tensor>(t);  // the op refers to it until the Work is gone
-    auto w = std::make_unique<W>(hub_, hub_->post(rank_, channel_, {{distributed::P2POp::kSend, held.get(), peer}}), rank_);
+    auto w = std::make_unique<W>(hub_, hub_->post(rank_, channel_, {{comm::P2POp::kSend, held.get(), peer}}), rank_);
     w->held = held;
     if (!async) w->wait();
     return w;
   }
-  std::unique_ptr<distributed::Work> recv(Tensor& t, int peer, bool async) override {
-    auto w = batch_isend_irecv({{distributed::P2POp::kRecv, &t, peer}});
+  std::unique_ptr<comm::Work> recv(Tensor& t, int peer, bool async) override {
+    auto w = batch_isend_irecv({{comm::P2POp::kRecv, &t, peer}});
     if (!async) w->wait();
     return w;
   }
-  std::shared_ptr<distributed::ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
+  std::shared_ptr<comm::ProcessGroup> split(const std::vector<std::vector<int>>& groups) override {
     MEGATRON_CHECK(groups.size() == 1 && groups[0] == ranks_) << "only the whole group";
     return std::make_shared<RendezvousGroup>(hub_, rank_, hub_->new_channel(rank_));
   }
-  std::unique_ptr<distributed::Work> all_reduce(Tensor&, distributed::ReduceOp, bool) override { return unsupported(); }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor&, Tensor&, bool) override { return unsupported(); }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor&, comm::ReduceOp, bool) override { return unsupported(); }
+  std::unique_ptr<comm::Work> all_gather(const Tensor&, Tensor&, bool) override { return unsupported(); }
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor&, Tensor&, comm::ReduceOp, bool) override {
     return unsupported();
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor&, int, bool) override { return unsupported(); }
+  std::unique_ptr<comm::Work> broadcast(Tensor&, int, bool) override { return unsupported(); }
   void barrier() override { unsupported(); }
 
  private:
-  struct W final : distributed::Work {
+  struct W final : comm::Work {
     W(std::shared_ptr<RendezvousHub> h, std::shared_ptr<RendezvousHub::Batch> b, int me)
         : hub(std::move(h)), batch(std::move(b)), me(me) {}
     void wait() override { hub->wait(batch, me); }
@@ -375,7 +375,7 @@ class RendezvousGroup final : public distributed::ProcessGroup {
     int me;
     std::shared_ptr<Tensor> held;
   };
-  static std::unique_ptr<distributed::Work> unsupported() {
+  static std::unique_ptr<comm::Work> unsupported() {
     MEGATRON_CHECK(false) << "only point-to-point on the rendezvous group";
     return nullptr;
   }
@@ -385,7 +385,7 @@ class RendezvousGroup final : public distributed::ProcessGroup {
 };
 
 // Runs fn(group) on P threads; returns the first error message ("" if none).
-std::string run_ranks(int P, const std::function<void(std::shared_ptr<distributed::ProcessGroup>)>& fn) {
+std::string run_ranks(int P, const std::function<void(std::shared_ptr<comm::ProcessGroup>)>& fn) {
   auto hub = std::make_shared<RendezvousHub>(P);
   std::vector<std::string> errors(static_cast<size_t>(P));
   std::vector<std::thread> threads;

@@ -17,6 +17,7 @@
 
 #include "dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/gather_params.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -150,7 +151,7 @@ TEST(DistTPxDP, Tp2Dp2OverlapMatchesSingleRank) {
     fg.dp_group = dpg;
     distributed::finalize_model_grads({&ddp}, fg);
     Tensor l = Tensor::from_vector({float(lsum)}, {1});
-    dpg->all_reduce(l, distributed::ReduceOp::kAvg);
+    dpg->all_reduce(l, comm::ReduceOp::kAvg);
     EXPECT_NEAR(l.item(), lref, 1e-5 * std::fabs(lref)) << "loss, iteration " << it;
     for (size_t i = 0; i < ref.parameters().size(); ++i) {
       const auto& p = model.parameters()[i];

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "dist_test_util.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/tensor/memory_stats.h"
 

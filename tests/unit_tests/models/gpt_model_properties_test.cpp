@@ -137,20 +137,20 @@ TEST(GPTModelDeterminism, EvalModeDisablesDropout) {
 }
 
 /// A process group that only reports a rank and size (enough to build a TP shard).
-class ShapeOnlyGroup final : public distributed::ProcessGroup {
+class ShapeOnlyGroup final : public comm::ProcessGroup {
  public:
   ShapeOnlyGroup(int rank, int size) : rank_(rank), size_(size), ranks_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::vector<int>& ranks() const override { return ranks_; }
-  std::unique_ptr<distributed::Work> all_reduce(Tensor&, distributed::ReduceOp, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor&, Tensor&, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor&, comm::ReduceOp, bool) override { fail(); }
+  std::unique_ptr<comm::Work> all_gather(const Tensor&, Tensor&, bool) override { fail(); }
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor&, Tensor&, comm::ReduceOp, bool) override {
     fail();
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor&, int, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> send(const Tensor&, int, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> recv(Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> broadcast(Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> send(const Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> recv(Tensor&, int, bool) override { fail(); }
   void barrier() override { fail(); }
 
  private:
@@ -162,7 +162,7 @@ class ShapeOnlyGroup final : public distributed::ProcessGroup {
 /// Slice of the global tensor `g` that rank r of `tp` owns for parameter p (reference
 /// formula, written independently of global_index_of): contiguous blocks along the
 /// partition dim, per stride block (SwiGLU fc1 = [gate; up]).
-std::vector<float> expected_shard(const transformer::Parameter& p, const Tensor& global, int r, int tp) {
+std::vector<float> expected_shard(const Parameter& p, const Tensor& global, int r, int tp) {
   auto gv = global.to_float_vector();
   const Shape& gs = p.global_shape;
   if (p.partition_dim < 0) return gv;

@@ -14,16 +14,16 @@
 namespace megatron {
 namespace {
 
-transformer::Parameter param(const std::string& name, Shape global, int pdim, int stride, int rank, int size,
+Parameter param(const std::string& name, Shape global, int pdim, int stride, int rank, int size,
                              Device dev) {
-  transformer::Parameter p;
+  Parameter p;
   p.name = name;
   p.global_shape = global;
   p.partition_dim = pdim;
   p.partition_stride = stride;
   p.tp_rank = rank;
   p.tp_size = size;
-  p.init = transformer::InitKind::kNormal;
+  p.init = InitKind::kNormal;
   p.init_std = 0.02f;
   Shape local = global;
   if (pdim >= 0) local[pdim] /= size;

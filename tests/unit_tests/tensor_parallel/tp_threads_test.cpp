@@ -24,38 +24,38 @@ struct ThreadGroupState {
   std::barrier<> sync;
 };
 
-class DoneWork final : public distributed::Work {
+class DoneWork final : public comm::Work {
  public:
   void wait() override {}
   bool is_completed() override { return true; }
 };
 
 /// Float32 all-reduce between threads (the only collective GPTModel needs for TP without SP).
-class ThreadGroup final : public distributed::ProcessGroup {
+class ThreadGroup final : public comm::ProcessGroup {
  public:
   ThreadGroup(std::shared_ptr<ThreadGroupState> st, int rank) : st_(std::move(st)), rank_(rank), ranks_(st_->size) {}
   int rank() const override { return rank_; }
   int size() const override { return st_->size; }
   const std::vector<int>& ranks() const override { return ranks_; }
-  std::unique_ptr<distributed::Work> all_reduce(Tensor& t, distributed::ReduceOp op, bool) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor& t, comm::ReduceOp op, bool) override {
     st_->slots[rank_] = t.to_float_vector();
     st_->sync.arrive_and_wait();
     std::vector<float> r = st_->slots[0];
     for (int k = 1; k < st_->size; ++k)
       for (size_t i = 0; i < r.size(); ++i)
-        r[i] = op == distributed::ReduceOp::kMax ? std::max(r[i], st_->slots[k][i]) : r[i] + st_->slots[k][i];
+        r[i] = op == comm::ReduceOp::kMax ? std::max(r[i], st_->slots[k][i]) : r[i] + st_->slots[k][i];
     st_->sync.arrive_and_wait();  // everyone has read the slots
     Tensor src = Tensor::from_vector(r, t.shape());
     t.copy_(src.to(t.dtype()));
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor&, Tensor&, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+  std::unique_ptr<comm::Work> all_gather(const Tensor&, Tensor&, bool) override { fail(); }
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor&, Tensor&, comm::ReduceOp, bool) override {
     fail();
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor&, int, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> send(const Tensor&, int, bool) override { fail(); }
-  std::unique_ptr<distributed::Work> recv(Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> broadcast(Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> send(const Tensor&, int, bool) override { fail(); }
+  std::unique_ptr<comm::Work> recv(Tensor&, int, bool) override { fail(); }
   void barrier() override { st_->sync.arrive_and_wait(); }
 
  private:
@@ -80,7 +80,7 @@ datasets::GPTBatch make_batch(int64_t b, int64_t s, int64_t vocab) {
 }
 
 /// Local slice of the global tensor for a TP shard (same rule as the init test).
-std::vector<float> shard_of(const transformer::Parameter& p, const std::vector<float>& gv, int r, int tp) {
+std::vector<float> shard_of(const Parameter& p, const std::vector<float>& gv, int r, int tp) {
   const Shape& gs = p.global_shape;
   if (p.partition_dim < 0) return gv;
   std::vector<float> out;

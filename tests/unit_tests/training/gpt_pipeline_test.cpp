@@ -189,7 +189,7 @@ TEST(DDPSharedEmbeddingBucket, WordEmbeddingGetsItsOwnBucket) {
   distributed::DistributedDataParallelConfig dc;
   dc.use_distributed_optimizer = true;
   dc.shared_embedding_own_bucket = true;
-  distributed::DistributedDataParallel ddp(dc, m.buffers(), m.parameters(), distributed::make_single_rank_group());
+  distributed::DistributedDataParallel ddp(dc, m.buffers(), m.parameters(), comm::make_single_rank_group());
   size_t emb = m.parameters().size();
   for (size_t i = 0; i < m.parameters().size(); ++i)
     if (m.parameters()[i].name == "embedding.word_embeddings.weight") emb = i;
@@ -204,7 +204,7 @@ TEST(DDPSharedEmbeddingBucket, WordEmbeddingGetsItsOwnBucket) {
   EXPECT_EQ(holding, 1);
   EXPECT_GE(ddp.buckets().size(), 2u);
   dc.shared_embedding_own_bucket = false;  // default: one bucket without overlap
-  distributed::DistributedDataParallel plain(dc, m.buffers(), m.parameters(), distributed::make_single_rank_group());
+  distributed::DistributedDataParallel plain(dc, m.buffers(), m.parameters(), comm::make_single_rank_group());
   EXPECT_EQ(plain.buckets().size(), 1u);
 }
 

@@ -38,13 +38,13 @@ struct Mailbox {
   std::vector<std::vector<std::vector<std::vector<char>>>> ch;  // [src][dst] -> messages
 };
 
-class DoneWork final : public distributed::Work {
+class DoneWork final : public comm::Work {
  public:
   void wait() override {}
   bool is_completed() override { return true; }
 };
 
-class RecvWork final : public distributed::Work {
+class RecvWork final : public comm::Work {
  public:
   RecvWork(Mailbox& mb, int src, int dst, size_t ticket, Tensor t)
       : mb_(mb), src_(src), dst_(dst), ticket_(ticket), t_(std::move(t)) {}
@@ -67,7 +67,7 @@ class RecvWork final : public distributed::Work {
   bool done_ = false;
 };
 
-class ThreadP2PGroup final : public distributed::ProcessGroup {
+class ThreadP2PGroup final : public comm::ProcessGroup {
  public:
   ThreadP2PGroup(std::shared_ptr<Mailbox> mb, int rank, int size)
       : mb_(std::move(mb)), rank_(rank), size_(size), recvs_(size, 0) {
@@ -76,7 +76,7 @@ class ThreadP2PGroup final : public distributed::ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::vector<int>& ranks() const override { return ranks_; }
-  std::unique_ptr<distributed::Work> send(const Tensor& t, int peer, bool) override {
+  std::unique_ptr<comm::Work> send(const Tensor& t, int peer, bool) override {
     MEGATRON_CHECK(peer != rank_ && peer >= 0 && peer < size_) << "peer " << peer;
     const char* p = static_cast<const char*>(t.data_ptr());
     {
@@ -86,18 +86,18 @@ class ThreadP2PGroup final : public distributed::ProcessGroup {
     mb_->cv.notify_all();
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<distributed::Work> recv(Tensor& t, int peer, bool async) override {
+  std::unique_ptr<comm::Work> recv(Tensor& t, int peer, bool async) override {
     MEGATRON_CHECK(peer != rank_ && peer >= 0 && peer < size_) << "peer " << peer;
     auto w = std::make_unique<RecvWork>(*mb_, peer, rank_, recvs_[peer]++, t);
     if (!async) w->wait();
     return w;
   }
-  std::unique_ptr<distributed::Work> all_reduce(Tensor&, distributed::ReduceOp, bool) override { unused(); }
-  std::unique_ptr<distributed::Work> all_gather(const Tensor&, Tensor&, bool) override { unused(); }
-  std::unique_ptr<distributed::Work> reduce_scatter(const Tensor&, Tensor&, distributed::ReduceOp, bool) override {
+  std::unique_ptr<comm::Work> all_reduce(Tensor&, comm::ReduceOp, bool) override { unused(); }
+  std::unique_ptr<comm::Work> all_gather(const Tensor&, Tensor&, bool) override { unused(); }
+  std::unique_ptr<comm::Work> reduce_scatter(const Tensor&, Tensor&, comm::ReduceOp, bool) override {
     unused();
   }
-  std::unique_ptr<distributed::Work> broadcast(Tensor&, int, bool) override { unused(); }
+  std::unique_ptr<comm::Work> broadcast(Tensor&, int, bool) override { unused(); }
   void barrier() override { unused(); }
 
  private:
@@ -109,7 +109,7 @@ class ThreadP2PGroup final : public distributed::ProcessGroup {
 };
 
 /// Runs fn(rank, group) on n threads; returns the first failure message (empty = none).
-std::string run_ring_ranks(int n, const std::function<void(int, distributed::ProcessGroup&)>& fn) {
+std::string run_ring_ranks(int n, const std::function<void(int, comm::ProcessGroup&)>& fn) {
   auto mb = std::make_shared<Mailbox>(n);
   std::vector<std::string> err(n);
   std::vector<std::thread> th;
@@ -227,7 +227,7 @@ void check_ring(const std::string& name, int cp, const std::string& comm = "p2p"
   const bool use_mask = name == "cp_attention_reset";
   const int64_t s = q.size(0), b = q.size(1), np = q.size(2), c = s / (2 * cp);
   std::vector<std::string> report(cp);
-  const std::string err = run_ring_ranks(cp, [&](int r, distributed::ProcessGroup& g) {
+  const std::string err = run_ring_ranks(cp, [&](int r, comm::ProcessGroup& g) {
     Tensor ql = rank_rows(q, cp, r), kl = rank_rows(k, cp, r), vl = rank_rows(v, cp, r);
     ops::AttentionParams p;
     p.softmax_scale = 1.0f / std::sqrt(8.0f);
@@ -297,7 +297,7 @@ TEST(ContextParallel, UnsupportedCommTypesAreUserErrors) {
   Tensor out = Tensor::empty(q.shape(), DType::kFloat32);
   transformer::ContextParallelAttnCtx ctx;
   ops::AttentionParams p;
-  auto g = distributed::make_single_rank_group();
+  auto g = comm::make_single_rank_group();
   try {
     transformer::context_parallel_attention_forward(q, k, k, p, *g, "allgather", out, ctx);
     FAIL() << "no error";

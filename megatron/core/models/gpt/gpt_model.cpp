@@ -58,7 +58,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       parallel_(std::move(parallel)),
       state_(std::make_unique<State>()) {
   config_.validate();
-  if (!parallel_.tp_group) parallel_.tp_group = distributed::make_single_rank_group();
+  if (!parallel_.tp_group) parallel_.tp_group = comm::make_single_rank_group();
   if (parallel_.tp_group->size() != config_.tensor_model_parallel_size)
     user_error("GPTModel: the TP group has ", parallel_.tp_group->size(),
                " ranks but --tensor-model-parallel-size is ", config_.tensor_model_parallel_size);
@@ -91,7 +91,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
     if (reuse) {
       output_layer_->set_shared_weight(embedding_->word_embeddings_weight());
     } else if (tied) {
-      transformer::Parameter& copy = output_layer_->weight().param();
+      Parameter& copy = output_layer_->weight().param();
       copy.shared = true;
       copy.init_key = "embedding.word_embeddings.weight";
     }
@@ -261,10 +261,10 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     auto& tpg = *parallel_.tp_group;
     if (tpg.size() > 1) {
       global_max = row_max.clone();
-      tpg.all_reduce(global_max, distributed::ReduceOp::kMax);
+      tpg.all_reduce(global_max, comm::ReduceOp::kMax);
       ops::cross_entropy_rescale_(sumexp, row_max, global_max);
-      tpg.all_reduce(sumexp, distributed::ReduceOp::kSum);
-      tpg.all_reduce(pred, distributed::ReduceOp::kSum);
+      tpg.all_reduce(sumexp, comm::ReduceOp::kSum);
+      tpg.all_reduce(pred, comm::ReduceOp::kSum);
     }
     ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
   }

@@ -29,9 +29,9 @@
 
 #include "megatron/core/datasets/gpt_batch.h"
 #include "megatron/core/distributed/param_and_grad_buffer.h"
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/tensor/tensor.h"
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 
 namespace megatron::transformer {
@@ -46,13 +46,12 @@ class ColumnParallelLinear;
 
 namespace megatron::models::gpt {
 
-using transformer::Parameter;
 using transformer::TransformerConfig;
 
 /// How this model instance is placed in the parallel layout. Defaults = one process.
 struct GPTModelParallel {
   /// Tensor-parallel group (nullptr = single rank).
-  std::shared_ptr<distributed::ProcessGroup> tp_group;
+  std::shared_ptr<comm::ProcessGroup> tp_group;
   /// Pipeline stage (Megatron's pre_process / post_process): the first stage owns the
   /// embedding, the last stage the final norm, output layer and loss. A stage that is not
   /// first takes its input from set_input_tensor(); a stage that is not last returns its
@@ -69,7 +68,7 @@ struct GPTModelParallel {
   /// Context-parallel group (nullptr or size 1 = none). With CP, forward() takes this rank's
   /// two sequence chunks (transformer::get_batch_on_this_cp_rank), RoPE uses their global
   /// positions and attention runs as a K/V ring over the group (context_parallel.h).
-  std::shared_ptr<distributed::ProcessGroup> cp_group;
+  std::shared_ptr<comm::ProcessGroup> cp_group;
   /// --cp-comm-type ("p2p").
   std::string cp_comm_type = "p2p";
   /// false: no gradient buffer (evaluation only, pretrain_gpt --skip-train): every
@@ -163,7 +162,7 @@ class GPTModel {
   uint64_t seed_;
   Device device_;
   GPTModelParallel parallel_;
-  transformer::ParamRegistry registry_;
+  ParamRegistry registry_;
   std::unique_ptr<models::common::LanguageModelEmbedding> embedding_;
   std::unique_ptr<transformer::TransformerBlock> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;

@@ -8,19 +8,19 @@ namespace megatron::models::common {
 
 using transformer::PositionEmbeddingType;
 
-LanguageModelEmbedding::LanguageModelEmbedding(transformer::ParamRegistry& reg,
+LanguageModelEmbedding::LanguageModelEmbedding(ParamRegistry& reg,
                                                const transformer::TransformerConfig& config, int64_t vocab_size,
                                                int64_t max_sequence_length, const tensor_parallel::TPContext& tp)
     : config_(config), tp_(tp) {
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
       reg, "embedding.word_embeddings.weight", vocab_size, config.hidden_size, config.init_method_std, tp);
   if (config.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute) {
-    transformer::Parameter p;
+    Parameter p;
     p.name = "embedding.position_embeddings.weight";
     p.global_shape = {max_sequence_length, config.hidden_size};
-    p.init = transformer::InitKind::kNormal;
+    p.init = InitKind::kNormal;
     p.init_std = config.init_method_std;
-    position_embeddings_ = transformer::ParamRef(&reg, reg.add(std::move(p), {max_sequence_length, config.hidden_size}));
+    position_embeddings_ = ParamRef(&reg, reg.add(std::move(p), {max_sequence_length, config.hidden_size}));
   }
 }
 

@@ -22,7 +22,7 @@ class LanguageModelEmbedding {
  public:
   /// Registers embedding.word_embeddings.weight [V, h] (TP-sharded by rows) and
   /// embedding.position_embeddings.weight [max_sequence_length, h] (learned positions only).
-  LanguageModelEmbedding(transformer::ParamRegistry& reg, const transformer::TransformerConfig& config,
+  LanguageModelEmbedding(ParamRegistry& reg, const transformer::TransformerConfig& config,
                          int64_t vocab_size, int64_t max_sequence_length, const tensor_parallel::TPContext& tp);
   /// ids, position_ids int64 [s, b] -> [s, b, h].
   Tensor forward(const Tensor& ids, const Tensor& position_ids, transformer::ForwardContext& fc,
@@ -30,13 +30,13 @@ class LanguageModelEmbedding {
   /// Accumulates the embedding gradients from dy [s, b, h] ([s/TP, b, h] with --sequence-parallel,
   /// as forward's output then).
   void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;
-  transformer::ParamRef word_embeddings_weight() const { return word_embeddings_->weight(); }
+  ParamRef word_embeddings_weight() const { return word_embeddings_->weight(); }
   int64_t vocab_start() const { return word_embeddings_->vocab_start(); }
 
  private:
   const transformer::TransformerConfig& config_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
-  transformer::ParamRef position_embeddings_;
+  ParamRef position_embeddings_;
   tensor_parallel::TPContext tp_;
 };
 

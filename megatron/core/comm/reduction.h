@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 enum class AccType { kF32, kF64, kI64 };
 
@@ -31,4 +31,4 @@ std::string ranks_str(const std::vector<int>& ranks);
 /// "all_reduce(sum, [4, 8] float32) on group [0, 1]" for messages.
 std::string describe(const char* what, const Tensor& t, const std::vector<int>& ranks, const char* extra = nullptr);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

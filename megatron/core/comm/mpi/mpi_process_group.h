@@ -12,9 +12,9 @@
 
 #include <memory>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 /// True when this process was started by an MPI launcher (mpirun / srun --mpi=pmix: the
 /// OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK variables are set).
@@ -24,4 +24,4 @@ bool launched_by_mpi();
 /// MPI_THREAD_MULTIPLE on first call; throws UserError if the MPI library lacks thread support.
 std::shared_ptr<ProcessGroup> make_mpi_world_group();
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

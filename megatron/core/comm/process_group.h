@@ -1,6 +1,6 @@
 // ProcessGroup: the one communication interface (DESIGN.md §5). Backends: a trivial
-// single-rank group (here), MPI for CPU tensors and NCCL for CUDA tensors (distributed/mpi,
-// distributed/nccl). Semantics follow torch.distributed's collectives as Megatron uses them.
+// single-rank group (here), MPI for CPU tensors and NCCL for CUDA tensors (comm/mpi,
+// comm/nccl). Semantics follow torch.distributed's collectives as Megatron uses them.
 #pragma once
 
 #include <memory>
@@ -8,7 +8,7 @@
 
 #include "megatron/core/tensor/tensor.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 enum class ReduceOp { kSum, kMax, kMin, kAvg };
 
@@ -73,4 +73,4 @@ class ProcessGroup {
 /// dimension has size 1.
 std::shared_ptr<ProcessGroup> make_single_rank_group(int global_rank = 0);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

@@ -1,12 +1,12 @@
-#include "megatron/core/distributed/distributed_optimizer.h"
+#include "megatron/core/optimizer/distributed_optimizer.h"
 
 #include <algorithm>
 
-namespace megatron::distributed {
+namespace megatron::optimizer {
 
 namespace {
-optimizer::OptimizerParam base(const transformer::Parameter& p) {
-  optimizer::OptimizerParam o;
+OptimizerParam base(const Parameter& p) {
+  OptimizerParam o;
   o.name = p.name;
   o.no_weight_decay = p.no_weight_decay || optimizer::is_no_weight_decay(p.name, p.data);
   o.is_embedding_or_output = p.is_embedding_or_output;
@@ -16,8 +16,8 @@ optimizer::OptimizerParam base(const transformer::Parameter& p) {
 }
 }  // namespace
 
-std::vector<optimizer::OptimizerParam> optimizer_params(std::vector<transformer::Parameter>& params) {
-  std::vector<optimizer::OptimizerParam> out;
+std::vector<OptimizerParam> optimizer_params(std::vector<Parameter>& params) {
+  std::vector<OptimizerParam> out;
   for (auto& p : params) {
     auto o = base(p);
     o.param = p.data;
@@ -27,11 +27,11 @@ std::vector<optimizer::OptimizerParam> optimizer_params(std::vector<transformer:
   return out;
 }
 
-std::vector<optimizer::OptimizerParam> distributed_optimizer_params(DistributedDataParallel& ddp) {
+std::vector<OptimizerParam> distributed_optimizer_params(distributed::DistributedDataParallel& ddp) {
   if (!ddp.config().use_distributed_optimizer)
     user_error("distributed_optimizer_params needs DistributedDataParallel with --use-distributed-optimizer");
   auto& params = ddp.parameters();
-  std::vector<optimizer::OptimizerParam> out;
+  std::vector<OptimizerParam> out;
   // Registration order, as Megatron's param groups list them.
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
@@ -57,4 +57,4 @@ std::vector<optimizer::OptimizerParam> distributed_optimizer_params(DistributedD
   return out;
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::optimizer

@@ -1,4 +1,4 @@
-#include "megatron/core/distributed/tcp/net.h"
+#include "megatron/core/comm/tcp/net.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 
 #include "megatron/core/utils/errors.h"
 
-namespace megatron::distributed::net {
+namespace megatron::comm::net {
 
 Socket::~Socket() { close(); }
 Socket& Socket::operator=(Socket&& o) noexcept {
@@ -232,4 +232,4 @@ void send_recv(int sfd, const void* sp, size_t sn, int rfd, void* rp, size_t rn,
   }
 }
 
-}  // namespace megatron::distributed::net
+}  // namespace megatron::comm::net

@@ -18,7 +18,7 @@ namespace megatron::fp8 {
 class Fp8State;
 }
 
-namespace megatron::transformer {
+namespace megatron {
 
 /// How a parameter is initialized (Megatron: init_method / output-layer scaled init / zeros / ones).
 enum class InitKind { kNormal, kZeros, kOnes };
@@ -101,4 +101,4 @@ class ParamRef {
   size_t index_ = 0;
 };
 
-}  // namespace megatron::transformer
+}  // namespace megatron

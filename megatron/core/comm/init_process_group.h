@@ -15,10 +15,10 @@
 #include <memory>
 #include <string>
 
-#include "megatron/core/distributed/process_group.h"
-#include "megatron/core/distributed/tcp_store.h"
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/comm/tcp_store.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 struct LaunchEnv {
   int rank = 0;
@@ -59,4 +59,4 @@ using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(const LaunchE
 /// Lets the CUDA library register "nccl" at start-up.
 void register_process_group_backend(const std::string& name, BackendFactory factory);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

@@ -1,4 +1,4 @@
-#include "megatron/core/distributed/tcp/tcp_process_group.h"
+#include "megatron/core/comm/tcp/tcp_process_group.h"
 
 #include <sys/socket.h>
 
@@ -9,10 +9,10 @@
 #include <map>
 #include <thread>
 
-#include "megatron/core/distributed/comm_worker.h"
-#include "megatron/core/distributed/reduction.h"
+#include "megatron/core/comm/comm_worker.h"
+#include "megatron/core/comm/reduction.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 
@@ -300,4 +300,4 @@ std::shared_ptr<ProcessGroup> make_tcp_world_group(std::shared_ptr<TCPStore> sto
   return std::make_shared<TcpGroup>(mesh, "world", ranks);
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

@@ -13,15 +13,15 @@
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/optimizer/optimizer.h"
 
-namespace megatron::distributed {
+namespace megatron::optimizer {
 
 /// This rank's slice of every parameter as optimizer parameters (names, weight-decay and
 /// TP/shared flags from the whole parameter). A slice of a >= 2-D parameter is viewed as
 /// [1, n] so the optimizer's 1-D no-weight-decay rule still sees a matrix. Requires
 /// ddp.config().use_distributed_optimizer (else UserError).
-std::vector<optimizer::OptimizerParam> distributed_optimizer_params(DistributedDataParallel& ddp);
+std::vector<OptimizerParam> distributed_optimizer_params(distributed::DistributedDataParallel& ddp);
 
 /// The non-sharded counterpart: every parameter whole (plain DDP / single rank).
-std::vector<optimizer::OptimizerParam> optimizer_params(std::vector<transformer::Parameter>& params);
+std::vector<OptimizerParam> optimizer_params(std::vector<Parameter>& params);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::optimizer

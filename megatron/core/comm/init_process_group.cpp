@@ -1,15 +1,15 @@
-#include "megatron/core/distributed/init_process_group.h"
+#include "megatron/core/comm/init_process_group.h"
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "megatron/core/distributed/comm_worker.h"
-#include "megatron/core/distributed/mpi/mpi_process_group.h"
-#include "megatron/core/distributed/tcp/tcp_process_group.h"
+#include "megatron/core/comm/comm_worker.h"
+#include "megatron/core/comm/mpi/mpi_process_group.h"
+#include "megatron/core/comm/tcp/tcp_process_group.h"
 #include "megatron/core/utils/parse.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 std::mutex g_mu;
@@ -153,4 +153,4 @@ void destroy_process_group() {
   }
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

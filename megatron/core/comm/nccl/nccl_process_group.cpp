@@ -40,12 +40,12 @@
 #include <thread>
 #include <vector>
 
-#include "megatron/core/distributed/comm_worker.h"
-#include "megatron/core/distributed/init_process_group.h"
-#include "megatron/core/distributed/reduction.h"
+#include "megatron/core/comm/comm_worker.h"
+#include "megatron/core/comm/init_process_group.h"
+#include "megatron/core/comm/reduction.h"
 #include "megatron/core/ops/cuda/cuda_utils.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 
@@ -470,6 +470,6 @@ std::shared_ptr<ProcessGroup> make_nccl_world(const LaunchEnv& e, const InitOpti
 }();
 
 }  // namespace
-}  // namespace megatron::distributed
+}  // namespace megatron::comm
 
 #endif  // MEGATRON_WITH_NCCL

@@ -1,9 +1,9 @@
-#include "megatron/core/distributed/reduction.h"
+#include "megatron/core/comm/reduction.h"
 
 #include <algorithm>
 #include <sstream>
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 AccType acc_type(DType t) {
   switch (t) {
@@ -151,4 +151,4 @@ std::string describe(const char* what, const Tensor& t, const std::vector<int>& 
   return os.str();
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

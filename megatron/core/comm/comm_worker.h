@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 /// Collective timeout (default 10 minutes = Megatron's --distributed-timeout-minutes default).
 /// Applies to every collective started afterwards and to store/connection bootstrap waits.
@@ -86,4 +86,4 @@ class CommWorker {
 /// Returns a Work for `st`, waiting first when !async.
 std::unique_ptr<Work> finish(std::shared_ptr<WorkState> st, bool async);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

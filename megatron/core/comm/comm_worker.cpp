@@ -1,4 +1,4 @@
-#include "megatron/core/distributed/comm_worker.h"
+#include "megatron/core/comm/comm_worker.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 std::atomic<int64_t> g_timeout_ms{10 * 60 * 1000};
@@ -189,4 +189,4 @@ std::unique_ptr<Work> finish(std::shared_ptr<WorkState> st, bool async) {
   return w;
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

@@ -1,4 +1,4 @@
-#include "megatron/core/distributed/mpi/mpi_process_group.h"
+#include "megatron/core/comm/mpi/mpi_process_group.h"
 
 #include <mpi.h>
 
@@ -9,10 +9,10 @@
 #include <mutex>
 #include <thread>
 
-#include "megatron/core/distributed/comm_worker.h"
-#include "megatron/core/distributed/reduction.h"
+#include "megatron/core/comm/comm_worker.h"
+#include "megatron/core/comm/reduction.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 
@@ -334,4 +334,4 @@ std::shared_ptr<ProcessGroup> make_mpi_world_group() {
   return std::make_shared<MpiGroup>(c, ranks);
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

@@ -1,6 +1,6 @@
-#include "megatron/core/transformer/module.h"
+#include "megatron/core/tensor/parameter.h"
 
-namespace megatron::transformer {
+namespace megatron {
 
 size_t ParamRegistry::add(Parameter p, Shape local_shape) {
   MEGATRON_CHECK(static_cast<int64_t>(local_shape.size()) == static_cast<int64_t>(p.global_shape.size()))
@@ -10,4 +10,4 @@ size_t ParamRegistry::add(Parameter p, Shape local_shape) {
   return params_.size() - 1;
 }
 
-}  // namespace megatron::transformer
+}  // namespace megatron

@@ -11,12 +11,12 @@
 
 #include <memory>
 
-#include "megatron/core/distributed/process_group.h"
-#include "megatron/core/distributed/tcp_store.h"
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/comm/tcp_store.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 /// The world group of `world_size` ranks rendezvousing through `store`. Collective over all ranks.
 std::shared_ptr<ProcessGroup> make_tcp_world_group(std::shared_ptr<TCPStore> store, int rank, int world_size);
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

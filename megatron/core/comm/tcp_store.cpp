@@ -1,4 +1,4 @@
-#include "megatron/core/distributed/tcp_store.h"
+#include "megatron/core/comm/tcp_store.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 
 #include "megatron/core/utils/errors.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
@@ -150,4 +150,4 @@ void TCPStore::barrier(const std::string& name, int world) {
 
 std::string TCPStore::local_address() const { return net::local_address(sock_); }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

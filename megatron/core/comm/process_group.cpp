@@ -1,6 +1,6 @@
-#include "megatron/core/distributed/process_group.h"
+#include "megatron/core/comm/process_group.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 namespace {
 class DoneWork final : public Work {
@@ -85,4 +85,4 @@ std::shared_ptr<ProcessGroup> make_single_rank_group(int global_rank) {
   return std::make_shared<SingleRankGroup>(global_rank);
 }
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm

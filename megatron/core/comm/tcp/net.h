@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace megatron::distributed::net {
+namespace megatron::comm::net {
 
 /// An owned socket file descriptor (closed on destruction).
 class Socket {
@@ -51,4 +51,4 @@ std::string recv_str(int fd, const std::string& peer);
 /// peers exchanging large buffers never block each other. The fds may be equal.
 void send_recv(int send_fd, const void* sp, size_t sn, int recv_fd, void* rp, size_t rn, const std::string& peer);
 
-}  // namespace megatron::distributed::net
+}  // namespace megatron::comm::net

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <string>
 
-#include "megatron/core/distributed/tcp/net.h"
+#include "megatron/core/comm/tcp/net.h"
 
-namespace megatron::distributed {
+namespace megatron::comm {
 
 class TCPStoreServer;
 
@@ -42,4 +42,4 @@ class TCPStore {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace megatron::distributed
+}  // namespace megatron::comm
