@@ -40,7 +40,7 @@ Parsers (subcommands), each reading one log and appending rows:
   smi-peak CSV[.gz] [--name NAME]  peak memory.used (MiB) per GPU of an nvidia-smi -lms sample file.
   value --metric M --value V --unit U [--peer P --peer-value PV]  one row given on the command line.
 
-Common options: --results FILE (default bench/results.csv next to this script), --date, --commit,
+Common options: --results FILE (default $RESULTS, else bench/results.csv next to this script), --date, --commit,
 --machine, --suite, --command, --source (default: the log path), --note.  A bad or empty log is an
 error (exit 2, one line naming the file); nothing is appended then.
 """
@@ -360,7 +360,7 @@ def append(results, common, rows):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--results", default=DEFAULT_RESULTS)
+    ap.add_argument("--results", default=os.environ.get("RESULTS", DEFAULT_RESULTS))
     ap.add_argument("--date", default=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
     ap.add_argument("--commit", default=os.environ.get("BENCH_COMMIT", ""))
     ap.add_argument("--machine", default=os.environ.get("BENCH_MACHINE", ""))
