@@ -31,7 +31,7 @@ constexpr const char* kShardsMetaKey = "megatron_cpp.shards";
 constexpr const char* kIndexFile = ".metadata";
 constexpr const char* kCommonFile = "common.json";
 constexpr const char* kMarkerFile = "metadata.json";
-// metadata.json: {file name: CRC-32C (8 hex digits) of its bytes} for common.json and .metadata,
+// metadata.json: {file name: CRC-32C ("0x" and 8 hex digits) of its bytes} for common.json and .metadata,
 // and the CRC-32C of metadata.json's own content (see marker_checksum).
 constexpr const char* kChecksumsKey = "megatron_cpp_crc32c";
 constexpr const char* kSelfChecksumKey = "megatron_cpp_crc32c_self";
