@@ -80,7 +80,9 @@ int hf_to_mcore(const Args& a) {
   }
   sd.common = {{"args", hf::spec_to_args(spec, padded, a.divisible_by)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
   const std::string dir = tr::checkpoint_dir_name(a.save_dir, 0, /*release=*/true);
-  std::filesystem::create_directories(a.save_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(a.save_dir, ec);
+  if (ec) user_error("--save-dir ", a.save_dir, ": cannot create directory (", ec.message(), ")");
   dc::save(sd, dir);
   dc::write_file_atomic(tr::tracker_filename(a.save_dir), "release");
   std::printf("converted %s (%s, %zu tensors, vocab %lld padded to %lld) to %s\n", a.load_dir.c_str(),

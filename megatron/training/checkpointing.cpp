@@ -310,8 +310,16 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
                                 " to " + root + " [ t " + std::to_string(ranks.tp_rank + 1) + "/" +
                                 std::to_string(ranks.tp_size) + ", gtp_remat 1/1, p " + std::to_string(ranks.pp_rank + 1) +
                                 "/" + std::to_string(ranks.pp_size) + " ]";
-  auto finalize_fn = [root, it, done_line, world] {
-    dc::write_file_atomic(tracker_filename(root), std::to_string(it));
+  auto finalize_fn = [root, it, dir, done_line, world] {
+    // Megatron raises here too (the save fails, training stops): the checkpoint itself is
+    // complete, only the tracker still names the previous one (written atomically: never empty).
+    try {
+      dc::write_file_atomic(tracker_filename(root), std::to_string(it));
+    } catch (const UserError& e) {
+      user_error("checkpoint ", dir, " is complete but the tracker could not be updated (", e.what(),
+                 "); it still names the previous checkpoint: free space, then resume with --load ", root,
+                 " --ckpt-step ", it, " (or write ", it, " into ", tracker_filename(root), ")");
+    }
     std::string line = done_line;
     line.replace(line.find("%s"), 2, timestamp());
     print0(world, line);
@@ -321,9 +329,7 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
     req->add_finalize_fn(finalize_fn);
     pending().req = std::move(req);
   } else {
-    dc::save(sd, dir, world);
-    if (group_rank(world) == 0) finalize_fn();
-    if (world) world->barrier();
+    dc::save(sd, dir, world, {finalize_fn});  // rank 0 runs it; a failure stops every rank
   }
 }
 
