@@ -179,7 +179,7 @@ std::string dcp_metadata_pickle(const DcpMetadata& md, const std::string& checkp
   for (const auto& [key, t] : md.tensors) {
     const PyValue* props = obj(
         M + "TensorProperties",
-        d.tuple({d.global(std::string("torch.") + torch_dtype_name(t.dtype)), d.global("torch.strided"), d.boolean(false),
+        d.tuple({d.global(std::string("torch.") + dtype_name(t.dtype)), d.global("torch.strided"), d.boolean(false),
                  d.object(M + "_MEM_FORMAT_ENCODING", {d.integer(0)}), d.boolean(false)}));
     PyValue* chunks = d.list();
     for (size_t c = 0; c < t.chunks.size(); ++c) {
@@ -450,7 +450,7 @@ struct RankRecord {  // one item this rank wrote
 };
 
 json record_json(const RankRecord& r) {
-  return {{"bytes", r.bytes},   {"key", r.key},         {"dtype", torch_dtype_name(r.dtype)}, {"size", r.size},
+  return {{"bytes", r.bytes},   {"key", r.key},         {"dtype", dtype_name(r.dtype)}, {"size", r.size},
           {"offsets", r.offsets}, {"sizes", r.sizes}, {"offset", r.offset},                  {"length", r.length}};
 }
 

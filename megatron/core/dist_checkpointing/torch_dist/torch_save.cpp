@@ -140,35 +140,15 @@ std::vector<ZipEntry> parse_zip(const uint8_t* d, size_t n, const std::string& w
 // dtypes
 // ---------------------------------------------------------------------------------------------
 
-const char* torch_dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat8E4M3: return "float8_e4m3fn";
-    case DType::kFloat8E5M2: return "float8_e5m2";
-    case DType::kFloat64: return "float64";
-    case DType::kInt8: return "int8";
-    case DType::kUInt8: return "uint8";
-    case DType::kInt16: return "int16";
-    case DType::kUInt16: return "uint16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kBool: return "bool";
-  }
-  return "?";
-}
-
 DType dtype_from_torch_name(const std::string& name, const std::string& where) {
-  static const std::map<std::string, DType> m = {
-      {"torch.float32", DType::kFloat32},   {"torch.float16", DType::kFloat16},     {"torch.bfloat16", DType::kBFloat16},
-      {"torch.float64", DType::kFloat64},   {"torch.float8_e4m3fn", DType::kFloat8E4M3},
-      {"torch.float8_e5m2", DType::kFloat8E5M2}, {"torch.int8", DType::kInt8},     {"torch.uint8", DType::kUInt8},
-      {"torch.int16", DType::kInt16},       {"torch.int32", DType::kInt32},         {"torch.int64", DType::kInt64},
-      {"torch.bool", DType::kBool}};
-  auto it = m.find(name);
-  if (it == m.end()) user_error(where, ": unsupported tensor dtype ", name);
-  return it->second;
+  // torch's dtype names are ours (dtype_name()), under the module "torch".
+  if (name.rfind("torch.", 0) == 0) {
+    try {
+      return dtype_from_name(name.substr(6));
+    } catch (const UserError&) {
+    }
+  }
+  user_error(where, ": unsupported tensor dtype ", name);
 }
 
 namespace {

@@ -87,9 +87,8 @@ class TorchArchiveWriter {
 /// Writes zip records (stored, 64-byte aligned data) in order; used by TorchArchiveWriter.
 std::string write_zip(const std::vector<std::pair<std::string, std::string_view>>& records);
 
-/// Name of the torch dtype `torch.<name>` for `t` ("float32", "bfloat16", ...).
-const char* torch_dtype_name(DType t);
-/// DType for a torch dtype global name ("torch.float32"); throws UserError "<where>: ..." otherwise.
+/// DType for a torch dtype global name ("torch.float32"; torch's names are dtype_name()'s);
+/// throws UserError "<where>: unsupported tensor dtype ..." otherwise.
 DType dtype_from_torch_name(const std::string& name, const std::string& where);
 
 /// Integers of a tuple / list / torch.Size value; throws UserError "<where>: ..." otherwise.
