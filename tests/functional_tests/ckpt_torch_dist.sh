@@ -10,7 +10,9 @@
 #     Megatron's common state) loads with --load and continues with the same lm loss, learning
 #     rate and grad norm (exact strings) as continuing from our own format: weights, Adam state,
 #     step and schedule all arrive; and our own torch_dist checkpoint resumes exactly too;
-#  3. bad input: truncated .distcp, a pickle naming os.system, an MoE key: one error line naming
+#  3. several ranks (mpirun): TP2 and DP2 + distributed optimizer torch_dist saves load like
+#     their own-format saves;
+#  4. bad input: truncated .distcp, a pickle naming os.system, an MoE key: one error line naming
 #     the file and key, exit status 1.
 # Args: bin dir, source dir.
 set -euo pipefail
@@ -58,6 +60,24 @@ done
 "$BIN/convert_checkpoint" --loader torch_dist --saver hf --load-dir "$OUT/td" --save-dir "$OUT/hf1" > "$OUT/hf1.log" 2>&1 || fail "HF export (torch_dist)"
 cmp "$OUT/hf0/model.safetensors" "$OUT/hf1/model.safetensors" || fail "HF export from torch_dist differs"
 cmp "$OUT/hf0/config.json" "$OUT/hf1/config.json" || fail "HF config from torch_dist differs"
+
+# Several ranks (mpirun, CPU): TP2 and DP2 + distributed optimizer (whose flat ranges are written
+# as boxes) save torch_dist; one rank loads each and continues exactly like loading the same
+# run's own-format checkpoint.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+MPI=(mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS -np 2)
+export OMP_NUM_THREADS=1
+for lay in "--tensor-model-parallel-size 2" "--use-distributed-optimizer"; do
+  for fmt in own td; do
+    extra=(); [[ $fmt == td ]] && extra=(--ckpt-format torch_dist)
+    rm -rf "$OUT/m_$fmt"
+    "${MPI[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" $lay --hidden-dropout 0 --attention-dropout 0 --distributed-backend nccl \
+      --make-vocab-size-divisible-by 64 --save "$OUT/m_$fmt" --exit-interval 4 "${extra[@]}" > "$OUT/m_$fmt.log" 2>&1 || fail "mpirun save $fmt ($lay)"
+    "$BIN/pretrain_gpt" "${ARGS[@]}" --hidden-dropout 0 --attention-dropout 0 --make-vocab-size-divisible-by 64 \
+      --load "$OUT/m_$fmt" --save "$OUT/ml_$fmt" --no-load-rng > "$OUT/ml_$fmt.log" 2>&1 || fail "load $fmt ($lay)"
+  done
+  same_tail "$OUT/ml_own.log" "$OUT/ml_td.log"
+done
 
 bad() {  # $1: name, $2: expected text; the last run must fail with one error line containing it
   if "$BIN/pretrain_gpt" "${ARGS[@]}" --load "$OUT/bad" > "$OUT/$1.log" 2>&1; then fail "$1 accepted"; fi
