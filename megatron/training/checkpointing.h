@@ -56,7 +56,11 @@ struct CheckpointConfig {
   bool async_save = false;                 // --async-save
   bool exit_on_missing_checkpoint = false; // --exit-on-missing-checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration instead of the tracker's
-  std::string ckpt_format = "torch_dist";  // --ckpt-format (printed; our on-disk format is always ours)
+  std::string ckpt_format = "torch_dist";  // --ckpt-format (printed in the save line)
+  /// Write Megatron-LM's torch_dist (PyTorch DCP) files instead of our own layout (pretrain_gpt
+  /// sets it when --ckpt-format torch_dist is given on the command line). Loading detects the
+  /// format from the checkpoint's metadata.json whatever this says.
+  bool write_torch_dist = false;
   /// This run's arguments (checkpoint_args.h checkpoint_args()); when an object, load_checkpoint
   /// runs check_checkpoint_args against the checkpoint's args before reading any tensor (not
   /// with --finetune, as Megatron). Null: no check.
