@@ -7,7 +7,7 @@
 // chunking, no ring: the plain attention kernel, itself tested against PyTorch). Gradients go
 // through DistributedDataParallel over the dp-cp group exactly as pretrain_gpt does (pre-scaled by
 // 1/(DP*CP), summed), with the micro-batch loss seed CP / (tokens of the whole sequence) on every
-// CP rank (Megatron's loss x CP, megatron.md §6.8). Plain SGD (p -= 0.1 g) as in the TP test:
+// CP rank (Megatron's loss x CP, docs/megatron-reference.md#loss-normalisation). Plain SGD (p -= 0.1 g) as in the TP test:
 // Adam would amplify rounding noise of exactly-zero gradients. Tolerance 1e-5 relative to the
 // largest magnitude: CP only changes the order of fp32 sums (online-softmax merge, dK/dV ring).
 #include <gtest/gtest.h>

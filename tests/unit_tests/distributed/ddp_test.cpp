@@ -5,7 +5,7 @@
 //
 // Reference: every rank also trains a single-rank copy of the model on the WHOLE global batch
 // (no communication). The optimizer in both runs is Adam written out from its formula
-// (megatron.md §6.5), applied by the test -- the DP run applies it only to this rank's shard
+// (docs/megatron-reference.md#adam), applied by the test -- the DP run applies it only to this rank's shard
 // when the distributed optimizer is on, then all-gathers.
 // Tolerance 1e-5 relative (losses; parameters relative to the largest |parameter|): the two runs
 // differ only in fp32 summation order of the gradient (per-rank partial sums then a reduction).

@@ -1,7 +1,7 @@
 // FP8 linear layers on the CPU (quantize-dequantize emulation) and the per-step state, against
 // hand computations: operands chosen exactly representable in E4M3/E5M2 give exact products;
 // non-representable ones are rounded by hand (E4M3 has 3 mantissa bits, E5M2 2, RNE, saturating
-// at 448 / 57344). Recipe: scale = fp8_max / amax / 2^margin (reference/megatron.md §10).
+// at 448 / 57344). Recipe: scale = fp8_max / amax / 2^margin (docs/megatron-reference.md#fp8-delayed-scaling).
 #include "megatron/core/fp8/fp8_linear.h"
 
 #include <gtest/gtest.h>

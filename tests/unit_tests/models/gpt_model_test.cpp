@@ -76,7 +76,7 @@ void load_params(GPTModel& m, const Fixture& f) {
 
 // Tolerance: 1e-5 of the tensor's largest magnitude. Our CPU kernels compute in fp32, the
 // reference in fp64 from the same fp32 weights, so the difference is fp32 rounding through
-// two layers (observed ~1e-6); 1e-5 is the project's CPU-vs-reference bound (DESIGN.md).
+// two layers (observed ~1e-6); 1e-5 is the project's CPU-vs-reference bound (docs/architecture.md#testing).
 constexpr double kTol = 1e-5;
 
 void check_against_fixture(const TransformerConfig& config, int64_t vocab, int64_t max_pos, const char* name) {

@@ -1,6 +1,6 @@
 // Tensor parallelism of GPTModel, run in-process: two threads each hold one TP shard and
 // all-reduce through a thread-backed ProcessGroup. Their losses must equal the single-rank
-// model's and their gradients the matching slices of its gradients (megatron.md §9.2, §9.3).
+// model's and their gradients the matching slices of its gradients (docs/megatron-reference.md#tensor-parallel-layers, #vocab-parallel-cross-entropy).
 #include <gtest/gtest.h>
 
 #include <barrier>
