@@ -7,10 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "hf_reference_util.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -167,20 +168,9 @@ void compare(GPTModel& model, const std::string& dir, std::map<std::string, Tens
 
 TEST(HFTransformers, TinyLlamaEqualsLlamaForCausalLM) {
   const std::string dir = kHF + "llama_tiny";
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 176;
-  c.hidden_dropout = c.attention_dropout = 0.0f;
-  c.normalization = transformer::Normalization::kRMSNorm;
+  TransformerConfig c = megatron::testing::tiny_llama_config(64, 2, 176);
   c.layernorm_epsilon = 1e-5f;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
   c.rotary_base = 500000.0f;
-  c.share_embeddings_and_output_weights = false;
   GPTModel model(c, 256, 64, 1);
   auto w = llama_to_megatron(testing::read_safetensors_f32(dir + "/model.safetensors"), 2, 4, 2, 16);
   auto g = llama_to_megatron(testing::read_safetensors_f32(dir + "/grads.safetensors"), 2, 4, 2, 16);
@@ -189,11 +179,7 @@ TEST(HFTransformers, TinyLlamaEqualsLlamaForCausalLM) {
 
 TEST(HFTransformers, TinyGPTEqualsGPT2LMHeadModel) {
   const std::string dir = kHF + "gpt2_tiny";
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = c.attention_dropout = 0.0f;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(64);
   c.bias_activation_fusion = true;  // tanh GeLU = GPT-2's gelu_new
   GPTModel model(c, 256, 64, 1);
   auto w = gpt2_to_megatron(testing::read_safetensors_f32(dir + "/model.safetensors"), 2, 4, 64);

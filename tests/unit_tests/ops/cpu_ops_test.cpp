@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "../models/fixture_util.h"
+#include "test_utils/fixture_util.h"
 
 namespace megatron {
 namespace {

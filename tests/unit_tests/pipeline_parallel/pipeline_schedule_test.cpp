@@ -24,7 +24,7 @@
 #include <thread>
 #include <tuple>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 
 namespace megatron {

@@ -12,7 +12,7 @@
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/tensor/parameter.h"
-#include "thread_group_util.h"
+#include "test_utils/thread_group_util.h"
 
 using namespace megatron;
 using namespace megatron::training;
