@@ -36,6 +36,7 @@
 
 namespace megatron::transformer {
 class TransformerBlock;
+class InferenceContext;
 }
 namespace megatron::models::common {
 class LanguageModelEmbedding;
@@ -113,6 +114,16 @@ class GPTModel {
   /// MEGATRON_CE_FUSED unset or 1) they already hold softmax - onehot(label): read logits from a
   /// training=false forward.
   const Tensor& last_logits() const;
+  /// Inference forward (Megatron's GPTModel.forward(input_ids, position_ids, attention_mask,
+  /// inference_context) without labels): tokens int64 [b, s] (any device) at positions
+  /// offset .. offset+s-1, offset = inference_context->sequence_len_offset (0 without a context).
+  /// With a context every attention layer appends to and reads from its KV cache (the caller
+  /// advances the offset by s afterwards); without one this is a full causal forward. No dropout,
+  /// no activations kept, last_logits() untouched. Returns this rank's vocab shard of the logits
+  /// [s, b, padded_vocab/TP] in the model dtype. Needs pre_process and post_process (no pipeline
+  /// split) and no context parallelism (InternalError otherwise); UserError for a token id outside
+  /// the vocabulary (CPU tokens) or positions beyond --max-position-embeddings (learned positions).
+  Tensor forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context = nullptr);
   /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
   /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad.
   void backward(const Tensor& dloss);
