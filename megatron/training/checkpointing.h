@@ -138,7 +138,7 @@ std::string tracker_filename(const std::string& root);
 /// naming the file when its content is neither an integer nor "release".
 std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root);
 
-/// Stacked-layer key mapping (§8.2): "decoder.layers.3.self_attention.linear_qkv.weight" →
+/// Stacked-layer key mapping (docs/megatron-reference.md#distributed-checkpoint): "decoder.layers.3.self_attention.linear_qkv.weight" →
 /// ("decoder.layers.self_attention.linear_qkv.weight", 3). Other names → (name, -1).
 std::pair<std::string, int64_t> stacked_layer_key(const std::string& param_name);
 
@@ -180,7 +180,7 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t
 ///    (the distributed optimizer's slices, optimizer/distributed_optimizer.h). Without the
 ///    distributed optimizer the state is a box like the parameter piece (replicated over DP like
 ///    it); with it (`distributed_optimizer`) each DP rank writes its own flat element ranges of
-///    the parameters in global coordinates (Megatron's fully-reshardable layout, §8.3), so DP
+///    the parameters in global coordinates (Megatron's fully-reshardable layout, docs/megatron-reference.md#distributed-checkpoint), so DP
 ///    ranks never write the same element and a load with another DP size, TP/PP size or without
 ///    the distributed optimizer reads the overlapping ranges.
 /// Throws InternalError when an optimizer parameter does not lie inside one model parameter.

@@ -1,6 +1,6 @@
 // Megatron's IndexedDataset: the MMIDIDX .idx/.bin pair (megatron/core/datasets/indexed_dataset.py).
 //
-// Format (docs/formats.md, reference §1): .idx = 9-byte magic "MMIDIDX\0\0", u64 version 1,
+// Format (docs/megatron-reference.md#indexed-dataset-format): .idx = 9-byte magic "MMIDIDX\0\0", u64 version 1,
 // u8 dtype code, u64 sequence_count S, u64 document_count D, int32 lengths[S], int64 byte
 // pointers[S], int64 document_indices[D]; .bin = the tokens, concatenated, little-endian.
 #pragma once

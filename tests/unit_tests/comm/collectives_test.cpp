@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/parallel_state.h"
 

@@ -24,7 +24,7 @@
 #include <thread>
 #include <tuple>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 
 namespace megatron {
@@ -139,7 +139,7 @@ void check_one_f_one_b(const std::shared_ptr<comm::ProcessGroup>& world) {
       err = std::max(err, std::fabs(mine.dw[k] - ref[r]->dw[k]));
     }
     EXPECT_LE(err, 1e-6 * mx) << "dW of stage " << r << ", M=" << M;
-    // Schedule shape (megatron.md §9.4): min(S - r - 1, M) warm-up forwards come first.
+    // Schedule shape (docs/megatron-reference.md#pipeline-schedules): min(S - r - 1, M) warm-up forwards come first.
     const int warmup = std::min(S - r - 1, M);
     for (int i = 0; i < warmup; ++i) EXPECT_EQ(mine.order[i], i) << "warm-up forward " << i;
     if (warmup < M) EXPECT_EQ(mine.order[warmup], warmup) << "first steady-state forward";

@@ -15,12 +15,13 @@
 #include <cmath>
 #include <random>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/gather_params.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -29,25 +30,14 @@ using models::gpt::GPTModel;
 constexpr int64_t kVocab = 128, kSeq = 12;
 
 transformer::TransformerConfig gpt_config(int tp, int /*query_groups*/) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  transformer::TransformerConfig c = megatron::testing::tiny_gpt_config(32);
   c.tensor_model_parallel_size = tp;
   return c;
 }
 
 transformer::TransformerConfig llama_config(int tp, int query_groups) {
   transformer::TransformerConfig c = gpt_config(tp, query_groups);
-  c.num_query_groups = query_groups;  // GQA (2 groups for 4 heads) where TP allows
-  c.ffn_hidden_size = 64;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
+  megatron::testing::make_llama(c, query_groups, 64);  // GQA (2 groups for 4 heads) where TP allows
   return c;
 }
 

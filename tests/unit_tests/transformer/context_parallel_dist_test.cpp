@@ -7,7 +7,7 @@
 // chunking, no ring: the plain attention kernel, itself tested against PyTorch). Gradients go
 // through DistributedDataParallel over the dp-cp group exactly as pretrain_gpt does (pre-scaled by
 // 1/(DP*CP), summed), with the micro-batch loss seed CP / (tokens of the whole sequence) on every
-// CP rank (Megatron's loss x CP, megatron.md §6.8). Plain SGD (p -= 0.1 g) as in the TP test:
+// CP rank (Megatron's loss x CP, docs/megatron-reference.md#loss-normalisation). Plain SGD (p -= 0.1 g) as in the TP test:
 // Adam would amplify rounding noise of exactly-zero gradients. Tolerance 1e-5 relative to the
 // largest magnitude: CP only changes the order of fp32 sums (online-softmax merge, dK/dV ring).
 #include <gtest/gtest.h>
@@ -16,13 +16,14 @@
 #include <cmath>
 #include <random>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/gather_params.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/transformer/context_parallel.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -31,25 +32,14 @@ using models::gpt::GPTModel;
 constexpr int64_t kVocab = 128, kSeq = 16, kBatch = 2;
 
 transformer::TransformerConfig gpt_config(int tp) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  transformer::TransformerConfig c = megatron::testing::tiny_gpt_config(32);
   c.tensor_model_parallel_size = tp;
   return c;
 }
 
 transformer::TransformerConfig llama_config(int tp) {
   transformer::TransformerConfig c = gpt_config(tp);
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
+  megatron::testing::make_llama(c, 2, 64);
   return c;
 }
 

@@ -1,5 +1,5 @@
 // Trainer-side checkpointing: directory conventions, Megatron's log lines, load flags, SwiGLU and
-// stacked-layer global layouts (expected layouts from megatron.md §8.1-8.2, built by hand).
+// stacked-layer global layouts (expected layouts from docs/megatron-reference.md#distributed-checkpoint, built by hand).
 #include "megatron/training/checkpointing.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include "megatron/core/dist_checkpointing/serialization.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/tensor/parameter.h"
-#include "thread_group_util.h"
+#include "test_utils/thread_group_util.h"
 
 using namespace megatron;
 using namespace megatron::training;
@@ -194,7 +194,7 @@ TEST(TrainingCheckpointing, AsyncSaveFinalizesTrackerLater) {
 }
 
 // SwiGLU fc1 with TP2: rank r holds [gate rows 2r..2r+1; up rows 2r..2r+1]; the stored global
-// tensor must be [gate rows 0..3; up rows 0..3] (megatron.md §8.2), and reload at TP1 and TP4.
+// tensor must be [gate rows 0..3; up rows 0..3] (docs/megatron-reference.md#distributed-checkpoint), and reload at TP1 and TP4.
 TEST(TrainingCheckpointing, SwigluFc1GlobalLayoutAcrossTP) {
   std::string root = tmp_dir("swiglu");
   // gate row g has value 10+g, up row u has value 20+u (hidden size 1)

@@ -60,7 +60,7 @@ TEST(OptimizerParamScheduler, MatchesMegatronForEveryStyle) {
 }
 
 TEST(OptimizerParamScheduler, HandValuesAndErrors) {
-  // Hand computation of §6.3: warmup 10, decay 110, max 1, min 0.1, cosine.
+  // Hand computation of docs/megatron-reference.md#lr-and-wd-schedule: warmup 10, decay 110, max 1, min 0.1, cosine.
   OptimizerParamScheduler::Options o;
   o.max_lr = 1.0;
   o.min_lr = 0.1;

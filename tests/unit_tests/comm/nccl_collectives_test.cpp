@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor/memory_stats.h"
 

@@ -1,8 +1,8 @@
 // Bad input to preprocess_data: each case is handled as Megatron-LM's tools/preprocess_data.py
-// handles it (reference/tokenizers.md §3: Python's json.loads + `data[key]` + numpy), or
+// handles it (docs/megatron-reference.md#preprocess_data: Python's json.loads + `data[key]` + numpy), or
 // stopped with an error naming file:line; --skip-invalid-lines counts and skips instead.
 // Expected bytes come from Megatron's own run (tests/reference/preprocess/megatron_oracle_md5.txt)
-// or from hand computation of the .idx layout (reference/megatron.md §1.1).
+// or from hand computation of the .idx layout (docs/megatron-reference.md#indexed-dataset-format).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -62,7 +62,7 @@ TEST(PreprocessBadInput, MalformedJsonStopsWithFileAndLine) {
   EXPECT_FALSE(f.outputs_exist()) << "no .bin/.idx (not even temporary ones) after a failed run";
 }
 
-// A blank line: json.loads('\n') raises in Megatron (reference/tokenizers.md §3).
+// A blank line: json.loads('\n') raises in Megatron (docs/megatron-reference.md#preprocess_data).
 TEST(PreprocessBadInput, BlankLineStops) {
   Fixture f;
   std::string e = f.run_error("{\"text\": \"1 2\"}\n\n{\"text\": \"3\"}\n");

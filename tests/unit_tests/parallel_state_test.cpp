@@ -1,5 +1,5 @@
 // parallel_state: group layouts computed without processes.
-// References: the explicit groups of megatron.md §9.1 (16 GPUs, TP2 CP2 DP2 PP2, written out by
+// References: the explicit groups of docs/megatron-reference.md#parallel-groups (16 GPUs, TP2 CP2 DP2 PP2, written out by
 // hand), and a brute-force enumeration from the mapping formula
 //   global_rank = tp + TP*(cp + CP*(dp + DP*pp))            (order tp-cp-ep-dp-pp)
 //   global_rank = tp + TP*(cp + CP*(pp + PP*dp))            (--use-tp-pp-dp-mapping)
@@ -58,7 +58,7 @@ TEST(ParallelStateLayout, Megatron16GpuExample) {
   auto L = ps::compute_group_layout(c, 16);
   EXPECT_EQ(L.data_parallel_size, 2);
   EXPECT_EQ(L.order, "tp-cp-ep-dp-pp");
-  // megatron.md §9.1, written out by hand.
+  // docs/megatron-reference.md#parallel-groups, written out by hand.
   EXPECT_EQ(L.groups["tp"], (RankGroups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
   EXPECT_EQ(L.groups["cp"], (RankGroups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
   EXPECT_EQ(L.groups["dp"], (RankGroups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));

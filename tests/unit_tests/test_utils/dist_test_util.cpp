@@ -1,4 +1,4 @@
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 
 #include <algorithm>
 #include <cmath>

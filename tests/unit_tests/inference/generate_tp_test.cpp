@@ -8,7 +8,7 @@
 
 #include <random>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/inference/text_generation.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/hf/hf_checkpoint.h"

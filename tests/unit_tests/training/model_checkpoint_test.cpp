@@ -9,7 +9,8 @@
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/checkpointing.h"
-#include "thread_group_util.h"
+#include "test_utils/thread_group_util.h"
+#include "test_utils/tiny_model.h"
 
 using namespace megatron;
 using namespace megatron::training;
@@ -17,18 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 transformer::TransformerConfig llama_config(int tp) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 176;
-  c.hidden_dropout = c.attention_dropout = 0.0f;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
+  transformer::TransformerConfig c = megatron::testing::tiny_llama_config(64, 2, 176);
   c.tensor_model_parallel_size = tp;
   return c;
 }

@@ -1,4 +1,4 @@
-#include "thread_group_util.h"
+#include "test_utils/thread_group_util.h"
 
 #include <barrier>
 #include <cstring>

@@ -1,6 +1,6 @@
 // MegatronOptimizer: Adam(W) + clipping vs PyTorch (tests/reference/training/gen_adamw.py ->
 // adamw_steps.txt), param groups, decoupled lr, bf16 master params, and the dynamic loss scaler
-// against a hand computation of reference/megatron.md §6.7.
+// against a hand computation of docs/megatron-reference.md#loss-scaling.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -197,7 +197,7 @@ TEST(MegatronOptimizer, Bf16ParamsKeepFp32Master) {
 }
 
 TEST(DynamicGradScaler, StateMachineHandComputed) {
-  // §6.7 with window 3, hysteresis 2, min 1, start 16.
+  // docs/megatron-reference.md#loss-scaling with window 3, hysteresis 2, min 1, start 16.
   DynamicGradScaler s(16.0, 1.0, 2.0, 0.5, 3, 2);
   s.update(false);
   s.update(false);

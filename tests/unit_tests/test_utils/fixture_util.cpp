@@ -1,4 +1,4 @@
-#include "fixture_util.h"
+#include "test_utils/fixture_util.h"
 
 #include <cmath>
 #include <cstring>

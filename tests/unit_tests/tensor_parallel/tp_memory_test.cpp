@@ -30,10 +30,11 @@
 #include <random>
 #include <vector>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/tensor/memory_stats.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -43,19 +44,8 @@ constexpr int64_t kVocab = 1024, kSeq = 512;
 constexpr int kMicroBatches = 4;
 
 transformer::TransformerConfig config(int tp, bool sp) {
-  transformer::TransformerConfig c;
-  c.num_layers = 4;
-  c.hidden_size = 256;
-  c.ffn_hidden_size = 896;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 2;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
+  transformer::TransformerConfig c = megatron::testing::tiny_gpt_config(256, megatron::testing::TinyDropout::kOff, 4, 8);
+  megatron::testing::make_llama(c, 2, 896);
   c.params_dtype = DType::kBFloat16;
   c.main_grads_dtype = DType::kBFloat16;
   c.tensor_model_parallel_size = tp;

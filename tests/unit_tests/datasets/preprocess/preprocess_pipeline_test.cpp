@@ -1,5 +1,5 @@
-// The preprocess_data pipeline against Megatron's documented behaviour (reference/megatron.md
-// §1-§2): Appendix A golden vectors through the whole pipeline, output order independent of
+// The preprocess_data pipeline against Megatron's documented behaviour (docs/megatron-reference.md#preprocess_data
+// #preprocess_data): the golden vectors through the whole pipeline, output order independent of
 // worker count and batch size, Megatron's partition order, compressed inputs, log lines.
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -238,7 +238,7 @@ TEST(PreprocessPipeline, CrLfAcrossReadBoundary) {
 }
 
 // One dataset per key, named {prefix}_{key}_document; --append-eod skips empty documents but
-// they keep a boundary (repeated document index, reference/megatron.md §1.4).
+// they keep a boundary (repeated document index, docs/megatron-reference.md#indexed-dataset-format).
 TEST(PreprocessPipeline, SeveralKeysAndEmptyDocuments) {
   TempDir d;
   testing::write_file(d / "in.jsonl",

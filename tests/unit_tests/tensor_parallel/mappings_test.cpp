@@ -3,7 +3,7 @@
 // integers, exact in fp32), so every gathered / reduced / split element has a closed form.
 #include <gtest/gtest.h>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 
 namespace megatron {
