@@ -139,7 +139,12 @@ grep -qP '\tSaved checkpoint\tIteration: 3\t' "$LOGDIR/exit.ckpt/progress.txt" |
 echo "exit_dp2: --exit-interval 3 saved, exited, no final evaluation"
 
 # --ckpt-format torch: the save line says what is written (megatron.cpp's layout), not "torch".
-run fmt_torch 120 env -- --train-iters 1 --eval-iters 0 --save "$LOGDIR/fmt.ckpt" --save-interval 1 --ckpt-format torch
+# Noted flags print their line (the registry test checks every noted flag records its note).
+run fmt_torch 120 env -- --train-iters 1 --eval-iters 0 --save "$LOGDIR/fmt.ckpt" --save-interval 1 --ckpt-format torch \
+  --num-dataset-builder-threads 2 --vocab-extra-ids 3
+for f in --num-dataset-builder-threads --vocab-extra-ids; do
+  grep -q "^note: $f is accepted: " "$LOGDIR/fmt_torch.log" || fail "fmt_torch: no note for $f"
+done
 grep -q "in megatron.cpp's distributed (per-rank safetensors + metadata, not torch) format" "$LOGDIR/fmt_torch.log" \
   || { grep 'saving checkpoint' "$LOGDIR/fmt_torch.log" >&2; fail "fmt_torch: the save line does not say what is written"; }
 grep -q ' in torch format' "$LOGDIR/fmt_torch.log" && fail "fmt_torch: claims torch format"
