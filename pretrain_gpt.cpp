@@ -708,7 +708,7 @@ int run(int argc, char** argv) {
   TrainingHooks hooks;
   if (args.tensorboard_dir && args.rank == args.world_size - 1) {
     say("> setting tensorboard ...");
-    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir);
+    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir, 120.0, args.tensorboard_queue_size);
     hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
     hooks.flush = [&writer] { writer->flush(); };
   }
@@ -850,7 +850,16 @@ int run(int argc, char** argv) {
       w->all_reduce(t, comm::ReduceOp::kMax)->wait();
       return t.to_float_vector()[0] > 0.5f;
     };
+    hooks.barrier = [w = world.get()] { w->barrier(); };
+    hooks.all_gather_times = [w = world.get()](const std::vector<double>& local) {
+      const int64_t n = static_cast<int64_t>(local.size());
+      Tensor in = Tensor::empty({n}, DType::kFloat64), out = Tensor::empty({n * w->size()}, DType::kFloat64);
+      std::copy(local.begin(), local.end(), in.data<double>());
+      w->all_gather(in, out)->wait();
+      return std::vector<double>(out.data<double>(), out.data<double>() + n * w->size());
+    };
   }
+  hooks.memory_stats = [device] { return memory_stats(device.type, device.is_cuda() ? device.index : 0); };
   // Megatron's report_memory: every data-parallel rank 0 prints "[Rank r] ... memory (MB) | ...";
   // on a GPU the allocator/pool fields, on the CPU the resident set.
   hooks.report_memory = [&args, device, dp0 = ps::get_data_parallel_rank() == 0](const std::string& name) {

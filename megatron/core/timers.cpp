@@ -96,6 +96,16 @@ std::string Timers::log_string(const std::vector<std::string>& names, double nor
   return any ? os.str() : std::string();
 }
 
+std::vector<double> Timers::elapsed_seconds(const std::vector<std::string>& names, bool reset) {
+  std::vector<double> out;
+  out.reserve(names.size());
+  for (const auto& n : names) {
+    auto it = timers_.find(n);
+    out.push_back(it == timers_.end() ? 0.0 : it->second->elapsed(reset));
+  }
+  return out;
+}
+
 void Timers::write_chrome_trace(const std::string& path, int rank) const {
   namespace fs = std::filesystem;
   const fs::path p(path);

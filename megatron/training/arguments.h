@@ -235,6 +235,42 @@ struct Arguments {
   std::map<std::string, std::vector<std::string>> noted_values;
 };
 
+/// What a registered flag does (docs/training.md, "Every flag has a disposition"). Every path that
+/// registers a flag records one; flag_registry_test checks each against the code.
+enum class FlagDisposition {
+  kImplemented,  // stored in Arguments members that code outside the parser reads (FlagInfo::reads)
+  kNoted,        // accepted with a one-line note printed when given (FlagInfo::note)
+  kRefused,      // refused with a one-line error naming the flag
+  kDefaultOnly,  // Megatron's default value is what the code does; any other value is refused by
+                 // validate_args naming the flag (FlagInfo::note holds such a value)
+};
+
+/// One flag pretrain_gpt's parser registers.
+struct FlagInfo {
+  std::string flag;                  // the primary spelling, "--save-interval"
+  std::vector<std::string> aliases;  // Megatron's other spellings of it ("--persistent-save-interval")
+  std::string dest;                  // Megatron's argparse dest
+  FlagDisposition disposition = FlagDisposition::kImplemented;
+  std::vector<std::string> reads;    // kImplemented: Arguments (or TokenizerConfig) members read by code
+  std::string note;                  // kNoted
+  int arity = 0;                     // values it takes: 0 switch, 1, -1 a list
+};
+
+/// Every option pretrain_gpt's parser holds, in declaration order. An option registered without
+/// a disposition (added to the CLI11 app around the Binder) is listed with flag set and
+/// `dest` == "" -- flag_registry_test fails on it.
+std::vector<FlagInfo> flag_registry();
+
+/// One flag of Megatron-LM's own pretrain_gpt parser (megatron_flag_names.inc, generated from
+/// Megatron's argparse actions by tests/reference/training/gen_megatron_flags.py).
+struct MegatronFlagInfo {
+  std::string name, dest, default_str;
+  int arity = 0;  // 0 switch, n values, -1 one or more
+  char kind = 's';  // T store_true, F store_false, B BooleanOptional, i int, f float, e enum, s other
+};
+/// Every flag of Megatron's parser, in the table's order.
+std::vector<MegatronFlagInfo> megatron_flag_table();
+
 /// Parses argv (argv[0] is the program name) into Arguments with Megatron's defaults.
 /// Throws UserError (one line) for: a flag Megatron does not have (naming the closest
 /// Megatron flag), a Megatron flag megatron.cpp does not implement, a bad value or choice.

@@ -273,8 +273,13 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
   maybe_finalize_async_save(world, /*blocking=*/true);
   const int64_t it = st.iteration;
   const std::string dir = checkpoint_dir_name(cfg.save, it);
+  // Megatron's line names the format written: say what this writes (--ckpt-format other than
+  // torch_dist is accepted, but the layout is always megatron.cpp's own; docs/checkpointing.md).
+  const std::string written = cfg.ckpt_format == "torch_dist"
+                                  ? std::string("torch_dist")
+                                  : "megatron.cpp's distributed (per-rank safetensors + metadata, not " + cfg.ckpt_format + ")";
   print0(world, "[" + timestamp() + "] saving checkpoint at iteration " + fmt_it(it) + " to " + cfg.save + " in " +
-                    cfg.ckpt_format + " format");
+                    written + " format");
   std::error_code ec;
   fs::create_directories(cfg.save, ec);
   if (ec) user_error("--save ", cfg.save, ": cannot create directory (", ec.message(), ")");

@@ -30,7 +30,7 @@ namespace megatron::optimizer {
 struct OptimizerParam {
   std::string name;            // Megatron's parameter name, e.g. "decoder.layers.0.mlp.linear_fc1.bias"
   Tensor param;                // the model's parameter (float32, bfloat16 or float16), updated in place
-  Tensor main_grad;            // float32 (or bfloat16, --grad-reduce-in-bf16) gradient, same numel
+  Tensor main_grad;            // float32 (or bfloat16 / float16: the DDP buffer in the param dtype) gradient, same numel
   bool no_weight_decay = false;         // forced no-decay (1-D params and *.bias never decay anyway)
   bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
   bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)

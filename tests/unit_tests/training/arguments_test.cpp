@@ -316,3 +316,29 @@ TEST(Arguments, LossScaleFlagsAreRangeChecked) {
   EXPECT_EQ(a.loss_scale_window, 1000.0);
   EXPECT_EQ(a.hysteresis, 3);
 }
+
+// The DDP gradient buffer dtype, as Megatron's grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32
+// (arguments.py validate_args: set for --bf16 unless --grad-reduce-in-bf16; False by default, so an
+// fp16 run accumulates and all-reduces in fp16).
+TEST(Arguments, GradBufferDtypeFollowsAccumulateAllreduceGradsInFp32) {
+  auto dtype_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> f = base_flags();
+    f.insert(f.end(), extra.begin(), extra.end());
+    Arguments a = parse_args(f);
+    validate_args(a);
+    return core_transformer_config_from_args(a).main_grads_dtype;
+  };
+  EXPECT_EQ(dtype_of({}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--fp16"}), megatron::DType::kFloat16);
+  EXPECT_EQ(dtype_of({"--fp16", "--accumulate-allreduce-grads-in-fp32"}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--bf16"}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--bf16", "--grad-reduce-in-bf16"}), megatron::DType::kBFloat16);
+  // Megatron's spellings of one option: --persistent-save-interval is --save-interval.
+  Arguments a = parse_args(with(base_flags(), {"--persistent-save-interval", "7"}));
+  EXPECT_EQ(a.save_interval, 7);
+  Arguments b = parse_args(with(base_flags(), {"--disable-fp8-wgrad", "--override-opt-param-scheduler"}));
+  EXPECT_FALSE(b.fp8_wgrad);
+  EXPECT_TRUE(b.override_opt_param_scheduler);
+  // --fp16-lm-cross-entropy needs --fp16 (Megatron's validate_args assert).
+  EXPECT_NE(error_of(with(base_flags(), {"--fp16-lm-cross-entropy"})).find("--fp16-lm-cross-entropy"), std::string::npos);
+}
