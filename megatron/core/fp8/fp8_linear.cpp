@@ -333,7 +333,9 @@ Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
 }
 
 Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out) {
-  if (!fused_input_ok(st, fc1_out) || dact.device() != fc1_out.device() || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
+  if (!fused_input_ok(st, fc1_out) || dact.device() != fc1_out.device() || fc1_out.dim() < 1 ||
+      fc1_out.size(-1) % 2 != 0)
+    return {};
   const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
   if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
   const DType dt = st.dtype(base + kGradOutput);

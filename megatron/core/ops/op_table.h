@@ -302,8 +302,8 @@ MEGATRON_OP(void, scale_rows, (const Tensor& x, const Tensor& scale, Tensor& out
 ///   p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)   (decoupled; else wd p joins g).
 /// Bias corrections: b^t in fp64; the CPU reference rounds b^t to fp32 and subtracts in fp32, the
 /// CUDA kernels round 1-b^t once from fp64 (Apex's multi_tensor_adam), so the two may differ in
-/// the last bit of the correction (GPU tests compare within 1e-6). If model_param is given (bf16/fp16/fp32 of the same numel), it receives the
-/// updated p cast (round to nearest even).
+/// the last bit of the correction (GPU tests compare within 1e-6). If model_param is given
+/// (bf16/fp16/fp32 of the same numel), it receives the updated p cast (round to nearest even).
 MEGATRON_OP(void, adam_step,
             (Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,
              Tensor* model_param MEGATRON_OP_DEFAULT(nullptr)),
@@ -315,6 +315,17 @@ MEGATRON_OP(void, adam_step,
 /// list order when a tensor does not fit the multi-tensor kernel or MEGATRON_MULTI_TENSOR_ADAM=0.
 /// CPU: adam_step per tensor in list order.
 MEGATRON_OP(void, adam_step_multi, (const std::vector<AdamTensor>& ts, const AdamParams& p), (ts, p), ts)
+
+// ------------------------------------------------------------------------------------------
+// Initialization
+// ------------------------------------------------------------------------------------------
+
+/// Fills `out` with std * normal_at(key, global index) of the parameter shard `spec` describes
+/// (normal_init.h; tensor_parallel::initialize_parameter's counter-based N(0, std) stream), rounded
+/// to out's dtype, on out's device without a host round trip. Returns false, writing nothing, when
+/// not fused (CPU: initialize_parameter draws the same values on the host; CUDA: a dtype other
+/// than fp32/bf16/fp16 or more than kMaxDims dims).
+MEGATRON_OP(bool, normal_init, (Tensor& out, const NormalInitSpec& spec), (out, spec), out)
 
 // ------------------------------------------------------------------------------------------
 // FP8 (megatron/core/fp8/fp8_linear.h, docs/fp8.md). Scale / amax arguments point at one float

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "megatron/core/ops/normal_init.h"
 #include "megatron/core/ops/rope_freq.h"
 #include "megatron/core/tensor/tensor.h"
 

@@ -38,4 +38,6 @@ bool attention_backward_packed_qkv(const Tensor&, const Tensor&, int64_t, const 
   return false;
 }
 
+bool normal_init(Tensor&, const NormalInitSpec&) { return false; }
+
 }  // namespace megatron::ops::cpu
