@@ -83,6 +83,16 @@ struct AdamTensor {
   Tensor* model_param = nullptr;
   float lr = 0.0f;
   float weight_decay = 0.0f;
+
+  /// The step's hyper-parameters for this tensor: `p` with this tensor's lr and weight decay
+  /// (checks that the four fp32 tensors are given).
+  AdamParams params(const AdamParams& p) const {
+    MEGATRON_CHECK(param && grad && exp_avg && exp_avg_sq) << "AdamTensor: param, grad, exp_avg, exp_avg_sq needed";
+    AdamParams q = p;
+    q.lr = lr;
+    q.weight_decay = weight_decay;
+    return q;
+  }
 };
 
 // The op declarations, generated from the op table (docstrings there).

@@ -38,13 +38,7 @@ void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_a
 }
 
 void adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p) {
-  for (const auto& t : ts) {
-    MEGATRON_CHECK(t.param && t.grad && t.exp_avg && t.exp_avg_sq) << "adam_step_multi: incomplete AdamTensor";
-    AdamParams q = p;
-    q.lr = t.lr;
-    q.weight_decay = t.weight_decay;
-    cpu::adam_step(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, q, t.model_param);
-  }
+  for (const auto& t : ts) cpu::adam_step(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, t.params(p), t.model_param);
 }
 
 }  // namespace megatron::ops::cpu

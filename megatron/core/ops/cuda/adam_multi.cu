@@ -94,13 +94,7 @@ bool multi_fits(const std::vector<AdamTensor>& ts) {
 void adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p) {
   if (!multi_enabled() || !multi_fits(ts)) {
     // One adam_step launch per tensor, in list order.
-    for (const auto& t : ts) {
-      MEGATRON_CHECK(t.param && t.grad && t.exp_avg && t.exp_avg_sq) << "adam_step_multi: incomplete AdamTensor";
-      AdamParams q = p;
-      q.lr = t.lr;
-      q.weight_decay = t.weight_decay;
-      cuda::adam_step(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, q, t.model_param);
-    }
+    for (const auto& t : ts) cuda::adam_step(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, t.params(p), t.model_param);
     return;
   }
   const float grad_scale = p.grad_scale;
