@@ -15,13 +15,9 @@
 
 #include <unistd.h>
 
+#include "megatron/core/ops/device.h"
 #include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/utils/errors.h"
-#ifdef MEGATRON_WITH_CUDA
-namespace megatron::cuda {
-unsigned long long host_sync_count();  // ops/cuda/cuda_utils.h (kept free of cuda_runtime.h here)
-}
-#endif
 #include "megatron/training/training_log.h"
 #include "megatron/core/utils/env.h"
 
@@ -418,11 +414,10 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.skipped_iterations = skipped_iters_;
     f.nan_iterations = nan_iters_;
     print(format_training_log_line(f));
-#ifdef MEGATRON_WITH_CUDA
-    if (env_switch("MEGATRON_LOG_HOST_SYNCS", false)) {
+    if (ops::cuda_available() && env_switch("MEGATRON_LOG_HOST_SYNCS", false)) {
       // Diagnostics (not a Megatron log line): host waits for the GPU since the last log line.
       static unsigned long long last = 0;
-      const unsigned long long now = megatron::cuda::host_sync_count();
+      const unsigned long long now = ops::host_sync_count();
       const int64_t n = std::max<int64_t>(interval_iters_, 1);
       char buf[160];
       std::snprintf(buf, sizeof(buf), " host synchronizations: %llu in %lld iterations (%.1f per iteration)",
@@ -430,7 +425,6 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
       print(buf);
       last = now;
     }
-#endif
     interval_loss_sum_ = 0.0;
     advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
     if (!memory_reported_) {
