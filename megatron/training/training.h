@@ -178,12 +178,6 @@ class Trainer {
   bool memory_reported_ = false;
 };
 
-/// Builds the OptimizerParamScheduler from args exactly as Megatron's get_optimizer_param_scheduler
-/// (§6.2): iteration-based runs count iters × global batch size, sample-based runs samples.
-OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& args);
-/// OptimizerConfig from args (--lr, --decoupled-lr, --clip-grad, --adam-*, --fp16/--bf16, ...).
-optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& args);
-
 /// Installs a SIGTERM handler that only sets a flag (Megatron's --exit-signal-handler).
 void install_exit_signal_handler();
 /// True once SIGTERM was received after install_exit_signal_handler().
