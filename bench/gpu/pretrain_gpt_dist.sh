@@ -10,7 +10,8 @@
 #
 # BIN_DIR holds pretrain_gpt and megatron_launch. Logs: OUT_DIR/<name>.log, one "rc N" line last.
 # Compare the lm losses with bench/gpu/compare_lm_loss.sh CPU_LOG GPU_LOG.
-# Results: docs/gpu-test-log.md, docs/performance.md, bench/results/2026-11-29-h200x2-dist/.
+# Results: docs/gpu-test-log.md, docs/performance.md, bench/results.csv (bench/gpu/run_bench.sh dist
+# runs this script's ll part and appends the rows).
 set -u
 B=$1; O=$2; MODE=$3; PARTS=${4:-tiny}
 mkdir -p "$O"

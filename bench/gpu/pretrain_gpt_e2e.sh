@@ -4,7 +4,8 @@
 # LLaMA-3-8B-shaped 4-layer decoder with --log-throughput. Usage: copy build/bin/pretrain_gpt
 # next to this script, plus lib.tar.xz = lib/ holding the binary's non-CUDA shared libraries
 # (ldd build/bin/pretrain_gpt: ICU, sentencepiece, Open MPI, OpenBLAS ...; the GPU image lacks
-# them), then run it there; logs go to $OUT. Results: bench/results/2026-11-29-h200-e2e.
+# them), then run it there; logs go to $OUT. Results: bench/results.csv (suite e2e;
+# bench/gpu/run_bench.sh e2e runs the same GPT-2 and LLaMA flags and appends the rows).
 D=$(cd "$(dirname "$0")" && pwd); B=$D/pretrain_gpt; O=${OUT:-/tmp/out}; mkdir -p $O
 export NCCL_NVLS_ENABLE=0
 mkdir -p /tmp/gl && tar xJf $D/lib.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl/lib

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 #if defined(MEGATRON_WITH_CUDA)
 #include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
@@ -104,6 +105,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
     if (ec) user_error("--profile: cannot create directory ", p.parent_path().string(), ": ", ec.message());
   }
   const std::string tmp = path + ".tmp";
+  TempFileGuard guard(tmp);  // removed on every error below (e.g. a full disk)
   {
     std::ofstream f(tmp);
     if (!f) user_error("--profile: cannot write the trace file ", tmp);
@@ -127,6 +129,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) user_error("--profile: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  guard.release();
 }
 
 }  // namespace megatron

@@ -1,5 +1,5 @@
 // Megatron's flags -> Arguments (CLI11 tokenizes; conversions and checks are ours so that every
-// error names the flag). Facts: megatron/training/arguments.py, reference/megatron.md §6.1, §7.2.
+// error names the flag). Facts: megatron/training/arguments.py, docs/megatron-reference.md#optimizer-defaults, #llama-3-8b-fp8-example.
 #include "megatron/training/arguments.h"
 
 #include <CLI/CLI.hpp>
@@ -524,7 +524,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
   b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
 
-  // ---- FP8 (§10; megatron/core/fp8) ----
+  // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling; megatron/core/fp8) ----
   b.str("--fp8-format", a.fp8, {"e4m3", "hybrid"});
   b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
   b.num("--fp8-margin", a.fp8_margin, 0);

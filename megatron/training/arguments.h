@@ -78,7 +78,7 @@ struct Arguments {
   bool check_for_nan_in_loss_and_grad = true;
   bool deterministic_mode = false;
 
-  // ---- optimizer / learning rate (§6.1) ----
+  // ---- optimizer / learning rate (docs/megatron-reference.md#optimizer-defaults) ----
   std::string optimizer = "adam";  // adam | sgd
   std::optional<double> lr;
   double min_lr = 0.0;
@@ -107,7 +107,7 @@ struct Arguments {
   double sgd_momentum = 0.9;
   bool decoupled_weight_decay = true;  // --no-decoupled-weight-decay
 
-  // ---- mixed precision (§6.7) ----
+  // ---- mixed precision (docs/megatron-reference.md#loss-scaling) ----
   bool fp16 = false;
   bool bf16 = false;
   std::optional<double> loss_scale;  // constant scale; None -> dynamic (fp16)
@@ -119,7 +119,7 @@ struct Arguments {
   bool accumulate_allreduce_grads_in_fp32 = false;
   bool fp16_lm_cross_entropy = false;
 
-  // ---- FP8 (§10; stored for the FP8 code) ----
+  // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling; stored for the FP8 code) ----
   std::optional<std::string> fp8;  // --fp8-format: e4m3 | hybrid
   std::string fp8_recipe = "delayed";
   int64_t fp8_margin = 0;
@@ -219,7 +219,7 @@ struct Arguments {
   bool use_pytorch_profiler = false;
 
   // ---- derived by validate_args ----
-  int64_t padded_vocab_size = 0;  // §3.1, set by set_padded_vocab_size()
+  int64_t padded_vocab_size = 0;  // docs/megatron-reference.md#vocab-padding, set by set_padded_vocab_size()
   /// Flags given on the command line that are accepted with a note (flag -> note), in order.
   std::vector<std::pair<std::string, std::string>> notes;
   /// Warnings validate_args raises as Megatron's does (warn_rank_0), without the "UserWarning: "
@@ -248,7 +248,7 @@ Arguments parse_args(const std::vector<std::string>& args);
 /// dataloader_type, and checks the combinations (one UserError line each, naming the flags).
 void validate_args(Arguments& args);
 
-/// Megatron's vocab padding (§3.1): sets args.padded_vocab_size from the tokenizer's vocab size
+/// Megatron's vocab padding (docs/megatron-reference.md#vocab-padding): sets args.padded_vocab_size from the tokenizer's vocab size
 /// and returns Megatron's log line " > padded vocab (size: V) with K dummy tokens (new size: Vp)".
 std::string set_padded_vocab_size(Arguments& args, int64_t vocab_size);
 

@@ -165,7 +165,7 @@ OptimizerParamScheduler::Options eval_only_scheduler_options() {
   return o;
 }
 
-CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
+CheckpointConfig checkpoint_config_from_args(const Arguments& a, bool ckpt_format_given) {
   CheckpointConfig c;
   c.save = a.save.value_or("");
   c.load = a.load.value_or("");
@@ -178,6 +178,7 @@ CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   c.exit_on_missing_checkpoint = a.exit_on_missing_checkpoint;
   c.ckpt_step = a.ckpt_step.value_or(-1);
   c.ckpt_format = a.ckpt_format;
+  c.write_torch_dist = a.ckpt_format == "torch_dist" && ckpt_format_given;
   return c;
 }
 

@@ -60,9 +60,10 @@ optimizer::OptimizerConfig eval_only_optimizer_config(const Arguments& args);
 OptimizerParamScheduler::Options eval_only_scheduler_options();
 
 /// Checkpoint flags (--save, --load, --no-save-optim, --no-load-optim, --no-load-rng, --finetune,
-/// --async-save, --exit-on-missing-checkpoint, --ckpt-step, --ckpt-format). expected_args is left
+/// --async-save, --exit-on-missing-checkpoint, --ckpt-step, --ckpt-format). write_torch_dist:
+/// --ckpt-format torch_dist given on the command line (`ckpt_format_given`). expected_args is left
 /// null (the caller sets the run's checkpoint_args).
-CheckpointConfig checkpoint_config_from_args(const Arguments& args);
+CheckpointConfig checkpoint_config_from_args(const Arguments& args, bool ckpt_format_given);
 
 /// Megatron's core_gpt_dataset_config_from_args (pretrain_gpt.py): --seed, --seq-length, the blend
 /// (--data-path or --train/valid/test-data-path), --split, --data-cache-path, --mmap-bin-files,

@@ -138,9 +138,14 @@ MegatronRuntime initialize_megatron(int argc, char** argv) {
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
   }
+  // --ckpt-format torch_dist on the command line writes Megatron-LM's torch_dist (PyTorch DCP)
+  // files; without the flag our own layout is written (loading detects either format).
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--ckpt-format" || std::string(argv[i]).rfind("--ckpt-format=", 0) == 0)
+      rt.ckpt_format_given = true;
   if (args.ckpt_format != "torch_dist" && (args.save || args.load))
-    say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp always writes and reads its "
-        "distributed checkpoint layout (per-rank safetensors files + metadata; docs/checkpointing.md)");
+    say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp writes its own distributed "
+        "checkpoint layout for it (per-rank safetensors files + metadata; docs/checkpointing.md)");
   if (args.profile) {  // a window that can never open would silently profile nothing
     if (args.profile_step_start < 0 || (args.train_iters && args.profile_step_start >= *args.train_iters))
       say("warning: --profile-step-start " + std::to_string(args.profile_step_start) + " is outside [0, --train-iters " +

@@ -21,6 +21,8 @@ struct MegatronRuntime {
   Device device;   ///< where this rank trains (choose_device)
   std::shared_ptr<comm::ProcessGroup> world;
   std::shared_ptr<tokenizers::MegatronTokenizer> tokenizer;
+  /// --ckpt-format was given on the command line (then torch_dist writes Megatron-LM's files).
+  bool ckpt_format_given = false;
 };
 
 /// Megatron's initialize_megatron: parse_args(argv); rank and world size from the launcher

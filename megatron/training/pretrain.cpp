@@ -232,7 +232,7 @@ ModelAndOptimizer setup_model_and_optimizer(const MegatronRuntime& rt, const Mod
   // vocab_size: --vocab-size, else the tokenizer's (the unpadded size an HF export needs).
   nlohmann::json run_args = checkpoint_args(args);
   if (run_args.value("vocab_size", nlohmann::json()).is_null()) run_args["vocab_size"] = rt.tokenizer->vocab_size();
-  mo.checkpoint = checkpoint_config_from_args(args);
+  mo.checkpoint = checkpoint_config_from_args(args, rt.ckpt_format_given);
   mo.checkpoint.expected_args = run_args;
   mo.ranks = checkpoint_ranks();
   if (!mo.checkpoint.load.empty()) {

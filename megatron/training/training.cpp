@@ -150,7 +150,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
                             std::to_string(state_.iteration + 1) + ")");
       }
     }
-    // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
+    // docs/megatron-reference.md#loss-normalisation: the backward seed of Σ(loss·mask)·c is mask·c.
     double c = loss_scale;
     if (!args_.calculate_per_token_loss) {
       const double n = hooks_.microbatch_loss_tokens ? hooks_.microbatch_loss_tokens(rep.num_tokens)

@@ -37,7 +37,7 @@ class TrainableModel {
 /// Yields the next micro-batch; std::nullopt when the data is exhausted.
 using BatchIterator = std::function<std::optional<datasets::GPTBatch>()>;
 
-/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (§6.8).
+/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (docs/megatron-reference.md#loss-normalisation).
 struct LossReport {
   double loss_sum = 0.0;
   double num_tokens = 0.0;
@@ -71,7 +71,7 @@ struct TrainingHooks {
   /// Context parallelism: the token count a micro-batch's loss is normalised by, given this
   /// rank's Σ(loss_mask) (unset = max(that count, 1)). pretrain_gpt returns max(Σ(loss_mask) summed
   /// over the CP group, 1) / CP: the sequence's tokens are spread over the CP ranks and the DDP
-  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (megatron.md §6.8).
+  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (docs/megatron-reference.md#loss-normalisation).
   std::function<double(double num_tokens)> microbatch_loss_tokens;
   /// After optimizer.step(): the distributed optimizer's parameter all-gather.
   std::function<void()> after_optimizer_step;
@@ -84,7 +84,7 @@ struct TrainingHooks {
   std::function<bool(bool flag)> any_rank;
   /// Pipeline parallelism (Megatron's forward_backward_func): runs one global batch's
   /// num_microbatches micro-batches read from `data` through the pipeline schedule, forward
-  /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the §6.8
+  /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the docs/megatron-reference.md#loss-normalisation
   /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
   /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
   std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
@@ -126,7 +126,7 @@ class Trainer {
           OptimizerParamScheduler& scheduler, TrainingHooks hooks = {},
           std::function<void(const std::string&)> print = nullptr);
 
-  /// One iteration: zero grads; forward/backward of num_microbatches micro-batches with §6.8
+  /// One iteration: zero grads; forward/backward of num_microbatches micro-batches with docs/megatron-reference.md#loss-normalisation
   /// loss normalisation; per-token grad scaling; optimizer step; scheduler step on success.
   /// Throws UserError when the data runs out, InternalError on a NaN loss with
   /// --check-for-nan-in-loss-and-grad.

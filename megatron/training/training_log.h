@@ -1,6 +1,6 @@
 // Megatron's console lines: the training log line, the validation block, the timestamp, and the
 // FLOPs formula behind "throughput per GPU" (megatron/training/training.py training_log,
-// evaluate_and_print_results, num_floating_point_operations; reference/megatron.md §5).
+// evaluate_and_print_results, num_floating_point_operations; docs/megatron-reference.md#training-log-line).
 #pragma once
 
 #include <chrono>
@@ -46,7 +46,7 @@ std::string format_training_log_line(const TrainingLogFields& f);
 std::vector<std::string> format_validation_lines(const std::string& prefix, const std::string& suffix,
                                                  const std::vector<std::pair<std::string, double>>& losses);
 
-/// Model FLOPs of one global batch of `batch_size` sequences (§5.3, causal-halved attention):
+/// Model FLOPs of one global batch of `batch_size` sequences (docs/megatron-reference.md#flops, causal-halved attention):
 /// T·[6·h·f·gate·L + 6·(h·(q+2k) + q·h)·L + 6·h·Vp] + B·s²·6·q·L. Needs validated args and
 /// padded_vocab_size.
 double num_floating_point_operations(const Arguments& args, int64_t batch_size);

@@ -170,7 +170,7 @@ double MegatronOptimizer::params_norm() const {
 }
 
 namespace {
-// Adam(W) on fp32 CPU tensors (reference/megatron.md §6.5), fp32 math like FusedAdam.
+// Adam(W) on fp32 CPU tensors (docs/megatron-reference.md#adam), fp32 math like FusedAdam.
 void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
                  float wd, int64_t step, bool decoupled) {
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));

@@ -10,6 +10,7 @@
 
 #include "megatron/core/utils/crc32c.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::training {
 
@@ -68,10 +69,19 @@ SummaryWriter::SummaryWriter(const std::string& log_dir, double flush_secs) : fl
   path_ = log_dir + "/" + name;
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) user_error("--tensorboard-dir: cannot create ", path_, ": ", std::strerror(errno));
-  std::string ev = event_header(now, 0);
-  put_bytes(ev, 3, "brain.Event:2");  // Event.file_version
-  write_record(ev);
-  flush();
+  // A file that cannot even take its header (full disk) is not left behind empty.
+  TempFileGuard guard(path_);
+  try {
+    std::string ev = event_header(now, 0);
+    put_bytes(ev, 3, "brain.Event:2");  // Event.file_version
+    write_record(ev);
+    flush();
+  } catch (...) {
+    std::fclose(f_);
+    f_ = nullptr;
+    throw;
+  }
+  guard.release();
 }
 
 SummaryWriter::~SummaryWriter() {

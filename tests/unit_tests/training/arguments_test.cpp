@@ -1,6 +1,6 @@
 // megatron/training/arguments: flags, defaults, Megatron's bool conventions, bad input.
-// Expected values: Megatron-LM's arguments.py defaults (reference/megatron.md §6.1, §7.2) and the
-// §3.1 padded-vocab table.
+// Expected values: Megatron-LM's arguments.py defaults (docs/megatron-reference.md#optimizer-defaults, #llama-3-8b-fp8-example) and the
+// docs/megatron-reference.md#vocab-padding padded-vocab table.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -81,7 +81,7 @@ TEST(Arguments, BoolConventionsAndValues) {
   EXPECT_TRUE(a.untie_embeddings_and_output_weights);
   EXPECT_DOUBLE_EQ(a.layernorm_epsilon, 1e-6);
   EXPECT_EQ(a.tokenizer.null_tokenizer_pad_id, -7);  // negative values are values, not flags
-  EXPECT_EQ(*a.split, "'99,1,0'");                    // the quotes are part of the value (§7.2 note)
+  EXPECT_EQ(*a.split, "'99,1,0'");                    // the quotes are part of the value (docs/megatron-reference.md#llama-3-8b-fp8-example)
   EXPECT_EQ(*a.data_cache_path, "/tmp/x");
   EXPECT_EQ(*a.tokenizer.tiktoken_pattern, "v2");
   EXPECT_EQ(*a.tokenizer.vocab_size, 128);
@@ -247,7 +247,7 @@ TEST(Arguments, DataParallelDerivation) {
 }
 
 TEST(Arguments, PaddedVocabTable) {
-  // reference/megatron.md §3.1 table.
+  // docs/megatron-reference.md#vocab-padding.
   struct Row { int64_t v, tp, expect; };
   for (Row r : {Row{50257, 1, 50304}, Row{50257, 2, 50432}, Row{50257, 4, 50688}, Row{50257, 8, 51200},
                 Row{128256, 1, 128256}, Row{128256, 4, 128512}, Row{128256, 8, 129024}, Row{128257, 1, 128384},
@@ -262,7 +262,7 @@ TEST(Arguments, PaddedVocabTable) {
 }
 
 TEST(Arguments, Llama3ExampleFlagsParse) {
-  // Every flag of Megatron's examples/llama/train_llama3_8b_h100_fp8.sh (reference §7.2), scaled down.
+  // Every flag of Megatron's examples/llama/train_llama3_8b_h100_fp8.sh (docs/megatron-reference.md#llama-3-8b-fp8-example), scaled down.
   std::vector<std::string> f = {
       "--use-mcore-models", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "224",
       "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "16",

@@ -1,6 +1,6 @@
 // Log lines and FLOPs: expected strings come from Megatron's Python format strings evaluated by
 // python3 (tests/reference/training/gen_log_lines.py -> log_lines.txt); the FLOPs value from
-// reference/megatron.md §5.3 (LLaMA-3 8B: 51.470 GFLOP/token).
+// docs/megatron-reference.md#flops (LLaMA-3 8B: 51.470 GFLOP/token).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -98,7 +98,7 @@ TEST(TrainingLog, TimestampHasMicroseconds) {
 }
 
 TEST(TrainingLog, FlopsLlama3_8B) {
-  // reference §5.3: LLaMA-3 8B at s=8192: 51.470 GFLOP/token, 5.397e16 FLOPs per gbs-128 batch.
+  // docs/megatron-reference.md#flops: LLaMA-3 8B at s=8192: 51.470 GFLOP/token, 5.397e16 FLOPs per gbs-128 batch.
   Arguments a;
   a.num_layers = 32;
   a.hidden_size = 4096;

@@ -1,6 +1,6 @@
-// The Trainer loop on a toy bigram model (logits = W[token] + b): loss normalisation (§6.8,
+// The Trainer loop on a toy bigram model (logits = W[token] + b): loss normalisation (docs/megatron-reference.md#loss-normalisation,
 // default and --calculate-per-token-loss) against a direct per-token gradient sum, the lm loss
-// report, token-weighted evaluation (§5.2), exit conditions, log cadence, determinism, and the
+// report, token-weighted evaluation (docs/megatron-reference.md#validation-log-line), exit conditions, log cadence, determinism, and the
 // --profile trace JSON.
 #include <gtest/gtest.h>
 
@@ -157,7 +157,7 @@ struct TrainRun {
   }
 };
 
-/// Expected main grads after one iteration, summed independently over tokens (§6.8).
+/// Expected main grads after one iteration, summed independently over tokens (docs/megatron-reference.md#loss-normalisation).
 std::vector<double> expected_grads(const Bigram& m, uint32_t seed, int nmb, bool per_token, double* loss_out) {
   BatchIterator data = make_data(seed);
   std::vector<double> g(V * V + V, 0.0);

@@ -6,6 +6,7 @@
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
+#include "megatron/core/transformer/inference_context.h"
 #include "megatron/core/transformer/transformer_block.h"
 #include "megatron/core/utils/env.h"
 
@@ -227,7 +228,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   st.labels = to_seq_first(batch.labels, device_);
   st.logits = output_layer_->forward(h, st.output_layer);
 
-  // Vocab-parallel cross entropy in fp32 (megatron.md §9.3).
+  // Vocab-parallel cross entropy in fp32 (docs/megatron-reference.md#vocab-parallel-cross-entropy).
   const int64_t n = s * b;
   const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
   Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
@@ -266,6 +267,33 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
   ops::transpose01(loss_sb, loss);
   return loss;
+}
+
+Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context) {
+  MEGATRON_CHECK(parallel_.pre_process && parallel_.post_process && tokens.dim() == 2)
+      << "forward_logits needs the whole model on one stage and tokens [b, s], got " << tokens.str();
+  MEGATRON_CHECK(!parallel_.cp_group || parallel_.cp_group->size() == 1) << "forward_logits: no context parallelism";
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  const int64_t offset = inference_context ? inference_context->sequence_len_offset : 0;
+  check_ids(tokens, padded_vocab_size_, "token id");
+  const bool learned = config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
+  if (learned && offset + s > max_sequence_length_)
+    user_error("GPTModel.forward: positions up to ", offset + s, " exceed --max-position-embeddings ",
+               max_sequence_length_);
+  if (fp8_state_) fp8_state_->set_recording(false);
+  transformer::ForwardContext fc;
+  fc.training = false;
+  fc.inference_context = inference_context;
+  std::vector<int64_t> pos(static_cast<size_t>(s * b));
+  for (int64_t i = 0; i < s * b; ++i) pos[i] = offset + i / b;
+  Tensor position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+  if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope) fc.rotary_position_ids = position_ids;
+  common::EmbeddingCtx ectx;
+  transformer::TransformerBlockCtx dctx;
+  tensor_parallel::LinearCtx octx;
+  Tensor h = embedding_->forward(to_seq_first(tokens, device_), learned ? position_ids : Tensor(), fc, ectx);
+  h = decoder_->forward(h, fc, dctx);
+  return output_layer_->forward(h, octx);
 }
 
 void GPTModel::backward(const Tensor& dloss) {
