@@ -332,10 +332,5 @@ std::string py_float_repr(double v);
 /// escaped, \t \n \r and other control bytes as escapes; bytes >= 0x80 copied as they are.
 std::string py_str_repr(const std::string& s);
 
-/// Megatron's core_transformer_config_from_args (megatron/training/arguments.py) for the fields
-/// GPTModel has: sizes, dropout, init, norm, bias/GLU/activation-fusion choices, positions, tying,
-/// params dtype (--bf16/--fp16), main-grad dtype (bf16 with --bf16 --grad-reduce-in-bf16), TP/PP/SP.
-/// Needs validated args.
-transformer::TransformerConfig core_transformer_config_from_args(const Arguments& args);
 
 }  // namespace megatron::training

@@ -98,62 +98,6 @@ std::string memory_report(const std::string& name, int rank, int cuda_device) {
   return buf;
 }
 
-OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& a) {
-  OptimizerParamScheduler::Options o;
-  const int64_t gbs = *a.global_batch_size;
-  if (a.train_iters) {
-    const int64_t decay_iters = a.lr_decay_iters.value_or(*a.train_iters);
-    o.lr_decay_steps = decay_iters * gbs;
-    o.wd_incr_steps = *a.train_iters * gbs;
-    o.wsd_decay_steps = a.lr_wsd_decay_iters ? *a.lr_wsd_decay_iters * gbs : 0;
-    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
-                                             : static_cast<double>(a.lr_warmup_iters * gbs);
-  } else if (a.train_samples) {
-    o.lr_decay_steps = a.lr_decay_samples.value_or(*a.train_samples);
-    o.wd_incr_steps = *a.train_samples;
-    o.wsd_decay_steps = a.lr_wsd_decay_samples.value_or(0);
-    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
-                                             : static_cast<double>(a.lr_warmup_samples);
-  } else {
-    user_error("one of --train-iters or --train-samples is required");
-  }
-  o.init_lr = a.lr_warmup_init;
-  o.max_lr = *a.lr;
-  o.min_lr = a.min_lr;
-  o.lr_decay_style = a.lr_decay_style;
-  o.start_wd = a.start_weight_decay.value_or(a.weight_decay);
-  o.end_wd = a.end_weight_decay.value_or(a.weight_decay);
-  o.wd_incr_style = a.weight_decay_incr_style;
-  o.lr_wsd_decay_style = a.lr_wsd_decay_style;
-  return o;
-}
-
-optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& a) {
-  optimizer::OptimizerConfig c;
-  c.optimizer = a.optimizer;
-  c.lr = *a.lr;
-  c.min_lr = a.min_lr;
-  c.decoupled_lr = a.decoupled_lr;
-  c.decoupled_min_lr = a.decoupled_min_lr;
-  c.weight_decay = a.weight_decay;
-  c.decoupled_weight_decay = a.decoupled_weight_decay;
-  c.fp16 = a.fp16;
-  c.bf16 = a.bf16;
-  c.loss_scale = a.loss_scale;
-  c.initial_loss_scale = a.initial_loss_scale;
-  c.min_loss_scale = a.min_loss_scale;
-  c.loss_scale_window = static_cast<int>(a.loss_scale_window);
-  c.hysteresis = static_cast<int>(a.hysteresis);
-  c.adam_beta1 = a.adam_beta1;
-  c.adam_beta2 = a.adam_beta2;
-  c.adam_eps = a.adam_eps;
-  c.sgd_momentum = a.sgd_momentum;
-  c.use_distributed_optimizer = a.use_distributed_optimizer;
-  c.clip_grad = a.clip_grad;
-  c.log_num_zeros_in_grad = a.log_num_zeros_in_grad;
-  return c;
-}
-
 Trainer::Trainer(const Arguments& args, TrainableModel& model, optimizer::MegatronOptimizer& optimizer,
                  OptimizerParamScheduler& scheduler, TrainingHooks hooks,
                  std::function<void(const std::string&)> print)

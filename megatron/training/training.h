@@ -219,12 +219,6 @@ class Trainer {
   std::chrono::system_clock::time_point job_start_wall_;
 };
 
-/// Builds the OptimizerParamScheduler from args exactly as Megatron's get_optimizer_param_scheduler
-/// (docs/megatron-reference.md#lr-and-wd-schedule): iteration-based runs count iters × global batch size, sample-based runs samples.
-OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& args);
-/// OptimizerConfig from args (--lr, --decoupled-lr, --clip-grad, --adam-*, --fp16/--bf16, ...).
-optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& args);
-
 /// Installs a SIGTERM handler that only sets a flag (Megatron's --exit-signal-handler).
 void install_exit_signal_handler();
 /// True once SIGTERM was received after install_exit_signal_handler().

@@ -14,10 +14,6 @@
 #include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype.h"
 
-namespace megatron::fp8 {
-class Fp8State;
-}
-
 namespace megatron::transformer {
 
 enum class Normalization { kLayerNorm, kRMSNorm };
@@ -111,10 +107,9 @@ struct TransformerConfig {
 
   // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling) ----
   /// Megatron's `fp8` (--fp8-format) with the recipe flags; nullopt = no FP8 GEMMs. The QKV,
-  /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h).
+  /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h). The runtime FP8
+  /// state (amax histories, scales) is not configuration: GPTModel owns it (GPTModel::fp8_state).
   std::optional<fp8::Fp8Config> fp8;
-  /// Runtime FP8 state shared by those layers; created by GPTModel when `fp8` is set.
-  std::shared_ptr<fp8::Fp8State> fp8_state;
 
   // ---- parallelism (ModelParallelConfig) ----
   int64_t tensor_model_parallel_size = 1;

@@ -69,7 +69,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (max_sequence_length <= 0) user_error("GPTModel: --max-position-embeddings must be positive");
 
   tensor_parallel::TPContext tp{parallel_.tp_group, config_.sequence_parallel};
-  if (config_.fp8) config_.fp8_state = std::make_shared<fp8::Fp8State>(*config_.fp8, device_);
+  if (config_.fp8) fp8_state_ = std::make_shared<fp8::Fp8State>(*config_.fp8, device_);
   const int64_t stage_layers = parallel_.num_layers < 0 ? config_.num_layers : parallel_.num_layers;
   if (parallel_.layer_offset < 0 || stage_layers < 0 || parallel_.layer_offset + stage_layers > config_.num_layers)
     user_error("GPTModel: pipeline stage layers [", parallel_.layer_offset, ", ", parallel_.layer_offset + stage_layers,
@@ -80,7 +80,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
     embedding_ = std::make_unique<common::LanguageModelEmbedding>(registry_, config_, padded_vocab_size,
                                                                    max_sequence_length, tp);
   decoder_ = std::make_unique<transformer::TransformerBlock>(registry_, config_, tp, parallel_.layer_offset,
-                                                             stage_layers, parallel_.post_process);
+                                                             stage_layers, parallel_.post_process, fp8_state_);
   if (parallel_.post_process) {
     // Tied and on the embedding's stage: reuse the word embedding. Tied on another stage:
     // a copy ("output_layer.weight", shared) initialized from the embedding's stream; the
@@ -101,13 +101,13 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   // --fp8-param-gather: the weights of the FP8 GEMMs become FP8 primary weights (fp8/fp8_param.h),
   // laid out after the other parameters with an FP8 buffer of their own (training only).
   std::vector<bool> fp8_weights;
-  if (config_.fp8_state && config_.fp8->param_gather && parallel_.allocate_main_grads) {
+  if (fp8_state_ && config_.fp8->param_gather && parallel_.allocate_main_grads) {
     for (auto& p : registry_.params()) {
       int base = -1;
-      if (p.name.ends_with(".weight")) base = config_.fp8_state->find_linear(p.name.substr(0, p.name.size() - 7));
+      if (p.name.ends_with(".weight")) base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
       fp8_weights.push_back(base >= 0);
       if (base >= 0) {
-        p.fp8_state = config_.fp8_state;
+        p.fp8_state = fp8_state_;
         p.fp8_base = base;
       }
     }
@@ -116,12 +116,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
                                                                config_.params_dtype, config_.main_grads_dtype, device_,
                                                                parallel_.allocate_main_grads, fp8_weights);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
-  // --sequence-parallel: the block's norms (not the per-head q/k norms) see 1/TP of the sequence.
-  if (config_.sequence_parallel && config_.tensor_model_parallel_size > 1)
-    for (auto& p : registry_.params())
-      if ((p.name.find("layernorm.") != std::string::npos || p.name.find("layer_norm") != std::string::npos) &&
-          p.name.find("q_layernorm") == std::string::npos && p.name.find("k_layernorm") == std::string::npos)
-        p.sequence_parallel = true;
+  // --sequence-parallel: the norms marked their own parameters (transformer/norm.h).
 
   // Which parameters each backward stage completes (grad-ready hook).
   layer_params_.assign(static_cast<size_t>(stage_layers), {});
@@ -181,7 +176,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (learned && s > max_sequence_length_)
     user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
 
-  if (config_.fp8_state) config_.fp8_state->set_recording(training);  // eval forwards leave the amax histories alone
+  if (fp8_state_) fp8_state_->set_recording(training);  // eval forwards leave the amax histories alone
   State& st = *state_;
   st = State();
   transformer::ForwardContext fc;
@@ -285,7 +280,7 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceCont
   if (learned && offset + s > max_sequence_length_)
     user_error("GPTModel.forward: positions up to ", offset + s, " exceed --max-position-embeddings ",
                max_sequence_length_);
-  if (config_.fp8_state) config_.fp8_state->set_recording(false);
+  if (fp8_state_) fp8_state_->set_recording(false);
   transformer::ForwardContext fc;
   fc.training = false;
   fc.inference_context = inference_context;

@@ -155,7 +155,7 @@ class GPTModel {
   const TransformerConfig& config() const { return config_; }
   /// FP8 state of this model's FP8 linear layers (nullptr without --fp8-format): call its
   /// reduce_and_update() once per training step, save/restore it with checkpoints.
-  fp8::Fp8State* fp8_state() const { return config_.fp8_state.get(); }
+  fp8::Fp8State* fp8_state() const { return fp8_state_.get(); }
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
   Device device() const { return device_; }
   /// Parameter by Megatron name; throws UserError if absent.
@@ -168,6 +168,8 @@ class GPTModel {
  private:
   struct State;
   TransformerConfig config_;
+  /// Runtime FP8 state shared by this model's FP8 linear layers (null without config_.fp8).
+  std::shared_ptr<fp8::Fp8State> fp8_state_;
   int64_t padded_vocab_size_;
   int64_t max_sequence_length_;
   uint64_t seed_;
