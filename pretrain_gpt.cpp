@@ -503,6 +503,7 @@ int run(int argc, char** argv) {
   }
   world->barrier();
   GPTTrainable trainable(model);
+  trainable.set_mtp(chunks.back().get(), dp_group);  // MTP sits on the last chunk of the last stage
   // DDP over the dp-cp group (Megatron's DistributedDataParallel wrapper): grads pre-scaled by
   // 1/(DP x CP) and summed (none with --calculate-per-token-loss), reduce-scattered with
   // --use-distributed-optimizer.
@@ -512,7 +513,8 @@ int run(int argc, char** argv) {
   dc.use_distributed_optimizer = args.use_distributed_optimizer;
   dc.bucket_size = args.ddp_bucket_size;
   dc.calculate_per_token_loss = args.calculate_per_token_loss;
-  dc.shared_embedding_own_bucket = pp_size > 1 && !args.untie_embeddings_and_output_weights;
+  dc.shared_embedding_own_bucket =
+      pp_size > 1 && (!args.untie_embeddings_and_output_weights || args.mtp_num_layers.value_or(0) > 0);
   // One DDP per model chunk; with virtual stages only the first chunk is bucketed (Megatron).
   std::vector<std::unique_ptr<distributed::DistributedDataParallel>> ddps;
   std::vector<distributed::DistributedDataParallel*> ddp_ptrs;
@@ -710,7 +712,10 @@ int run(int argc, char** argv) {
   fg.dp_group = dp_group;
   fg.embedding_group = ps::get_embedding_group();
   fg.sequence_parallel = args.sequence_parallel;
-  fg.share_embeddings_and_output_weights = !args.untie_embeddings_and_output_weights;
+  // The embedding group sums the word-embedding copies' grads when tied, and with MTP (whose stage
+  // holds a copy of the embedding) also when untied (Megatron's _get_shared_word_embedding_weight).
+  fg.share_embeddings_and_output_weights =
+      !args.untie_embeddings_and_output_weights || args.mtp_num_layers.value_or(0) > 0;
   // FP8: after the step's last backward, the amaxes are reduced (MAX) over TP x DP x CP (Megatron's
   // amax reduction group) and every scale is updated for the next step.
   auto amax_group = ps::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true);

@@ -220,6 +220,9 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
       for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= cf;
     }
     timers_("backward-compute", 2).start();
+    // schedules.py forward_step_calc_loss: the MTP loss scale follows the main loss's.
+    model_.set_mtp_loss_scale(args_.calculate_per_token_loss ? loss_scale
+                                                              : loss_scale / static_cast<double>(num_microbatches_));
     model_.backward(dloss);
     timers_("backward-compute", 2).stop();
     r.lm_loss.loss_sum += rep.loss_sum;
@@ -234,6 +237,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
+  r.mtp = model_.take_mtp_metrics();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
   // number of tokens (all-reduced over DP×CP; single rank here).
   if (hooks_.finalize_model_grads) {
@@ -324,6 +328,24 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   interval_iters_ += 1;
   const int64_t batch_size = *args_.global_batch_size;
   const double lr = optimizer_.logged_lr();
+  // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
+  // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
+  const size_t D = r.mtp.size();
+  interval_mtp_loss_.resize(D, 0.0);
+  mtp_cumulative_correct_.resize(D, 0.0);
+  mtp_cumulative_total_.resize(D, 0.0);
+  for (size_t i = 0; i < D; ++i) {
+    const double loss = r.mtp[i].loss / static_cast<double>(num_microbatches_);
+    interval_mtp_loss_[i] += loss;
+    mtp_cumulative_correct_[i] += r.mtp[i].correct;
+    mtp_cumulative_total_[i] += r.mtp[i].total;
+    if (!hooks_.add_scalar) continue;
+    const std::string k = std::to_string(i + 1);
+    hooks_.add_scalar("mtp_" + k + " loss", loss, it);
+    hooks_.add_scalar("mtp_" + k + "_acceptance_rate", r.mtp[i].correct / std::max(r.mtp[i].total, 1.0) * 100.0, it);
+    hooks_.add_scalar("mtp_" + k + "_cumulative_acceptance_rate",
+                      mtp_cumulative_correct_[i] / std::max(mtp_cumulative_total_[i], 1.0) * 100.0, it);
+  }
 
   // TensorBoard (every --tensorboard-log-interval).
   if (hooks_.add_scalar && it % args_.tensorboard_log_interval == 0) {
@@ -384,6 +406,11 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.learning_rate = lr;
     f.global_batch_size = batch_size;
     f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
+    for (size_t i = 0; i < interval_mtp_loss_.size(); ++i) {
+      f.losses.push_back({"mtp_" + std::to_string(i + 1) + " loss",
+                          interval_mtp_loss_[i] / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))});
+      interval_mtp_loss_[i] = 0.0;
+    }
     f.loss_scale = optimizer_.get_loss_scale();
     f.grad_norm = r.grad_norm;
     f.num_zeros = r.num_zeros_in_grad;
