@@ -328,25 +328,6 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   interval_iters_ += 1;
   const int64_t batch_size = *args_.global_batch_size;
   const double lr = optimizer_.logged_lr();
-  // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
-  // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
-  const size_t D = r.mtp.size();
-  interval_mtp_loss_.resize(D, 0.0);
-  mtp_cumulative_correct_.resize(D, 0.0);
-  mtp_cumulative_total_.resize(D, 0.0);
-  for (size_t i = 0; i < D; ++i) {
-    const double loss = r.mtp[i].loss / static_cast<double>(num_microbatches_);
-    interval_mtp_loss_[i] += loss;
-    mtp_cumulative_correct_[i] += r.mtp[i].correct;
-    mtp_cumulative_total_[i] += r.mtp[i].total;
-    if (!hooks_.add_scalar) continue;
-    const std::string k = std::to_string(i + 1);
-    hooks_.add_scalar("mtp_" + k + " loss", loss, it);
-    hooks_.add_scalar("mtp_" + k + "_acceptance_rate", r.mtp[i].correct / std::max(r.mtp[i].total, 1.0) * 100.0, it);
-    hooks_.add_scalar("mtp_" + k + "_cumulative_acceptance_rate",
-                      mtp_cumulative_correct_[i] / std::max(mtp_cumulative_total_[i], 1.0) * 100.0, it);
-  }
-
   // TensorBoard (every --tensorboard-log-interval).
   if (hooks_.add_scalar && it % args_.tensorboard_log_interval == 0) {
     auto& add = hooks_.add_scalar;
@@ -383,6 +364,25 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
       }
       add("mem-allocated-bytes", rss, it);
     }
+  }
+
+  // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
+  // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
+  const size_t D = r.mtp.size();
+  interval_mtp_loss_.resize(D, 0.0);
+  mtp_cumulative_correct_.resize(D, 0.0);
+  mtp_cumulative_total_.resize(D, 0.0);
+  for (size_t i = 0; i < D; ++i) {
+    const double loss = r.mtp[i].loss / static_cast<double>(num_microbatches_);
+    interval_mtp_loss_[i] += loss;
+    mtp_cumulative_correct_[i] += r.mtp[i].correct;
+    mtp_cumulative_total_[i] += r.mtp[i].total;
+    if (!hooks_.add_scalar) continue;
+    const std::string k = std::to_string(i + 1);
+    hooks_.add_scalar("mtp_" + k + " loss", loss, it);
+    hooks_.add_scalar("mtp_" + k + "_acceptance_rate", r.mtp[i].correct / std::max(r.mtp[i].total, 1.0) * 100.0, it);
+    hooks_.add_scalar("mtp_" + k + "_cumulative_acceptance_rate",
+                      mtp_cumulative_correct_[i] / std::max(mtp_cumulative_total_[i], 1.0) * 100.0, it);
   }
 
   if (it % args_.log_interval == 0 || first_iteration) {
