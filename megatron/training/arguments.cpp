@@ -389,7 +389,7 @@ void bind_all(Binder& b, Arguments& a) {
               [&a](const std::string&) { a.openai_gelu = true; });
   b.flag("--squared-relu", a.squared_relu, true);
   b.num("--mtp-num-layers", a.mtp_num_layers, 0);
-  b.num("--mtp-loss-scaling-factor", a.mtp_loss_scaling_factor);
+  b.num("--mtp-loss-scaling-factor", a.mtp_loss_scaling_factor, at_least(0));
   b.flag("--swiglu", a.swiglu, true);
   b.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights, true);
   b.flag("--disable-bias-linear", a.add_bias_linear, false);
