@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libcli11-dev libsimdjson-dev nlohmann-json3-dev libpcre2-dev
   libsentencepiece-dev sentencepiece libicu-dev libssl-dev zlib1g-dev libzstd-dev zstd
   libprotobuf-dev protobuf-compiler python3-protobuf libgtest-dev libgmock-dev libbenchmark-dev
+  libcpp-httplib-dev curl
 
 )
 # Node.js + npm fetch the test assets; machines that already have them (any source) keep theirs.

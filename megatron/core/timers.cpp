@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 #if defined(MEGATRON_WITH_CUDA)
 #include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
@@ -95,6 +96,16 @@ std::string Timers::log_string(const std::vector<std::string>& names, double nor
   return any ? os.str() : std::string();
 }
 
+std::vector<double> Timers::elapsed_seconds(const std::vector<std::string>& names, bool reset) {
+  std::vector<double> out;
+  out.reserve(names.size());
+  for (const auto& n : names) {
+    auto it = timers_.find(n);
+    out.push_back(it == timers_.end() ? 0.0 : it->second->elapsed(reset));
+  }
+  return out;
+}
+
 void Timers::write_chrome_trace(const std::string& path, int rank) const {
   namespace fs = std::filesystem;
   const fs::path p(path);
@@ -104,6 +115,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
     if (ec) user_error("--profile: cannot create directory ", p.parent_path().string(), ": ", ec.message());
   }
   const std::string tmp = path + ".tmp";
+  TempFileGuard guard(tmp);  // removed on every error below (e.g. a full disk)
   {
     std::ofstream f(tmp);
     if (!f) user_error("--profile: cannot write the trace file ", tmp);
@@ -127,6 +139,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) user_error("--profile: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  guard.release();
 }
 
 }  // namespace megatron

@@ -1,7 +1,7 @@
 // GPU kernel checks: every op of megatron/core/ops/cuda against an independent float64 host
 // reference written here from the formulas in ops.h (fresh random inputs each run; the seed is
 // printed and can be fixed with --seed N). Outputs are poisoned with NaN before each call, so an
-// unwritten element fails. Tolerances (DESIGN.md "Testing"): relative norm error
+// unwritten element fails. Tolerances (docs/architecture.md#testing): relative norm error
 // ||got - ref|| / ||ref|| <= 1e-5 for float32 outputs computed from float32 inputs, <= 1e-2 for
 // bfloat16 outputs (bf16 has an 8-bit mantissa: rounding alone gives ~2e-3) and for results of
 // bf16 tensor-core arithmetic (attention rounds P and dS to bf16 like FlashAttention does).

@@ -1,5 +1,5 @@
 // FP8 linear layers: the GEMMs of Transformer Engine's Linear under fp8_autocast with
-// Megatron's recipe (reference/megatron.md §10). Same contract as ops::linear_forward /
+// Megatron's recipe (docs/megatron-reference.md#fp8-delayed-scaling). Same contract as ops::linear_forward /
 // ops::linear_backward (megatron/core/ops/ops.h) plus the FP8 state of the layer:
 //
 //   forward  y  = x @ w^T          x: E4M3 (role input), w: E4M3 (role weight)

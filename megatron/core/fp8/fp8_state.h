@@ -1,6 +1,6 @@
 // FP8 state of one model (one pipeline stage): the delayed-scaling metadata of every FP8 GEMM
 // operand, Transformer Engine's per-module fp8_meta gathered in one place
-// (reference/megatron.md §10; TE transformer_engine/pytorch/fp8.py FP8GlobalStateManager).
+// (docs/megatron-reference.md#fp8-delayed-scaling; TE transformer_engine/pytorch/fp8.py FP8GlobalStateManager).
 //
 // Every FP8 linear layer owns three roles, in TE's order: input (E4M3), weight (E4M3) and
 // grad-output (E5M2 in hybrid, E4M3 in e4m3). For role r the state keeps

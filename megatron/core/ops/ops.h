@@ -190,7 +190,7 @@ void attention_merge_(Tensor& acc_out, Tensor& acc_lse, const Tensor& part_out, 
 
 /// One pass over logits [N, V_local] with labels int64 [N]: per row the local max m, the local
 /// sum s = sum exp(logit - m), and pred = logit[label - vocab_start] if the label falls in this
-/// shard else 0 (all float32 [N]). Vocab-parallel callers combine shards (megatron.md §9.3):
+/// shard else 0 (all float32 [N]). Vocab-parallel callers combine shards (docs/megatron-reference.md#vocab-parallel-cross-entropy):
 /// M = allreduce_max(m); S = allreduce_sum(s * exp(m - M)); P = allreduce_sum(pred);
 /// loss = log(S) + M - P, lse = log(S) + M.
 void cross_entropy_stats(const Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& row_max,
@@ -213,7 +213,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& labels, int64_t 
 /// the small GEMM operands (GPTModel: rows of the output layer's input and dgrad) instead of to
 /// the [N, V] tensor. Same loss as cross_entropy_stats + cross_entropy_loss up to fp32 summation
 /// order; the fused classifier of llm.c and Megatron's vocab-parallel cross entropy
-/// (megatron/core/tensor_parallel/cross_entropy.py, §9.3) with the whole vocab on one rank.
+/// (megatron/core/tensor_parallel/cross_entropy.py, docs/megatron-reference.md#vocab-parallel-cross-entropy) with the whole vocab on one rank.
 void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_start, Tensor& loss, Tensor& lse);
 /// out[r, :] = x[r, :] * scale[r] for x, out [N, H] of one float dtype (rounded once to it) and
 /// scale float32 [N]; out may be x (in place).
@@ -233,7 +233,7 @@ struct AdamParams {
   bool decoupled = true;   // AdamW (Megatron default); false folds wd*p into the gradient
 };
 
-/// One Adam(W) step on fp32 master params (megatron.md §6.5), all float32 and equal numel:
+/// One Adam(W) step on fp32 master params (docs/megatron-reference.md#adam), all float32 and equal numel:
 /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p).
 /// If model_param is given (bf16/fp16/fp32 of the same numel), it receives the updated p cast.
 void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,

@@ -1,5 +1,5 @@
 // Global gradient norm, clipping and zero counting (megatron/core/optimizer/clip_grads.py;
-// reference/megatron.md §6.6). Grads are float32 CPU tensors for now (CUDA goes through ops::).
+// docs/megatron-reference.md#grad-norm-and-clipping). Grads are float32 CPU tensors for now (CUDA goes through ops::).
 #pragma once
 
 #include <cstdint>

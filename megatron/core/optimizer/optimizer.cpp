@@ -33,10 +33,12 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     auto& p = params_[i];
     MEGATRON_CHECK(p.param.defined() && p.main_grad.defined()) << p.name;
     MEGATRON_CHECK(p.main_grad.numel() == p.param.numel() &&
-                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16))
+                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16 ||
+                    p.main_grad.dtype() == DType::kFloat16))
         << p.name << " grad " << p.main_grad.str() << " param " << p.param.str();
-    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16 grad
-    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads), which exists only
+    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16/fp16 grad
+    // (--bf16 --grad-reduce-in-bf16, or --fp16 without --accumulate-allreduce-grads-in-fp32;
+    // Megatron's _copy_model_grads_to_main_grads), which exists only
     // during step() as in Megatron (main_param.grad = model_grad.float(), dropped by zero_grad):
     // 4 bytes per parameter (slice) that forward/backward do not have to share memory with.
     grads_.push_back(p.main_grad.dtype() == DType::kFloat32 ? p.main_grad : Tensor());
@@ -170,7 +172,7 @@ double MegatronOptimizer::params_norm() const {
 }
 
 namespace {
-// Adam(W) on fp32 CPU tensors (reference/megatron.md §6.5), fp32 math like FusedAdam.
+// Adam(W) on fp32 CPU tensors (docs/megatron-reference.md#adam), fp32 math like FusedAdam.
 void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
                  float wd, int64_t step, bool decoupled) {
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));

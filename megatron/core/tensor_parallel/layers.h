@@ -1,5 +1,5 @@
 // Tensor-parallel linear layers and the vocab-parallel embedding (Megatron's
-// megatron/core/tensor_parallel/layers.py; megatron.md §9.2). Activations are sequence-first
+// megatron/core/tensor_parallel/layers.py; docs/megatron-reference.md#tensor-parallel-layers). Activations are sequence-first
 // [s, b, h]; each layer holds this rank's shard of the global weight and talks to the other
 // TP ranks only through the ProcessGroup `tp_group` (a single-rank group when TP = 1).
 // Sequence parallelism (all-gather / reduce-scatter along s) is a flag reserved for the

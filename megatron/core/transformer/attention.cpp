@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "megatron/core/transformer/inference_context.h"
+
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #endif
@@ -52,7 +54,7 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
   const float dropout = fc.training ? config_.attention_dropout : 0.0f;
   const bool cp = fc.cp_group && fc.cp_group->size() > 1;
   if (qkv.is_cuda() && !rope_.enabled && !q_layernorm_ && heads_local_ == groups_local_ && !cp &&
-      !fc.attention_mask.defined() && dropout == 0.0f) {
+      !fc.attention_mask.defined() && dropout == 0.0f && !fc.inference_context) {
     ctx.params = {};
     ctx.params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
     ctx.params.causal = true;
@@ -93,6 +95,8 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
   ctx.params.dropout_p = fc.training ? config_.attention_dropout : 0.0f;
   ctx.params.seed = fc.tp_seed;
   ctx.params.offset = ctx.params.dropout_p > 0.0f ? fc.next_offset() : 0;
+  // KV cache (generation): attend to every cached token of the sequence, this forward's appended.
+  if (fc.inference_context) fc.inference_context->update_kv_cache(this, ctx.k, ctx.v, ctx.params, ctx.mask);
   ctx.out = Tensor::empty(ctx.q.shape(), x.dtype(), x.device());
   ctx.cp_group = fc.cp_group && fc.cp_group->size() > 1 ? fc.cp_group : nullptr;
   if (ctx.cp_group) {

@@ -12,6 +12,8 @@
 
 namespace megatron::transformer {
 
+class InferenceContext;
+
 struct ForwardContext {
   bool training = true;
   /// uint8 [b, 1, s, s], 1 = masked out; undefined = causal mask.
@@ -30,6 +32,10 @@ struct ForwardContext {
   /// RoPE positions int64 [s, b]; undefined = 0..s-1. With CP: the global positions of this
   /// rank's chunks (cp_rank_global_positions).
   Tensor rotary_position_ids;
+  /// Incremental decoding (inference_context.h; Megatron's inference_context argument): every
+  /// self-attention appends its keys/values to this cache and attends to all cached tokens.
+  /// nullptr = a plain forward.
+  InferenceContext* inference_context = nullptr;
 };
 
 }  // namespace megatron::transformer

@@ -14,13 +14,14 @@
 
 #include <cmath>
 
-#include "dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/gather_params.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/transformer/context_parallel.h"
+#include "test_utils/dist_test_util.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -28,33 +29,18 @@ namespace {
 using models::gpt::GPTModel;
 constexpr int64_t kVocab = 128, kSeq = 16, kBatch = 2;
 
-transformer::TransformerConfig llama(int tp, int64_t mtp) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.hidden_dropout = c.attention_dropout = 0.0f;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
+transformer::TransformerConfig with_mtp(transformer::TransformerConfig c, int tp, int64_t mtp) {
   c.tensor_model_parallel_size = tp;
   c.mtp_num_layers = mtp;
   c.mtp_loss_scaling_factor = 0.5f;
   return c;
 }
-
+transformer::TransformerConfig llama(int tp, int64_t mtp) { return with_mtp(testing::tiny_llama_config(), tp, mtp); }
+// GPT-style with RoPE (MTP refuses learned absolute positions): tied, LayerNorm, GeLU, biases.
 transformer::TransformerConfig gpt(int tp, int64_t mtp) {
-  transformer::TransformerConfig c = llama(tp, mtp);
-  c.num_query_groups = 4;
-  c.normalization = transformer::Normalization::kLayerNorm;
-  c.gated_linear_unit = false;
-  c.add_bias_linear = true;
-  c.share_embeddings_and_output_weights = true;
-  return c;
+  transformer::TransformerConfig c = testing::tiny_gpt_config();
+  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
+  return with_mtp(c, tp, mtp);
 }
 
 /// forward + backward with the main seed mask * k and MTP scale 1; returns Σ(loss · mask).
@@ -185,7 +171,7 @@ TEST(DistMTP, Cp2WithEqualLocalCountsMatchesSingleRank) {
     const double lref = fwd_bwd(ref, b, 1.0 / n) / n;
     ddp.zero_grad_buffer();
     const auto local = transformer::get_batch_on_this_cp_rank(b, 2, cpg->rank());
-    Tensor lsum = Tensor::from_vector({float(fwd_bwd(model, local, 2.0 / n))}, {1});  // seed CP / n (§6.8)
+    Tensor lsum = Tensor::from_vector({float(fwd_bwd(model, local, 2.0 / n))}, {1});  // seed CP / n, as the main loss under CP (docs/training.md)
     distributed::FinalizeGroups fg;
     fg.dp_group = dpcp;
     distributed::finalize_model_grads({&ddp}, fg);

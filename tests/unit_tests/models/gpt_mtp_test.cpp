@@ -17,13 +17,14 @@
 #include <cstring>
 #include <map>
 
-#include "../dist_checkpointing/thread_group_util.h"
-#include "fixture_util.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/multi_token_prediction.h"
+#include "test_utils/fixture_util.h"
+#include "test_utils/thread_group_util.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -36,13 +37,10 @@ using transformer::TransformerConfig;
 
 constexpr int64_t kV = 128, kS = 16, kB = 2;
 
+// The tiny GPT of the unit tests with RoPE (MTP refuses learned positions), hidden 64, ffn 128.
 TransformerConfig gpt_config(int64_t mtp, float factor) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
+  TransformerConfig c = testing::tiny_gpt_config(64);
   c.ffn_hidden_size = 128;
-  c.hidden_dropout = c.attention_dropout = 0.0f;
   c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
   c.mtp_num_layers = mtp;
   c.mtp_loss_scaling_factor = factor;
@@ -50,12 +48,9 @@ TransformerConfig gpt_config(int64_t mtp, float factor) {
 }
 
 TransformerConfig llama_config(int64_t mtp, float factor) {
-  TransformerConfig c = gpt_config(mtp, factor);
-  c.num_query_groups = 2;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.share_embeddings_and_output_weights = false;
+  TransformerConfig c = testing::tiny_llama_config(64, 2, 128);
+  c.mtp_num_layers = mtp;
+  c.mtp_loss_scaling_factor = factor;
   return c;
 }
 

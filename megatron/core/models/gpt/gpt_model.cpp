@@ -6,6 +6,7 @@
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
+#include "megatron/core/transformer/inference_context.h"
 #include "megatron/core/transformer/multi_token_prediction.h"
 #include "megatron/core/transformer/transformer_block.h"
 #include "megatron/core/utils/env.h"
@@ -289,7 +290,7 @@ Tensor GPTModel::head_forward(const Tensor& h, const Tensor& labels, bool traini
   hd.logits = output_layer_->forward(h, hd.output_layer);
   const int64_t s = labels.size(0), b = labels.size(1);
 
-  // Vocab-parallel cross entropy in fp32 (megatron.md §9.3).
+  // Vocab-parallel cross entropy in fp32 (docs/megatron-reference.md#vocab-parallel-cross-entropy).
   const int64_t n = s * b;
   const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
   Tensor logits2d = hd.logits.view({n, hd.logits.size(-1)});
@@ -356,6 +357,33 @@ Tensor GPTModel::head_backward(const Tensor& dloss_sb, LmHead& hd) {
     dh = output_layer_->backward(hd.logits, hd.output_layer, true);
   }
   return dh;
+}
+
+Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context) {
+  MEGATRON_CHECK(parallel_.pre_process && parallel_.post_process && tokens.dim() == 2)
+      << "forward_logits needs the whole model on one stage and tokens [b, s], got " << tokens.str();
+  MEGATRON_CHECK(!parallel_.cp_group || parallel_.cp_group->size() == 1) << "forward_logits: no context parallelism";
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  const int64_t offset = inference_context ? inference_context->sequence_len_offset : 0;
+  check_ids(tokens, padded_vocab_size_, "token id");
+  const bool learned = config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
+  if (learned && offset + s > max_sequence_length_)
+    user_error("GPTModel.forward: positions up to ", offset + s, " exceed --max-position-embeddings ",
+               max_sequence_length_);
+  if (config_.fp8_state) config_.fp8_state->set_recording(false);
+  transformer::ForwardContext fc;
+  fc.training = false;
+  fc.inference_context = inference_context;
+  std::vector<int64_t> pos(static_cast<size_t>(s * b));
+  for (int64_t i = 0; i < s * b; ++i) pos[i] = offset + i / b;
+  Tensor position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+  if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope) fc.rotary_position_ids = position_ids;
+  common::EmbeddingCtx ectx;
+  transformer::TransformerBlockCtx dctx;
+  tensor_parallel::LinearCtx octx;
+  Tensor h = embedding_->forward(to_seq_first(tokens, device_), learned ? position_ids : Tensor(), fc, ectx);
+  h = decoder_->forward(h, fc, dctx);
+  return output_layer_->forward(h, octx);
 }
 
 void GPTModel::backward(const Tensor& dloss) {

@@ -14,7 +14,7 @@
 // float16 emulated by rounding on CPU), main grads in config.main_grads_dtype (float32 default),
 // softmax and cross entropy in float32.
 //
-// Initialization (megatron.md issue 2 item 3): weights N(0, init_method_std); linear_proj and
+// Initialization (docs/architecture.md#initialization): weights N(0, init_method_std); linear_proj and
 // linear_fc2 N(0, init_method_std / sqrt(2 * num_layers)); biases 0; norm weights 1 (0 with
 // layernorm_zero_centered_gamma). Each global weight is drawn from an RNG keyed by (seed,
 // parameter name), so the values do not depend on the TP/PP layout.
@@ -47,6 +47,7 @@ namespace megatron::transformer {
 class TransformerBlock;
 class MultiTokenPredictionLayer;
 struct ForwardContext;
+class InferenceContext;
 }
 namespace megatron::models::common {
 class LanguageModelEmbedding;
@@ -91,7 +92,7 @@ struct GPTModelParallel {
 class GPTModel {
  public:
   /// Builds and initializes the model. padded_vocab_size = vocab padded to
-  /// make_vocab_size_divisible_by * TP (megatron.md §3.1); max_sequence_length = size of the
+  /// make_vocab_size_divisible_by * TP (docs/megatron-reference.md#vocab-padding); max_sequence_length = size of the
   /// learned position table (--max-position-embeddings). config.validate() is called here.
   /// Throws UserError for an inconsistent configuration.
   GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, int64_t max_sequence_length, uint64_t seed,
@@ -102,7 +103,7 @@ class GPTModel {
 
   /// All parameters of this rank in Megatron's named_parameters() order.
   std::vector<Parameter>& parameters();
-  /// Contiguous buffers (reverse registration order, megatron.md §9.5) that every
+  /// Contiguous buffers (reverse registration order, docs/megatron-reference.md#ddp-buffers) that every
   /// Parameter::data / main_grad views.
   Tensor& param_buffer();
   Tensor& grad_buffer();
@@ -125,6 +126,16 @@ class GPTModel {
   /// MEGATRON_CE_FUSED unset or 1) they already hold softmax - onehot(label): read logits from a
   /// training=false forward.
   const Tensor& last_logits() const;
+  /// Inference forward (Megatron's GPTModel.forward(input_ids, position_ids, attention_mask,
+  /// inference_context) without labels): tokens int64 [b, s] (any device) at positions
+  /// offset .. offset+s-1, offset = inference_context->sequence_len_offset (0 without a context).
+  /// With a context every attention layer appends to and reads from its KV cache (the caller
+  /// advances the offset by s afterwards); without one this is a full causal forward. No dropout,
+  /// no activations kept, last_logits() untouched. Returns this rank's vocab shard of the logits
+  /// [s, b, padded_vocab/TP] in the model dtype. Needs pre_process and post_process (no pipeline
+  /// split) and no context parallelism (InternalError otherwise); UserError for a token id outside
+  /// the vocabulary (CPU tokens) or positions beyond --max-position-embeddings (learned positions).
+  Tensor forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context = nullptr);
   /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
   /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad. With MTP the
   /// MTP losses' gradient is added: module k's per-token loss is seeded with rolled_mask ·

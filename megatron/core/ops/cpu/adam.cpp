@@ -1,4 +1,4 @@
-// CPU reference: one Adam / AdamW step on fp32 master parameters (megatron.md §6.5;
+// CPU reference: one Adam / AdamW step on fp32 master parameters (docs/megatron-reference.md#adam;
 // Kingma & Ba 2015, Loshchilov & Hutter 2019), as Apex/TE FusedAdam with bias correction.
 #include <cmath>
 

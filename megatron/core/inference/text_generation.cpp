@@ -1,0 +1,202 @@
+#include "megatron/core/inference/text_generation.h"
+
+#include <algorithm>
+
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/inference_context.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::inference {
+
+namespace {
+
+/// Columns [from, to) of the rows as a CPU int64 [b, to - from] tensor.
+Tensor columns(const std::vector<std::vector<int64_t>>& rows, int64_t from, int64_t to) {
+  const int64_t b = static_cast<int64_t>(rows.size()), n = to - from;
+  Tensor t = Tensor::empty({b, n}, DType::kInt64);
+  int64_t* p = t.data<int64_t>();
+  for (int64_t i = 0; i < b; ++i) std::copy(rows[i].begin() + from, rows[i].begin() + to, p + i * n);
+  return t;
+}
+
+/// The logits of the last position of `logits` [s, b, V/TP] over the whole padded vocabulary, as
+/// host float32 [b * V] (gathered over TP; identical on every rank).
+std::vector<float> gather_last_logits(const Tensor& logits, comm::ProcessGroup& tp) {
+  const int64_t s = logits.size(0), b = logits.size(1), vl = logits.size(2), n = tp.size();
+  Tensor last = logits.narrow0(s - 1, 1);
+  if (last.dtype() != DType::kFloat32) last = last.to(DType::kFloat32);
+  Tensor all = last;
+  if (n > 1) {
+    all = Tensor::empty({n, b, vl}, DType::kFloat32, last.device());
+    tp.all_gather(last, all);
+  }
+  std::vector<float> shards = all.to_float_vector();  // [n][b][vl]
+  if (n == 1) return shards;
+  std::vector<float> out(static_cast<size_t>(b * vl * n));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < b; ++i)
+      std::copy_n(shards.begin() + (r * b + i) * vl, vl, out.begin() + i * vl * n + r * vl);
+  return out;
+}
+
+/// log p(label) for every row of logits [s, b, V/TP] (labels int64 [s * b], sequence-first), the
+/// vocab-parallel cross entropy's log-sum-exp (as GPTModel::forward's loss, with the sign
+/// flipped): host float32 [s * b]. Collective over TP.
+std::vector<float> vocab_parallel_log_probs(const Tensor& logits, const std::vector<int64_t>& labels,
+                                            comm::ProcessGroup& tp) {
+  const int64_t n = logits.size(0) * logits.size(1), vl = logits.size(2);
+  const Device dev = logits.device();
+  Tensor l2d = logits.view({n, vl});
+  Tensor lab = Tensor::from_vector_i64(labels, {n}).to(dev);
+  Tensor row_max = Tensor::empty({n}, DType::kFloat32, dev), sumexp = Tensor::empty({n}, DType::kFloat32, dev);
+  Tensor pred = Tensor::empty({n}, DType::kFloat32, dev);
+  ops::cross_entropy_stats(l2d, lab, tp.rank() * vl, row_max, sumexp, pred);
+  Tensor global_max = row_max;
+  if (tp.size() > 1) {
+    global_max = row_max.clone();
+    tp.all_reduce(global_max, comm::ReduceOp::kMax);
+    ops::cross_entropy_rescale_(sumexp, row_max, global_max);
+    tp.all_reduce(sumexp, comm::ReduceOp::kSum);
+    tp.all_reduce(pred, comm::ReduceOp::kSum);
+  }
+  Tensor loss = Tensor::empty({n}, DType::kFloat32, dev), lse = Tensor::empty({n}, DType::kFloat32, dev);
+  ops::cross_entropy_loss(global_max, sumexp, pred, loss, lse);
+  std::vector<float> lp = loss.to_float_vector();
+  for (float& v : lp) v = -v;
+  return lp;
+}
+
+void broadcast_i64(std::vector<int64_t>& v, comm::ProcessGroup& tp, Device dev) {
+  if (tp.size() == 1) return;
+  Tensor t = Tensor::from_vector_i64(v, {static_cast<int64_t>(v.size())}).to(dev);
+  tp.broadcast(t, 0);
+  Tensor h = t.to(Device::cpu());
+  std::copy_n(h.data<int64_t>(), v.size(), v.begin());
+}
+
+}  // namespace
+
+TextGenerator::TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm::ProcessGroup> tp_group,
+                             uint64_t seed)
+    : model_(model), tp_(tp_group ? std::move(tp_group) : comm::make_single_rank_group()), rng_(seed) {}
+
+std::vector<std::vector<int64_t>> pad_prompts(const std::vector<std::vector<int64_t>>& prompts,
+                                              int64_t tokens_to_generate, int64_t pad_id,
+                                              std::vector<int64_t>* lengths) {
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  std::vector<std::vector<int64_t>> rows;
+  if (lengths) lengths->clear();
+  for (const auto& p : prompts) {
+    rows.push_back(p);
+    rows.back().resize(longest + static_cast<size_t>(tokens_to_generate), pad_id);
+    if (lengths) lengths->push_back(static_cast<int64_t>(p.size()));
+  }
+  return rows;
+}
+
+GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>& tokens_in,
+                                         const std::vector<int64_t>& lengths, const GenerationParams& gp) {
+  const int64_t b = static_cast<int64_t>(tokens_in.size());
+  if (b == 0 || lengths.size() != tokens_in.size()) user_error("generate: ", b, " prompts but ", lengths.size(), " lengths");
+  const int64_t L = static_cast<int64_t>(tokens_in[0].size());
+  for (int64_t i = 0; i < b; ++i)
+    if (static_cast<int64_t>(tokens_in[i].size()) != L || lengths[i] < 1 || lengths[i] > L)
+      user_error("generate: prompt ", i, " has ", tokens_in[i].size(), " tokens and length ", lengths[i],
+                 "; every row must be padded to ", L, " with 1 <= length <= ", L);
+  comm::ProcessGroup& tp = *tp_;
+  const Device dev = model_.device();
+  const bool rank0 = tp.rank() == 0;
+  GenerationOutput out;
+  out.tokens = tokens_in;
+
+  if (gp.tokens_to_generate == 0) {  // score_and_return_on_first_stage: one forward, no cache
+    out.lengths = lengths;
+    if (L < 2) {
+      out.log_probs.assign(static_cast<size_t>(b), {});
+      return out;
+    }
+    Tensor logits = model_.forward_logits(columns(out.tokens, 0, L - 1));
+    std::vector<int64_t> labels(static_cast<size_t>((L - 1) * b));
+    for (int64_t p = 0; p < L - 1; ++p)
+      for (int64_t i = 0; i < b; ++i) labels[p * b + i] = out.tokens[i][p + 1];
+    std::vector<float> lp = vocab_parallel_log_probs(logits, labels, tp);
+    out.log_probs.assign(static_cast<size_t>(b), std::vector<float>(static_cast<size_t>(L - 1)));
+    for (int64_t p = 0; p < L - 1; ++p)
+      for (int64_t i = 0; i < b; ++i) out.log_probs[i][p] = lp[p * b + i];
+    return out;
+  }
+
+  const int64_t min_len = *std::min_element(lengths.begin(), lengths.end());
+  transformer::InferenceContext ictx(b, L);
+  std::vector<std::vector<float>> log_probs;
+  if (gp.return_output_log_probs) log_probs.assign(static_cast<size_t>(b), std::vector<float>(static_cast<size_t>(L - 1)));
+  std::vector<int64_t> gen_len(static_cast<size_t>(b), L);
+  std::vector<bool> done(static_cast<size_t>(b), false);
+  double top_p = gp.top_p;
+  int64_t prev = 0, ctx = min_len;
+  for (; ctx < L; ++ctx) {
+    Tensor logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
+    ictx.sequence_len_offset += ctx - prev;
+    std::vector<float> last = gather_last_logits(logits, tp);
+    const int64_t V = static_cast<int64_t>(last.size()) / b;
+    if (gp.prevent_newline_after_colon && gp.colon_id >= 0 && gp.newline_id >= 0 && gp.newline_id < V)
+      for (int64_t i = 0; i < b; ++i)
+        if (out.tokens[i][ctx - 1] == gp.colon_id) last[i * V + gp.newline_id] = -1e10f;
+    // Sample on TP rank 0 (one RNG draw per row, see sampling.h) and share the result.
+    std::vector<int64_t> sample(static_cast<size_t>(b), 0);
+    if (rank0)
+      for (int64_t i = 0; i < b; ++i)
+        sample[i] = sample_row(last.data() + i * V, V, gp.top_k, top_p, gp.temperature, gp.vocab_size, rng_.uniform());
+    broadcast_i64(sample, tp, dev);
+    if (top_p > 0.0 && gp.top_p_decay > 0.0) {
+      top_p *= gp.top_p_decay;
+      if (gp.top_p_bound > 0.0) top_p = std::max(top_p, gp.top_p_bound);
+    }
+    std::vector<bool> started(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      started[i] = lengths[i] <= ctx;
+      if (started[i]) out.tokens[i][ctx] = sample[i];
+    }
+    if (gp.return_output_log_probs) {
+      // Positions prev .. ctx-2 of a prefill from the device logits; the last one (ctx-1) from the
+      // gathered host row (which carries the prevent_newline_after_colon change, as Megatron's
+      // in-place edit of the logits does).
+      const int64_t s = ctx - prev;
+      if (s > 1) {
+        std::vector<int64_t> labels(static_cast<size_t>((s - 1) * b));
+        for (int64_t p = 0; p < s - 1; ++p)
+          for (int64_t i = 0; i < b; ++i) labels[p * b + i] = out.tokens[i][prev + p + 1];
+        std::vector<float> lp = vocab_parallel_log_probs(logits.narrow0(0, s - 1), labels, tp);
+        for (int64_t p = 0; p < s - 1; ++p)
+          for (int64_t i = 0; i < b; ++i) log_probs[i][prev + p] = lp[p * b + i];
+      }
+      for (int64_t i = 0; i < b; ++i)
+        log_probs[i][ctx - 1] = static_cast<float>(log_prob_of(last.data() + i * V, V, out.tokens[i][ctx]));
+    }
+    prev = ctx;
+    bool all_done = true;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t t = sample[i];
+      bool hit;
+      if (gp.stop_on_double_eol) hit = t == 628 || (t == 198 && out.tokens[i][ctx - 1] == 198);
+      else if (gp.stop_on_eol) hit = t == 628 || t == 198;
+      else hit = t == gp.termination_id;
+      hit = hit && started[i];
+      if (hit && !done[i]) gen_len[i] = ctx + 1;
+      done[i] = done[i] || hit;
+      all_done = all_done && done[i];
+    }
+    if (gp.use_eod_token_for_early_termination && all_done) break;
+  }
+  if (ctx == L) --ctx;  // the loop ran to the end: the last position written is L - 1
+  for (auto& row : out.tokens) row.resize(static_cast<size_t>(ctx + 1));
+  if (gp.return_output_log_probs)
+    for (auto& row : log_probs) row.resize(static_cast<size_t>(ctx));
+  out.lengths = gen_len;
+  out.log_probs = std::move(log_probs);
+  return out;
+}
+
+}  // namespace megatron::inference

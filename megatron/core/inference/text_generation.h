@@ -1,0 +1,91 @@
+// The text generation engine: Megatron's megatron/inference/text_generation/generation.py
+// (generate_tokens_probs_and_return_on_first_stage, score_and_return_on_first_stage) over a
+// GPTModel with a KV cache (transformer/inference_context.h).
+//
+// Batching semantics are Megatron's: the prompts are right-padded (with EOD) to one length
+// L = longest prompt + tokens_to_generate; generation starts at the SHORTEST prompt's length and
+// advances all sequences together one position per step; at position t a sequence whose prompt is
+// longer than t keeps its prompt token (the sample is discarded), the others take the sample. Every
+// sequence therefore sees exactly its own prefix at every step, so a batch gives the same tokens as
+// each prompt alone with the same L (tests/unit_tests/inference). The first step (prefill) runs the
+// model on positions [0, shortest), each later step on one position (decode), reading the cache.
+//
+// Tensor parallelism: every TP rank calls generate() with the same arguments; the logits are
+// gathered over the TP group, TP rank 0 samples (sampling.h) and broadcasts the new tokens, so the
+// ranks stay in step. Results are meaningful on TP rank 0 (the others return the same tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/inference/sampling.h"
+
+namespace megatron::models::gpt {
+class GPTModel;
+}
+
+namespace megatron::inference {
+
+/// Megatron's generate() arguments (api.py / generation.py names).
+struct GenerationParams {
+  int64_t tokens_to_generate = 0;        // 0: score the prompts (log-probs only)
+  bool return_output_log_probs = false;  // log-probs of the chosen tokens (from the raw logits)
+  int64_t top_k = 0;                     // 1 = greedy
+  double top_p = 0.0;
+  double top_p_decay = 0.0;  // after each step top_p *= top_p_decay (not below top_p_bound)
+  double top_p_bound = 0.0;
+  double temperature = 1.0;
+  bool use_eod_token_for_early_termination = true;  // stop when every sequence produced termination_id
+  bool stop_on_double_eol = false;  // GPT-2 ids, as Megatron: 628 ("\n\n") or 198 twice
+  bool stop_on_eol = false;         // 198 ("\n") or 628
+  bool prevent_newline_after_colon = false;  // logit of newline_id = -1e10 after colon_id
+  int64_t termination_id = -1;      // EOD (or the request's stop_token)
+  int64_t colon_id = -1, newline_id = -1;
+  int64_t vocab_size = 0;           // the tokenizer's (unpadded) size: samples are clamped below it
+};
+
+/// generate() output (Megatron's tokens, generated_sequence_lengths, output_log_probs).
+struct GenerationOutput {
+  /// [b][n]: prompts and generated tokens up to the last generated position n (n <= L; shorter when
+  /// every sequence stopped early). Tokens past a sequence's length are not meaningful.
+  std::vector<std::vector<int64_t>> tokens;
+  /// [b]: prompt + generation length of each sequence, including its termination token
+  /// (the prompt length when scoring).
+  std::vector<int64_t> lengths;
+  /// [b][n - 1] when requested (else empty): log_probs[i][j] = log p(tokens[i][j + 1] | tokens[i][0..j]).
+  std::vector<std::vector<float>> log_probs;
+};
+
+/// Runs generations on one model (not thread-safe: one generate() at a time).
+class TextGenerator {
+ public:
+  /// `model`: the whole model on this rank (no pipeline split), built without sequence
+  /// parallelism. tp_group: the model's TP group (nullptr = single rank). seed: the RNG's start
+  /// seed (pretrain's --seed).
+  TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm::ProcessGroup> tp_group, uint64_t seed);
+
+  /// Generates (tokens_to_generate > 0) or scores (0) a batch. tokens [b][L] right-padded rows of one
+  /// length L (pad_prompts), lengths [b] the prompt lengths (1 <= length <= L). Collective over the
+  /// TP group. Throws UserError for inconsistent shapes or sampling settings.
+  GenerationOutput generate(const std::vector<std::vector<int64_t>>& tokens, const std::vector<int64_t>& lengths,
+                            const GenerationParams& params);
+
+  /// The RNG of TP rank 0 (manual_seed for a request's random_seed).
+  SamplingRng& rng() { return rng_; }
+  models::gpt::GPTModel& model() { return model_; }
+
+ private:
+  models::gpt::GPTModel& model_;
+  std::shared_ptr<comm::ProcessGroup> tp_;
+  SamplingRng rng_;
+};
+
+/// Megatron's _tokenize_prompts_and_batch padding: every row extended with `pad_id` to
+/// max(len) + tokens_to_generate. Returns the padded rows; `lengths` receives the prompt lengths.
+std::vector<std::vector<int64_t>> pad_prompts(const std::vector<std::vector<int64_t>>& prompts,
+                                              int64_t tokens_to_generate, int64_t pad_id,
+                                              std::vector<int64_t>* lengths);
+
+}  // namespace megatron::inference

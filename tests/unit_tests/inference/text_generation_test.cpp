@@ -1,0 +1,291 @@
+// Text generation (megatron/core/inference): the KV cache against a full recompute, Megatron's
+// batching semantics against one prompt at a time, seeded sampling, the sampling filters, the
+// REST request validation, and the transformers oracle (greedy continuations and log-probs of
+// tests/reference/hf/generation/, written by generate_generation_fixtures.py on the GPU machine;
+// skipped until they are committed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "megatron/core/inference/sampling.h"
+#include "megatron/core/inference/text_generation.h"
+#include "megatron/core/inference/text_generation_server.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/transformer/inference_context.h"
+#include "megatron/training/hf/hf_checkpoint.h"
+#include "megatron/training/hf/hf_model.h"
+
+namespace megatron {
+namespace {
+
+using inference::GenerationParams;
+using inference::TextGenerator;
+using models::gpt::GPTModel;
+using nlohmann::json;
+
+const std::string kHF = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/hf/";
+
+/// A random tiny model of the LLaMA (rope, RMSNorm, SwiGLU, GQA, untied) or GPT-2 (learned
+/// positions, LayerNorm, tanh GeLU, biases, tied) flavour, shapes from the HF fixtures' config.json.
+/// init std 0.3 (instead of 0.02): peaked next-token distributions, so greedy choices are not
+/// decided by float32 rounding (top-2 margins far above the ~1e-6 noise of a reordered sum).
+std::unique_ptr<GPTModel> tiny_model(const std::string& flavour, uint64_t seed = 7) {
+  transformer::TransformerConfig c = hf::transformer_config_from_hf(hf::read_hf_config(kHF + flavour + "/config.json"));
+  c.init_method_std = 0.3f;
+  return std::make_unique<GPTModel>(c, 256, 64, seed);
+}
+
+std::vector<std::vector<int64_t>> random_prompts(const std::vector<int>& lengths, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<std::vector<int64_t>> p;
+  for (int n : lengths) {
+    p.emplace_back();
+    for (int i = 0; i < n; ++i) p.back().push_back(static_cast<int64_t>(g() % 256));
+  }
+  return p;
+}
+
+GenerationParams greedy(int64_t n, bool logprobs = true) {
+  GenerationParams gp;
+  gp.tokens_to_generate = n;
+  gp.top_k = 1;
+  gp.return_output_log_probs = logprobs;
+  gp.use_eod_token_for_early_termination = false;
+  gp.vocab_size = 256;
+  return gp;
+}
+
+class Flavours : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Inference, Flavours, ::testing::Values("llama_tiny", "gpt2_tiny"));
+
+// Prefill + chunk (explicit-mask path) + single-token decode through the KV cache gives the logits
+// of one full causal forward over the same tokens. fp32 CPU; the only difference is the order of
+// the GEMM sums (a row of 1 vs a block of rows), bounded by 1e-5 of the largest logit as the HF
+// comparisons of GPTModel.
+TEST_P(Flavours, KvCacheDecodeEqualsFullRecompute) {
+  auto model = tiny_model(GetParam());
+  const int64_t b = 2, s = 30;
+  auto rows = random_prompts({30, 30}, 3);
+  Tensor all = Tensor::empty({b, s}, DType::kInt64);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j) all.data<int64_t>()[i * s + j] = rows[i][j];
+  std::vector<float> full = model->forward_logits(all).to_float_vector();  // [s, b, V]
+  transformer::InferenceContext ictx(b, s);
+  std::vector<float> inc;
+  const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 10}, {10, 15}};
+  auto run = [&](int64_t from, int64_t to) {
+    Tensor t = Tensor::empty({b, to - from}, DType::kInt64);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = from; j < to; ++j) t.data<int64_t>()[i * (to - from) + j - from] = rows[i][j];
+    std::vector<float> l = model->forward_logits(t, &ictx).to_float_vector();
+    ictx.sequence_len_offset += to - from;
+    inc.insert(inc.end(), l.begin(), l.end());
+  };
+  for (auto [f, t] : chunks) run(f, t);
+  for (int64_t j = 15; j < s; ++j) run(j, j + 1);
+  ASSERT_EQ(inc.size(), full.size());
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(full[i])));
+    err = std::max(err, std::abs(static_cast<double>(inc[i]) - full[i]));
+  }
+  EXPECT_GT(scale, 0.5);  // not a degenerate (all-zero) model
+  EXPECT_LE(err, 1e-5 * scale) << "max |incremental - full| " << err << " of max |logit| " << scale;
+}
+
+// Megatron's batching (right padding, generation from the shortest prompt, prompt tokens kept)
+// gives each sequence exactly what it gets alone with the same padded length: same tokens, same
+// lengths, log-probs equal up to float32 summation order (1e-5 absolute on log-probs of ~-1..-10).
+TEST_P(Flavours, BatchOfDifferentLengthsEqualsOneByOne) {
+  auto model = tiny_model(GetParam());
+  TextGenerator gen(*model, nullptr, 1);
+  auto prompts = random_prompts({3, 9, 6}, 5);
+  std::vector<int64_t> lengths;
+  auto rows = inference::pad_prompts(prompts, 12, 255, &lengths);
+  auto batch = gen.generate(rows, lengths, greedy(12));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto one = gen.generate({rows[i]}, {lengths[i]}, greedy(12));
+    const auto n = static_cast<size_t>(batch.lengths[i]);
+    EXPECT_EQ(batch.lengths[i], one.lengths[0]);
+    EXPECT_EQ(std::vector<int64_t>(batch.tokens[i].begin(), batch.tokens[i].begin() + n),
+              std::vector<int64_t>(one.tokens[0].begin(), one.tokens[0].begin() + n))
+        << "prompt " << i;
+    EXPECT_EQ(std::vector<int64_t>(batch.tokens[i].begin(), batch.tokens[i].begin() + lengths[i]), prompts[i]);
+    for (size_t j = 0; j + 1 < n; ++j) EXPECT_NEAR(batch.log_probs[i][j], one.log_probs[0][j], 1e-5) << i << "," << j;
+  }
+  // Log-probs of a generation equal the scoring path's (tokens_to_generate = 0, one full forward).
+  GenerationParams score;
+  score.tokens_to_generate = 0;
+  score.return_output_log_probs = true;
+  std::vector<int64_t> seq(batch.tokens[0].begin(), batch.tokens[0].end());
+  auto sc = gen.generate({seq}, {static_cast<int64_t>(seq.size())}, score);
+  for (size_t j = 0; j + 1 < seq.size(); ++j) EXPECT_NEAR(sc.log_probs[0][j], batch.log_probs[0][j], 1e-5) << j;
+}
+
+// The termination token ends a sequence with Megatron's lengths: prompt + tokens up to and
+// including the stop token; generation stops once every sequence stopped.
+TEST(Inference, StopTokenSetsLengthAndEndsEarly) {
+  auto model = tiny_model("llama_tiny");
+  TextGenerator gen(*model, nullptr, 1);
+  auto prompt = random_prompts({5}, 9);
+  std::vector<int64_t> lengths;
+  auto rows = inference::pad_prompts(prompt, 20, 255, &lengths);
+  auto free_run = gen.generate(rows, lengths, greedy(20, false));
+  GenerationParams gp = greedy(20, false);
+  gp.termination_id = free_run.tokens[0][5 + 6];  // the 7th generated token
+  int64_t first = 5;
+  while (free_run.tokens[0][first] != gp.termination_id) ++first;  // it may occur earlier
+  gp.use_eod_token_for_early_termination = true;
+  auto stopped = gen.generate(rows, lengths, gp);
+  EXPECT_EQ(stopped.lengths[0], first + 1);
+  EXPECT_EQ(static_cast<int64_t>(stopped.tokens[0].size()), first + 1);
+}
+
+// Sampling with a seed: the same seed gives the same tokens (run twice), another seed other tokens.
+TEST(Inference, SeededSamplingIsReproducible) {
+  auto model = tiny_model("gpt2_tiny");
+  TextGenerator gen(*model, nullptr, 1);
+  std::vector<int64_t> lengths;
+  auto rows = inference::pad_prompts(random_prompts({4, 7}, 11), 24, 255, &lengths);
+  for (int mode = 0; mode < 3; ++mode) {
+    GenerationParams gp = greedy(24, false);
+    gp.top_k = mode == 0 ? 0 : mode == 1 ? 20 : 0;
+    gp.top_p = mode == 2 ? 0.9 : 0.0;
+    gp.temperature = mode == 0 ? 1.5 : 1.0;
+    gen.rng().manual_seed(42);
+    auto a = gen.generate(rows, lengths, gp);
+    gen.rng().manual_seed(42);
+    auto b = gen.generate(rows, lengths, gp);
+    gen.rng().manual_seed(43);
+    auto c = gen.generate(rows, lengths, gp);
+    EXPECT_EQ(a.tokens, b.tokens) << "mode " << mode;
+    EXPECT_NE(a.tokens, c.tokens) << "mode " << mode << ": another seed drew the same 48 tokens";
+  }
+}
+
+// The filters of Megatron's sample() on a row whose softmax is known: p = [0.5, 0.3, 0.15, 0.05].
+TEST(Inference, SamplingFiltersFollowMegatron) {
+  const std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  auto pick = [&](int64_t k, double p, double t, double u) { return inference::sample_row(l.data(), 4, k, p, t, 4, u); };
+  // Greedy ignores u and temperature.
+  EXPECT_EQ(pick(1, 0, 1, 0.99), 0);
+  // No filter: inverse CDF over [0.5, 0.8, 0.95, 1].
+  EXPECT_EQ(pick(0, 0, 1, 0.49), 0);
+  EXPECT_EQ(pick(0, 0, 1, 0.51), 1);
+  EXPECT_EQ(pick(0, 0, 1, 0.90), 2);
+  EXPECT_EQ(pick(0, 0, 1, 0.97), 3);
+  // top-k 2: renormalized [0.625, 0.375].
+  EXPECT_EQ(pick(2, 0, 1, 0.62), 0);
+  EXPECT_EQ(pick(2, 0, 1, 0.63), 1);
+  EXPECT_EQ(pick(2, 0, 1, 0.999), 1);
+  // top-p 0.6: cumsum [0.5, 0.8, ...]; Megatron drops token i when cumsum[i-1] > top_p, so the
+  // token that crosses 0.6 (index 1) stays: renormalized [0.625, 0.375].
+  EXPECT_EQ(pick(0, 0.6, 1, 0.63), 1);
+  EXPECT_EQ(pick(0, 0.6, 1, 0.999), 1);
+  // top-p 0.4: only the first token.
+  EXPECT_EQ(pick(0, 0.4, 1, 0.999), 0);
+  // Temperature 2: p ~ sqrt(p) normalized = [0.379, 0.294, 0.208, 0.120]; cum [0.379, 0.673, 0.880].
+  EXPECT_EQ(pick(0, 0, 2, 0.37), 0);
+  EXPECT_EQ(pick(0, 0, 2, 0.39), 1);
+  EXPECT_EQ(pick(0, 0, 2, 0.87), 2);
+  EXPECT_EQ(pick(0, 0, 2, 0.89), 3);
+  // Clamped below the tokenizer's vocabulary (padding rows never returned).
+  EXPECT_EQ(inference::sample_row(l.data(), 4, 0, 0, 1, 2, 0.97), 1);
+}
+
+// MegatronGenerate.put's messages (megatron/inference/text_generation_server.py).
+TEST(Inference, RequestValidationUsesMegatronMessages) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({})", "prompts argument required"},
+      {R"([1])", "prompts argument required"},
+      {R"({"prompts": ["a"], "max_len": 3})", "max_len is no longer used.  Replace with tokens_to_generate"},
+      {R"({"prompts": ["a"], "sentences": 3})", "sentences is no longer used.  Replace with prompts"},
+      {R"({"prompts": ["a"], "beam_width": 2})", "Beam search is no longer supported."},
+      {R"({"prompts": "a"})", "prompts is not a list of strings"},
+      {R"({"prompts": [1]})", "prompts is not a list of strings"},
+      {R"({"prompts": []})", "prompts is empty"},
+      {R"({"prompts": ["a"], "tokens_to_generate": 1.5})", "tokens_to_generate must be an integer greater than 0"},
+      {R"({"prompts": ["a"], "tokens_to_generate": -1})",
+       "tokens_to_generate must be an integer greater than or equal to 0"},
+      {R"({"prompts": ["a"], "logprobs": 1})", "logprobs must be a boolean value"},
+      {R"({"prompts": ["a"], "tokens_to_generate": 0})", "tokens_to_generate=0 implies logprobs should be True"},
+      {R"({"prompts": ["a"], "temperature": 0})", "temperature must be a positive number less than or equal to 100.0"},
+      {R"({"prompts": ["a"], "temperature": "x"})", "temperature must be a positive number less than or equal to 100.0"},
+      {R"({"prompts": ["a"], "top_k": 1001})", "top_k must be equal to or greater than 0 and less than or equal to 1000"},
+      {R"({"prompts": ["a"], "top_k": 1.0})",
+       "top_k must be an integer equal to or greater than 0 and less than or equal to 1000"},
+      {R"({"prompts": ["a"], "top_p": 1})", "top_p must be a positive float less than or equal to 1.0"},
+      {R"({"prompts": ["a"], "top_k": 5, "top_p": 0.5})", "cannot set both top-k and top-p samplings."},
+      {R"({"prompts": ["a"], "top_p": 1.5})", "top_p must be less than or equal to 1.0"},
+      {R"({"prompts": ["a"], "top_p_decay": 0.5})", "top_p_decay cannot be set without top_p"},
+      {R"({"prompts": ["a"], "top_p": 0.5, "top_p_bound": 0.7})",
+       "top_p_bound must be greater than 0 and less than top_p"},
+      {R"({"prompts": ["a"], "add_BOS": 1})", "add_BOS must be a boolean value"},
+      {R"({"prompts": [""]})", "Empty prompts require add_BOS=true"},
+      {R"({"prompts": ["a"], "stop_on_eol": "no"})", "stop_on_eol must be a boolean value"},
+      {R"({"prompts": ["a"], "random_seed": -3})", "random_seed must be a positive integer"},
+      {R"({"prompts": ["a"], "no_log": 0})", "no_log must be a boolean value"},
+      {R"({"prompts": ["a"], "stop_token": "x"})", "stop_token must be an integer"},
+      {R"({"prompts": ["a"], "length_penalty": 1})", "length_penalty must be a float"},
+  };
+  for (const auto& [body, msg] : cases) {
+    inference::GenerateRequest r;
+    EXPECT_EQ(inference::parse_generate_request(json::parse(body), r), msg) << body;
+  }
+  json many = {{"prompts", std::vector<std::string>(129, "a")}};
+  inference::GenerateRequest r;
+  EXPECT_EQ(inference::parse_generate_request(many, r), "Maximum number of prompts is 128");
+  json ok = {{"prompts", {"1 2", ""}}, {"tokens_to_generate", 5}, {"add_BOS", true}, {"top_p", 0.9},
+             {"top_p_decay", 0.5}, {"top_p_bound", 0.2}, {"random_seed", 3}, {"logprobs", true}};
+  ASSERT_EQ(inference::parse_generate_request(ok, r), "");
+  EXPECT_EQ(r.tokens_to_generate, 5);
+  EXPECT_TRUE(r.add_BOS && r.logprobs);
+  EXPECT_EQ(r.random_seed, 3);
+  EXPECT_DOUBLE_EQ(r.top_p_bound, 0.2);
+}
+
+// The oracle: transformers' generate(do_sample=False) continuations, token for token, and the
+// log-probs of prompt + continuation within 1e-4 (fp32 CPU on both sides; log p = logit - lse
+// over 256 logits of magnitude <~ 10 whose float32 sums differ in order only: ~1e-6 relative,
+// i.e. ~1e-5 absolute, so 1e-4 is a bound with a 10x margin). Each prompt alone, then both
+// batched with Megatron's semantics (the shorter prompt's first 64 tokens must still match).
+TEST_P(Flavours, GreedyMatchesTransformers) {
+  const std::string dir = kHF + "generation/" + GetParam();
+  if (!std::filesystem::exists(dir + "/generation.json"))
+    GTEST_SKIP() << dir << "/generation.json not generated yet: run tests/reference/hf/generate_generation_fixtures.py "
+                 << "on the GPU machine (tests/reference/hf/README.md)";
+  json fx = json::parse(std::ifstream(dir + "/generation.json"));
+  hf::HFModelSpec spec = hf::read_hf_config(dir + "/config.json");
+  GPTModel model(hf::transformer_config_from_hf(spec), 256, spec.max_position_embeddings, 1);
+  hf::load_into_model(model, hf::hf_to_megatron(hf::HFWeights(dir), spec, 256));
+  TextGenerator gen(model, nullptr, 1);
+  const auto prompts = fx["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto conts = fx["continuations"].get<std::vector<std::vector<int64_t>>>();
+  const auto lps = fx["log_probs"].get<std::vector<std::vector<double>>>();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int64_t> lengths;
+    auto rows = inference::pad_prompts({prompts[i]}, 64, 0, &lengths);
+    auto out = gen.generate(rows, lengths, greedy(64));
+    std::vector<int64_t> got(out.tokens[0].begin() + prompts[i].size(), out.tokens[0].end());
+    ASSERT_EQ(got, conts[i]) << GetParam() << " prompt " << i;
+    ASSERT_EQ(out.log_probs[0].size(), lps[i].size());
+    double worst = 0;
+    for (size_t j = 0; j < lps[i].size(); ++j) worst = std::max(worst, std::abs(out.log_probs[0][j] - lps[i][j]));
+    EXPECT_LE(worst, 1e-4) << GetParam() << " prompt " << i;
+  }
+  std::vector<int64_t> lengths;
+  auto rows = inference::pad_prompts(prompts, 64, 0, &lengths);
+  auto out = gen.generate(rows, lengths, greedy(64, false));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int64_t> got(out.tokens[i].begin() + prompts[i].size(), out.tokens[i].begin() + prompts[i].size() + 64);
+    EXPECT_EQ(got, conts[i]) << GetParam() << " batched prompt " << i;
+  }
+}
+
+}  // namespace
+}  // namespace megatron
