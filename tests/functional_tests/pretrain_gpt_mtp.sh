@@ -5,7 +5,8 @@
 #  * a tiny LLaMA with dropout and D = 2: 8 iterations straight vs 4 + --load + 4 print identical
 #    lm and MTP losses and grad norms (the MTP parameters are checkpointed and resume bitwise);
 #  * PP2 (mpirun; MTP and the shared-embedding copy on the last stage, tied weights, distributed
-#    optimizer) prints the single-rank run's lm loss, MTP loss and grad norm (1e-5 / printed unit);
+#    optimizer) prints the single-rank run's lm loss, MTP loss and grad norm (1e-5 / printed unit),
+#    and its checkpoint resumed by one process continues like the uninterrupted run;
 #  * refused: learned absolute positions, --mtp-num-layers -1, uniform recompute of 2 layers, and
 #    the MTP flags not implemented (--mtp-use-repeated-layer): one "error:" line, non-zero exit.
 # Args: bin dir, source dir.
@@ -72,6 +73,24 @@ for x, y in zip(a, b):
         assert abs(float(u) - float(v)) <= tol, (x, y)
 PY
 echo "PP2 with MTP on the last stage: lm loss, mtp_1 loss and grad norm equal the single-rank run"
+
+# Resharding: a PP2 checkpoint (the last stage's embedding copy saved as a replica) resumed by one
+# process continues like an uninterrupted single-rank run.
+"$BIN/pretrain_gpt" "${PP[@]}" --train-iters 6 > "$OUT/rs1.log" 2>&1 || dump "single-rank 6 iterations"
+timeout 600 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${PP[@]}" --train-iters 6 --pipeline-model-parallel-size 2 \
+  --save "$OUT/pp2ckpt" --save-interval 100 --exit-interval 4 > "$OUT/rs2.log" 2>&1 || dump "PP2 run saving at 4"
+"$BIN/pretrain_gpt" "${PP[@]}" --train-iters 6 --load "$OUT/pp2ckpt" > "$OUT/rs3.log" 2>&1 || dump "one rank resuming the PP2 checkpoint"
+python3 - <(summary "$OUT/rs1.log" | tail -2) <(summary "$OUT/rs3.log") <<'PY' || dump "PP2 -> one rank resume differs"
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+assert len(a) == 2 and len(b) == 2 and [x[0] for x in b] == ["5", "6"], (a, b)
+for x, y in zip(a, b):
+    for i, (u, v) in enumerate(zip(x, y)):
+        tol = 1e-3 if i == 3 else 1e-5 * abs(float(u))
+        assert abs(float(u) - float(v)) <= tol, (x, y)
+PY
+echo "PP2 checkpoint resumed on one rank: iterations 5, 6 equal the uninterrupted run"
 
 expect_error() {  # expect_error NAME PATTERN args...
   local name=$1 pat=$2; shift 2

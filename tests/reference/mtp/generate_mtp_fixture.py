@@ -79,6 +79,7 @@ def megatron_commit():
 def init_distributed():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(0)
     torch.distributed.init_process_group("nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
