@@ -438,6 +438,8 @@ void bind_all(Binder& b, Arguments& a) {
               "bias): no effect",
               [&a](const std::string&) { a.openai_gelu = true; });
   b.flag("--squared-relu", ARG(a.squared_relu), true);
+  b.num("--mtp-num-layers", ARG(a.mtp_num_layers), 0);
+  b.num("--mtp-loss-scaling-factor", ARG(a.mtp_loss_scaling_factor), at_least(0));
   b.flag("--swiglu", ARG(a.swiglu), true);
   b.flag("--untie-embeddings-and-output-weights", ARG(a.untie_embeddings_and_output_weights), true);
   b.flag("--disable-bias-linear", ARG(a.add_bias_linear), false);
@@ -954,6 +956,18 @@ void validate_args(Arguments& a) {
   if (a.squared_relu && a.bias_gelu_fusion)
     fail("--squared-relu needs --no-bias-gelu-fusion (or --disable-bias-linear): Megatron fuses only GeLU and "
          "SwiGLU with the bias ('Only support fusion of gelu and swiglu')");
+
+  // Multi-token prediction (Megatron's validate_args and MultiTokenPredictionLayer asserts).
+  if (a.mtp_num_layers.value_or(0) > 0) {
+    if (a.position_embedding_type != "rope" && a.position_embedding_type != "none")
+      fail("Multi-Token Prediction (MTP) is not supported with " + a.position_embedding_type +
+           " position embedding type (--mtp-num-layers needs --position-embedding-type rope or none)");
+    if (a.recompute_granularity == "full" && a.recompute_method == "uniform" && a.recompute_num_layers != 1)
+      fail("--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1 (Megatron: "
+           "recompute_num_layers must be 1 for MTP recompute)");
+    if (a.recompute_granularity == "full" && a.recompute_method == "block")
+      a.messages.push_back("WARNING: recompute_method == 'block' is not supported for MTP yet. Skipping recompute.");
+  }
 
   // Learning rate and weight decay.
   // --skip-train evaluates only (no optimizer is built), so it needs no learning rate.

@@ -43,6 +43,9 @@ struct Arguments {
   bool apply_residual_connection_post_layernorm = false;
   bool openai_gelu = false;
   bool squared_relu = false;
+  /// --mtp-num-layers (None = no multi-token prediction) and --mtp-loss-scaling-factor.
+  std::optional<int64_t> mtp_num_layers;
+  double mtp_loss_scaling_factor = 0.1;
   bool swiglu = false;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;   // --disable-bias-linear

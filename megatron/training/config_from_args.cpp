@@ -38,6 +38,9 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   c.qk_layernorm = a.qk_layernorm;
   c.gated_linear_unit = a.swiglu;
   c.squared_relu = a.squared_relu;
+  c.mtp_num_layers = a.mtp_num_layers.value_or(0);
+  c.mtp_loss_scaling_factor = static_cast<float>(a.mtp_loss_scaling_factor);
+  c.calculate_per_token_loss = a.calculate_per_token_loss;
   c.add_bias_linear = a.add_bias_linear;
   c.add_qkv_bias = a.add_qkv_bias;
   c.bias_activation_fusion = a.swiglu ? a.bias_swiglu_fusion : a.bias_gelu_fusion;
@@ -93,7 +96,8 @@ distributed::DistributedDataParallelConfig ddp_config_from_args(const Arguments&
   dc.use_distributed_optimizer = a.use_distributed_optimizer;
   dc.bucket_size = a.ddp_bucket_size;
   dc.calculate_per_token_loss = a.calculate_per_token_loss;
-  dc.shared_embedding_own_bucket = a.pipeline_model_parallel_size > 1 && !a.untie_embeddings_and_output_weights;
+  dc.shared_embedding_own_bucket = a.pipeline_model_parallel_size > 1 &&
+                                  (!a.untie_embeddings_and_output_weights || a.mtp_num_layers.value_or(0) > 0);
   return dc;
 }
 

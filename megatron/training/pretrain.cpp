@@ -351,6 +351,8 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     hooks.flush = [&writer] { writer->flush(); };
   }
   GPTTrainable trainable(model);
+  // MTP sits on the last chunk of the last stage; its metrics are averaged over DP x CP.
+  trainable.set_mtp(chunks.back().get(), ps::get_data_parallel_group(/*with_context_parallel=*/true));
   hooks.zero_grad = [&ddp_ptrs, &trainable] {
     for (auto* d : ddp_ptrs) d->zero_grad_buffer();
     trainable.begin_step();
@@ -363,7 +365,10 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   auto dp_group = ps::get_data_parallel_group(/*with_context_parallel=*/true);
   fg.dp_group = dp_group;
   fg.embedding_group = ps::get_embedding_group();
-  fg.share_embeddings_and_output_weights = model.config().share_embeddings_and_output_weights;
+  // The embedding group sums the word-embedding copies' grads when tied, and with MTP (whose stage
+  // holds a copy of the embedding) also when untied (Megatron's _get_shared_word_embedding_weight).
+  fg.share_embeddings_and_output_weights =
+      model.config().share_embeddings_and_output_weights || model.config().mtp_num_layers > 0;
   const bool per_token_loss = mo.ddp_config.calculate_per_token_loss;
   // FP8: after the step's last backward, the amaxes are reduced (MAX) over TP x DP x CP (Megatron's
   // amax reduction group) and every scale is updated for the next step.

@@ -180,6 +180,9 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
       for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= cf;
     }
     timers_("backward-compute", 2).start();
+    // schedules.py forward_step_calc_loss: the MTP loss scale follows the main loss's.
+    model_.set_mtp_loss_scale(args_.calculate_per_token_loss ? loss_scale
+                                                              : loss_scale / static_cast<double>(num_microbatches_));
     model_.backward(dloss);
     timers_("backward-compute", 2).stop();
     r.lm_loss.loss_sum += rep.loss_sum;
@@ -191,6 +194,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
+  r.mtp = model_.take_mtp_metrics();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
   // number of tokens (all-reduced over DP×CP; single rank here).
   if (hooks_.finalize_model_grads) {
@@ -330,6 +334,25 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     }
   }
 
+  // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
+  // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
+  const size_t D = r.mtp.size();
+  interval_mtp_loss_.resize(D, 0.0);
+  mtp_cumulative_correct_.resize(D, 0.0);
+  mtp_cumulative_total_.resize(D, 0.0);
+  for (size_t i = 0; i < D; ++i) {
+    const double loss = r.mtp[i].loss / static_cast<double>(num_microbatches_);
+    interval_mtp_loss_[i] += loss;
+    mtp_cumulative_correct_[i] += r.mtp[i].correct;
+    mtp_cumulative_total_[i] += r.mtp[i].total;
+    if (!hooks_.add_scalar) continue;
+    const std::string k = std::to_string(i + 1);
+    hooks_.add_scalar("mtp_" + k + " loss", loss, it);
+    hooks_.add_scalar("mtp_" + k + "_acceptance_rate", r.mtp[i].correct / std::max(r.mtp[i].total, 1.0) * 100.0, it);
+    hooks_.add_scalar("mtp_" + k + "_cumulative_acceptance_rate",
+                      mtp_cumulative_correct_[i] / std::max(mtp_cumulative_total_[i], 1.0) * 100.0, it);
+  }
+
   if (it % args_.log_interval == 0 || first_iteration) {
     const double elapsed = timers_("interval-time", 0).elapsed(/*reset=*/true);
     const double per_iter = elapsed / static_cast<double>(std::max<int64_t>(interval_iters_, 1));
@@ -351,6 +374,11 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.learning_rate = lr;
     f.global_batch_size = batch_size;
     f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
+    for (size_t i = 0; i < interval_mtp_loss_.size(); ++i) {
+      f.losses.push_back({"mtp_" + std::to_string(i + 1) + " loss",
+                          interval_mtp_loss_[i] / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))});
+      interval_mtp_loss_[i] = 0.0;
+    }
     f.loss_scale = optimizer_.get_loss_scale();
     f.grad_norm = r.grad_norm;
     f.num_zeros = r.num_zeros_in_grad;

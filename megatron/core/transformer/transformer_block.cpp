@@ -61,16 +61,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx,
       // replay quantizes identically; like Transformer Engine's recompute phase it records no
       // amax (the original forward already did) and reuses the step's cached weight casts.
       RecomputeChunk& c = ctx.chunks[--chunk];
-      struct NoAmaxRecording {  // restores the FP8 recording flag, also if the replay throws
-        fp8::Fp8State* st;
-        bool was;
-        explicit NoAmaxRecording(fp8::Fp8State* s) : st(s), was(s && s->recording()) {
-          if (st) st->set_recording(false);
-        }
-        ~NoAmaxRecording() {
-          if (st) st->set_recording(was);
-        }
-      } no_amax(fp8_.get());
+      fp8::ScopedNoAmaxRecording no_amax(fp8_.get());
       Tensor h = c.input;
       for (size_t j = c.begin; j < c.end; ++j) h = layers_[j]->forward(h, c.fc, ctx.layers[j]);
       c.input = Tensor();
