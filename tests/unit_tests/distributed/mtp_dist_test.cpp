@@ -97,7 +97,6 @@ void run_tp(transformer::TransformerConfig (*make)(int, int64_t), bool sp) {
   distributed::FinalizeGroups fg;
   fg.tp_group = tpg;
   fg.dp_group = ps::get_data_parallel_group(true);
-  fg.sequence_parallel = sp;
   distributed::finalize_model_grads({&ddp}, fg);
   EXPECT_NEAR(l, lref, 1e-5 * lref);
   check_grads(model, ref, *tpg, 1.0, sp ? "TP2 SP" : "TP2");
