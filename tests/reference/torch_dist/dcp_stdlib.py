@@ -81,11 +81,13 @@ StorageInfo = _class('torch.distributed.checkpoint.filesystem', '_StorageInfo', 
 
 
 class _MetadataIndexBase(_Record):
+    # torch pickles MetadataIndex without the fields left at their default (offset=None for
+    # byte items), so a missing attribute reads as None.
     def __hash__(self):
-        return hash((self.fqn, self.offset))
+        return hash((self.fqn, getattr(self, 'offset', None)))
 
     def __eq__(self, o):
-        return (self.fqn, self.offset) == (o.fqn, o.offset)
+        return (self.fqn, getattr(self, 'offset', None)) == (o.fqn, getattr(o, 'offset', None))
 
 
 MetadataIndex = _class(MD, 'MetadataIndex', _MetadataIndexBase)
@@ -325,8 +327,19 @@ def read_dcp(d):
 def compare(dcp_dir, ours_dir):
     dcp, common, md = read_dcp(dcp_dir)
     ours, ocommon = read_ours(ours_dir)
-    # The distributed optimizer's main params are named as Megatron's fully_reshardable layout.
-    ren = {k.replace('optimizer.state.param.', 'optimizer.state.fp32_param.'): v for k, v in dcp.items()}
+    # The distributed optimizer's main params are named as Megatron's fully_reshardable layout;
+    # layer norms under the fused names Megatron's layer saves them as; fp32 training saves no
+    # main-param copy (Megatron's FP32Optimizer): ours must equal the model weight then.
+    def ours_name(k):
+        k = k.replace('optimizer.state.param.', 'optimizer.state.fp32_param.')
+        k = k.replace('decoder.layers.self_attention.linear_qkv.layer_norm_', 'decoder.layers.input_layernorm.')
+        return k.replace('decoder.layers.mlp.linear_fc1.layer_norm_', 'decoder.layers.pre_mlp_layernorm.')
+    ren = {ours_name(k): v for k, v in dcp.items()}
+    for k in list(ours):
+        p = 'optimizer.state.fp32_param.'
+        if k.startswith(p) and k not in ren and ours[k[len(p):]].dtype == 'float32':
+            assert ours[k].data == ours[k[len(p):]].data, f'{k}: main param differs from the fp32 weight'
+            del ours[k]
     assert set(ren) == set(ours), f'keys differ: {sorted(set(ren) ^ set(ours))[:10]}'
     for k, t in ours.items():
         assert ren[k].shape == tuple(t.shape), (k, ren[k].shape, t.shape)
