@@ -13,6 +13,9 @@ like torch's, zipfile for torch.save archives. Used by tests/functional_tests/ck
       along the first axis where possible, args as argparse.Namespace, the optimizer step in
       Megatron's common state, optimizer main params as optimizer.state.param.* with --distopt,
       layer norms under Transformer Engine's fused names with --te-names).
+  dcp_stdlib.py keys REF_DIR DCP_DIR
+      Checks two torch_dist checkpoints hold the same tensors (key, dtype, global shape) and
+      objects, RNG / rerun-state objects aside (our writer against Megatron-LM's own checkpoints).
 """
 import argparse as _argparse
 import array
@@ -352,6 +355,24 @@ def compare(dcp_dir, ours_dir):
     print(f'OK: {len(ours)} tensors equal, {len(extra)} _extra_state objects, iteration {common["iteration"]}')
 
 
+def same_keys(ref_dir, dcp_dir):
+    """The tensors (key, dtype, global shape) and objects of two torch_dist checkpoints agree,
+    except the RNG / rerun-state objects (torch generators; megatron.cpp keeps its own RNG state
+    under megatron_cpp.*), which only the writer's own code reads."""
+    def entries(d):
+        md = pickle.loads(open(os.path.join(d, '.metadata'), 'rb').read())
+        out = set()
+        for k, sm in md.state_dict_metadata.items():
+            if k.startswith(('rng_state/', 'rerun_state_machine_state/', 'megatron_cpp.')):
+                continue
+            out.add((k, 'bytes') if isinstance(sm, BytesStorageMetadata) else
+                    (k, sm.properties.dtype.name, tuple(sm.size)))
+        return out
+    a, b = entries(ref_dir), entries(dcp_dir)
+    assert a == b, f'only in {ref_dir}: {sorted(a - b)[:8]}; only in {dcp_dir}: {sorted(b - a)[:8]}'
+    print(f'OK: the same {len(a)} entries (key, dtype, shape)')
+
+
 def convert(ours_dir, dcp_dir, te_names, distopt):
     ours, oc = read_ours(ours_dir)
     os.makedirs(dcp_dir, exist_ok=True)
@@ -412,7 +433,7 @@ def convert(ours_dir, dcp_dir, te_names, distopt):
 
 if __name__ == '__main__':
     p = _argparse.ArgumentParser()
-    p.add_argument('mode', choices=['compare', 'convert'])
+    p.add_argument('mode', choices=['compare', 'convert', 'keys'])
     p.add_argument('src')
     p.add_argument('dst')
     p.add_argument('--te-names', action='store_true')
@@ -420,5 +441,7 @@ if __name__ == '__main__':
     a = p.parse_args()
     if a.mode == 'compare':
         compare(a.src, a.dst)
+    elif a.mode == 'keys':
+        same_keys(a.src, a.dst)
     else:
         convert(a.src, a.dst, a.te_names, a.distopt)
