@@ -14,7 +14,8 @@
 #     TP1 for iterations 6..10 within 1e-5 relative (fp32; the layouts differ in reduction order
 #     only): the chunks are assembled the same way whatever the layout;
 #  4. our torch_dist save after such a load holds exactly Megatron's tensors (key, dtype, shape)
-#     and objects (tests/reference/torch_dist/dcp_stdlib.py keys), RNG / rerun state aside.
+#     and objects (tests/reference/torch_dist/dcp_stdlib.py keys), RNG / rerun state aside;
+#  5. a .distcp cut inside the common_state object: one error line naming it, exit status 1.
 # Args: bin dir, source dir.
 set -euo pipefail
 BIN=$1
@@ -77,4 +78,17 @@ PY
   done
   $PY keys "$fx/iter_0000005" "$OUT/$model-save/iter_0000006" || fail "$model: our save's keys differ from Megatron's"
 done
+# Bad input: the common_state object cut short (the .distcp truncated inside it) is one error line
+# naming the file and the object, exit status 1.
+mkdir -p "$OUT/cut/iter_0000005"
+cp "$REF/megatron_gpt_tp1/latest_checkpointed_iteration.txt" "$OUT/cut/"
+cp "$REF/megatron_gpt_tp1/iter_0000005/.metadata" "$REF/megatron_gpt_tp1/iter_0000005/metadata.json" "$OUT/cut/iter_0000005/"
+head -c 30000 "$REF/megatron_gpt_tp1/iter_0000005/__0_0.distcp" > "$OUT/cut/iter_0000005/__0_0.distcp"
+set +e
+"$BIN/pretrain_gpt" "${COMMON[@]}" --load "$OUT/cut" > "$OUT/cut.log" 2>&1
+rc=$?
+set -e
+[[ $rc == 1 ]] || fail "truncated common_state: exit status $rc"
+[[ $(grep -c '^error' "$OUT/cut.log") == 1 ]] && grep -q "__0_0.distcp (object 'common_state/shard_0_1').*truncated" "$OUT/cut.log" ||
+  fail "truncated common_state: $(grep -m1 error "$OUT/cut.log")"
 echo "PASS: Megatron-LM's torch_dist checkpoints load and continue"
