@@ -6,12 +6,9 @@
 #include <iomanip>
 #include <sstream>
 
+#include "megatron/core/ops/device.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/temp_file.h"
-
-#if defined(MEGATRON_WITH_CUDA)
-#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
-#endif
 
 namespace megatron {
 
@@ -20,10 +17,8 @@ void Timer::start() {
   MEGATRON_CHECK(!started_) << "timer " << name_ << " has already been started";
   start_ = std::chrono::steady_clock::now();
   started_ = true;
-#if defined(MEGATRON_WITH_CUDA)
-  // Start/end ranges (not push/pop): timers may stop out of nesting order.
-  if (owner_->recording_) nvtx_range_ = nvtxRangeStartA(name_.c_str());
-#endif
+  // Start/end profiler ranges (not push/pop): timers may stop out of nesting order.
+  if (owner_->recording_) nvtx_range_ = ops::profiler_range_start(name_.c_str());
 }
 
 void Timer::stop() {
@@ -32,12 +27,10 @@ void Timer::stop() {
   const auto end = std::chrono::steady_clock::now();
   elapsed_ += std::chrono::duration<double>(end - start_).count();
   started_ = false;
-#if defined(MEGATRON_WITH_CUDA)
   if (nvtx_range_) {
-    nvtxRangeEnd(nvtx_range_);
+    ops::profiler_range_end(nvtx_range_);
     nvtx_range_ = 0;
   }
-#endif
   if (owner_->recording_) owner_->record(name_, start_, end);
 }
 

@@ -27,7 +27,7 @@ class Timer {
   bool started_ = false;
   std::chrono::steady_clock::time_point start_;
   double elapsed_ = 0.0;
-  uint64_t nvtx_range_ = 0;  // open NVTX range while profiling (CUDA builds), 0 = none
+  uint64_t nvtx_range_ = 0;  // open profiler range while recording (ops/device.h), 0 = none
   class Timers* owner_ = nullptr;
 };
 

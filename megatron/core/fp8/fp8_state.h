@@ -11,7 +11,7 @@
 // Once per training step reduce_and_update() all-reduces (MAX) the step's amaxes over the amax
 // group (TP x DP x CP, Megatron's get_amax_reduction_group), records them into the histories,
 // updates every scale. On the CPU the host metas are the state. On a GPU the histories live on the
-// device too (a ring per role) and the whole update is one kernel (ops::cuda::fp8_update_scales):
+// device too (a ring per role) and the whole update is one kernel (ops::fp8_update_scales):
 // no host synchronization and no copies per step; the host metas are refreshed from the device
 // only when read through host_scale()/host_meta()/checkpoint_tensors().
 #pragma once
@@ -65,7 +65,7 @@ class Fp8State {
   Tensor scale_inv(int r);
   Tensor amax(int r);
   /// Device scratch float of role r for the tensorwise recipe's current amax (zero between uses:
-  /// ops::cuda::fp8_scale_from_amax resets it after reading, so no memset per quantization).
+  /// ops::fp8_scale_from_amax resets it after reading, so no memset per quantization).
   Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).
@@ -191,6 +191,25 @@ class Fp8State {
   int64_t admitted_bytes_ = 0, steps_done_ = 0;
   uint64_t epoch_ = 0;
   int64_t weight_casts_ = 0;
+};
+
+/// Turns amax recording off for its lifetime (restored also when an exception leaves the scope):
+/// the replay of an activation-recomputed forward quantizes like the original forward, whose amaxes
+/// were already recorded (Transformer Engine's recompute phase). `st` may be nullptr (no FP8).
+class ScopedNoAmaxRecording {
+ public:
+  explicit ScopedNoAmaxRecording(Fp8State* st) : st_(st), was_(st && st->recording()) {
+    if (st_) st_->set_recording(false);
+  }
+  ~ScopedNoAmaxRecording() {
+    if (st_) st_->set_recording(was_);
+  }
+  ScopedNoAmaxRecording(const ScopedNoAmaxRecording&) = delete;
+  ScopedNoAmaxRecording& operator=(const ScopedNoAmaxRecording&) = delete;
+
+ private:
+  Fp8State* st_;
+  bool was_;
 };
 
 }  // namespace megatron::fp8

@@ -23,12 +23,12 @@ Tensor dropout_add_backward(const Tensor& dy, const Tensor& mask, float p) {
 }
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                                   const tensor_parallel::TPContext& tp)
+                                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8)
     : config_(config) {
   input_layernorm_ = std::make_unique<Norm>(reg, prefix + ".input_layernorm", config.hidden_size, config);
-  self_attention_ = std::make_unique<SelfAttention>(reg, prefix + ".self_attention", config, tp);
+  self_attention_ = std::make_unique<SelfAttention>(reg, prefix + ".self_attention", config, tp, fp8);
   pre_mlp_layernorm_ = std::make_unique<Norm>(reg, prefix + ".pre_mlp_layernorm", config.hidden_size, config);
-  mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp);
+  mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp, fp8);
 }
 
 namespace {

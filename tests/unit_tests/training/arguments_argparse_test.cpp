@@ -11,6 +11,7 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "arguments_test_util.h"
 
 using megatron::UserError;
@@ -172,6 +173,7 @@ TEST(ArgparseRules, EveryFloatFlagRefusesNanInfAndOutOfRange) {
       {"--min-loss-scale", "-1.0", "> 0", {"1e-3"}},
       {"--loss-scale-window", "0.5", ">= 1", {"1"}},
       {"--mid-level-dataset-surplus", "-0.5", ">= 0", {"0"}},
+      {"--mtp-loss-scaling-factor", "-0.1", ">= 0", {"0", "0.3"}},
   };
   // Float flags Megatron declares that megatron.cpp notes and ignores: only nan/inf are refused.
   const std::vector<std::string> unranged_noted = {};
