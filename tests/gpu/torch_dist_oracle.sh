@@ -17,7 +17,8 @@
 #  (c) we train (TP2, the same --train-iters 10 --exit-interval 5) and save --ckpt-format
 #      torch_dist; Megatron --load's it with its optimizer (Adam moments, param groups, step,
 #      scheduler; --no-load-rng: the RNG streams are not Megatron's, and dropout is 0) and
-#      continues; we continue from the same checkpoint with the same flags; same tolerances.
+#      continues (once as written, once without common.pt so that it reads our "common_state"
+#      object); we continue from the same checkpoint with the same flags; same tolerances.
 # Every leg runs even when an earlier one fails; each failure is reported.
 # Megatron's layouts: TP1 with one GPU; TP2, PP2 and DP2 + distributed optimizer (torchrun, one
 # rank per GPU) when 2 GPUs are visible. Exit status 0 only if every comparison holds; the
@@ -155,6 +156,14 @@ run_model() {
     check compare "$d/o10.log" "$d/m10.log" "$name ours-tp2 -> Megatron-tp1"
   else
     echo "Megatron could not load our checkpoint: tail of $d/m10.log"; tail -25 "$d/m10.log"; FAILS=$((FAILS + 1))
+  fi
+  # The same without common.pt: Megatron reads its current layout, our "common_state" object.
+  cp -r "$d/ockpt" "$d/ockpt_obj" && rm "$d/ockpt_obj/iter_0000005/common.pt"
+  if megatron "$d/m10_obj.log" 1 "${arch[@]}" --train-iters 10 --load "$d/ockpt_obj" --save "$d/mckpt_cont_obj" --no-load-rng; then
+    check compare "$d/o10.log" "$d/m10_obj.log" "$name ours-tp2 (common_state object) -> Megatron-tp1"
+  else
+    echo "Megatron could not load our checkpoint without common.pt: tail of $d/m10_obj.log"; tail -25 "$d/m10_obj.log"
+    FAILS=$((FAILS + 1))
   fi
 }
 
