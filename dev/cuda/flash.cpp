@@ -1,7 +1,7 @@
 // Our flash attention (MEGATRON_ATTENTION_BACKEND=flash, bf16): the pipelined kernels with 8 and
 // 4 warps per block (the automatic choice takes 4 at head dim <= 64, else 8) and the first
 // simple kernels (the fallback when s % 4 != 0 or lse is unaligned), forward and backward,
-// causal, on GPT-2's shape (s 1024, b 8, 12 heads of 64) and a LLaMA-3-8B-like shape (s 2048,
+// causal, on GPT-2's shape (s 1024, b 8, 12 heads of 64) and a LLaMA-3-8B-like shape (s 1024,
 // b 1, 32 query / 8 key-value heads of 128), checked against the CPU reference
 // (ops/cpu/attention.cpp). Tolerance 2e-2 of the max: bf16 P and outputs (2^-8 relative) with
 // fp32 accumulation in another order, as gpu_ops_test's attention checks.
@@ -16,10 +16,13 @@ int main(int argc, char** argv) {
   struct Shape4 { const char* name; int64_t S, B, NP, NG, D; };
   const DType bf = DType::kBFloat16, f32 = DType::kFloat32;
   const Device C = Device::cpu(), G = Device::cuda();
-  for (Shape4 s : {Shape4{"gpt2 s1024 b8 h12x64", 1024, 8, 12, 12, 64}, Shape4{"llama3 s2048 b1 h32/8x128", 2048, 1, 32, 8, 128}}) {
+  const Shape4 shapes[] = {{"gpt2 s1024 b8 h12x64", 1024, 8, 12, 12, 64},
+                          {"llama3 s1024 b1 h32/8x128", 1024, 1, 32, 8, 128}};
+  for (Shape4 s : shapes) {
     const Shape qs = {s.S, s.B, s.NP, s.D}, ks = {s.S, s.B, s.NG, s.D};
-    Tensor q = make(randn(s.S * s.B * s.NP * s.D, bf), qs, bf, C), k = make(randn(s.S * s.B * s.NG * s.D, bf), ks, bf, C),
-           v = make(randn(s.S * s.B * s.NG * s.D, bf), ks, bf, C), dout = make(randn(s.S * s.B * s.NP * s.D, bf), qs, bf, C);
+    const int64_t nq = s.S * s.B * s.NP * s.D, nk = s.S * s.B * s.NG * s.D;
+    Tensor q = make(randn(nq, bf), qs, bf, C), k = make(randn(nk, bf), ks, bf, C), v = make(randn(nk, bf), ks, bf, C),
+           dout = make(randn(nq, bf), qs, bf, C);
     ops::AttentionParams p;
     p.softmax_scale = 1.0f / std::sqrt((float)s.D);
     Tensor o_r = Tensor::empty(qs, bf, C), lse_r = Tensor::empty({s.B, s.NP, s.S}, f32, C);

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   const auto x = randn(N * h, dt), dy = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
   const Device C = Device::cpu(), G = Device::cuda();
   for (bool ln : {false, true}) {
-    Tensor xc = make(x, {N, h}, dt, C), dyc = make(dy, {N, h}, dt, C), gc = make(g, {h}, gt, C), bc = make(b, {h}, gt, C);
+    Tensor xc = make(x, {N, h}, dt, C), dyc = make(dy, {N, h}, dt, C), gc = make(g, {h}, gt, C),
+           bc = make(b, {h}, gt, C);
     Tensor y = Tensor::empty({N, h}, dt, C), mc = Tensor::empty({N}, f32, C), rc = Tensor::empty({N}, f32, C);
     if (ln) cpu::layernorm_forward(xc, gc, bc, 1e-5f, false, y, mc, rc);
     else cpu::rmsnorm_forward(xc, gc, 1e-5f, false, y, rc);
@@ -31,7 +32,8 @@ int main(int argc, char** argv) {
     };
     for (bool v1 : {false, true}) {
       forced().norm_bwd_v1 = v1;
-      const std::string nm = std::string(ln ? "layernorm" : "rmsnorm") + "_backward " + (v1 ? "v1 (forced)" : "shipped");
+      const std::string nm =
+          std::string(ln ? "layernorm" : "rmsnorm") + "_backward " + (v1 ? "v1 (forced)" : "shipped");
       run();
       check(nm + " dx", dx, dxr, 1e-2);
       check(nm + " dgamma", dg, dgr, 1e-4);

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     got[per] = cu::sum_of_squares_many(ts);
     const double err = std::fabs(got[per] - ref) / ref;
     if (!(err <= 1e-12)) ++failures();
-    std::printf("%s %-44s rel err %.3e (tol 1e-12)\n", err <= 1e-12 ? "PASS" : "FAIL", nm.c_str(), err);
+    std::printf("%s %-44s rel err %.3e (tol 1e-12)\n", err <= 1e-12 ? "PASS" : "FAIL", nm.c_str(),
+                err);
     time_line(nm, median_ms([&] { cu::sum_of_squares_many(ts); }, args.reps));
   }
   forced().reduce_per_tensor = false;
