@@ -23,8 +23,11 @@ int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, double top
     user_error("sample: top-k ", top_k, " is larger than the vocabulary");
   if (top_p > 1.0) user_error("sample: top-p should be in (0, 1], got ", top_p);
   const double ninf = -std::numeric_limits<double>::infinity();
+  // (logit - max) / T: the softmax is the same as of logit / T, but a tiny T (1e-320) gives 0 for
+  // the maximum and -inf for the rest (greedy) instead of inf - inf = NaN.
+  const double lmax = *std::max_element(logits, logits + vocab);
   std::vector<double> x(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) x[i] = temperature != 1.0 ? static_cast<double>(logits[i]) / temperature : logits[i];
+  for (int64_t i = 0; i < vocab; ++i) x[i] = (static_cast<double>(logits[i]) - lmax) / temperature;
   if (top_k > 1) {
     std::vector<double> sorted(x);
     std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());

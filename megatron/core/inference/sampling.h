@@ -32,7 +32,8 @@ class SamplingRng {
 
 /// Megatron's sample(logits, top_k, top_p, temperature, vocab_size) for one row of `vocab`
 /// float32 logits (the full, gathered padded vocabulary): top_k == 1 -> argmax (first maximum;
-/// temperature ignored); otherwise logits / temperature, then top_k > 1 keeps the logits >= the
+/// temperature ignored); otherwise (logits - max) / temperature (stable for any tiny positive
+/// temperature, which then acts as greedy), then top_k > 1 keeps the logits >= the
 /// k-th largest (ties included) or top_p > 0 keeps the smallest prefix of the descending order
 /// whose probability mass reaches top_p (Megatron's shifted filter: the token that crosses top_p
 /// is kept, the first always), then one draw from the softmax of the kept logits (`rng`, see the
