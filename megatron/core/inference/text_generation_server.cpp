@@ -1,6 +1,8 @@
 #include "megatron/core/inference/text_generation_server.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 
 #include "megatron/core/inference/tokenization.h"
 #include "megatron/core/utils/errors.h"
@@ -27,6 +29,9 @@ std::string parse_generate_request(const json& body, GenerateRequest& r) {
   if (has("tokens_to_generate")) {
     const json& v = body["tokens_to_generate"];
     if (!v.is_number_integer()) return "tokens_to_generate must be an integer greater than 0";
+    // A value above INT64_MAX (stored unsigned) would wrap negative in get<int64_t>().
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      return "Length of prompt + tokens_to_generate longer than allowed";
     r.tokens_to_generate = v.get<int64_t>();
     if (r.tokens_to_generate < 0) return "tokens_to_generate must be an integer greater than or equal to 0";
   }
@@ -149,17 +154,22 @@ PreparedBatch prepare_batch(const GenerateRequest& req, const tokenizers::Megatr
       if (t < 0 || t >= limits.padded_vocab_size)
         throw GenerationError("prompt " + std::to_string(i) + " has token id " + std::to_string(t) +
                               " outside the vocabulary [0, " + std::to_string(limits.padded_vocab_size) + ")");
-  PreparedBatch b;
-  b.tokens = pad_prompts(ids, req.tokens_to_generate, tokenizer.eod(), &b.lengths);
-  const int64_t batch = static_cast<int64_t>(b.tokens.size());
-  const int64_t max_sequence_length = static_cast<int64_t>(b.tokens[0].size());
-  if (max_sequence_length > limits.max_position_embeddings ||
-      (req.tokens_to_generate > 0 && max_sequence_length > limits.inference_max_seq_length))
+  // The limits are checked before the padded rows are allocated, in arithmetic that cannot
+  // overflow: tokens_to_generate may be anything up to INT64_MAX.
+  int64_t longest = 0;
+  for (const auto& p : ids) longest = std::max(longest, static_cast<int64_t>(p.size()));
+  const int64_t batch = static_cast<int64_t>(ids.size());
+  const int64_t ttg = req.tokens_to_generate;
+  if (ttg < 0 || ttg > limits.max_position_embeddings - longest ||
+      (ttg > 0 && ttg > limits.inference_max_seq_length - longest))
     throw GenerationError("Length of prompt + tokens_to_generate longer than allowed");
+  const int64_t max_sequence_length = longest + ttg;  // <= max_position_embeddings: no overflow
   if (max_sequence_length == 0) throw GenerationError("every prompt is empty: nothing to score");
-  if (max_sequence_length * batch > limits.max_tokens_to_oom)
+  if (max_sequence_length * batch > limits.max_tokens_to_oom)  // batch <= 128 prompts
     throw GenerationError("Too many tokens.  " + std::to_string(max_sequence_length * batch) + " is greater than " +
                           std::to_string(limits.max_tokens_to_oom));
+  PreparedBatch b;
+  b.tokens = pad_prompts(ids, ttg, tokenizer.eod(), &b.lengths);
   GenerationParams& p = b.params;
   p.tokens_to_generate = req.tokens_to_generate;
   p.return_output_log_probs = req.logprobs;
