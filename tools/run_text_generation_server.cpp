@@ -32,6 +32,7 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/inference/text_generation_server.h"
@@ -291,7 +292,13 @@ int run(int argc, char** argv) {
       return {400, dump(std::string(e.what()))};
     }
     inf::send_generate(*world, device, batch);
-    json response = inf::generate_and_post_process(generator, batch, *tokenizer);
+    json response;
+    try {  // every rank fails together (see TextGenerator::generate), so the workers are free again
+      response = inf::generate_and_post_process(generator, batch, *tokenizer);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "request failed: %s\n", e.what());
+      return {500, dump(std::string(e.what()))};
+    }
     if (!req.no_log) {
       std::printf("end time:  %s\n", now_str().c_str());
       std::fflush(stdout);
@@ -323,7 +330,13 @@ int run(int argc, char** argv) {
   svr.new_task_queue = [] { return new httplib::ThreadPool(8); };
   svr.set_payload_max_length(16u << 20);
   svr.Put("/api", [&](const httplib::Request& rq, httplib::Response& rs) {
-    auto [status, out] = handle(rq.body, rq.remote_addr);
+    int status = 500;
+    std::string out;
+    try {  // an error still answers with its message (httplib's own 500 has an empty body)
+      std::tie(status, out) = handle(rq.body, rq.remote_addr);
+    } catch (const std::exception& e) {
+      out = dump(std::string(e.what()));
+    }
     rs.status = status;
     rs.set_content(out + "\n", "application/json");
   });

@@ -1,6 +1,7 @@
 #include "megatron/core/inference/text_generation.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
@@ -144,12 +145,24 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
     if (gp.prevent_newline_after_colon && gp.colon_id >= 0 && gp.newline_id >= 0 && gp.newline_id < V)
       for (int64_t i = 0; i < b; ++i)
         if (out.tokens[i][ctx - 1] == gp.colon_id) last[i * V + gp.newline_id] = -1e10f;
-    // Sample on TP rank 0 (one RNG draw per row, see sampling.h) and share the result.
-    std::vector<int64_t> sample(static_cast<size_t>(b), 0);
-    if (rank0)
-      for (int64_t i = 0; i < b; ++i)
-        sample[i] = sample_row(last.data() + i * V, V, gp.top_k, top_p, gp.temperature, gp.vocab_size, rng_.uniform());
+    // Sample on TP rank 0 (one RNG draw per row, see sampling.h) and share the result. The last
+    // element is an abort flag: when sampling throws on rank 0 every rank throws here, so no rank
+    // is left waiting in the next step's collectives.
+    std::vector<int64_t> sample(static_cast<size_t>(b) + 1, 0);
+    std::exception_ptr failed;
+    if (rank0) {
+      try {
+        for (int64_t i = 0; i < b; ++i)
+          sample[i] = sample_row(last.data() + i * V, V, gp.top_k, top_p, gp.temperature, gp.vocab_size, rng_.uniform());
+      } catch (...) {
+        failed = std::current_exception();
+        sample[b] = 1;
+      }
+    }
     broadcast_i64(sample, tp, dev);
+    if (failed) std::rethrow_exception(failed);
+    if (sample[b] != 0) user_error("generate: sampling failed on tensor-parallel rank 0; request abandoned");
+    sample.pop_back();
     if (top_p > 0.0 && gp.top_p_decay > 0.0) {
       top_p *= gp.top_p_decay;
       if (gp.top_p_bound > 0.0) top_p = std::max(top_p, gp.top_p_bound);

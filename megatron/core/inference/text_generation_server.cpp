@@ -183,6 +183,17 @@ PreparedBatch prepare_batch(const GenerateRequest& req, const tokenizers::Megatr
   p.prevent_newline_after_colon = req.prevent_newline_after_colon;
   p.termination_id = req.stop_token.value_or(tokenizer.eod());
   p.vocab_size = tokenizer.vocab_size();
+  // What sample() asserts on rank 0 mid-generation, checked here, before anything is broadcast, so
+  // a bad request is a 400 and never leaves the other ranks waiting (Megatron's sampling.py:
+  // "top-k is larger than logit size." / "top-k is larger than vocab size.").
+  if (p.top_k > 1 && (p.top_k > limits.padded_vocab_size || p.top_k >= p.vocab_size))
+    throw GenerationError("top_k " + std::to_string(p.top_k) + " must be less than the vocabulary size " +
+                          std::to_string(p.vocab_size) + " (top-k is larger than vocab size.)");
+  if (p.top_k != 1 && !(p.temperature > 0.0))
+    throw GenerationError("temperature must be a positive number less than or equal to 100.0");
+  if (p.top_k > 1 && p.top_p > 0.0) throw GenerationError("cannot set both top-k and top-p samplings.");
+  if (p.top_k == 1 && p.top_p != 0.0) throw GenerationError("cannot set both greedy and top-p samplings.");
+  if (!(p.top_p >= 0.0 && p.top_p <= 1.0)) throw GenerationError("top_p must be less than or equal to 1.0");
   if (req.prevent_newline_after_colon) {
     try {  // tokenizer.tokenize(':')[0] and tokenize('\n')[0], as Megatron
       auto colon = tokenizer.tokenize(":"), newline = tokenizer.tokenize("\n");
@@ -272,7 +283,11 @@ void serve_workers(comm::ProcessGroup& world, Device device, TextGenerator& gene
     if (choice == kStop) return;
     if (choice == kPing) continue;
     MEGATRON_CHECK(choice == kGenerate) << "unknown control message " << choice << " from rank 0";
-    (void)generate_and_post_process(generator, PreparedBatch::from_json(json::parse(payload)), tokenizer);
+    try {  // a request that failed on every rank (e.g. rank 0's sampling abort) ends here, not the server
+      (void)generate_and_post_process(generator, PreparedBatch::from_json(json::parse(payload)), tokenizer);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: request abandoned: %s\n", world.rank(), e.what());
+    }
   }
 }
 
