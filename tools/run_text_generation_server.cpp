@@ -23,6 +23,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <condition_variable>
@@ -77,6 +80,16 @@ static int widen_listen_backlog(int port) {
   }
   closedir(d);
   return widened;
+}
+
+/// The self-pipe of the SIGTERM / SIGINT handler (see run()).
+static int g_signal_pipe[2] = {-1, -1};
+/// Async-signal-safe: writes the signal number to the pipe.
+static void on_stop_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &b, 1);
+  errno = saved;
 }
 
 namespace inf = megatron::inference;
@@ -320,12 +333,17 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  // SIGTERM / SIGINT: stop listening, let in-flight requests finish, release the workers.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // every thread started below inherits the mask
+  // SIGTERM / SIGINT: stop listening, let in-flight requests finish, release the workers. A
+  // process-wide handler, not a blocked mask + sigwait: OpenBLAS / OpenMP threads may exist before
+  // main() (library constructors) with the signals unblocked, and would take the default action
+  // (exit 143). Whichever thread gets the signal writes it to a pipe the waiter thread reads.
+  if (pipe(g_signal_pipe) != 0) user_error("run_text_generation_server: cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
   httplib::Server svr;
   svr.new_task_queue = [] { return new httplib::ThreadPool(8); };
   svr.set_payload_max_length(16u << 20);
@@ -350,9 +368,11 @@ int run(int argc, char** argv) {
   std::condition_variable cv;
   std::mutex cv_m;
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    std::printf("received signal %d: shutting down the text generation server\n", sig);
+    unsigned char sig = 0;
+    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig == 0) return;  // woken by the main thread: listen ended by itself
+    std::printf("received signal %d: shutting down the text generation server\n", static_cast<int>(sig));
     std::fflush(stdout);
     svr.stop();
   });
@@ -372,8 +392,9 @@ int run(int argc, char** argv) {
   }
   cv.notify_all();
   pinger.join();
-  if (waiter.joinable()) {
-    pthread_kill(waiter.native_handle(), SIGTERM);  // listen ended by itself: wake the waiter
+  {
+    const unsigned char wake = 0;  // a no-op if the waiter already took a signal
+    (void)!write(g_signal_pipe[1], &wake, 1);
     waiter.join();
   }
   {
