@@ -199,6 +199,9 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 int run(int argc, char** argv) {
   TextGenerateArgs tg;
   training::Arguments args = training::parse_args(take_text_generate_args(argc, argv, tg));
+  if (!tg.prompts.empty() && tg.top_p > 0.0 && tg.top_k > 0)  // before any rank waits on another
+    user_error("--top_p ", tg.top_p, " with --top_k ", tg.top_k, ": cannot set both top-k and top-p samplings "
+               "(--top_k defaults to 1, greedy, as Megatron's); pass --top_k 0 to sample with --top_p");
   // Megatron's args_defaults for the server, and what a model-only run does not need.
   args.no_load_rng = true;
   args.no_load_optim = true;
