@@ -87,6 +87,13 @@ bad = [
     ({"prompts": ["1 2"], "beam_width": 2}, False, "Beam search is no longer supported."),
     ({"prompts": ["1 x"]}, False, None),
     ({"prompts": ["1 999"]}, False, "prompt 0 has token id 999 outside the vocabulary [0, 256)"),
+    # Checked before anything is allocated or broadcast (top_k >= vocab would fail in sampling).
+    ({"prompts": ["1 2 3"], "tokens_to_generate": 3, "top_k": 256}, False,
+     "top_k 256 must be less than the vocabulary size 256 (top-k is larger than vocab size.)"),
+    ({"prompts": ["1 2 3"] * 128, "tokens_to_generate": 10**12}, False,
+     "Length of prompt + tokens_to_generate longer than allowed"),
+    ({"prompts": ["1 2 3"], "tokens_to_generate": 2**63}, False,
+     "Length of prompt + tokens_to_generate longer than allowed"),
 ]
 for body, raw, msg in bad:
     st, r = put(body, raw)
@@ -97,7 +104,8 @@ for body, raw, msg in bad:
         assert r == msg, (body, r)
     else:
         assert isinstance(r, str) and "tokenize" in r, r
-print("malformed JSON, missing prompts, negative tokens_to_generate, too long, beam_width, bad ids: 400 + message")
+print("malformed JSON, missing prompts, negative tokens_to_generate, too long, beam_width, bad ids, top_k >= vocab, "
+      "tokens_to_generate 1e12 / 2^63: 400 + message")
 # 100 parallel clients, twice; memory must not grow from the first round to the second.
 def round_():
     res = [None] * 100
@@ -150,6 +158,52 @@ SERVER_PID=
 grep -q "text generation server stopped" "$D/server.log" || fail "no shutdown line"
 echo "SIGTERM: clean shutdown (exit 0)"
 
+# 4b. SIGTERM mid-request without OMP_NUM_THREADS (OpenMP / OpenBLAS threads of their own): the
+# request is answered, then the server stops with exit 0.
+PORT2=$(free_port)
+env -u OMP_NUM_THREADS MEGATRON_TEXT_GENERATION_HOST=127.0.0.1 "$BIN/run_text_generation_server" "${MODEL[@]}" \
+  --port "$PORT2" > "$D/server2.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 100); do
+  grep -q "Serving Megatron's text generation API" "$D/server2.log" && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { cat "$D/server2.log"; fail "server (no OMP_NUM_THREADS) exited at start"; }
+  sleep 0.1
+done
+python3 - "http://127.0.0.1:$PORT2/api" "$SERVER_PID" "$D/server2.log" <<'EOF' || { tail -20 "$D/server2.log"; fail "SIGTERM mid-request"; }
+import json, os, signal, sys, threading, time, urllib.request
+url, pid, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+body = {"prompts": ["1 2 3"] * 128, "tokens_to_generate": 60, "top_k": 1}
+res = {}
+def go():
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        res["st"], res["r"] = r.status, json.loads(r.read())
+t = threading.Thread(target=go); t.start()
+deadline = time.time() + 120
+while "start time" not in open(log).read():  # the server logs the request as it starts it
+    assert time.time() < deadline and t.is_alive(), "the server did not start the request"
+    time.sleep(0.01)
+assert t.is_alive(), "request finished before the signal: make it longer"
+os.kill(pid, signal.SIGTERM)
+t.join()
+assert res.get("st") == 200 and len(res["r"]["tokens"]) == 128, res.get("st")
+EOF
+for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+wait "$SERVER_PID" && rc=0 || rc=$?
+SERVER_PID=
+[ "$rc" = 0 ] || { tail "$D/server2.log"; fail "server (no OMP_NUM_THREADS) exit status $rc after SIGTERM"; }
+grep -q "text generation server stopped" "$D/server2.log" || fail "no shutdown line (no OMP_NUM_THREADS)"
+echo "SIGTERM mid-request without OMP_NUM_THREADS: request answered, exit 0"
+
+# 4c. One-shot errors are one clear line, not std::bad_alloc / a misleading message.
+if "$BIN/run_text_generation_server" "${MODEL[@]}" --prompts "1 2 3" --num-tokens-to-generate 100000000000 \
+  > "$D/big.log" 2>&1; then fail "one-shot with 1e11 tokens succeeded"; fi
+grep -q "Length of prompt + tokens_to_generate longer than allowed" "$D/big.log" || { cat "$D/big.log"; fail "1e11 tokens message"; }
+if "$BIN/run_text_generation_server" "${MODEL[@]}" --prompts "1 2 3" --top_p 0.5 > "$D/topp.log" 2>&1; then
+  fail "one-shot --top_p with the default --top_k 1 succeeded"; fi
+grep -q "pass --top_k 0" "$D/topp.log" || { cat "$D/topp.log"; fail "--top_p message"; }
+echo "one-shot: 1e11 tokens and --top_p without --top_k 0 are clear errors"
+
 # 5. TP2 under mpirun (rank 0 broadcasts the request) answers as TP1.
 if command -v mpirun >/dev/null; then
   timeout 300 "${MPIRUN[@]}" -np 2 "$BIN/run_text_generation_server" "${MODEL[@]}" --tensor-model-parallel-size 2 \
@@ -162,6 +216,12 @@ assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 assert max(abs(x - y) for p, q in zip(a["logprobs"], b["logprobs"]) for x, y in zip(p, q)) < 1e-5
 EOF
   echo "TP2 (mpirun -np 2): same tokens, log-probs within 1e-5 of TP1"
+  # A request rank 0 refuses must not leave rank 1 waiting (it did for top_k >= vocab).
+  rc=0; timeout 120 "${MPIRUN[@]}" -np 2 "$BIN/run_text_generation_server" "${MODEL[@]}" --tensor-model-parallel-size 2 \
+    --prompts "1 2 3" --num-tokens-to-generate 3 --top_k 256 > "$D/tp2_bad.log" 2>&1 || rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] || { cat "$D/tp2_bad.log"; fail "TP2 top_k 256: rc $rc (124 = wedged)"; }
+  grep -q "top-k is larger than vocab size" "$D/tp2_bad.log" || { cat "$D/tp2_bad.log"; fail "TP2 top_k 256 message"; }
+  echo "TP2: a refused request (top_k 256) ends every rank with the message"
 fi
 
 # 6. A checkpoint trained by pretrain_gpt (learned positions, LayerNorm, GeLU, tied output).

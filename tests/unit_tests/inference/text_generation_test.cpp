@@ -16,6 +16,7 @@
 #include "megatron/core/inference/text_generation.h"
 #include "megatron/core/inference/text_generation_server.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/tokenizers/null_tokenizer.h"
 #include "megatron/core/transformer/inference_context.h"
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/hf/hf_model.h"
@@ -247,6 +248,45 @@ TEST(Inference, RequestValidationUsesMegatronMessages) {
   EXPECT_TRUE(r.add_BOS && r.logprobs);
   EXPECT_EQ(r.random_seed, 3);
   EXPECT_DOUBLE_EQ(r.top_p_bound, 0.2);
+}
+
+// A vanishing temperature is greedy (the limit of softmax(l / T) as T -> 0 is the one-hot argmax),
+// not NaN probabilities (l / 1e-320 = inf, inf - inf = NaN picked token 0 before).
+TEST(Inference, TinyTemperatureActsAsGreedy) {
+  const std::vector<float> l = {0.5f, -1.0f, 2.0f, 1.5f};
+  for (double t : {1e-320, 1e-300, 1e-30})
+    for (double u : {0.0, 0.3, 0.999999})
+      for (int64_t k : {0, 2}) EXPECT_EQ(inference::sample_row(l.data(), 4, k, 0.0, t, 4, u), 2) << t << " " << u;
+  EXPECT_EQ(inference::sample_row(l.data(), 4, 0, 0.5, 1e-320, 4, 0.9), 2);
+}
+
+// Limits and sampling parameters are refused (GenerationError = HTTP 400) before any row is
+// allocated or anything broadcast: 128 prompts x 1e12 tokens must not allocate 1e14 ids.
+TEST(Inference, PrepareBatchChecksBeforeAllocating) {
+  tokenizers::NullTokenizer tok(256, std::nullopt, -1);
+  inference::GenerationLimits lim;
+  lim.max_position_embeddings = 64;
+  lim.padded_vocab_size = 256;
+  auto message = [&](const json& body) -> std::string {
+    inference::GenerateRequest r;
+    if (std::string e = inference::parse_generate_request(body, r); !e.empty()) return e;
+    try {
+      (void)inference::prepare_batch(r, tok, lim);
+    } catch (const inference::GenerationError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string too_long = "Length of prompt + tokens_to_generate longer than allowed";
+  const std::vector<std::string> many(128, "1 2 3");
+  EXPECT_EQ(message({{"prompts", many}, {"tokens_to_generate", int64_t{1000000000000}}}), too_long);
+  EXPECT_EQ(message({{"prompts", many}, {"tokens_to_generate", INT64_MAX}}), too_long);
+  EXPECT_EQ(message({{"prompts", {"1 2 3"}}, {"tokens_to_generate", uint64_t{1} << 63}}), too_long);
+  EXPECT_EQ(message({{"prompts", {"1 2 3"}}, {"tokens_to_generate", 62}}), too_long);  // 3 + 62 > 64
+  EXPECT_EQ(message({{"prompts", {"1 2 3"}}, {"tokens_to_generate", 61}}), "");        // 3 + 61 == 64
+  EXPECT_EQ(message({{"prompts", {"1 2 3"}}, {"tokens_to_generate", 3}, {"top_k", 256}}),
+            "top_k 256 must be less than the vocabulary size 256 (top-k is larger than vocab size.)");
+  EXPECT_EQ(message({{"prompts", {"1 2 3"}}, {"tokens_to_generate", 3}, {"top_k", 255}}), "");
 }
 
 // The oracle: transformers' generate(do_sample=False) continuations, token for token, and the
