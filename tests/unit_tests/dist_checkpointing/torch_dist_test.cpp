@@ -255,5 +255,20 @@ TEST(TorchDistCheckpoint, SaveLoadReshardsBoxesAndFlatRanges) {
   } catch (const megatron::UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'w' has global shape [4, 6]"), std::string::npos) << e.what();
   }
+  // .metadata that is not a regular file (a directory; a symlink to /dev/zero) is said to be so,
+  // not "missing"; a removed one is missing.
+  fs::remove(dir + "/.metadata");
+  for (int k = 0; k < 3; ++k) {
+    if (k == 0) fs::create_directory(dir + "/.metadata");
+    if (k == 1) fs::create_symlink("/dev/zero", dir + "/.metadata");
+    try {
+      td::read_dcp_metadata(dir);
+      FAIL();
+    } catch (const megatron::UserError& e) {
+      const char* want = k < 2 ? "/.metadata is not a regular file" : "/.metadata is missing";
+      EXPECT_NE(std::string(e.what()).find(dir + want), std::string::npos) << k << ": " << e.what();
+    }
+    fs::remove(dir + "/.metadata");
+  }
   fs::remove_all(dir);
 }

@@ -161,7 +161,11 @@ DcpMetadata read_dcp_metadata(const std::string& dir) {
     user_error(dir, " is not a torch_dist checkpoint (its metadata.json does not name sharded_backend torch_dist)");
   const std::string path = dir + "/.metadata";
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) user_error(path, " is missing (incomplete torch_dist checkpoint)");
+  const fs::file_status fst = fs::status(path, ec);
+  if (fst.type() == fs::file_type::not_found) user_error(path, " is missing (incomplete torch_dist checkpoint)");
+  if (fst.type() != fs::file_type::regular)
+    user_error(path, " is not a regular file (", ec ? ec.message() : "a directory, FIFO or device",
+               "): it must be the .metadata pickle torch.distributed.checkpoint writes");
   MappedFile f(path);
   return parse_dcp_metadata(f.data(), f.size(), path);
 }
