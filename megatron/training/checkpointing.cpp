@@ -302,11 +302,14 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
   maybe_finalize_async_save(world, /*blocking=*/true);
   const int64_t it = st.iteration;
   const std::string dir = checkpoint_dir_name(cfg.save, it);
-  // Megatron's line names the format written: say what this writes (--ckpt-format other than
-  // torch_dist is accepted, but the layout is always megatron.cpp's own; docs/checkpointing.md).
-  const std::string written = cfg.ckpt_format == "torch_dist"
-                                  ? std::string("torch_dist")
-                                  : "megatron.cpp's distributed (per-rank safetensors + metadata, not " + cfg.ckpt_format + ")";
+  // Megatron's line names the format written: say what this writes. torch_dist is written only
+  // when --ckpt-format torch_dist is given; otherwise (also for the default torch_dist) the layout
+  // is megatron.cpp's own (docs/checkpointing.md).
+  const std::string written =
+      cfg.write_torch_dist ? std::string("torch_dist")
+                           : "megatron.cpp's distributed (per-rank safetensors + metadata" +
+                                 (cfg.ckpt_format == "torch_dist" ? std::string("; --ckpt-format torch_dist writes torch_dist")
+                                                                  : ", not " + cfg.ckpt_format) + ")";
   print0(world, "[" + timestamp() + "] saving checkpoint at iteration " + fmt_it(it) + " to " + cfg.save + " in " +
                     written + " format");
   std::error_code ec;

@@ -68,7 +68,14 @@ TEST(TrainingCheckpointing, SaveWritesTrackerAndMegatronLinesThenLoads) {
   ::testing::internal::CaptureStdout();
   save_checkpoint(t.st, cfg, {});
   std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("] saving checkpoint at iteration       5 to " + root + " in torch_dist format"), std::string::npos) << out;
+  // No --ckpt-format on the command line: our layout is written, and the line says so (it must not
+  // claim torch_dist, the default value of --ckpt-format, which only the explicit flag writes).
+  EXPECT_NE(out.find("] saving checkpoint at iteration       5 to " + root +
+                     " in megatron.cpp's distributed (per-rank safetensors + metadata; --ckpt-format torch_dist "
+                     "writes torch_dist) format"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("in torch_dist format"), std::string::npos) << out;
   EXPECT_NE(out.find("] successfully saved checkpoint from iteration       5 to " + root +
                      " [ t 1/1, gtp_remat 1/1, p 1/1 ]"),
             std::string::npos)
