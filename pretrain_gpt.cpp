@@ -18,6 +18,7 @@
 #include "megatron/training/config_from_args.h"
 #include "megatron/training/initialize.h"
 #include "megatron/training/pretrain.h"
+#include "megatron/core/utils/signals.h"
 
 using namespace megatron;
 using namespace megatron::training;
@@ -65,6 +66,7 @@ std::array<std::shared_ptr<datasets::TopLevelDataset>, 3> train_valid_test_datas
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   try {
     return pretrain(argc, argv, train_valid_test_datasets_provider, model_provider, get_batch);
   } catch (const UserError& e) {

@@ -43,6 +43,7 @@
 #include "megatron/training/datasets/data_samplers.h"
 #include "megatron/training/initialize.h"
 #include "megatron/training/training.h"
+#include "megatron/core/utils/signals.h"
 
 using namespace megatron;
 namespace ps = megatron::parallel_state;
@@ -233,6 +234,7 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   try {
     return run(parse_options(argc, argv));
   } catch (const UserError& e) {

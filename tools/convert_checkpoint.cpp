@@ -32,6 +32,7 @@
 #include "megatron/training/hf/hf_args.h"
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/torch_dist_checkpoint.h"
+#include "megatron/core/utils/signals.h"
 
 using namespace megatron;
 namespace dc = megatron::dist_checkpointing;
@@ -172,6 +173,7 @@ int mcore_to_hf(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   try {
     Args a = parse(argc, argv);
     if (a.loader == "hf" && a.saver == "mcore") return hf_to_mcore(a);

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "megatron/core/utils/signals.h"
 
 extern char** environ;
 
@@ -56,6 +57,7 @@ std::string describe_status(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   int nproc = 1, nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
   bool addr_given = false;

@@ -31,6 +31,7 @@
 #include "megatron/core/datasets/indexed_dataset.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
+#include "megatron/core/utils/signals.h"
 
 namespace fs = std::filesystem;
 namespace ds = megatron::datasets;
@@ -148,6 +149,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   try {
     return run(argc, argv);
   } catch (const megatron::UserError& e) {

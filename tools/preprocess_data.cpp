@@ -18,6 +18,7 @@
 #include "megatron/core/tokenizers/megatron_tokenizer.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
+#include "megatron/core/utils/signals.h"
 
 namespace pp = megatron::datasets::preprocess;
 
@@ -150,6 +151,7 @@ int run(int argc, char** argv) {
 extern "C" void on_signal(int) { pp::request_stop(); }
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   // Ctrl-C / SIGTERM: stop after the current batch and remove the temporary .bin/.idx files.
   struct sigaction sa {};
   sa.sa_handler = on_signal;

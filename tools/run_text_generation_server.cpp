@@ -48,6 +48,7 @@
 #include "megatron/training/checkpoint_args.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/config_from_args.h"
+#include "megatron/core/utils/signals.h"
 
 using namespace megatron;
 using nlohmann::json;
@@ -412,6 +413,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

@@ -14,10 +14,12 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "megatron/core/utils/signals.h"
 
 using nlohmann::json;
 
 int main(int argc, char** argv) {
+  megatron::ignore_file_size_signal();  // writes past `ulimit -f` fail with EFBIG, not a signal
   if (argc != 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: text_generation_cli HOST:PORT   (the address of run_text_generation_server)\n");
     return argc == 2 ? 0 : 2;

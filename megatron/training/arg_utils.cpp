@@ -121,7 +121,22 @@ std::vector<std::string> argparse_normalize(const CLI::App& app, const std::vect
       user_error("argument ", name, ": expected at least one argument");
     }
     std::vector<std::string> group;
-    for (const auto& v : values) group.push_back(name + "=" + v);
+    // An empty value ('' in the shell, or "--x="): argparse stores ''. CLI11 reads "--x=" as "no
+    // value" and would take the next token instead, so pass it as "--x" followed by "".
+    for (const auto& v : values) {
+      if (v.empty()) {  // a number: CLI11 would read '' as 0, argparse refuses it
+        const std::string t = o->get_type_name();
+        for (const char* num : {"INT", "UINT", "FLOAT", "NUMBER"})
+          if (t.rfind(num, 0) == 0)
+            user_error("argument ", name, ": invalid ", t, " value: '' (an empty string is not a number)");
+      }
+      if (v.empty()) {
+        group.push_back(name);
+        group.push_back("");
+      } else {
+        group.push_back(name + "=" + v);
+      }
+    }
     if (group.empty()) group.push_back(name);
     if (auto it = last.find(name); it != last.end()) groups[it->second].clear();
     last[name] = groups.size();

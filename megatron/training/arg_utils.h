@@ -41,7 +41,9 @@ bool looks_like_option(const std::string& s);
 ///  - an option-like token (looks_like_option) is an option; `resolve` maps it to the option's
 ///    name in `app` ("--x" or "-h"), or throws UserError for an unknown one;
 ///  - a one-value option takes "=value" or the next token if that is not option-like, else
-///    UserError "argument --x: expected one argument";
+///    UserError "argument --x: expected one argument"; an empty value ('' or "--x=") is a value,
+///    returned as the two tokens "--x" and "" (CLI11 stores "" for a string, std::nullopt for an
+///    optional one: Megatron tests such flags for truth, so '' means "not set" there too);
 ///  - a list option (nargs '*'/'+'/N) takes "=value" (exactly one value, as argparse) or the
 ///    following tokens up to the next option-like one; too few: "expected at least one argument"
 ///    / "expected N arguments";

@@ -199,9 +199,15 @@ class Binder {
     }, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : field; },
          {member(field_name)}, choice_type(choices));
   }
+  /// An optional string flag; '' (argparse accepts it) is stored as unset: Megatron tests these
+  /// flags for truth (`if args.tensorboard_dir:`), so '' behaves as None (no TensorBoard, ...).
   void str(const std::string& flag, std::optional<std::string>& field, const char* field_name,
            std::vector<std::string> choices = {}) {
     add1(flag, [flag, &field, choices](const std::string& s) {
+      if (s.empty()) {
+        field.reset();
+        return;
+      }
       check_choice(flag, s, choices);
       field = s;
     }, [&field] { return py_str(field); }, {member(field_name)}, choice_type(choices));

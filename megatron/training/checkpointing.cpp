@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -98,7 +99,12 @@ std::string tracker_filename(const std::string& root) { return root + "/latest_c
 
 std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root) {
   const std::string path = tracker_filename(root);
-  if (!fs::exists(path)) return std::nullopt;
+  std::error_code ec;
+  const fs::file_status fst = fs::status(path, ec);
+  if (fst.type() == fs::file_type::not_found) return std::nullopt;
+  if (ec || fst.type() != fs::file_type::regular)
+    user_error(path, ": not a regular file (", ec ? ec.message() : "a directory, FIFO or device",
+               "); it must hold the iteration number of the latest checkpoint or 'release'");
   std::string s = dc::read_text_file(path);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   size_t b = 0;
@@ -107,7 +113,11 @@ std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root) {
   if (s == "release") return std::make_pair(int64_t(0), true);
   if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
     user_error(path, ": expected an iteration number or 'release', found '", s, "'");
-  return std::make_pair(static_cast<int64_t>(std::stoll(s)), false);
+  int64_t it = 0;
+  const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), it);
+  if (err != std::errc() || end != s.data() + s.size())
+    user_error(path, ": iteration number '", s, "' is out of range (at most ", INT64_MAX, ")");
+  return std::make_pair(it, false);
 }
 
 std::pair<std::string, int64_t> stacked_layer_key(const std::string& name) {
@@ -292,11 +302,14 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
   maybe_finalize_async_save(world, /*blocking=*/true);
   const int64_t it = st.iteration;
   const std::string dir = checkpoint_dir_name(cfg.save, it);
-  // Megatron's line names the format written: say what this writes (--ckpt-format other than
-  // torch_dist is accepted, but the layout is always megatron.cpp's own; docs/checkpointing.md).
-  const std::string written = cfg.ckpt_format == "torch_dist"
-                                  ? std::string("torch_dist")
-                                  : "megatron.cpp's distributed (per-rank safetensors + metadata, not " + cfg.ckpt_format + ")";
+  // Megatron's line names the format written: say what this writes. torch_dist is written only
+  // when --ckpt-format torch_dist is given; otherwise (also for the default torch_dist) the layout
+  // is megatron.cpp's own (docs/checkpointing.md).
+  const std::string written =
+      cfg.write_torch_dist ? std::string("torch_dist")
+                           : "megatron.cpp's distributed (per-rank safetensors + metadata" +
+                                 (cfg.ckpt_format == "torch_dist" ? std::string("; --ckpt-format torch_dist writes torch_dist")
+                                                                  : ", not " + cfg.ckpt_format) + ")";
   print0(world, "[" + timestamp() + "] saving checkpoint at iteration " + fmt_it(it) + " to " + cfg.save + " in " +
                     written + " format");
   std::error_code ec;

@@ -319,6 +319,12 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
 }
 
 std::string read_text_file(const std::string& path) {
+  // A FIFO would block and /dev/zero never end: refuse anything but a regular file (after symlinks).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    user_error(path, " is not a regular file (",
+               S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket",
+               "): replace it with the file a checkpoint save writes");
   std::ifstream in(path, std::ios::binary);
   if (!in) user_error("cannot read ", path, ": ", os_error());
   std::ostringstream ss;

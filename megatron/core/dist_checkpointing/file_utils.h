@@ -122,7 +122,8 @@ class AlignedFileWriter {
 void write_file_atomic(const std::string& path, const std::string& contents);
 /// fsyncs a directory (makes renames/creations inside it durable).
 void fsync_dir(const std::string& dir);
-/// Whole file as a string; throws UserError naming the path if it cannot be read.
+/// Whole file as a string; throws UserError naming the path if it cannot be read or is not a
+/// regular file (a directory, FIFO or device, also through a symlink).
 std::string read_text_file(const std::string& path);
 
 /// Read-only memory map of a whole file (empty files map to size 0, data() == nullptr).

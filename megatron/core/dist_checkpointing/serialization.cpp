@@ -460,9 +460,16 @@ namespace {
 // Parses and checks metadata.json (see check_is_distributed_checkpoint); returns it.
 json read_marker(const std::string& dir) {
   const std::string marker = dir + "/" + kMarkerFile;
-  if (!fs::exists(dir)) user_error("checkpoint directory ", dir, " does not exist");
-  if (!fs::exists(marker))
+  // status() with an error code: a symlink loop or unreadable path is the user's, not a crash.
+  std::error_code ec;
+  const fs::file_status ds = fs::status(dir, ec);
+  if (ds.type() == fs::file_type::not_found) user_error("checkpoint directory ", dir, " does not exist");
+  if (ec) user_error("checkpoint directory ", dir, ": ", ec.message(), " (a symlink loop or unreadable path?)");
+  if (ds.type() != fs::file_type::directory) user_error("checkpoint directory ", dir, " is not a directory");
+  const fs::file_status ms = fs::status(marker, ec);
+  if (ms.type() == fs::file_type::not_found)
     user_error(dir, " is not a complete distributed checkpoint (no metadata.json; an interrupted save?)");
+  if (ec) user_error(marker, ": ", ec.message());
   json m;
   try {
     m = json::parse(read_text_file(marker));

@@ -53,7 +53,7 @@ TEST(TorchDistPickle, RoundTripOfData) {
   ASSERT_EQ(ar.tensors.size(), 1u);
   EXPECT_EQ(ar.tensors[0].shape, (Shape{2, 3}));
   EXPECT_EQ(std::memcmp(ar.tensors[0].data, data.data(), 24), 0);
-  const nlohmann::json j = td::py_to_json(ar.root, &ar, "sample");
+  const nlohmann::json j = td::py_to_json(ar.root, &ar, "sample", a.size());
   EXPECT_EQ(j["iteration"], 5);
   EXPECT_EQ(j["args"]["num_layers"], 2);
   EXPECT_DOUBLE_EQ(j["args"]["lr"].get<double>(), 3e-4);
@@ -83,6 +83,50 @@ TEST(TorchDistPickle, RefusesGlobalsByName) {
   const std::string inst = "(ibuiltins\nprint\n.";
   td::PickleDoc doc;
   EXPECT_THROW(td::unpickle(u8(inst), inst.size(), doc), td::PickleError);
+}
+
+// "Billion laughs": 60 lists, each holding the list below twice through the memo (BINGET), is a
+// 400-byte pickle whose tree has 2^61 nodes. Converting it must be refused with the name of the
+// input (bounded by its size), not run out of memory; the same shape with 8 levels (511 nodes,
+// well inside 4096 + 16 * size) converts, and every leaf is the innermost empty list.
+TEST(TorchDistPickle, SharedReferencesCannotExpandBeyondInputSize) {
+  auto laughs = [](int levels) {
+    std::string p = "\x80\x02]q";  // PROTO 2, EMPTY_LIST, BINPUT 0, POP
+    p += '\0';
+    p += '0';
+    for (int i = 1; i <= levels; ++i) {
+      p += "(h";
+      p += static_cast<char>(i - 1);
+      p += 'h';
+      p += static_cast<char>(i - 1);
+      p += "lq";  // LIST, BINPUT i
+      p += static_cast<char>(i);
+      if (i < levels) p += '0';  // POP: the memo keeps it
+    }
+    return p + ".";
+  };
+  {
+    const std::string p = laughs(60);
+    td::PickleDoc doc;
+    const td::PyValue* root = td::unpickle(u8(p), p.size(), doc);
+    try {
+      (void)td::py_to_json(root, nullptr, "ckpt/common.pt", p.size());
+      ADD_FAILURE() << "billion laughs converted";
+    } catch (const megatron::UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("ckpt/common.pt"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expands far beyond"), std::string::npos) << e.what();
+    }
+  }
+  const std::string p = laughs(8);
+  td::PickleDoc doc;
+  const nlohmann::json j = td::py_to_json(td::unpickle(u8(p), p.size(), doc), nullptr, "small", p.size());
+  const nlohmann::json* x = &j;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(x->is_array() && x->size() == 2u) << i;
+    EXPECT_EQ((*x)[0], (*x)[1]);
+    x = &(*x)[0];
+  }
+  EXPECT_EQ(*x, nlohmann::json::array());
 }
 
 TEST(TorchDistPickle, FlatRangeBoxesCoverExactlyTheRange) {
@@ -131,7 +175,7 @@ TEST(TorchDistPickle, FuzzedInputNeverCrashes) {
       } else {
         td::TorchArchive a;
         td::read_torch_archive(u8(buf), buf.size(), "fuzz", a);
-        (void)td::py_to_json(a.root, &a, "fuzz");
+        (void)td::py_to_json(a.root, &a, "fuzz", buf.size());
       }
       ++ok;
     } catch (const megatron::UserError&) {
@@ -210,6 +254,21 @@ TEST(TorchDistCheckpoint, SaveLoadReshardsBoxesAndFlatRanges) {
     FAIL();
   } catch (const megatron::UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'w' has global shape [4, 6]"), std::string::npos) << e.what();
+  }
+  // .metadata that is not a regular file (a directory; a symlink to /dev/zero) is said to be so,
+  // not "missing"; a removed one is missing.
+  fs::remove(dir + "/.metadata");
+  for (int k = 0; k < 3; ++k) {
+    if (k == 0) fs::create_directory(dir + "/.metadata");
+    if (k == 1) fs::create_symlink("/dev/zero", dir + "/.metadata");
+    try {
+      td::read_dcp_metadata(dir);
+      FAIL();
+    } catch (const megatron::UserError& e) {
+      const char* want = k < 2 ? "/.metadata is not a regular file" : "/.metadata is missing";
+      EXPECT_NE(std::string(e.what()).find(dir + want), std::string::npos) << k << ": " << e.what();
+    }
+    fs::remove(dir + "/.metadata");
   }
   fs::remove_all(dir);
 }

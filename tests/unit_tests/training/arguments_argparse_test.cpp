@@ -52,6 +52,26 @@ TEST(ArgparseRules, ValueFlagDoesNotSwallowAFlag) {
   EXPECT_FALSE(a.finetune);
 }
 
+// An empty string is a value for argparse ("--tensorboard-dir ''" stores ''); Megatron tests such
+// flags for truth, so '' is "not set" (no TensorBoard). The empty value must not make the parser
+// take the next flag as the value either.
+TEST(ArgparseRules, EmptyStringIsAValue) {
+  for (const auto& flags : {with(base(), {"--tensorboard-dir", "", "--save", "/ck"}),
+                            with(base(), {"--tensorboard-dir=", "--save", "/ck"})}) {
+    Arguments a = parse_args(flags);
+    EXPECT_FALSE(a.tensorboard_dir.has_value()) << *a.tensorboard_dir;
+    EXPECT_EQ(a.save, "/ck");
+  }
+  Arguments b = parse_args(with(base(), {"--load", "", "--finetune"}));
+  EXPECT_FALSE(b.load.has_value()) << *b.load;
+  EXPECT_TRUE(b.finetune);
+  // A number flag: '' is not a number (argparse: "invalid int value: ''"), never read as 0.
+  EXPECT_NE(parse_error(with(base(), {"--seed", ""})).find("argument --seed: invalid"), std::string::npos);
+  EXPECT_NE(parse_error(with(base(), {"--lr="})).find("argument --lr: invalid"), std::string::npos);
+  // A string flag with choices: '' is a value, refused as argparse refuses an invalid choice.
+  EXPECT_NE(parse_error(with(base(), {"--ckpt-format", ""})).find("--ckpt-format"), std::string::npos);
+}
+
 TEST(ArgparseRules, NegativeNumbersAreValues) {
   Arguments a = parse_args(with(base(), {"--null-tokenizer-pad-id", "-1", "--profile-ranks", "-1", "-2"}));
   EXPECT_EQ(a.tokenizer.null_tokenizer_pad_id, -1);

@@ -3,6 +3,7 @@
 #include "megatron/training/checkpointing.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -67,7 +68,14 @@ TEST(TrainingCheckpointing, SaveWritesTrackerAndMegatronLinesThenLoads) {
   ::testing::internal::CaptureStdout();
   save_checkpoint(t.st, cfg, {});
   std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("] saving checkpoint at iteration       5 to " + root + " in torch_dist format"), std::string::npos) << out;
+  // No --ckpt-format on the command line: our layout is written, and the line says so (it must not
+  // claim torch_dist, the default value of --ckpt-format, which only the explicit flag writes).
+  EXPECT_NE(out.find("] saving checkpoint at iteration       5 to " + root +
+                     " in megatron.cpp's distributed (per-rank safetensors + metadata; --ckpt-format torch_dist "
+                     "writes torch_dist) format"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("in torch_dist format"), std::string::npos) << out;
   EXPECT_NE(out.find("] successfully saved checkpoint from iteration       5 to " + root +
                      " [ t 1/1, gtp_remat 1/1, p 1/1 ]"),
             std::string::npos)
@@ -167,6 +175,69 @@ TEST(TrainingCheckpointing, MissingTrackerAndBadTracker) {
     ADD_FAILURE();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("latest_checkpointed_iteration.txt"), std::string::npos);
+  }
+  // Past INT64_MAX (9223372036854775807): a user error naming the tracker, not std::stoll's throw.
+  dc::write_file_atomic(root + "/latest_checkpointed_iteration.txt", "99999999999999999999");
+  try {
+    read_tracker(root);
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(root + "/latest_checkpointed_iteration.txt: iteration number "
+                                         "'99999999999999999999' is out of range"),
+              std::string::npos)
+        << e.what();
+  }
+  // The largest value still reads exactly.
+  dc::write_file_atomic(root + "/latest_checkpointed_iteration.txt", "9223372036854775807");
+  EXPECT_EQ(read_tracker(root)->first, INT64_MAX);
+  // A tracker that is a directory (or a FIFO: it would block) is refused, not read.
+  fs::remove(root + "/latest_checkpointed_iteration.txt");
+  fs::create_directory(root + "/latest_checkpointed_iteration.txt");
+  try {
+    read_tracker(root);
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("latest_checkpointed_iteration.txt: not a regular file"), std::string::npos) << e.what();
+  }
+  fs::remove_all(root);
+}
+
+// An iteration directory that is a symlink loop, and checkpoint files that are not regular files
+// (a FIFO would block a reader, /dev/zero never ends): user errors naming the path.
+TEST(TrainingCheckpointing, SymlinkLoopAndNonRegularFilesAreUserErrors) {
+  std::string root = tmp_dir("loop");
+  Toy u;
+  CheckpointConfig cfg;
+  cfg.load = root;
+  dc::write_file_atomic(root + "/latest_checkpointed_iteration.txt", "3");
+  fs::create_symlink(root + "/iter_0000003", root + "/iter_0000003");  // points at itself: ELOOP
+  try {
+    ::testing::internal::CaptureStdout();
+    load_checkpoint(u.st, cfg, {});
+    ::testing::internal::GetCapturedStdout();
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(std::string(e.what()).find("checkpoint directory " + root + "/iter_0000003: "), std::string::npos) << e.what();
+  }
+  fs::remove(root + "/iter_0000003");
+  fs::create_directory(root + "/iter_0000003");
+  fs::create_symlink("/dev/zero", root + "/iter_0000003/metadata.json");
+  try {
+    dc::check_is_distributed_checkpoint(root + "/iter_0000003");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(root + "/iter_0000003/metadata.json is not a regular file (a device or socket)"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove(root + "/iter_0000003/metadata.json");
+  ASSERT_EQ(::mkfifo((root + "/iter_0000003/metadata.json").c_str(), 0600), 0);
+  try {
+    dc::check_is_distributed_checkpoint(root + "/iter_0000003");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata.json is not a regular file (a FIFO)"), std::string::npos) << e.what();
   }
   fs::remove_all(root);
 }

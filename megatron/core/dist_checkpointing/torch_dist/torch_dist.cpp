@@ -73,6 +73,20 @@ DcpMetadata parse_dcp_metadata(const uint8_t* data, size_t size, const std::stri
   const PyValue* sto = root->attr("storage_data");
   if (!sdm || !sdm->is_dict()) bad("no state_dict_metadata dict");
   if (!sto || !sto->is_dict()) bad("no storage_data dict");
+  // The memo lets one value (a chunk list, an offsets tuple) be shared everywhere for two bytes a
+  // reference: bound the chunks and tuple elements read by the input size (real ones each cost
+  // far more than one byte), so a hostile file cannot expand quadratically.
+  uint64_t budget = 4096 + 4 * static_cast<uint64_t>(size);
+  auto charge = [&](size_t n) {
+    if (n >= budget)
+      user_error(what, ": expands far beyond its file size (shared references; malformed or hostile .metadata)");
+    budget -= n;
+  };
+  auto ints = [&](const PyValue* v, const std::string& w) {
+    Shape r = int_tuple(v, w);
+    charge(r.size() + 1);
+    return r;
+  };
   // storage_data: MetadataIndex(fqn, offset) -> _StorageInfo(relative_path, offset, length)
   std::map<std::pair<std::string, Shape>, DcpBytesMeta> where;
   for (const auto& [k, v] : sto->dict) {
@@ -80,7 +94,7 @@ DcpMetadata parse_dcp_metadata(const uint8_t* data, size_t size, const std::stri
     const PyValue* fqn = k->attr("fqn");
     if (!fqn || !fqn->is_str()) bad("MetadataIndex without fqn");
     Shape off;
-    if (const PyValue* o = k->attr("offset"); o && !o->is_none()) off = int_tuple(o, what + " MetadataIndex(" + fqn->s + ").offset");
+    if (const PyValue* o = k->attr("offset"); o && !o->is_none()) off = ints(o, what + " MetadataIndex(" + fqn->s + ").offset");
     if (!v->is_object("torch.distributed.checkpoint.filesystem._StorageInfo"))
       bad("storage of '" + fqn->s + "' is " + v->type_name());
     const PyValue *rp = v->attr("relative_path"), *of = v->attr("offset"), *ln = v->attr("length");
@@ -115,14 +129,15 @@ DcpMetadata parse_dcp_metadata(const uint8_t* data, size_t size, const std::stri
     }
     if (!dt || dt->kind != PyValue::Kind::kGlobal) bad("'" + key + "': no dtype in its TensorProperties");
     t.dtype = dtype_from_torch_name(dt->s, what + " '" + key + "'");
-    t.size = int_tuple(sz, what + " '" + key + "' size");
+    t.size = ints(sz, what + " '" + key + "' size");
+    charge(chunks->items.size());
     for (const PyValue* c : chunks->items) {
       if (!c->is_object((std::string(kMd) + "ChunkStorageMetadata").c_str())) bad("'" + key + "': chunk is " + c->type_name());
       const PyValue *o = c->attr("offsets"), *s = c->attr("sizes");
       if (!o || !s) bad("'" + key + "': chunk without offsets/sizes");
       DcpChunk ch;
-      ch.offsets = int_tuple(o, what + " '" + key + "' chunk offsets");
-      ch.sizes = int_tuple(s, what + " '" + key + "' chunk sizes");
+      ch.offsets = ints(o, what + " '" + key + "' chunk offsets");
+      ch.sizes = ints(s, what + " '" + key + "' chunk sizes");
       if (ch.offsets.size() != t.size.size() || ch.sizes.size() != t.size.size())
         bad("'" + key + "': chunk rank differs from the tensor's");
       for (size_t d = 0; d < t.size.size(); ++d)
@@ -146,7 +161,11 @@ DcpMetadata read_dcp_metadata(const std::string& dir) {
     user_error(dir, " is not a torch_dist checkpoint (its metadata.json does not name sharded_backend torch_dist)");
   const std::string path = dir + "/.metadata";
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) user_error(path, " is missing (incomplete torch_dist checkpoint)");
+  const fs::file_status fst = fs::status(path, ec);
+  if (fst.type() == fs::file_type::not_found) user_error(path, " is missing (incomplete torch_dist checkpoint)");
+  if (fst.type() != fs::file_type::regular)
+    user_error(path, " is not a regular file (", ec ? ec.message() : "a directory, FIFO or device",
+               "): it must be the .metadata pickle torch.distributed.checkpoint writes");
   MappedFile f(path);
   return parse_dcp_metadata(f.data(), f.size(), path);
 }
@@ -211,8 +230,23 @@ std::string dcp_metadata_pickle(const DcpMetadata& md, const std::string& checkp
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-json py_to_json_rec(const PyValue* v, const TorchArchive* a, const std::string& where, int depth) {
+// Output budget of one py_to_json() call, in units of one node plus its string/bytes length. The
+// pickle memo lets a value be referenced many times for two bytes each ("billion laughs": 60 lists
+// each holding the one below twice expand to 2^60 nodes), so the budget is proportional to the
+// input: a pickle of n bytes holds at most n nodes and n bytes of strings when nothing is shared.
+struct JsonBudget {
+  uint64_t left;
+  void charge(uint64_t units, const std::string& where) {
+    if (units > left)
+      user_error(where, ": pickled value expands far beyond its file size (shared references; ",
+                 "malformed or hostile checkpoint), refusing to convert it");
+    left -= units;
+  }
+};
+
+json py_to_json_rec(const PyValue* v, const TorchArchive* a, const std::string& where, int depth, JsonBudget& bud) {
   if (depth > 64) user_error(where, ": value nested deeper than 64 levels");
+  bud.charge(1 + v->s.size(), where);
   using K = PyValue::Kind;
   switch (v->kind) {
     case K::kNone: return nullptr;
@@ -226,14 +260,14 @@ json py_to_json_rec(const PyValue* v, const TorchArchive* a, const std::string& 
     case K::kList:
     case K::kTuple: {
       json arr = json::array();
-      for (const PyValue* x : v->items) arr.push_back(py_to_json_rec(x, a, where, depth + 1));
+      for (const PyValue* x : v->items) arr.push_back(py_to_json_rec(x, a, where, depth + 1, bud));
       return arr;
     }
     case K::kDict: {
       json o = json::object();
       for (const auto& [k, x] : v->dict) {
-        std::string key = k->is_str() ? k->s : py_to_json_rec(k, a, where, depth + 1).dump();
-        o[key] = py_to_json_rec(x, a, where, depth + 1);
+        std::string key = k->is_str() ? k->s : py_to_json_rec(k, a, where, depth + 1, bud).dump();
+        o[key] = py_to_json_rec(x, a, where, depth + 1, bud);
       }
       return o;
     }
@@ -249,15 +283,15 @@ json py_to_json_rec(const PyValue* v, const TorchArchive* a, const std::string& 
         }
         return json{{"__tensor__", t.shape}, {"dtype", dtype_name(t.dtype)}};
       }
-      if (v->s == "torch.Size" && v->items.size() == 1) return py_to_json_rec(v->items[0], a, where, depth + 1);
+      if (v->s == "torch.Size" && v->items.size() == 1) return py_to_json_rec(v->items[0], a, where, depth + 1, bud);
       // Enum(value) and similar one-argument constructions: the value.
-      if (!v->state && v->items.size() == 1 && !v->newobj) return py_to_json_rec(v->items[0], a, where, depth + 1);
-      if (v->state && v->state->is_dict()) return py_to_json_rec(v->state, a, where, depth + 1);
+      if (!v->state && v->items.size() == 1 && !v->newobj) return py_to_json_rec(v->items[0], a, where, depth + 1, bud);
+      if (v->state && v->state->is_dict()) return py_to_json_rec(v->state, a, where, depth + 1, bud);
       json o = {{"__class__", v->s}};
       json args = json::array();
-      for (const PyValue* x : v->items) args.push_back(py_to_json_rec(x, a, where, depth + 1));
+      for (const PyValue* x : v->items) args.push_back(py_to_json_rec(x, a, where, depth + 1, bud));
       o["args"] = args;
-      if (v->state) o["state"] = py_to_json_rec(v->state, a, where, depth + 1);
+      if (v->state) o["state"] = py_to_json_rec(v->state, a, where, depth + 1, bud);
       return o;
     }
   }
@@ -265,8 +299,9 @@ json py_to_json_rec(const PyValue* v, const TorchArchive* a, const std::string& 
 }
 }  // namespace
 
-json py_to_json(const PyValue* v, const TorchArchive* archive, const std::string& where) {
-  return py_to_json_rec(v, archive, where, 0);
+json py_to_json(const PyValue* v, const TorchArchive* archive, const std::string& where, size_t input_bytes) {
+  JsonBudget bud{4096 + 16 * static_cast<uint64_t>(input_bytes)};
+  return py_to_json_rec(v, archive, where, 0, bud);
 }
 
 const PyValue* json_to_py(const json& j, PickleDoc& d) {
@@ -298,7 +333,7 @@ json load_common(const std::string& dir) {
     MappedFile f(path);
     TorchArchive a;
     read_torch_archive(f.data(), f.size(), path, a);
-    return py_to_json(a.root, &a, path);
+    return py_to_json(a.root, &a, path, f.size());
   }
   // Megatron-LM's current layout (dist_checkpointing/serialization.py load_common_state_dict):
   // the common state is the ShardedObject "common_state", a torch.save of [dict].
@@ -315,7 +350,7 @@ json load_common(const std::string& dir) {
     user_error(what, ": the file has only ", f.size(), " bytes (truncated .distcp)");
   TorchArchive a;
   read_torch_archive(f.data() + it->second.offset, static_cast<size_t>(it->second.length), what, a);
-  json j = py_to_json(a.root, &a, what);
+  json j = py_to_json(a.root, &a, what, static_cast<size_t>(it->second.length));
   if (!j.is_array() || j.size() != 1 || !j[0].is_object())
     user_error(what, ": expected a one-element list holding the common state dict");
   return j[0];

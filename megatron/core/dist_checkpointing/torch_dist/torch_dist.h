@@ -76,8 +76,11 @@ std::string dcp_metadata_pickle(const DcpMetadata& md, const std::string& checkp
 /// A torch.save value as JSON: scalars, str, lists/tuples (arrays), dicts (objects; non-string
 /// keys as their JSON text), argparse.Namespace and dataclasses (their attribute dicts), enums
 /// (their value), torch dtypes ("torch.bfloat16"), one-element tensors (their number), other
-/// tensors ({"__tensor__": shape}), bytes ({"__bytes__": n}). Throws UserError past depth 64.
-nlohmann::json py_to_json(const PyValue* v, const TorchArchive* archive, const std::string& where);
+/// tensors ({"__tensor__": shape}), bytes ({"__bytes__": n}). Throws UserError past depth 64, and
+/// when the output would exceed 4096 + 16 * `input_bytes` units (one per node plus its string
+/// length): the pickle memo lets shared references expand exponentially ("billion laughs");
+/// `input_bytes` is the size of the archive the value was read from.
+nlohmann::json py_to_json(const PyValue* v, const TorchArchive* archive, const std::string& where, size_t input_bytes);
 /// The inverse for JSON values (objects become dicts; strings "torch.<dtype>" stay strings).
 const PyValue* json_to_py(const nlohmann::json& j, PickleDoc& doc);
 
