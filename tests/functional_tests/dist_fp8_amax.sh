@@ -20,7 +20,8 @@
 #     such a difference straddles an FP8 rounding midpoint, by one flipped element: one e4m3 step
 #     (<= 2^-3 of one activation of one token) moves the mean loss over 256 tokens by ~1e-7.
 #     Iteration 2's weights come from one Adam step, whose update is lr * sign(g) (m/sqrt(v) = g/|g|
-#     on the first step; clipping scales all g alike), insensitive to gradient rounding. From
+#     on the first step; clipping scales all g alike), insensitive to gradient rounding, and its
+#     forward uses the step-1 input/weight scales, equal (check 2) or a few ulps apart. From
 #     iteration 3 Adam's update depends on gradient magnitudes and one-ulp differences grow ~10x per
 #     step (7.8e-5 at iteration 5 with SkylakeX): those iterations are only required to train.
 #  4. The TP2 x DP2 resume reproduces the straight run's losses and FP8 state bitwise (the same
