@@ -1,9 +1,12 @@
 #include "megatron/training/param_dump.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "megatron/core/distributed/gather_params.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/temp_file.h"
 
@@ -38,6 +41,27 @@ void dump_parameters(const std::string& dir, int pp_rank, const std::vector<mode
       user_error("MEGATRON_DUMP_PARAMS: cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
     guard.release();
   }
+}
+
+void dump_fp8_state(const std::string& dir, int global_rank, const std::vector<models::gpt::GPTModel*>& chunks) {
+  const std::string path = dir + "/fp8_state_rank" + std::to_string(global_rank) + ".txt";
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) user_error("MEGATRON_DUMP_FP8_STATE: cannot append to ", path, "; create the folder first");
+  bool ok = true;
+  for (auto* m : chunks) {
+    const fp8::Fp8State* st = m->fp8_state();
+    if (!st) continue;
+    for (int r = 0; r < st->num_roles(); ++r) {
+      const fp8::Fp8TensorMeta& meta = st->meta(r);
+      ok = std::fprintf(f, "step %lld %s %d amax_history", static_cast<long long>(st->steps_done()),
+                        st->linear_name(r - r % fp8::kNumRoles).c_str(), r % fp8::kNumRoles) > 0 && ok;
+      for (float a : meta.amax_history) ok = std::fprintf(f, " %a", static_cast<double>(a)) > 0 && ok;
+      ok = std::fprintf(f, " scale %a scale_inv %a\n", static_cast<double>(meta.scale),
+                        static_cast<double>(meta.scale_inv)) > 0 && ok;
+    }
+  }
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) user_error("MEGATRON_DUMP_FP8_STATE: writing ", path, " failed: ", std::strerror(errno));
 }
 
 }  // namespace megatron::training

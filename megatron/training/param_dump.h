@@ -21,4 +21,13 @@ namespace megatron::training {
 void dump_parameters(const std::string& dir, int pp_rank, const std::vector<models::gpt::GPTModel*>& chunks,
                      comm::ProcessGroup& tp_group, bool write);
 
+/// Debug dump of the FP8 delayed-scaling state, for the FP8 amax-reduction test
+/// (tests/functional_tests/dist_fp8_amax.sh): with MEGATRON_DUMP_FP8_STATE=<dir> set, every rank
+/// appends, after each step's amax reduction and scale update, one line per FP8 role of every model
+/// chunk to <dir>/fp8_state_rank<global_rank>.txt:
+///   "step <n> <linear> <role 0..2> amax_history <H hex floats> scale <hex> scale_inv <hex>"
+/// (C99 %a hex floats: exact, so ranks can be compared bitwise). Local, not collective. Throws
+/// UserError when the file cannot be written (naming it and MEGATRON_DUMP_FP8_STATE).
+void dump_fp8_state(const std::string& dir, int global_rank, const std::vector<models::gpt::GPTModel*>& chunks);
+
 }  // namespace megatron::training

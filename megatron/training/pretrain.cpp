@@ -373,7 +373,11 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   // FP8: after the step's last backward, the amaxes are reduced (MAX) over TP x DP x CP (Megatron's
   // amax reduction group) and every scale is updated for the next step.
   auto amax_group = ps::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true);
-  hooks.finalize_model_grads = [&ddp_ptrs, fg, per_token_loss, &chunks, amax_group](double num_tokens) {
+  const char* fp8_dump = std::getenv("MEGATRON_DUMP_FP8_STATE");  // FP8 amax-reduction test
+  const std::string fp8_dump_dir = fp8_dump ? fp8_dump : "";
+  const int global_rank = static_cast<int>(args.rank);
+  hooks.finalize_model_grads = [&ddp_ptrs, fg, per_token_loss, &chunks, amax_group, fp8_dump_dir,
+                                global_rank](double num_tokens) {
     if (per_token_loss) {
       Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
       distributed::finalize_model_grads(ddp_ptrs, fg, &n);
@@ -382,6 +386,11 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     }
     for (auto& m : chunks)
       if (auto* f8 = m->fp8_state()) f8->reduce_and_update(amax_group.get());
+    if (!fp8_dump_dir.empty()) {
+      std::vector<models::gpt::GPTModel*> raw;
+      for (auto& m : chunks) raw.push_back(m.get());
+      dump_fp8_state(fp8_dump_dir, global_rank, raw);
+    }
   };
   if (args.use_distributed_optimizer) {
     hooks.after_optimizer_step = [&ddp_ptrs] {

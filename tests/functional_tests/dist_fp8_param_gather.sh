@@ -9,8 +9,12 @@
 #     bf16-rounded main param cast with the same delayed scale, and its amax enters the same step's
 #     history, so the FP8 GEMM operands are bit-identical to the run without the flag. The only
 #     difference is the parameter layout (FP8 weights get buckets of their own, as Megatron's
-#     separate uint8 buffer), which changes the fp32 summation order of the global grad norm (and
-#     so the clipping factor) by a few ulps. Measured 2026-11-30: identical to every printed digit.
+#     separate uint8 buffer), which changes the summation order of the global grad norm. That sum
+#     runs in fp64 over ~1e5 squares (order-dependent error <= ~1e5 * 2^-53 ~ 1e-11 relative, on
+#     any CPU: it is our loop, not OpenBLAS) and the clipping factor is applied as an fp32, so the
+#     factors differ only when the fp64 value lies within ~1e-11 of an fp32 rounding midpoint
+#     (chance ~2e-11 / 2^-24 ~ 3e-4 per step): the two runs are bitwise the same arithmetic on
+#     every CPU but with that chance. Measured 2026-11-30: identical to every printed digit.
 #  3. Checkpoints: saved with the flag at iteration 4 and resumed without it (and the reverse), the
 #     losses of iterations 5-6 equal the straight runs; resumed with the flag it is exact; the model
 #     weights saved with the flag (loaded with --no-load-optim) equal those saved without it

@@ -41,7 +41,9 @@ if not all(math.isfinite(x) for x in v):
 if not v[-1] < v[0] - 1.0:
     sys.exit(f"FAIL: {name}: loss did not fall by > 1 nat ({v[0]} -> {v[-1]})")
 d = max(abs(a - b) / a for a, b in zip(p, v))
-# printed with 7 significant digits: a difference above 2e-6 relative is not print rounding
+# printed with 7 significant digits: a difference above 2e-6 relative is not print rounding. The
+# variants change the rotation angles, a systematic difference (2.5e-5 on the first loss, and
+# training compounds it over 10 steps), while the kernel set only moves fp32 rounding (~1e-7).
 if not d > 2e-6:
     sys.exit(f"FAIL: {name}: losses equal to the plain run's (max rel diff {d:.1e}): the flag had no effect")
 print(f"{name}: {v[0]} -> {v[-1]}, max rel diff to plain RoPE {d:.1e}")

@@ -9,6 +9,14 @@
 // when the distributed optimizer is on, then all-gathers.
 // Tolerance 1e-5 relative (losses; parameters relative to the largest |parameter|): the two runs
 // differ only in fp32 summation order of the gradient (per-rank partial sums then a reduction).
+// Why this holds on any CPU: both runs back-propagate each sample alone with the same shapes and
+// kernels, with loss scales 1/global vs 1/per_rank (then the DP average 1/dp), powers of two for
+// DP 2 and 4, so the per-sample gradients are bitwise proportional whatever kernels OpenBLAS
+// picks; only the association of the 2*dp per-sample terms differs, ~2*dp*u (u = 2^-24) of the
+// largest term. Adam turns a gradient difference dg into a step difference <= lr*dg*eps/(|g|+eps)^2:
+// with dg ~ 5e-7 of the terms, that stays below 1e-5 unless an element's gradient cancels to
+// ~eps = 1e-8 from terms above ~1e-3, which the exact-zero gradients (the key bias: softmax ignores
+// a per-query constant) do not do: their terms are rounding noise themselves (~1e-9).
 #include <gtest/gtest.h>
 
 #include <cmath>
