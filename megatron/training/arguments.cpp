@@ -879,6 +879,8 @@ void validate_moe_args(Arguments& a) {
   if (a.moe_router_enable_expert_bias && a.moe_router_score_function == "softmax")
     fail("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
   if (a.fp8) fail("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
+  if (a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
+    fail("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's MoELayer rule)");
   if (a.context_parallel_size > 1 && ep > 1)
     fail("--expert-model-parallel-size > 1 with --context-parallel-size > 1 is not implemented in megatron.cpp yet");
 }

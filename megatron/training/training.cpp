@@ -1,3 +1,4 @@
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/training/training.h"
 
 #include <algorithm>
@@ -169,6 +170,10 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     optimizer_.zero_grad();
   }
   const double loss_scale = optimizer_.get_loss_scale();
+  // MoE: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the aux losses' backward scale, as the
+  // main loss's: loss_scale / num_microbatches, or loss_scale with --calculate-per-token-loss).
+  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
+      args_.calculate_per_token_loss ? loss_scale : loss_scale / static_cast<double>(num_microbatches_));
   std::vector<std::pair<Tensor, Tensor>> deferred;  // (device loss, host mask) per micro-batch
   timers_("forward-backward", 1).start();
   if (hooks_.forward_backward) {
