@@ -262,6 +262,20 @@ void apply_router_token_dropping(std::vector<double>& probs, std::vector<uint8_t
   }
 }
 
+std::vector<double> updated_expert_bias(const std::vector<double>& tokens_per_expert, const std::vector<double>& bias,
+                                        double rate) {
+  float mean = 0;
+  for (double c : tokens_per_expert) mean += static_cast<float>(c);
+  mean /= static_cast<float>(tokens_per_expert.size());
+  std::vector<double> out(bias.size());
+  for (size_t e = 0; e < bias.size(); ++e) {
+    const float off = mean - static_cast<float>(tokens_per_expert[e]);
+    const float sgn = off > 0 ? 1.0f : off < 0 ? -1.0f : 0.0f;
+    out[e] = static_cast<float>(bias[e]) + sgn * static_cast<float>(rate);
+  }
+  return out;
+}
+
 std::vector<int64_t> permute_indices(const std::vector<uint8_t>& routing_map, int64_t T, int64_t E, int64_t e_begin,
                                      int64_t e_end, std::vector<int64_t>* tokens_per_expert) {
   std::vector<int64_t> idx;

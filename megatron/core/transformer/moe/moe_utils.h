@@ -77,6 +77,11 @@ void apply_router_token_dropping(std::vector<double>& probs, std::vector<uint8_t
                                  int64_t topk, double capacity_factor, const std::string& drop_policy,
                                  bool pad_to_capacity);
 
+/// Megatron's get_updated_expert_bias after the all-reduce: bias + sign(mean(count) - count) * rate,
+/// in float32 as Megatron's fp32 expert_bias buffer.
+std::vector<double> updated_expert_bias(const std::vector<double>& tokens_per_expert, const std::vector<double>& bias,
+                                        double rate);
+
 /// Megatron's permute() index map for a routing map [T, E] restricted to experts
 /// [e_begin, e_end): the token index of every permuted row, expert-major, tokens in ascending order
 /// within an expert (the stable argsort of routing_map.T), and the rows per expert.

@@ -264,16 +264,8 @@ void TopKRouter::update_expert_bias() {
     groups_.tp_dp_cp->all_reduce(t);
     tpe = to_host_f64(t);
   }
-  double mean = 0;
-  for (double c : tpe) mean += c;
-  mean /= static_cast<double>(E);
-  // Megatron's get_updated_expert_bias: bias + sign(mean - count) * rate, in float32.
-  for (size_t e = 0; e < E; ++e) {
-    const double off = mean - tpe[e];
-    const double sgn = off > 0 ? 1.0 : off < 0 ? -1.0 : 0.0;
-    expert_bias_[e] = static_cast<float>(static_cast<float>(expert_bias_[e]) +
-                                         static_cast<float>(sgn * config_.moe_router_bias_update_rate));
-  }
+  MEGATRON_CHECK(tpe.size() == E) << "expert bias of " << E << " experts";
+  expert_bias_ = updated_expert_bias(tpe, expert_bias_, config_.moe_router_bias_update_rate);
   std::fill(local_tokens_per_expert_.begin(), local_tokens_per_expert_.end(), 0.0);
 }
 
