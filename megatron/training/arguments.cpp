@@ -448,7 +448,6 @@ void bind_moe(Binder& b, Arguments& a) {
               "selects Transformer Engine's fused router kernels in Megatron; megatron.cpp's router is one "
               "implementation (same math)",
               [&a](const std::string&) { a.moe_router_fusion = true; });
-  b.flag("--moe-per-layer-logging", a.moe_per_layer_logging, true);
   b.num("--moe-input-jitter-eps", a.moe_input_jitter_eps, kUnitHalfOpen);
   b.num("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 1);
 }
