@@ -56,6 +56,17 @@ TopKRouter::TopKRouter(ParamRegistry& reg, const std::string& prefix, const Tran
   global_tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
 }
 
+TopKOptions TopKRouter::topk_options() const {
+  TopKOptions o;
+  o.topk = config_.moe_router_topk;
+  o.use_pre_softmax = config_.moe_router_pre_softmax;
+  o.num_groups = config_.moe_router_num_groups;
+  o.group_topk = config_.moe_router_group_topk;
+  o.scaling_factor = config_.moe_router_topk_scaling_factor;
+  o.score_function = config_.moe_router_score_function;
+  return o;
+}
+
 double TopKRouter::aux_coeff(const std::string& type) const {
   const auto& types = config_.moe_router_load_balancing_type;
   for (size_t i = 0; i < types.size(); ++i)
@@ -119,13 +130,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
       MoEMetricsTracker::get().record("z_loss", z / coeff, layer_number_, num_layers, nullptr, false,
                                       groups_.tp_dp_cp.get());
   }
-  TopKOptions o;
-  o.topk = config_.moe_router_topk;
-  o.use_pre_softmax = config_.moe_router_pre_softmax;
-  o.num_groups = config_.moe_router_num_groups;
-  o.group_topk = config_.moe_router_group_topk;
-  o.scaling_factor = config_.moe_router_topk_scaling_factor;
-  o.score_function = config_.moe_router_score_function;
+  TopKOptions o = topk_options();
   o.expert_bias = config_.moe_router_enable_expert_bias ? &expert_bias_ : nullptr;
   topk_routing_with_score_function(logits, T, E, o, probs, routing_map, ctx.topk);
   // probs.type_as(logits)
@@ -208,13 +213,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
 }
 
 Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
-  TopKOptions o;
-  o.topk = config_.moe_router_topk;
-  o.use_pre_softmax = config_.moe_router_pre_softmax;
-  o.num_groups = config_.moe_router_num_groups;
-  o.group_topk = config_.moe_router_group_topk;
-  o.scaling_factor = config_.moe_router_topk_scaling_factor;
-  o.score_function = config_.moe_router_score_function;
+  TopKOptions o = topk_options();
   std::vector<double> dl = topk_routing_backward(dprobs, o, ctx.topk);
   for (size_t i = 0; i < dl.size(); ++i) dl[i] += ctx.daux_logits[i];
   const int64_t T = ctx.T, E = ctx.E, h = config_.hidden_size;

@@ -71,6 +71,7 @@ class TopKRouter {
 
  private:
   double aux_coeff(const std::string& type) const;
+  TopKOptions topk_options() const;  // the routing options of the config (expert_bias unset)
   const TransformerConfig& config_;
   int64_t layer_number_;
   MoEGroups groups_;

@@ -41,6 +41,15 @@ std::vector<int64_t> experts_of(const std::vector<int64_t>& tokens_per_expert, i
 
 }  // namespace
 
+void TokenDispatcher::init_ctx(const Tensor& tokens, DispatchCtx& ctx) const {
+  ctx.h = tokens.size(-1);
+  ctx.T = tokens.numel() / ctx.h;
+  ctx.E = *config_.num_moe_experts;
+  ctx.e0 = e0_;
+  ctx.L = L_;
+  ctx.dtype = tokens.dtype();
+}
+
 TokenDispatcher::TokenDispatcher(const TransformerConfig& config, const MoEGroups& groups)
     : config_(config), groups_(groups) {
   const int64_t ep = groups.ep->size();
@@ -57,12 +66,7 @@ Tensor MoEAllGatherTokenDispatcher::dispatch(const Tensor& tokens, const std::ve
                                              std::vector<int64_t>* tokens_per_expert, Tensor* permuted_probs,
                                              DispatchCtx& ctx) {
   comm::ProcessGroup& g = *groups_.tp_ep;
-  ctx.h = tokens.size(-1);
-  ctx.T = tokens.numel() / ctx.h;
-  ctx.E = *config_.num_moe_experts;
-  ctx.e0 = e0_;
-  ctx.L = L_;
-  ctx.dtype = tokens.dtype();
+  init_ctx(tokens, ctx);
   const int64_t T = ctx.T, E = ctx.E, G = g.size();
   Tensor all_tokens = gather(g, tokens.view({T, ctx.h}));
   // probs and the routing map travel together as float32 [T, 2E].
@@ -118,12 +122,7 @@ Tensor MoEAlltoAllTokenDispatcher::dispatch(const Tensor& tokens, const std::vec
                                             std::vector<int64_t>* tokens_per_expert, Tensor* permuted_probs,
                                             DispatchCtx& ctx) {
   comm::ProcessGroup& g = *groups_.tp_ep;
-  ctx.h = tokens.size(-1);
-  ctx.T = tokens.numel() / ctx.h;
-  ctx.E = *config_.num_moe_experts;
-  ctx.e0 = e0_;
-  ctx.L = L_;
-  ctx.dtype = tokens.dtype();
+  init_ctx(tokens, ctx);
   const int64_t T = ctx.T, E = ctx.E, G = g.size(), etp = groups_.expt_tp->size(), L = L_;
   // Permute local tokens by expert (Megatron's dispatch_preprocess permute()).
   std::vector<int64_t> cnt;

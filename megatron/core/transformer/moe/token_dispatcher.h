@@ -48,6 +48,8 @@ class TokenDispatcher {
   int64_t first_local_expert() const { return e0_; }
 
  protected:
+  /// Fills the shape fields of ctx from the tokens [T, h].
+  void init_ctx(const Tensor& tokens, DispatchCtx& ctx) const;
   const TransformerConfig& config_;
   MoEGroups groups_;
   int64_t L_ = 0, e0_ = 0;
