@@ -133,6 +133,12 @@ std::string backend_for(const std::string& flag, const Device& device, int64_t w
   return flag == "gloo" ? "tcp" : "auto";
 }
 
+// Whether --ckpt-format was given on the command line (set in run()).
+bool& ckpt_format_given() {
+  static bool given = false;
+  return given;
+}
+
 CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   CheckpointConfig c;
   c.save = a.save.value_or("");
@@ -146,6 +152,7 @@ CheckpointConfig checkpoint_config_from_args(const Arguments& a) {
   c.exit_on_missing_checkpoint = a.exit_on_missing_checkpoint;
   c.ckpt_step = a.ckpt_step.value_or(-1);
   c.ckpt_format = a.ckpt_format;
+  c.write_torch_dist = a.ckpt_format == "torch_dist" && ckpt_format_given();
   return c;
 }
 
@@ -420,9 +427,14 @@ int run(int argc, char** argv) {
   for (const auto& [flag, note] : args.notes) {
     if (noted.insert(flag).second) say("note: " + flag + " is accepted: " + note);
   }
+  // --ckpt-format torch_dist on the command line writes Megatron-LM's torch_dist (PyTorch DCP)
+  // files; without the flag our own layout is written (loading detects either format).
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--ckpt-format" || std::string(argv[i]).rfind("--ckpt-format=", 0) == 0)
+      ckpt_format_given() = true;
   if (args.ckpt_format != "torch_dist" && (args.save || args.load))
-    say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp always writes and reads its "
-        "distributed checkpoint layout (per-rank safetensors files + metadata; docs/checkpointing.md)");
+    say("note: --ckpt-format " + args.ckpt_format + " is accepted, but megatron.cpp writes its own distributed "
+        "checkpoint layout for it (per-rank safetensors files + metadata; docs/checkpointing.md)");
   if (args.profile) {  // a window that can never open would silently profile nothing
     if (args.profile_step_start < 0 || (args.train_iters && args.profile_step_start >= *args.train_iters))
       say("warning: --profile-step-start " + std::to_string(args.profile_step_start) + " is outside [0, --train-iters " +
@@ -710,7 +722,7 @@ int run(int argc, char** argv) {
   TrainingHooks hooks;
   if (args.tensorboard_dir && args.rank == args.world_size - 1) {
     say("> setting tensorboard ...");
-    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir);
+    writer = std::make_unique<SummaryWriter>(*args.tensorboard_dir, 120.0, args.tensorboard_queue_size);
     hooks.add_scalar = [&writer](const std::string& tag, double v, int64_t step) { writer->add_scalar(tag, v, step); };
     hooks.flush = [&writer] { writer->flush(); };
   }
@@ -852,7 +864,16 @@ int run(int argc, char** argv) {
       w->all_reduce(t, comm::ReduceOp::kMax)->wait();
       return t.to_float_vector()[0] > 0.5f;
     };
+    hooks.barrier = [w = world.get()] { w->barrier(); };
+    hooks.all_gather_times = [w = world.get()](const std::vector<double>& local) {
+      const int64_t n = static_cast<int64_t>(local.size());
+      Tensor in = Tensor::empty({n}, DType::kFloat64), out = Tensor::empty({n * w->size()}, DType::kFloat64);
+      std::copy(local.begin(), local.end(), in.data<double>());
+      w->all_gather(in, out)->wait();
+      return std::vector<double>(out.data<double>(), out.data<double>() + n * w->size());
+    };
   }
+  hooks.memory_stats = [device] { return memory_stats(device.type, device.is_cuda() ? device.index : 0); };
   // Megatron's report_memory: every data-parallel rank 0 prints "[Rank r] ... memory (MB) | ...";
   // on a GPU the allocator/pool fields, on the CPU the resident set.
   hooks.report_memory = [&args, device, dp0 = ps::get_data_parallel_rank() == 0](const std::string& name) {

@@ -1,5 +1,5 @@
 // The minimal distributed training loop, written against the library like Megatron-LM's
-// examples/run_simple_mcore_train_loop.py (megatron.md §7.1):
+// examples/run_simple_mcore_train_loop.py (docs/megatron-reference.md#run_simple_mcore_train_loop):
 //   mpirun -np 2 build/bin/run_simple_mcore_train_loop        (CPU, TP=2)
 //   megatron_launch --nproc-per-node 2 build/bin/run_simple_mcore_train_loop
 // Parallel state with TP2 (TP1 when started as one process), GPT model (2 layers, hidden 12, 4 heads,

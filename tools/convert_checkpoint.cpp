@@ -14,9 +14,13 @@
 //       config.json must agree with the args the checkpoint was trained with (activation, sizes,
 //       norm, ...). An architecture the HF model cannot represent (e.g. --qk-layernorm, squared
 //       ReLU in LLaMA) is refused; squared ReLU in GPT-2 exports as activation_function "relu2".
+//   convert_checkpoint --loader torch_dist --saver hf ...   the same from a Megatron-LM
+//       `--ckpt-format torch_dist` checkpoint (--loader mcore detects that format too). To turn
+//       one into our own layout, pretrain_gpt --load reads it directly.
 // Errors (unsupported config options, missing tensors, wrong shapes, unreadable dtypes) are one
 // line naming the key/tensor/file; exit status 1.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -26,6 +30,7 @@
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/hf/hf_args.h"
 #include "megatron/training/hf/hf_checkpoint.h"
+#include "megatron/training/torch_dist_checkpoint.h"
 
 using namespace megatron;
 namespace dc = megatron::dist_checkpointing;
@@ -46,7 +51,7 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "-h" || k == "--help") {
-      std::puts("usage: convert_checkpoint --loader hf|mcore --saver mcore|hf --load-dir DIR --save-dir DIR "
+      std::puts("usage: convert_checkpoint --loader hf|mcore|torch_dist --saver mcore|hf --load-dir DIR --save-dir DIR "
                 "[--make-vocab-size-divisible-by N] [--target-tensor-parallel-size N] [--hf-config FILE] "
                 "[--max-shard-size-mb N]");
       std::exit(0);
@@ -80,7 +85,9 @@ int hf_to_mcore(const Args& a) {
   }
   sd.common = {{"args", hf::spec_to_args(spec, padded, a.divisible_by)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
   const std::string dir = tr::checkpoint_dir_name(a.save_dir, 0, /*release=*/true);
-  std::filesystem::create_directories(a.save_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(a.save_dir, ec);
+  if (ec) user_error("--save-dir ", a.save_dir, ": cannot create directory (", ec.message(), ")");
   dc::save(sd, dir);
   dc::write_file_atomic(tr::tracker_filename(a.save_dir), "release");
   std::printf("converted %s (%s, %zu tensors, vocab %lld padded to %lld) to %s\n", a.load_dir.c_str(),
@@ -96,7 +103,13 @@ int mcore_to_hf(const Args& a) {
   auto tracker = tr::read_tracker(a.load_dir);
   if (!tracker) user_error(a.load_dir, ": no latest_checkpointed_iteration.txt");
   const std::string dir = tr::checkpoint_dir_name(a.load_dir, tracker->first, tracker->second);
-  json common = dc::load_common_state(dir);
+  // --loader torch_dist: Megatron-LM's own format (docs/checkpointing.md, "Megatron-LM torch_dist
+  // checkpoints"); --loader mcore reads either (detected from metadata.json).
+  const bool torch_dist = dc::torch_dist::is_torch_dist_checkpoint(dir);
+  if (a.loader == "torch_dist" && !torch_dist) user_error("--loader torch_dist: ", dir, " is not a torch_dist checkpoint");
+  tr::TorchDistReadPlan plan;
+  if (torch_dist) plan = tr::plan_torch_dist_read(dir, /*with_optim=*/false);
+  json common = torch_dist ? tr::common_from_torch_dist(dc::torch_dist::load_common(dir)) : dc::load_common_state(dir);
   // The architecture the checkpoint was trained with comes from its args; a --hf-config must
   // agree with them, and what the HF architecture cannot represent is refused.
   const json ck_args = common.value("args", json::object());
@@ -107,13 +120,30 @@ int mcore_to_hf(const Args& a) {
     spec = hf::read_hf_config(a.hf_config);
     hf::check_hf_export(ck_args, spec, dir, a.hf_config);
   }
-  dc::CheckpointIndex idx = dc::load_index(dir);
   dc::ShardedStateDict sd;
-  for (const auto& [key, st] : idx.tensors) {
-    if (key.rfind("optimizer.", 0) == 0) continue;
-    sd.tensors.push_back(dc::ShardedTensor::from_tensor(key, Tensor::empty(st.global_shape, st.dtype)));
+  if (torch_dist) {
+    // Our key names (Transformer Engine's fused layer-norm names map back to the local spec's).
+    static const std::pair<const char*, const char*> te[] = {
+        {"decoder.layers.self_attention.linear_qkv.layer_norm_", "decoder.layers.input_layernorm."},
+        {"decoder.layers.mlp.linear_fc1.layer_norm_", "decoder.layers.pre_mlp_layernorm."}};
+    for (const auto& [key, st] : dc::torch_dist::read_dcp_metadata(dir).tensors) {
+      if (key.rfind("optimizer.", 0) == 0) continue;
+      std::string ours = key;
+      for (const auto& [from, to] : te)
+        if (ours.rfind(from, 0) == 0) ours = to + ours.substr(std::strlen(from));
+      sd.tensors.push_back(dc::ShardedTensor::from_tensor(ours, Tensor::empty(st.size, st.dtype)));
+    }
+    dc::torch_dist::LoadOptions lo;
+    lo.key_map = plan.key_map;
+    dc::torch_dist::load(sd, dir, lo);
+  } else {
+    dc::CheckpointIndex idx = dc::load_index(dir);
+    for (const auto& [key, st] : idx.tensors) {
+      if (key.rfind("optimizer.", 0) == 0) continue;
+      sd.tensors.push_back(dc::ShardedTensor::from_tensor(key, Tensor::empty(st.global_shape, st.dtype)));
+    }
+    dc::load(sd, dir);
   }
-  dc::load(sd, dir);
   std::map<std::string, Tensor> params;
   for (const auto& t : sd.tensors) {
     const std::string pre = "decoder.layers.";
@@ -139,8 +169,8 @@ int main(int argc, char** argv) {
   try {
     Args a = parse(argc, argv);
     if (a.loader == "hf" && a.saver == "mcore") return hf_to_mcore(a);
-    if (a.loader == "mcore" && a.saver == "hf") return mcore_to_hf(a);
-    user_error("convert_checkpoint: --loader hf --saver mcore, or --loader mcore --saver hf (got --loader '", a.loader,
+    if ((a.loader == "mcore" || a.loader == "torch_dist") && a.saver == "hf") return mcore_to_hf(a);
+    user_error("convert_checkpoint: --loader hf --saver mcore, or --loader mcore|torch_dist --saver hf (got --loader '", a.loader,
                "' --saver '", a.saver, "')");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

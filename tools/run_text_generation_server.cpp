@@ -16,13 +16,18 @@
 // serves and broadcasts each request to the others (Megatron's send_do_generate). SIGTERM / SIGINT
 // stop the server cleanly (in-flight requests finish, the other ranks are released, exit 0).
 // See docs/inference.md.
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <mutex>
@@ -41,6 +46,37 @@
 
 using namespace megatron;
 using nlohmann::json;
+
+/// Raises the accept backlog of this process's listening TCP socket(s) on `port` to SOMAXCONN.
+/// cpp-httplib (Debian's compiled 0.11) listens with a backlog of 5 and has no setting for it; with
+/// more simultaneous connects than that, Linux with SYN cookies completes handshakes the accept
+/// queue has no room for and the clients' first request is answered by a reset ("Connection reset
+/// by peer", seen with 100 parallel clients on a loaded machine). listen(2) on a socket that is
+/// already listening only updates the backlog (Linux, POSIX leaves it open), so the socket found
+/// by its bound port among /proc/self/fd is listened on again. Returns how many were widened.
+static int widen_listen_backlog(int port) {
+  int widened = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (bound == port && ::listen(static_cast<int>(fd), SOMAXCONN) == 0) ++widened;
+  }
+  closedir(d);
+  return widened;
+}
+
 namespace inf = megatron::inference;
 namespace ps = megatron::parallel_state;
 
@@ -293,6 +329,9 @@ int run(int argc, char** argv) {
   const std::string host = env_str("MEGATRON_TEXT_GENERATION_HOST", "0.0.0.0");
   if (!svr.bind_to_port(host.c_str(), static_cast<int>(tg.port)))
     user_error("--port ", tg.port, ": cannot listen on ", host, ":", tg.port, " (in use?); choose another --port");
+  if (widen_listen_backlog(static_cast<int>(tg.port)) == 0)
+    std::fprintf(stderr, "warning: could not raise the listen backlog of port %d; many simultaneous clients may be reset\n",
+                 static_cast<int>(tg.port));
   bool stopping = false;
   std::condition_variable cv;
   std::mutex cv_m;

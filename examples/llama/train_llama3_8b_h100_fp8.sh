@@ -5,8 +5,10 @@
 #   bash examples/llama/train_llama3_8b_h100_fp8.sh [CHECKPOINT_PATH] [TENSORBOARD_LOGS_PATH] \
 #        [TOKENIZER_ARG] [DATA_ARG]
 #
-# TOKENIZER_ARG / DATA_ARG default to MOCK (NullTokenizer + mock data). DTYPE=bf16 (default) or
-# fp8. megatron.cpp extras (environment):
+# TOKENIZER_ARG / DATA_ARG default to MOCK (NullTokenizer + mock data). DTYPE=fp8 (the default,
+# as in Megatron's script: needs GPUs with FP8 tensor cores, compute capability 8.9+ such as
+# H100; elsewhere the script stops and says to set DTYPE=bf16) or DTYPE=bf16.
+# megatron.cpp extras (environment):
 #   NPROC_PER_NODE   processes to start (default: number of GPUs, 1 without GPUs)
 #   LAUNCHER         torchrun-style launcher for NPROC_PER_NODE > 1 (default build/bin/megatron_launch)
 #   PRETRAIN_GPT     the pretrain_gpt binary (default build/bin/pretrain_gpt)
@@ -26,7 +28,30 @@ CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fp8"}
 TENSORBOARD_LOGS_PATH=${2:-"tensorboard_logs/llama3_8b_fp8"}
 TOKENIZER_ARG=${3:-"MOCK"}
 DATA_ARG=${4:-"MOCK"}
-DTYPE=${DTYPE:-"bf16"}
+DTYPE=${DTYPE:-"fp8"}
+if [[ "$DTYPE" != "fp8" && "$DTYPE" != "bf16" ]]; then
+  echo "error: DTYPE=$DTYPE: expected fp8 (the default) or bf16" >&2
+  exit 1
+fi
+# FP8 GEMMs need FP8 tensor cores (Ada/Hopper, compute capability >= 8.9) on every GPU; without
+# them (no GPU, or an older one) Transformer Engine refuses FP8 in Megatron: stop here, before
+# anything is started, with what to do instead.
+if [[ "$DTYPE" == "fp8" ]]; then
+  caps=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' ' || true)
+  fi
+  if [[ -z "$caps" ]]; then
+    echo "error: DTYPE=fp8 (the default) needs NVIDIA GPUs with FP8 support (compute capability 8.9 or newer, e.g. H100), and none was found (nvidia-smi); set DTYPE=bf16 to train in bf16" >&2
+    exit 1
+  fi
+  while read -r cap; do
+    if ! awk -v c="$cap" 'BEGIN { split(c, v, "."); exit !(v[1] > 8 || (v[1] == 8 && v[2] >= 9)) }'; then
+      echo "error: DTYPE=fp8 (the default) needs FP8 tensor cores (compute capability 8.9 or newer, e.g. H100), but this GPU has compute capability $cap; set DTYPE=bf16 to train in bf16" >&2
+      exit 1
+    fi
+  done <<< "$caps"
+fi
 
 mkdir -p "$(dirname "$CHECKPOINT_PATH")"
 mkdir -p "$(dirname "$TENSORBOARD_LOGS_PATH")"
@@ -85,6 +110,7 @@ MODEL_ARGS=(
   --attention-dropout 0.0
   --hidden-dropout 0.0
   --swiglu
+  --normalization RMSNorm
   --init-method-std 0.0134
   --attention-backend fused
   --apply-layernorm-1p

@@ -1,5 +1,5 @@
 // OptimizerParamScheduler: learning-rate warmup/decay and weight-decay increment, counted in
-// samples (megatron/core/optimizer_param_scheduler.py; reference/megatron.md §6.2, §6.3).
+// samples (megatron/core/optimizer_param_scheduler.py; docs/megatron-reference.md#lr-and-wd-schedule).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ struct SchedulerGroup {
 };
 
 /// All step counts are in samples (iteration-based runs multiply iterations by the global batch
-/// size, §6.2). Throws UserError for an unknown style or an inconsistent configuration.
+/// size, docs/megatron-reference.md#lr-and-wd-schedule). Throws UserError for an unknown style or an inconsistent configuration.
 class OptimizerParamScheduler {
  public:
   struct Options {
@@ -36,7 +36,7 @@ class OptimizerParamScheduler {
   /// Constructs and steps with 0, as Megatron does.
   explicit OptimizerParamScheduler(const Options& o);
 
-  /// LR for a group with the given max/min (the §6.3 function of num_steps()).
+  /// LR for a group with the given max/min (the docs/megatron-reference.md#lr-and-wd-schedule function of num_steps()).
   double get_lr(double max_lr, double min_lr) const;
   /// LR for the default group (max_lr/min_lr of the options).
   double get_lr() const { return get_lr(o_.max_lr, o_.min_lr); }

@@ -6,11 +6,9 @@
 #include <iomanip>
 #include <sstream>
 
+#include "megatron/core/ops/device.h"
 #include "megatron/core/utils/errors.h"
-
-#if defined(MEGATRON_WITH_CUDA)
-#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
-#endif
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron {
 
@@ -19,10 +17,8 @@ void Timer::start() {
   MEGATRON_CHECK(!started_) << "timer " << name_ << " has already been started";
   start_ = std::chrono::steady_clock::now();
   started_ = true;
-#if defined(MEGATRON_WITH_CUDA)
-  // Start/end ranges (not push/pop): timers may stop out of nesting order.
-  if (owner_->recording_) nvtx_range_ = nvtxRangeStartA(name_.c_str());
-#endif
+  // Start/end profiler ranges (not push/pop): timers may stop out of nesting order.
+  if (owner_->recording_) nvtx_range_ = ops::profiler_range_start(name_.c_str());
 }
 
 void Timer::stop() {
@@ -31,12 +27,10 @@ void Timer::stop() {
   const auto end = std::chrono::steady_clock::now();
   elapsed_ += std::chrono::duration<double>(end - start_).count();
   started_ = false;
-#if defined(MEGATRON_WITH_CUDA)
   if (nvtx_range_) {
-    nvtxRangeEnd(nvtx_range_);
+    ops::profiler_range_end(nvtx_range_);
     nvtx_range_ = 0;
   }
-#endif
   if (owner_->recording_) owner_->record(name_, start_, end);
 }
 
@@ -95,6 +89,16 @@ std::string Timers::log_string(const std::vector<std::string>& names, double nor
   return any ? os.str() : std::string();
 }
 
+std::vector<double> Timers::elapsed_seconds(const std::vector<std::string>& names, bool reset) {
+  std::vector<double> out;
+  out.reserve(names.size());
+  for (const auto& n : names) {
+    auto it = timers_.find(n);
+    out.push_back(it == timers_.end() ? 0.0 : it->second->elapsed(reset));
+  }
+  return out;
+}
+
 void Timers::write_chrome_trace(const std::string& path, int rank) const {
   namespace fs = std::filesystem;
   const fs::path p(path);
@@ -104,6 +108,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
     if (ec) user_error("--profile: cannot create directory ", p.parent_path().string(), ": ", ec.message());
   }
   const std::string tmp = path + ".tmp";
+  TempFileGuard guard(tmp);  // removed on every error below (e.g. a full disk)
   {
     std::ofstream f(tmp);
     if (!f) user_error("--profile: cannot write the trace file ", tmp);
@@ -127,6 +132,7 @@ void Timers::write_chrome_trace(const std::string& path, int rank) const {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) user_error("--profile: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  guard.release();
 }
 
 }  // namespace megatron

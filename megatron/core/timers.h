@@ -27,7 +27,7 @@ class Timer {
   bool started_ = false;
   std::chrono::steady_clock::time_point start_;
   double elapsed_ = 0.0;
-  uint64_t nvtx_range_ = 0;  // open NVTX range while profiling (CUDA builds), 0 = none
+  uint64_t nvtx_range_ = 0;  // open profiler range while recording (ops/device.h), 0 = none
   class Timers* owner_ = nullptr;
 };
 
@@ -48,6 +48,10 @@ class Timers {
   /// Megatron's timers.log() text for `names` (skipping unknown ones), times divided by
   /// `normalizer`, in ms. Returns "" when nothing is to be printed.
   std::string log_string(const std::vector<std::string>& names, double normalizer = 1.0, bool reset = true);
+  /// This rank's accumulated seconds of each of `names` (0 for a timer that does not exist here),
+  /// reset when `reset`: one row of Megatron's _get_elapsed_time_all_ranks.
+  std::vector<double> elapsed_seconds(const std::vector<std::string>& names, bool reset);
+  const std::string& log_option() const { return log_option_; }
   /// Starts / stops recording every timer interval as a trace event (--profile window). In a
   /// CUDA build every recorded interval is also an NVTX range named after the timer, so
   /// Nsight Systems (nsys profile) shows the same steps on its timeline.

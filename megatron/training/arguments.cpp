@@ -1,5 +1,5 @@
 // Megatron's flags -> Arguments (CLI11 tokenizes; conversions and checks are ours so that every
-// error names the flag). Facts: megatron/training/arguments.py, reference/megatron.md §6.1, §7.2.
+// error names the flag). Facts: megatron/training/arguments.py, docs/megatron-reference.md#optimizer-defaults, #llama-3-8b-fp8-example.
 #include "megatron/training/arguments.h"
 
 #include <CLI/CLI.hpp>
@@ -145,11 +145,17 @@ using Bound = std::conditional_t<std::is_floating_point_v<T>, FloatRange, std::o
 /// argparse dest and how to print its value (the arguments block is derived from this one list).
 class Binder {
  public:
-  /// One declared flag: its dest and str() of its current value (reads the bound Arguments).
+  /// One declared flag: its dest and str() of its current value (reads the bound Arguments), and
+  /// its disposition (FlagDisposition): every registration path records one, so a flag cannot be
+  /// added without saying what it does.
   struct Entry {
     std::string flag, dest;
     std::function<std::string()> value;
     std::string type;  // what --help shows for the value: INT, FLOAT, STR, {a,b}, "STR ...", "" (a switch)
+    FlagDisposition disposition = FlagDisposition::kImplemented;
+    std::vector<std::string> reads;    // kImplemented: the Arguments members the code reads
+    std::string note;                  // kNoted: the note printed when the flag is given
+    std::vector<std::string> aliases;  // Megatron's other spellings of the same option (same dest)
   };
 
   Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
@@ -160,7 +166,7 @@ class Binder {
   /// nan/inf always (Python's float() accepts them; Megatron would then train NaN), is refused when
   /// parsed, "argument --adam-beta1: invalid value 1.5 (must be in [0, 1))".
   template <class T>
-  void num(const std::string& flag, T& field, Bound<T> bound = {}) {
+  void num(const std::string& flag, T& field, const char* field_name, Bound<T> bound = {}) {
     std::function<std::string()> show = [&field] { return py_str(field); };
     if constexpr (std::is_floating_point_v<T>) {
       // argparse converts only string defaults with `type`: Megatron's float flags whose default
@@ -178,45 +184,46 @@ class Binder {
       }
     }
     add1(flag, [flag, &field, bound](const std::string& s) { field = checked_number<T>(flag, s, bound); }, std::move(show),
-         type_name<T>());
+         {member(field_name)}, type_name<T>());
   }
   template <class T>
-  void num(const std::string& flag, std::optional<T>& field, Bound<T> bound = {}) {
+  void num(const std::string& flag, std::optional<T>& field, const char* field_name, Bound<T> bound = {}) {
     add1(flag, [flag, &field, bound](const std::string& s) { field = checked_number<T>(flag, s, bound); },
-         [&field] { return py_str(field); }, type_name<T>());
+         [&field] { return py_str(field); }, {member(field_name)}, type_name<T>());
   }
   /// A string flag; an empty value prints as None where Megatron's default is None.
-  void str(const std::string& flag, std::string& field, std::vector<std::string> choices = {}) {
+  void str(const std::string& flag, std::string& field, const char* field_name, std::vector<std::string> choices = {}) {
     const bool none_if_empty = default_is_none(flag);
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
     }, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : field; },
-         choice_type(choices));
+         {member(field_name)}, choice_type(choices));
   }
-  void str(const std::string& flag, std::optional<std::string>& field, std::vector<std::string> choices = {}) {
+  void str(const std::string& flag, std::optional<std::string>& field, const char* field_name,
+           std::vector<std::string> choices = {}) {
     add1(flag, [flag, &field, choices](const std::string& s) {
       check_choice(flag, s, choices);
       field = s;
-    }, [&field] { return py_str(field); }, choice_type(choices));
+    }, [&field] { return py_str(field); }, {member(field_name)}, choice_type(choices));
   }
   /// A list flag (nargs '*'/'+'); an empty list prints as None where Megatron's default is None.
-  void strs(const std::string& flag, std::vector<std::string>& field) {
+  void strs(const std::string& flag, std::vector<std::string>& field, const char* field_name) {
     const bool none_if_empty = default_is_none(flag);
     record(flag, [&field, none_if_empty] { return field.empty() && none_if_empty ? std::string("None") : py_list(field); },
-           "STR ...");
+           "STR ...", FlagDisposition::kImplemented, {member(field_name)});
     app_.add_option_function<std::vector<std::string>>(
-            flag, [this, flag, &field](const std::vector<std::string>& v) {
+            names(flag), [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
               field = v;
             })
         ->expected(0, CLI::detail::expected_max_vector_size)
         ->allow_extra_args();
   }
-  void ints(const std::string& flag, std::vector<int64_t>& field) {
-    record(flag, [&field] { return py_list(field); }, "INT ...");
+  void ints(const std::string& flag, std::vector<int64_t>& field, const char* field_name) {
+    record(flag, [&field] { return py_list(field); }, "INT ...", FlagDisposition::kImplemented, {member(field_name)});
     app_.add_option_function<std::vector<std::string>>(
-            flag, [this, flag, &field](const std::vector<std::string>& v) {
+            names(flag), [this, flag, &field](const std::vector<std::string>& v) {
               given(flag);
               field.clear();
               for (const auto& s : v) field.push_back(parse_number<int64_t>(flag, s));
@@ -227,11 +234,12 @@ class Binder {
   /// A store_true / store_false style flag: sets `field` to `value`. Printed as Megatron's dest
   /// holds it: the value the flag stores when `field` == `value`, the other one otherwise (so
   /// --tokenizer-hf-no-include-special-tokens, stored inverted here, prints as Megatron's).
-  void flag(const std::string& flag, bool& field, bool value) {
+  void flag(const std::string& flag, bool& field, const char* field_name, bool value) {
     const MegatronFlag* m = megatron_flag(flag);
     const bool stores = m ? m->kind != 'F' : value;  // what Megatron's dest becomes when it is given
-    record(flag, [&field, value, stores] { return py_str(field == value ? stores : !stores); });
-    app_.add_flag_callback(flag, [this, flag, &field, value] {
+    record(flag, [&field, value, stores] { return py_str(field == value ? stores : !stores); }, "",
+           FlagDisposition::kImplemented, {member(field_name)});
+    app_.add_flag_callback(names(flag), [this, flag, &field, value] {
       given(flag);
       field = value;
     });
@@ -243,18 +251,31 @@ class Binder {
     noted_with(flag, std::move(note), std::move(store));
   }
 
-  /// A one-value flag handled by `fn` (which validates and stores it); `show` prints its value.
-  void with(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show) {
-    add1(flag, std::move(fn), std::move(show));
+  /// A one-value flag handled by `fn` (which validates and stores it); `show` prints its value;
+  /// `reads`: the Arguments members the code reads.
+  void with(const std::string& flag, std::vector<std::string> reads, std::function<void(const std::string&)> fn,
+            std::function<std::string()> show) {
+    add1(flag, std::move(fn), std::move(show), std::move(reads));
+  }
+
+  /// The last flag registered is implemented through other members (validate_args derives them
+  /// from it): `reads` replaces its own field as what the code must read.
+  void via(std::vector<std::string> reads) { entries_.back().reads = std::move(reads); }
+  /// The last flag registered implements Megatron's default only; validate_args refuses any other
+  /// value naming the flag (`refused_value` is one, for flag_registry_test).
+  void default_only(std::string refused_value) {
+    entries_.back().disposition = FlagDisposition::kDefaultOnly;
+    entries_.back().note = std::move(refused_value);
   }
 
   /// A list flag (nargs '+') handled by `fn` (which validates and stores the values); `show`
   /// prints its value (e.g. a one-element list as the scalar Megatron's validate_args makes of it).
-  void list_with(const std::string& flag, std::function<void(const std::vector<std::string>&)> fn,
-                 std::function<std::string()> show) {
-    record(flag, std::move(show), "STR ...");
+  /// `reads`: the Arguments members the code reads.
+  void list_with(const std::string& flag, std::vector<std::string> reads,
+                 std::function<void(const std::vector<std::string>&)> fn, std::function<std::string()> show) {
+    record(flag, std::move(show), "STR ...", FlagDisposition::kImplemented, std::move(reads));
     app_.add_option_function<std::vector<std::string>>(
-            flag, [this, flag, fn](const std::vector<std::string>& v) {
+            names(flag), [this, flag, fn](const std::vector<std::string>& v) {
               given(flag);
               fn(v);
             })
@@ -270,8 +291,34 @@ class Binder {
     const MegatronFlag* m = megatron_flag(flag);
     return m && std::string_view(m->default_str) == "None";
   }
-  void record(const std::string& flag, std::function<std::string()> show, std::string type = "") {
-    entries_.push_back({flag, dest_of(flag), std::move(show), std::move(type)});
+  void record(const std::string& flag, std::function<std::string()> show, std::string type, FlagDisposition d,
+              std::vector<std::string> reads, std::string note = "") {
+    entries_.push_back({flag, dest_of(flag), std::move(show), std::move(type), d, std::move(reads), std::move(note),
+                        aliases_of(flag)});
+  }
+  /// "a.b.member" -> "member" (the ARG() spelling of the bound field).
+  static std::string member(const char* expr) {
+    const std::string e = expr;
+    return e.substr(e.rfind('.') + 1);
+  }
+  /// Megatron's other option strings of `flag`'s argparse action: the flags with the same dest,
+  /// the same kind and the same number of values (e.g. --save-interval / --persistent-save-interval,
+  /// --no-fp8-wgrad / --disable-fp8-wgrad). BooleanOptionalAction pairs (--x / --no-x) share a
+  /// dest but store opposite values: never aliases.
+  static std::vector<std::string> aliases_of(const std::string& flag) {
+    std::vector<std::string> out;
+    const MegatronFlag* m = megatron_flag(flag);
+    if (!m || m->kind == 'B') return out;
+    for (const auto& f : kMegatronFlags)
+      if (f.name != flag && std::string_view(f.dest) == m->dest && f.kind == m->kind && f.arity == m->arity)
+        out.emplace_back(f.name);
+    return out;
+  }
+  /// CLI11's name list for `flag` and its aliases ("--a,--b").
+  static std::string names(const std::string& flag) {
+    std::string n = flag;
+    for (const auto& a : aliases_of(flag)) n += "," + a;
+    return n;
   }
   template <class T>
   static std::string type_name() {
@@ -301,9 +348,9 @@ class Binder {
     user_error(flag, ": invalid choice '", s, "' (choose from ", list, ")");
   }
   void add1(const std::string& flag, std::function<void(const std::string&)> fn, std::function<std::string()> show,
-            std::string type = "STR") {
-    record(flag, std::move(show), std::move(type));
-    app_.add_option_function<std::string>(flag, [this, flag, fn](const std::string& s) {
+            std::vector<std::string> reads, std::string type = "STR") {
+    record(flag, std::move(show), std::move(type), FlagDisposition::kImplemented, std::move(reads));
+    app_.add_option_function<std::string>(names(flag), [this, flag, fn](const std::string& s) {
           given(flag);
           fn(s);
         })
@@ -339,20 +386,20 @@ class Binder {
     Arguments& args = a_;
     const std::string one = m->kind == 'i' ? "INT" : m->kind == 'f' ? "FLOAT" : "STR";
     record(flag, [m, &args] { return noted_value(*m, args); },
-           arity == 0 ? std::string() : arity == 1 ? one : one + " ...");
+           arity == 0 ? std::string() : arity == 1 ? one : one + " ...", FlagDisposition::kNoted, {}, note);
     auto note_given = [this, flag, note](std::vector<std::string> values) {
       given(flag);
       a_.notes.emplace_back(flag, note);
       a_.noted_values[flag] = std::move(values);
     };
     if (arity == 0) {
-      app_.add_flag_callback(flag, [note_given, store] {
+      app_.add_flag_callback(names(flag), [note_given, store] {
         note_given({});
         if (store) store("");
       });
     } else if (arity == 1) {
       const char kind = m->kind;
-      app_.add_option_function<std::string>(flag, [flag, kind, note_given, store](const std::string& s) {
+      app_.add_option_function<std::string>(names(flag), [flag, kind, note_given, store](const std::string& s) {
             // Typed as Megatron types them, so a bad value stops here, not when the block prints.
             if (kind == 'i') parse_number<int64_t>(flag, s);
             if (kind == 'f') checked_number<double>(flag, s, FloatRange{});
@@ -362,7 +409,7 @@ class Binder {
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     } else {
       app_.add_option_function<std::vector<std::string>>(
-              flag, [note_given](const std::vector<std::string>& v) { note_given(v); })
+              names(flag), [note_given](const std::vector<std::string>& v) { note_given(v); })
           ->expected(arity < 0 ? 1 : arity, arity < 0 ? CLI::detail::expected_max_vector_size : arity)
           ->allow_extra_args();
     }
@@ -373,13 +420,18 @@ class Binder {
   std::vector<Entry> entries_;
 };
 
+// The bound field and its spelling (the disposition's `reads`: tests/unit_tests/training/
+// flag_registry_test.cpp checks that code outside the parser reads it).
+#define ARG(field) field, #field
+
 // ---- Mixture of Experts (Megatron's MoE flags: megatron/training/arguments.py _add_moe_args and
 // the TransformerConfig MoE fields; docs/moe.md). Megatron's other --moe-* flags are not registered,
 // so parse_args refuses them naming the flag.
 void bind_moe(Binder& b, Arguments& a) {
-  b.num("--num-experts", a.num_experts, 0);
-  b.num("--moe-ffn-hidden-size", a.moe_ffn_hidden_size, 1);
-  b.with("--moe-layer-freq", [&a](const std::string& s) {
+  b.num("--num-experts", ARG(a.num_experts), 0);
+  b.num("--moe-ffn-hidden-size", ARG(a.moe_ffn_hidden_size), 1);
+  // validate_args derives moe_layer_pattern from it
+  b.with("--moe-layer-freq", {"moe_layer_pattern"}, [&a](const std::string& s) {
     bool is_int = false;
     transformer::moe::eval_moe_layer_freq(s, &is_int);  // syntax checked here, length in validate_args
     a.moe_layer_freq = s;
@@ -388,13 +440,13 @@ void bind_moe(Binder& b, Arguments& a) {
     const std::vector<int64_t> v = transformer::moe::eval_moe_layer_freq(a.moe_layer_freq, &is_int);
     return is_int ? std::to_string(v[0]) : py_list(v);
   });
-  b.num("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size, 1);
+  b.num("--moe-shared-expert-intermediate-size", ARG(a.moe_shared_expert_intermediate_size), 1);
   b.noted_str("--moe-shared-expert-overlap",
               "overlaps the shared expert with the token dispatch in Megatron; megatron.cpp runs it after "
               "the routed experts (same math, no overlap)",
               [&a](const std::string&) { a.moe_shared_expert_overlap = true; });
   auto py_list_str = [](const std::vector<std::string>& v) { return v.size() == 1 ? v[0] : py_list(v); };
-  b.list_with("--moe-router-load-balancing-type", [&a](const std::vector<std::string>& v) {
+  b.list_with("--moe-router-load-balancing-type", {"moe_router_load_balancing_type"}, [&a](const std::vector<std::string>& v) {
     for (const auto& t : v)
       if (t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss" && t != "none") {
         if (t == "sinkhorn" || t == "quantile_balancing")
@@ -405,7 +457,7 @@ void bind_moe(Binder& b, Arguments& a) {
       }
     a.moe_router_load_balancing_type = v;
   }, [&a, py_list_str] { return py_list_str(a.moe_router_load_balancing_type); });
-  b.list_with("--moe-aux-loss-coeff", [&a](const std::vector<std::string>& v) {
+  b.list_with("--moe-aux-loss-coeff", {"moe_aux_loss_coeff"}, [&a](const std::vector<std::string>& v) {
     a.moe_aux_loss_coeff.clear();
     for (const auto& s : v) {
       const double c = parse_number<double>("--moe-aux-loss-coeff", s);
@@ -418,17 +470,17 @@ void bind_moe(Binder& b, Arguments& a) {
     for (size_t i = 0; i < a.moe_aux_loss_coeff.size(); ++i) out += (i ? ", " : "") + py_str(a.moe_aux_loss_coeff[i]);
     return out + "]";
   });
-  b.num("--moe-z-loss-coeff", a.moe_z_loss_coeff, at_least(0));
-  b.str("--moe-router-score-function", a.moe_router_score_function, {"softmax", "sigmoid", "sqrtsoftplus"});
-  b.flag("--moe-router-pre-softmax", a.moe_router_pre_softmax, true);
-  b.num("--moe-router-topk", a.moe_router_topk, 1);
-  b.num("--moe-router-topk-scaling-factor", a.moe_router_topk_scaling_factor, above(0));
-  b.flag("--moe-router-enable-expert-bias", a.moe_router_enable_expert_bias, true);
-  b.num("--moe-router-bias-update-rate", a.moe_router_bias_update_rate, at_least(0));
-  b.num("--moe-router-num-groups", a.moe_router_num_groups, 1);
-  b.num("--moe-router-group-topk", a.moe_router_group_topk, 1);
-  b.str("--moe-router-dtype", a.moe_router_dtype, {"fp32", "fp64"});
-  b.with("--moe-token-dispatcher-type", [&a](const std::string& s) {
+  b.num("--moe-z-loss-coeff", ARG(a.moe_z_loss_coeff), at_least(0));
+  b.str("--moe-router-score-function", ARG(a.moe_router_score_function), {"softmax", "sigmoid", "sqrtsoftplus"});
+  b.flag("--moe-router-pre-softmax", ARG(a.moe_router_pre_softmax), true);
+  b.num("--moe-router-topk", ARG(a.moe_router_topk), 1);
+  b.num("--moe-router-topk-scaling-factor", ARG(a.moe_router_topk_scaling_factor), above(0));
+  b.flag("--moe-router-enable-expert-bias", ARG(a.moe_router_enable_expert_bias), true);
+  b.num("--moe-router-bias-update-rate", ARG(a.moe_router_bias_update_rate), at_least(0));
+  b.num("--moe-router-num-groups", ARG(a.moe_router_num_groups), 1);
+  b.num("--moe-router-group-topk", ARG(a.moe_router_group_topk), 1);
+  b.str("--moe-router-dtype", ARG(a.moe_router_dtype), {"fp32", "fp64"});
+  b.with("--moe-token-dispatcher-type", {"moe_token_dispatcher_type"}, [&a](const std::string& s) {
     if (s == "flex")
       user_error("--moe-token-dispatcher-type flex (DeepEP / HybridEP) is not implemented in megatron.cpp; use "
                  "alltoall or allgather");
@@ -436,10 +488,10 @@ void bind_moe(Binder& b, Arguments& a) {
       user_error("--moe-token-dispatcher-type: invalid choice '", s, "' (choose from allgather, alltoall, flex)");
     a.moe_token_dispatcher_type = s;
   }, [&a] { return a.moe_token_dispatcher_type; });
-  b.num("--moe-expert-capacity-factor", a.moe_expert_capacity_factor);
-  b.flag("--moe-pad-expert-input-to-capacity", a.moe_pad_expert_input_to_capacity, true);
-  b.str("--moe-token-drop-policy", a.moe_token_drop_policy, {"probs", "position"});
-  b.flag("--moe-grouped-gemm", a.moe_grouped_gemm, true);
+  b.num("--moe-expert-capacity-factor", ARG(a.moe_expert_capacity_factor));
+  b.flag("--moe-pad-expert-input-to-capacity", ARG(a.moe_pad_expert_input_to_capacity), true);
+  b.str("--moe-token-drop-policy", ARG(a.moe_token_drop_policy), {"probs", "position"});
+  b.flag("--moe-grouped-gemm", ARG(a.moe_grouped_gemm), true);
   b.noted_str("--moe-permute-fusion",
               "selects Transformer Engine's fused permute kernels in Megatron; megatron.cpp's permutation is "
               "always one gather / scatter-add pass (same math)",
@@ -448,31 +500,31 @@ void bind_moe(Binder& b, Arguments& a) {
               "selects Transformer Engine's fused router kernels in Megatron; megatron.cpp's router is one "
               "implementation (same math)",
               [&a](const std::string&) { a.moe_router_fusion = true; });
-  b.num("--moe-input-jitter-eps", a.moe_input_jitter_eps, kUnitHalfOpen);
-  b.num("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 1);
+  b.num("--moe-input-jitter-eps", ARG(a.moe_input_jitter_eps), kUnitHalfOpen);
+  b.num("--expert-tensor-parallel-size", ARG(a.expert_tensor_parallel_size), 1);
 }
 
 void bind_all(Binder& b, Arguments& a) {
   // ---- network size ----
-  b.num("--num-layers", a.num_layers, 1);
-  b.num("--hidden-size", a.hidden_size, 1);
-  b.num("--ffn-hidden-size", a.ffn_hidden_size, 1);
-  b.num("--num-attention-heads", a.num_attention_heads, 1);
-  b.num("--kv-channels", a.kv_channels, 1);
-  b.flag("--group-query-attention", a.group_query_attention, true);
-  b.num("--num-query-groups", a.num_query_groups, 1);
-  b.num("--max-position-embeddings", a.max_position_embeddings, 1);
-  b.str("--position-embedding-type", a.position_embedding_type, {"learned_absolute", "rope", "none"});
-  b.num("--rotary-base", a.rotary_base, 1);
-  b.num("--rotary-percent", a.rotary_percent, kUnitOpenClosed);
-  b.flag("--rotary-interleaved", a.rotary_interleaved, true);
-  b.num("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor, 1);
-  b.flag("--use-rope-scaling", a.use_rope_scaling, true);
-  b.num("--rope-scaling-factor", a.rope_scaling_factor, above(0));
-  b.num("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, 1);
-  b.str("--normalization", a.normalization, {"LayerNorm", "RMSNorm"});
-  b.num("--norm-epsilon", a.layernorm_epsilon, above(0));
-  b.flag("--apply-layernorm-1p", a.layernorm_zero_centered_gamma, true);
+  b.num("--num-layers", ARG(a.num_layers), 1);
+  b.num("--hidden-size", ARG(a.hidden_size), 1);
+  b.num("--ffn-hidden-size", ARG(a.ffn_hidden_size), 1);
+  b.num("--num-attention-heads", ARG(a.num_attention_heads), 1);
+  b.num("--kv-channels", ARG(a.kv_channels), 1);
+  b.flag("--group-query-attention", ARG(a.group_query_attention), true);
+  b.num("--num-query-groups", ARG(a.num_query_groups), 1);
+  b.num("--max-position-embeddings", ARG(a.max_position_embeddings), 1);
+  b.str("--position-embedding-type", ARG(a.position_embedding_type), {"learned_absolute", "rope", "none"});
+  b.num("--rotary-base", ARG(a.rotary_base), 1);
+  b.num("--rotary-percent", ARG(a.rotary_percent), kUnitOpenClosed);
+  b.flag("--rotary-interleaved", ARG(a.rotary_interleaved), true);
+  b.num("--rotary-seq-len-interpolation-factor", ARG(a.rotary_seq_len_interpolation_factor), 1);
+  b.flag("--use-rope-scaling", ARG(a.use_rope_scaling), true);
+  b.num("--rope-scaling-factor", ARG(a.rope_scaling_factor), above(0));
+  b.num("--make-vocab-size-divisible-by", ARG(a.make_vocab_size_divisible_by), 1);
+  b.str("--normalization", ARG(a.normalization), {"LayerNorm", "RMSNorm"});
+  b.num("--norm-epsilon", ARG(a.layernorm_epsilon), above(0));
+  b.flag("--apply-layernorm-1p", ARG(a.layernorm_zero_centered_gamma), true);
   b.noted_str("--apply-residual-connection-post-layernorm",
               "Megatron-Core's GPT layers do not read it either (a TransformerConfig field only): pre-norm "
               "residuals as always, no effect",
@@ -481,15 +533,15 @@ void bind_all(Binder& b, Arguments& a) {
               "Megatron-Core's MLP does not read it either (GeLU is erf, or the tanh form when fused with the "
               "bias): no effect",
               [&a](const std::string&) { a.openai_gelu = true; });
-  b.flag("--squared-relu", a.squared_relu, true);
-  b.flag("--swiglu", a.swiglu, true);
-  b.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights, true);
-  b.flag("--disable-bias-linear", a.add_bias_linear, false);
-  b.flag("--add-qkv-bias", a.add_qkv_bias, true);
-  b.flag("--qk-layernorm", a.qk_layernorm, true);
-  b.num("--init-method-std", a.init_method_std, above(0));
-  b.num("--hidden-dropout", a.hidden_dropout, kUnitHalfOpen);
-  b.num("--attention-dropout", a.attention_dropout, kUnitHalfOpen);
+  b.flag("--squared-relu", ARG(a.squared_relu), true);
+  b.flag("--swiglu", ARG(a.swiglu), true);
+  b.flag("--untie-embeddings-and-output-weights", ARG(a.untie_embeddings_and_output_weights), true);
+  b.flag("--disable-bias-linear", ARG(a.add_bias_linear), false);
+  b.flag("--add-qkv-bias", ARG(a.add_qkv_bias), true);
+  b.flag("--qk-layernorm", ARG(a.qk_layernorm), true);
+  b.num("--init-method-std", ARG(a.init_method_std), above(0));
+  b.num("--hidden-dropout", ARG(a.hidden_dropout), kUnitHalfOpen);
+  b.num("--attention-dropout", ARG(a.attention_dropout), kUnitHalfOpen);
   b.noted_str("--attention-softmax-in-fp32", "the attention softmax is always computed in fp32 here",
               [&a](const std::string&) { a.attention_softmax_in_fp32 = true; });
   b.noted_str("--apply-query-key-layer-scaling",
@@ -521,15 +573,15 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted("--use-mcore-models", "deprecated no-op in Megatron; megatron.cpp only has the Megatron-Core model");
 
   // ---- training ----
-  b.num("--micro-batch-size", a.micro_batch_size, 1);
-  b.num("--global-batch-size", a.global_batch_size, 1);
-  b.num("--train-iters", a.train_iters, 1);
-  b.num("--train-samples", a.train_samples, 1);
-  b.num("--exit-interval", a.exit_interval, 1);
-  b.num("--exit-duration-in-mins", a.exit_duration_in_mins, 0);
-  b.flag("--exit-signal-handler", a.exit_signal_handler, true);
-  b.num("--seed", a.seed, 0);
-  b.flag("--calculate-per-token-loss", a.calculate_per_token_loss, true);
+  b.num("--micro-batch-size", ARG(a.micro_batch_size), 1);
+  b.num("--global-batch-size", ARG(a.global_batch_size), 1);
+  b.num("--train-iters", ARG(a.train_iters), 1);
+  b.num("--train-samples", ARG(a.train_samples), 1);
+  b.num("--exit-interval", ARG(a.exit_interval), 1);
+  b.num("--exit-duration-in-mins", ARG(a.exit_duration_in_mins), 0);
+  b.flag("--exit-signal-handler", ARG(a.exit_signal_handler), true);
+  b.num("--seed", ARG(a.seed), 0);
+  b.flag("--calculate-per-token-loss", ARG(a.calculate_per_token_loss), true);
   b.noted_str("--empty-unused-memory-level",
               "empties PyTorch's caching allocator in Megatron; megatron.cpp's memory pool is managed by the "
               "runtime, so this has no effect",
@@ -538,27 +590,27 @@ void bind_all(Binder& b, Arguments& a) {
                 if (a.empty_unused_memory_level < 0 || a.empty_unused_memory_level > 2)
                   user_error("--empty-unused-memory-level: invalid choice '", s, "' (choose from 0, 1, 2)");
               });
-  b.flag("--skip-train", a.skip_train, true);
+  b.flag("--skip-train", ARG(a.skip_train), true);
   // Activation recomputation (Megatron's _add_training_args; validate_args checks the combination).
   // Selective recomputation re-runs core attention in Megatron; our attention kernels never keep
   // the score matrix (only the log-sum-exp), so "selective" is what they always do.
   static const char* kSelectiveNote =
       "selective recomputation re-runs core attention in Megatron; megatron.cpp's attention never stores the "
       "score matrix (only the log-sum-exp), so this is what it always does (no change)";
-  b.with("--recompute-granularity", [&a](const std::string& s) {
+  b.with("--recompute-granularity", {"recompute_granularity"}, [&a](const std::string& s) {
     if (s != "full" && s != "selective")
       user_error("--recompute-granularity: invalid choice '", s, "' (choose from full, selective)");
     a.recompute_granularity = s;
     if (s == "selective") a.notes.emplace_back("--recompute-granularity", kSelectiveNote);
   }, [&a] { return py_str(a.recompute_granularity); });
-  b.str("--recompute-method", a.recompute_method, {"uniform", "block"});
-  b.num("--recompute-num-layers", a.recompute_num_layers, 1);
+  b.str("--recompute-method", ARG(a.recompute_method), {"uniform", "block"});
+  b.num("--recompute-num-layers", ARG(a.recompute_num_layers), 1);
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
-  b.flag("--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, false);
-  b.flag("--check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad, true);
+  b.flag("--no-check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), false);
+  b.flag("--check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), true);
   // On CUDA: reductions in a fixed order (pretrain_gpt sets MEGATRON_DETERMINISTIC=1,
   // megatron/core/ops/cuda/deterministic.h); the CPU kernels are deterministic anyway.
-  b.flag("--deterministic-mode", a.deterministic_mode, true);
+  b.flag("--deterministic-mode", ARG(a.deterministic_mode), true);
   b.noted("--manual-gc", "controls Python's garbage collector in Megatron; there is none here (no effect)");
   b.noted_str("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here",
               [](const std::string& s) { checked_int("--manual-gc-interval", s, 0); });
@@ -566,8 +618,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted("--cross-entropy-loss-fusion",
           "megatron.cpp's cross entropy is always one fused pass (same math); no effect");
   b.noted("--cross-entropy-fusion-impl", "megatron.cpp's cross entropy is always one fused pass; no effect");
-  b.flag("--no-bias-gelu-fusion", a.bias_gelu_fusion, false);
-  b.flag("--no-bias-swiglu-fusion", a.bias_swiglu_fusion, false);
+  b.flag("--no-bias-gelu-fusion", ARG(a.bias_gelu_fusion), false);
+  b.flag("--no-bias-swiglu-fusion", ARG(a.bias_swiglu_fusion), false);
   for (const char* f : {"--no-masked-softmax-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
                         "--no-persist-layer-norm"}) {
     b.noted(f, "selects a PyTorch/Apex fused kernel in Megatron; megatron.cpp's kernels are fixed (same math)");
@@ -577,70 +629,76 @@ void bind_all(Binder& b, Arguments& a) {
           "megatron.cpp's draw is the same function of (seed, name, index) on both");
 
   // ---- optimizer / learning rate ----
-  b.str("--optimizer", a.optimizer, {"adam", "sgd"});
-  b.num("--lr", a.lr, at_least(0));
-  b.num("--min-lr", a.min_lr, at_least(0));
-  b.str("--lr-decay-style", a.lr_decay_style, {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
-  b.str("--lr-wsd-decay-style", a.lr_wsd_decay_style, {"exponential", "linear", "cosine", "minus_sqrt"});
-  b.num("--lr-decay-iters", a.lr_decay_iters, 1);
-  b.num("--lr-decay-samples", a.lr_decay_samples, 1);
-  b.num("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, 1);
-  b.num("--lr-wsd-decay-samples", a.lr_wsd_decay_samples, 1);
-  b.num("--lr-warmup-fraction", a.lr_warmup_fraction, kUnitHalfOpen);
-  b.num("--lr-warmup-iters", a.lr_warmup_iters, 0);
-  b.num("--lr-warmup-samples", a.lr_warmup_samples, 0);
-  b.num("--lr-warmup-init", a.lr_warmup_init, at_least(0));
-  b.num("--decoupled-lr", a.decoupled_lr, at_least(0));
-  b.num("--decoupled-min-lr", a.decoupled_min_lr, at_least(0));
-  b.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler, true);
-  b.flag("--use-checkpoint-opt_param-scheduler", a.use_checkpoint_opt_param_scheduler, true);
-  b.num("--weight-decay", a.weight_decay, at_least(0));
-  b.num("--start-weight-decay", a.start_weight_decay, at_least(0));
-  b.num("--end-weight-decay", a.end_weight_decay, at_least(0));
-  b.str("--weight-decay-incr-style", a.weight_decay_incr_style, {"constant", "linear", "cosine"});
-  b.num("--clip-grad", a.clip_grad, at_least(0));
-  b.num("--adam-beta1", a.adam_beta1, kUnitHalfOpen);
-  b.num("--adam-beta2", a.adam_beta2, kUnitHalfOpen);
-  b.num("--adam-eps", a.adam_eps, above(0));
-  b.num("--sgd-momentum", a.sgd_momentum, at_least(0));
-  b.flag("--no-decoupled-weight-decay", a.decoupled_weight_decay, false);
-  b.flag("--decoupled-weight-decay", a.decoupled_weight_decay, true);
+  b.str("--optimizer", ARG(a.optimizer), {"adam", "sgd"});
+  b.num("--lr", ARG(a.lr), at_least(0));
+  b.num("--min-lr", ARG(a.min_lr), at_least(0));
+  b.str("--lr-decay-style", ARG(a.lr_decay_style), {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
+  b.str("--lr-wsd-decay-style", ARG(a.lr_wsd_decay_style), {"exponential", "linear", "cosine", "minus_sqrt"});
+  b.num("--lr-decay-iters", ARG(a.lr_decay_iters), 1);
+  b.num("--lr-decay-samples", ARG(a.lr_decay_samples), 1);
+  b.num("--lr-wsd-decay-iters", ARG(a.lr_wsd_decay_iters), 1);
+  b.num("--lr-wsd-decay-samples", ARG(a.lr_wsd_decay_samples), 1);
+  b.num("--lr-warmup-fraction", ARG(a.lr_warmup_fraction), kUnitHalfOpen);
+  b.num("--lr-warmup-iters", ARG(a.lr_warmup_iters), 0);
+  b.num("--lr-warmup-samples", ARG(a.lr_warmup_samples), 0);
+  b.num("--lr-warmup-init", ARG(a.lr_warmup_init), at_least(0));
+  b.num("--decoupled-lr", ARG(a.decoupled_lr), at_least(0));
+  b.num("--decoupled-min-lr", ARG(a.decoupled_min_lr), at_least(0));
+  b.flag("--override-opt_param-scheduler", ARG(a.override_opt_param_scheduler), true);
+  b.flag("--use-checkpoint-opt_param-scheduler", ARG(a.use_checkpoint_opt_param_scheduler), true);
+  b.num("--weight-decay", ARG(a.weight_decay), at_least(0));
+  b.num("--start-weight-decay", ARG(a.start_weight_decay), at_least(0));
+  b.num("--end-weight-decay", ARG(a.end_weight_decay), at_least(0));
+  b.str("--weight-decay-incr-style", ARG(a.weight_decay_incr_style), {"constant", "linear", "cosine"});
+  b.num("--clip-grad", ARG(a.clip_grad), at_least(0));
+  b.num("--adam-beta1", ARG(a.adam_beta1), kUnitHalfOpen);
+  b.num("--adam-beta2", ARG(a.adam_beta2), kUnitHalfOpen);
+  b.num("--adam-eps", ARG(a.adam_eps), above(0));
+  b.num("--sgd-momentum", ARG(a.sgd_momentum), at_least(0));
+  b.flag("--no-decoupled-weight-decay", ARG(a.decoupled_weight_decay), false);
+  b.flag("--decoupled-weight-decay", ARG(a.decoupled_weight_decay), true);
 
   // ---- mixed precision ----
-  b.flag("--fp16", a.fp16, true);
-  b.flag("--bf16", a.bf16, true);
-  b.num("--loss-scale", a.loss_scale, above(0));
-  b.num("--initial-loss-scale", a.initial_loss_scale, above(0));
-  b.num("--min-loss-scale", a.min_loss_scale, above(0));
-  b.num("--loss-scale-window", a.loss_scale_window, at_least(1));
-  b.num("--hysteresis", a.hysteresis, 1);
-  b.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, true);
-  b.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32, true);
-  b.flag("--fp16-lm-cross-entropy", a.fp16_lm_cross_entropy, true);
+  b.flag("--fp16", ARG(a.fp16), true);
+  b.flag("--bf16", ARG(a.bf16), true);
+  b.num("--loss-scale", ARG(a.loss_scale), above(0));
+  b.num("--initial-loss-scale", ARG(a.initial_loss_scale), above(0));
+  b.num("--min-loss-scale", ARG(a.min_loss_scale), above(0));
+  b.num("--loss-scale-window", ARG(a.loss_scale_window), at_least(1));
+  b.num("--hysteresis", ARG(a.hysteresis), 1);
+  b.flag("--grad-reduce-in-bf16", ARG(a.grad_reduce_in_bf16), true);
+  b.via({"accumulate_allreduce_grads_in_fp32"});  // validate_args: the bf16 grad buffer
+  b.flag("--accumulate-allreduce-grads-in-fp32", ARG(a.accumulate_allreduce_grads_in_fp32), true);
+  b.noted_str("--fp16-lm-cross-entropy",
+              "Megatron-Core's GPTModel stores it but does not read it either: the cross entropy runs on the "
+              "logits in fp32 (validate_args still requires --fp16 with it); no effect",
+              [&a](const std::string&) { a.fp16_lm_cross_entropy = true; });
 
-  // ---- FP8 (§10; megatron/core/fp8) ----
-  b.str("--fp8-format", a.fp8, {"e4m3", "hybrid"});
-  b.str("--fp8-recipe", a.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
-  b.num("--fp8-margin", a.fp8_margin, 0);
+  // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling; megatron/core/fp8) ----
+  b.str("--fp8-format", ARG(a.fp8), {"e4m3", "hybrid"});
+  b.str("--fp8-recipe", ARG(a.fp8_recipe), {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+  b.num("--fp8-margin", ARG(a.fp8_margin), 0);
   b.noted_str("--fp8-interval", "deprecated in Megatron-LM and ignored (the scales update every step)",
               [&a](const std::string& s) { a.fp8_interval = checked_int("--fp8-interval", s, 1); });
-  b.num("--fp8-amax-history-len", a.fp8_amax_history_len, 1);
-  b.str("--fp8-amax-compute-algo", a.fp8_amax_compute_algo, {"most_recent", "max"});
-  b.flag("--fp8-param-gather", a.fp8_param_gather, true);
-  b.flag("--no-fp8-wgrad", a.fp8_wgrad, false);
+  b.num("--fp8-amax-history-len", ARG(a.fp8_amax_history_len), 1);
+  b.str("--fp8-amax-compute-algo", ARG(a.fp8_amax_compute_algo), {"most_recent", "max"});
+  b.flag("--fp8-param-gather", ARG(a.fp8_param_gather), true);
+  b.flag("--no-fp8-wgrad", ARG(a.fp8_wgrad), false);
 
   // ---- parallelism ----
-  b.num("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1);
-  b.num("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1);
-  b.num("--context-parallel-size", a.context_parallel_size, 1);
-  b.strs("--cp-comm-type", a.cp_comm_type);
-  b.num("--expert-model-parallel-size", a.expert_model_parallel_size, 1);
+  b.num("--tensor-model-parallel-size", ARG(a.tensor_model_parallel_size), 1);
+  b.num("--pipeline-model-parallel-size", ARG(a.pipeline_model_parallel_size), 1);
+  b.num("--context-parallel-size", ARG(a.context_parallel_size), 1);
+  b.strs("--cp-comm-type", ARG(a.cp_comm_type));
+  b.num("--expert-model-parallel-size", ARG(a.expert_model_parallel_size), 1);
   bind_moe(b, a);
-  b.num("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage, 1);
-  b.num("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers, 0);
-  b.num("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers, 0);
-  b.num("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank, 1);
-  b.num("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage, 1);
+  b.num("--num-layers-per-virtual-pipeline-stage", ARG(a.num_layers_per_virtual_pipeline_stage), 1);
+  b.via({"virtual_pipeline_model_parallel_size"});  // validate_args derives it
+  b.num("--decoder-first-pipeline-num-layers", ARG(a.decoder_first_pipeline_num_layers), 0);
+  b.num("--decoder-last-pipeline-num-layers", ARG(a.decoder_last_pipeline_num_layers), 0);
+  b.num("--num-virtual-stages-per-pipeline-rank", ARG(a.num_virtual_stages_per_pipeline_rank), 1);
+  b.via({"virtual_pipeline_model_parallel_size"});  // validate_args derives it
+  b.num("--microbatch-group-size-per-virtual-pipeline-stage", ARG(a.microbatch_group_size_per_vp_stage), 1);
   b.noted("--no-overlap-p2p-communication",
           "the pipeline's send/receive of each schedule step is always one batch posted together here "
           "(Megatron's behaviour under this flag); PP = 2 with virtual stages is allowed (docs/distributed.md)");
@@ -649,106 +707,115 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted("--no-align-param-gather",
           "every chunk's parameter all-gather is launched right after the optimizer step on every pipeline "
           "stage here; no effect");
-  b.flag("--sequence-parallel", a.sequence_parallel, true);
-  b.flag("--use-distributed-optimizer", a.use_distributed_optimizer, true);
-  b.flag("--overlap-grad-reduce", a.overlap_grad_reduce, true);
-  b.flag("--overlap-param-gather", a.overlap_param_gather, true);
-  b.num("--ddp-bucket-size", a.ddp_bucket_size, 1);
-  b.str("--distributed-backend", a.distributed_backend, {"nccl", "gloo"});
-  b.num("--distributed-timeout-minutes", a.distributed_timeout_minutes, 1);
+  b.flag("--sequence-parallel", ARG(a.sequence_parallel), true);
+  b.flag("--use-distributed-optimizer", ARG(a.use_distributed_optimizer), true);
+  b.flag("--overlap-grad-reduce", ARG(a.overlap_grad_reduce), true);
+  b.flag("--overlap-param-gather", ARG(a.overlap_param_gather), true);
+  b.num("--ddp-bucket-size", ARG(a.ddp_bucket_size), 1);
+  b.str("--distributed-backend", ARG(a.distributed_backend), {"nccl", "gloo"});
+  b.num("--distributed-timeout-minutes", ARG(a.distributed_timeout_minutes), 1);
 
   // ---- data and tokenizer ----
-  b.strs("--data-path", a.data_path);
-  b.str("--split", a.split);
-  b.strs("--train-data-path", a.train_data_path);
-  b.strs("--valid-data-path", a.valid_data_path);
-  b.strs("--test-data-path", a.test_data_path);
-  b.str("--data-cache-path", a.data_cache_path);
-  b.flag("--mock-data", a.mock_data, true);
-  b.flag("--no-mmap-bin-files", a.mmap_bin_files, false);
+  b.strs("--data-path", ARG(a.data_path));
+  b.str("--split", ARG(a.split));
+  b.strs("--train-data-path", ARG(a.train_data_path));
+  b.strs("--valid-data-path", ARG(a.valid_data_path));
+  b.strs("--test-data-path", ARG(a.test_data_path));
+  b.str("--data-cache-path", ARG(a.data_cache_path));
+  b.flag("--mock-data", ARG(a.mock_data), true);
+  b.flag("--no-mmap-bin-files", ARG(a.mmap_bin_files), false);
   b.noted_str("--num-workers",
               "Megatron's DataLoader worker processes; megatron.cpp prefetches with one background thread",
               [&a](const std::string& s) { a.num_workers = checked_int("--num-workers", s, 0); });
-  b.flag("--reset-position-ids", a.reset_position_ids, true);
-  b.flag("--reset-attention-mask", a.reset_attention_mask, true);
-  b.flag("--eod-mask-loss", a.eod_mask_loss, true);
-  b.flag("--no-create-attention-mask-in-dataloader", a.create_attention_mask_in_dataloader, false);
-  b.num("--num-dataset-builder-threads", a.num_dataset_builder_threads, 1);
-  b.num("--mid-level-dataset-surplus", a.mid_level_dataset_surplus, at_least(0));
-  b.str("--dataloader-type", a.dataloader_type, {"single", "cyclic", "external"});
-  b.num("--seq-length", a.seq_length, 1);
+  b.flag("--reset-position-ids", ARG(a.reset_position_ids), true);
+  b.flag("--reset-attention-mask", ARG(a.reset_attention_mask), true);
+  b.flag("--eod-mask-loss", ARG(a.eod_mask_loss), true);
+  b.flag("--no-create-attention-mask-in-dataloader", ARG(a.create_attention_mask_in_dataloader), false);
+  b.noted_str("--num-dataset-builder-threads",
+              "Megatron builds the per-prefix dataset indices with this many threads; megatron.cpp builds them "
+              "one after the other (the same datasets and index files)",
+              [&a](const std::string& s) { a.num_dataset_builder_threads = checked_int("--num-dataset-builder-threads", s, 1); });
+  b.num("--mid-level-dataset-surplus", ARG(a.mid_level_dataset_surplus), at_least(0));
+  b.str("--dataloader-type", ARG(a.dataloader_type), {"single", "cyclic", "external"});
+  b.default_only("cyclic");  // validate_args refuses all but single (Megatron's sequential sampler)
+  b.num("--seq-length", ARG(a.seq_length), 1);
   auto& t = a.tokenizer;
-  b.str("--tokenizer-type", t.tokenizer_type,
+  b.str("--tokenizer-type", ARG(t.tokenizer_type),
         {"BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
          "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
          "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"});
-  b.str("--tokenizer-model", t.tokenizer_model);
-  b.str("--vocab-file", t.vocab_file);
-  b.str("--merge-file", t.merge_file);
-  b.num("--vocab-size", t.vocab_size, 1);
-  b.num("--vocab-extra-ids", t.vocab_extra_ids, 0);
-  b.str("--tiktoken-pattern", t.tiktoken_pattern, {"v1", "v2"});
-  b.num("--tiktoken-num-special-tokens", t.tiktoken_num_special_tokens, 0);
-  b.strs("--tokenizer-special-tokens", t.tokenizer_special_tokens);
-  b.flag("--tokenizer-hf-no-include-special-tokens", t.tokenizer_hf_include_special_tokens, false);
-  b.flag("--tokenizer-sentencepiece-legacy", t.tokenizer_sentencepiece_legacy, true);
-  b.num("--null-tokenizer-eod-id", t.null_tokenizer_eod_id);
-  b.num("--null-tokenizer-pad-id", t.null_tokenizer_pad_id);
+  b.str("--tokenizer-model", ARG(t.tokenizer_model));
+  b.str("--vocab-file", ARG(t.vocab_file));
+  b.str("--merge-file", ARG(t.merge_file));
+  b.num("--vocab-size", ARG(t.vocab_size), 1);
+  b.noted_str("--vocab-extra-ids",
+              "Megatron-LM's current tokenizers do not read it either (it only declares it): no extra tokens "
+              "are added",
+              [&t](const std::string& s) { t.vocab_extra_ids = checked_int("--vocab-extra-ids", s, 0); });
+  b.str("--tiktoken-pattern", ARG(t.tiktoken_pattern), {"v1", "v2"});
+  b.num("--tiktoken-num-special-tokens", ARG(t.tiktoken_num_special_tokens), 0);
+  b.strs("--tokenizer-special-tokens", ARG(t.tokenizer_special_tokens));
+  b.flag("--tokenizer-hf-no-include-special-tokens", ARG(t.tokenizer_hf_include_special_tokens), false);
+  b.flag("--tokenizer-sentencepiece-legacy", ARG(t.tokenizer_sentencepiece_legacy), true);
+  b.num("--null-tokenizer-eod-id", ARG(t.null_tokenizer_eod_id));
+  b.num("--null-tokenizer-pad-id", ARG(t.null_tokenizer_pad_id));
 
   // ---- evaluation ----
-  b.num("--eval-iters", a.eval_iters, 0);
-  b.num("--eval-interval", a.eval_interval, 1);
+  b.num("--eval-iters", ARG(a.eval_iters), 0);
+  b.num("--eval-interval", ARG(a.eval_interval), 1);
 
   // ---- logging ----
-  b.num("--log-interval", a.log_interval, 1);
-  b.flag("--log-params-norm", a.log_params_norm, true);
-  b.flag("--log-num-zeros-in-grad", a.log_num_zeros_in_grad, true);
-  b.flag("--log-throughput", a.log_throughput, true);
-  b.flag("--log-progress", a.log_progress, true);
+  b.num("--log-interval", ARG(a.log_interval), 1);
+  b.flag("--log-params-norm", ARG(a.log_params_norm), true);
+  b.flag("--log-num-zeros-in-grad", ARG(a.log_num_zeros_in_grad), true);
+  b.flag("--log-throughput", ARG(a.log_throughput), true);
+  b.flag("--log-progress", ARG(a.log_progress), true);
   b.noted("--log-energy", "no energy counters are read here; the energy/power fields are not printed");
-  b.with("--timing-log-level", [&a](const std::string& s) {
+  b.with("--timing-log-level", {"timing_log_level"}, [&a](const std::string& s) {
     a.timing_log_level = parse_number<int64_t>("--timing-log-level", s);
     if (a.timing_log_level < 0 || a.timing_log_level > 2)
       user_error("--timing-log-level: invalid choice '", s, "' (choose from 0, 1, 2)");
   }, [&a] { return py_str(a.timing_log_level); });
-  b.str("--timing-log-option", a.timing_log_option, {"max", "minmax", "all"});
-  b.flag("--no-barrier-with-level-1-timing", a.barrier_with_L1_time, false);
-  b.str("--tensorboard-dir", a.tensorboard_dir);
-  b.num("--tensorboard-log-interval", a.tensorboard_log_interval, 1);
-  b.num("--tensorboard-queue-size", a.tensorboard_queue_size, 1);
-  b.flag("--log-timers-to-tensorboard", a.log_timers_to_tensorboard, true);
-  b.flag("--no-log-loss-scale-to-tensorboard", a.log_loss_scale_to_tensorboard, false);
-  b.flag("--no-log-learning-rate-to-tensorboard", a.log_learning_rate_to_tensorboard, false);
-  b.flag("--log-validation-ppl-to-tensorboard", a.log_validation_ppl_to_tensorboard, true);
-  b.flag("--log-memory-to-tensorboard", a.log_memory_to_tensorboard, true);
-  b.flag("--log-world-size-to-tensorboard", a.log_world_size_to_tensorboard, true);
-  b.flag("--no-log-batch-size-to-tensorboard", a.log_batch_size_to_tensorboard, false);
+  b.str("--timing-log-option", ARG(a.timing_log_option), {"max", "minmax", "all"});
+  b.flag("--no-barrier-with-level-1-timing", ARG(a.barrier_with_L1_time), false);
+  b.str("--tensorboard-dir", ARG(a.tensorboard_dir));
+  b.num("--tensorboard-log-interval", ARG(a.tensorboard_log_interval), 1);
+  b.num("--tensorboard-queue-size", ARG(a.tensorboard_queue_size), 1);
+  b.flag("--log-timers-to-tensorboard", ARG(a.log_timers_to_tensorboard), true);
+  b.flag("--no-log-loss-scale-to-tensorboard", ARG(a.log_loss_scale_to_tensorboard), false);
+  b.flag("--no-log-learning-rate-to-tensorboard", ARG(a.log_learning_rate_to_tensorboard), false);
+  b.flag("--log-validation-ppl-to-tensorboard", ARG(a.log_validation_ppl_to_tensorboard), true);
+  b.flag("--log-memory-to-tensorboard", ARG(a.log_memory_to_tensorboard), true);
+  b.flag("--log-world-size-to-tensorboard", ARG(a.log_world_size_to_tensorboard), true);
+  b.flag("--no-log-batch-size-to-tensorboard", ARG(a.log_batch_size_to_tensorboard), false);
   for (const char* f : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity"}) {
     if (megatron_flag_map().count(f)) b.noted(f, "there is no Weights & Biases writer; use --tensorboard-dir");
   }
 
   // ---- checkpointing ----
-  b.str("--save", a.save);
-  b.str("--load", a.load);
-  b.num("--save-interval", a.save_interval, 1);
-  b.flag("--no-save-optim", a.no_save_optim, true);
-  b.flag("--no-save-rng", a.no_save_rng, true);
-  b.flag("--no-load-optim", a.no_load_optim, true);
-  b.flag("--no-load-rng", a.no_load_rng, true);
-  b.flag("--finetune", a.finetune, true);
-  b.str("--ckpt-format", a.ckpt_format, {"torch", "torch_dist", "torch_dcp", "fsdp_dtensor"});
-  b.num("--ckpt-step", a.ckpt_step, 0);
-  b.flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint, true);
-  b.flag("--async-save", a.async_save, true);
+  b.str("--save", ARG(a.save));
+  b.str("--load", ARG(a.load));
+  b.num("--save-interval", ARG(a.save_interval), 1);
+  b.flag("--no-save-optim", ARG(a.no_save_optim), true);
+  b.flag("--no-save-rng", ARG(a.no_save_rng), true);
+  b.flag("--no-load-optim", ARG(a.no_load_optim), true);
+  b.flag("--no-load-rng", ARG(a.no_load_rng), true);
+  b.flag("--finetune", ARG(a.finetune), true);
+  b.str("--ckpt-format", ARG(a.ckpt_format), {"torch", "torch_dist", "torch_dcp", "fsdp_dtensor"});
+  b.num("--ckpt-step", ARG(a.ckpt_step), 0);
+  b.flag("--exit-on-missing-checkpoint", ARG(a.exit_on_missing_checkpoint), true);
+  b.flag("--async-save", ARG(a.async_save), true);
 
   // ---- profiling ----
-  b.flag("--profile", a.profile, true);
-  b.num("--profile-step-start", a.profile_step_start, 0);
-  b.num("--profile-step-end", a.profile_step_end, 0);
-  b.ints("--profile-ranks", a.profile_ranks);
+  b.flag("--profile", ARG(a.profile), true);
+  b.num("--profile-step-start", ARG(a.profile_step_start), 0);
+  b.num("--profile-step-end", ARG(a.profile_step_end), 0);
+  b.ints("--profile-ranks", ARG(a.profile_ranks));
   b.noted("--use-pytorch-profiler",
           "there is no PyTorch profiler; --profile writes a Chrome/Perfetto trace of megatron.cpp's timers");
 }
+
+#undef ARG
 
 }  // namespace
 
@@ -1135,6 +1202,7 @@ void validate_args(Arguments& a) {
   validate_moe_args(a);
 }
 
+// flag-registry: consumers begin (code here acts on Arguments; flag_registry_test counts its reads)
 std::string set_padded_vocab_size(Arguments& a, int64_t vocab_size) {
   const int64_t multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size;
   if (multiple <= 0) user_error("--make-vocab-size-divisible-by must be > 0");
@@ -1149,6 +1217,8 @@ int64_t num_microbatches(const Arguments& a) {
   MEGATRON_CHECK(a.global_batch_size && a.micro_batch_size) << "validate_args not run";
   return *a.global_batch_size / (*a.micro_batch_size * a.data_parallel_size);
 }
+
+// flag-registry: consumers end
 
 std::string py_float_repr(double v) {
   if (std::isnan(v)) return "nan";
@@ -1227,6 +1297,34 @@ std::vector<Binder::Entry> declared_entries(Arguments& a) {
 }
 }  // namespace
 
+std::vector<FlagInfo> flag_registry() {
+  Arguments a;
+  CLI::App app;
+  Binder b(app, a);
+  bind_all(b, a);
+  std::vector<FlagInfo> out;
+  std::set<std::string> covered;
+  for (const auto& e : b.entries()) {
+    const MegatronFlag* m = megatron_flag(e.flag);
+    const CLI::Option* o = app.get_option_no_throw(e.flag);
+    FlagInfo f{e.flag, e.aliases, e.dest, e.disposition, e.reads, e.note, 0};
+    f.arity = m ? m->arity : (o && o->get_items_expected_max() == 0 ? 0 : o && o->get_items_expected_max() == 1 ? 1 : -1);
+    out.push_back(std::move(f));
+    covered.insert(e.flag);
+    for (const auto& al : e.aliases) covered.insert(al);
+  }
+  for (const CLI::Option* o : app.get_options())
+    for (const auto& n : o->get_lnames())
+      if (n != "help" && !covered.count("--" + n)) out.push_back(FlagInfo{"--" + n, {}, "", FlagDisposition::kImplemented, {}, "", 0});
+  return out;
+}
+
+std::vector<MegatronFlagInfo> megatron_flag_table() {
+  std::vector<MegatronFlagInfo> out;
+  for (const auto& f : kMegatronFlags) out.push_back({f.name, f.dest, f.default_str, f.arity, f.kind});
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> declared_flag_dests() {
   Arguments a;
   std::vector<std::pair<std::string, std::string>> out;
@@ -1280,6 +1378,7 @@ std::vector<std::pair<std::string, std::string>> args_items(const Arguments& arg
 
 std::string format_args(const Arguments& a) { return format_args_block("arguments", args_items(a)); }
 
+// flag-registry: consumers begin
 transformer::TransformerConfig core_transformer_config_from_args(const Arguments& a) {
   transformer::TransformerConfig c;
   c.num_layers = *a.num_layers;
@@ -1310,8 +1409,13 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
       a.rotary_seq_len_interpolation_factor ? static_cast<double>(*a.rotary_seq_len_interpolation_factor) : 0.0;
   c.share_embeddings_and_output_weights = !a.untie_embeddings_and_output_weights;
   c.params_dtype = a.bf16 ? DType::kBFloat16 : a.fp16 ? DType::kFloat16 : DType::kFloat32;
-  // --grad-reduce-in-bf16 makes the DDP grad buffer bf16 (Megatron's grad_reduce_in_fp32=False).
-  c.main_grads_dtype = (a.bf16 && a.grad_reduce_in_bf16) ? DType::kBFloat16 : DType::kFloat32;
+  // The DDP grad buffer (Megatron's grad_reduce_in_fp32 = args.accumulate_allreduce_grads_in_fp32):
+  // fp32 when that is set -- validate_args sets it for --bf16 unless --grad-reduce-in-bf16 --, else
+  // the param dtype: bf16 with --bf16 --grad-reduce-in-bf16, fp16 with --fp16 (Megatron's fp16
+  // default: grads accumulated and all-reduced in fp16, copied to fp32 main grads in the optimizer).
+  if (!a.fp16 && !a.bf16) c.main_grads_dtype = DType::kFloat32;
+  else if (a.accumulate_allreduce_grads_in_fp32) c.main_grads_dtype = DType::kFloat32;
+  else c.main_grads_dtype = a.bf16 ? DType::kBFloat16 : DType::kFloat16;
   c.tensor_model_parallel_size = a.tensor_model_parallel_size;
   c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
   c.sequence_parallel = a.sequence_parallel;
@@ -1366,5 +1470,7 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   }
   return c;
 }
+
+// flag-registry: consumers end
 
 }  // namespace megatron::training

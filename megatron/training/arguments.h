@@ -78,7 +78,7 @@ struct Arguments {
   bool check_for_nan_in_loss_and_grad = true;
   bool deterministic_mode = false;
 
-  // ---- optimizer / learning rate (§6.1) ----
+  // ---- optimizer / learning rate (docs/megatron-reference.md#optimizer-defaults) ----
   std::string optimizer = "adam";  // adam | sgd
   std::optional<double> lr;
   double min_lr = 0.0;
@@ -107,7 +107,7 @@ struct Arguments {
   double sgd_momentum = 0.9;
   bool decoupled_weight_decay = true;  // --no-decoupled-weight-decay
 
-  // ---- mixed precision (§6.7) ----
+  // ---- mixed precision (docs/megatron-reference.md#loss-scaling) ----
   bool fp16 = false;
   bool bf16 = false;
   std::optional<double> loss_scale;  // constant scale; None -> dynamic (fp16)
@@ -119,7 +119,7 @@ struct Arguments {
   bool accumulate_allreduce_grads_in_fp32 = false;
   bool fp16_lm_cross_entropy = false;
 
-  // ---- FP8 (§10; stored for the FP8 code) ----
+  // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling; stored for the FP8 code) ----
   std::optional<std::string> fp8;  // --fp8-format: e4m3 | hybrid
   std::string fp8_recipe = "delayed";
   int64_t fp8_margin = 0;
@@ -249,7 +249,7 @@ struct Arguments {
   bool use_pytorch_profiler = false;
 
   // ---- derived by validate_args ----
-  int64_t padded_vocab_size = 0;  // §3.1, set by set_padded_vocab_size()
+  int64_t padded_vocab_size = 0;  // docs/megatron-reference.md#vocab-padding, set by set_padded_vocab_size()
   /// Flags given on the command line that are accepted with a note (flag -> note), in order.
   std::vector<std::pair<std::string, std::string>> notes;
   /// Warnings validate_args raises as Megatron's does (warn_rank_0), without the "UserWarning: "
@@ -265,6 +265,42 @@ struct Arguments {
   std::map<std::string, std::vector<std::string>> noted_values;
 };
 
+/// What a registered flag does (docs/training.md, "Every flag has a disposition"). Every path that
+/// registers a flag records one; flag_registry_test checks each against the code.
+enum class FlagDisposition {
+  kImplemented,  // stored in Arguments members that code outside the parser reads (FlagInfo::reads)
+  kNoted,        // accepted with a one-line note printed when given (FlagInfo::note)
+  kRefused,      // refused with a one-line error naming the flag
+  kDefaultOnly,  // Megatron's default value is what the code does; any other value is refused by
+                 // validate_args naming the flag (FlagInfo::note holds such a value)
+};
+
+/// One flag pretrain_gpt's parser registers.
+struct FlagInfo {
+  std::string flag;                  // the primary spelling, "--save-interval"
+  std::vector<std::string> aliases;  // Megatron's other spellings of it ("--persistent-save-interval")
+  std::string dest;                  // Megatron's argparse dest
+  FlagDisposition disposition = FlagDisposition::kImplemented;
+  std::vector<std::string> reads;    // kImplemented: Arguments (or TokenizerConfig) members read by code
+  std::string note;                  // kNoted
+  int arity = 0;                     // values it takes: 0 switch, 1, -1 a list
+};
+
+/// Every option pretrain_gpt's parser holds, in declaration order. An option registered without
+/// a disposition (added to the CLI11 app around the Binder) is listed with flag set and
+/// `dest` == "" -- flag_registry_test fails on it.
+std::vector<FlagInfo> flag_registry();
+
+/// One flag of Megatron-LM's own pretrain_gpt parser (megatron_flag_names.inc, generated from
+/// Megatron's argparse actions by tests/reference/training/gen_megatron_flags.py).
+struct MegatronFlagInfo {
+  std::string name, dest, default_str;
+  int arity = 0;  // 0 switch, n values, -1 one or more
+  char kind = 's';  // T store_true, F store_false, B BooleanOptional, i int, f float, e enum, s other
+};
+/// Every flag of Megatron's parser, in the table's order.
+std::vector<MegatronFlagInfo> megatron_flag_table();
+
 /// Parses argv (argv[0] is the program name) into Arguments with Megatron's defaults.
 /// Throws UserError (one line) for: a flag Megatron does not have (naming the closest
 /// Megatron flag), a Megatron flag megatron.cpp does not implement, a bad value or choice.
@@ -278,7 +314,7 @@ Arguments parse_args(const std::vector<std::string>& args);
 /// dataloader_type, and checks the combinations (one UserError line each, naming the flags).
 void validate_args(Arguments& args);
 
-/// Megatron's vocab padding (§3.1): sets args.padded_vocab_size from the tokenizer's vocab size
+/// Megatron's vocab padding (docs/megatron-reference.md#vocab-padding): sets args.padded_vocab_size from the tokenizer's vocab size
 /// and returns Megatron's log line " > padded vocab (size: V) with K dummy tokens (new size: Vp)".
 std::string set_padded_vocab_size(Arguments& args, int64_t vocab_size);
 

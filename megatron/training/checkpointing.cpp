@@ -18,6 +18,7 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
 #include "megatron/training/checkpoint_args.h"
+#include "megatron/training/torch_dist_checkpoint.h"
 
 namespace megatron::training {
 
@@ -272,8 +273,13 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
   maybe_finalize_async_save(world, /*blocking=*/true);
   const int64_t it = st.iteration;
   const std::string dir = checkpoint_dir_name(cfg.save, it);
+  // Megatron's line names the format written: say what this writes (--ckpt-format other than
+  // torch_dist is accepted, but the layout is always megatron.cpp's own; docs/checkpointing.md).
+  const std::string written = cfg.ckpt_format == "torch_dist"
+                                  ? std::string("torch_dist")
+                                  : "megatron.cpp's distributed (per-rank safetensors + metadata, not " + cfg.ckpt_format + ")";
   print0(world, "[" + timestamp() + "] saving checkpoint at iteration " + fmt_it(it) + " to " + cfg.save + " in " +
-                    cfg.ckpt_format + " format");
+                    written + " format");
   std::error_code ec;
   fs::create_directories(cfg.save, ec);
   if (ec) user_error("--save ", cfg.save, ": cannot create directory (", ec.message(), ")");
@@ -310,20 +316,31 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
                                 " to " + root + " [ t " + std::to_string(ranks.tp_rank + 1) + "/" +
                                 std::to_string(ranks.tp_size) + ", gtp_remat 1/1, p " + std::to_string(ranks.pp_rank + 1) +
                                 "/" + std::to_string(ranks.pp_size) + " ]";
-  auto finalize_fn = [root, it, done_line, world] {
-    dc::write_file_atomic(tracker_filename(root), std::to_string(it));
+  auto finalize_fn = [root, it, dir, done_line, world] {
+    // Megatron raises here too (the save fails, training stops): the checkpoint itself is
+    // complete, only the tracker still names the previous one (written atomically: never empty).
+    try {
+      dc::write_file_atomic(tracker_filename(root), std::to_string(it));
+    } catch (const UserError& e) {
+      user_error("checkpoint ", dir, " is complete but the tracker could not be updated (", e.what(),
+                 "); it still names the previous checkpoint: free space, then resume with --load ", root,
+                 " --ckpt-step ", it, " (or write ", it, " into ", tracker_filename(root), ")");
+    }
     std::string line = done_line;
     line.replace(line.find("%s"), 2, timestamp());
     print0(world, line);
   };
-  if (cfg.async_save) {
+  if (cfg.write_torch_dist) {  // Megatron's own format (synchronous, also with --async-save)
+    save_torch_dist_checkpoint(sd, dir, world, st.args.value("use_distributed_optimizer", false), ranks.tp_rank,
+                               ranks.dp_rank, ranks.pp_rank == ranks.pp_size - 1);
+    if (group_rank(world) == 0) finalize_fn();
+    if (world) world->barrier();
+  } else if (cfg.async_save) {
     auto req = dc::save_async(sd, dir, world);
     req->add_finalize_fn(finalize_fn);
     pending().req = std::move(req);
   } else {
-    dc::save(sd, dir, world);
-    if (group_rank(world) == 0) finalize_fn();
-    if (world) world->barrier();
+    dc::save(sd, dir, world, {finalize_fn});  // rank 0 runs it; a failure stops every rank
   }
 }
 
@@ -357,9 +374,18 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   }
   const std::string dir = checkpoint_dir_name(cfg.load, it, release);
   print0(world, " loading distributed checkpoint from " + cfg.load + " at iteration " + std::to_string(it));
-  json common = dc::load_common_state(dir);
   const bool want_optim = !cfg.no_load_optim && !cfg.finetune && !release;
+  // Megatron's --auto-detect-ckpt-format: a torch_dist (PyTorch DCP) checkpoint is read as such.
+  const bool torch_dist = dc::torch_dist::is_torch_dist_checkpoint(dir);
+  TorchDistReadPlan td_plan;
+  if (torch_dist) td_plan = plan_torch_dist_read(dir, want_optim);
+  json common = torch_dist ? common_from_torch_dist(dc::torch_dist::load_common(dir)) : dc::load_common_state(dir);
   bool want_rng = !cfg.no_load_rng && !cfg.finetune && !release;
+  if (torch_dist && !td_plan.ours && want_rng) {
+    print0(world, "RNG state of a Megatron-LM torch_dist checkpoint (torch generators) is not used: the RNG starts "
+                  "from --seed");
+    want_rng = false;
+  }
   const json args = common.value("args", json::object());
   if (cfg.expected_args.is_object() && !cfg.finetune) check_checkpoint_args(args, cfg.expected_args, dir);
   int ck_tp = args.value("tensor_model_parallel_size", ranks.tp_size);
@@ -379,9 +405,9 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
                  "use --no-load-optim or --finetune to load only the weights");
     sd.tensors.insert(sd.tensors.end(), st.optimizer.begin(), st.optimizer.end());
     if (!st.optimizer_if_present.empty()) {
-      const dc::CheckpointIndex idx = dc::load_index(dir);
+      const dc::CheckpointIndex idx = torch_dist ? dc::CheckpointIndex{} : dc::load_index(dir);
       for (const auto& t : st.optimizer_if_present) {
-        if (idx.tensors.count(t.key)) sd.tensors.push_back(t);
+        if (torch_dist ? td_plan.has(t.key) : idx.tensors.count(t.key) > 0) sd.tensors.push_back(t);
         else if (std::find(res.missing_optimizer.begin(), res.missing_optimizer.end(), t.key) == res.missing_optimizer.end())
           res.missing_optimizer.push_back(t.key);
       }
@@ -389,14 +415,20 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
   if (!cfg.finetune && !st.extra.empty()) {
-    const dc::CheckpointIndex idx = dc::load_index(dir);
+    const dc::CheckpointIndex idx = torch_dist ? dc::CheckpointIndex{} : dc::load_index(dir);
     for (const auto& t : st.extra) {
-      if (idx.tensors.count(t.key)) sd.tensors.push_back(t);
+      if (torch_dist ? td_plan.has(t.key) : idx.tensors.count(t.key) > 0) sd.tensors.push_back(t);
       else if (std::find(res.missing_extra.begin(), res.missing_extra.end(), t.key) == res.missing_extra.end())
         res.missing_extra.push_back(t.key);
     }
   }
-  dc::load(sd, dir);
+  if (torch_dist) {
+    dc::torch_dist::LoadOptions lo;
+    lo.key_map = td_plan.key_map;
+    dc::torch_dist::load(sd, dir, lo);
+  } else {
+    dc::load(sd, dir);
+  }
   (void)n_model;  // tensors share storage with st's views: loaded in place
   bump_param_version();  // the model weights were overwritten (FP8 weight caches rebuild)
 

@@ -56,7 +56,11 @@ struct CheckpointConfig {
   bool async_save = false;                 // --async-save
   bool exit_on_missing_checkpoint = false; // --exit-on-missing-checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration instead of the tracker's
-  std::string ckpt_format = "torch_dist";  // --ckpt-format (printed; our on-disk format is always ours)
+  std::string ckpt_format = "torch_dist";  // --ckpt-format (printed in the save line)
+  /// Write Megatron-LM's torch_dist (PyTorch DCP) files instead of our own layout (pretrain_gpt
+  /// sets it when --ckpt-format torch_dist is given on the command line). Loading detects the
+  /// format from the checkpoint's metadata.json whatever this says.
+  bool write_torch_dist = false;
   /// This run's arguments (checkpoint_args.h checkpoint_args()); when an object, load_checkpoint
   /// runs check_checkpoint_args against the checkpoint's args before reading any tensor (not
   /// with --finetune, as Megatron). Null: no check.
@@ -134,7 +138,7 @@ std::string tracker_filename(const std::string& root);
 /// naming the file when its content is neither an integer nor "release".
 std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root);
 
-/// Stacked-layer key mapping (§8.2): "decoder.layers.3.self_attention.linear_qkv.weight" →
+/// Stacked-layer key mapping (docs/megatron-reference.md#distributed-checkpoint): "decoder.layers.3.self_attention.linear_qkv.weight" →
 /// ("decoder.layers.self_attention.linear_qkv.weight", 3). Other names → (name, -1).
 std::pair<std::string, int64_t> stacked_layer_key(const std::string& param_name);
 
@@ -176,7 +180,7 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t
 ///    (the distributed optimizer's slices, optimizer/distributed_optimizer.h). Without the
 ///    distributed optimizer the state is a box like the parameter piece (replicated over DP like
 ///    it); with it (`distributed_optimizer`) each DP rank writes its own flat element ranges of
-///    the parameters in global coordinates (Megatron's fully-reshardable layout, §8.3), so DP
+///    the parameters in global coordinates (Megatron's fully-reshardable layout, docs/megatron-reference.md#distributed-checkpoint), so DP
 ///    ranks never write the same element and a load with another DP size, TP/PP size or without
 ///    the distributed optimizer reads the overlapping ranges.
 /// Throws InternalError when an optimizer parameter does not lie inside one model parameter.

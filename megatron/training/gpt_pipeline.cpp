@@ -117,7 +117,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
     m.set_grad_ready_hook(hook && mb == M - 1 ? hook : nullptr);
     if (loss_chunk(c)) {
       const datasets::GPTBatch& b = batches[static_cast<size_t>(mb)];
-      // §6.8: the backward seed of Σ(loss·mask)·k is mask·k.
+      // docs/megatron-reference.md#loss-normalisation: the backward seed of Σ(loss·mask)·k is mask·k.
       double k = loss_scale;
       if (!per_token) k /= seed_tokens[static_cast<size_t>(mb)] * static_cast<double>(M);
       Tensor dloss = b.loss_mask.is_cpu() ? b.loss_mask.clone() : b.loss_mask.to(Device::cpu());

@@ -7,19 +7,18 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
+#include "megatron/core/ops/device.h"
 #include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/utils/errors.h"
-#ifdef MEGATRON_WITH_CUDA
-namespace megatron::cuda {
-unsigned long long host_sync_count();  // ops/cuda/cuda_utils.h (kept free of cuda_runtime.h here)
-}
-#endif
 #include "megatron/training/training_log.h"
 #include "megatron/core/utils/env.h"
 
@@ -28,6 +27,23 @@ namespace megatron::training {
 namespace {
 std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
+
+// Megatron's check_for_nan_in_loss_and_grad in loss_func: rerun_state_machine.validate_result
+// with reruns disabled raises "Rank R, node N, device D, iteration I: Unexpected result <loss>
+// (message='found NaN in local forward loss calculation')" (Inf: 'found Inf ...'). A NaN/Inf loss
+// is the user's run diverging (learning rate, data, precision), not a bug here: a UserError.
+void check_local_loss(double loss_sum, int64_t iteration, int64_t rank, const Device& device) {
+  if (std::isfinite(loss_sum)) return;
+  char host[256] = "unknown";
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  host[sizeof(host) - 1] = '\0';
+  const std::string dev = device.is_cuda() ? std::to_string(device.index) : "cpu";
+  const std::string value = std::isnan(loss_sum) ? "nan" : (loss_sum > 0 ? "inf" : "-inf");
+  user_error("Rank ", rank, ", node ", host, ", device ", dev, ", iteration ", iteration, ": Unexpected result ", value,
+             " (message='found ", std::isnan(loss_sum) ? "NaN" : "Inf",
+             " in local forward loss calculation'): the training diverged (check --lr, the data and the precision "
+             "flags), or pass --no-check-for-nan-in-loss-and-grad to train on");
+}
 
 }  // namespace
 
@@ -175,15 +191,18 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
       args_.calculate_per_token_loss ? loss_scale : loss_scale / static_cast<double>(num_microbatches_));
   std::vector<std::pair<Tensor, Tensor>> deferred;  // (device loss, host mask) per micro-batch
+  // Where the parameters live (the NaN message names the device, as Megatron's).
+  const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();
+  // Megatron starts the level-1 timers with barrier=args.barrier_with_L1_time: every rank runs
+  // this (the condition is the same on all ranks).
+  const bool l1_barrier = args_.timing_log_level >= 1 && args_.barrier_with_L1_time && hooks_.barrier;
+  if (l1_barrier) hooks_.barrier();
   timers_("forward-backward", 1).start();
   if (hooks_.forward_backward) {
     std::optional<LossReport> rep = hooks_.forward_backward(train_data, /*forward_only=*/false, loss_scale);
     if (!rep) user_error("the training data ran out at iteration ", state_.iteration + 1,
                          "; use more data or fewer --train-iters/--train-samples");
-    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep->loss_sum)) {
-      throw InternalError("found NaN in local forward loss calculation (iteration " +
-                          std::to_string(state_.iteration + 1) + ")");
-    }
+    if (args_.check_for_nan_in_loss_and_grad) check_local_loss(rep->loss_sum, state_.iteration + 1, args_.rank, device);
     r.lm_loss = *rep;
   }
   for (int64_t mb = 0; mb < (hooks_.forward_backward ? 0 : num_microbatches_); ++mb) {
@@ -206,12 +225,9 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
       deferred.push_back({loss, batch->loss_mask});
     } else {
       rep = masked_loss_report(loss, batch->loss_mask);
-      if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(rep.loss_sum)) {
-        throw InternalError("found NaN in local forward loss calculation (iteration " +
-                            std::to_string(state_.iteration + 1) + ")");
-      }
+      if (args_.check_for_nan_in_loss_and_grad) check_local_loss(rep.loss_sum, state_.iteration + 1, args_.rank, loss.device());
     }
-    // §6.8: the backward seed of Σ(loss·mask)·c is mask·c.
+    // docs/megatron-reference.md#loss-normalisation: the backward seed of Σ(loss·mask)·c is mask·c.
     double c = loss_scale;
     if (!args_.calculate_per_token_loss) {
       const double n = hooks_.microbatch_loss_tokens ? hooks_.microbatch_loss_tokens(rep.num_tokens)
@@ -232,10 +248,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   }
   for (const auto& [loss, mask] : deferred) {
     const double sum = masked_loss_report(loss, mask).loss_sum;
-    if (args_.check_for_nan_in_loss_and_grad && !std::isfinite(sum)) {
-      throw InternalError("found NaN in local forward loss calculation (iteration " +
-                          std::to_string(state_.iteration + 1) + ")");
-    }
+    if (args_.check_for_nan_in_loss_and_grad) check_local_loss(sum, state_.iteration + 1, args_.rank, loss.device());
     r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
@@ -248,6 +261,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   }
   if (hooks_.reduce_loss) hooks_.reduce_loss(r.lm_loss);
 
+  if (l1_barrier) hooks_.barrier();
   timers_("optimizer", 1).start();
   const optimizer::StepResult s = optimizer_.step();
   if (hooks_.after_optimizer_step) hooks_.after_optimizer_step();
@@ -295,7 +309,8 @@ std::optional<double> Trainer::evaluate(BatchIterator& data) {
   return total.loss_sum / total.num_tokens;
 }
 
-void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test) {
+void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test,
+                                         bool write_to_tensorboard) {
   timers_("eval-time", 0).start();
   std::optional<double> v = evaluate(data);
   timers_("eval-time", 0).stop();
@@ -304,7 +319,9 @@ void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterato
     return;
   }
   for (const auto& line : format_validation_lines(prefix, "", {{"lm loss", *v}})) print(line);
-  if (hooks_.add_scalar && !is_test) {
+  // Megatron writes the same tags for the test set ("... on test set"): one more point at the
+  // current iteration.
+  if (hooks_.add_scalar && write_to_tensorboard) {
     hooks_.add_scalar("lm loss validation", *v, state_.iteration);
     hooks_.add_scalar("lm loss validation vs samples", *v, state_.consumed_train_samples);
     if (args_.log_validation_ppl_to_tensorboard) {
@@ -313,6 +330,20 @@ void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterato
       hooks_.add_scalar("lm loss validation ppl vs samples", ppl, state_.consumed_train_samples);
     }
   }
+}
+
+std::string Trainer::timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write) {
+  // Every rank: its own times, then the all-gather (a collective, reached unconditionally).
+  const std::vector<double> local = timers_.elapsed_seconds(names, /*reset=*/true);
+  const std::vector<double> all = hooks_.all_gather_times ? hooks_.all_gather_times(local) : local;
+  const int64_t world = static_cast<int64_t>(all.size() / std::max<size_t>(names.size(), 1));
+  // Megatron's timers.write(names, writer, iteration, normalizer=log_interval): the max over
+  // ranks, in seconds per iteration, as "<name>-time".
+  if (write && hooks_.add_scalar) {
+    for (const auto& t : timers_min_max(names, all, world, static_cast<double>(args_.log_interval)))
+      hooks_.add_scalar(t.name + "-time", t.max, iteration);
+  }
+  return format_timers_string(names, all, world, static_cast<double>(args_.log_interval), timers_.log_option());
 }
 
 void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
@@ -329,42 +360,34 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   interval_iters_ += 1;
   const int64_t batch_size = *args_.global_batch_size;
   const double lr = optimizer_.logged_lr();
+  const int64_t samples = state_.consumed_train_samples;
 
-  // TensorBoard (every --tensorboard-log-interval).
+  // TensorBoard (every --tensorboard-log-interval; Megatron's training_log, in its order). Only
+  // the last rank has a writer: nothing in this block may communicate (values that need a
+  // collective, e.g. the params norm, were computed on every rank before).
   if (hooks_.add_scalar && it % args_.tensorboard_log_interval == 0) {
-    auto& add = hooks_.add_scalar;
-    if (args_.log_learning_rate_to_tensorboard) {
-      add("learning-rate", lr, it);
-      add("learning-rate vs samples", lr, state_.consumed_train_samples);
-    }
-    if (args_.log_batch_size_to_tensorboard) {
-      add("batch-size", static_cast<double>(batch_size), it);
-      add("batch-size vs samples", static_cast<double>(batch_size), state_.consumed_train_samples);
-    }
-    if (!r.skipped) {
-      add("lm loss", iter_loss, it);
-      add("lm loss vs samples", iter_loss, state_.consumed_train_samples);
-    }
-    if (args_.log_loss_scale_to_tensorboard) {
-      add("loss-scale", optimizer_.get_loss_scale(), it);
-      add("loss-scale vs samples", optimizer_.get_loss_scale(), state_.consumed_train_samples);
-    }
-    if (args_.log_world_size_to_tensorboard) add("world-size", static_cast<double>(args_.world_size), it);
-    if (r.grad_norm) {
-      add("grad-norm", *r.grad_norm, it);
-      add("grad-norm vs samples", *r.grad_norm, state_.consumed_train_samples);
-    }
-    if (r.num_zeros_in_grad) add("num-zeros", static_cast<double>(*r.num_zeros_in_grad), it);
-    if (args_.log_params_norm) add("params-norm", optimizer_.params_norm(), it);
+    auto add = [this, it, samples](const std::string& tag, double v, bool vs_samples = true) {
+      hooks_.add_scalar(tag, v, it);
+      if (vs_samples) hooks_.add_scalar(tag + " vs samples", v, samples);
+    };
+    if (args_.log_learning_rate_to_tensorboard) add("learning-rate", lr);
+    if (state_.skipped_train_samples > 0)
+      add("skipped-train-samples", static_cast<double>(state_.skipped_train_samples), /*vs_samples=*/false);
+    if (args_.log_batch_size_to_tensorboard) add("batch-size", static_cast<double>(batch_size));
+    add("lm loss", iter_loss);  // Megatron writes the iteration's loss dict, skipped or not
+    if (args_.log_loss_scale_to_tensorboard) add("loss-scale", optimizer_.get_loss_scale());
+    if (args_.log_world_size_to_tensorboard) add("world-size", static_cast<double>(args_.world_size));
+    if (r.grad_norm) add("grad-norm", *r.grad_norm);
+    if (r.num_zeros_in_grad) add("num-zeros", static_cast<double>(*r.num_zeros_in_grad));
+    if (r.params_norm) add("params-norm", *r.params_norm);
     if (args_.log_memory_to_tensorboard) {
-      double rss = 0;
-      std::ifstream f("/proc/self/status");
-      std::string line;
-      while (std::getline(f, line)) {
-        long kb = 0;
-        if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &kb) == 1) rss = kb * 1024.0;
-      }
-      add("mem-allocated-bytes", rss, it);
+      // torch.cuda.memory_stats(): reserved/allocated/peak bytes and the live allocation count.
+      // On the CPU there is no caching pool: reserved = allocated.
+      const MemoryStats m = hooks_.memory_stats ? hooks_.memory_stats() : megatron::memory_stats(DeviceType::kCPU);
+      add("mem-reserved-bytes", static_cast<double>(m.reserved >= 0 ? m.reserved : m.allocated), false);
+      add("mem-allocated-bytes", static_cast<double>(m.allocated), false);
+      add("mem-max-allocated-bytes", static_cast<double>(m.max_allocated), false);
+      add("mem-allocated-count", static_cast<double>(m.allocation_count), false);
     }
   }
 
@@ -380,27 +403,26 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.elapsed_ms_per_iteration = per_iter * 1000.0;
     const double throughput = num_floating_point_operations(args_, batch_size) /
                               (per_iter * 1e12 * static_cast<double>(args_.world_size));
+    if (hooks_.add_scalar && args_.log_timers_to_tensorboard && !first_iteration)
+      hooks_.add_scalar("iteration-time", per_iter, it);
     if (args_.log_throughput) {
       f.throughput_tflops = throughput;
       if (hooks_.add_scalar && args_.log_timers_to_tensorboard) hooks_.add_scalar("throughput", throughput, it);
     }
-    if (hooks_.add_scalar && args_.log_timers_to_tensorboard && !first_iteration)
-      hooks_.add_scalar("iteration-time", per_iter, it);
     f.learning_rate = lr;
     f.global_batch_size = batch_size;
     f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
     f.loss_scale = optimizer_.get_loss_scale();
     f.grad_norm = r.grad_norm;
     f.num_zeros = r.num_zeros_in_grad;
-    if (args_.log_params_norm) f.params_norm = optimizer_.params_norm();
+    f.params_norm = r.params_norm;
     f.skipped_iterations = skipped_iters_;
     f.nan_iterations = nan_iters_;
     print(format_training_log_line(f));
-#ifdef MEGATRON_WITH_CUDA
-    if (env_switch("MEGATRON_LOG_HOST_SYNCS", false)) {
+    if (ops::cuda_available() && env_switch("MEGATRON_LOG_HOST_SYNCS", false)) {
       // Diagnostics (not a Megatron log line): host waits for the GPU since the last log line.
       static unsigned long long last = 0;
-      const unsigned long long now = megatron::cuda::host_sync_count();
+      const unsigned long long now = ops::host_sync_count();
       const int64_t n = std::max<int64_t>(interval_iters_, 1);
       char buf[160];
       std::snprintf(buf, sizeof(buf), " host synchronizations: %llu in %lld iterations (%.1f per iteration)",
@@ -408,7 +430,6 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
       print(buf);
       last = now;
     }
-#endif
     interval_loss_sum_ = 0.0;
     advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
     if (!memory_reported_) {
@@ -417,15 +438,56 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
       else print(memory_report(name, static_cast<int>(args_.rank)));
       memory_reported_ = it > 1;  // report again after the second logged iteration (optimizer state allocated)
     }
-    if (args_.timing_log_level >= 1) {
-      std::vector<std::string> names = {"forward-backward", "optimizer"};
-      if (args_.timing_log_level >= 2) {
-        names.insert(names.end(), {"batch-generator", "forward-compute", "backward-compute"});
-      }
-      const std::string t = timers_.log_string(names, static_cast<double>(args_.log_interval), true);
+    // Megatron's timers_to_log (the ones this loop measures); written to TensorBoard with
+    // --log-timers-to-tensorboard, then printed. Every rank takes part in the all-gather.
+    std::vector<std::string> names;
+    if (args_.timing_log_level >= 1) names = {"forward-backward", "optimizer"};
+    if (args_.timing_log_level >= 2) names.insert(names.end(), {"batch-generator", "forward-compute", "backward-compute"});
+    if (!names.empty()) {
+      const std::string t = timers_log_and_write(names, it, args_.log_timers_to_tensorboard);
       if (!t.empty()) print(t);
     }
   }
+}
+
+void Trainer::append_to_progress_log(const std::string& text) {
+  if (!args_.log_progress || !args_.save) return;
+  if (hooks_.barrier) hooks_.barrier();  // Megatron: barrier, then rank 0 writes
+  if (args_.rank != 0) return;
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(*args_.save) / "progress.txt";
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) user_error("--log-progress: cannot create directory ", path.parent_path().string(), ": ", ec.message());
+  const char* job = std::getenv("SLURM_JOB_ID");
+  std::ofstream f(path, std::ios::app);
+  f << format_progress_line(std::chrono::system_clock::now(), job ? job : "", args_.world_size, text) << "\n";
+  f.flush();
+  if (!f) user_error("--log-progress: cannot append to ", path.string(), " (disk full or read-only?)");
+}
+
+void Trainer::save_checkpoint_and_time(int64_t iteration) {
+  hooks_.save_checkpoint(iteration);
+  if (!args_.log_progress || !args_.save) return;
+  // Megatron's compute_throughputs_and_append_to_progress_log: this job's throughput since it
+  // started, and the cumulative one since the first job of this world size (from progress.txt).
+  const double flops = state_.floating_point_operations_so_far;
+  const double world = static_cast<double>(args_.world_size);
+  const auto now = std::chrono::system_clock::now();
+  const double job_s = std::chrono::duration<double>(now - job_start_wall_).count();
+  const double job_tp = (flops - job_start_flops_) / (std::max(job_s, 1e-9) * 1e12 * world);
+  double cum_tp = job_tp;
+  if (args_.rank == 0) {
+    std::ifstream in(std::filesystem::path(*args_.save) / "progress.txt");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    if (const std::optional<ProgressStart> st = progress_start(lines, args_.world_size)) {
+      const double el = std::chrono::duration<double>(now - st->time).count();
+      cum_tp = (flops - st->flops) / (std::max(el, 1e-9) * 1e12 * world);
+    }
+  }
+  const double tokens = static_cast<double>(state_.consumed_train_samples) * static_cast<double>(*args_.seq_length);
+  append_to_progress_log(format_progress_checkpoint_text(args_.async_save, iteration, job_tp, cum_tp, flops, tokens));
 }
 
 bool Trainer::checkpoint_and_decide_exit() {
@@ -433,13 +495,14 @@ bool Trainer::checkpoint_and_decide_exit() {
   bool saved = false;
   auto save = [&] {
     if (args_.save && hooks_.save_checkpoint && !saved) {
-      hooks_.save_checkpoint(it);
+      save_checkpoint_and_time(it);
       saved = true;
     }
   };
   auto datetime_line = [&](const std::string& what) {
     print("[" + what + "] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
   };
+  // A collective: only called under conditions that are the same on every rank.
   auto any_rank = [&](bool flag) { return hooks_.any_rank ? hooks_.any_rank(flag) : flag; };
   if (args_.exit_signal_handler && any_rank(exit_signal_received())) {
     save();
@@ -447,7 +510,9 @@ bool Trainer::checkpoint_and_decide_exit() {
     return true;
   }
   if (args_.save && args_.save_interval && it % *args_.save_interval == 0) save();
-  if (args_.exit_duration_in_mins) {
+  // Megatron tests `if args.exit_duration_in_mins:`: None and 0 are off. Every rank takes part
+  // in the all-reduce of the decision (the condition is the same on all ranks).
+  if (args_.exit_duration_in_mins.value_or(0) > 0) {
     const double train_time =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
     if (any_rank(train_time > static_cast<double>(*args_.exit_duration_in_mins))) {
@@ -484,6 +549,9 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
     timers_("iteration", 0).start();
     TrainStepResult r = train_step(train_data);
     timers_("iteration", 0).stop();
+    // Megatron's calc_params_l2_norm in train(), on every rank before training_log (a
+    // collective: never inside the last rank's TensorBoard block).
+    if (args_.log_params_norm) r.params_norm = optimizer_.params_norm();
     state_.iteration += 1;
     const int64_t batch_size = *args_.global_batch_size;
     state_.consumed_train_samples += batch_size;
@@ -517,6 +585,11 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
 }
 
 void Trainer::pretrain(BatchIterator& train_data, BatchIterator* valid_data, BatchIterator* test_data) {
+  // --log-progress: Megatron appends "Starting job" at start-up and measures this job's
+  // throughput from here (_TRAIN_START_TIME, the loaded FLOPs count).
+  job_start_wall_ = std::chrono::system_clock::now();
+  job_start_flops_ = state_.floating_point_operations_so_far;
+  append_to_progress_log("Starting job");
   if (!args_.skip_train) {
     print("[before the start of training step] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) +
           " ");
@@ -525,16 +598,19 @@ void Trainer::pretrain(BatchIterator& train_data, BatchIterator* valid_data, Bat
     print("[after training is done] datetime: " + format_log_timestamp(std::chrono::system_clock::now()) + " ");
     if (args_.save && hooks_.save_checkpoint && state_.iteration != 0 && args_.save_interval &&
         state_.iteration % *args_.save_interval != 0) {
-      hooks_.save_checkpoint(state_.iteration);
+      save_checkpoint_and_time(state_.iteration);
     }
   } else {
     print("skipping training (--skip-train is on) ...");
   }
   const std::string it = std::to_string(state_.iteration);
+  // Megatron: write_to_tensorboard = not --skip-train for the final evaluations.
   if (valid_data && args_.eval_iters > 0)
-    evaluate_and_print_results("iteration " + it + " on validation set", *valid_data);
+    evaluate_and_print_results("iteration " + it + " on validation set", *valid_data, /*is_test=*/false,
+                               /*write_to_tensorboard=*/!args_.skip_train);
   if (test_data && args_.eval_iters > 0)
-    evaluate_and_print_results("iteration " + it + " on test set", *test_data, /*is_test=*/true);
+    evaluate_and_print_results("iteration " + it + " on test set", *test_data, /*is_test=*/true,
+                               /*write_to_tensorboard=*/!args_.skip_train);
   if (hooks_.flush) hooks_.flush();
 }
 

@@ -16,6 +16,7 @@
 #include "megatron/core/datasets/gpt_batch.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/timers.h"
 #include "megatron/training/arguments.h"
 
@@ -37,7 +38,7 @@ class TrainableModel {
 /// Yields the next micro-batch; std::nullopt when the data is exhausted.
 using BatchIterator = std::function<std::optional<datasets::GPTBatch>()>;
 
-/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (§6.8).
+/// Per-microbatch reduced loss: Σ(loss·mask) and Σ(mask) (docs/megatron-reference.md#loss-normalisation).
 struct LossReport {
   double loss_sum = 0.0;
   double num_tokens = 0.0;
@@ -71,7 +72,7 @@ struct TrainingHooks {
   /// Context parallelism: the token count a micro-batch's loss is normalised by, given this
   /// rank's Σ(loss_mask) (unset = max(that count, 1)). pretrain_gpt returns max(Σ(loss_mask) summed
   /// over the CP group, 1) / CP: the sequence's tokens are spread over the CP ranks and the DDP
-  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (megatron.md §6.8).
+  /// averages grads over DP×CP, so each CP rank's share carries a factor CP (docs/megatron-reference.md#loss-normalisation).
   std::function<double(double num_tokens)> microbatch_loss_tokens;
   /// After optimizer.step(): the distributed optimizer's parameter all-gather.
   std::function<void()> after_optimizer_step;
@@ -84,7 +85,7 @@ struct TrainingHooks {
   std::function<bool(bool flag)> any_rank;
   /// Pipeline parallelism (Megatron's forward_backward_func): runs one global batch's
   /// num_microbatches micro-batches read from `data` through the pipeline schedule, forward
-  /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the §6.8
+  /// only when `forward_only` (evaluation), seeding backward with `loss_scale` and the docs/megatron-reference.md#loss-normalisation
   /// normalisation. Returns this rank's Σ(loss·mask), Σ(mask) (zero on ranks without the
   /// loss stage), or nullopt when `data` ran out. Unset = the loop runs the model itself.
   std::function<std::optional<LossReport>(BatchIterator& data, bool forward_only, double loss_scale)> forward_backward;
@@ -98,6 +99,18 @@ struct TrainingHooks {
   /// them (megatron/core/utils/kernel_profile.h). Unset = nothing.
   std::function<void(int64_t first_iteration)> profile_start;
   std::function<void(int64_t last_iteration)> profile_stop;
+  /// A barrier over all ranks (Megatron's torch.distributed.barrier()): before the level-1
+  /// timers with --barrier-with-level-1-timing (the default; --no-barrier-with-level-1-timing
+  /// turns it off) and before a --log-progress line. Unset = one rank.
+  std::function<void()> barrier;
+  /// All-gather over all ranks of this rank's timer values (Megatron's Timers
+  /// _get_elapsed_time_all_ranks): returns world_size x local.size() values, row-major (rank r's
+  /// values at [r * n, (r + 1) * n)). Feeds the "(min, max) time across ranks" block and the
+  /// --log-timers-to-tensorboard "<name>-time" scalars (max over ranks). Unset = one rank.
+  std::function<std::vector<double>(const std::vector<double>& local)> all_gather_times;
+  /// This rank's tensor memory statistics for --log-memory-to-tensorboard (the training device:
+  /// memory_stats(kCUDA, index) on a GPU). Unset = memory_stats(kCPU).
+  std::function<MemoryStats()> memory_stats;
 };
 
 /// Counters Megatron keeps in args (consumed_train_samples, ...) and the loop's position.
@@ -115,6 +128,10 @@ struct TrainStepResult {
   bool skipped = false;
   std::optional<double> grad_norm;
   std::optional<int64_t> num_zeros_in_grad;
+  /// --log-params-norm: the L2 norm of all parameters, computed on EVERY rank after the step
+  /// (a collective over the model-parallel / data-parallel groups; Megatron's
+  /// calc_params_l2_norm in train(), before training_log).
+  std::optional<double> params_norm;
 };
 
 /// The training run: owns timers and counters, prints Megatron's lines through `print`.
@@ -126,17 +143,25 @@ class Trainer {
           OptimizerParamScheduler& scheduler, TrainingHooks hooks = {},
           std::function<void(const std::string&)> print = nullptr);
 
-  /// One iteration: zero grads; forward/backward of num_microbatches micro-batches with §6.8
+  /// One iteration: zero grads; forward/backward of num_microbatches micro-batches with docs/megatron-reference.md#loss-normalisation
   /// loss normalisation; per-token grad scaling; optimizer step; scheduler step on success.
-  /// Throws UserError when the data runs out, InternalError on a NaN loss with
-  /// --check-for-nan-in-loss-and-grad.
+  /// Throws UserError when the data runs out, and (--check-for-nan-in-loss-and-grad) on a NaN or
+  /// Inf local loss with Megatron's wording (rerun_state_machine.validate_result, reruns
+  /// disabled): "Rank R, node N, device D, iteration I: Unexpected result nan (message='found
+  /// NaN in local forward loss calculation')". A diverged run is the user's, not a bug: exit 1.
   TrainStepResult train_step(BatchIterator& train_data);
 
   /// Megatron's evaluate(): eval_iters global batches, token-weighted lm loss Σloss·mask / Σmask.
   /// Returns nullopt when the iterator ran out before any batch.
   std::optional<double> evaluate(BatchIterator& data);
-  /// evaluate() + the validation block (prefix e.g. "iteration 100", "iteration 40 on test set").
-  void evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test = false);
+  /// evaluate() + the validation block (prefix e.g. "iteration 100", "iteration 40 on test set")
+  /// and, when `write_to_tensorboard`, the scalars "lm loss validation" and "lm loss validation vs
+  /// samples" (+ " ppl" with --log-validation-ppl-to-tensorboard) at the current iteration: the
+  /// test set writes the same tags as the validation set (Megatron's evaluate_and_print_results
+  /// has one set of tags; pretrain() passes write_to_tensorboard = not --skip-train for the final
+  /// validation and test evaluations). Collective (the loss all-reduce): call on every rank.
+  void evaluate_and_print_results(const std::string& prefix, BatchIterator& data, bool is_test = false,
+                                  bool write_to_tensorboard = true);
 
   /// Megatron's train(): runs until train_iters, an exit condition, or SIGTERM (with
   /// --exit-signal-handler); logs, evaluates every --eval-interval, saves every --save-interval,
@@ -157,8 +182,20 @@ class Trainer {
   void set_start_time(std::chrono::steady_clock::time_point t) { start_time_ = t; }
 
  private:
+  /// Called on EVERY rank (it runs collectives: the timers' all-gather); only the writes
+  /// (printer, TensorBoard hook) are rank-conditional. No collective may be reached from a
+  /// rank-conditional branch (docs/training.md, "Collectives and rank-conditional code").
   void training_log(const TrainStepResult& r, bool first_iteration);
   bool checkpoint_and_decide_exit();
+  /// save_checkpoint hook + Megatron's compute_throughputs_and_append_to_progress_log.
+  void save_checkpoint_and_time(int64_t iteration);
+  /// Megatron's append_to_progress_log: barrier, then rank 0 appends "<time>\tJob ID: <SLURM_JOB_ID>\t#
+  /// GPUs: <world size>\t<text>" to <--save>/progress.txt. No-op without --save or --log-progress.
+  void append_to_progress_log(const std::string& text);
+  /// "(min, max) time across ranks (ms):" block (all ranks' values; every rank must call it) and,
+  /// with --log-timers-to-tensorboard, the "<name>-time" scalars (max over ranks, seconds per
+  /// iteration) through add_scalar.
+  std::string timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write);
   void print(const std::string& s) { print_(s); }
 
   const Arguments& args_;
@@ -176,10 +213,14 @@ class Trainer {
   double interval_loss_sum_ = 0.0;
   int64_t advanced_iters_ = 0, skipped_iters_ = 0, nan_iters_ = 0, interval_iters_ = 0;
   bool memory_reported_ = false;
+  // --log-progress: the FLOPs count and wall-clock time at the start of this job (Megatron's
+  // args.num_floating_point_operations_so_far at load time and _TRAIN_START_TIME).
+  double job_start_flops_ = 0.0;
+  std::chrono::system_clock::time_point job_start_wall_;
 };
 
 /// Builds the OptimizerParamScheduler from args exactly as Megatron's get_optimizer_param_scheduler
-/// (§6.2): iteration-based runs count iters × global batch size, sample-based runs samples.
+/// (docs/megatron-reference.md#lr-and-wd-schedule): iteration-based runs count iters × global batch size, sample-based runs samples.
 OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& args);
 /// OptimizerConfig from args (--lr, --decoupled-lr, --clip-grad, --adam-*, --fp16/--bf16, ...).
 optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& args);

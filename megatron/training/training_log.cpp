@@ -1,6 +1,9 @@
 #include "megatron/training/training_log.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 
@@ -87,6 +90,139 @@ std::vector<std::string> format_validation_lines(const std::string& prefix, cons
   }
   std::string dash(s.size() + 1, '-');
   return {dash, s, dash};
+}
+
+std::vector<TimerMinMax> timers_min_max(const std::vector<std::string>& names, const std::vector<double>& times,
+                                        int64_t world_size, double normalizer) {
+  const size_t n = names.size();
+  MEGATRON_CHECK(normalizer > 0.0 && world_size >= 1 && times.size() == n * static_cast<size_t>(world_size))
+      << "timers: " << times.size() << " values for " << n << " names x " << world_size << " ranks";
+  std::vector<TimerMinMax> out;
+  for (size_t i = 0; i < n; ++i) {
+    bool any = false;
+    double lo = 0.0, hi = 0.0;
+    for (int64_t r = 0; r < world_size; ++r) {
+      const double t = times[static_cast<size_t>(r) * n + i];
+      if (!(t > 0.0)) continue;
+      lo = any ? std::min(lo, t) : t;
+      hi = any ? std::max(hi, t) : t;
+      any = true;
+    }
+    if (any) out.push_back({names[i], lo / normalizer, hi / normalizer});
+  }
+  return out;
+}
+
+std::string format_timers_string(const std::vector<std::string>& names, const std::vector<double>& times,
+                                 int64_t world_size, double normalizer, const std::string& option) {
+  char buf[256];
+  auto label = [](const std::string& name) {
+    std::string l = name + " ";
+    if (l.size() < 48) l.resize(48, '.');
+    return l;
+  };
+  if (option == "max" || option == "minmax") {
+    const std::vector<TimerMinMax> mm = timers_min_max(names, times, world_size, normalizer / 1000.0);
+    if (mm.empty()) return "";
+    std::string out = option == "max" ? "max time across ranks (ms):" : "(min, max) time across ranks (ms):";
+    for (const auto& t : mm) {
+      if (option == "max")
+        std::snprintf(buf, sizeof(buf), "\n    %s: %.2f", label(t.name).c_str(), t.max);
+      else
+        std::snprintf(buf, sizeof(buf), "\n    %s: (%.2f, %.2f)", label(t.name).c_str(), t.min, t.max);
+      out += buf;
+    }
+    return out;
+  }
+  if (option != "all") user_error("--timing-log-option ", option, ": unknown timing log option (choose from max, minmax, all)");
+  const size_t n = names.size();
+  MEGATRON_CHECK(normalizer > 0.0 && times.size() == n * static_cast<size_t>(world_size)) << "timers: bad shape";
+  std::string out = "times across ranks (ms):";
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    bool found = false;
+    for (int64_t r = 0; r < world_size; ++r) {
+      const double t = times[static_cast<size_t>(r) * n + i];
+      if (!(t > 0.0)) continue;
+      if (!found) out += "\n  " + names[i] + ":";
+      found = any = true;
+      std::snprintf(buf, sizeof(buf), "\n     rank %2lld: %.2f", static_cast<long long>(r), t * 1000.0 / normalizer);
+      out += buf;
+    }
+  }
+  return any ? out : std::string();
+}
+
+std::string format_progress_line(std::chrono::system_clock::time_point t, const std::string& job_id,
+                                 int64_t world_size, const std::string& text) {
+  const std::string ts = format_log_timestamp(t);
+  return ts.substr(0, ts.find('.')) + "\tJob ID: " + job_id + "\t# GPUs: " + std::to_string(world_size) + "\t" + text;
+}
+
+std::string format_progress_checkpoint_text(bool async_save, int64_t iteration, double job_throughput,
+                                            double cumulative_throughput, double flops_so_far,
+                                            double tokens_so_far) {
+  char flops[64];
+  std::snprintf(flops, sizeof(flops), "%.2e", flops_so_far);
+  return std::string(async_save ? "Saving async checkpoint" : "Saved checkpoint") + "\tIteration: " +
+         std::to_string(iteration) + "\tJob throughput: " + py_fixed(job_throughput, 1) +
+         " TFLOP/s/GPU\tCumulative throughput: " + py_fixed(cumulative_throughput, 1) +
+         " TFLOP/s/GPU\tFloating-point operations: " + flops + "\tTokens (in billions): " +
+         py_fixed(tokens_so_far / 1e9, 2);
+}
+
+std::optional<ProgressStart> progress_start(const std::vector<std::string>& lines, int64_t world_size) {
+  auto split = [](const std::string& line) {
+    std::vector<std::string> tok;
+    size_t a = 0;
+    while (true) {
+      const size_t b = line.find('\t', a);
+      tok.push_back(line.substr(a, b == std::string::npos ? std::string::npos : b - a));
+      if (b == std::string::npos) break;
+      a = b + 1;
+    }
+    return tok;
+  };
+  auto field = [](const std::string& t) -> std::optional<double> {  // "Name: value"
+    const size_t c = t.find(": ");
+    if (c == std::string::npos) return std::nullopt;
+    char* end = nullptr;
+    const std::string v = t.substr(c + 2);
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size()) return std::nullopt;
+    return d;
+  };
+  std::optional<ProgressStart> start;
+  double latest = 0.0, uncommitted = 0.0;
+  bool has_uncommitted = false;
+  for (std::string line : lines) {
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    if (line.empty()) continue;
+    const std::vector<std::string> tok = split(line);
+    if (tok.size() < 4) continue;  // not a progress line
+    const std::optional<double> ws = field(tok[2]);
+    if (tok[3] == "Saved checkpoint" && tok.size() > 7) {
+      if (auto f = field(tok[7])) latest = *f;
+    } else if (tok[3] == "Saving async checkpoint" && tok.size() > 7) {
+      const std::optional<double> f = field(tok[7]);
+      has_uncommitted = f.has_value();
+      uncommitted = f.value_or(0.0);
+    } else if (tok[3] == "Saved async checkpoint" && has_uncommitted) {
+      latest = uncommitted;
+      has_uncommitted = false;
+    }
+    if (!ws || static_cast<int64_t>(*ws) != world_size) {
+      start.reset();
+      continue;
+    }
+    if (tok[3] == "Starting job" && !start) {
+      std::tm tm{};
+      if (strptime(tok[0].c_str(), "%Y-%m-%d %H:%M:%S", &tm) == nullptr) continue;
+      tm.tm_isdst = -1;
+      start = ProgressStart{std::chrono::system_clock::from_time_t(std::mktime(&tm)), latest};
+    }
+  }
+  return start;
 }
 
 double num_floating_point_operations(const Arguments& a, int64_t batch_size) {

@@ -1,6 +1,6 @@
 // Megatron's console lines: the training log line, the validation block, the timestamp, and the
 // FLOPs formula behind "throughput per GPU" (megatron/training/training.py training_log,
-// evaluate_and_print_results, num_floating_point_operations; reference/megatron.md §5).
+// evaluate_and_print_results, num_floating_point_operations; docs/megatron-reference.md#training-log-line).
 #pragma once
 
 #include <chrono>
@@ -46,10 +46,51 @@ std::string format_training_log_line(const TrainingLogFields& f);
 std::vector<std::string> format_validation_lines(const std::string& prefix, const std::string& suffix,
                                                  const std::vector<std::pair<std::string, double>>& losses);
 
-/// Model FLOPs of one global batch of `batch_size` sequences (§5.3, causal-halved attention):
+/// Model FLOPs of one global batch of `batch_size` sequences (docs/megatron-reference.md#flops, causal-halved attention):
 /// T·[6·h·f·gate·L + 6·(h·(q+2k) + q·h)·L + 6·h·Vp] + B·s²·6·q·L. Needs validated args and
 /// padded_vocab_size.
 double num_floating_point_operations(const Arguments& args, int64_t batch_size);
+
+/// One timer's (min, max) over the ranks that measured it (Megatron's Timers
+/// _get_global_min_max_time): name, min, max in the unit of `times` divided by `normalizer`.
+struct TimerMinMax {
+  std::string name;
+  double min = 0.0, max = 0.0;
+};
+/// `times`: world_size x names.size() values, row-major (rank r's at [r * n, (r + 1) * n)), as
+/// Timers::elapsed_seconds gathered over all ranks. Per name the min and max of the values > 0,
+/// divided by `normalizer` (> 0); names with no value > 0 on any rank are left out.
+std::vector<TimerMinMax> timers_min_max(const std::vector<std::string>& names, const std::vector<double>& times,
+                                        int64_t world_size, double normalizer);
+/// Megatron's Timers.get_all_timers_string for `option` (--timing-log-option): "minmax"
+/// "(min, max) time across ranks (ms):" then "\n    <name + ' ' padded with '.' to 48>: (min, max)";
+/// "max" "max time across ranks (ms):" then "\n    <name ...>: max"; "all" "times across ranks
+/// (ms):" then per timer "\n  <name>:" and "\n     rank <r:2d>: <t>" for each rank with t > 0.
+/// Values '{:.2f}' of times (seconds) * 1000 / normalizer. "" when no timer has a value > 0.
+/// Throws UserError for another option.
+std::string format_timers_string(const std::vector<std::string>& names, const std::vector<double>& times,
+                                 int64_t world_size, double normalizer, const std::string& option);
+
+/// One line of Megatron's progress.txt (megatron/training/utils append_to_progress_log):
+/// "<YYYY-MM-DD HH:MM:SS>\tJob ID: <job_id>\t# GPUs: <world_size>\t<text>" (no newline).
+std::string format_progress_line(std::chrono::system_clock::time_point t, const std::string& job_id,
+                                 int64_t world_size, const std::string& text);
+/// The text of the progress line after a checkpoint save (Megatron's
+/// compute_throughputs_and_append_to_progress_log): "Saved checkpoint" (or "Saving async
+/// checkpoint")"\tIteration: N\tJob throughput: X TFLOP/s/GPU\tCumulative throughput: Y
+/// TFLOP/s/GPU\tFloating-point operations: F (%.2e)\tTokens (in billions): T (%.2f)".
+std::string format_progress_checkpoint_text(bool async_save, int64_t iteration, double job_throughput,
+                                            double cumulative_throughput, double flops_so_far,
+                                            double tokens_so_far);
+/// Megatron's get_start_time_from_progress_log over the lines of progress.txt: the time of the
+/// first "Starting job" line after the last change of "# GPUs" to `world_size`, and the FLOPs of
+/// the latest "Saved checkpoint" (or committed "Saving async checkpoint") before it. nullopt
+/// when there is no such "Starting job" line (Megatron asserts).
+struct ProgressStart {
+  std::chrono::system_clock::time_point time;
+  double flops = 0.0;
+};
+std::optional<ProgressStart> progress_start(const std::vector<std::string>& lines, int64_t world_size);
 
 /// Python's '{:.Nf}' / '{:.NE}' for a double (nan/inf spelled as Python does).
 std::string py_fixed(double v, int decimals);

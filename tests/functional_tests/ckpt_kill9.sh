@@ -5,7 +5,7 @@
 # Args: <bin dir> <source dir>
 set -euo pipefail
 BIN=$1
-if [ ! -x "$BIN/checkpoint_bench" ]; then echo "SKIP: checkpoint_bench not built"; exit 0; fi
+if [ ! -x "$BIN/checkpoint_bench" ]; then echo "SKIP: checkpoint_bench not built"; exit 77; fi
 DIR=$(mktemp -d /tmp/ckpt_kill9.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 SIZE=96   # MB per checkpoint: large enough that a save takes a while

@@ -5,7 +5,7 @@
 # Args: <bin dir> <source dir>
 set -euo pipefail
 BIN=$(cd "$1" && pwd)
-command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 0; }
+command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
 DIR=$(mktemp -d /tmp/simple_loop.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT
 cd "$DIR"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Context parallelism equals the single-rank model (tiny GPT and tiny LLaMA with GQA + RoPE):
 # CP2 under mpirun, CP2 x TP2 and CP4 on 4 ranks: losses, (TP-gathered) gradients and parameters
-# after SGD steps (tests/unit_tests/distributed/context_parallel_dist_test.cpp).
+# after SGD steps (tests/unit_tests/transformer/context_parallel_dist_test.cpp).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 run() {  # ranks expected_passing log launcher...

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Text generation with tensor parallelism: TP2 (mpirun -np 2) gives the tokens and log-probs of the
-# single-rank model, greedy and seeded sampling (tests/unit_tests/distributed/generate_tp_test.cpp).
+# single-rank model, greedy and seeded sampling (tests/unit_tests/inference/generate_tp_test.cpp).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 log="$LOGDIR/tp2.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every ProcessGroup collective (and the TP/SP mappings) on the MPI backend under mpirun with 2, 3, 4 and 8 ranks; values
-# are checked inside tests/unit_tests/distributed/collectives_test.cpp against closed forms.
+# are checked inside tests/unit_tests/comm/collectives_test.cpp against closed forms.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 for n in 2 3 4 8; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 1F1B and interleaved (virtual pipeline) schedules and their p2p communication with 2, 3 and 4 stages under mpirun and
-# 2 stages under megatron_launch (tests/unit_tests/distributed/pipeline_schedule_test.cpp).
+# 2 stages under megatron_launch (tests/unit_tests/pipeline_parallel/pipeline_schedule_test.cpp).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 for n in 2 3 4; do

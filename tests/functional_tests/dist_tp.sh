@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism equals the single-rank model (tiny GPT and tiny LLaMA with GQA/SwiGLU):
 # TP2 and TP4 under mpirun, TP2 under megatron_launch, and TP2 x DP2 with --overlap-grad-reduce
-# (tests/unit_tests/distributed/tensor_parallel_test.cpp).
+# (tests/unit_tests/tensor_parallel/tensor_parallel_test.cpp).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 run() {  # ranks expected_passing log launcher...

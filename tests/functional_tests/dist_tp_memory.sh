@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-rank activation memory under TP2 + sequence parallelism is about half of TP1's and does not
-# grow with the number of micro-batches (tests/unit_tests/distributed/tp_memory_test.cpp, mpirun -np 2).
+# grow with the number of micro-batches (tests/unit_tests/tensor_parallel/tp_memory_test.cpp, mpirun -np 2).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 log="$LOGDIR/tp_memory.log"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A real two-node launch on one machine: two network namespaces joined by a veth pair, one
 # megatron_launch per "node" (2 ranks each), rendezvous over 10.231.x.1. Needs root and
-# `ip netns`; prints SKIP and exits 0 where namespaces cannot be created (unprivileged CI).
+# `ip netns`; prints SKIP and exits 77 (ctest: skipped) where namespaces cannot be created (unprivileged CI).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 A=mdta$$ B=mdtb$$ NET=10.231.$(( $$ % 200 + 20 ))
 if [ "$(id -u)" != 0 ] || ! ip netns add $A 2>/dev/null; then
-  echo "SKIP: needs root and 'ip netns' (network namespaces)"; exit 0
+  echo "SKIP: needs root and 'ip netns' (network namespaces)"; exit 77
 fi
 cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; rm -rf "$LOGDIR"; }
 trap cleanup EXIT

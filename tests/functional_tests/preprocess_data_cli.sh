@@ -8,7 +8,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-# Appendix A (reference/megatron.md): 10 docs, vocab 1000, --append-eod
+# The golden vectors (docs/megatron-reference.md#golden-vectors): 10 docs, vocab 1000, --append-eod
 for i in $(seq 0 9); do
   n=$(( i % 4 + 3 )); ids=""
   for j in $(seq 1 $n); do ids="$ids${ids:+ }$(( 10 * i + j ))"; done

@@ -8,7 +8,7 @@
 # and the log prints 7 significant digits (rounding <= 5e-7 relative), so 1e-5 leaves a wide
 # margin while any wrong scaling (1/DP, micro-batch count, slicing) shows as >= 1e-2. The grad
 # norm is printed with 3 decimals only: it must agree within one printed unit (1e-3 absolute).
-# --make-vocab-size-divisible-by 64 keeps the padded vocab at 128 for TP1 and TP2 (§3.1), so both
+# --make-vocab-size-divisible-by 64 keeps the padded vocab at 128 for TP1 and TP2 (docs/megatron-reference.md#vocab-padding), so both
 # are the same model.
 # Global batch size and consumed samples must be equal as integers. The log lines must come from
 # exactly one rank (Megatron's print_rank_last).

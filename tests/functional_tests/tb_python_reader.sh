@@ -6,7 +6,7 @@ set -euo pipefail
 BIN=$1; SRC=$2
 PY=/usr/bin/python3
 if ! command -v protoc >/dev/null || ! $PY -c 'import google.protobuf' 2>/dev/null; then
-  echo "SKIP: python3-protobuf or protoc not installed"; exit 0
+  echo "SKIP: python3-protobuf or protoc not installed"; exit 77
 fi
 DIR=$(mktemp -d /tmp/tb_reader.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT

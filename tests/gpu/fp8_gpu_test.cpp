@@ -43,7 +43,6 @@
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/ops.h"
-#include "megatron/core/ops/cuda/fp8_cuda.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/utils/param_version.h"
 

@@ -44,7 +44,9 @@ CONFIGS=(
   "gpt_recompute_full|1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   "gpt_sgd|1|--optimizer sgd --sgd-momentum 0.9"
   "llama_decoupled_lr|1|${LLAMA[*]} --decoupled-lr 1e-2 --decoupled-min-lr 1e-3"
-  "gpt_fp16|1|--fp16 --initial-loss-scale 4096"
+  "gpt_fp16|1|--fp16 --initial-loss-scale 4096 --accumulate-allreduce-grads-in-fp32"
+  # Added when fp16 runs got Megatron's default fp16 gradient buffer (issue 20): pinned from then on.
+  "gpt_fp16_param_dtype_grads|1|--fp16 --initial-loss-scale 4096"
 )
 
 summarize() {  # LOG NAME -> "NAME train ITER LOSS GRADNORM" / "NAME valid WHERE LOSS"

@@ -1,4 +1,4 @@
-// init_process_group: the world ProcessGroup from the launcher's environment (DESIGN.md §5),
+// init_process_group: the world ProcessGroup from the launcher's environment (docs/architecture.md#communication),
 // like torch.distributed.init_process_group(backend, init_method="env://").
 //
 // Environment (first match wins):

@@ -1,4 +1,4 @@
-// ProcessGroup: the one communication interface (DESIGN.md §5). Backends: a trivial
+// ProcessGroup: the one communication interface (docs/architecture.md#communication). Backends: a trivial
 // single-rank group (here), MPI for CPU tensors and NCCL for CUDA tensors (comm/mpi,
 // comm/nccl). Semantics follow torch.distributed's collectives as Megatron uses them.
 #pragma once

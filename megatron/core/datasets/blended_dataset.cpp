@@ -11,6 +11,7 @@
 
 #include "megatron/core/datasets/helpers.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::datasets {
 
@@ -105,10 +106,12 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<GPTDataset>> datasets
       {
         const std::string p = base + "-description.txt";
         const std::string tmp = p + ".tmp." + std::to_string(::getpid());
+        TempFileGuard guard(tmp);  // removed on every error (e.g. a full disk)
         std::ofstream f(tmp, std::ios::binary);
         f << description_;
         f.close();
         if (!f || std::rename(tmp.c_str(), p.c_str()) != 0) user_error(p, ": write failed (", std::strerror(errno), ")");
+        guard.release();
       }
       npy_save_raw(base + "-dataset_index.npy", NpyDType::kInt16, {n}, dataset_index_.data());
       npy_save_raw(base + "-dataset_sample_index.npy", NpyDType::kInt64, {n}, dataset_sample_index_.data());

@@ -1,5 +1,5 @@
 // BlendedDataset (megatron/core/datasets/blended_dataset.py): samples drawn from several
-// GPTDatasets in proportion to weights, by helpers' greedy blending indices (megatron.md §4.7).
+// GPTDatasets in proportion to weights, by helpers' greedy blending indices (docs/megatron-reference.md#blending).
 #pragma once
 
 #include <memory>

@@ -28,7 +28,7 @@ struct NumSamplesArgs {
   std::optional<int64_t> start_eval_at_iter;  ///< --start-eval-at-iter
   bool skip_train = false;
 };
-/// megatron.md §4.1 / training.py: train = train_samples or train_iters*gbs; valid =
+/// docs/megatron-reference.md#sample-counts / training.py: train = train_samples or train_iters*gbs; valid =
 /// max(0, train_iters // eval_interval + 1 - start_eval_at_iter // eval_interval) * eval_iters *
 /// eval_gbs (eval_iters * eval_gbs with skip_train; nullopt with full_validation);
 /// test = eval_iters * eval_gbs. With train_samples, train_iters = train_samples // gbs.

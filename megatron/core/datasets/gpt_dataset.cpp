@@ -14,6 +14,7 @@
 #include "megatron/core/datasets/helpers.h"
 #include "megatron/core/datasets/numpy_random.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::datasets {
 
@@ -122,6 +123,7 @@ bool is_file(const std::string& p) {
 
 void write_text_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  TempFileGuard guard(tmp);  // removed on every error below (e.g. a full disk)
   {
     std::ofstream f(tmp, std::ios::binary);
     if (!f) user_error(path, ": cannot create (", std::strerror(errno), "); check --data-cache-path is writable");
@@ -130,6 +132,7 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     if (!f) user_error(path, ": write failed");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) user_error(path, ": rename failed (", std::strerror(errno), ")");
+  guard.release();
 }
 }  // namespace
 

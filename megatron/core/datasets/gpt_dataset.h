@@ -1,7 +1,7 @@
 // GPTDataset, MockGPTDataset and GPTDatasetConfig (megatron/core/datasets/gpt_dataset.py).
 //
-// Index building follows megatron.md §4.3 (epochs, separate final epoch, numpy RandomState
-// shuffles, helpers' build_sample_idx), sample retrieval §4.4, cache files §4.5, mock data §4.6.
+// Index building follows docs/megatron-reference.md#index-building (epochs, separate final epoch, numpy RandomState
+// shuffles, helpers' build_sample_idx), sample retrieval docs/megatron-reference.md#samples-and-masks, cache files docs/megatron-reference.md#cache-files, mock data docs/megatron-reference.md#mock-dataset.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::datasets {
 
@@ -60,12 +61,23 @@ IndexDType optimal_index_dtype(int64_t cardinality) {
   return cardinality < 65500 ? IndexDType::kUInt16 : IndexDType::kInt32;
 }
 
+std::vector<int64_t> sequence_pointers(const std::vector<int32_t>& lengths, size_t itemsize) {
+  std::vector<int64_t> pointers(lengths.size());
+  int64_t p = 0;
+  const int64_t isz = static_cast<int64_t>(itemsize);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    pointers[i] = p;
+    p += static_cast<int64_t>(lengths[i]) * isz;
+  }
+  return pointers;
+}
+
 // ------------------------------------------------------------------------------------------
 // Builder
 // ------------------------------------------------------------------------------------------
 
-IndexedDatasetBuilder::IndexedDatasetBuilder(std::string bin_path, IndexDType dtype)
-    : bin_path_(std::move(bin_path)), dtype_(dtype) {
+IndexedDatasetBuilder::IndexedDatasetBuilder(std::string bin_path, IndexDType dtype, bool multimodal)
+    : bin_path_(std::move(bin_path)), dtype_(dtype), multimodal_(multimodal) {
   index_dtype_size(dtype_);  // validates
   std::string tmp = bin_path_ + ".tmp";
   bin_ = std::fopen(tmp.c_str(), "wb");
@@ -133,6 +145,7 @@ void IndexedDatasetBuilder::add_item(const int64_t* tokens, size_t n) {
     user_error(bin_path_, ": a sequence of ", n, " tokens exceeds the int32 length field of the .idx");
   write_tokens(tokens, n);
   lengths_.push_back(static_cast<int32_t>(n));
+  if (multimodal_) modes_.push_back(0);
 }
 
 void IndexedDatasetBuilder::end_document() { doc_idx_.push_back(static_cast<int64_t>(lengths_.size())); }
@@ -162,6 +175,7 @@ void IndexedDatasetBuilder::add_document(const int64_t* tokens, size_t num_token
   check_document_lengths(bin_path_, lengths, num_lengths, num_tokens, "add_document");
   write_tokens(tokens, num_tokens);
   for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
+  if (multimodal_) modes_.resize(lengths_.size(), 0);
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -171,6 +185,7 @@ void IndexedDatasetBuilder::add_document_encoded(const char* bytes, size_t num_t
   write_all(bin_, bytes, num_tokens * index_dtype_size(dtype_), bin_path_ + ".tmp");
   tokens_written_ += num_tokens;
   for (size_t i = 0; i < num_lengths; ++i) lengths_.push_back(static_cast<int32_t>(lengths[i]));
+  if (multimodal_) modes_.resize(lengths_.size(), 0);
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -178,14 +193,22 @@ void IndexedDatasetBuilder::add_index(const std::string& prefix) {
   IndexedDataset other(prefix, true);
   if (other.dtype() != dtype_)
     user_error(prefix, ".idx: dtype ", index_dtype_name(other.dtype()), " differs from the merged dataset's ",
-               index_dtype_name(dtype_));
+               index_dtype_name(dtype_), " (datasets of different token dtypes, i.e. tokenizers, cannot be merged)");
+  if (multimodal_ && other.num_sequences() > 0 && !other.has_sequence_modes())
+    user_error(prefix, ".idx: has no sequence modes (not a multimodal index); drop --multimodal or rebuild it");
   int64_t offset = static_cast<int64_t>(lengths_.size());
   for (size_t i = 0; i < other.num_sequences(); ++i) lengths_.push_back(other.sequence_lengths()[i]);
+  if (multimodal_)
+    for (size_t i = 0; i < other.num_sequences(); ++i) modes_.push_back(other.sequence_modes()[i]);
   for (size_t i = 1; i <= other.num_documents(); ++i) doc_idx_.push_back(other.document_indices()[i] + offset);
   // byte-copy the .bin
   std::string bin = prefix + ".bin";
   FILE* in = std::fopen(bin.c_str(), "rb");
   if (!in) user_error(bin, ": cannot open: ", std::strerror(errno));
+  struct Closer {
+    FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{in};
   std::vector<char> chunk(1 << 22);
   size_t n;
   uint64_t bytes = 0;
@@ -193,7 +216,14 @@ void IndexedDatasetBuilder::add_index(const std::string& prefix) {
     write_all(bin_, chunk.data(), n, bin_path_ + ".tmp");
     bytes += n;
   }
-  std::fclose(in);
+  if (std::ferror(in)) user_error(bin, ": read failed: ", std::strerror(errno));
+  // IndexedDataset checked the .bin holds exactly the bytes its .idx describes; a file that
+  // changed since is refused rather than concatenated with wrong pointers.
+  const uint64_t expect = other.num_sequences() ? static_cast<uint64_t>(other.sequence_pointers()[other.num_sequences() - 1]) +
+                                                      static_cast<uint64_t>(other.sequence_lengths()[other.num_sequences() - 1]) *
+                                                          index_dtype_size(dtype_)
+                                                : 0;
+  if (bytes != expect) user_error(bin, ": changed while it was read (", bytes, " bytes, ", prefix, ".idx describes ", expect, ")");
   tokens_written_ += bytes / index_dtype_size(dtype_);
 }
 
@@ -205,15 +235,19 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   }
   bin_ = nullptr;
   const uint64_t S = lengths_.size(), D = doc_idx_.size();
-  std::vector<int64_t> pointers(S);
-  int64_t p = 0, isz = static_cast<int64_t>(index_dtype_size(dtype_));
-  for (uint64_t i = 0; i < S; ++i) {
-    pointers[i] = p;
-    p += static_cast<int64_t>(lengths_[i]) * isz;
-  }
+  const std::vector<int64_t> pointers = sequence_pointers(lengths_, index_dtype_size(dtype_));
+  // The .bin.tmp is removed by the destructor (not finalized); the .idx.tmp by this guard, on
+  // every path out of here but the last rename.
   std::string tmp = idx_path + ".tmp";
+  TempFileGuard idx_guard(tmp);
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) user_error(tmp, ": cannot create: ", std::strerror(errno));
+  struct Closer {
+    FILE*& f;
+    ~Closer() {
+      if (f) std::fclose(f);
+    }
+  } closer{f};
   char header[kHeaderSize];
   std::memcpy(header, kMagic, 9);
   store_le<uint64_t>(header + 9, 1);
@@ -224,11 +258,22 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   write_all(f, lengths_.data(), S * 4, tmp);
   write_all(f, pointers.data(), S * 8, tmp);
   write_all(f, doc_idx_.data(), D * 8, tmp);
-  if (std::fflush(f) != 0 || std::fclose(f) != 0) user_error(tmp, ": write failed: ", std::strerror(errno));
+  if (multimodal_) write_all(f, modes_.data(), modes_.size(), tmp);
+  const bool flushed = std::fflush(f) == 0;
+  const int err = errno;
+  const bool closed = std::fclose(f) == 0;
+  f = nullptr;
+  if (!flushed || !closed) user_error(tmp, ": write failed: ", std::strerror(flushed ? errno : err));
   std::error_code ec;
   std::filesystem::remove(idx_path, ec);  // never leave an old .idx beside the new .bin
-  std::filesystem::rename(bin_path_ + ".tmp", bin_path_);
-  std::filesystem::rename(tmp, idx_path);
+  if (std::rename((bin_path_ + ".tmp").c_str(), bin_path_.c_str()) != 0)
+    user_error("cannot rename ", bin_path_, ".tmp to ", bin_path_, ": ", std::strerror(errno));
+  if (std::rename(tmp.c_str(), idx_path.c_str()) != 0) {
+    const int rerr = errno;
+    std::remove(bin_path_.c_str());  // a .bin without its .idx is not a dataset
+    user_error("cannot rename ", tmp, " to ", idx_path, ": ", std::strerror(rerr));
+  }
+  idx_guard.release();
   finalized_ = true;
 }
 
@@ -266,6 +311,13 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool mmap_bin) : prefi
   uint64_t need = kHeaderSize + 12 * S + 8 * D;
   if (S > (1ull << 40) || D > (1ull << 40) || idx_size_ < need)
     user_error(idx, ": truncated (", idx_size_, " bytes, header says ", need, ")");
+  // The arrays end the file; a multimodal index (Megatron's --multimodal) appends one int8 mode
+  // per sequence, which a text dataset ignores (as Megatron's multimodal=False reader does). Any
+  // other size means the header does not describe this file (Megatron reads it silently).
+  if (idx_size_ != need && idx_size_ != need + S)
+    user_error(idx, ": has ", idx_size_, " bytes but its header (", S, " sequences, ", D, " document indices) describes ",
+               need, " (", need + S, " with sequence modes): corrupt or not a Megatron index; rebuild it with preprocess_data");
+  has_modes_ = idx_size_ == need + S && S > 0;
   num_sequences_ = S;
   num_doc_idx_ = D;
   lengths_ = reinterpret_cast<const int32_t*>(base + kHeaderSize);
@@ -278,23 +330,28 @@ IndexedDataset::IndexedDataset(const std::string& prefix, bool mmap_bin) : prefi
   if (bfd < 0) user_error(bin, ": cannot open (", std::strerror(errno), ")");
   ::fstat(bfd, &st);
   bin_size_ = static_cast<size_t>(st.st_size);
-  uint64_t isz = index_dtype_size(dtype_);
-  uint64_t expect = S ? static_cast<uint64_t>(pointers_[S - 1]) + static_cast<uint64_t>(lengths_[S - 1]) * isz : 0;
-  if (bin_size_ < expect) {
-    ::close(bfd);
-    user_error(bin, ": has ", bin_size_, " bytes but ", idx, " describes ", expect,
-               " (mismatched or truncated pair)");
-  }
-  // Every sequence must lie inside the .bin and the document boundaries must be ordered: a
-  // corrupt index would otherwise read outside the mapping (crash) or train on wrong bytes.
+  const uint64_t isz = index_dtype_size(dtype_);
+  // Every writer of the format (Megatron's _IndexWriter, preprocess_data, merge_datasets) lays the
+  // sequences out back to back from byte 0: pointer[i] = isz * (lengths[0] + ... + lengths[i-1]),
+  // and the .bin holds exactly isz * sum(lengths) bytes. Both are required: a .bin of another
+  // size is another dataset's, or the index was written for another dtype (uint16 tokens read as
+  // int32 give garbage ids), and Megatron would train on it silently.
+  uint64_t expect = 0;
   for (uint64_t i = 0; i < S; ++i) {
     const int64_t p = pointers_[i];
     const int32_t n = lengths_[i];
-    if (n < 0 || p < 0 || static_cast<uint64_t>(p) + static_cast<uint64_t>(n) * isz > bin_size_) {
+    if (n < 0 || p < 0 || static_cast<uint64_t>(p) != expect) {
       ::close(bfd);
-      user_error(idx, ": sequence ", i, " (pointer ", p, ", length ", n, ") lies outside ", bin, " (", bin_size_,
-                 " bytes): corrupt index; rebuild it with preprocess_data");
+      user_error(idx, ": sequence ", i, " (pointer ", p, ", length ", n, ") does not follow the previous one (expected pointer ",
+                 expect, "): corrupt index; rebuild it with preprocess_data");
     }
+    expect += static_cast<uint64_t>(n) * isz;
+  }
+  if (bin_size_ != expect) {
+    ::close(bfd);
+    user_error(bin, ": has ", bin_size_, " bytes but ", idx, " describes ", expect, " (", expect / isz, " ",
+               index_dtype_name(dtype_), " tokens): the files do not belong together (another dataset's index, a "
+               "different dtype, or a truncated copy); rebuild the pair with preprocess_data");
   }
   for (uint64_t j = 1; j < D; ++j) {
     if (doc_idx_[j] < doc_idx_[j - 1] || static_cast<uint64_t>(doc_idx_[j]) > S) {

@@ -13,7 +13,7 @@
 
 namespace megatron::datasets {
 
-/// One sample as Megatron's GPTDataset.__getitem__ returns it (megatron.md §4.4), s = sequence
+/// One sample as Megatron's GPTDataset.__getitem__ returns it (docs/megatron-reference.md#samples-and-masks), s = sequence
 /// length. All vectors have s entries except attention_mask (s*s, row-major [query, key],
 /// 1 = masked out; empty when not created).
 struct GPTSample {

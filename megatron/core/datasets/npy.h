@@ -2,7 +2,7 @@
 // magic "\x93NUMPY", version 1.0, little-endian u16 header length, a Python dict literal
 // {'descr': '<i4', 'fortran_order': False, 'shape': (n,), } padded with spaces (plus numpy's
 // 21-digit growth room) and a newline to a multiple of 64 bytes, then the C-order data.
-// Megatron's index caches are such files (megatron.md §4.5).
+// Megatron's index caches are such files (docs/megatron-reference.md#cache-files).
 #pragma once
 
 #include <cstdint>

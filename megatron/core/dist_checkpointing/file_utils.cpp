@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 #include "megatron/core/utils/parse.h"
 
 namespace megatron::dist_checkpointing {
@@ -305,16 +306,14 @@ void fsync_dir(const std::string& dir) {
 
 void write_file_atomic(const std::string& path, const std::string& contents) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  TempFileGuard guard(tmp);  // removed on every failure below (ENOSPC, EFBIG, EIO, rename)
   {
     FileWriter w(tmp);
     w.write(contents.data(), contents.size());
     w.close();
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string err = os_error();
-    ::unlink(tmp.c_str());
-    user_error("cannot rename ", tmp, " to ", path, ": ", err);
-  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) user_error("cannot rename ", tmp, " to ", path, ": ", os_error());
+  guard.release();
   auto parent = std::filesystem::path(path).parent_path();
   fsync_dir(parent.empty() ? std::string(".") : parent.string());
 }

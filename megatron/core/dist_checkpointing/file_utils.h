@@ -1,4 +1,4 @@
-// Small POSIX file helpers for crash-safe output (DESIGN.md "Nothing lost"): write to a
+// Small POSIX file helpers for crash-safe output (docs/architecture.md#errors-and-output-files): write to a
 // temporary name, fsync, rename, fsync the directory. Errors are UserErrors naming the path and
 // the OS error (strerror).
 #pragma once

@@ -51,7 +51,7 @@ struct ShardedTensor {
   /// Megatron's ShardedTensor.from_rank_offsets: `data` is the local piece; each fragment says
   /// that axis `axis` of the global tensor is `num_parts` times the local size and this rank has
   /// part `rank`. `prepend` adds leading axes (offset, global size) that `data` does not have —
-  /// e.g. {{layer_index, num_layers}} for the stacked layer layout of §8.2.
+  /// e.g. {{layer_index, num_layers}} for the stacked layer layout of docs/megatron-reference.md#distributed-checkpoint.
   static ShardedTensor from_rank_offsets(std::string key, Tensor data, const std::vector<AxisFragment>& fragments,
                                          int replica_id = 0,
                                          const std::vector<std::pair<int64_t, int64_t>>& prepend = {});

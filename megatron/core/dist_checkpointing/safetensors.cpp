@@ -9,6 +9,7 @@
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::dist_checkpointing {
 
@@ -192,6 +193,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsItem
                       const std::map<std::string, std::string>& metadata) {
   SafetensorsLayout L = plan_safetensors(items, metadata);
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  TempFileGuard guard(tmp);  // removed on every failure below (ENOSPC, EFBIG, EIO, rename)
   {
     AlignedFileWriter w(tmp);
     w.write(L.header.data(), L.header.size());
@@ -201,6 +203,7 @@ void save_safetensors(const std::string& path, const std::vector<SafetensorsItem
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) user_error("cannot rename ", tmp, " to ", path, ": ", ec.message());
+  guard.release();
   auto parent = std::filesystem::path(path).parent_path();
   fsync_dir(parent.empty() ? "." : parent.string());
 }

@@ -31,6 +31,10 @@ constexpr const char* kShardsMetaKey = "megatron_cpp.shards";
 constexpr const char* kIndexFile = ".metadata";
 constexpr const char* kCommonFile = "common.json";
 constexpr const char* kMarkerFile = "metadata.json";
+// metadata.json: {file name: CRC-32C ("0x" and 8 hex digits) of its bytes} for common.json and .metadata,
+// and the CRC-32C of metadata.json's own content (see marker_checksum).
+constexpr const char* kChecksumsKey = "megatron_cpp_crc32c";
+constexpr const char* kSelfChecksumKey = "megatron_cpp_crc32c_self";
 
 std::string rank_file(int rank) { return "__" + std::to_string(rank) + "_0.safetensors"; }
 
@@ -110,6 +114,14 @@ std::string unsafe_destination(const std::string& dst) {
     if (!ours) return "it holds '" + n + "', which is not part of a checkpoint";
   }
   return "";
+}
+
+// CRC-32C of metadata.json's content without its own checksum field, over nlohmann's compact
+// dump (keys sorted, so the value depends only on the content, not on its spelling).
+std::string marker_checksum(json m) {
+  m.erase(kSelfChecksumKey);
+  const std::string text = m.dump();
+  return hex32(crc32c(text.data(), text.size()));
 }
 
 std::string normalize_dir(const std::string& d) {
@@ -213,6 +225,8 @@ SnapshotPool& snapshot_pool() {
   return p;
 }
 
+void fill_request(AsyncSaveRequest::State& state, const ShardedStateDict& sd, bool snapshot);
+
 std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, const std::string& dir,
                                                  comm::ProcessGroup* group, bool snapshot) {
   auto st = std::make_unique<AsyncSaveRequest::State>();
@@ -236,6 +250,18 @@ std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, con
   std::error_code ec;
   fs::create_directories(st->tmp_dir, ec);
   if (ec) user_error("cannot create checkpoint directory ", st->tmp_dir, ": ", ec.message());
+  try {
+    fill_request(*st, sd, snapshot);
+  } catch (...) {
+    fs::remove_all(st->tmp_dir, ec);  // a refused state dict leaves no empty <dir>.tmp-<pid> behind
+    throw;
+  }
+  return st;
+}
+
+// The records and items of the tensors and objects this rank writes (replica 0 only).
+void fill_request(AsyncSaveRequest::State& state, const ShardedStateDict& sd, bool snapshot) {
+  AsyncSaveRequest::State* st = &state;
   if (st->rank == 0) st->common = sd.common;
 
   std::set<std::string> names;
@@ -274,7 +300,6 @@ std::unique_ptr<AsyncSaveRequest::State> prepare(const ShardedStateDict& sd, con
                            {"local_shape", Shape(o.global_shape.size(), 1)}});
     st->items.push_back({name, DType::kUInt8, Shape{static_cast<int64_t>(st->blobs.back().size())}, st->blobs.back().data()});
   }
-  return st;
 }
 
 // Rank 0: reads every rank file's header and writes common.json, .metadata, metadata.json.
@@ -338,14 +363,21 @@ void write_index(const AsyncSaveRequest::State& st) {
   };
   json meta = {{"format", kShardedBackend},    {"version", kShardedBackendVersion}, {"world_size", st.size},
                {"tensors", dump(index[0])}, {"objects", dump(index[1])}};
+  json checksums = json::object();
   auto write = [&](const char* name, const std::string& text) {
     FileWriter w(st.tmp_dir + "/" + name);
     w.write(text.data(), text.size());
     w.close();
+    checksums[name] = hex32(crc32c(text.data(), text.size()));
   };
   write(kCommonFile, st.common.dump(1));
   write(kIndexFile, meta.dump());
-  write(kMarkerFile, json({{"sharded_backend", kShardedBackend}, {"sharded_backend_version", kShardedBackendVersion}}).dump());
+  // metadata.json, written last, records the CRC-32C of the other non-shard files and of itself
+  // (the shards' checksums are in .metadata): see marker_checksum().
+  json marker = {{"sharded_backend", kShardedBackend}, {"sharded_backend_version", kShardedBackendVersion},
+                 {kChecksumsKey, checksums}};
+  marker[kSelfChecksumKey] = marker_checksum(marker);
+  write(kMarkerFile, marker.dump());
   fsync_dir(st.tmp_dir);
 }
 
@@ -410,8 +442,10 @@ std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict& sd, const s
   return req;
 }
 
-void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group) {
+void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group,
+          std::vector<std::function<void()>> finalize_fns) {
   AsyncSaveRequest req;
+  req.finalize_fns_ = std::move(finalize_fns);
   req.dir_ = normalize_dir(checkpoint_dir);
   req.st_ = prepare(sd, req.dir_, group, /*snapshot=*/false);
   req.st_->write_rank_file();
@@ -422,7 +456,9 @@ void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::P
 // Load
 // ---------------------------------------------------------------------------------------------
 
-void check_is_distributed_checkpoint(const std::string& dir) {
+namespace {
+// Parses and checks metadata.json (see check_is_distributed_checkpoint); returns it.
+json read_marker(const std::string& dir) {
   const std::string marker = dir + "/" + kMarkerFile;
   if (!fs::exists(dir)) user_error("checkpoint directory ", dir, " does not exist");
   if (!fs::exists(marker))
@@ -443,7 +479,44 @@ void check_is_distributed_checkpoint(const std::string& dir) {
   if (m.value("sharded_backend_version", 0) > kShardedBackendVersion)
     user_error(marker, ": sharded_backend_version ", m.value("sharded_backend_version", 0),
                " is newer than this program supports (", kShardedBackendVersion, ")");
+  if (m.contains(kChecksumsKey) || m.contains(kSelfChecksumKey)) {
+    if (!m.contains(kSelfChecksumKey) || !m.contains(kChecksumsKey) || !m[kChecksumsKey].is_object() ||
+        !m[kSelfChecksumKey].is_string())
+      user_error(marker, ": incomplete checksum records (", kChecksumsKey, ", ", kSelfChecksumKey,
+                 "): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
+    const std::string got = marker_checksum(m), want = m[kSelfChecksumKey].get<std::string>();
+    if (got != want)
+      user_error(marker, ": crc32c ", got, " != stored ", want,
+                 ": the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
+  } else {
+    // Checkpoints written before the checksums existed: their files cannot be verified.
+    static std::set<std::string> warned;
+    if (warned.insert(dir).second)
+      std::fprintf(stderr, "WARNING: %s records no checksums (an older checkpoint): %s and %s are not verified\n",
+                   marker.c_str(), kCommonFile, kIndexFile);
+  }
+  return m;
 }
+
+// The bytes of a non-shard file of `dir`, verified against the CRC-32C recorded in metadata.json
+// (when it records checksums). UserError naming the file on a mismatch or a missing record.
+std::string read_verified(const std::string& dir, const char* name) {
+  const json m = read_marker(dir);
+  const std::string path = dir + "/" + name;
+  std::string text = read_text_file(path);
+  if (!m.contains(kChecksumsKey)) return text;
+  const json& sums = m[kChecksumsKey];
+  if (!sums.contains(name) || !sums[name].is_string())
+    user_error(dir, "/", kMarkerFile, ": records no checksum for ", name, ": the file was edited or damaged after the save");
+  const std::string got = hex32(crc32c(text.data(), text.size())), want = sums[name].get<std::string>();
+  if (got != want)
+    user_error(path, ": crc32c ", got, " != ", want, " recorded in ", dir, "/", kMarkerFile,
+               ": the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
+  return text;
+}
+}  // namespace
+
+void check_is_distributed_checkpoint(const std::string& dir) { read_marker(dir); }
 
 CheckpointIndex load_index(const std::string& checkpoint_dir) {
   const std::string dir = normalize_dir(checkpoint_dir);
@@ -451,8 +524,9 @@ CheckpointIndex load_index(const std::string& checkpoint_dir) {
   const std::string path = dir + "/" + kIndexFile;
   CheckpointIndex idx;
   idx.dir = dir;
+  const std::string text = read_verified(dir, kIndexFile);
   try {
-    json m = json::parse(read_text_file(path));
+    json m = json::parse(text);
     for (int k = 0; k < 2; ++k) {
       auto& out = k == 0 ? idx.tensors : idx.objects;
       for (auto it = m.at(k == 0 ? "tensors" : "objects").begin(); it != m.at(k == 0 ? "tensors" : "objects").end(); ++it) {
@@ -474,8 +548,9 @@ nlohmann::json load_common_state(const std::string& checkpoint_dir) {
   const std::string dir = normalize_dir(checkpoint_dir);
   check_is_distributed_checkpoint(dir);
   const std::string path = dir + "/" + kCommonFile;
+  const std::string text = read_verified(dir, kCommonFile);
   try {
-    return json::parse(read_text_file(path));
+    return json::parse(text);
   } catch (const json::exception& e) {
     user_error(path, ": not valid JSON (", e.what(), ")");
   }

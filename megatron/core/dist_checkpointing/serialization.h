@@ -83,7 +83,8 @@ class AsyncSaveRequest {
  private:
   friend std::unique_ptr<AsyncSaveRequest> save_async(const ShardedStateDict&, const std::string&,
                                                       comm::ProcessGroup*);
-  friend void save(const ShardedStateDict&, const std::string&, comm::ProcessGroup*);
+  friend void save(const ShardedStateDict&, const std::string&, comm::ProcessGroup*,
+                   std::vector<std::function<void()>>);
   std::unique_ptr<State> st_;
   std::string dir_;
   std::vector<std::function<void()>> finalize_fns_;
@@ -94,7 +95,12 @@ class AsyncSaveRequest {
 /// atomically). Synchronous: returns after the checkpoint is complete on disk on every rank.
 /// Throws UserError on I/O failures (naming the file) and on inconsistent shards (two ranks
 /// writing the same piece, pieces not covering a tensor, dtype/shape disagreement across ranks).
-void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group = nullptr);
+/// `finalize_fns` run on rank 0 once the checkpoint is in place (as AsyncSaveRequest's); a
+/// failure in one of them is reported on every rank (collective vote), none waits forever.
+/// metadata.json records the CRC-32C of common.json, .metadata and itself (load refuses a
+/// mismatch, naming the file).
+void save(const ShardedStateDict& sd, const std::string& checkpoint_dir, comm::ProcessGroup* group = nullptr,
+          std::vector<std::function<void()>> finalize_fns = {});
 
 /// Like save(), but takes a snapshot (a CPU copy of every tensor this rank writes) and writes it on
 /// a background thread; training may modify the tensors as soon as this returns. Call

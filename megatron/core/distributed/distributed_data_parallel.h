@@ -1,6 +1,6 @@
 // DistributedDataParallel: bucketed gradient reduction over the model's contiguous gradient
 // buffer (Megatron's megatron/core/distributed/distributed_data_parallel.py and
-// param_and_grad_buffer.py; megatron.md §9.5, §9.6).
+// param_and_grad_buffer.py; docs/megatron-reference.md#ddp-buffers, #distributed-optimizer).
 //
 // * Buckets: parameters are taken in buffer order (the reverse of registration order, ≈ the
 //   order backward finishes them); a bucket is closed once it holds >= bucket_size elements.

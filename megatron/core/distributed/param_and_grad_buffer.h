@@ -1,5 +1,5 @@
 // Contiguous parameter and gradient buffers (Megatron's _ParamAndGradBuffer,
-// megatron/core/distributed/param_and_grad_buffer.py; megatron.md §9.5).
+// megatron/core/distributed/param_and_grad_buffer.py; docs/megatron-reference.md#ddp-buffers).
 //
 // All parameters of one (param dtype, grad dtype) live in one flat parameter tensor and one
 // flat gradient tensor, laid out in REVERSE registration order (≈ the order backward produces

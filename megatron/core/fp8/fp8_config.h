@@ -1,5 +1,5 @@
 // FP8 training flags (Megatron's --fp8-* arguments and TransformerConfig fields;
-// reference/megatron.md §10). Kept free of tensor headers so TransformerConfig can hold it.
+// docs/megatron-reference.md#fp8-delayed-scaling). Kept free of tensor headers so TransformerConfig can hold it.
 #pragma once
 
 #include <string>

@@ -4,12 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatron/core/ops/device.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/fp8_cuda.h"
-#endif
 
 namespace megatron::fp8 {
 
@@ -20,7 +18,8 @@ bool fusion_enabled() {
 }
 
 bool fused_input_ok(const Fp8State& st, const Tensor& like) {
-  return like.is_cuda() && st.config().recipe == Fp8Recipe::kDelayed && st.config().wgrad && fusion_enabled();
+  // The fused producers exist for the FP8-GEMM recipe of device tensors only.
+  return !like.is_cpu() && st.config().recipe == Fp8Recipe::kDelayed && st.config().wgrad && fusion_enabled();
 }
 
 namespace {
@@ -98,22 +97,23 @@ void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, con
   if (dbias) ops::linear_backward(dy, x, w, nullptr, nullptr, dbias, accumulate);
 }
 
-#ifdef MEGATRON_WITH_CUDA
-// ---------------------------------------------------------------------------------- CUDA
+// ------------------------------------------------------------------ FP8 GEMMs (device tensors)
+// The recipe with real FP8 operands: quantize with the role's device-resident scale, FP8 GEMM
+// (ops::fp8_gemm_tn), the weight and its transpose cached in FP8. All through the op contract.
 float* fptr(Tensor t) { return static_cast<float*>(t.data_ptr()); }
 
 // Quantizes x with role r (q row layout and/or q_t transposed). Tensorwise: scale from x's own
 // amax first (recorded into the step amax when `record`).
-void quantize_cuda(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q, Tensor* q_t) {
+void quantize_fp8(Fp8State& st, int r, const Tensor& x, bool record, Tensor* q, Tensor* q_t) {
   float* amax = record ? fptr(st.amax(r)) : nullptr;
   if (is_tensorwise(st)) {
     Tensor cur = st.current_amax(r);  // zero here; fp8_scale_from_amax zeroes it again
-    ops::cuda::fp8_amax(x, fptr(cur));
-    ops::cuda::fp8_scale_from_amax(fptr(cur), fp8_max(st.dtype(r)), st.config().margin, fptr(st.scale(r)),
-                                   fptr(st.scale_inv(r)), amax);
+    ops::fp8_amax(x, fptr(cur));
+    ops::fp8_scale_from_amax(cur, fp8_max(st.dtype(r)), st.config().margin, fptr(st.scale(r)), fptr(st.scale_inv(r)),
+                             amax);
     amax = nullptr;
   }
-  ops::cuda::fp8_quantize(x, fptr(st.scale(r)), amax, q, q_t);
+  ops::fp8_quantize(x, fptr(st.scale(r)), amax, q, q_t);
 }
 
 void check_aligned(const char* what, int64_t v) {
@@ -129,7 +129,7 @@ void check_aligned(const char* what, int64_t v) {
 struct WeightOperands {
   Tensor q, q_t;
 };
-WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record, bool need_q, bool need_q_t) {
+WeightOperands weight_fp8(Fp8State& st, int base, const Tensor& w, bool record, bool need_q, bool need_q_t) {
   const int64_t out = w.size(0), in = w.size(1);
   const DType wdt = st.dtype(base + kWeight);
   Fp8State::WeightCache& c = st.weight_cache(base);
@@ -142,7 +142,7 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
       << "FP8 weight " << w.str() << ": its model-dtype copy was released (--fp8-param-gather) and no gathered "
       << "FP8 parameter is valid";
   // FP8 weight + its transpose: 2 bytes per element, admitted against the device's free memory.
-  const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::cuda::device_free_bytes);
+  const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::device_free_bytes);
   if (on && st.weight_cache_hit(base, w, record) && (!need_q || c.q.defined()) && (!need_q_t || c.q_t.defined()))
     return {c.q, c.q_t};
   // A training forward with the cache on also makes the transpose for this step's backwards.
@@ -155,7 +155,7 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
   WeightOperands r;
   if (make_q) r.q = buffer(c.q, {out, in});
   if (make_q_t) r.q_t = buffer(c.q_t, {in, out});
-  quantize_cuda(st, base + kWeight, w, record, make_q ? &r.q : nullptr, make_q_t ? &r.q_t : nullptr);
+  quantize_fp8(st, base + kWeight, w, record, make_q ? &r.q : nullptr, make_q_t ? &r.q_t : nullptr);
   st.count_weight_cast();
   if (on) {
     // A backward-only cast (entry invalid, e.g. no forward this step) keeps what it made.
@@ -166,7 +166,7 @@ WeightOperands weight_cuda(Fp8State& st, int base, const Tensor& w, bool record,
   return r;
 }
 
-void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+void forward_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
                   const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual) {
   const bool rec = st.recording();
   const Shape xs = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(x);
@@ -183,24 +183,24 @@ void forward_cuda(Fp8State& st, int base, const Tensor& x, const Tensor& w, cons
     if (keep_x_t && fused_input_ok(st, x)) {
       // One pass writes both layouts; the transpose waits for this micro-batch's wgrad GEMM.
       *keep_x_t = Tensor::empty({xs[1], xs[0]}, fwd, x.device());
-      quantize_cuda(st, base + kInput, x, rec, &xq, keep_x_t);
+      quantize_fp8(st, base + kInput, x, rec, &xq, keep_x_t);
     } else {
-      quantize_cuda(st, base + kInput, x, rec, &xq, nullptr);
+      quantize_fp8(st, base + kInput, x, rec, &xq, nullptr);
     }
   }
-  const WeightOperands wq = weight_cuda(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
+  const WeightOperands wq = weight_fp8(st, base, w, rec, /*need_q=*/true, /*need_q_t=*/false);
   Tensor y2 = y.view({xs[0], out});
   const float* sx = fptr(st.scale_inv(base + kInput));
   const float* sw = fptr(st.weight_scale_inv(base));
-  if (residual && !bias && ops::cuda::fp8_gemm_tn_residual(xq, sx, wq.q, sw, residual->view({xs[0], out}), y2,
+  if (residual && !bias && ops::fp8_gemm_tn_residual(xq, sx, wq.q, sw, residual->view({xs[0], out}), y2,
                                                            /*fast_accum=*/true))
     return;
-  ops::cuda::fp8_gemm_tn(xq, sx, wq.q, sw, y2, 0.0f, /*fast_accum=*/true);
+  ops::fp8_gemm_tn(xq, sx, wq.q, sw, y2, 0.0f, /*fast_accum=*/true);
   if (bias) ops::bias_add_(y, *bias);
   if (residual) ops::add_(y, *residual);
 }
 
-void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
+void backward_fp8(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
                    Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre) {
   const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
@@ -216,13 +216,13 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
     if (dx) dyq = Tensor::empty({N, out}, gdt, dy.device());
     if (fp8_wgrad) dyq_t = Tensor::empty({out, N}, gdt, dy.device());
     if (dx || fp8_wgrad)
-      quantize_cuda(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
+      quantize_fp8(st, base + kGradOutput, dy, st.recording(), dx ? &dyq : nullptr, fp8_wgrad ? &dyq_t : nullptr);
   }
   const float* sg = fptr(st.scale_inv(base + kGradOutput));
   if (dx) {
-    const WeightOperands wq = weight_cuda(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
+    const WeightOperands wq = weight_fp8(st, base, w, /*record=*/false, /*need_q=*/false, /*need_q_t=*/true);
     Tensor dx2 = dx->view({N, in});
-    ops::cuda::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.weight_scale_inv(base)), dx2, 0.0f, false);
+    ops::fp8_gemm_tn(dyq, sg, wq.q_t, fptr(st.weight_scale_inv(base)), dx2, 0.0f, false);
   }
   if (dw) {
     if (fp8_wgrad) {
@@ -234,9 +234,9 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
         xq_t = *x_t;  // the forward's transpose: the same bytes as quantizing x again
       } else {
         xq_t = Tensor::empty({in, N}, st.dtype(base + kInput), x.device());
-        quantize_cuda(st, base + kInput, x, false, nullptr, &xq_t);
+        quantize_fp8(st, base + kInput, x, false, nullptr, &xq_t);
       }
-      ops::cuda::fp8_gemm_tn(dyq_t, sg, xq_t, fptr(st.scale_inv(base + kInput)), *dw, accumulate ? 1.0f : 0.0f,
+      ops::fp8_gemm_tn(dyq_t, sg, xq_t, fptr(st.scale_inv(base + kInput)), *dw, accumulate ? 1.0f : 0.0f,
                              false);
     } else {
       ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
@@ -244,7 +244,6 @@ void backward_cuda(Fp8State& st, int base, const Tensor& dy, const Tensor& x, co
   }
   if (dbias) ops::linear_backward(dy, x, w, nullptr, nullptr, dbias, accumulate);
 }
-#endif
 }  // namespace
 
 Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record) {
@@ -266,16 +265,13 @@ void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, co
                     const Fp8Input* xq, Tensor* keep_x_t, const Tensor* residual) {
   const int64_t in = xq ? xq->shape.back() : x.size(-1);
   MEGATRON_CHECK(w.dim() == 2 && in == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
-                 base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && xq->q.is_cuda())) &&
+                 base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && !xq->q.is_cpu())) &&
                  (!residual || (residual->numel() == y.numel() && residual->dtype() == y.dtype())))
       << "fp8::linear_forward: x " << x.str() << " w " << w.str() << " y " << y.str() << " base " << base;
-  if (xq || x.is_cuda()) {
-#ifdef MEGATRON_WITH_CUDA
-    forward_cuda(st, base, x, w, bias, y, xq, keep_x_t, residual);
+  // Device tensors take the FP8-GEMM recipe, host tensors its emulation (fp8_linear.h).
+  if (xq || !x.is_cpu()) {
+    forward_fp8(st, base, x, w, bias, y, xq, keep_x_t, residual);
     return;
-#else
-    user_error("fp8::linear_forward: a CUDA tensor reached a build without the CUDA backend");
-#endif
   }
   forward_cpu(st, base, x, w, bias, y, residual);
 }
@@ -291,20 +287,15 @@ void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, 
   // Without x only the FP8 wgrad (from x_t) and dgrad can run.
   MEGATRON_CHECK(x.defined() || (!dbias && (!dw || st.config().wgrad)))
       << "fp8::linear_backward: the bf16 input is needed (bias or --no-fp8-wgrad) but was not kept";
-  if (dyq || dy.is_cuda()) {
-#ifdef MEGATRON_WITH_CUDA
-    backward_cuda(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq);
+  if (dyq || !dy.is_cpu()) {
+    backward_fp8(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq);
     return;
-#else
-    user_error("fp8::linear_backward: a CUDA tensor reached a build without the CUDA backend");
-#endif
   }
   backward_cpu(st, base, dy, x, w, dx, dw, dbias, accumulate);
 }
 
 Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma,
                      Tensor& rstd) {
-#ifdef MEGATRON_WITH_CUDA
   if (!fused_input_ok(st, x) || x.dim() < 1) return {};
   const int64_t h = x.size(-1), rows = h ? x.numel() / h : 0;
   if (rows == 0 || rows % 16 != 0 || h % 16 != 0) return {};
@@ -316,20 +307,15 @@ Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamm
   r.dtype = x.dtype();
   r.q = Tensor::empty({rows, h}, dt, x.device());
   r.q_t = Tensor::empty({h, rows}, dt, x.device());
-  ops::cuda::rmsnorm_rstd(x, gamma, eps, rstd);
+  ops::rmsnorm_rstd(x, gamma, eps, rstd);
   float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
-  if (!ops::cuda::fp8_rmsnorm_quantize(x, gamma, rstd, zero_centered_gamma, x.dtype(), fptr(st.scale(base + kInput)),
+  if (!ops::fp8_rmsnorm_quantize(x, gamma, rstd, zero_centered_gamma, x.dtype(), fptr(st.scale(base + kInput)),
                                        amax, &r.q, &r.q_t))
     return {};
   return r;
-#else
-  (void)st, (void)base, (void)x, (void)gamma, (void)eps, (void)zero_centered_gamma, (void)rstd;
-  return {};
-#endif
 }
 
 Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
-#ifdef MEGATRON_WITH_CUDA
   if (!fused_input_ok(st, fc1_out) || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
   const int64_t f = fc1_out.size(-1) / 2, rows = f ? fc1_out.numel() / (2 * f) : 0;
   if (rows == 0 || rows % 16 != 0 || f % 16 != 0) return {};
@@ -341,18 +327,15 @@ Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
   r.q = Tensor::empty({rows, f}, dt, fc1_out.device());
   r.q_t = Tensor::empty({f, rows}, dt, fc1_out.device());
   float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
-  if (!ops::cuda::fp8_swiglu_quantize(fc1_out, fc1_out.dtype(), fptr(st.scale(base + kInput)), amax, &r.q, &r.q_t))
+  if (!ops::fp8_swiglu_quantize(fc1_out, fc1_out.dtype(), fptr(st.scale(base + kInput)), amax, &r.q, &r.q_t))
     return {};
   return r;
-#else
-  (void)st, (void)base, (void)fc1_out;
-  return {};
-#endif
 }
 
 Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const Tensor& fc1_out) {
-#ifdef MEGATRON_WITH_CUDA
-  if (!fused_input_ok(st, fc1_out) || !dact.is_cuda() || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
+  if (!fused_input_ok(st, fc1_out) || dact.device() != fc1_out.device() || fc1_out.dim() < 1 ||
+      fc1_out.size(-1) % 2 != 0)
+    return {};
   const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
   if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
   const DType dt = st.dtype(base + kGradOutput);
@@ -362,13 +345,9 @@ Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const T
   r.q = Tensor::empty({rows, two_f}, dt, fc1_out.device());
   r.q_t = Tensor::empty({two_f, rows}, dt, fc1_out.device());
   float* amax = st.recording() ? fptr(st.amax(base + kGradOutput)) : nullptr;
-  if (!ops::cuda::fp8_swiglu_backward_quantize(dact, fc1_out, fptr(st.scale(base + kGradOutput)), amax, &r.q, &r.q_t))
+  if (!ops::fp8_swiglu_backward_quantize(dact, fc1_out, fptr(st.scale(base + kGradOutput)), amax, &r.q, &r.q_t))
     return {};
   return r;
-#else
-  (void)st, (void)base, (void)dact, (void)fc1_out;
-  return {};
-#endif
 }
 
 }  // namespace megatron::fp8

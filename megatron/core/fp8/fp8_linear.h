@@ -1,5 +1,5 @@
 // FP8 linear layers: the GEMMs of Transformer Engine's Linear under fp8_autocast with
-// Megatron's recipe (reference/megatron.md §10). Same contract as ops::linear_forward /
+// Megatron's recipe (docs/megatron-reference.md#fp8-delayed-scaling). Same contract as ops::linear_forward /
 // ops::linear_backward (megatron/core/ops/ops.h) plus the FP8 state of the layer:
 //
 //   forward  y  = x @ w^T          x: E4M3 (role input), w: E4M3 (role weight)
@@ -12,10 +12,14 @@
 // operand's amax for the delayed recipe (input and weight in forward, grad-output in backward);
 // the tensorwise recipe computes each operand's scale from its own amax first.
 //
-// Devices: CUDA tensors run cuBLASLt FP8 GEMMs with fused quantize/transpose/amax kernels
-// (ops/cuda/fp8_*.cu). CPU tensors run the same recipe as quantize-dequantize emulation around
-// fp32 GEMMs: the quantized values are bit-identical to the CUDA casts (dtype.h's
-// float_to_e4m3_bits / float_to_e5m2_bits), only the GEMM's summation order differs.
+// Two forms of the recipe, both through the op contract: device tensors run real FP8 GEMMs with
+// fused quantize/transpose/amax (the FP8 ops of ops/op_table.h: fp8_quantize, fp8_gemm_tn, ...),
+// the weight and its transpose cached in FP8; host tensors run it as quantize-dequantize
+// emulation around fp32 GEMMs, the weight cached dequantized. The quantized values are
+// bit-identical (dtype.h's float_to_e4m3_bits / float_to_e5m2_bits match the device casts);
+// only the GEMM's summation order differs. (The host form is kept rather than running the
+// device form on the CPU reference ops because its numbers are pinned by the refactor invariant
+// and the FP8 tests.)
 #pragma once
 
 #include "megatron/core/fp8/fp8_input.h"

@@ -1,5 +1,5 @@
 // FP8 delayed-scaling recipe state (Transformer Engine's DelayedScaling as Megatron uses it;
-// reference/megatron.md §10; TE transformer_engine/pytorch/fp8.py and
+// docs/megatron-reference.md#fp8-delayed-scaling; TE transformer_engine/pytorch/fp8.py and
 // common/recipe/delayed_scaling.cu).
 //
 // Every FP8 tensor role of a GEMM (input, weight, grad-output) owns one Fp8TensorMeta: an amax

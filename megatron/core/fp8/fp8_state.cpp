@@ -10,9 +10,7 @@
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/fp8_cuda.h"
-#endif
+#include "megatron/core/ops/ops.h"
 
 namespace megatron::fp8 {
 
@@ -139,7 +137,7 @@ void Fp8State::push_scales() {
   }
   d_scale_.copy_(Tensor::from_vector(s, {d_scale_.numel()}));
   d_scale_inv_.copy_(Tensor::from_vector(si, {d_scale_inv_.numel()}));
-  if (device_.is_cuda() && !metas_.empty()) {
+  if (!device_.is_cpu() && !metas_.empty()) {
     // The histories in logical order (ring position 0) and each role's FP8 max.
     const int64_t H = cfg_.amax_history_len, R = num_roles();
     std::vector<float> h(static_cast<size_t>(R * H)), fm(static_cast<size_t>(R));
@@ -223,21 +221,20 @@ void Fp8State::reduce_and_update(comm::ProcessGroup* group) {
   if (metas_.empty()) return;
   ensure_device();
   if (group && group->size() > 1) group->all_reduce(d_amax_, comm::ReduceOp::kMax)->wait();
-#ifdef MEGATRON_WITH_CUDA
-  if (device_.is_cuda()) {
-    // Record + update + roll of every role in one kernel; the host copies go stale.
+  if (!device_.is_cpu()) {
+    // Record + update + roll of every role in one kernel on the device; the host copies go stale.
+    // (The CPU keeps its metas on the host and updates them below, Fp8TensorMeta::update.)
     const int H = cfg_.amax_history_len;
-    ops::cuda::fp8_update_scales(static_cast<float*>(d_amax_.data_ptr()), kSlot, static_cast<float*>(d_hist_.data_ptr()),
-                                 H, hist_pos_, num_roles(), static_cast<const float*>(d_fmax_.data_ptr()), cfg_.margin,
-                                 cfg_.amax_compute_algo == AmaxComputeAlgo::kMax, cfg_.recipe == Fp8Recipe::kDelayed,
-                                 static_cast<float*>(d_scale_.data_ptr()), static_cast<float*>(d_scale_inv_.data_ptr()));
+    ops::fp8_update_scales(d_amax_, kSlot, static_cast<float*>(d_hist_.data_ptr()), H, hist_pos_, num_roles(),
+                           static_cast<const float*>(d_fmax_.data_ptr()), cfg_.margin,
+                           cfg_.amax_compute_algo == AmaxComputeAlgo::kMax, cfg_.recipe == Fp8Recipe::kDelayed,
+                           static_cast<float*>(d_scale_.data_ptr()), static_cast<float*>(d_scale_inv_.data_ptr()));
     hist_pos_ = (hist_pos_ + 1) % H;
     host_stale_ = true;
     ++steps_done_;
     invalidate_weight_cache();
     return;
   }
-#endif
   std::vector<float> amax = d_amax_.to_float_vector();  // one device-to-host copy per step
   for (size_t r = 0; r < metas_.size(); ++r) {
     Fp8TensorMeta& m = metas_[r];

@@ -1,6 +1,6 @@
 // FP8 state of one model (one pipeline stage): the delayed-scaling metadata of every FP8 GEMM
 // operand, Transformer Engine's per-module fp8_meta gathered in one place
-// (reference/megatron.md §10; TE transformer_engine/pytorch/fp8.py FP8GlobalStateManager).
+// (docs/megatron-reference.md#fp8-delayed-scaling; TE transformer_engine/pytorch/fp8.py FP8GlobalStateManager).
 //
 // Every FP8 linear layer owns three roles, in TE's order: input (E4M3), weight (E4M3) and
 // grad-output (E5M2 in hybrid, E4M3 in e4m3). For role r the state keeps
@@ -11,7 +11,7 @@
 // Once per training step reduce_and_update() all-reduces (MAX) the step's amaxes over the amax
 // group (TP x DP x CP, Megatron's get_amax_reduction_group), records them into the histories,
 // updates every scale. On the CPU the host metas are the state. On a GPU the histories live on the
-// device too (a ring per role) and the whole update is one kernel (ops::cuda::fp8_update_scales):
+// device too (a ring per role) and the whole update is one kernel (ops::fp8_update_scales):
 // no host synchronization and no copies per step; the host metas are refreshed from the device
 // only when read through host_scale()/host_meta()/checkpoint_tensors().
 #pragma once
@@ -65,7 +65,7 @@ class Fp8State {
   Tensor scale_inv(int r);
   Tensor amax(int r);
   /// Device scratch float of role r for the tensorwise recipe's current amax (zero between uses:
-  /// ops::cuda::fp8_scale_from_amax resets it after reading, so no memset per quantization).
+  /// ops::fp8_scale_from_amax resets it after reading, so no memset per quantization).
   Tensor current_amax(int r);
 
   /// Host copies of the current scale/scale_inv of role r (what the device holds).

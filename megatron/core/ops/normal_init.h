@@ -1,10 +1,9 @@
 #pragma once
-// The device hook of parameter initialization (tensor_parallel::initialize_parameter): the shard
-// layout a backend needs to draw N(0, std) values of a parameter itself.
+// The shard layout of a parameter's N(0, std) initialization, for the normal_init op
+// (ops/op_table.h): what a backend needs to draw a shard's values itself
+// (tensor_parallel::initialize_parameter).
 
 #include <cstdint>
-
-#include "megatron/core/tensor/tensor.h"
 
 namespace megatron::ops {
 
@@ -22,11 +21,5 @@ struct NormalInitSpec {
   int64_t stride = 1;
   int64_t tp_rank = 0;
 };
-/// A device initializer: fills `out` (a device tensor) with std * normal_at(key, global index),
-/// rounded to out's dtype; returns false when it cannot (then the host path runs).
-using DeviceNormalInit = bool (*)(Tensor& out, const NormalInitSpec& spec);
-/// Registered by the CUDA backend at start-up (megatron/core/ops/cuda/init.cu).
-void register_device_normal_init(DeviceNormalInit fn);
-/// The registered device initializer, or nullptr (CPU-only build, or before registration).
-DeviceNormalInit device_normal_init();
+
 }  // namespace megatron::ops

@@ -1,5 +1,6 @@
 // Global gradient norm, clipping and zero counting (megatron/core/optimizer/clip_grads.py;
-// reference/megatron.md §6.6). Grads are float32 CPU tensors for now (CUDA goes through ops::).
+// docs/training.md). Grads are float32 tensors on any device: the statistics run as the
+// multi-tensor ops of ops/op_table.h (sum_of_squares_many, count_zeros_many, has_inf_or_nan_many).
 #pragma once
 
 #include <cstdint>

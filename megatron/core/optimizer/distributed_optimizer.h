@@ -1,5 +1,5 @@
 // The distributed optimizer's parameter ranges (Megatron's DistributedOptimizer,
-// megatron/core/optimizer/distrib_optimizer.py; megatron.md §9.6): each DP rank optimizes only
+// megatron/core/optimizer/distrib_optimizer.py; docs/megatron-reference.md#distributed-optimizer): each DP rank optimizes only
 // the elements of its slice of every gradient bucket. Parameters straddling a slice boundary are
 // split at element level. The returned OptimizerParams view the model's param/grad buffers, so
 // the (training helper's) MegatronOptimizer keeps fp32 main params and Adam state for the slice

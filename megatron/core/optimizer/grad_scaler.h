@@ -1,4 +1,4 @@
-// Loss scalers (Megatron megatron/core/optimizer/grad_scaler.py; reference/megatron.md §6.7).
+// Loss scalers (Megatron megatron/core/optimizer/grad_scaler.py; docs/megatron-reference.md#loss-scaling).
 #pragma once
 
 namespace megatron::optimizer {

@@ -6,9 +6,6 @@
 #include <tuple>
 
 #include "megatron/core/ops/ops.h"
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/fused_optimizer.h"
-#endif
 #include "megatron/core/optimizer/clip_grads.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
@@ -33,10 +30,12 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     auto& p = params_[i];
     MEGATRON_CHECK(p.param.defined() && p.main_grad.defined()) << p.name;
     MEGATRON_CHECK(p.main_grad.numel() == p.param.numel() &&
-                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16))
+                   (p.main_grad.dtype() == DType::kFloat32 || p.main_grad.dtype() == DType::kBFloat16 ||
+                    p.main_grad.dtype() == DType::kFloat16))
         << p.name << " grad " << p.main_grad.str() << " param " << p.param.str();
-    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16 grad
-    // (--grad-reduce-in-bf16; Megatron's _copy_model_grads_to_main_grads), which exists only
+    // fp32 main grads: the model's grad itself, or an fp32 copy of a bf16/fp16 grad
+    // (--bf16 --grad-reduce-in-bf16, or --fp16 without --accumulate-allreduce-grads-in-fp32;
+    // Megatron's _copy_model_grads_to_main_grads), which exists only
     // during step() as in Megatron (main_param.grad = model_grad.float(), dropped by zero_grad):
     // 4 bytes per parameter (slice) that forward/backward do not have to share memory with.
     grads_.push_back(p.main_grad.dtype() == DType::kFloat32 ? p.main_grad : Tensor());
@@ -116,20 +115,7 @@ void MegatronOptimizer::zero_grad() {
 
 void MegatronOptimizer::scale_gradients(double f) {
   const float c = static_cast<float>(f);
-  for (auto& p : params_) {
-    const int64_t n = p.main_grad.numel();
-    if (!p.main_grad.is_cpu()) {
-      ops::scale_(p.main_grad, c);
-    } else if (p.main_grad.dtype() == DType::kFloat32) {
-      float* g = p.main_grad.data<float>();
-#pragma omp parallel for schedule(static) if (n > 32768)
-      for (int64_t i = 0; i < n; ++i) g[i] *= c;
-    } else {
-      std::vector<float> v = p.main_grad.to_float_vector();
-      for (auto& x : v) x *= c;
-      cpu_convert_from_float(v.data(), p.main_grad.data_ptr(), p.main_grad.dtype(), n);
-    }
-  }
+  for (auto& p : params_) ops::scale_(p.main_grad, c);
 }
 
 void MegatronOptimizer::copy_model_grads_to_main_grads() {
@@ -137,11 +123,7 @@ void MegatronOptimizer::copy_model_grads_to_main_grads() {
     const Tensor& mg = params_[i].main_grad;
     if (mg.dtype() == DType::kFloat32) continue;
     grads_[i] = Tensor::empty(mg.shape(), DType::kFloat32, mg.device());
-    if (!mg.is_cpu()) {
-      ops::cast(mg, grads_[i]);
-      continue;
-    }
-    cpu_convert_to_float(mg.data_ptr(), mg.dtype(), grads_[i].data<float>(), mg.numel());
+    ops::cast(mg, grads_[i]);
   }
 }
 
@@ -168,27 +150,6 @@ double MegatronOptimizer::params_norm() const {
   }
   return get_grad_norm_fp32(ps, group_.get());
 }
-
-namespace {
-// Adam(W) on fp32 CPU tensors (reference/megatron.md §6.5), fp32 math like FusedAdam.
-void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
-                 float wd, int64_t step, bool decoupled) {
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(step)));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(step)));
-#pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i];
-    if (!decoupled) gi += wd * p[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    const float mhat = m[i] / bc1;
-    const float vhat = v[i] / bc2;
-    float update = mhat / (std::sqrt(vhat) + eps);
-    if (decoupled) update += wd * p[i];
-    p[i] -= lr * update;
-  }
-}
-}  // namespace
 
 void MegatronOptimizer::sgd_update(size_t i, const ParamGroup& grp) {
   // torch.optim.SGD (dampening 0, no Nesterov), composed from ops that run on the CPU and on the
@@ -229,16 +190,7 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   // 1. Unscale and check for inf/NaN (only with a loss scaler, i.e. fp16).
   if (scaler_) {
     const float inv = static_cast<float>(scaler_->inv_scale());
-    for (auto& g : grads_) {
-      if (!g.is_cpu()) {
-        ops::scale_(g, inv);
-        continue;
-      }
-      float* d = g.data<float>();
-      const int64_t n = g.numel();
-#pragma omp parallel for schedule(static) if (n > 32768)
-      for (int64_t k = 0; k < n; ++k) d[k] *= inv;
-    }
+    for (auto& g : grads_) ops::scale_(g, inv);
     const bool found_inf = found_inf_or_nan(all_main_grads(), group_.get());
     scaler_->update(found_inf);
     if (found_inf) {
@@ -250,95 +202,54 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   //    returns -- does) and clipping when --clip-grad > 0.
   const double norm = get_grad_norm_fp32(grads_for_norm(), group_.get());
   r.grad_norm = norm;
-  // With every main param on the GPU (so every step below is the fused Adam kernel), the clip
-  // coefficient is applied inside that kernel (same fp32 product) instead of a separate pass
-  // over all fp32 grads; measured 5 ms of a 151 ms LLaMA-3-8B-shaped step on an H200.
-  [[maybe_unused]] float fused_clip = 1.0f;
+  // With every main param on a device (so the step below is the device's multi-tensor Adam), the
+  // clip coefficient is applied inside that step (AdamParams::grad_scale, the same fp32 product)
+  // instead of a separate pass over all fp32 grads; measured 5 ms of a 151 ms LLaMA-3-8B-shaped
+  // step on an H200. On the CPU the grads are scaled first (one cheap pass; the CPU numbers stay
+  // those of Megatron's clip_grad_by_total_norm_fp32 followed by the step).
+  float fused_clip = 1.0f;
   if (config_.clip_grad > 0.0) {
-    bool fuse = false;
-#ifdef MEGATRON_WITH_CUDA
-    fuse = config_.optimizer == "adam" && !config_.log_num_zeros_in_grad &&
-           std::all_of(main_params_.begin(), main_params_.end(), [](const Tensor& t) { return !t.is_cpu(); });
-#endif
+    const bool fuse = config_.optimizer == "adam" && !config_.log_num_zeros_in_grad && !main_params_.empty() &&
+                      std::all_of(main_params_.begin(), main_params_.end(), [](const Tensor& t) { return !t.is_cpu(); });
     const double coeff = config_.clip_grad / (norm + 1e-6);
     if (!fuse) clip_grad_by_total_norm_fp32(all_main_grads(), config_.clip_grad, norm);
     else if (coeff < 1.0) fused_clip = static_cast<float>(coeff);
   }
   // 3. Zero count (--log-num-zeros-in-grad; None otherwise).
   if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(), group_.get());
-  // 4. Inner step on the fp32 main params (and the model params written from them: caches of
-  //    weight-derived values, e.g. the FP8 weight casts, are rebuilt at the next forward).
+  // 4. Inner step on the fp32 main params, which also writes the model params from them (caches
+  //    of weight-derived values, e.g. the FP8 weight casts, are rebuilt at the next forward).
   ++step_;
   bump_param_version();
-  // Every device tensor in one multi-tensor Adam launch (per model-param dtype) when the CUDA
-  // backend takes them all; otherwise one fused kernel per tensor below (same arithmetic).
-  [[maybe_unused]] bool device_done = false;
-#ifdef MEGATRON_WITH_CUDA
-  if (config_.optimizer == "adam") {
-    std::vector<ops::cuda::AdamTensor> ts;
+  if (config_.optimizer == "sgd") {
     for (const auto& grp : groups_)
-      for (size_t i : grp.params) {
-        if (main_params_[i].is_cpu()) continue;
-        ops::cuda::AdamTensor t;
-        t.param = &main_params_[i];
-        t.grad = &grads_[i];
-        t.exp_avg = &exp_avg_[i];
-        t.exp_avg_sq = &exp_avg_sq_[i];
-        t.model_param = separate_main_[i] ? &params_[i].param : nullptr;
-        t.lr = static_cast<float>(grp.lr);
-        t.weight_decay = static_cast<float>(grp.weight_decay);
-        ts.push_back(t);
-      }
-    if (!ts.empty()) {
-      ops::AdamParams ap;
-      ap.beta1 = static_cast<float>(config_.adam_beta1);
-      ap.beta2 = static_cast<float>(config_.adam_beta2);
-      ap.eps = static_cast<float>(config_.adam_eps);
-      ap.step = step_;
-      ap.decoupled = config_.decoupled_weight_decay;
-      device_done = ops::cuda::adam_step_multi(ts, ap, fused_clip);
-    }
+      for (size_t i : grp.params) sgd_update(i, grp);
+    return r;
   }
-#endif
-  for (const auto& grp : groups_) {
+  // Adam(W): one multi-tensor step per device over every param in group order (ops::adam_step_multi:
+  // the CPU reference steps each tensor; CUDA launches once per model-param dtype).
+  ops::AdamParams ap;
+  ap.beta1 = static_cast<float>(config_.adam_beta1);
+  ap.beta2 = static_cast<float>(config_.adam_beta2);
+  ap.eps = static_cast<float>(config_.adam_eps);
+  ap.step = step_;
+  ap.decoupled = config_.decoupled_weight_decay;
+  ap.grad_scale = fused_clip;
+  std::vector<ops::AdamTensor> host, device;
+  for (const auto& grp : groups_)
     for (size_t i : grp.params) {
-      Tensor& mp = main_params_[i];
-      const Tensor& g = grads_[i];
-      const int64_t n = mp.numel();
-      if (config_.optimizer == "sgd") {
-        sgd_update(i, grp);
-        continue;
-      }
-      if (!mp.is_cpu() && device_done) continue;
-      if (!mp.is_cpu()) {
-        // Device tensors: one fused Adam(W) kernel that also writes the bf16/fp16 model param.
-        MEGATRON_CHECK(config_.optimizer == "adam") << "device optimizer " << config_.optimizer;
-        ops::AdamParams ap;
-        ap.lr = static_cast<float>(grp.lr);
-        ap.beta1 = static_cast<float>(config_.adam_beta1);
-        ap.beta2 = static_cast<float>(config_.adam_beta2);
-        ap.eps = static_cast<float>(config_.adam_eps);
-        ap.weight_decay = static_cast<float>(grp.weight_decay);
-        ap.step = step_;
-        ap.decoupled = config_.decoupled_weight_decay;
-#ifdef MEGATRON_WITH_CUDA
-        ops::cuda::adam_step_scaled(mp, g, exp_avg_[i], exp_avg_sq_[i], ap,
-                                    separate_main_[i] ? &params_[i].param : nullptr, fused_clip);
-#else
-        ops::adam_step(mp, g, exp_avg_[i], exp_avg_sq_[i], ap, separate_main_[i] ? &params_[i].param : nullptr);
-#endif
-        continue;
-      }
-      adam_update(mp.data<float>(), g.data<float>(), exp_avg_[i].data<float>(), exp_avg_sq_[i].data<float>(), n,
-                  static_cast<float>(grp.lr), static_cast<float>(config_.adam_beta1),
-                  static_cast<float>(config_.adam_beta2), static_cast<float>(config_.adam_eps),
-                  static_cast<float>(grp.weight_decay), step_, config_.decoupled_weight_decay);
-      // 5. Copy main -> model params.
-      if (separate_main_[i]) {
-        cpu_convert_from_float(mp.data<float>(), params_[i].param.data_ptr(), params_[i].param.dtype(), n);
-      }
+      ops::AdamTensor t;
+      t.param = &main_params_[i];
+      t.grad = &grads_[i];
+      t.exp_avg = &exp_avg_[i];
+      t.exp_avg_sq = &exp_avg_sq_[i];
+      t.model_param = separate_main_[i] ? &params_[i].param : nullptr;
+      t.lr = static_cast<float>(grp.lr);
+      t.weight_decay = static_cast<float>(grp.weight_decay);
+      (main_params_[i].is_cpu() ? host : device).push_back(t);
     }
-  }
+  ops::adam_step_multi(device, ap);
+  ops::adam_step_multi(host, ap);
   return r;
 }
 

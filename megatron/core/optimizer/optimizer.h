@@ -1,14 +1,14 @@
 // Megatron's mixed-precision optimizer (megatron/core/optimizer/optimizer.py:
 // MixedPrecisionOptimizer / Float16OptimizerWithFloat16Params / FP32Optimizer) with Adam(W) or SGD.
 //
-// Flow of step() (reference/megatron.md §6.6; Megatron's ChainedOptimizer.step, which is what
+// Flow of step() (docs/megatron-reference.md#grad-norm-and-clipping; Megatron's ChainedOptimizer.step, which is what
 // get_megatron_optimizer returns): copy bf16 model grads to fp32 main grads (--grad-reduce-in-bf16);
 // (fp16) unscale by 1/loss_scale and check for inf/NaN -> skip the step if found
 // (update_successful = false, grad norm None); global grad norm over the grads that count
 // (always computed) and clipping (--clip-grad > 0); zero count
 // (--log-num-zeros-in-grad); Adam(W) on fp32 main params; copy main params -> bf16/fp16 model
 // params (SGD: torch.optim.SGD's update composed from ops::add_/scale_/cast, so the same code
-// runs on CPU and GPU tensors). Param groups (§6.4): no weight decay for 1-D params and biases; --decoupled-lr for
+// runs on CPU and GPU tensors). Param groups (docs/megatron-reference.md#param-groups): no weight decay for 1-D params and biases; --decoupled-lr for
 // embedding/output weights.
 #pragma once
 
@@ -30,7 +30,7 @@ namespace megatron::optimizer {
 struct OptimizerParam {
   std::string name;            // Megatron's parameter name, e.g. "decoder.layers.0.mlp.linear_fc1.bias"
   Tensor param;                // the model's parameter (float32, bfloat16 or float16), updated in place
-  Tensor main_grad;            // float32 (or bfloat16, --grad-reduce-in-bf16) gradient, same numel
+  Tensor main_grad;            // float32 (or bfloat16 / float16: the DDP buffer in the param dtype) gradient, same numel
   bool no_weight_decay = false;         // forced no-decay (1-D params and *.bias never decay anyway)
   bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
   bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)
@@ -79,12 +79,12 @@ class MegatronOptimizer {
   MegatronGradScaler* grad_scaler() { return scaler_.get(); }
   /// Zeroes every main grad.
   void zero_grad();
-  /// Multiplies every model main grad by `f` (used by --calculate-per-token-loss, §6.8).
+  /// Multiplies every model main grad by `f` (used by --calculate-per-token-loss, docs/megatron-reference.md#loss-normalisation).
   void scale_gradients(double f);
   /// L2 norm of the fp32 main params that count (not shared; TP-duplicates on TP rank 0 only),
   /// all-reduced over the grad-stats group (--log-params-norm).
   double params_norm() const;
-  /// LR to log: the first group whose schedule is not overridden (§6.4).
+  /// LR to log: the first group whose schedule is not overridden (docs/megatron-reference.md#param-groups).
   double logged_lr() const;
 
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

@@ -6,7 +6,7 @@
 
 namespace megatron::optimizer {
 
-/// Optimizer settings with Megatron's field names and defaults (reference/megatron.md §6.1).
+/// Optimizer settings with Megatron's field names and defaults (docs/megatron-reference.md#optimizer-defaults).
 struct OptimizerConfig {
   std::string optimizer = "adam";  // adam (decoupled weight decay by default) | sgd
   double lr = 0.0;                 // max lr (the scheduler overwrites the group lr every step)

@@ -1,4 +1,4 @@
-// Pipeline schedules (Megatron's megatron/core/pipeline_parallel/schedules.py; megatron.md §9.4).
+// Pipeline schedules (Megatron's megatron/core/pipeline_parallel/schedules.py; docs/megatron-reference.md#pipeline-schedules).
 //
 // The model side is a PipelineStage: it runs one micro-batch forward or backward on this rank's
 // stage and keeps the activations of every in-flight micro-batch itself. The schedule decides the

@@ -10,6 +10,7 @@ namespace {
 // Index = DeviceType. Relaxed atomics: counters, not synchronization.
 std::atomic<int64_t> g_live[2] = {0, 0};
 std::atomic<int64_t> g_peak[2] = {0, 0};
+std::atomic<int64_t> g_count[2] = {0, 0};
 std::mutex g_hooks_mu;  // constant-initialized
 // Function-local: the CUDA backend registers from a static initializer of another library.
 PoolStatsHooks* hooks() {
@@ -23,12 +24,14 @@ void count_alloc(DeviceType type, size_t bytes) {
   const int k = static_cast<int>(type);
   const int64_t b = static_cast<int64_t>(bytes);
   const int64_t now = g_live[k].fetch_add(b, std::memory_order_relaxed) + b;
+  if (bytes > 0) g_count[k].fetch_add(1, std::memory_order_relaxed);  // 0-byte storages hold no pointer to free
   int64_t peak = g_peak[k].load(std::memory_order_relaxed);
   while (now > peak && !g_peak[k].compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
 void count_free(DeviceType type, size_t bytes) {
   g_live[static_cast<int>(type)].fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  if (bytes > 0) g_count[static_cast<int>(type)].fetch_sub(1, std::memory_order_relaxed);
 }
 }  // namespace detail
 
@@ -42,6 +45,7 @@ MemoryStats memory_stats(DeviceType type, int device_index) {
   MemoryStats s;
   s.allocated = g_live[k].load(std::memory_order_relaxed);
   s.max_allocated = std::max(s.allocated, g_peak[k].load(std::memory_order_relaxed));
+  s.allocation_count = g_count[k].load(std::memory_order_relaxed);
   PoolStatsHooks h;
   {
     std::lock_guard<std::mutex> l(g_hooks_mu);

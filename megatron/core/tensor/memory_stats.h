@@ -18,6 +18,7 @@ struct MemoryStats {
   int64_t max_allocated = 0;  // high-water mark of `allocated` since start / reset_peak_memory_stats
   int64_t reserved = -1;      // bytes the device pool holds; -1 when the backend has no pool (CPU)
   int64_t max_reserved = -1;  // high-water mark of `reserved`; -1 without a pool
+  int64_t allocation_count = 0;  // live tensor storages now (torch's "allocation.all.current")
 };
 
 /// Current statistics of `type` (allocated: all device indices of the type together, as each

@@ -31,7 +31,7 @@ struct Parameter {
   Tensor data;
   /// float32 (or bfloat16 with --grad-reduce-in-bf16); a view into the contiguous grad buffer.
   Tensor main_grad;
-  /// ndim == 1 or a bias (megatron.md §6.4): weight decay multiplier 0.
+  /// ndim == 1 or a bias (docs/megatron-reference.md#param-groups): weight decay multiplier 0.
   bool no_weight_decay = false;
   /// Word embedding (first stage) or untied output layer weight (--decoupled-lr group).
   bool is_embedding_or_output = false;

@@ -5,31 +5,11 @@
 
 #include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/cuda_ops.h"
-#endif
 #include "megatron/core/tensor_parallel/mappings.h"
-#include "megatron/core/utils/env.h"
 
 namespace megatron::tensor_parallel {
 
-
 namespace {
-[[maybe_unused]] bool gemm_epilogues_enabled() {
-  // MEGATRON_GEMM_EPILOGUES=0 turns the fused cuBLASLt GeLU epilogues off (A/B comparisons).
-  static const bool on = env_switch("MEGATRON_GEMM_EPILOGUES", true);
-  return on;
-}
-
-// MEGATRON_DGELU_EPILOGUE=1: fc2's dgrad GEMM applies the GeLU backward and yields fc1's bias
-// gradient (cuBLASLt DGELU_BGRAD; the default before Session 4). Default: a plain dgrad GEMM, then
-// one pass of our gelu_backward_bgrad kernel (cuBLASLt ran that epilogue as a separate 1.2 ms
-// kernel per GPT-2 layer).
-[[maybe_unused]] bool dgelu_epilogue_enabled() {
-  static const bool on = env_switch("MEGATRON_DGELU_EPILOGUE", false);
-  return on;
-}
-
 Shape with_last_shape(Shape s, int64_t last) {
   s.back() = last;
   return s;
@@ -85,17 +65,21 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
 }
 
 Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, Tensor& act) const {
-#ifdef MEGATRON_WITH_CUDA
-  if (!fp8_ && bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
+  if (!fp8_ && bias_.defined()) {
     // As forward(): only the sequence shard is kept for backward (re-gathered there).
     ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
     ctx.input = x;
+    ctx.fp8_input_t = Tensor();
     const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
     Tensor pre = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
     act = Tensor::empty(pre.shape(), xin.dtype(), xin.device());
-    if (ops::cuda::linear_bias_gelu_forward(xin, weight_.data(), bias_.data(), pre, act)) return pre;
+    // The GeLU in the GEMM's epilogue where the backend fuses it; else forward()'s GEMM + GeLU.
+    if (!ops::linear_bias_gelu_forward(xin, weight_.data(), bias_.data(), pre, act)) {
+      ops::linear_forward(xin, weight_.data(), &bias_.data(), pre);
+      ops::gelu_forward(pre, act, /*approximate_tanh=*/true);
+    }
+    return pre;
   }
-#endif
   Tensor pre = forward(x, ctx);
   act = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
   ops::gelu_forward(pre, act, /*approximate_tanh=*/true);
@@ -197,8 +181,8 @@ Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, c
   ctx.input_shape = xq.shape;
   ctx.fp8_input_t = xq.q_t;
   Tensor y = Tensor::empty(with_last_shape(xq.shape, out_), xq.dtype, xq.q.device());
-  if (residual && tp_.size() == 1 && gemm_epilogues_enabled()) {
-    // The residual in the FP8 GEMM's epilogue, as forward_add.
+  if (residual && tp_.size() == 1) {
+    // The residual in the FP8 GEMM's epilogue (where fused), as forward_add.
     fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq, nullptr, residual);
     return y;
   }
@@ -209,22 +193,28 @@ Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, c
 }
 
 Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const {
-#ifdef MEGATRON_WITH_CUDA
-  if (fp8_ && tp_.size() == 1 && !bias_.defined() && x.is_cuda() && gemm_epilogues_enabled()) {
-    // FP8: the residual goes into the FP8 GEMM's epilogue (fp8::linear_forward), as in bf16 below.
+  if (tp_.size() == 1 && !bias_.defined() && fp8_) {
+    // FP8: the residual goes into the FP8 GEMM's epilogue where fused (fp8::linear_forward adds
+    // it otherwise), as in bf16 below.
     ctx.input = x;
     ctx.fp8_input_t = Tensor();
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
     fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y, nullptr, &ctx.fp8_input_t, &residual);
     return y;
   }
-  if (!fp8_ && tp_.size() == 1 && x.is_cuda() && gemm_epilogues_enabled()) {
+  if (tp_.size() == 1 && !fp8_) {
+    // No reduction between the GEMM and the residual: the residual in the GEMM's epilogue where
+    // the backend fuses it, else forward()'s GEMM (bias inside it) + add_.
     ctx.input = x;
+    ctx.fp8_input_t = Tensor();
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
-    if (ops::cuda::linear_forward_residual(x, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, residual, y))
-      return y;
+    const Tensor* b = bias_.defined() ? &bias_.data() : nullptr;
+    if (!ops::linear_forward_residual(x, weight_.data(), b, residual, y)) {
+      ops::linear_forward(x, weight_.data(), b, y);
+      ops::add_(y, residual);
+    }
+    return y;
   }
-#endif
   Tensor y = forward(x, ctx);
   ops::add_(y, residual);
   return y;
@@ -248,31 +238,15 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bo
 Tensor RowParallelLinear::backward_dgelu(const Tensor& dy_in, const LinearCtx& ctx, const Tensor& pre,
                                          Tensor* pre_bias_grad, bool* bias_grad_done) const {
   if (bias_grad_done) *bias_grad_done = false;
-#ifdef MEGATRON_WITH_CUDA
-  if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled() && !dgelu_epilogue_enabled()) {
-    Tensor dact = backward(dy_in, ctx, /*need_dx=*/true);
-    Tensor dpre = Tensor::empty(pre.shape(), dact.dtype(), dact.device());
-    if (ops::cuda::gelu_backward_bgrad(dact, pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
-      if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
-    } else {
-      ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
-    }
-    return dpre;
-  }
-  if (!fp8_ && dy_in.is_cuda() && gemm_epilogues_enabled()) {
-    const Tensor dy = tp_.sequence_parallel && tp_.size() > 1 ? gather_along_first_dim(dy_in, *tp_.group) : dy_in;
-    Tensor dpre = Tensor::empty(pre.shape(), dy.dtype(), dy.device());
-    if (ops::cuda::linear_dgelu_bgrad_backward(dy, weight_.data(), pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
-      ops::linear_backward(dy, ctx.input, weight_.data(), nullptr, &weight_.grad(),
-                           bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);
-      if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
-      return dpre;
-    }
-  }
-#endif
   Tensor dact = backward(dy_in, ctx, /*need_dx=*/true);
   Tensor dpre = Tensor::empty(pre.shape(), dact.dtype(), dact.device());
-  ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
+  // GeLU backward with fc1's bias gradient in the same pass where the backend fuses it (then fc1's
+  // backward skips its bias gradient); else the plain GeLU backward.
+  if (!fp8_ && ops::gelu_backward_bgrad(dact, pre, dpre, pre_bias_grad, /*accumulate=*/true)) {
+    if (bias_grad_done) *bias_grad_done = pre_bias_grad != nullptr;
+  } else {
+    ops::gelu_backward(dact, pre, dpre, /*approximate_tanh=*/true);
+  }
   return dpre;
 }
 

@@ -1,5 +1,5 @@
 // Tensor-parallel linear layers and the vocab-parallel embedding (Megatron's
-// megatron/core/tensor_parallel/layers.py; megatron.md §9.2). Activations are sequence-first
+// megatron/core/tensor_parallel/layers.py; docs/megatron-reference.md#tensor-parallel-layers). Activations are sequence-first
 // [s, b, h]; each layer holds this rank's shard of the global weight and talks to the other
 // TP ranks only through the ProcessGroup `tp_group` (a single-rank group when TP = 1).
 // Sequence parallelism (all-gather / reduce-scatter along s) is a flag reserved for the
@@ -70,8 +70,8 @@ class ColumnParallelLinear {
   Tensor backward(const Tensor& dy, const LinearCtx& ctx, bool need_dx, bool bias_grad_done = false) const;
   /// forward followed by the tanh GeLU (Megatron's bias_gelu): returns the GeLU input
   /// pre = x W^T + b [..., out/TP] (what the MLP keeps for backward) and writes act = gelu(pre)
-  /// (same shape and dtype). On CUDA with bf16/fp16, a bias and no FP8, one cuBLASLt GEMM with the
-  /// GELU_AUX_BIAS epilogue (unless MEGATRON_GEMM_EPILOGUES=0); otherwise forward + gelu_forward.
+  /// (same shape and dtype). With a bias and no FP8, ops::linear_bias_gelu_forward (one GEMM with
+  /// the GeLU in its epilogue where the backend fuses it); otherwise forward + gelu_forward.
   Tensor forward_bias_gelu(const Tensor& x, LinearCtx& ctx, Tensor& act) const;
   /// This layer's bias gradient (main_grad view), or nullptr without a bias.
   Tensor* bias_grad() const { return bias_.defined() ? &bias_.grad() : nullptr; }
@@ -110,9 +110,10 @@ class RowParallelLinear {
                     int64_t output_size, bool bias, float init_std, const TPContext& tp);
   /// x [..., in/TP] -> y [..., out].
   Tensor forward(const Tensor& x, LinearCtx& ctx) const;
-  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP on CUDA (bf16/fp16)
-  /// one GEMM adds bias and residual in its epilogue (C = residual, beta 1); with FP8 likewise in
-  /// the FP8 GEMM when there is no bias; otherwise forward + add_ (MEGATRON_GEMM_EPILOGUES=0 too).
+  /// forward(x) + residual ([..., out], x's dtype; not modified). Without TP,
+  /// ops::linear_forward_residual (one GEMM adds bias and residual in its epilogue where the
+  /// backend fuses it: C = residual, beta 1); with FP8 likewise in the FP8 GEMM when there is no
+  /// bias; otherwise forward + add_.
   /// The backward is backward() (dy passes to the residual unchanged).
   Tensor forward_add(const Tensor& x, LinearCtx& ctx, const Tensor& residual) const;
   /// dy [..., out] -> dx [..., in/TP]; accumulates dW, db.
@@ -120,10 +121,9 @@ class RowParallelLinear {
   /// backward whose dx GEMM also applies the tanh-GeLU backward: returns d(pre) =
   /// gelu'(pre) * dx for the GeLU input `pre` of this layer's input (fc2 after fc1 + GeLU) and,
   /// with pre_bias_grad, accumulates Σ_rows d(pre) into it (fc1's bias gradient; *bias_grad_done
-  /// says whether that happened). On CUDA bf16/fp16 without FP8: backward, then one pass of
-  /// ops::cuda::gelu_backward_bgrad (GeLU backward + fc1's bias gradient), or cuBLASLt's
-  /// DGELU_BGRAD epilogue with MEGATRON_DGELU_EPILOGUE=1; with MEGATRON_GEMM_EPILOGUES=0 and
-  /// elsewhere backward + gelu_backward (bias_grad_done false).
+  /// says whether that happened). backward, then without FP8 ops::gelu_backward_bgrad (GeLU
+  /// backward + fc1's bias gradient in one pass where the backend fuses it); otherwise
+  /// gelu_backward (bias_grad_done false).
   Tensor backward_dgelu(const Tensor& dy, const LinearCtx& ctx, const Tensor& pre, Tensor* pre_bias_grad,
                         bool* bias_grad_done) const;
   /// Runs this layer's GEMMs in FP8 with the roles registered under `name` (fp8/fp8_linear.h).

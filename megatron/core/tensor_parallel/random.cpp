@@ -9,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/core/ops/ops.h"
+
 namespace megatron::tensor_parallel {
 
 uint64_t splitmix64(uint64_t x) {
@@ -97,7 +99,8 @@ void initialize_parameter(Parameter& p, uint64_t seed) {
     const uint64_t key = splitmix64(seed ^ hash_name(p.init_key.empty() ? p.name : p.init_key));
     // Unpartitioned (or TP = 1): the global index is the local one.
     const bool identity = ls == p.global_shape && (p.partition_dim < 0 || p.tp_rank == 0);
-    if (p.data.is_cuda() && ops::device_normal_init() && !g_use_cpu_init && ls.size() <= NormalInitSpec::kMaxDims &&
+    // Drawn by the tensor's backend where it can (ops::normal_init: CUDA), else on the host below.
+    if (!g_use_cpu_init && ls.size() <= NormalInitSpec::kMaxDims &&
         p.global_shape.size() == ls.size()) {
       NormalInitSpec s;
       s.key = key;
@@ -107,7 +110,7 @@ void initialize_parameter(Parameter& p, uint64_t seed) {
       s.partition_dim = identity ? -1 : p.partition_dim;
       s.stride = p.partition_stride;
       s.tp_rank = p.tp_rank;
-      if (ops::device_normal_init()(p.data, s)) return;
+      if (ops::normal_init(p.data, s)) return;
     }
     MEGATRON_CHECK(p.global_shape.size() == ls.size() && ls.size() <= 8)
         << p.name << ": shapes " << shape_str(p.global_shape) << " / " << shape_str(ls);

@@ -53,7 +53,7 @@ class MegatronTokenizer {
   /// Pad id; nullopt when the tokenizer has no pad token (Megatron's None).
   virtual std::optional<int64_t> pad() const = 0;
   /// Megatron's "unique_identifiers" of the tokenizer, as (key, value-as-string) pairs in
-  /// Megatron's order, used in the dataset cache description (megatron.md §4.5). The first two
+  /// Megatron's order, used in the dataset cache description (docs/megatron-reference.md#cache-files). The first two
   /// entries are "class" and "tokenizer_path" (value "null" means JSON null).
   virtual std::vector<std::pair<std::string, std::string>> unique_identifiers() const = 0;
 };
@@ -62,7 +62,7 @@ class MegatronTokenizer {
 /// or missing option or file.
 std::unique_ptr<MegatronTokenizer> build_tokenizer(const TokenizerConfig& cfg);
 
-/// Megatron's vocab padding (megatron.md §3.1): ceil(V / (divisor*tp)) * (divisor*tp).
+/// Megatron's vocab padding (docs/megatron-reference.md#vocab-padding): ceil(V / (divisor*tp)) * (divisor*tp).
 int64_t padded_vocab_size(int64_t vocab_size, int64_t make_vocab_size_divisible_by, int64_t tp);
 
 }  // namespace megatron::tokenizers

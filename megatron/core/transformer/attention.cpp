@@ -4,10 +4,6 @@
 
 #include "megatron/core/transformer/inference_context.h"
 
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/cuda_ops.h"
-#endif
-
 namespace megatron::transformer {
 
 SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
@@ -48,12 +44,12 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
   ctx.rope_positions = fc.rotary_position_ids;
   const Tensor* rope_pos = ctx.rope_positions.defined() ? &ctx.rope_positions : nullptr;
   ctx.q = ctx.k = ctx.v = Tensor();
-#ifdef MEGATRON_WITH_CUDA
-  // MHA without RoPE / qk-layernorm / CP / mask / dropout on CUDA: cuDNN reads Q, K, V straight
-  // from the fused QKV output (no split copies; same values as the split path below).
+  // MHA without RoPE / qk-layernorm / CP / mask / dropout: where the backend fuses it (cuDNN),
+  // attention reads Q, K, V straight from the fused QKV output (no split copies; same values as
+  // the split path below).
   const float dropout = fc.training ? config_.attention_dropout : 0.0f;
   const bool cp = fc.cp_group && fc.cp_group->size() > 1;
-  if (qkv.is_cuda() && !rope_.enabled && !q_layernorm_ && heads_local_ == groups_local_ && !cp &&
+  if (!rope_.enabled && !q_layernorm_ && heads_local_ == groups_local_ && !cp &&
       !fc.attention_mask.defined() && dropout == 0.0f && !fc.inference_context) {
     ctx.params = {};
     ctx.params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -62,13 +58,12 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
     ctx.cp_group = nullptr;
     ctx.out = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
     ctx.lse = Tensor::empty({b, heads_local_, s}, DType::kFloat32, x.device());
-    if (ops::cuda::attention_forward_packed_qkv(qkv, heads_local_, ctx.params, ctx.out, ctx.lse)) {
+    if (ops::attention_forward_packed_qkv(qkv, heads_local_, ctx.params, ctx.out, ctx.lse)) {
       ctx.qkv_out = qkv;
       if (residual) return linear_proj_->forward_add(ctx.out.view({s, b, heads_local_ * d}), ctx.proj, *residual);
       return linear_proj_->forward(ctx.out.view({s, b, heads_local_ * d}), ctx.proj);
     }
   }
-#endif
   ctx.qkv_out = Tensor();
   ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
   ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
@@ -113,14 +108,11 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, AttentionCtx& ctx) const {
-  if (ctx.qkv_out.defined()) {  // the packed forward (CUDA, see forward)
+  if (ctx.qkv_out.defined()) {  // the packed forward (see forward)
     const Tensor& qkv = ctx.qkv_out;
     Tensor dout = linear_proj_->backward(dy, ctx.proj, true).view(ctx.out.shape());
     Tensor dqkv = Tensor::empty(qkv.shape(), dy.dtype(), dy.device());
-#ifdef MEGATRON_WITH_CUDA
-    if (!ops::cuda::attention_backward_packed_qkv(dout, qkv, heads_local_, ctx.out, ctx.lse, ctx.params, dqkv))
-#endif
-    {
+    if (!ops::attention_backward_packed_qkv(dout, qkv, heads_local_, ctx.out, ctx.lse, ctx.params, dqkv)) {
       // cuDNN took the forward but not this backward: split now and run the general path.
       ops::RopeParams no_rope;
       Tensor q = Tensor::empty(ctx.out.shape(), qkv.dtype(), qkv.device());

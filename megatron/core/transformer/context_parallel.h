@@ -1,4 +1,4 @@
-// Context parallelism (Megatron's --context-parallel-size; megatron.md §9.7): the sequence of a
+// Context parallelism (Megatron's --context-parallel-size; docs/megatron-reference.md#context-parallelism): the sequence of a
 // micro-batch is split over the CP ranks and attention runs as a ring over them.
 //
 // Layout (load-balanced for the causal mask, as Megatron's get_batch_on_this_cp_rank and

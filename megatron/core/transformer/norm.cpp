@@ -2,9 +2,6 @@
 
 #include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/ops/ops.h"
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/core/ops/cuda/cuda_ops.h"
-#endif
 
 namespace megatron::transformer {
 
@@ -54,27 +51,24 @@ fp8::Fp8Input Norm::forward_fp8(const Tensor& x, NormCtx& ctx, fp8::Fp8State& st
 
 Tensor Norm::backward(const Tensor& dy, const NormCtx& ctx, const Tensor* dresidual) const {
   Tensor dx = Tensor::empty(ctx.input.shape(), dy.dtype(), dy.device());
-#ifdef MEGATRON_WITH_CUDA
-  if (dresidual && dy.is_cuda() && dresidual->is_cuda() && dresidual->dtype() == dy.dtype() &&
-      dresidual->numel() == dy.numel() && dy.dtype() != DType::kFloat16) {
-    // The residual branch's gradient is added inside the norm's backward pass.
+  if (dresidual) {
+    // The residual branch's gradient added to dx (inside the norm's backward pass where the
+    // backend fuses it).
     if (rms_) {
-      ops::cuda::rmsnorm_backward_residual(dy, ctx.input, weight_.data(), ctx.rstd, zero_centered_, *dresidual, dx,
-                                           weight_.grad(), true);
+      ops::rmsnorm_backward_residual(dy, ctx.input, weight_.data(), ctx.rstd, zero_centered_, *dresidual, dx,
+                                     weight_.grad(), true);
     } else {
-      ops::cuda::layernorm_backward_residual(dy, ctx.input, weight_.data(), ctx.mean, ctx.rstd, zero_centered_,
-                                             *dresidual, dx, weight_.grad(), bias_.grad(), true);
+      ops::layernorm_backward_residual(dy, ctx.input, weight_.data(), ctx.mean, ctx.rstd, zero_centered_, *dresidual,
+                                       dx, weight_.grad(), bias_.grad(), true);
     }
     return dx;
   }
-#endif
   if (rms_) {
     ops::rmsnorm_backward(dy, ctx.input, weight_.data(), ctx.rstd, zero_centered_, dx, weight_.grad(), true);
   } else {
     ops::layernorm_backward(dy, ctx.input, weight_.data(), ctx.mean, ctx.rstd, zero_centered_, dx, weight_.grad(),
                             bias_.grad(), true);
   }
-  if (dresidual) ops::add_(dx, *dresidual);
   return dx;
 }
 

@@ -110,7 +110,7 @@ struct TransformerConfig {
   /// Dtype of the main gradients (fp32; bfloat16 with --grad-reduce-in-bf16).
   DType main_grads_dtype = DType::kFloat32;
 
-  // ---- FP8 (megatron.md §10) ----
+  // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling) ----
   /// Megatron's `fp8` (--fp8-format) with the recipe flags; nullopt = no FP8 GEMMs. The QKV,
   /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h).
   std::optional<fp8::Fp8Config> fp8;

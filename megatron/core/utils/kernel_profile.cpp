@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::profiling {
 
@@ -310,6 +311,7 @@ void set_kernel_profiler_factory(std::function<std::unique_ptr<KernelProfiler>()
 
 void write_summary_json(const ProfileSummary& s, const std::string& path) {
   const std::string tmp = path + ".tmp";
+  TempFileGuard guard(tmp);  // removed on every error below (e.g. a full disk)
   {
     std::ofstream f(tmp);
     if (!f) user_error("kernel profile: cannot write ", path, " (check MEGATRON_KERNEL_PROFILE_OUT / --tensorboard-dir)");
@@ -319,6 +321,7 @@ void write_summary_json(const ProfileSummary& s, const std::string& path) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) user_error("kernel profile: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  guard.release();
 }
 
 }  // namespace megatron::profiling

@@ -9,6 +9,7 @@
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 #include "megatron/training/hf/hf_mapping.h"
 
 namespace megatron::hf {
@@ -506,20 +507,27 @@ void save_hf_checkpoint(const std::string& dir, const std::vector<std::pair<std:
     total += nb;
   }
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  // The files of an export that fails half-way (e.g. a full disk) are removed: a folder with some
+  // of the shards and no config.json is not a model.
+  std::vector<TempFileGuard> written;
   if (shards.size() == 1) {
     dc::save_safetensors(dir + "/model.safetensors", shards[0], meta);
+    written.emplace_back(dir + "/model.safetensors");
   } else {
     json wm = json::object();
     for (size_t k = 0; k < shards.size(); ++k) {
       char name[64];
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
       dc::save_safetensors(dir + "/" + name, shards[k], meta);
+      written.emplace_back(dir + "/" + name);
       for (const auto& nt : shards[k]) wm[nt.first] = name;
     }
     dc::write_file_atomic(dir + "/model.safetensors.index.json",
                           json({{"metadata", {{"total_size", total}}}, {"weight_map", wm}}).dump(2) + "\n");
+    written.emplace_back(dir + "/model.safetensors.index.json");
   }
   dc::write_file_atomic(dir + "/config.json", hf_config_json(spec).dump(2) + "\n");
+  for (auto& g : written) g.release();
 }
 
 }  // namespace megatron::hf

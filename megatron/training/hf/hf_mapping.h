@@ -1,5 +1,5 @@
 // Hugging Face <-> Megatron tensor layout conversions (pure functions on CPU tensors, any dtype).
-// Facts: megatron.md §8.2 (QKV rows grouped per query group, SwiGLU fc1 = [gate; up]); HF LLaMA
+// Facts: docs/megatron-reference.md#distributed-checkpoint (QKV rows grouped per query group, SwiGLU fc1 = [gate; up]); HF LLaMA
 // stores q_proj/k_proj/v_proj/o_proj and gate_proj/up_proj/down_proj as [out, in] nn.Linear
 // weights in rotate-half RoPE order (the same order as Megatron's non-interleaved RoPE, so no
 // permutation); HF GPT-2 uses Conv1D, whose weights are [in, out] (transposed), and fuses q, k, v

@@ -10,6 +10,7 @@
 
 #include "megatron/core/utils/crc32c.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/temp_file.h"
 
 namespace megatron::training {
 
@@ -55,7 +56,9 @@ double unix_now() {
 }
 }  // namespace
 
-SummaryWriter::SummaryWriter(const std::string& log_dir, double flush_secs) : flush_secs_(flush_secs) {
+SummaryWriter::SummaryWriter(const std::string& log_dir, double flush_secs, int64_t max_queue)
+    : flush_secs_(flush_secs), max_queue_(max_queue) {
+  if (max_queue < 1) user_error("--tensorboard-queue-size ", max_queue, ": must be >= 1");
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
   if (ec) user_error("--tensorboard-dir ", log_dir, ": cannot create directory (", ec.message(), ")");
@@ -68,10 +71,19 @@ SummaryWriter::SummaryWriter(const std::string& log_dir, double flush_secs) : fl
   path_ = log_dir + "/" + name;
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) user_error("--tensorboard-dir: cannot create ", path_, ": ", std::strerror(errno));
-  std::string ev = event_header(now, 0);
-  put_bytes(ev, 3, "brain.Event:2");  // Event.file_version
-  write_record(ev);
-  flush();
+  // A file that cannot even take its header (full disk) is not left behind empty.
+  TempFileGuard guard(path_);
+  try {
+    std::string ev = event_header(now, 0);
+    put_bytes(ev, 3, "brain.Event:2");  // Event.file_version
+    write_record(ev);
+    flush();
+  } catch (...) {
+    std::fclose(f_);
+    f_ = nullptr;
+    throw;
+  }
+  guard.release();
 }
 
 SummaryWriter::~SummaryWriter() {
@@ -100,12 +112,13 @@ void SummaryWriter::add_scalar(const std::string& tag, double value, int64_t ste
   std::string ev = event_header(wall_time >= 0 ? wall_time : unix_now(), step);
   put_bytes(ev, 5, summary);  // Event.summary
   write_record(ev);
-  if (unix_now() - last_flush_ >= flush_secs_) flush();
+  if (++pending_ >= max_queue_ || unix_now() - last_flush_ >= flush_secs_) flush();
 }
 
 void SummaryWriter::flush() {
   if (f_ && std::fflush(f_) != 0) user_error("cannot write ", path_, ": ", std::strerror(errno));
   last_flush_ = unix_now();
+  pending_ = 0;
 }
 
 void SummaryWriter::close() {

@@ -21,9 +21,11 @@ namespace megatron::training {
 class SummaryWriter {
  public:
   /// Creates log_dir if needed and opens a new event file in it. flush_secs: add_scalar flushes
-  /// when this many seconds passed since the last flush (torch's default is 120).
+  /// when this many seconds passed since the last flush (torch's default is 120). max_queue:
+  /// add_scalar flushes when this many events are pending (torch's SummaryWriter max_queue,
+  /// default 10; Megatron passes --tensorboard-queue-size, default 1000); must be >= 1.
   /// Throws UserError naming the directory/file when it cannot be created.
-  explicit SummaryWriter(const std::string& log_dir, double flush_secs = 120.0);
+  explicit SummaryWriter(const std::string& log_dir, double flush_secs = 120.0, int64_t max_queue = 10);
   ~SummaryWriter();
   SummaryWriter(const SummaryWriter&) = delete;
   SummaryWriter& operator=(const SummaryWriter&) = delete;
@@ -44,6 +46,8 @@ class SummaryWriter {
   std::FILE* f_ = nullptr;
   double flush_secs_;
   double last_flush_ = 0.0;
+  int64_t max_queue_ = 10;
+  int64_t pending_ = 0;  // events written since the last flush
 };
 
 }  // namespace megatron::training

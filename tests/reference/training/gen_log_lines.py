@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Expected Megatron log lines, from the Python format strings of megatron/training/training.py
-(training_log and evaluate_and_print_results, core v0.16+; reference/megatron.md §5.1, §5.2),
+(training_log and evaluate_and_print_results, core v0.16+; docs/megatron-reference.md#training-log-line, #validation-log-line),
 evaluated by Python for chosen values.
 
 Usage: python3 gen_log_lines.py > log_lines.txt
@@ -34,7 +34,7 @@ VALID = [
 
 
 def training_line(v):
-    # Format strings of training_log (one field each, see reference §5.1).
+    # Format strings of training_log (one field each, see docs/megatron-reference.md#training-log-line).
     s = f" [{v['ts']}]"
     s += ' iteration {:8d}/{:8d} |'.format(v['it'], v['train_iters'])
     s += ' consumed samples: {:12d} |'.format(v['consumed'])

@@ -7,10 +7,10 @@ pre-LayerNorm, fused per-head QKV, causal softmax attention, tanh-GeLU MLP, bias
 LayerNorm, tied output layer), in float64, starting from the tiny GPT weights of
 tests/reference/model/data/tiny_gpt (written by gen_model_fixtures.py). Training as
 Megatron with 2 micro-batches per step: per micro-batch loss = sum(loss*mask)/sum(mask), divided
-by the number of micro-batches (reference/megatron.md §6.8); global-norm clipping at 1.0
+by the number of micro-batches (docs/megatron-reference.md#loss-normalisation); global-norm clipping at 1.0
 (torch.nn.utils.clip_grad_norm_); torch.optim.AdamW(betas=(0.9, 0.95), eps=1e-8) with weight decay
-0.1 on 2-D weights and 0 on biases / norm parameters (§6.4); constant lr 1e-3.
-Recorded: per step the token-weighted lm loss (§5.1) and the pre-clip grad norm, and the final
+0.1 on 2-D weights and 0 on biases / norm parameters (docs/megatron-reference.md#param-groups); constant lr 1e-3.
+Recorded: per step the token-weighted lm loss (docs/megatron-reference.md#training-log-line) and the pre-clip grad norm, and the final
 parameters.
 
 Run: /usr/bin/python3 tests/reference/training/gen_tiny_gpt_training.py   (python3-torch 1.13)

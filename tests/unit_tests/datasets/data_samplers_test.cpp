@@ -1,5 +1,5 @@
 // MegatronPretrainingSampler order and the prefetching loader (data_samplers.py semantics,
-// megatron.md §4.8), the requested sample counts of training.py (§4.1), and Python details the
+// docs/megatron-reference.md#data-loader-order), the requested sample counts of training.py (#sample-counts), and Python details the
 // cache names depend on (float repr). Expected values are worked out by hand from the formulas.
 #include "megatron/training/datasets/data_samplers.h"
 

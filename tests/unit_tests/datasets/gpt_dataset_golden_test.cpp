@@ -1,4 +1,4 @@
-// GPTDataset / BlendedDataset / masks against the golden vectors of reference/megatron.md
+// GPTDataset / BlendedDataset / masks against the golden vectors of docs/megatron-reference.md#golden-vectors
 // Appendix A (produced by running Megatron-LM's own dataset code), and numpy's RNG streams
 // (values printed by numpy 1.24: RandomState(1234).shuffle, default_rng(0).integers).
 // All comparisons are exact (integer index arrays, hashes, 0/1 masks).

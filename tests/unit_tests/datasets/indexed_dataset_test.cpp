@@ -1,5 +1,5 @@
 // IndexedDataset writer/reader against the golden vectors of Megatron-LM's own dataset code
-// (reference/megatron.md Appendix A, produced by running indexed_dataset.py): exact bytes.
+// (docs/megatron-reference.md#golden-vectors, produced by running indexed_dataset.py): exact bytes.
 #include "megatron/core/datasets/indexed_dataset.h"
 
 #include <gtest/gtest.h>

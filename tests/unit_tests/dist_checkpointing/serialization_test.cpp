@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
-#include "thread_group_util.h"
+#include "test_utils/thread_group_util.h"
 
 using namespace megatron;
 using namespace megatron::dist_checkpointing;

@@ -5,7 +5,7 @@
 //
 // Reference: every rank also trains a single-rank copy of the model on the WHOLE global batch
 // (no communication). The optimizer in both runs is Adam written out from its formula
-// (megatron.md §6.5), applied by the test -- the DP run applies it only to this rank's shard
+// (docs/megatron-reference.md#adam), applied by the test -- the DP run applies it only to this rank's shard
 // when the distributed optimizer is on, then all-gathers.
 // Tolerance 1e-5 relative (losses; parameters relative to the largest |parameter|): the two runs
 // differ only in fp32 summation order of the gradient (per-rank partial sums then a reduction).
@@ -14,13 +14,14 @@
 #include <cmath>
 #include <random>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -31,15 +32,7 @@ using models::gpt::GPTModel;
 
 constexpr int64_t kVocab = 128, kSeq = 16;
 
-transformer::TransformerConfig tiny_config() {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
-  return c;
-}
+transformer::TransformerConfig tiny_config() { return megatron::testing::tiny_gpt_config(32); }
 
 datasets::GPTBatch sample(int iter, int index) {
   std::mt19937 gen(1000 * iter + index);

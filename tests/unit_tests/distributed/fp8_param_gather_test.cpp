@@ -15,7 +15,7 @@
 #include <cstring>
 #include <random>
 
-#include "dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
@@ -24,6 +24,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/tensor/memory_stats.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -35,12 +36,7 @@ using models::gpt::GPTModel;
 constexpr int64_t kVocab = 128, kSeq = 16;
 
 transformer::TransformerConfig fp8_config(bool param_gather) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  transformer::TransformerConfig c = megatron::testing::tiny_gpt_config(32);
   c.params_dtype = DType::kBFloat16;
   fp8::Fp8Config f;
   f.format = fp8::Fp8Format::kHybrid;

@@ -1,7 +1,7 @@
 // FP8 linear layers on the CPU (quantize-dequantize emulation) and the per-step state, against
 // hand computations: operands chosen exactly representable in E4M3/E5M2 give exact products;
 // non-representable ones are rounded by hand (E4M3 has 3 mantissa bits, E5M2 2, RNE, saturating
-// at 448 / 57344). Recipe: scale = fp8_max / amax / 2^margin (reference/megatron.md §10).
+// at 448 / 57344). Recipe: scale = fp8_max / amax / 2^margin (docs/megatron-reference.md#fp8-delayed-scaling).
 #include "megatron/core/fp8/fp8_linear.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "test_utils/tiny_model.h"
 
 using namespace megatron;
 using namespace megatron::fp8;
@@ -157,12 +158,9 @@ TEST(Fp8Linear, CheckpointTensorsRoundTrip) {
 
 TEST(Fp8Linear, FlagsReachTransformerConfig) {
   using namespace megatron::training;
-  std::vector<std::string> f = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                                "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
-                                "--train-iters", "10", "--lr", "1e-3", "--mock-data", "--tokenizer-type",
-                                "NullTokenizer", "--vocab-size", "128", "--fp8-format", "e4m3", "--fp8-margin", "2",
-                                "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad",
-                                "--fp8-recipe", "tensorwise"};
+  std::vector<std::string> f = megatron::testing::tiny_gpt_flags("1e-3");
+  f.insert(f.end(), {"--fp8-format", "e4m3", "--fp8-margin", "2", "--fp8-amax-history-len", "16",
+                     "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad", "--fp8-recipe", "tensorwise"});
   Arguments a = parse_args(f);
   validate_args(a);
   auto c = core_transformer_config_from_args(a);

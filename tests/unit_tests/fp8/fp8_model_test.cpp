@@ -8,6 +8,7 @@
 
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -16,19 +17,7 @@ using models::gpt::GPTModel;
 using transformer::TransformerConfig;
 
 TransformerConfig fp8_llama() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 128;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  TransformerConfig c = megatron::testing::tiny_llama_config(64, 2, 128);
   c.fp8 = fp8::Fp8Config{};
   return c;
 }

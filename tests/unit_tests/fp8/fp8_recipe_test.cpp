@@ -1,5 +1,5 @@
 // Delayed-scaling recipe against hand computations of Transformer Engine's rules
-// (reference/megatron.md §10): scale = fp8_max / amax / 2^margin; history rolled by -1 with
+// (docs/megatron-reference.md#fp8-delayed-scaling): scale = fp8_max / amax / 2^margin; history rolled by -1 with
 // slot 0 zeroed; "max" takes the max over the history, "most_recent" slot 0.
 #include "megatron/core/fp8/fp8_recipe.h"
 

@@ -11,9 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -25,12 +26,7 @@ using transformer::TransformerConfig;
 constexpr int64_t kVocab = 96, kSeq = 12, kBatch = 3;
 
 TransformerConfig tiny(DType dt) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(32);
   c.params_dtype = dt;
   return c;
 }

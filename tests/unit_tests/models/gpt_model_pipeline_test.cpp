@@ -7,6 +7,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -83,24 +84,11 @@ void check_two_stages(TransformerConfig c) {
 }
 
 TEST(GPTModelPipeline, TwoStagesTiedGPTEqualOneStage) {
-  TransformerConfig c;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  check_two_stages(c);
+  check_two_stages(megatron::testing::tiny_gpt_config(64));  // check_two_stages sets 4 layers
 }
 
 TEST(GPTModelPipeline, TwoStagesLlamaEqualOneStage) {
-  TransformerConfig c;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 176;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
-  check_two_stages(c);
+  check_two_stages(megatron::testing::tiny_llama_config(64, 2, 176));
 }
 
 TEST(GPTModelPipeline, StageWithoutInputTensorThrows) {

@@ -8,6 +8,7 @@
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -15,21 +16,11 @@ namespace {
 using models::gpt::GPTModel;
 using transformer::TransformerConfig;
 
+// Default dropout (0.1): some tests exercise it in training mode.
 TransformerConfig small_config(bool llama) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  if (llama) {
-    c.num_query_groups = 2;
-    c.ffn_hidden_size = 176;
-    c.normalization = transformer::Normalization::kRMSNorm;
-    c.gated_linear_unit = true;
-    c.add_bias_linear = false;
-    c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-    c.share_embeddings_and_output_weights = false;
-  }
-  return c;
+  using megatron::testing::TinyDropout;
+  return llama ? megatron::testing::tiny_llama_config(64, 2, 176, TinyDropout::kDefault)
+               : megatron::testing::tiny_gpt_config(64, TinyDropout::kDefault);
 }
 
 datasets::GPTBatch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {

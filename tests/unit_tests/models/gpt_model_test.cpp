@@ -6,8 +6,9 @@
 
 #include <cmath>
 
-#include "fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -18,32 +19,15 @@ using testing::max_rel_error;
 using transformer::TransformerConfig;
 
 TransformerConfig tiny_gpt_config() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(64);
   c.bias_activation_fusion = true;  // pretrain_gpt default: tanh GeLU (fused bias_gelu)
   return c;
 }
 
 TransformerConfig tiny_llama_config() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 176;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
-  c.normalization = transformer::Normalization::kRMSNorm;
+  TransformerConfig c = megatron::testing::tiny_llama_config(64, 2, 176);
   c.layernorm_epsilon = 1e-5f;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
   c.rotary_base = 500000.0f;
-  c.share_embeddings_and_output_weights = false;
   return c;
 }
 
@@ -76,7 +60,7 @@ void load_params(GPTModel& m, const Fixture& f) {
 
 // Tolerance: 1e-5 of the tensor's largest magnitude. Our CPU kernels compute in fp32, the
 // reference in fp64 from the same fp32 weights, so the difference is fp32 rounding through
-// two layers (observed ~1e-6); 1e-5 is the project's CPU-vs-reference bound (DESIGN.md).
+// two layers (observed ~1e-6); 1e-5 is the project's CPU-vs-reference bound (docs/architecture.md#testing).
 constexpr double kTol = 1e-5;
 
 void check_against_fixture(const TransformerConfig& config, int64_t vocab, int64_t max_pos, const char* name) {
@@ -118,15 +102,10 @@ TEST(GPTModel, TinyGPTMatchesPyTorch) { check_against_fixture(tiny_gpt_config(),
 TEST(GPTModel, TinyLlamaMatchesPyTorchHFMath) { check_against_fixture(tiny_llama_config(), 256, 32, "tiny_llama"); }
 
 TransformerConfig tiny_variant_config() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 48;
-  c.num_attention_heads = 6;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(48, megatron::testing::TinyDropout::kOff, 2, 6);
   c.num_query_groups = 3;
   c.kv_channels = 12;  // not hidden / heads = 8
   c.ffn_hidden_size = 80;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
   c.layernorm_zero_centered_gamma = true;
   c.qk_layernorm = true;
   c.add_bias_linear = false;

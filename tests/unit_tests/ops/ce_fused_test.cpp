@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "../models/fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/ops/ops.h"
 
 namespace megatron {

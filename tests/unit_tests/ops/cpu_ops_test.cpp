@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "../models/fixture_util.h"
+#include "test_utils/fixture_util.h"
 
 namespace megatron {
 namespace {
@@ -248,7 +248,7 @@ TEST(CpuOps, VocabParallelCrossEntropyCombine) {
     pred[r] = f32({n});
     ops::cross_entropy_stats(shard[r], labels, r * v, m[r], s[r], pred[r]);
   }
-  // What the all-reduces compute (megatron.md §9.3).
+  // What the all-reduces compute (docs/megatron-reference.md#vocab-parallel-cross-entropy).
   Tensor gmax = f32({n}), gsum = f32({n}), gpred = f32({n});
   for (int64_t i = 0; i < n; ++i) gmax.data<float>()[i] = std::max(m[0].data<float>()[i], m[1].data<float>()[i]);
   for (int r = 0; r < 2; ++r) {

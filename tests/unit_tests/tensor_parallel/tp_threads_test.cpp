@@ -1,6 +1,6 @@
 // Tensor parallelism of GPTModel, run in-process: two threads each hold one TP shard and
 // all-reduce through a thread-backed ProcessGroup. Their losses must equal the single-rank
-// model's and their gradients the matching slices of its gradients (megatron.md §9.2, §9.3).
+// model's and their gradients the matching slices of its gradients (docs/megatron-reference.md#tensor-parallel-layers, #vocab-parallel-cross-entropy).
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -9,6 +9,7 @@
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -149,27 +150,13 @@ void check_tp2(TransformerConfig c) {
 }
 
 TEST(TensorParallelThreads, GPTWithTP2EqualsSingleRank) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(64, megatron::testing::TinyDropout::kDefault);
   c.bias_activation_fusion = true;
   check_tp2(c);
 }
 
 TEST(TensorParallelThreads, LlamaWithTP2EqualsSingleRank) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 176;
-  c.normalization = transformer::Normalization::kRMSNorm;
-  c.gated_linear_unit = true;
-  c.add_bias_linear = false;
-  c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-  c.share_embeddings_and_output_weights = false;
-  check_tp2(c);
+  check_tp2(megatron::testing::tiny_llama_config(64, 2, 176, megatron::testing::TinyDropout::kDefault));
 }
 
 }  // namespace

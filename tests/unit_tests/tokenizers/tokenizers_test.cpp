@@ -80,8 +80,8 @@ std::unique_ptr<MegatronTokenizer> hf(const std::string& pkg, bool include_speci
 
 // ---- Unicode table --------------------------------------------------------------------------
 TEST(TokenizerUnicodeTable, CountsEqualHuggingFaceClasses) {
-  // Set sizes of HF tokenizers 0.23.2's \p{L} \p{N} \p{M} \s over all scalar values, measured in
-  // shared reference tokenizers.md §2.5 (141,028 / 1,911 / 2,501 / 25).
+  // Set sizes of HF tokenizers 0.23.2's \p{L} \p{N} \p{M} \s over all scalar values, measured as in
+  // docs/tokenizers.md#unicode-tables (141,028 / 1,911 / 2,501 / 25).
   size_t l = 0, n = 0, m = 0, ws = 0;
   for (uint32_t cp = 0; cp <= 0x10FFFF; ++cp) {
     uint8_t c = unicode::class_of(cp);
@@ -148,7 +148,7 @@ TEST(TokenizerHuggingFace, Llama3MatchesReference) {
   EXPECT_EQ(tok->vocab_size(), meta_vocab("llama3"));
   EXPECT_EQ(tok->eod(), 128001);         // <|end_of_text|>
   EXPECT_FALSE(tok->pad().has_value());
-  EXPECT_EQ(tok->tokenize("a<|end_of_text|>b"), (std::vector<int64_t>{64, 128001, 65}));  // tokenizers.md §1
+  EXPECT_EQ(tok->tokenize("a<|end_of_text|>b"), (std::vector<int64_t>{64, 128001, 65}));  // docs/megatron-reference.md#tokenizer-vocab-size-and-eod
 }
 
 TEST(TokenizerHuggingFace, Llama31AddsBosAndHonoursNoIncludeSpecialTokens) {
@@ -217,7 +217,7 @@ TEST(TokenizerGpt2Bpe, MatchesReferenceAndMegatronSemantics) {
   ASSERT_FALSE(cfg.vocab_file->empty() || cfg.merge_file->empty());
   auto tok = build_tokenizer(cfg);
   expect_hf_ids("gpt2", *tok);
-  EXPECT_EQ(tok->vocab_size(), 50257);  // megatron.md §3
+  EXPECT_EQ(tok->vocab_size(), 50257);  // docs/megatron-reference.md#tokenizer-vocab-size-and-eod
   EXPECT_EQ(tok->eod(), 50256);
   EXPECT_FALSE(tok->pad().has_value());
   EXPECT_EQ(tok->detokenize(tok->tokenize("Hello, world! 你好")), "Hello, world! 你好");

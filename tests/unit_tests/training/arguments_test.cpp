@@ -1,6 +1,6 @@
 // megatron/training/arguments: flags, defaults, Megatron's bool conventions, bad input.
-// Expected values: Megatron-LM's arguments.py defaults (reference/megatron.md §6.1, §7.2) and the
-// §3.1 padded-vocab table.
+// Expected values: Megatron-LM's arguments.py defaults (docs/megatron-reference.md#optimizer-defaults, #llama-3-8b-fp8-example) and the
+// docs/megatron-reference.md#vocab-padding padded-vocab table.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -80,7 +80,7 @@ TEST(Arguments, BoolConventionsAndValues) {
   EXPECT_TRUE(a.untie_embeddings_and_output_weights);
   EXPECT_DOUBLE_EQ(a.layernorm_epsilon, 1e-6);
   EXPECT_EQ(a.tokenizer.null_tokenizer_pad_id, -7);  // negative values are values, not flags
-  EXPECT_EQ(*a.split, "'99,1,0'");                    // the quotes are part of the value (§7.2 note)
+  EXPECT_EQ(*a.split, "'99,1,0'");                    // the quotes are part of the value (docs/megatron-reference.md#llama-3-8b-fp8-example)
   EXPECT_EQ(*a.data_cache_path, "/tmp/x");
   EXPECT_EQ(*a.tokenizer.tiktoken_pattern, "v2");
   EXPECT_EQ(*a.tokenizer.vocab_size, 128);
@@ -246,7 +246,7 @@ TEST(Arguments, DataParallelDerivation) {
 }
 
 TEST(Arguments, PaddedVocabTable) {
-  // reference/megatron.md §3.1 table.
+  // docs/megatron-reference.md#vocab-padding.
   struct Row { int64_t v, tp, expect; };
   for (Row r : {Row{50257, 1, 50304}, Row{50257, 2, 50432}, Row{50257, 4, 50688}, Row{50257, 8, 51200},
                 Row{128256, 1, 128256}, Row{128256, 4, 128512}, Row{128256, 8, 129024}, Row{128257, 1, 128384},
@@ -261,7 +261,7 @@ TEST(Arguments, PaddedVocabTable) {
 }
 
 TEST(Arguments, Llama3ExampleFlagsParse) {
-  // Every flag of Megatron's examples/llama/train_llama3_8b_h100_fp8.sh (reference §7.2), scaled down.
+  // Every flag of Megatron's examples/llama/train_llama3_8b_h100_fp8.sh (docs/megatron-reference.md#llama-3-8b-fp8-example), scaled down.
   std::vector<std::string> f = {
       "--use-mcore-models", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "224",
       "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "16",
@@ -315,4 +315,30 @@ TEST(Arguments, LossScaleFlagsAreRangeChecked) {
   validate_args(a);
   EXPECT_EQ(a.loss_scale_window, 1000.0);
   EXPECT_EQ(a.hysteresis, 3);
+}
+
+// The DDP gradient buffer dtype, as Megatron's grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32
+// (arguments.py validate_args: set for --bf16 unless --grad-reduce-in-bf16; False by default, so an
+// fp16 run accumulates and all-reduces in fp16).
+TEST(Arguments, GradBufferDtypeFollowsAccumulateAllreduceGradsInFp32) {
+  auto dtype_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> f = base_flags();
+    f.insert(f.end(), extra.begin(), extra.end());
+    Arguments a = parse_args(f);
+    validate_args(a);
+    return core_transformer_config_from_args(a).main_grads_dtype;
+  };
+  EXPECT_EQ(dtype_of({}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--fp16"}), megatron::DType::kFloat16);
+  EXPECT_EQ(dtype_of({"--fp16", "--accumulate-allreduce-grads-in-fp32"}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--bf16"}), megatron::DType::kFloat32);
+  EXPECT_EQ(dtype_of({"--bf16", "--grad-reduce-in-bf16"}), megatron::DType::kBFloat16);
+  // Megatron's spellings of one option: --persistent-save-interval is --save-interval.
+  Arguments a = parse_args(with(base_flags(), {"--persistent-save-interval", "7"}));
+  EXPECT_EQ(a.save_interval, 7);
+  Arguments b = parse_args(with(base_flags(), {"--disable-fp8-wgrad", "--override-opt-param-scheduler"}));
+  EXPECT_FALSE(b.fp8_wgrad);
+  EXPECT_TRUE(b.override_opt_param_scheduler);
+  // --fp16-lm-cross-entropy needs --fp16 (Megatron's validate_args assert).
+  EXPECT_NE(error_of(with(base_flags(), {"--fp16-lm-cross-entropy"})).find("--fp16-lm-cross-entropy"), std::string::npos);
 }

@@ -8,17 +8,12 @@
 
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron::training::test {
 
-/// The smallest valid pretrain_gpt command line: a 2-layer GPT (hidden 64, 4 heads, seq 32, mbs 2,
-/// gbs 8, vocab 128), 10 iterations on mock data, learning rate `lr`.
-inline std::vector<std::string> tiny_gpt_flags(const char* lr) {
-  return {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "10", "--lr", lr, "--mock-data", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "128"};
-}
+/// The smallest valid pretrain_gpt command line (test_utils/tiny_model.h).
+using megatron::testing::tiny_gpt_flags;
 
 /// `v` followed by `extra`.
 inline std::vector<std::string> with(std::vector<std::string> v, std::initializer_list<std::string> extra) {

@@ -10,6 +10,7 @@
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/gpt_pipeline.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -89,22 +90,7 @@ TEST(GPTPipelineLayout, IndivisibleEvenSplitIsAUserErrorNamingTheFlags) {
 }
 
 transformer::TransformerConfig tiny(bool llama) {
-  transformer::TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
-  if (llama) {
-    c.num_query_groups = 2;
-    c.ffn_hidden_size = 64;
-    c.normalization = transformer::Normalization::kRMSNorm;
-    c.gated_linear_unit = true;
-    c.add_bias_linear = false;
-    c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-    c.share_embeddings_and_output_weights = false;
-  }
-  return c;
+  return llama ? megatron::testing::tiny_llama_config(32, 2, 64) : megatron::testing::tiny_gpt_config(32);
 }
 
 datasets::GPTBatch batch_of(uint64_t seed) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../models/fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/gpt_trainable.h"

@@ -1,5 +1,5 @@
 // HF <-> Megatron layouts on tiny hand-made tensors (expected row orders worked out by hand from
-// megatron.md §8.2 and the HF module definitions), config.json parsing of the transformers-written
+// docs/megatron-reference.md#distributed-checkpoint and the HF module definitions), config.json parsing of the transformers-written
 // fixtures (tests/reference/hf/), and import -> export round trips that must reproduce the files
 // written by transformers byte for byte.
 #include <gtest/gtest.h>

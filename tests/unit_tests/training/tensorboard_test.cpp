@@ -155,3 +155,25 @@ TEST(TensorBoard, WritesScalarsTensorBoardCanRead) {
 TEST(TensorBoard, UnwritableDirectoryIsAUserError) {
   EXPECT_THROW({ SummaryWriter w("/proc/no_such_dir/tb"); }, megatron::UserError);
 }
+
+// --tensorboard-queue-size (torch's SummaryWriter max_queue): the events reach the file when that
+// many are pending, not before (flush_secs far away). The stdio buffer (4 KiB+) holds the three
+// ~40-byte records until then, so the file's size on disk shows when they were flushed.
+TEST(TensorBoard, QueueSizeFlushesEveryNEvents) {
+  const fs::path dir = fs::temp_directory_path() / ("megatron_tbq_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    SummaryWriter w(dir.string(), /*flush_secs=*/1e9, /*max_queue=*/3);
+    const auto header = fs::file_size(w.path());
+    w.add_scalar("a", 1.0, 1);
+    w.add_scalar("a", 2.0, 2);
+    EXPECT_EQ(fs::file_size(w.path()), header);  // 2 pending
+    w.add_scalar("a", 3.0, 3);
+    const auto after3 = fs::file_size(w.path());
+    EXPECT_GT(after3, header);  // the 3rd forced the flush
+    w.add_scalar("a", 4.0, 4);
+    EXPECT_EQ(fs::file_size(w.path()), after3);  // the count restarted
+  }
+  EXPECT_THROW(SummaryWriter(dir.string(), 120.0, 0), megatron::UserError);
+  fs::remove_all(dir);
+}

@@ -1,10 +1,12 @@
 // Log lines and FLOPs: expected strings come from Megatron's Python format strings evaluated by
 // python3 (tests/reference/training/gen_log_lines.py -> log_lines.txt); the FLOPs value from
-// reference/megatron.md §5.3 (LLaMA-3 8B: 51.470 GFLOP/token).
+// docs/megatron-reference.md#flops (LLaMA-3 8B: 51.470 GFLOP/token).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -98,7 +100,7 @@ TEST(TrainingLog, TimestampHasMicroseconds) {
 }
 
 TEST(TrainingLog, FlopsLlama3_8B) {
-  // reference §5.3: LLaMA-3 8B at s=8192: 51.470 GFLOP/token, 5.397e16 FLOPs per gbs-128 batch.
+  // docs/megatron-reference.md#flops: LLaMA-3 8B at s=8192: 51.470 GFLOP/token, 5.397e16 FLOPs per gbs-128 batch.
   Arguments a;
   a.num_layers = 32;
   a.hidden_size = 4096;
@@ -150,4 +152,73 @@ TEST(TrainingLog, ZeroAverageLossIsLeftOut) {
   EXPECT_NE(line.find("| loss scale: 4294967296.0 |"), std::string::npos) << line;
   t.losses = {{"lm loss", 4.5}};
   EXPECT_NE(format_training_log_line(t).find("| lm loss: 4.500000E+00 |"), std::string::npos);
+}
+
+// Megatron's Timers.get_all_timers_string, evaluated by hand from its format strings
+// ('{}: ({:.2f}, {:.2f})'.format((name + ' ').ljust(48, '.'), ...), values / (normalizer / 1000)):
+// two ranks, seconds [rank][timer]; a timer at 0 on every rank is left out; min/max ignore 0s.
+TEST(TrainingLog, TimersStringAcrossRanks) {
+  const std::vector<std::string> names = {"forward-backward", "optimizer", "unused"};
+  const std::vector<double> t = {0.5, 0.0, 0.0,    // rank 0
+                                 0.25, 0.125, 0.0};  // rank 1
+  EXPECT_EQ(format_timers_string(names, t, 2, 10.0, "minmax"),
+            "(min, max) time across ranks (ms):\n"
+            "    forward-backward ...............................: (25.00, 50.00)\n"
+            "    optimizer ......................................: (12.50, 12.50)");
+  EXPECT_EQ(format_timers_string(names, t, 2, 10.0, "max"),
+            "max time across ranks (ms):\n"
+            "    forward-backward ...............................: 50.00\n"
+            "    optimizer ......................................: 12.50");
+  EXPECT_EQ(format_timers_string(names, t, 2, 10.0, "all"),
+            "times across ranks (ms):\n  forward-backward:\n     rank  0: 50.00\n     rank  1: 25.00\n"
+            "  optimizer:\n     rank  1: 12.50");
+  EXPECT_EQ(format_timers_string(names, std::vector<double>(6, 0.0), 2, 1.0, "minmax"), "");
+  // Timers.write: the max over ranks in seconds / normalizer.
+  const auto mm = timers_min_max(names, t, 2, 10.0);
+  ASSERT_EQ(mm.size(), 2u);
+  EXPECT_EQ(mm[0].name, "forward-backward");
+  EXPECT_DOUBLE_EQ(mm[0].max, 0.05);
+  EXPECT_DOUBLE_EQ(mm[1].min, 0.0125);
+}
+
+// progress.txt lines (Megatron's append_to_progress_log format string) and the start-of-job search
+// of get_start_time_from_progress_log: the first "Starting job" after the last change of "# GPUs"
+// to this world size, with the FLOPs of the latest committed save before it.
+TEST(TrainingLog, ProgressLogLinesAndStart) {
+  std::tm tm{};
+  tm.tm_year = 2026 - 1900;
+  tm.tm_mon = 10;
+  tm.tm_mday = 30;
+  tm.tm_hour = 18;
+  tm.tm_min = 5;
+  tm.tm_sec = 9;
+  tm.tm_isdst = -1;
+  const auto t = std::chrono::system_clock::from_time_t(std::mktime(&tm)) + std::chrono::milliseconds(700);
+  EXPECT_EQ(format_progress_line(t, "123", 8, "Starting job"), "2026-11-30 18:05:09\tJob ID: 123\t# GPUs: 8\tStarting job");
+  // '{:.1f}', '{:.2e}', '{:.2f}' of Python.
+  EXPECT_EQ(format_progress_checkpoint_text(false, 100, 123.456, 7.25, 1.234567e18, 2.5e9),
+            "Saved checkpoint\tIteration: 100\tJob throughput: 123.5 TFLOP/s/GPU\tCumulative throughput: 7.2 "
+            "TFLOP/s/GPU\tFloating-point operations: 1.23e+18\tTokens (in billions): 2.50");
+  EXPECT_EQ(format_progress_checkpoint_text(true, 5, 0, 0, 0, 0).rfind("Saving async checkpoint\tIteration: 5\t", 0), 0u);
+  const std::string ck = "\tSaved checkpoint\tIteration: 10\tJob throughput: 1.0 TFLOP/s/GPU\tCumulative throughput: "
+                         "1.0 TFLOP/s/GPU\tFloating-point operations: ";
+  const std::vector<std::string> lines = {
+      "2026-11-30 10:00:00\tJob ID: \t# GPUs: 8\tStarting job",
+      "2026-11-30 10:10:00\tJob ID: \t# GPUs: 8" + ck + "1.00e+15\tTokens (in billions): 0.01",
+      "2026-11-30 11:00:00\tJob ID: \t# GPUs: 16\tStarting job",  // another world size: restart
+      "2026-11-30 11:10:00\tJob ID: \t# GPUs: 16" + ck + "3.00e+15\tTokens (in billions): 0.02",
+      "2026-11-30 12:00:00\tJob ID: \t# GPUs: 8\tStarting job",
+      "2026-11-30 13:00:00\tJob ID: \t# GPUs: 8\tStarting job",  // not the first: ignored
+  };
+  auto s = progress_start(lines, 8);
+  ASSERT_TRUE(s);
+  std::tm noon{};
+  noon.tm_year = 2026 - 1900;
+  noon.tm_mon = 10;
+  noon.tm_mday = 30;
+  noon.tm_hour = 12;
+  noon.tm_isdst = -1;
+  EXPECT_EQ(s->time, std::chrono::system_clock::from_time_t(std::mktime(&noon)));
+  EXPECT_DOUBLE_EQ(s->flops, 3e15);
+  EXPECT_FALSE(progress_start(lines, 4));
 }

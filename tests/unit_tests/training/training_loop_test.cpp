@@ -1,15 +1,21 @@
-// The Trainer loop on a toy bigram model (logits = W[token] + b): loss normalisation (§6.8,
+// The Trainer loop on a toy bigram model (logits = W[token] + b): loss normalisation (docs/megatron-reference.md#loss-normalisation,
 // default and --calculate-per-token-loss) against a direct per-token gradient sum, the lm loss
-// report, token-weighted evaluation (§5.2), exit conditions, log cadence, determinism, and the
+// report, token-weighted evaluation (docs/megatron-reference.md#validation-log-line), exit conditions, log cadence, determinism, and the
 // --profile trace JSON.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -156,7 +162,7 @@ struct TrainRun {
   }
 };
 
-/// Expected main grads after one iteration, summed independently over tokens (§6.8).
+/// Expected main grads after one iteration, summed independently over tokens (docs/megatron-reference.md#loss-normalisation).
 std::vector<double> expected_grads(const Bigram& m, uint32_t seed, int nmb, bool per_token, double* loss_out) {
   BatchIterator data = make_data(seed);
   std::vector<double> g(V * V + V, 0.0);
@@ -356,5 +362,179 @@ TEST(Trainer, ProfileHooksBracketTheWindow) {
     t.pretrain(train, nullptr, nullptr);
     EXPECT_EQ(events, (std::vector<std::string>{"start 3 after log 2", want_stop})) << "--profile-step-end " << end;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// ---- issue 20: exit flags, TensorBoard tags, collectives vs rank-conditional code, NaN ----
+
+namespace {
+/// Every logging/TensorBoard/timer option of Megatron's training_log at once (plus eval).
+std::vector<std::string> all_logging_flags() {
+  return {"--train-iters", "4", "--log-interval", "1", "--eval-interval", "3", "--eval-iters", "1",
+          "--log-params-norm", "--log-num-zeros-in-grad", "--log-throughput", "--log-timers-to-tensorboard",
+          "--log-memory-to-tensorboard", "--log-world-size-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+          "--timing-log-level", "2", "--tensorboard-dir", "/nonexistent-unused", "--exit-signal-handler",
+          "--exit-duration-in-mins", "0"};
+}
+}  // namespace
+
+// Megatron: `if args.exit_duration_in_mins:` -- 0 (like None) never stops the run.
+TEST(Trainer, ExitDurationZeroIsOff) {
+  TrainRun r(make_args({"--exit-duration-in-mins", "0", "--train-iters", "3"}));
+  r.trainer->set_start_time(std::chrono::steady_clock::now() - std::chrono::hours(10));
+  BatchIterator train = make_data(1);
+  r.trainer->pretrain(train, nullptr, nullptr);
+  EXPECT_EQ(r.trainer->state().iteration, 3);
+  for (auto& l : r.lines) EXPECT_EQ(l.find("exiting program"), std::string::npos) << l;
+}
+
+// The TensorBoard tags of a run with every option on are exactly Megatron's (read off
+// Megatron-LM's training.py training_log and evaluate_and_print_results and core/timers.py
+// Timers.write), at Megatron's steps: training tags every iteration, iteration-time from the
+// second, the validation tags at the periodic evaluation (3) and twice at the end (validation
+// and test set, 4).
+TEST(Trainer, TensorBoardTagsAreMegatrons) {
+  Arguments args = make_args(all_logging_flags());
+  Bigram model;
+  optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), model.optimizer_params());
+  OptimizerParamScheduler sched(scheduler_options_from_args(args));
+  std::map<std::string, std::vector<int64_t>> steps;
+  TrainingHooks h;
+  h.add_scalar = [&](const std::string& tag, double, int64_t step) { steps[tag].push_back(step); };
+  Trainer t(args, model, opt, sched, h, [](const std::string&) {});
+  BatchIterator train = make_data(1), valid = make_data(2), test = make_data(3);
+  t.pretrain(train, &valid, &test);
+  std::set<std::string> got;
+  for (auto& [tag, s] : steps) got.insert(tag);
+  const std::set<std::string> want = {
+      "learning-rate", "learning-rate vs samples", "batch-size", "batch-size vs samples", "lm loss",
+      "lm loss vs samples", "loss-scale", "loss-scale vs samples", "world-size", "world-size vs samples",
+      "grad-norm", "grad-norm vs samples", "num-zeros", "num-zeros vs samples", "params-norm",
+      "params-norm vs samples", "mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes",
+      "mem-allocated-count", "iteration-time", "throughput", "forward-backward-time", "optimizer-time",
+      "batch-generator-time", "forward-compute-time", "backward-compute-time", "lm loss validation",
+      "lm loss validation vs samples", "lm loss validation ppl", "lm loss validation ppl vs samples"};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(steps["lm loss"], (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(steps["params-norm vs samples"], (std::vector<int64_t>{6, 12, 18, 24}));
+  EXPECT_EQ(steps["iteration-time"], (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(steps["lm loss validation"], (std::vector<int64_t>{3, 4, 4}));
+  EXPECT_EQ(steps["optimizer-time"], (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+// The kind behind the TP2/PP2/DP2 hang: whether a rank writes TensorBoard and prints (the last
+// rank) must not change which collectives it reaches. Two trainers, one with the writer and the
+// printer, one with neither, record the same sequence of collective hook calls.
+TEST(Trainer, CollectivesDoNotDependOnTheRankThatLogs) {
+  auto sequence = [](bool last_rank) {
+    const std::string dir = std::filesystem::temp_directory_path() / ("mkcoll_" + std::to_string(::getpid()));
+    std::vector<std::string> f = all_logging_flags();
+    f.insert(f.end(), {"--save", dir, "--save-interval", "2", "--log-progress", "--timing-log-option", "all"});
+    Arguments args = make_args(f);
+    args.rank = last_rank ? 0 : 1;  // rank 0 writes progress.txt, another rank does not
+    args.world_size = 2;
+    Bigram model;
+    optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), model.optimizer_params());
+    OptimizerParamScheduler sched(scheduler_options_from_args(args));
+    std::vector<std::string> calls;
+    TrainingHooks h;
+    if (last_rank) h.add_scalar = [](const std::string&, double, int64_t) {};
+    h.barrier = [&] { calls.push_back("barrier"); };
+    h.all_gather_times = [&](const std::vector<double>& local) {
+      calls.push_back("all_gather_times " + std::to_string(local.size()));
+      std::vector<double> all = local;
+      all.insert(all.end(), local.begin(), local.end());
+      return all;
+    };
+    h.any_rank = [&](bool flag) {
+      calls.push_back("any_rank");
+      return flag;
+    };
+    h.reduce_loss = [&](LossReport&) { calls.push_back("reduce_loss"); };
+    h.save_checkpoint = [&](int64_t it) { calls.push_back("save " + std::to_string(it)); };
+    std::function<void(const std::string&)> print = [](const std::string&) {};
+    if (last_rank) print = [](const std::string& s) { (void)s; };
+    Trainer t(args, model, opt, sched, h, print);
+    BatchIterator train = make_data(1), valid = make_data(2), test = make_data(3);
+    t.pretrain(train, &valid, &test);
+    std::filesystem::remove_all(dir);
+    return calls;
+  };
+  const std::vector<std::string> last = sequence(true), other = sequence(false);
+  EXPECT_EQ(last, other);
+  // The run did reach the collectives (the comparison is not vacuous).
+  EXPECT_GE(std::count(last.begin(), last.end(), std::string("barrier")), 8);
+  EXPECT_EQ(std::count(last.begin(), last.end(), std::string("all_gather_times 5")), 4);
+  EXPECT_GE(std::count(last.begin(), last.end(), std::string("any_rank")), 4);
+}
+
+// A NaN loss is the user's diverged run: Megatron's message (rerun_state_machine.validate_result
+// with reruns disabled), a UserError (exit 1), not an internal error.
+TEST(Trainer, NanLossIsAUserErrorWithMegatronsMessage) {
+  for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    TrainRun r(make_args({"--log-interval", "1"}));
+    // NaN: every logit NaN. Inf: the label's logit -inf (labels are (token + 1) % V), so
+    // loss = logsumexp - z[label] = +inf.
+    for (int64_t t = 0; t < V; ++t)
+      for (int64_t v = 0; v < V; ++v)
+        if (std::isnan(bad) || v == (t + 1) % V) r.model.w_.data<float>()[t * V + v] = std::isnan(bad) ? bad : -bad;
+    // Every position counted (inf x a 0 mask would be NaN, in Megatron's torch.sum too).
+    BatchIterator train = [d = make_data(1)]() mutable {
+      auto b = d();
+      for (int64_t i = 0; i < b->loss_mask.numel(); ++i) b->loss_mask.data<float>()[i] = 1.0f;
+      return b;
+    };
+    try {
+      r.trainer->train_step(train);
+      ADD_FAILURE() << "no error for a " << bad << " loss";
+    } catch (const UserError& e) {
+      const std::string what = std::isnan(bad) ? "NaN" : "Inf";
+      const std::regex re("^Rank 0, node [^,]+, device cpu, iteration 1: Unexpected result (nan|inf|-inf) \\(message='found " +
+                          what + " in local forward loss calculation'\\)");
+      EXPECT_TRUE(std::regex_search(e.what(), re)) << e.what();
+    }
+  }
+  // --no-check-for-nan-in-loss-and-grad: Megatron trains on.
+  TrainRun off(make_args({"--no-check-for-nan-in-loss-and-grad", "--clip-grad", "0"}));
+  for (int64_t i = 0; i < V * V; ++i) off.model.w_.data<float>()[i] = std::nanf("");
+  BatchIterator train = make_data(1);
+  EXPECT_NO_THROW(off.trainer->train_step(train));
+}
+
+// --log-progress: <save>/progress.txt in Megatron's format ("Starting job", then one "Saved
+// checkpoint" line per save with throughputs, FLOPs and tokens).
+TEST(Trainer, LogProgressWritesProgressTxt) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("mkprog_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Arguments args = make_args({"--save", dir, "--save-interval", "2", "--train-iters", "4", "--log-progress"});
+  Bigram model;
+  optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), model.optimizer_params());
+  OptimizerParamScheduler sched(scheduler_options_from_args(args));
+  TrainingHooks h;
+  std::vector<int64_t> saves;
+  h.save_checkpoint = [&](int64_t it) { saves.push_back(it); };
+  Trainer t(args, model, opt, sched, h, [](const std::string&) {});
+  BatchIterator train = make_data(1);
+  t.pretrain(train, nullptr, nullptr);
+  EXPECT_EQ(saves, (std::vector<int64_t>{2, 4}));
+  std::ifstream f(dir + "/progress.txt");
+  ASSERT_TRUE(f);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u);
+  const std::string ts = R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)";
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex(ts + "\tJob ID: [^\t]*\t# GPUs: 1\tStarting job"))) << lines[0];
+  // FLOPs: num_floating_point_operations(args, 6) per iteration (the formula's own test is
+  // TrainingLog.FlopsGptHandComputed); tokens = consumed samples x seq length = 24 x 4.
+  const std::regex saved(ts + "\tJob ID: [^\t]*\t# GPUs: 1\tSaved checkpoint\tIteration: (\\d+)\tJob throughput: "
+                              "\\d+\\.\\d TFLOP/s/GPU\tCumulative throughput: \\d+\\.\\d TFLOP/s/GPU\tFloating-point "
+                              "operations: (\\d\\.\\d\\de[+-]\\d\\d)\tTokens \\(in billions\\): 0\\.00");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(lines[1], m, saved)) << lines[1];
+  EXPECT_EQ(m[1], "2");
+  const double f2 = std::stod(m[2]);
+  ASSERT_TRUE(std::regex_match(lines[2], m, saved)) << lines[2];
+  EXPECT_EQ(m[1], "4");
+  EXPECT_NEAR(std::stod(m[2]) / f2, 2.0, 0.01);  // printed with 3 significant digits
   std::filesystem::remove_all(dir);
 }

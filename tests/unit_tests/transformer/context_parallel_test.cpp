@@ -17,7 +17,7 @@
 #include <mutex>
 #include <thread>
 
-#include "../models/fixture_util.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/utils/errors.h"
 

@@ -21,6 +21,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "test_utils/tiny_model.h"
 
 namespace megatron {
 namespace {
@@ -51,21 +52,9 @@ datasets::GPTBatch batch() {
 // before it (parameters, gradient buffer).
 int64_t peak_activation_bytes(int64_t layers, RecomputeGranularity g, RecomputeMethod m, int64_t k,
                               bool llama = false, int64_t vocab = kVocab) {
-  TransformerConfig c;
-  c.num_layers = layers;
-  c.hidden_size = kH;
-  c.num_attention_heads = kHeads;
-  if (llama) {  // LLaMA-3-8B's proportions: ffn 3.5 h, 4 query heads per K/V group
-    c.ffn_hidden_size = 224;
-    c.num_query_groups = 1;
-    c.normalization = transformer::Normalization::kRMSNorm;
-    c.gated_linear_unit = true;
-    c.add_bias_linear = false;
-    c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
-    c.share_embeddings_and_output_weights = false;
-  }
-  c.hidden_dropout = 0.0f;
-  c.attention_dropout = 0.0f;
+  TransformerConfig c = megatron::testing::tiny_gpt_config(kH, megatron::testing::TinyDropout::kOff, layers, kHeads);
+  // LLaMA-3-8B's proportions: ffn 3.5 h, 4 query heads per K/V group
+  if (llama) megatron::testing::make_llama(c, 1, 224);
   c.recompute_granularity = g;
   c.recompute_method = m;
   c.recompute_num_layers = k;

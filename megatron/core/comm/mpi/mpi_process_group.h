@@ -1,4 +1,4 @@
-// MPI backend of ProcessGroup for CPU tensors (DESIGN.md §5).
+// MPI backend of ProcessGroup for CPU tensors (docs/architecture.md#communication).
 //
 // * Collectives run on one worker thread per group (MPI_THREAD_MULTIPLE), in call order, so
 //   `async=true` overlaps them with the caller; subgroups come from MPI_Comm_split.

@@ -1,6 +1,6 @@
 // The preprocess_data pipeline: JSONL -> Megatron .bin/.idx, multi-threaded, order-preserving.
 //
-// Behaviour matches Megatron-LM's tools/preprocess_data.py (reference/megatron.md §2):
+// Behaviour matches Megatron-LM's tools/preprocess_data.py (docs/megatron-reference.md#preprocess_data):
 // one dataset per --json-keys key named {output_prefix}_{key}_{document|sentence}; one document
 // per JSON line; without --split-sentences a document is one sequence (the whole value
 // tokenized in one call), with it each non-empty sentence is one sequence; --append-eod adds

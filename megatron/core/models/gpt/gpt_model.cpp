@@ -233,7 +233,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   st.labels = to_seq_first(batch.labels, device_);
   st.logits = output_layer_->forward(h, st.output_layer);
 
-  // Vocab-parallel cross entropy in fp32 (megatron.md §9.3).
+  // Vocab-parallel cross entropy in fp32 (docs/megatron-reference.md#vocab-parallel-cross-entropy).
   const int64_t n = s * b;
   const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
   Tensor logits2d = st.logits.view({n, st.logits.size(-1)});

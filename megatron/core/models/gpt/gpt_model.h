@@ -14,7 +14,7 @@
 // float16 emulated by rounding on CPU), main grads in config.main_grads_dtype (float32 default),
 // softmax and cross entropy in float32.
 //
-// Initialization (megatron.md issue 2 item 3): weights N(0, init_method_std); linear_proj and
+// Initialization (docs/architecture.md#initialization): weights N(0, init_method_std); linear_proj and
 // linear_fc2 N(0, init_method_std / sqrt(2 * num_layers)); biases 0; norm weights 1 (0 with
 // layernorm_zero_centered_gamma). Each global weight is drawn from an RNG keyed by (seed,
 // parameter name), so the values do not depend on the TP/PP layout.
@@ -81,7 +81,7 @@ struct GPTModelParallel {
 class GPTModel {
  public:
   /// Builds and initializes the model. padded_vocab_size = vocab padded to
-  /// make_vocab_size_divisible_by * TP (megatron.md §3.1); max_sequence_length = size of the
+  /// make_vocab_size_divisible_by * TP (docs/megatron-reference.md#vocab-padding); max_sequence_length = size of the
   /// learned position table (--max-position-embeddings). config.validate() is called here.
   /// Throws UserError for an inconsistent configuration.
   GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, int64_t max_sequence_length, uint64_t seed,
@@ -92,7 +92,7 @@ class GPTModel {
 
   /// All parameters of this rank in Megatron's named_parameters() order.
   std::vector<Parameter>& parameters();
-  /// Contiguous buffers (reverse registration order, megatron.md §9.5) that every
+  /// Contiguous buffers (reverse registration order, docs/megatron-reference.md#ddp-buffers) that every
   /// Parameter::data / main_grad views.
   Tensor& param_buffer();
   Tensor& grad_buffer();

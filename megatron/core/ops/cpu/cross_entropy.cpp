@@ -1,5 +1,5 @@
 // CPU reference: (vocab-parallel) softmax cross entropy in fp32 (Megatron's
-// megatron/core/tensor_parallel/cross_entropy.py; megatron.md §9.3).
+// megatron/core/tensor_parallel/cross_entropy.py; docs/megatron-reference.md#vocab-parallel-cross-entropy).
 #include <cmath>
 
 #include "megatron/core/ops/cpu/cpu_ops.h"

@@ -7,6 +7,12 @@
 
 namespace megatron::ops::cpu {
 
+namespace {
+// The reductions go parallel above this size (what the optimizer's gradient statistics always
+// used; the fp64 sum of squares depends on the partition, so the threshold is part of the result).
+constexpr int64_t kReduceParallelMin = 32768;
+}  // namespace
+
 void cast(const Tensor& src, Tensor& dst) {
   MEGATRON_CHECK(src.numel() == dst.numel()) << "cast " << src.str() << " -> " << dst.str();
   if (src.dtype() == dst.dtype()) {
@@ -47,7 +53,7 @@ double sum_of_squares(const Tensor& x) {
   FloatIn in(x);
   const int64_t n = x.numel();
   double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > kReduceParallelMin)
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(in[i]) * in[i];
   return s;
 }
@@ -56,7 +62,7 @@ int64_t count_zeros(const Tensor& x) {
   FloatIn in(x);
   const int64_t n = x.numel();
   int64_t c = 0;
-#pragma omp parallel for reduction(+ : c) schedule(static) if (n > 65536)
+#pragma omp parallel for reduction(+ : c) schedule(static) if (n > kReduceParallelMin)
   for (int64_t i = 0; i < n; ++i) c += in[i] == 0.0f;
   return c;
 }
@@ -65,7 +71,7 @@ bool has_inf_or_nan(const Tensor& x) {
   FloatIn in(x);
   const int64_t n = x.numel();
   int64_t bad = 0;
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > 65536)
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > kReduceParallelMin)
   for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(in[i]);
   return bad > 0;
 }
@@ -94,6 +100,25 @@ void bias_add_(Tensor& y, const Tensor& bias) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) out[r * n + j] += b[j];
   out.commit();
+}
+
+
+double sum_of_squares_many(const std::vector<Tensor>& xs) {
+  double s = 0.0;
+  for (const auto& x : xs) s += sum_of_squares(x);
+  return s;
+}
+
+int64_t count_zeros_many(const std::vector<Tensor>& xs) {
+  int64_t z = 0;
+  for (const auto& x : xs) z += count_zeros(x);
+  return z;
+}
+
+bool has_inf_or_nan_many(const std::vector<Tensor>& xs) {
+  bool bad = false;
+  for (const auto& x : xs) bad = has_inf_or_nan(x) || bad;  // every tensor checked, as the CUDA op
+  return bad;
 }
 
 }  // namespace megatron::ops::cpu

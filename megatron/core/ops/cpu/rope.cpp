@@ -1,4 +1,4 @@
-// CPU reference: Megatron's fused-QKV split (rows grouped per query group, megatron.md §8.2)
+// CPU reference: Megatron's fused-QKV split (rows grouped per query group, docs/megatron-reference.md#distributed-checkpoint)
 // and rotary position embedding (Su et al. 2021, "RoFormer"; Megatron's RotaryEmbedding /
 // apply_rotary_pos_emb: rotate-half pairs (i, i + rot/2), or interleaved pairs (2i, 2i+1)).
 #include <cmath>

@@ -1,4 +1,4 @@
-// Multi-tensor Adam(W) (fused_optimizer.h adam_step_multi): one launch updates every parameter
+// Multi-tensor Adam(W) (op_table.h adam_step_multi): one launch updates every parameter
 // tensor. Each tensor is cut into chunks of kChunk elements; block b finds its tensor in the
 // table (binary search over the tensors' first block) and runs elementwise.cu adam_kernel's
 // per-element arithmetic on its chunk (8 elements per thread per step, 16-byte accesses when the
@@ -10,7 +10,7 @@
 
 #include "megatron/core/ops/cuda/adam_update.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
-#include "megatron/core/ops/cuda/fused_optimizer.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
@@ -71,10 +71,9 @@ bool multi_enabled() {
   static const bool on = env_switch("MEGATRON_MULTI_TENSOR_ADAM", true);
   return on;
 }
-}  // namespace
 
-bool adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p, float grad_scale) {
-  if (!multi_enabled()) return false;
+// Whether every tensor fits the multi-tensor kernel (float32 CUDA tensors of matching sizes).
+bool multi_fits(const std::vector<AdamTensor>& ts) {
   for (const auto& t : ts) {
     if (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq || !t.param->is_cuda()) return false;
     const int64_t n = t.param->numel();
@@ -88,6 +87,17 @@ bool adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p, flo
         return false;
     }
   }
+  return true;
+}
+}  // namespace
+
+void adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p) {
+  if (!multi_enabled() || !multi_fits(ts)) {
+    // One adam_step launch per tensor, in list order.
+    for (const auto& t : ts) cuda::adam_step(*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, t.params(p), t.model_param);
+    return;
+  }
+  const float grad_scale = p.grad_scale;
   cudaStream_t st = megatron::cuda::current_stream();
   const float bc1 = static_cast<float>(1.0 - std::pow((double)p.beta1, (double)p.step));
   const float bc2 = static_cast<float>(1.0 - std::pow((double)p.beta2, (double)p.step));
@@ -143,7 +153,6 @@ bool adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p, flo
     }
     CUDA_CHECK_LAUNCH();
   }
-  return true;
 }
 
 }  // namespace megatron::ops::cuda

@@ -1,5 +1,5 @@
 // CUDA backend registration: a stream-ordered memory pool allocator (cudaMallocAsync with a
-// high release threshold, DESIGN.md §6) registered for DeviceType::kCUDA at start-up.
+// high release threshold, docs/architecture.md#gpu-memory) registered for DeviceType::kCUDA at start-up.
 #include <cuda_runtime.h>
 
 #include <atomic>

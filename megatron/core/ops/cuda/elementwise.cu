@@ -11,7 +11,6 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
-#include "megatron/core/ops/cuda/fused_optimizer.h"
 #include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
@@ -607,12 +606,8 @@ void dropout_backward(const Tensor& dy, const Tensor& mask, float p, Tensor& dx)
 
 void adam_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,
                Tensor* model_param) {
-  adam_step_scaled(param, grad, exp_avg, exp_avg_sq, p, model_param, 1.0f);
-}
-
-void adam_step_scaled(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamParams& p,
-                      Tensor* model_param, float gscale) {
   check_cuda(param, "adam_step");
+  const float gscale = p.grad_scale;
   const int64_t n = param.numel();
   MEGATRON_CHECK(param.dtype() == DType::kFloat32 && grad.dtype() == DType::kFloat32 &&
                  exp_avg.dtype() == DType::kFloat32 && exp_avg_sq.dtype() == DType::kFloat32 && grad.numel() == n &&

@@ -1,4 +1,4 @@
-// Fused FP8 quantize (+ transpose) + amax kernels (declared in fp8_cuda.h).
+// Fused FP8 quantize (+ transpose) + amax kernels (ops of op_table.h).
 //
 // Row layout only: a grid-stride loop, 16 elements per thread (two 16-byte loads for bf16 in
 // flight, one 16-byte store), conversions two at a time (cvt.rn.satfinite.e4m3x2/e5m2x2, the
@@ -19,7 +19,7 @@
 #include <cfloat>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
-#include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -551,10 +551,13 @@ void fp8_amax(const Tensor& x, float* amax) {
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_update_scales(float* amax, int64_t slot, float* hist, int history_len, int64_t pos, int roles,
+void fp8_update_scales(Tensor& amax_t, int64_t slot, float* hist, int history_len, int64_t pos, int roles,
                        const float* fmax, int margin, bool max_algo, bool update_scale, float* scale,
                        float* scale_inv) {
   if (roles == 0) return;
+  MEGATRON_CHECK(amax_t.is_cuda() && amax_t.dtype() == DType::kFloat32 && amax_t.numel() >= (roles - 1) * slot + 1)
+      << "fp8_update_scales: amax " << amax_t.str();
+  float* amax = static_cast<float*>(amax_t.data_ptr());
   update_scales_kernel<<<roles, 256, 0, megatron::cuda::current_stream()>>>(
       amax, slot, hist, history_len, pos, fmax, margin, max_algo, update_scale, scale, scale_inv);
   CUDA_CHECK_LAUNCH();
@@ -566,8 +569,10 @@ int64_t device_free_bytes() {
   return static_cast<int64_t>(free_b);
 }
 
-void fp8_scale_from_amax(float* cur_amax, float fp8_max, int margin, float* scale, float* scale_inv,
-                         float* step_amax) {
+void fp8_scale_from_amax(Tensor& cur, float fp8_max, int margin, float* scale, float* scale_inv, float* step_amax) {
+  MEGATRON_CHECK(cur.is_cuda() && cur.dtype() == DType::kFloat32 && cur.numel() >= 1)
+      << "fp8_scale_from_amax: cur_amax " << cur.str();
+  float* cur_amax = static_cast<float*>(cur.data_ptr());
   scale_from_amax_kernel<<<1, 1, 0, megatron::cuda::current_stream()>>>(cur_amax, fp8_max, margin, scale, scale_inv,
                                                                         step_amax);
   CUDA_CHECK_LAUNCH();

@@ -1,4 +1,4 @@
-// FP8 GEMMs through cuBLASLt (declared in fp8_cuda.h).
+// FP8 GEMMs through cuBLASLt (ops of op_table.h).
 //
 // Hopper's FP8 tensor-core GEMMs take only the "TN" form: both operands K-major. Row-major
 // C[m,n] = A[m,k] B[n,k]^T is the column-major D[n,m] = op_T(B') op_N(A') with B' = B viewed
@@ -15,7 +15,7 @@
 
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
-#include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
 
 #define FP8_CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
 
@@ -123,6 +123,7 @@ bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tenso
   MEGATRON_CHECK(residual.is_cuda() && residual.dtype() == d.dtype() && residual.numel() == d.numel() &&
                  d.dtype() != DType::kFloat32)
       << "fp8_gemm_tn_residual: residual " << residual.str() << " d " << d.str();
+  if (!gemm_epilogues_enabled()) return false;
   return run_fp8_gemm(a, a_scale_inv, b, b_scale_inv, d, &residual, 1.0f, fast_accum, /*must=*/false);
 }
 

@@ -1,7 +1,7 @@
 // FP8 parameter helpers (--fp8-param-gather, megatron/core/fp8/fp8_param.h): the byte transpose
 // that makes the dgrad layout of a gathered FP8 weight (TE's Float8Tensor._create_transpose).
 #include "megatron/core/ops/cuda/cuda_common.cuh"
-#include "megatron/core/ops/cuda/fp8_cuda.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;

@@ -139,7 +139,8 @@ bool gelu_backward_bgrad(const Tensor& dy, const Tensor& pre, Tensor& dpre, Tens
   MEGATRON_CHECK(dy.numel() == pre.numel() && dpre.numel() == pre.numel() && (!dbias || dbias->numel() == f))
       << "gelu_backward_bgrad: dy " << dy.str() << " pre " << pre.str() << " dpre " << dpre.str();
   const DType dt = pre.dtype();
-  if ((dt != DType::kBFloat16 && dt != DType::kFloat16) || dy.dtype() != dt || dpre.dtype() != dt || f % 8 != 0 ||
+  if (!gemm_epilogues_enabled() || (dt != DType::kBFloat16 && dt != DType::kFloat16) || dy.dtype() != dt ||
+      dpre.dtype() != dt || f % 8 != 0 ||
       !aligned16(dy.data_ptr()) || !aligned16(pre.data_ptr()) || !aligned16(dpre.data_ptr()) ||
       (dbias && dbias->dtype() != DType::kFloat32 && dbias->dtype() != dt))
     return false;

@@ -198,11 +198,6 @@ void rm_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tenso
   rm_gemm_ex(a, trans_a, b, trans_b, c, alpha, beta, e);
 }
 
-// MEGATRON_GEMM_EPILOGUES=0 also keeps the bias gradients out of the wgrad GEMM (A/B runs).
-bool bgradb_enabled() {
-  static const bool on = env_switch("MEGATRON_GEMM_EPILOGUES", true);
-  return on;
-}
 
 // MEGATRON_BGRADB=1: bias gradients from cuBLASLt's BGRADB epilogue (the default before Session
 // 4); default: one 16-byte-load column-sum pass (bias_grad_colsum), 1.5x faster at GPT-2 shapes.
@@ -260,10 +255,10 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   // GEMM (cuBLASLt BGRADB: B = dy reduced over k = rows, written in dw's type) instead of a
   // separate column-sum pass over dy, when cuBLASLt has such a kernel.
   bool dbias_done = false;
-  if (dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32 && bgradb_enabled() &&
+  if (dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32 && gemm_epilogues_enabled() &&
       !bgradb_epilogue_preferred() && bias_grad_colsum(dy, *dbias, accumulate))
     dbias_done = true;
-  if (!dbias_done && dw && dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32 && bgradb_enabled()) {
+  if (!dbias_done && dw && dbias && n > 0 && rows > 0 && dy.dtype() != DType::kFloat32 && gemm_epilogues_enabled()) {
     Tensor tmp = Tensor::empty({n}, dw->dtype(), dy.device());
     Epilogue e;
     e.kind = CUBLASLT_EPILOGUE_BGRADB;
@@ -297,13 +292,20 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
   }
 }
 
+// MEGATRON_GEMM_EPILOGUES=0 (A/B runs): no fused epilogue anywhere -- the GeLU/residual ops
+// report "not fused", and the bias gradients stay out of the wgrad GEMM.
+bool gemm_epilogues_enabled() {
+  static const bool on = env_switch("MEGATRON_GEMM_EPILOGUES", true);
+  return on;
+}
+
 bool linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& act) {
   MEGATRON_CHECK(w.dim() == 2 && x.size(-1) == w.size(1) && bias.numel() == w.size(0) && pre.size(-1) == w.size(0) &&
                  act.numel() == pre.numel() && pre.numel() / std::max<int64_t>(w.size(0), 1) ==
                                                    x.numel() / std::max<int64_t>(w.size(1), 1))
       << "linear_bias_gelu_forward: x " << x.str() << " w " << w.str() << " pre " << pre.str() << " act " << act.str();
   const int64_t n = w.size(0);
-  if (x.dtype() == DType::kFloat32 || pre.dtype() != x.dtype() || act.dtype() != x.dtype() ||
+  if (!gemm_epilogues_enabled() || x.dtype() == DType::kFloat32 || pre.dtype() != x.dtype() || act.dtype() != x.dtype() ||
       bias.dtype() != x.dtype() || n % 8 != 0)
     return false;
   Epilogue e;
@@ -350,7 +352,8 @@ bool linear_forward_residual(const Tensor& x, const Tensor& w, const Tensor* bia
                  residual.numel() == y.numel() && (!bias || bias->numel() == w.size(0)))
       << "linear_forward_residual: x " << x.str() << " w " << w.str() << " y " << y.str() << " residual "
       << residual.str();
-  if (residual.dtype() != y.dtype() || (bias && bias->dtype() != y.dtype()) || y.dtype() == DType::kFloat32 ||
+  if (!gemm_epilogues_enabled() || residual.dtype() != y.dtype() || (bias && bias->dtype() != y.dtype()) ||
+      y.dtype() == DType::kFloat32 ||
       residual.data_ptr() == y.data_ptr() || x.numel() == 0 || y.numel() == 0)
     return false;
   Epilogue e;

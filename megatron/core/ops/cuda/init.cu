@@ -13,7 +13,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_utils.h"
-#include "megatron/core/ops/normal_init.h"
+#include "megatron/core/ops/cuda/cuda_ops.h"
 
 namespace megatron::ops::cuda {
 namespace {
@@ -27,15 +27,15 @@ __device__ __forceinline__ uint64_t sm64(uint64_t x) {
 
 struct Layout {
   int nd;
-  int64_t local[ops::NormalInitSpec::kMaxDims];
-  int64_t global[ops::NormalInitSpec::kMaxDims];
+  int64_t local[NormalInitSpec::kMaxDims];
+  int64_t global[NormalInitSpec::kMaxDims];
   int partition_dim;  // -1: the local index is the global one
   int64_t stride, tp_rank;
 };
 
 __device__ __forceinline__ uint64_t global_index(const Layout& L, int64_t i) {
   if (L.partition_dim < 0) return static_cast<uint64_t>(i);
-  int64_t idx[ops::NormalInitSpec::kMaxDims];
+  int64_t idx[NormalInitSpec::kMaxDims];
   int64_t rem = i;
   for (int d = L.nd - 1; d >= 0; --d) {
     idx[d] = rem % L.local[d];
@@ -65,8 +65,10 @@ __global__ void normal_init_kernel(T* out, int64_t n, uint64_t key, float std_, 
   }
 }
 
-bool device_normal_init(Tensor& out, const ops::NormalInitSpec& s) {
-  if (!out.is_cuda() || s.nd > ops::NormalInitSpec::kMaxDims) return false;
+}  // namespace
+
+bool normal_init(Tensor& out, const NormalInitSpec& s) {
+  if (!out.is_cuda() || s.nd > NormalInitSpec::kMaxDims) return false;
   Layout L{};
   L.nd = s.nd;
   for (int d = 0; d < s.nd; ++d) L.local[d] = s.local[d], L.global[d] = s.global[d];
@@ -95,10 +97,4 @@ bool device_normal_init(Tensor& out, const ops::NormalInitSpec& s) {
   return true;
 }
 
-[[maybe_unused]] const bool registered = [] {
-  ops::register_device_normal_init(device_normal_init);
-  return true;
-}();
-
-}  // namespace
 }  // namespace megatron::ops::cuda

@@ -8,7 +8,6 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
-#include "megatron/core/ops/cuda/fp8_cuda.h"
 #include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
@@ -466,15 +465,32 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
                        accumulate);
 }
 
+// Whether the residual gradient can be added inside the backward kernel (else the op composes
+// the backward and add_, the same kernels the caller ran before the op existed).
+bool residual_fused(const Tensor& dy, const Tensor& dresidual) {
+  return dy.is_cuda() && dresidual.is_cuda() && dresidual.dtype() == dy.dtype() && dresidual.numel() == dy.numel() &&
+         dy.dtype() != DType::kFloat16;
+}
+
 void layernorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                  const Tensor& rstd, bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx,
                                  Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  if (!residual_fused(dy, dresidual)) {
+    layernorm_backward(dy, x, gamma, mean, rstd, zero_centered_gamma, dx, dgamma, dbeta, accumulate);
+    add_(dx, dresidual, 1.0f);
+    return;
+  }
   norm_backward<true>("layernorm_backward_residual", dy, x, gamma, &mean, rstd, zero_centered_gamma, dx, dgamma,
                       &dbeta, accumulate, &dresidual);
 }
 void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                                bool zero_centered_gamma, const Tensor& dresidual, Tensor& dx, Tensor& dgamma,
                                bool accumulate) {
+  if (!residual_fused(dy, dresidual)) {
+    rmsnorm_backward(dy, x, gamma, rstd, zero_centered_gamma, dx, dgamma, accumulate);
+    add_(dx, dresidual, 1.0f);
+    return;
+  }
   norm_backward<false>("rmsnorm_backward_residual", dy, x, gamma, nullptr, rstd, zero_centered_gamma, dx, dgamma,
                        nullptr, accumulate, &dresidual);
 }

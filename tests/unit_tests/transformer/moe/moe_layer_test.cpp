@@ -8,7 +8,7 @@
 #include <cmath>
 #include <random>
 
-#include "../../distributed/dist_test_util.h"
+#include "test_utils/dist_test_util.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"

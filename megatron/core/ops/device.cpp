@@ -1,0 +1,38 @@
+// Device capabilities (device.h): the CUDA backend's answers in CUDA builds, "no device" otherwise.
+#include "megatron/core/ops/device.h"
+
+#include "megatron/core/utils/errors.h"
+
+#ifdef MEGATRON_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3 (CUDA toolkit); a no-op without a profiler
+
+namespace megatron::cuda {
+unsigned long long host_sync_count();  // ops/cuda/cuda_utils.h (kept free of cuda_runtime.h here)
+}  // namespace megatron::cuda
+namespace megatron::ops::cuda {
+int64_t device_free_bytes();  // ops/cuda/cuda_ops.h
+}  // namespace megatron::ops::cuda
+#endif
+
+namespace megatron::ops {
+
+#ifdef MEGATRON_WITH_CUDA
+bool cuda_available() { return true; }
+unsigned long long host_sync_count() { return megatron::cuda::host_sync_count(); }
+int64_t device_free_bytes() { return cuda::device_free_bytes(); }
+uint64_t profiler_range_start(const char* name) { return nvtxRangeStartA(name); }
+void profiler_range_end(uint64_t handle) {
+  if (handle) nvtxRangeEnd(handle);
+}
+#else
+bool cuda_available() { return false; }
+unsigned long long host_sync_count() { return 0; }
+int64_t device_free_bytes() {
+  MEGATRON_CHECK(false) << "ops::device_free_bytes: this build has no CUDA backend";
+  return 0;
+}
+uint64_t profiler_range_start(const char*) { return 0; }
+void profiler_range_end(uint64_t) {}
+#endif
+
+}  // namespace megatron::ops

@@ -1,0 +1,53 @@
+// Megatron-LM torch_dist checkpoints in pretrain_gpt's --load / --save (docs/checkpointing.md,
+// "Megatron-LM torch_dist checkpoints"): the mapping between Megatron's GPTModel / optimizer
+// state-dict keys and common state (megatron/training/checkpointing.py generate_state_dict) and
+// ours. The file format itself is dist_checkpointing/torch_dist/.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "megatron/core/dist_checkpointing/mapping.h"
+#include "megatron/core/dist_checkpointing/torch_dist/torch_dist.h"
+
+namespace megatron::training {
+
+/// How our keys are found in one torch_dist checkpoint.
+struct TorchDistReadPlan {
+  /// Our key -> the checkpoint's key (TE-fused layer-norm names, the distributed optimizer's
+  /// "optimizer.state.param.*", fp32 training's missing main params -> the model weight).
+  std::function<std::string(const std::string&)> key_map;
+  /// Whether the checkpoint holds (a mapping of) our key.
+  std::function<bool(const std::string&)> has;
+  /// True when the checkpoint was written by megatron.cpp (it has our RNG objects' prefix keys
+  /// or "megatron_cpp" in its common state).
+  bool ours = false;
+};
+
+/// Reads `dir/.metadata` and checks that every tensor is one we can map: throws UserError naming
+/// the file and key for a mixture-of-experts layer, a key of another architecture, or the
+/// distributed optimizer's DP-specific layouts (dp_reshardable / dp_zero_gather_scatter:
+/// re-save with --dist-ckpt-optim-fully-reshardable, or load with --no-load-optim).
+/// `with_optim`: whether optimizer keys will be requested (the DP-layout check applies then).
+TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim);
+
+/// Megatron's common.pt (as JSON) in our common-state layout: "args" (its Namespace attributes),
+/// "iteration", "checkpoint_version", "num_floating_point_operations_so_far",
+/// "opt_param_scheduler", "optimizer" {"step": the optimizer step (common_step or the param
+/// groups' step), "grad_scaler" when saved}. Our own torch_dist checkpoints pass through.
+nlohmann::json common_from_torch_dist(const nlohmann::json& megatron_common);
+
+/// Saves `sd` (our keys and common state) as a torch_dist checkpoint Megatron-LM's --load reads:
+/// keys mapped to Megatron's (with the distributed optimizer, fp32 main params as
+/// "optimizer.state.param.<key>" of its fully_reshardable layout), args pickled as an
+/// argparse.Namespace, the None `_extra_state` objects Megatron's linear layers request (written
+/// by TP rank 0 / DP rank 0 of each stage), our RNG state as an object Megatron ignores.
+/// `tp_rank`, `dp_rank`, `last_stage`: this rank's position.
+void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, const std::string& dir,
+                                comm::ProcessGroup* world, bool distributed_optimizer, int tp_rank, int dp_rank,
+                                bool last_stage);
+
+}  // namespace megatron::training

@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""An independent reading and writing of PyTorch Distributed Checkpoint (torch_dist) directories
+with the Python standard library only (no torch, no numpy): pickle with stand-in classes named
+like torch's, zipfile for torch.save archives. Used by tests/functional_tests/ckpt_torch_dist.sh.
+
+  dcp_stdlib.py compare DCP_DIR OURS_DIR
+      Reads every tensor of the torch_dist checkpoint DCP_DIR (its .metadata, each chunk's
+      torch.save archive) and of our own-format checkpoint OURS_DIR (safetensors files + JSON
+      index), and checks they hold the same values (fp32/bf16 bytes, exactly). Also checks
+      common.pt (args as argparse.Namespace, iteration) and the pickles with pickletools.
+  dcp_stdlib.py convert OURS_DIR DCP_DIR [--te-names] [--distopt]
+      Writes OURS_DIR as a torch_dist checkpoint the way Megatron-LM does (chunks split in two
+      along the first axis where possible, args as argparse.Namespace, the optimizer step in
+      Megatron's common state, optimizer main params as optimizer.state.param.* with --distopt,
+      layer norms under Transformer Engine's fused names with --te-names).
+"""
+import argparse as _argparse
+import array
+import collections
+import copyreg
+import enum
+import io
+import json
+import os
+import pickle
+import pickletools
+import struct
+import sys
+import types
+import zipfile
+
+# ----------------------------------------------------------------------------------------------
+# Stand-in modules and classes named like torch's
+# ----------------------------------------------------------------------------------------------
+
+def _module(name):
+    if name not in sys.modules:
+        m = types.ModuleType(name)
+        sys.modules[name] = m
+        parent, _, child = name.rpartition('.')
+        if parent:
+            setattr(_module(parent), child, m)
+    return sys.modules[name]
+
+
+def _class(module, name, base=object, **attrs):
+    cls = type(name, (base,), dict(attrs))
+    cls.__module__ = module
+    cls.__qualname__ = name
+    setattr(_module(module), name, cls)
+    return cls
+
+
+MD = 'torch.distributed.checkpoint.metadata'
+
+
+class _Record:
+    """Plain attribute bag restored with BUILD (dataclasses)."""
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def __setstate__(self, state):
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.state = state
+
+    def __reduce_ex__(self, proto):
+        return (copyreg.__newobj__, (type(self),), self.__getstate__())
+
+    def __getstate__(self):
+        return dict(self.__dict__)
+
+
+Metadata = _class(MD, 'Metadata', _Record)
+TensorStorageMetadata = _class(MD, 'TensorStorageMetadata', _Record)
+BytesStorageMetadata = _class(MD, 'BytesStorageMetadata', _Record)
+ChunkStorageMetadata = _class(MD, 'ChunkStorageMetadata', _Record)
+StorageMeta = _class(MD, 'StorageMeta', _Record)
+StorageInfo = _class('torch.distributed.checkpoint.filesystem', '_StorageInfo', _Record)
+
+
+class _MetadataIndexBase(_Record):
+    def __hash__(self):
+        return hash((self.fqn, self.offset))
+
+    def __eq__(self, o):
+        return (self.fqn, self.offset) == (o.fqn, o.offset)
+
+
+MetadataIndex = _class(MD, 'MetadataIndex', _MetadataIndexBase)
+
+
+class _TensorPropertiesBase(_Record):
+    def __getstate__(self):  # torch: (dtype, layout, requires_grad, memory-format encoding, pin_memory)
+        return (self.dtype, self.layout, self.requires_grad, self.mem, self.pin_memory)
+
+    def __setstate__(self, state):
+        self.dtype, self.layout, self.requires_grad, self.mem, self.pin_memory = state
+
+
+TensorProperties = _class(MD, 'TensorProperties', _TensorPropertiesBase)
+MemFormat = enum.Enum('_MEM_FORMAT_ENCODING', {'TORCH_CONTIGUOUS_FORMAT': 0, 'TORCH_CHANNELS_LAST': 1,
+                                               'TORCH_PRESERVE_FORMAT': 2}, module=MD)
+MemFormat.__qualname__ = '_MEM_FORMAT_ENCODING'
+setattr(_module(MD), '_MEM_FORMAT_ENCODING', MemFormat)
+
+
+class _Size(tuple):
+    def __reduce__(self):
+        return (Size, (tuple(self),))
+
+
+Size = _class('torch', 'Size', _Size)
+
+
+class _DType:
+    def __init__(self, name, fmt, size):
+        self.name, self.fmt, self.size = name, fmt, size
+        self.__module__ = "torch"  # pickle looks the global up as torch.<name>
+
+    def __reduce__(self):
+        return self.name  # pickled as the global torch.<name>, like torch.dtype
+
+
+DTYPES = {}
+for _n, _f, _s in [('float32', 'f', 4), ('bfloat16', 'H', 2), ('float16', 'e', 2), ('int64', 'q', 8),
+                   ('uint8', 'B', 1)]:
+    DTYPES[_n] = _DType(_n, _f, _s)
+    setattr(_module('torch'), _n, DTYPES[_n])
+
+
+class _Layout:
+    def __init__(self, name):
+        self.name = name
+
+
+strided = _Layout('torch.strided')
+_module('torch').strided = strided
+
+
+def _get_layout(name):
+    return strided
+
+
+_get_layout.__module__ = 'torch.serialization'
+_module('torch.serialization')._get_layout = _get_layout
+copyreg.pickle(_Layout, lambda o: (_get_layout, (o.name,)))
+
+STORAGE = {'float32': 'FloatStorage', 'bfloat16': 'BFloat16Storage', 'float16': 'HalfStorage',
+           'int64': 'LongStorage', 'uint8': 'ByteStorage'}
+STORAGE_CLASSES = {}
+for _dt, _cls in STORAGE.items():
+    STORAGE_CLASSES[_cls] = _class('torch', _cls)
+
+
+class Tensor:
+    """A row-major tensor: dtype name, shape, raw little-endian bytes."""
+    def __init__(self, dtype, shape, data):
+        self.dtype, self.shape, self.data = dtype, tuple(shape), bytes(data)
+
+    def __reduce_ex__(self, proto):
+        stride, s = [], 1
+        for d in reversed(self.shape):
+            stride.insert(0, s)
+            s *= d
+        return (_rebuild_tensor_v2, (_StorageRef(self), 0, tuple(self.shape), tuple(stride), False,
+                                     collections.OrderedDict()))
+
+
+class _StorageRef:
+    def __init__(self, t):
+        self.t = t
+
+
+def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks, *rest):
+    dtype, data = storage
+    esz = DTYPES[dtype].size
+    out = bytearray()
+    n = 1
+    for d in size:
+        n *= d
+    idx = [0] * len(size)
+    for _ in range(n):
+        src = offset + sum(i * s for i, s in zip(idx, stride))
+        out += data[src * esz:(src + 1) * esz]
+        for k in reversed(range(len(size))):
+            idx[k] += 1
+            if idx[k] < size[k]:
+                break
+            idx[k] = 0
+    return Tensor(dtype, size, out)
+
+
+_rebuild_tensor_v2.__module__ = 'torch._utils'
+_module('torch._utils')._rebuild_tensor_v2 = _rebuild_tensor_v2
+Namespace = _argparse.Namespace
+
+# ----------------------------------------------------------------------------------------------
+# torch.save archives
+# ----------------------------------------------------------------------------------------------
+
+def torch_save_bytes(obj, archive='archive'):
+    storages = []
+
+    class P(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, _StorageRef):
+                storages.append(o.t)
+                t = o.t
+                return ('storage', STORAGE_CLASSES[STORAGE[t.dtype]], str(len(storages) - 1), 'cpu',
+                        len(t.data) // DTYPES[t.dtype].size)
+            return None
+
+    buf = io.BytesIO()
+    P(buf, protocol=2).dump(obj)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, 'w', zipfile.ZIP_STORED) as z:
+        z.writestr(archive + '/data.pkl', buf.getvalue())
+        z.writestr(archive + '/byteorder', 'little')
+        for i, t in enumerate(storages):
+            z.writestr(f'{archive}/data/{i}', t.data)
+        z.writestr(archive + '/version', '3\n')
+    return out.getvalue()
+
+
+def torch_load_bytes(data):
+    z = zipfile.ZipFile(io.BytesIO(data))
+    names = z.namelist()
+    prefix = names[0].split('/')[0] + '/'
+    assert all(n.startswith(prefix) for n in names), names
+    assert z.read(prefix + 'version') in (b'3\n', b'3'), z.read(prefix + 'version')
+    assert z.testzip() is None, 'CRC mismatch'
+    pkl = z.read(prefix + 'data.pkl')
+    pickletools.dis(pkl, out=io.StringIO())  # well-formed for the stdlib disassembler
+
+    class U(pickle.Unpickler):
+        def persistent_load(self, pid):
+            assert pid[0] == 'storage', pid
+            dtype = {v: k for k, v in STORAGE.items()}[pid[1].__name__]
+            return (dtype, z.read(prefix + 'data/' + pid[2]))
+
+    return U(io.BytesIO(pkl)).load()
+
+
+# ----------------------------------------------------------------------------------------------
+# Our own format (safetensors + JSON index)
+# ----------------------------------------------------------------------------------------------
+
+ST_DTYPE = {'F32': 'float32', 'BF16': 'bfloat16', 'F16': 'float16', 'I64': 'int64', 'U8': 'uint8'}
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def flat_index(idx, shape):
+    f = 0
+    for i, d in zip(idx, shape):
+        f = f * d + i
+    return f
+
+
+def paste(dst, gshape, src, off, shape, esz, flat=None):
+    """Copies box `src` (shape at global offset off; flat range [b, e) of it if flat) into dst."""
+    b, e = flat if flat else (0, numel(shape))
+    for k in range(b, e):
+        idx, r = [], k
+        for d in reversed(shape):
+            idx.insert(0, r % d)
+            r //= d
+        g = flat_index([i + o for i, o in zip(idx, off)], gshape)
+        dst[g * esz:(g + 1) * esz] = src[(k - b) * esz:(k - b + 1) * esz]
+
+
+def read_ours(d):
+    idx = json.load(open(os.path.join(d, '.metadata')))
+    out = {}
+    for key, t in idx['tensors'].items():
+        dt = ST_DTYPE[t['dtype']]
+        esz = DTYPES[dt].size
+        buf = bytearray(numel(t['global_shape']) * esz)
+        for s in t['shards']:
+            with open(os.path.join(d, s['file']), 'rb') as f:
+                f.seek(s['byte_range'][0])
+                raw = f.read(s['byte_range'][1] - s['byte_range'][0])
+            paste(buf, t['global_shape'], raw, s['global_offset'], s['local_shape'], esz, s.get('flattened_range'))
+        out[key] = Tensor(dt, t['global_shape'], buf)
+    common = json.load(open(os.path.join(d, 'common.json')))
+    return out, common
+
+
+def read_dcp(d):
+    assert json.load(open(os.path.join(d, 'metadata.json')))['sharded_backend'] == 'torch_dist'
+    raw = open(os.path.join(d, '.metadata'), 'rb').read()
+    pickletools.dis(raw, out=io.StringIO())
+    md = pickle.loads(raw)
+    assert type(md).__name__ == 'Metadata', type(md)
+    out = {}
+    for key, sm in md.state_dict_metadata.items():
+        if isinstance(sm, BytesStorageMetadata):
+            continue
+        dt = sm.properties.dtype.name
+        esz = DTYPES[dt].size
+        buf = bytearray(numel(sm.size) * esz)
+        covered = 0
+        for c in sm.chunks:
+            info = md.storage_data[MetadataIndex(fqn=key, offset=Size(c.offsets))]
+            with open(os.path.join(d, info.relative_path), 'rb') as f:
+                f.seek(info.offset)
+                t = torch_load_bytes(f.read(info.length))
+            assert t.shape == tuple(c.sizes) or numel(t.shape) == numel(c.sizes), (key, t.shape, c.sizes)
+            assert t.dtype == dt, (key, t.dtype, dt)
+            paste(buf, sm.size, t.data, c.offsets, c.sizes, esz)
+            covered += numel(c.sizes)
+        assert covered == numel(sm.size), f'{key}: chunks cover {covered} of {numel(sm.size)}'
+        out[key] = Tensor(dt, sm.size, buf)
+    common = torch_load_bytes(open(os.path.join(d, 'common.pt'), 'rb').read())
+    return out, common, md
+
+
+def compare(dcp_dir, ours_dir):
+    dcp, common, md = read_dcp(dcp_dir)
+    ours, ocommon = read_ours(ours_dir)
+    # The distributed optimizer's main params are named as Megatron's fully_reshardable layout.
+    ren = {k.replace('optimizer.state.param.', 'optimizer.state.fp32_param.'): v for k, v in dcp.items()}
+    assert set(ren) == set(ours), f'keys differ: {sorted(set(ren) ^ set(ours))[:10]}'
+    for k, t in ours.items():
+        assert ren[k].shape == tuple(t.shape), (k, ren[k].shape, t.shape)
+        assert ren[k].data == t.data, f'{k}: values differ'
+    assert isinstance(common['args'], Namespace), type(common['args'])
+    assert common['iteration'] == ocommon['iteration'], (common['iteration'], ocommon['iteration'])
+    assert common['args'].num_layers == ocommon['args']['num_layers']
+    extra = [k for k in md.state_dict_metadata if k.endswith(('_extra_state/shard_0_2', '_extra_state/shard_1_2'))]
+    assert extra, 'no _extra_state objects'
+    print(f'OK: {len(ours)} tensors equal, {len(extra)} _extra_state objects, iteration {common["iteration"]}')
+
+
+def convert(ours_dir, dcp_dir, te_names, distopt):
+    ours, oc = read_ours(ours_dir)
+    os.makedirs(dcp_dir, exist_ok=True)
+    sdm, storage = {}, {}
+    fname = '__0_0.distcp'
+    with open(os.path.join(dcp_dir, fname), 'wb') as f:
+        for key, t in ours.items():
+            k = key
+            if te_names:
+                k = k.replace('decoder.layers.input_layernorm.', 'decoder.layers.self_attention.linear_qkv.layer_norm_')
+                k = k.replace('decoder.layers.pre_mlp_layernorm.', 'decoder.layers.mlp.linear_fc1.layer_norm_')
+            if distopt:
+                k = k.replace('optimizer.state.fp32_param.', 'optimizer.state.param.')
+            esz = DTYPES[t.dtype].size
+            shape = list(t.shape)
+            # Two chunks along the first axis when it has at least 2 rows.
+            cuts = [0, shape[0] // 2, shape[0]] if shape and shape[0] >= 2 else [0, shape[0] if shape else 1]
+            row = numel(shape[1:]) * esz
+            chunks = []
+            for a, b in zip(cuts, cuts[1:]):
+                cs = [b - a] + shape[1:]
+                co = [a] + [0] * (len(shape) - 1)
+                data = torch_save_bytes(Tensor(t.dtype, cs, t.data[a * row:b * row]))
+                storage[MetadataIndex(fqn=k, offset=Size(co), index=len(chunks))] = StorageInfo(
+                    relative_path=fname, offset=f.tell(), length=len(data))
+                f.write(data)
+                chunks.append(ChunkStorageMetadata(offsets=Size(co), sizes=Size(cs)))
+            props = TensorProperties()
+            props.dtype, props.layout, props.requires_grad = DTYPES[t.dtype], strided, False
+            props.mem, props.pin_memory = MemFormat.TORCH_CONTIGUOUS_FORMAT, False
+            sdm[k] = TensorStorageMetadata(properties=props, size=Size(shape), chunks=chunks)
+        blob = torch_save_bytes([None])
+        for k in ['decoder.layers.self_attention.linear_qkv._extra_state/shard_0_2']:
+            storage[MetadataIndex(fqn=k, offset=None, index=None)] = StorageInfo(
+                relative_path=fname, offset=f.tell(), length=len(blob))
+            f.write(blob)
+            sdm[k] = BytesStorageMetadata()
+    md = Metadata(state_dict_metadata=sdm, planner_data={}, storage_data=storage,
+                  storage_meta=StorageMeta(checkpoint_id=dcp_dir, save_id='x', load_id=None, modules=[]),
+                  version='1.0.0')
+    with open(os.path.join(dcp_dir, '.metadata'), 'wb') as f:
+        pickle.dump(md, f, protocol=4)
+    args = Namespace(**oc['args'])
+    step = oc['optimizer']['step']
+    common = {'args': args, 'checkpoint_version': 3.0, 'iteration': oc['iteration'],
+              'optimizer': {'optimizer': {'param_groups': [{'lr': 1e-3, 'step': step, 'params': [0, 1]}]},
+                            'param_state_sharding_type': 'fully_reshardable'} if distopt else
+                           {'optimizer': {'state': {'common_step': step}, 'param_groups': [{'params': [0]}]}},
+              'opt_param_scheduler': oc['opt_param_scheduler'],
+              'num_floating_point_operations_so_far': oc.get('num_floating_point_operations_so_far', 0),
+              'content_metadata': {'distrib_optim_sharding_type': 'fully_reshardable'}}
+    with open(os.path.join(dcp_dir, 'common.pt'), 'wb') as f:
+        f.write(torch_save_bytes(common, 'common'))
+    with open(os.path.join(dcp_dir, 'metadata.json'), 'w') as f:
+        json.dump({'sharded_backend': 'torch_dist', 'sharded_backend_version': 1}, f)
+    print(f'wrote {len(sdm)} entries to {dcp_dir}')
+
+
+if __name__ == '__main__':
+    p = _argparse.ArgumentParser()
+    p.add_argument('mode', choices=['compare', 'convert'])
+    p.add_argument('src')
+    p.add_argument('dst')
+    p.add_argument('--te-names', action='store_true')
+    p.add_argument('--distopt', action='store_true')
+    a = p.parse_args()
+    if a.mode == 'compare':
+        compare(a.src, a.dst)
+    else:
+        convert(a.src, a.dst, a.te_names, a.distopt)

@@ -1,0 +1,52 @@
+#include "test_utils/fixture_util.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+namespace megatron::testing {
+
+Fixture::Fixture(const std::string& name) {
+  const std::string base = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/model/data/" + name;
+  std::ifstream js(base + ".json");
+  MEGATRON_CHECK(js.good()) << "missing fixture " << base << ".json";
+  nlohmann::json j = nlohmann::json::parse(js);
+  for (auto& [k, v] : j["tensors"].items())
+    index_[k] = Entry{v["dtype"].get<std::string>(), v["shape"].get<Shape>(), v["offset"].get<size_t>()};
+  std::ifstream bin(base + ".bin", std::ios::binary);
+  MEGATRON_CHECK(bin.good()) << "missing fixture " << base << ".bin";
+  data_.assign(std::istreambuf_iterator<char>(bin), std::istreambuf_iterator<char>());
+}
+
+Tensor Fixture::get(const std::string& key) const {
+  auto it = index_.find(key);
+  MEGATRON_CHECK(it != index_.end()) << "fixture has no tensor " << key;
+  const Entry& e = it->second;
+  const DType dt = e.dtype == "int64" ? DType::kInt64 : DType::kFloat32;
+  Tensor t = Tensor::empty(e.shape, dt);
+  MEGATRON_CHECK(e.offset + t.nbytes() <= data_.size()) << "fixture tensor " << key << " out of range";
+  std::memcpy(t.data_ptr(), data_.data() + e.offset, t.nbytes());
+  return t;
+}
+
+std::vector<std::string> Fixture::keys_with_prefix(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (auto& [k, v] : index_)
+    if (k.rfind(prefix, 0) == 0) out.push_back(k);
+  return out;
+}
+
+double max_rel_error(const Tensor& a, const Tensor& b) {
+  auto va = a.to_float_vector(), vb = b.to_float_vector();
+  MEGATRON_CHECK(va.size() == vb.size()) << a.str() << " vs " << b.str();
+  double err = 0.0, ref = 0.0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(va[i]) - vb[i]));
+    ref = std::max(ref, std::abs(static_cast<double>(vb[i])));
+  }
+  return ref == 0.0 ? err : err / ref;
+}
+
+}  // namespace megatron::testing
