@@ -399,4 +399,32 @@ void MoEMetricsTracker::clear() {
   for (auto& [name, e] : entries_) std::fill(e.values.begin(), e.values.end(), 0.0);
 }
 
+std::vector<std::pair<std::string, double>> MoEMetricsTracker::report(double loss_scale,
+                                                                      const std::vector<std::string>& names,
+                                                                      int64_t num_layers, int64_t num_moe_layers,
+                                                                      comm::ProcessGroup* pp_group,
+                                                                      comm::ProcessGroup* dp_group, Device device) {
+  MEGATRON_CHECK(num_moe_layers >= 1) << "MoE metrics require at least one MoE layer";
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& name : names) {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) it = entries_.emplace(name, Entry{std::vector<double>(static_cast<size_t>(num_layers), 0.0)}).first;
+    Entry& e = it->second;
+    const auto n = static_cast<int64_t>(e.values.size());
+    Tensor t = to_device_f32(e.values, {n}, device);
+    auto reduce = [&t](comm::ProcessGroup* g, comm::ReduceOp op) {
+      if (g && g->size() > 1) g->all_reduce(t, op);
+    };
+    reduce(pp_group, comm::ReduceOp::kSum);
+    reduce(e.reduce_group, comm::ReduceOp::kSum);
+    reduce(e.avg_group, comm::ReduceOp::kAvg);
+    if (e.needs_dp_avg) reduce(dp_group, comm::ReduceOp::kAvg);
+    double sum = 0.0;
+    for (double v : to_host_f64(t)) sum += static_cast<double>(static_cast<float>(v * loss_scale));
+    out.emplace_back(name, sum / static_cast<double>(num_moe_layers));
+  }
+  clear();
+  return out;
+}
+
 }  // namespace megatron::transformer::moe

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
@@ -131,6 +132,17 @@ class MoEMetricsTracker {
               comm::ProcessGroup* reduce_group, bool needs_dp_avg, comm::ProcessGroup* avg_group = nullptr);
   std::map<std::string, Entry>& entries() { return entries_; }
   void clear();
+  /// Megatron's MoEMetricsTracker.report (megatron/core/transformer/moe/moe_logging.py) without the
+  /// writers, called once per training step on every rank (it communicates): each of `names` not
+  /// recorded yet is created as num_layers zeros (a pipeline stage without MoE layers), then its
+  /// per-layer values are all-reduced over `pp_group` (sum), the entry's reduce_group (sum), its
+  /// avg_group (average) and, when needs_dp_avg, `dp_group` (average, the DP group without CP), on
+  /// `device` (float32, as Megatron's tensors). Returns (name, sum over layers × loss_scale /
+  /// num_moe_layers) in `names` order and zeros the values. Throws if num_moe_layers < 1.
+  std::vector<std::pair<std::string, double>> report(double loss_scale, const std::vector<std::string>& names,
+                                                     int64_t num_layers, int64_t num_moe_layers,
+                                                     comm::ProcessGroup* pp_group, comm::ProcessGroup* dp_group,
+                                                     Device device);
 
  private:
   std::map<std::string, Entry> entries_;
