@@ -19,6 +19,7 @@
 //       one into our own layout, pretrain_gpt --load reads it directly.
 // Errors (unsupported config options, missing tensors, wrong shapes, unreadable dtypes) are one
 // line naming the key/tensor/file; exit status 1.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -156,6 +157,11 @@ int mcore_to_hf(const Args& a) {
       params[t.key] = t.data;
     }
   }
+  // Multi-token prediction modules (--mtp-num-layers) have no place in the HF LLaMA / GPT-2 layout.
+  const auto mtp = std::count_if(params.begin(), params.end(), [](const auto& kv) { return kv.first.rfind("mtp.", 0) == 0; });
+  if (mtp > 0)
+    std::printf("note: the checkpoint's %lld multi-token-prediction tensors (mtp.layers.*) are not exported: the %s "
+                "Hugging Face layout has no MTP modules\n", static_cast<long long>(mtp), spec.model_type.c_str());
   auto hf_tensors = hf::megatron_to_hf(params, spec);
   hf::save_hf_checkpoint(a.save_dir, hf_tensors, spec, a.max_shard_mb << 20);
   std::printf("converted %s (%s, %zu tensors) to %s\n", dir.c_str(), spec.model_type.c_str(), hf_tensors.size(),

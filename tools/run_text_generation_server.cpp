@@ -43,6 +43,7 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_args.h"
 #include "megatron/training/checkpointing.h"
+#include "megatron/training/config_from_args.h"
 
 using namespace megatron;
 using nlohmann::json;

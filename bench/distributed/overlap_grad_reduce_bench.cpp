@@ -20,6 +20,7 @@
 #include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 
 using namespace megatron;
 using Clock = std::chrono::steady_clock;

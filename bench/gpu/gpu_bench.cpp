@@ -17,6 +17,7 @@
 
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
 
 using namespace megatron;
@@ -126,11 +127,11 @@ int main(int argc, char** argv) {
     bench_attention("flash gpt2-124m", 1024, 64, 12, 12, 64);
     bench_attention("flash llama3-8b s=4096", 4096, 1, 32, 8, 128);
     bench_attention("flash gpt2-124m b=8", 1024, 8, 12, 12, 64);
-    setenv("MEGATRON_FLASH_SMALL", "1", 1);  // pipelined kernels, 4 warps per block
+    megatron::ops::cuda::variants::forced().flash_small = 1;  // pipelined kernels, 4 warps per block
     bench_attention("v2-4warps llama3-8b", 8192, 1, 32, 8, 128);
-    setenv("MEGATRON_FLASH_SMALL", "0", 1);  // pipelined kernels, 8 warps per block
+    megatron::ops::cuda::variants::forced().flash_small = 0;  // pipelined kernels, 8 warps per block
     bench_attention("v2-8warps gpt2-124m", 1024, 64, 12, 12, 64);
-    unsetenv("MEGATRON_FLASH_SMALL");
+    megatron::ops::cuda::variants::forced().flash_small = -1;
     unsetenv("MEGATRON_ATTENTION_BACKEND");
   }
   if (only.empty() || only == "gemm") {

@@ -1,7 +1,9 @@
 #include "megatron/core/optimizer_param_scheduler.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <type_traits>
 
 #include "megatron/core/utils/errors.h"
 
@@ -75,6 +77,56 @@ double OptimizerParamScheduler::get_lr(double max_lr, double min_lr) const {
     }
   }
   return min_lr + coeff * delta;
+}
+
+nlohmann::json OptimizerParamScheduler::state_dict() const {
+  return {{"max_lr", o_.max_lr},           {"lr_warmup_steps", o_.lr_warmup_steps}, {"num_steps", num_steps_},
+          {"lr_decay_style", o_.lr_decay_style}, {"lr_decay_steps", o_.lr_decay_steps}, {"min_lr", o_.min_lr},
+          {"start_wd", o_.start_wd},       {"end_wd", o_.end_wd},                   {"wd_incr_style", o_.wd_incr_style},
+          {"wd_incr_steps", o_.wd_incr_steps}};
+}
+
+void OptimizerParamScheduler::load_state_dict(const nlohmann::json& sd,
+                                              const std::function<void(const std::string&)>& log) {
+  if (o_.override_opt_param_scheduler && o_.use_checkpoint_opt_param_scheduler)
+    user_error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler: give at most one");
+  auto say = [&](const std::string& s) {
+    if (log) log(s);
+  };
+  auto text = [](const nlohmann::json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v.get<double>());
+    return std::string(buf, r.ptr);
+  };
+  Options o = o_;
+  const nlohmann::json mine = state_dict();
+  auto check_and_set = [&](const char* key, const char* name, auto& field) {
+    if (!sd.contains(key)) return;
+    const nlohmann::json& ck = sd.at(key);
+    if (o_.override_opt_param_scheduler) {
+      say(std::string(" > overriding ") + name + " value to " + text(mine.at(key)));
+      return;
+    }
+    if (!o_.use_checkpoint_opt_param_scheduler && ck != mine.at(key))
+      user_error("OptimizerParamScheduler: class input value ", text(mine.at(key)), " and checkpoint value ", text(ck),
+                 " for ", name, " do not match; pass --use-checkpoint-opt_param-scheduler to continue the "
+                 "checkpoint's schedule or --override-opt_param-scheduler to use the flags' values");
+    say(std::string(" > using checkpoint value ") + text(ck) + " for " + name);
+    field = ck.get<std::remove_reference_t<decltype(field)>>();
+  };
+  check_and_set("max_lr", "learning rate", o.max_lr);
+  check_and_set("min_lr", "minimum learning rate", o.min_lr);
+  check_and_set("lr_warmup_steps", "warmup iterations", o.lr_warmup_steps);
+  check_and_set("lr_decay_steps", "total number of iterations", o.lr_decay_steps);
+  check_and_set("lr_decay_style", "learning rate decay style", o.lr_decay_style);
+  check_and_set("start_wd", "start weight decay", o.start_wd);
+  check_and_set("end_wd", "end weight decay", o.end_wd);
+  check_and_set("wd_incr_steps", "total number of weight decay iterations", o.wd_incr_steps);
+  check_and_set("wd_incr_style", "weight decay incr style", o.wd_incr_style);
+  o_ = o;
+  if (sd.contains("num_steps")) num_steps_ = sd.at("num_steps").get<int64_t>();
 }
 
 }  // namespace megatron

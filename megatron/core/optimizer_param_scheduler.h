@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace megatron {
 
@@ -32,6 +35,10 @@ class OptimizerParamScheduler {
     std::string wd_incr_style = "constant";  // constant|linear|cosine
     int64_t wsd_decay_steps = 0;             // WSD only
     std::string lr_wsd_decay_style = "exponential";  // exponential|linear|cosine|minus_sqrt
+    /// --override-opt_param-scheduler: load_state_dict keeps these options (the flags' values).
+    bool override_opt_param_scheduler = false;
+    /// --use-checkpoint-opt_param-scheduler: load_state_dict takes the checkpoint's values.
+    bool use_checkpoint_opt_param_scheduler = false;
   };
   /// Constructs and steps with 0, as Megatron does.
   explicit OptimizerParamScheduler(const Options& o);
@@ -50,6 +57,20 @@ class OptimizerParamScheduler {
   /// Replaces the schedule's options (Megatron's load_state_dict with checkpoint values); not
   /// re-validated: the values come from a run that validated them.
   void set_options(const Options& o) { o_ = o; }
+
+  /// Megatron's OptimizerParamScheduler.state_dict(): {"max_lr", "lr_warmup_steps", "num_steps",
+  /// "lr_decay_style", "lr_decay_steps", "min_lr", "start_wd", "end_wd", "wd_incr_style",
+  /// "wd_incr_steps"} (the checkpoint's "opt_param_scheduler" object).
+  nlohmann::json state_dict() const;
+  /// Megatron's OptimizerParamScheduler.load_state_dict (_check_and_set of each schedule field
+  /// present in `sd`): with override_opt_param_scheduler the options stay and `log` gets
+  /// " > overriding <name> value to <ours>"; with use_checkpoint_opt_param_scheduler the
+  /// checkpoint's value is taken (" > using checkpoint value <theirs> for <name>"); otherwise a
+  /// value that differs from ours is a UserError naming both flags, an equal one is logged as
+  /// used. Restores num_steps. UserError when both flags are set. Values are printed with the
+  /// shortest round-trip digits (an integral float prints as "1", where Python prints "1.0").
+  /// `log` may be empty.
+  void load_state_dict(const nlohmann::json& sd, const std::function<void(const std::string&)>& log);
 
  private:
   Options o_;

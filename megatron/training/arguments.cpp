@@ -534,6 +534,8 @@ void bind_all(Binder& b, Arguments& a) {
               "bias): no effect",
               [&a](const std::string&) { a.openai_gelu = true; });
   b.flag("--squared-relu", ARG(a.squared_relu), true);
+  b.num("--mtp-num-layers", ARG(a.mtp_num_layers), 0);
+  b.num("--mtp-loss-scaling-factor", ARG(a.mtp_loss_scaling_factor), at_least(0));
   b.flag("--swiglu", ARG(a.swiglu), true);
   b.flag("--untie-embeddings-and-output-weights", ARG(a.untie_embeddings_and_output_weights), true);
   b.flag("--disable-bias-linear", ARG(a.add_bias_linear), false);
@@ -608,8 +610,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
   b.flag("--no-check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), false);
   b.flag("--check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), true);
-  // On CUDA: reductions in a fixed order (pretrain_gpt sets MEGATRON_DETERMINISTIC=1,
-  // megatron/core/ops/cuda/deterministic.h); the CPU kernels are deterministic anyway.
+  // On CUDA: reductions in a fixed order (initialize_megatron calls ops::set_deterministic_mode,
+  // megatron/core/ops/deterministic.h); the CPU kernels are deterministic anyway.
   b.flag("--deterministic-mode", ARG(a.deterministic_mode), true);
   b.noted("--manual-gc", "controls Python's garbage collector in Megatron; there is none here (no effect)");
   b.noted_str("--manual-gc-interval", "controls Python's garbage collector in Megatron; there is none here",
@@ -1099,6 +1101,18 @@ void validate_args(Arguments& a) {
     fail("--squared-relu needs --no-bias-gelu-fusion (or --disable-bias-linear): Megatron fuses only GeLU and "
          "SwiGLU with the bias ('Only support fusion of gelu and swiglu')");
 
+  // Multi-token prediction (Megatron's validate_args and MultiTokenPredictionLayer asserts).
+  if (a.mtp_num_layers.value_or(0) > 0) {
+    if (a.position_embedding_type != "rope" && a.position_embedding_type != "none")
+      fail("Multi-Token Prediction (MTP) is not supported with " + a.position_embedding_type +
+           " position embedding type (--mtp-num-layers needs --position-embedding-type rope or none)");
+    if (a.recompute_granularity == "full" && a.recompute_method == "uniform" && a.recompute_num_layers != 1)
+      fail("--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1 (Megatron: "
+           "recompute_num_layers must be 1 for MTP recompute)");
+    if (a.recompute_granularity == "full" && a.recompute_method == "block")
+      a.messages.push_back("WARNING: recompute_method == 'block' is not supported for MTP yet. Skipping recompute.");
+  }
+
   // Learning rate and weight decay.
   // --skip-train evaluates only (no optimizer is built), so it needs no learning rate.
   if (!a.lr && !a.skip_train) fail("--lr is required");
@@ -1377,100 +1391,5 @@ std::vector<std::pair<std::string, std::string>> args_items(const Arguments& arg
 }
 
 std::string format_args(const Arguments& a) { return format_args_block("arguments", args_items(a)); }
-
-// flag-registry: consumers begin
-transformer::TransformerConfig core_transformer_config_from_args(const Arguments& a) {
-  transformer::TransformerConfig c;
-  c.num_layers = *a.num_layers;
-  c.hidden_size = *a.hidden_size;
-  c.ffn_hidden_size = *a.ffn_hidden_size;
-  c.num_attention_heads = *a.num_attention_heads;
-  c.kv_channels = *a.kv_channels;
-  c.num_query_groups = a.num_query_groups;
-  c.hidden_dropout = static_cast<float>(a.hidden_dropout);
-  c.attention_dropout = static_cast<float>(a.attention_dropout);
-  c.init_method_std = static_cast<float>(a.init_method_std);
-  c.normalization = transformer::parse_normalization(a.normalization);
-  c.layernorm_epsilon = static_cast<float>(a.layernorm_epsilon);
-  c.layernorm_zero_centered_gamma = a.layernorm_zero_centered_gamma;
-  c.qk_layernorm = a.qk_layernorm;
-  c.gated_linear_unit = a.swiglu;
-  c.squared_relu = a.squared_relu;
-  c.add_bias_linear = a.add_bias_linear;
-  c.add_qkv_bias = a.add_qkv_bias;
-  c.bias_activation_fusion = a.swiglu ? a.bias_swiglu_fusion : a.bias_gelu_fusion;
-  c.position_embedding_type = transformer::parse_position_embedding_type(a.position_embedding_type);
-  c.rotary_base = static_cast<float>(a.rotary_base);
-  c.rotary_percent = static_cast<float>(a.rotary_percent);
-  c.rotary_interleaved = a.rotary_interleaved;
-  c.rope_scaling = a.use_rope_scaling;
-  c.rope_scaling_factor = static_cast<float>(a.rope_scaling_factor);
-  c.seq_len_interpolation_factor =
-      a.rotary_seq_len_interpolation_factor ? static_cast<double>(*a.rotary_seq_len_interpolation_factor) : 0.0;
-  c.share_embeddings_and_output_weights = !a.untie_embeddings_and_output_weights;
-  c.params_dtype = a.bf16 ? DType::kBFloat16 : a.fp16 ? DType::kFloat16 : DType::kFloat32;
-  // The DDP grad buffer (Megatron's grad_reduce_in_fp32 = args.accumulate_allreduce_grads_in_fp32):
-  // fp32 when that is set -- validate_args sets it for --bf16 unless --grad-reduce-in-bf16 --, else
-  // the param dtype: bf16 with --bf16 --grad-reduce-in-bf16, fp16 with --fp16 (Megatron's fp16
-  // default: grads accumulated and all-reduced in fp16, copied to fp32 main grads in the optimizer).
-  if (!a.fp16 && !a.bf16) c.main_grads_dtype = DType::kFloat32;
-  else if (a.accumulate_allreduce_grads_in_fp32) c.main_grads_dtype = DType::kFloat32;
-  else c.main_grads_dtype = a.bf16 ? DType::kBFloat16 : DType::kFloat16;
-  c.tensor_model_parallel_size = a.tensor_model_parallel_size;
-  c.pipeline_model_parallel_size = a.pipeline_model_parallel_size;
-  c.sequence_parallel = a.sequence_parallel;
-  // Full recomputation: TransformerBlock counts --recompute-num-layers per model chunk (one
-  // pipeline stage, or one virtual stage), as Megatron's num_layers_per_pipeline_rank.
-  if (a.recompute_granularity == "full") {
-    c.recompute_granularity = transformer::RecomputeGranularity::kFull;
-    c.recompute_method = *a.recompute_method == "uniform" ? transformer::RecomputeMethod::kUniform
-                                                          : transformer::RecomputeMethod::kBlock;
-    c.recompute_num_layers = *a.recompute_num_layers;
-  } else if (a.recompute_granularity == "selective") {
-    c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
-  }
-  if (a.num_experts) {
-    c.num_moe_experts = *a.num_experts;
-    c.moe_ffn_hidden_size = a.moe_ffn_hidden_size.value_or(0);
-    c.moe_layer_pattern = a.moe_layer_pattern;
-    c.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size.value_or(0);
-    c.moe_router_topk = a.moe_router_topk;
-    c.moe_router_load_balancing_type = a.moe_router_load_balancing_type;
-    c.moe_aux_loss_coeff = a.moe_aux_loss_coeff;
-    c.moe_z_loss_coeff = a.moe_z_loss_coeff;
-    c.moe_router_score_function = a.moe_router_score_function;
-    c.moe_router_pre_softmax = a.moe_router_pre_softmax;
-    c.moe_router_topk_scaling_factor = a.moe_router_topk_scaling_factor;
-    c.moe_router_enable_expert_bias = a.moe_router_enable_expert_bias;
-    c.moe_router_bias_update_rate = a.moe_router_bias_update_rate;
-    c.moe_router_num_groups = a.moe_router_num_groups.value_or(0);
-    c.moe_router_group_topk = a.moe_router_group_topk.value_or(0);
-    c.moe_router_dtype = a.moe_router_dtype.value_or("");
-    c.moe_token_dispatcher_type = a.moe_token_dispatcher_type;
-    c.moe_expert_capacity_factor = a.moe_expert_capacity_factor;
-    c.moe_pad_expert_input_to_capacity = a.moe_pad_expert_input_to_capacity;
-    c.moe_token_drop_policy = a.moe_token_drop_policy;
-    c.moe_grouped_gemm = a.moe_grouped_gemm;
-    c.moe_input_jitter_eps = a.moe_input_jitter_eps;
-    c.moe_per_layer_logging = a.moe_per_layer_logging;
-    c.calculate_per_token_loss = a.calculate_per_token_loss;
-    c.expert_model_parallel_size = a.expert_model_parallel_size;
-    c.expert_tensor_parallel_size = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
-  }
-  if (a.fp8) {
-    fp8::Fp8Config f;
-    f.format = fp8::parse_fp8_format(*a.fp8);
-    f.recipe = fp8::parse_fp8_recipe(a.fp8_recipe);
-    f.margin = static_cast<int>(a.fp8_margin);
-    f.amax_history_len = static_cast<int>(a.fp8_amax_history_len);
-    f.amax_compute_algo = fp8::parse_amax_compute_algo(a.fp8_amax_compute_algo);
-    f.wgrad = a.fp8_wgrad;
-    f.param_gather = a.fp8_param_gather;
-    c.fp8 = f;
-  }
-  return c;
-}
-
-// flag-registry: consumers end
 
 }  // namespace megatron::training

@@ -43,6 +43,9 @@ struct Arguments {
   bool apply_residual_connection_post_layernorm = false;
   bool openai_gelu = false;
   bool squared_relu = false;
+  /// --mtp-num-layers (None = no multi-token prediction) and --mtp-loss-scaling-factor.
+  std::optional<int64_t> mtp_num_layers;
+  double mtp_loss_scaling_factor = 0.1;
   bool swiglu = false;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;   // --disable-bias-linear
@@ -362,10 +365,5 @@ std::string py_float_repr(double v);
 /// escaped, \t \n \r and other control bytes as escapes; bytes >= 0x80 copied as they are.
 std::string py_str_repr(const std::string& s);
 
-/// Megatron's core_transformer_config_from_args (megatron/training/arguments.py) for the fields
-/// GPTModel has: sizes, dropout, init, norm, bias/GLU/activation-fusion choices, positions, tying,
-/// params dtype (--bf16/--fp16), main-grad dtype (bf16 with --bf16 --grad-reduce-in-bf16), TP/PP/SP.
-/// Needs validated args.
-transformer::TransformerConfig core_transformer_config_from_args(const Arguments& args);
 
 }  // namespace megatron::training

@@ -91,7 +91,7 @@ void check_checkpoint_args(const json& ck, const json& cur, const std::string& w
                         "normalization", "layernorm_epsilon", "position_embedding_type", "add_bias_linear",
                         "qk_layernorm", "untie_embeddings_and_output_weights", "layernorm_zero_centered_gamma",
                         "group_query_attention", "max_position_embeddings", "make_vocab_size_divisible_by",
-                        "ffn_hidden_size", "kv_channels"})
+                        "ffn_hidden_size", "kv_channels", "mtp_num_layers"})
     cmp(k);
   // Effective values: QKV bias is add_bias_linear or --add-qkv-bias; the group count matters
   // only with grouped-query attention; rotary settings only with rope.

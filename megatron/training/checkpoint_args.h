@@ -30,7 +30,7 @@ nlohmann::json py_str_to_json(const std::string& s);
 /// model without a shape error: swiglu, squared_relu, normalization, position_embedding_type,
 /// add_bias_linear, add_qkv_bias (effective: add_bias_linear or add_qkv_bias), qk_layernorm,
 /// untie_embeddings_and_output_weights, apply_layernorm_1p (layernorm_zero_centered_gamma),
-/// ffn_hidden_size, kv_channels, group_query_attention / num_query_groups, layernorm_epsilon,
+/// ffn_hidden_size, kv_channels, mtp_num_layers, group_query_attention / num_query_groups, layernorm_epsilon,
 /// rotary_base / rotary_percent / rotary_interleaved / use_rope_scaling (and its factor) /
 /// rotary_seq_len_interpolation_factor (rope only). Parallel sizes are not checked:
 /// our checkpoints reshard (Megatron's --use-dist-ckpt behaviour). A key absent from either side

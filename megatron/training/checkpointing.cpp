@@ -13,12 +13,19 @@
 
 #include "megatron/core/dist_checkpointing/file_utils.h"
 #include "megatron/core/dist_checkpointing/serialization.h"
+#include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/optimizer_param_scheduler.h"
+#include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor/parameter.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
 #include "megatron/training/checkpoint_args.h"
 #include "megatron/training/torch_dist_checkpoint.h"
+#include "megatron/training/training.h"
 
 namespace megatron::training {
 
@@ -67,6 +74,18 @@ Pending& pending() {
 }
 
 }  // namespace
+
+ParallelRanks checkpoint_ranks() {
+  namespace ps = parallel_state;
+  ParallelRanks r;
+  r.tp_rank = ps::get_tensor_model_parallel_rank();
+  r.tp_size = ps::get_tensor_model_parallel_world_size();
+  r.pp_rank = ps::get_pipeline_model_parallel_rank();
+  r.pp_size = ps::get_pipeline_model_parallel_world_size();
+  r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
+  r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
+  return r;
+}
 
 std::string checkpoint_dir_name(const std::string& root, int64_t iteration, bool release) {
   if (release) return root + "/release";
@@ -455,6 +474,114 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
                     std::to_string(ranks.tp_size) + ", p " + std::to_string(ranks.pp_rank + 1) + "/" +
                     std::to_string(ranks.pp_size) + " ] at iteration " + std::to_string(res.iteration));
   return res;
+}
+
+// ---- generate_state_dict / load_state_dict ----
+namespace {
+
+// FP8 amax histories and scales of every model chunk as named extra tensors: identical on all
+// ranks of the amax group (TP x DP x CP: amaxes are max-reduced every step), so only TP rank 0 of
+// DP rank 0 writes them (one copy per pipeline stage).
+std::vector<ShardedTensor> fp8_state_tensors(const std::vector<models::gpt::GPTModel*>& chunks,
+                                             const ParallelRanks& ranks) {
+  std::vector<ShardedTensor> out;
+  const int replica = (ranks.tp_rank != 0 || ranks.dp_rank != 0) ? 1 : 0;
+  for (const auto* m : chunks)
+    if (auto* f8 = m->fp8_state())
+      for (auto& t : f8->checkpoint_tensors(replica)) out.push_back(std::move(t));
+  return out;
+}
+
+// The optimizer's non-tensor state (Megatron's optimizer.state_dict() "step" and "grad_scaler").
+nlohmann::json optimizer_common_state(optimizer::MegatronOptimizer& opt) {
+  nlohmann::json c = {{"step", opt.step_count()}};
+  if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler())) {
+    c["grad_scaler"] = {{"scale", d->scale()},
+                        {"growth_tracker", d->growth_tracker()},
+                        {"hysteresis_tracker", d->hysteresis_tracker()}};
+  }
+  return c;
+}
+void load_optimizer_common_state(optimizer::MegatronOptimizer& opt, const nlohmann::json& c) {
+  if (c.contains("step")) opt.set_step_count(c.at("step").get<int64_t>());
+  if (auto* d = dynamic_cast<optimizer::DynamicGradScaler*>(opt.grad_scaler()); d && c.contains("grad_scaler")) {
+    const auto& g = c.at("grad_scaler");
+    d->load_state(g.at("scale").get<double>(), g.at("growth_tracker").get<int>(), g.at("hysteresis_tracker").get<int>());
+  }
+}
+
+// Megatron's optimizer.reload_model_params(): after loading weights without optimizer state,
+// separate fp32 main params (bf16/fp16 models) start from the loaded weights.
+void reload_model_params(optimizer::MegatronOptimizer& opt) {
+  const auto& op = opt.params();
+  for (size_t j = 0; j < op.size(); ++j) {
+    Tensor mp = opt.main_param(j);
+    if (mp.data_ptr() != op[j].param.data_ptr()) ops::cast(op[j].param, mp);  // on the params' device (CPU or GPU)
+  }
+}
+
+}  // namespace
+
+TrainingState generate_state_dict(const TrainingObjects& t, const TrainCounters& counters, const nlohmann::json& args,
+                                  const ParallelRanks& ranks, bool with_optimizer) {
+  std::vector<Parameter> params;  // views; every chunk's parameters
+  for (auto* m : t.model) params.insert(params.end(), m->parameters().begin(), m->parameters().end());
+  TrainingState st =
+      model_and_optimizer_state(params, *t.optimizer, t.num_layers, ranks, t.distributed_optimizer, with_optimizer);
+  st.extra = fp8_state_tensors(t.model, ranks);
+  st.optimizer_common = optimizer_common_state(*t.optimizer);
+  st.opt_param_scheduler = t.opt_param_scheduler->state_dict();
+  nlohmann::json offsets = nlohmann::json::array();
+  for (const auto* m : t.model) offsets.push_back(m->rng_offset());
+  st.rng_state = {{"seed", t.seed}, {"dropout_rng_offset", t.model.front()->rng_offset()}, {"dropout_rng_offsets", offsets}};
+  st.iteration = counters.iteration;
+  st.consumed_train_samples = counters.consumed_train_samples;
+  st.consumed_valid_samples = counters.consumed_valid_samples;
+  st.num_floating_point_operations_so_far = counters.floating_point_operations_so_far;
+  st.args = args;
+  return st;
+}
+
+void load_state_dict(const TrainingObjects& t, TrainCounters& counters, const TrainingState& st,
+                     const LoadResult& loaded, bool finetune, bool restore_optimizer,
+                     const std::function<void(const std::string&)>& log) {
+  if (!loaded.loaded) return;
+  optimizer::MegatronOptimizer& opt = *t.optimizer;
+  if (!finetune && !st.extra.empty()) {
+    // FP8 state present in the checkpoint replaces the fresh one (a bf16 checkpoint has none).
+    std::vector<std::string> got;
+    for (const auto& x : st.extra)
+      if (std::find(loaded.missing_extra.begin(), loaded.missing_extra.end(), x.key) == loaded.missing_extra.end())
+        got.push_back(x.key);
+    for (auto* m : t.model)
+      if (auto* f8 = m->fp8_state()) f8->restore_checkpoint_tensors(st.extra, got);
+  }
+  if (loaded.optimizer_loaded && restore_optimizer) {
+    load_optimizer_common_state(opt, loaded.optimizer_common);
+    OptimizerParamScheduler& sched = *t.opt_param_scheduler;
+    const OptimizerParamScheduler::Options flags = sched.options();
+    sched.load_state_dict(loaded.opt_param_scheduler, log);
+    for (auto& g : opt.mutable_param_groups()) {  // groups that follow --lr/--min-lr (not --decoupled-lr)
+      if (g.is_decoupled_lr) continue;
+      if (g.max_lr == flags.max_lr) g.max_lr = sched.options().max_lr;
+      if (g.min_lr == flags.min_lr) g.min_lr = sched.options().min_lr;
+    }
+    opt.apply_schedule(sched);
+  }
+  if (!loaded.optimizer_loaded) reload_model_params(opt);
+  if (loaded.rng_loaded) {
+    // Dropout stream position of every model chunk (virtual stages: one stream per chunk).
+    const auto& r = loaded.rng_state;
+    if (r.contains("dropout_rng_offsets") && r["dropout_rng_offsets"].size() == t.model.size()) {
+      for (size_t c = 0; c < t.model.size(); ++c) t.model[c]->set_rng_offset(r["dropout_rng_offsets"][c].get<uint64_t>());
+    } else if (r.contains("dropout_rng_offset")) {
+      t.model.front()->set_rng_offset(r.at("dropout_rng_offset").get<uint64_t>());
+    }
+  }
+  counters.iteration = loaded.iteration;
+  counters.consumed_train_samples = loaded.consumed_train_samples;
+  counters.consumed_valid_samples = loaded.consumed_valid_samples;
+  counters.floating_point_operations_so_far = loaded.num_floating_point_operations_so_far;
 }
 
 }  // namespace megatron::training

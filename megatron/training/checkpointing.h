@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,9 +36,13 @@
 
 namespace megatron {
 struct Parameter;
+class OptimizerParamScheduler;
 }
 namespace megatron::optimizer {
 class MegatronOptimizer;
+}
+namespace megatron::models::gpt {
+class GPTModel;
 }
 
 namespace megatron::training {
@@ -74,6 +79,10 @@ struct ParallelRanks {
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
 };
+
+/// This rank's position from parallel_state (initialize_model_parallel must have run); DP is
+/// the data-parallel group with context parallelism (every rank holding the same model piece).
+ParallelRanks checkpoint_ranks();
 
 /// What a checkpoint holds for one rank.
 struct TrainingState {
@@ -227,5 +236,49 @@ bool maybe_finalize_async_save(comm::ProcessGroup* world = nullptr, bool blockin
 /// "  successfully loaded checkpoint from {load} [ t a/b, p c/d ] at iteration {it}" on rank 0.
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
                            comm::ProcessGroup* world = nullptr);
+
+// ---- The training state of a run: what save writes and load restores (one pair) ----
+
+struct TrainCounters;
+
+/// The live objects whose state a checkpoint holds (Megatron's model, optimizer,
+/// opt_param_scheduler triple) and the layout facts the state needs.
+struct TrainingObjects {
+  std::vector<models::gpt::GPTModel*> model;  ///< this rank's model chunks (virtual stages: all), chunk order
+  optimizer::MegatronOptimizer* optimizer = nullptr;
+  OptimizerParamScheduler* opt_param_scheduler = nullptr;
+  int64_t num_layers = 0;              ///< --num-layers (the stacked layer axis of the keys)
+  bool distributed_optimizer = false;  ///< --use-distributed-optimizer (optimizer state layout)
+  int64_t seed = 0;                    ///< --seed (stored in rng_state)
+};
+
+/// Megatron's generate_state_dict (megatron/training/checkpointing.py): this rank's TrainingState
+///  * model / optimizer: model_and_optimizer_state of every chunk's parameters (views; the
+///    optimizer state only `with_optimizer`);
+///  * extra: the FP8 amax histories and scales of every chunk (docs/fp8.md), written by TP rank 0
+///    of DP rank 0 only (they are equal on the whole amax group);
+///  * optimizer_common: {"step", "grad_scaler": {scale, growth_tracker, hysteresis_tracker}}
+///    (the grad scaler with fp16's dynamic loss scaling only);
+///  * opt_param_scheduler: OptimizerParamScheduler::state_dict();
+///  * rng_state: {"seed", "dropout_rng_offset" (first chunk), "dropout_rng_offsets" (per chunk)};
+///  * iteration and the sample / FLOP counters from `counters`, `args` as given.
+/// load_checkpoint reads into the tensors of the same state; load_state_dict then restores the rest.
+TrainingState generate_state_dict(const TrainingObjects& objects, const TrainCounters& counters,
+                                  const nlohmann::json& args, const ParallelRanks& ranks, bool with_optimizer);
+
+/// The inverse of generate_state_dict after load_checkpoint(st, ...) filled st's tensors and
+/// returned `loaded` (nothing happens when loaded.loaded is false):
+///  * FP8 state: the checkpoint's amax histories / scales replace the fresh ones (not with
+///    `finetune`; keys the checkpoint lacks stay, so a bf16 checkpoint loads into an FP8 run);
+///  * when the optimizer state was loaded and `restore_optimizer`: step count, grad scaler, and
+///    OptimizerParamScheduler::load_state_dict (its messages go to `log`), whose max/min lr also
+///    replace those of the param groups that follow --lr/--min-lr (not --decoupled-lr);
+///  * when it was not loaded: Megatron's reload_model_params (fp32 main params from the weights);
+///  * when the RNG state was loaded: every chunk's dropout stream position;
+///  * counters: iteration and the sample / FLOP counters.
+/// Throws UserError from the scheduler's consistency check (see load_state_dict there).
+void load_state_dict(const TrainingObjects& objects, TrainCounters& counters, const TrainingState& st,
+                     const LoadResult& loaded, bool finetune, bool restore_optimizer,
+                     const std::function<void(const std::string&)>& log);
 
 }  // namespace megatron::training

@@ -124,6 +124,7 @@ struct GPTPipeline::Impl final : pipeline_parallel::PipelineStage, pipeline_para
       float* d = dloss.data<float>();
       const float kf = static_cast<float>(k);
       for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= kf;
+      m.set_mtp_loss_scale(per_token ? loss_scale : loss_scale / static_cast<double>(M));  // MTPLossAutoScaler
       m.backward(dloss);
     } else {
       MEGATRON_CHECK(output_grad.defined()) << "chunk " << c << " micro-batch " << mb << ": no output gradient";

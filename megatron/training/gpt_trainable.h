@@ -1,7 +1,10 @@
 // GPTModel seen through the training loop's TrainableModel interface.
 #pragma once
 
+#include <memory>
 #include <vector>
+
+#include "megatron/core/comm/process_group.h"
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/training.h"
@@ -28,6 +31,31 @@ class GPTTrainable final : public TrainableModel {
   }
   /// Start of a train step (the micro-batch count restarts).
   void begin_step() { backwards_ = 0; }
+  void set_mtp_loss_scale(double scale) override { m_.set_mtp_loss_scale(scale); }
+  /// Multi-token prediction: `loss_chunk` = the model chunk that holds the MTP modules (the last
+  /// one of this pipeline rank; default the wrapped model), `avg_group` = the data-parallel group
+  /// with context parallelism, over which take_mtp_metrics averages the losses and sums the
+  /// counts (Megatron's avg_group; nullptr or size 1 = none).
+  void set_mtp(megatron::models::gpt::GPTModel* loss_chunk, std::shared_ptr<comm::ProcessGroup> avg_group) {
+    mtp_model_ = loss_chunk;
+    mtp_group_ = std::move(avg_group);
+  }
+  std::vector<MtpStepMetrics> take_mtp_metrics() override {
+    auto m = (mtp_model_ ? *mtp_model_ : m_).take_mtp_metrics();
+    std::vector<MtpStepMetrics> out(m.size());
+    if (m.empty()) return out;
+    Tensor t = Tensor::empty({static_cast<int64_t>(3 * m.size())}, DType::kFloat64);
+    double* p = t.data<double>();
+    for (size_t i = 0; i < m.size(); ++i) {
+      p[3 * i] = m[i].loss;
+      p[3 * i + 1] = m[i].correct;
+      p[3 * i + 2] = m[i].total;
+    }
+    const int n = mtp_group_ ? mtp_group_->size() : 1;
+    if (n > 1) mtp_group_->all_reduce(t, comm::ReduceOp::kSum);
+    for (size_t i = 0; i < m.size(); ++i) out[i] = {p[3 * i] / n, p[3 * i + 1], p[3 * i + 2]};
+    return out;
+  }
   std::vector<optimizer::OptimizerParam> optimizer_params() override {
     std::vector<optimizer::OptimizerParam> out;
     for (auto& p : m_.parameters()) {
@@ -46,6 +74,8 @@ class GPTTrainable final : public TrainableModel {
 
  private:
   megatron::models::gpt::GPTModel& m_;
+  megatron::models::gpt::GPTModel* mtp_model_ = nullptr;
+  std::shared_ptr<comm::ProcessGroup> mtp_group_;
   megatron::models::gpt::GPTModel::GradReadyHook hook_;
   int64_t num_microbatches_ = 0, backwards_ = 0;
 };

@@ -1,6 +1,8 @@
 #include "megatron/training/torch_dist_checkpoint.h"
 
+#include <array>
 #include <cstring>
+#include <memory>
 #include <regex>
 #include <set>
 
@@ -154,14 +156,67 @@ json common_from_torch_dist(const json& mc) {
   return c;
 }
 
+namespace {
+
+// Megatron's optimizer param groups (optimizer/__init__.py _get_param_groups: the default group
+// and the no-weight-decay group of biases and 1-D params, matched on load by their
+// identifier keys max_lr, min_lr, wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr), as
+// torch.optim.AdamW's state_dict() holds them, without "params" (Megatron restores those
+// locally). "lr" and "weight_decay" are rewritten by Megatron's scheduler from its num_steps on
+// load. `step`: appended to each group (the distributed optimizer's layout) when >= 0.
+td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double step) {
+  const double lr = args.value("lr", 0.0), min_lr = args.value("min_lr", 0.0), wd = args.value("weight_decay", 0.0);
+  td::PyValue* groups = d.list();
+  for (const double wd_mult : {1.0, 0.0}) {
+    td::PyValue* g = d.dict();
+    auto put = [&](const char* k, const td::PyValue* v) { g->dict.emplace_back(d.str(k), v); };
+    put("lr", d.real(lr));
+    put("betas", d.tuple({d.real(args.value("adam_beta1", 0.9)), d.real(args.value("adam_beta2", 0.999))}));
+    put("eps", d.real(args.value("adam_eps", 1e-8)));
+    put("weight_decay", d.real(wd * wd_mult));
+    put("amsgrad", d.boolean(false));
+    put("foreach", d.none());
+    put("maximize", d.boolean(false));
+    put("capturable", d.boolean(false));
+    put("differentiable", d.boolean(false));
+    put("fused", d.none());
+    put("decoupled_weight_decay", d.boolean(true));
+    put("is_expert_parallel", d.boolean(false));
+    put("default_config", d.boolean(true));
+    put("wd_mult", d.real(wd_mult));
+    put("lr_mult", d.real(1.0));
+    put("is_decoupled_lr", d.boolean(false));
+    put("max_lr", d.real(lr));
+    put("min_lr", d.real(min_lr));
+    if (step >= 0) put("step", d.real(step));
+    groups->items.push_back(g);
+  }
+  return groups;
+}
+
+}  // namespace
+
 void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, const std::string& dir,
                                 comm::ProcessGroup* world, bool distributed_optimizer, int tp_rank, int dp_rank,
                                 bool last_stage) {
+  (void)last_stage;
   td::SaveOptions o;
-  o.key_map = [distributed_optimizer](const std::string& k) {
+  // Model params kept in fp32: Megatron's FP32Optimizer has no main-param copy to save (a load
+  // takes them from the model weights, plan_torch_dist_read).
+  std::set<std::string> fp32_model;
+  for (const auto& t : sd.tensors)
+    if (t.key.rfind("optimizer.", 0) != 0 && t.data.dtype() == DType::kFloat32) fp32_model.insert(t.key);
+  o.key_map = [distributed_optimizer, fp32_model](const std::string& k) -> std::string {
     static const std::string p = "optimizer.state.fp32_param.";
-    if (distributed_optimizer && k.rfind(p, 0) == 0) return "optimizer.state.param." + k.substr(p.size());
-    return k;
+    std::string out = k;
+    if (k.rfind(p, 0) == 0) {
+      if (distributed_optimizer) out = "optimizer.state.param." + k.substr(p.size());
+      else if (fp32_model.count(k.substr(p.size()))) return "";
+    }
+    // Megatron's layer (local and Transformer Engine specs alike) stores its layer norms under the
+    // fused names (transformer_layer.py sharded_state_dict_keys_map).
+    const std::string te = te_name(out);
+    return te.empty() ? out : te;
   };
   // Megatron's linear layers (local spec) carry an empty `_extra_state`, saved as a ShardedObject
   // per layer by TP rank 0 / DP rank 0; its loader requests them.
@@ -175,10 +230,15 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
       keys.insert("decoder.layers." + std::string(m[1]) + "._extra_state/shard_" + std::to_string(t.global_offset[0]) + "_" +
                   std::to_string(t.global_shape[0]));
     }
-    if (last_stage) keys.insert("output_layer._extra_state/shard_0_1");
     o.none_objects.assign(keys.begin(), keys.end());
   }
-  o.common = [&sd](td::PickleDoc& d) -> const td::PyValue* {
+  const json args = sd.common.contains("args") ? sd.common["args"] : json::object();
+  const bool half = args.value("fp16", false) || args.value("bf16", false);
+  // Storage of the common_step and loss-scale tensors: TorchArchiveWriter copies them at finish(),
+  // inside td::save.
+  auto step_value = std::make_shared<std::array<float, 2>>();
+  o.common = [&sd, &args, distributed_optimizer, half, step_value](td::TorchArchiveWriter& w) -> const td::PyValue* {
+    td::PickleDoc& d = w.doc();
     td::PyValue* root = d.dict();
     for (auto it = sd.common.begin(); it != sd.common.end(); ++it) {
       const std::string& k = it.key();
@@ -186,8 +246,44 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
         // Megatron reads the saved args as an argparse.Namespace (getattr).
         root->dict.emplace_back(d.str("args"), d.object("argparse.Namespace", {}, td::json_to_py(it.value(), d), true));
       } else if (k == "optimizer") {
-        // Our optimizer's common state; Megatron's own "optimizer" entry has another structure.
+        // Ours (read back by common_from_torch_dist), and Megatron's own layout of its optimizer's
+        // common state (optimizer.py / distrib_optimizer.py state_dict()): param groups, the step
+        // shared by all params, the grad scaler.
         root->dict.emplace_back(d.str("megatron_cpp_optimizer"), td::json_to_py(it.value(), d));
+        const json& oc = it.value();
+        const double step = oc.value("step", 0);
+        (*step_value)[0] = static_cast<float>(step);
+        td::PyValue* torch_sd = d.dict();
+        if (distributed_optimizer) {
+          torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, step));
+        } else {
+          torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, -1));
+          td::PyValue* state = d.dict();
+          state->dict.emplace_back(d.str("common_step"), w.tensor(DType::kFloat32, {}, &(*step_value)[0]));
+          torch_sd->dict.emplace_back(d.str("state"), state);
+        }
+        const td::PyValue* mopt = torch_sd;
+        if (distributed_optimizer || half) {
+          td::PyValue* outer = d.dict();
+          outer->dict.emplace_back(d.str("optimizer"), torch_sd);
+          if (oc.contains("grad_scaler") && oc["grad_scaler"].is_object()) {
+            const json& gs = oc["grad_scaler"];
+            td::PyValue* g = d.dict();
+            (*step_value)[1] = static_cast<float>(gs.value("scale", 1.0));  // a 1-element tensor in Megatron
+            g->dict.emplace_back(d.str("scale"), w.tensor(DType::kFloat32, {1}, &(*step_value)[1]));
+            g->dict.emplace_back(d.str("growth_tracker"), d.integer(gs.value("growth_tracker", 0)));
+            g->dict.emplace_back(d.str("hysteresis_tracker"), d.integer(gs.value("hysteresis_tracker", 0)));
+            outer->dict.emplace_back(d.str("grad_scaler"), g);
+          }
+          if (distributed_optimizer) outer->dict.emplace_back(d.str("param_state_sharding_type"), d.str("fully_reshardable"));
+          mopt = outer;
+        }
+        root->dict.emplace_back(d.str("optimizer"), mopt);
+      } else if (k == "content_metadata" && !distributed_optimizer && it.value().is_object()) {
+        // Megatron records the distributed optimizer's sharding type only when it has one.
+        json cm = it.value();
+        cm.erase("distrib_optim_sharding_type");
+        root->dict.emplace_back(d.str(k), td::json_to_py(cm, d));
       } else {
         root->dict.emplace_back(d.str(k), td::json_to_py(it.value(), d));
       }

@@ -100,62 +100,6 @@ std::string memory_report(const std::string& name, int rank, int cuda_device) {
   return buf;
 }
 
-OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& a) {
-  OptimizerParamScheduler::Options o;
-  const int64_t gbs = *a.global_batch_size;
-  if (a.train_iters) {
-    const int64_t decay_iters = a.lr_decay_iters.value_or(*a.train_iters);
-    o.lr_decay_steps = decay_iters * gbs;
-    o.wd_incr_steps = *a.train_iters * gbs;
-    o.wsd_decay_steps = a.lr_wsd_decay_iters ? *a.lr_wsd_decay_iters * gbs : 0;
-    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
-                                             : static_cast<double>(a.lr_warmup_iters * gbs);
-  } else if (a.train_samples) {
-    o.lr_decay_steps = a.lr_decay_samples.value_or(*a.train_samples);
-    o.wd_incr_steps = *a.train_samples;
-    o.wsd_decay_steps = a.lr_wsd_decay_samples.value_or(0);
-    o.lr_warmup_steps = a.lr_warmup_fraction ? *a.lr_warmup_fraction * static_cast<double>(o.lr_decay_steps)
-                                             : static_cast<double>(a.lr_warmup_samples);
-  } else {
-    user_error("one of --train-iters or --train-samples is required");
-  }
-  o.init_lr = a.lr_warmup_init;
-  o.max_lr = *a.lr;
-  o.min_lr = a.min_lr;
-  o.lr_decay_style = a.lr_decay_style;
-  o.start_wd = a.start_weight_decay.value_or(a.weight_decay);
-  o.end_wd = a.end_weight_decay.value_or(a.weight_decay);
-  o.wd_incr_style = a.weight_decay_incr_style;
-  o.lr_wsd_decay_style = a.lr_wsd_decay_style;
-  return o;
-}
-
-optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& a) {
-  optimizer::OptimizerConfig c;
-  c.optimizer = a.optimizer;
-  c.lr = *a.lr;
-  c.min_lr = a.min_lr;
-  c.decoupled_lr = a.decoupled_lr;
-  c.decoupled_min_lr = a.decoupled_min_lr;
-  c.weight_decay = a.weight_decay;
-  c.decoupled_weight_decay = a.decoupled_weight_decay;
-  c.fp16 = a.fp16;
-  c.bf16 = a.bf16;
-  c.loss_scale = a.loss_scale;
-  c.initial_loss_scale = a.initial_loss_scale;
-  c.min_loss_scale = a.min_loss_scale;
-  c.loss_scale_window = static_cast<int>(a.loss_scale_window);
-  c.hysteresis = static_cast<int>(a.hysteresis);
-  c.adam_beta1 = a.adam_beta1;
-  c.adam_beta2 = a.adam_beta2;
-  c.adam_eps = a.adam_eps;
-  c.sgd_momentum = a.sgd_momentum;
-  c.use_distributed_optimizer = a.use_distributed_optimizer;
-  c.clip_grad = a.clip_grad;
-  c.log_num_zeros_in_grad = a.log_num_zeros_in_grad;
-  return c;
-}
-
 Trainer::Trainer(const Arguments& args, TrainableModel& model, optimizer::MegatronOptimizer& optimizer,
                  OptimizerParamScheduler& scheduler, TrainingHooks hooks,
                  std::function<void(const std::string&)> print)
@@ -242,6 +186,9 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
       for (int64_t i = 0; i < dloss.numel(); ++i) d[i] *= cf;
     }
     timers_("backward-compute", 2).start();
+    // schedules.py forward_step_calc_loss: the MTP loss scale follows the main loss's.
+    model_.set_mtp_loss_scale(args_.calculate_per_token_loss ? loss_scale
+                                                              : loss_scale / static_cast<double>(num_microbatches_));
     model_.backward(dloss);
     timers_("backward-compute", 2).stop();
     r.lm_loss.loss_sum += rep.loss_sum;
@@ -253,6 +200,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
+  r.mtp = model_.take_mtp_metrics();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
   // number of tokens (all-reduced over DP×CP; single rank here).
   if (hooks_.finalize_model_grads) {
@@ -427,6 +375,24 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   }
 
   if (args_.num_experts) report_moe_metrics(it);  // every rank, after the TensorBoard block (Megatron's order)
+  // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
+  // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
+  const size_t D = r.mtp.size();
+  interval_mtp_loss_.resize(D, 0.0);
+  mtp_cumulative_correct_.resize(D, 0.0);
+  mtp_cumulative_total_.resize(D, 0.0);
+  for (size_t i = 0; i < D; ++i) {
+    const double loss = r.mtp[i].loss / static_cast<double>(num_microbatches_);
+    interval_mtp_loss_[i] += loss;
+    mtp_cumulative_correct_[i] += r.mtp[i].correct;
+    mtp_cumulative_total_[i] += r.mtp[i].total;
+    if (!hooks_.add_scalar) continue;
+    const std::string k = std::to_string(i + 1);
+    hooks_.add_scalar("mtp_" + k + " loss", loss, it);
+    hooks_.add_scalar("mtp_" + k + "_acceptance_rate", r.mtp[i].correct / std::max(r.mtp[i].total, 1.0) * 100.0, it);
+    hooks_.add_scalar("mtp_" + k + "_cumulative_acceptance_rate",
+                      mtp_cumulative_correct_[i] / std::max(mtp_cumulative_total_[i], 1.0) * 100.0, it);
+  }
 
   if (it % args_.log_interval == 0 || first_iteration) {
     const double elapsed = timers_("interval-time", 0).elapsed(/*reset=*/true);
@@ -452,6 +418,11 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     for (auto& [name, sum] : moe_loss_sums_) {
       f.losses.emplace_back(name, sum / static_cast<double>(std::max<int64_t>(advanced_iters_, 1)));
       sum = 0.0;
+    }
+    for (size_t i = 0; i < interval_mtp_loss_.size(); ++i) {
+      f.losses.push_back({"mtp_" + std::to_string(i + 1) + " loss",
+                          interval_mtp_loss_[i] / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))});
+      interval_mtp_loss_[i] = 0.0;
     }
     f.loss_scale = optimizer_.get_loss_scale();
     f.grad_norm = r.grad_norm;

@@ -22,6 +22,15 @@
 
 namespace megatron::training {
 
+/// One multi-token-prediction module's metrics of a train step (Megatron's MTPLossLoggingHelper
+/// tracker after reduce_metrics_in_tracker): `loss` = Σ over the step's micro-batches of the
+/// module's masked mean loss, averaged over the data-parallel (× context-parallel) ranks;
+/// `correct` / `total` = positions whose label is the argmax of the module's logits / positions
+/// with a nonzero rolled loss mask, summed over those ranks.
+struct MtpStepMetrics {
+  double loss = 0.0, correct = 0.0, total = 0.0;
+};
+
 /// What the loop needs from a model (GPTModel is adapted to this in pretrain_gpt.cpp).
 class TrainableModel {
  public:
@@ -33,6 +42,13 @@ class TrainableModel {
   virtual void backward(const Tensor& dloss) = 0;
   /// The parameters as the optimizer sees them (their main grads are what backward fills).
   virtual std::vector<optimizer::OptimizerParam> optimizer_params() = 0;
+  /// Multi-token prediction: Megatron's MTPLossAutoScaler.set_loss_scale, called before each
+  /// backward with the main loss's backward scale. No-op for models without MTP.
+  virtual void set_mtp_loss_scale(double /*scale*/) {}
+  /// Multi-token prediction: this step's metrics per module (collective over the data-parallel
+  /// group on models with MTP), called once per train step after its last backward. Empty
+  /// without MTP.
+  virtual std::vector<MtpStepMetrics> take_mtp_metrics() { return {}; }
 };
 
 /// Yields the next micro-batch; std::nullopt when the data is exhausted.
@@ -54,7 +70,9 @@ double mask_token_count(const Tensor& mask);
 
 /// Optional integrations (TensorBoard writer, checkpoint save, data parallelism) called by the loop.
 struct TrainingHooks {
-  /// TensorBoard scalar: (tag, value, step). Called only every --tensorboard-log-interval.
+  /// TensorBoard scalar: (tag, value, step). Called every --tensorboard-log-interval, except the
+  /// MTP tags ("mtp_<k> loss", "mtp_<k>_acceptance_rate", "mtp_<k>_cumulative_acceptance_rate"),
+  /// which Megatron's track_mtp_metrics writes every iteration.
   std::function<void(const std::string&, double, int64_t)> add_scalar;
   /// Flush pending TensorBoard events.
   std::function<void()> flush;
@@ -132,6 +150,7 @@ struct TrainStepResult {
   /// (a collective over the model-parallel / data-parallel groups; Megatron's
   /// calc_params_l2_norm in train(), before training_log).
   std::optional<double> params_norm;
+  std::vector<MtpStepMetrics> mtp;  // per MTP module (--mtp-num-layers)
 };
 
 /// The training run: owns timers and counters, prints Megatron's lines through `print`.
@@ -218,6 +237,9 @@ class Trainer {
   /// MoE losses (Megatron's track_moe_metrics names) summed since the last log line, in the
   /// order they were first reported.
   std::vector<std::pair<std::string, double>> moe_loss_sums_;
+  // Per MTP module: the interval's Σ of "mtp_<k> loss" values, and the run's cumulative
+  // acceptance counts (Megatron keeps them per process; they restart with the process).
+  std::vector<double> interval_mtp_loss_, mtp_cumulative_correct_, mtp_cumulative_total_;
   int64_t advanced_iters_ = 0, skipped_iters_ = 0, nan_iters_ = 0, interval_iters_ = 0;
   bool memory_reported_ = false;
   // --log-progress: the FLOPs count and wall-clock time at the start of this job (Megatron's
@@ -225,12 +247,6 @@ class Trainer {
   double job_start_flops_ = 0.0;
   std::chrono::system_clock::time_point job_start_wall_;
 };
-
-/// Builds the OptimizerParamScheduler from args exactly as Megatron's get_optimizer_param_scheduler
-/// (docs/megatron-reference.md#lr-and-wd-schedule): iteration-based runs count iters × global batch size, sample-based runs samples.
-OptimizerParamScheduler::Options scheduler_options_from_args(const Arguments& args);
-/// OptimizerConfig from args (--lr, --decoupled-lr, --clip-grad, --adam-*, --fp16/--bf16, ...).
-optimizer::OptimizerConfig optimizer_config_from_args(const Arguments& args);
 
 /// Installs a SIGTERM handler that only sets a flag (Megatron's --exit-signal-handler).
 void install_exit_signal_handler();

@@ -254,7 +254,15 @@ double num_floating_point_operations(const Arguments& a, int64_t batch_size) {
     const double shared = static_cast<double>(a.moe_shared_expert_intermediate_size.value_or(0));
     mlp = f * gate * (L - n_moe) + (moe_f * static_cast<double>(a.moe_router_topk) * gate + shared * gate) * n_moe;
   }
-  return T * (6.0 * h * mlp + 6.0 * (h * (q + 2.0 * k) + q * h) * L + 6.0 * h * Vp) + Q2 * 6.0 * q * L;
+  // --mtp-num-layers D: D more (dense: MoE MTP layers are refused) transformer layers, their eh
+  // norms + final norm (3h) and eh_proj (2h²), and D more logits (Megatron's
+  // num_floating_point_operations).
+  const double D = static_cast<double>(a.mtp_num_layers.value_or(0));
+  const double Lt = L + D;
+  mlp += f * gate * D;
+  return T * (6.0 * h * mlp + 6.0 * (h * (q + 2.0 * k) + q * h) * Lt + 6.0 * D * (3.0 * h + 2.0 * h * h) +
+              6.0 * h * Vp * (D + 1.0)) +
+         Q2 * 6.0 * q * Lt;
 }
 
 }  // namespace megatron::training

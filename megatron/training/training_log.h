@@ -47,7 +47,8 @@ std::vector<std::string> format_validation_lines(const std::string& prefix, cons
                                                  const std::vector<std::pair<std::string, double>>& losses);
 
 /// Model FLOPs of one global batch of `batch_size` sequences (docs/megatron-reference.md#flops, causal-halved attention):
-/// T·[6·h·f·gate·L + 6·(h·(q+2k) + q·h)·L + 6·h·Vp] + B·s²·6·q·L. Needs validated args and
+/// T·[6·h·f·gate·L + 6·(h·(q+2k) + q·h)·L + 6·h·Vp] + B·s²·6·q·L; with --mtp-num-layers D,
+/// L -> L + D, + T·6·D·(3h + 2h²) (MTP norms and eh_proj) and Vp counted D + 1 times. Needs validated args and
 /// padded_vocab_size.
 double num_floating_point_operations(const Arguments& args, int64_t batch_size);
 

@@ -21,6 +21,7 @@
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
+#include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
 
 using namespace megatron;
@@ -551,8 +552,8 @@ void test_reduce_many() {
 // sum_of_squares_many (the global gradient norm, clip_grads.cpp): 150 tensors (more than one
 // multi-tensor launch holds), fp32 with a bf16 run in the middle, an empty one and sizes that are
 // not multiples of 8, against a float64 host sum (tol 1e-12: double accumulation of exact
-// squares, only the summation order differs). Prints the result's bits so a caller can compare
-// runs with MEGATRON_REDUCE_MULTI=0 and 1 at a fixed --seed (identical by construction).
+// squares, only the summation order differs), and bit-identical to one stage-1 launch per tensor
+// (variants.h reduce_per_tensor: the same partials summed in the same order).
 void test_grad_norm() {
   std::vector<Tensor> ts;
   double ref = 0.0;
@@ -571,6 +572,11 @@ void test_grad_norm() {
   double per = 0.0;  // the single-tensor reduction, one launch and sync each
   for (const Tensor& t : ts) per += t.numel() ? cu::sum_of_squares(t) : 0.0;
   check_true("sum_of_squares_many vs per-tensor sum_of_squares", std::abs(got - per) <= 1e-12 * ref);
+  cu::variants::forced().reduce_per_tensor = true;
+  const double per_launch = cu::sum_of_squares_many(ts);
+  cu::variants::forced().reduce_per_tensor = false;
+  check_true("sum_of_squares_many multi-tensor vs per-tensor launches bit-identical",
+             std::memcmp(&got, &per_launch, sizeof got) == 0);
   uint64_t bits;
   std::memcpy(&bits, &got, sizeof bits);
   std::printf("INFO sum_of_squares_many bits %016llx (%.17g)\n", (unsigned long long)bits, got);
@@ -704,11 +710,20 @@ void test_embedding_ce() {
   }
 }
 
+void test_norms_once(bool v1);
+
+// h <= 1024 with h % 8 == 0 runs the register-accumulating kernels (gpt2perf; 768 = GPT-2, 1000 =
+// a partial last 256-column chunk), 4096 the general ones; 768 with 3000 rows makes every warp of
+// the one-wave grid loop over several rows. Run twice: the automatic choice, then the general
+// (v1) forward and backward forced on the same shapes (variants.h; they are the fallbacks).
 void test_norms() {
-  // h <= 1024 with h % 8 == 0 runs the register-accumulating backward (gpt2perf; 768 = GPT-2,
-  // 1000 = a partial last 256-column chunk), 4096 the shared-memory one; 768 with 3000 rows makes
-  // every warp of the one-wave grid loop over several rows. MEGATRON_NORM_BWD_V1=1 checks the old
-  // kernel on the same shapes.
+  test_norms_once(false);
+  cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = true;
+  test_norms_once(true);
+  cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = false;
+}
+
+void test_norms_once(bool v1) {
   for (int64_t h : {g_small ? 40 : 1000, g_small ? 64 : 4096, g_small ? 256 : 768})
     for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
       for (bool zc : {false, true}) {
@@ -753,8 +768,8 @@ void test_norms() {
             }
           }
           char nm[128];
-          std::snprintf(nm, sizeof nm, "%s h=%ld %s%s", ln ? "layernorm" : "rmsnorm", (long)h, dn(dt),
-                        zc ? " 1p" : "");
+          std::snprintf(nm, sizeof nm, "%s h=%ld %s%s%s", ln ? "layernorm" : "rmsnorm", (long)h, dn(dt),
+                        zc ? " 1p" : "", v1 ? " v1" : "");
           check(std::string(nm) + " fwd y", host(Y), ry, tol_for(dt));
           if (ln) check(std::string(nm) + " fwd mean", host(M), rm, 1e-5);
           check(std::string(nm) + " fwd rstd", host(R), rr, 1e-5);
@@ -892,8 +907,8 @@ void test_attention() {
   for (int impl : {0, 5, 4, 2, 3, 1})
   for (auto cs : cases) {
     if ((impl == 0 || impl == 4 || impl == 5) && (cs.mask || !have_cudnn)) continue;
-    setenv("MEGATRON_FLASH_V1", impl == 1 ? "1" : "0", 1);
-    setenv("MEGATRON_FLASH_SMALL", impl == 3 ? "1" : "0", 1);
+    cu::variants::forced().flash_v1 = impl == 1;
+    cu::variants::forced().flash_small = impl == 3 ? 1 : 0;
     setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 || impl == 5 ? "cudnn" : "flash", 1);
     const DType dt = impl == 5 ? DType::kFloat16 : DType::kBFloat16;  // 5: cuDNN SDPA in fp16 (--fp16)
     const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
@@ -981,8 +996,8 @@ void test_attention() {
     check(std::string(nm) + " dk", host(DK), rdk, 1e-2);
     check(std::string(nm) + " dv", host(DV), rdv, 1e-2);
   }
-  unsetenv("MEGATRON_FLASH_V1");
-  unsetenv("MEGATRON_FLASH_SMALL");
+  cu::variants::forced().flash_v1 = false;
+  cu::variants::forced().flash_small = -1;
   unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 

@@ -116,3 +116,19 @@ tiny_gpt_gpu_vs_cpu() {
     END {if(n<30){printf "FAIL tiny GPT: %d of 30 loss lines\n", n; exit 1}
          printf "%s tiny GPT 30 steps, GPU bf16 vs CPU fp32: max rel loss diff %.2e at iteration %d (tol 2e-2); last %s\n", (m<=2e-2?"PASS":"FAIL"), m, at, last; exit (m<=2e-2?0:1)}' || status=1
 }
+
+# The kernel-variant drivers (dev/cuda/README.md) named in "$@", from $BIN/dev/dev_cuda_<name>:
+# each checks the shipped kernel and its comparison variant against the CPU reference and times
+# both (median of 20). Their PASS/FAIL/TIME lines go to stdout (TIME as INFO); a failing or
+# missing driver sets status=1. Logs in $O/dev_<name>.log.
+gc_dev_drivers() {
+  local d rc
+  for d in "$@"; do
+    if [ ! -x "$BIN/dev/dev_cuda_$d" ]; then echo "FAIL dev driver $BIN/dev/dev_cuda_$d not built (ninja dev_cuda)"; status=1; continue; fi
+    timeout 120 "$BIN/dev/dev_cuda_$d" --reps 20 > "$O/dev_$d.log" 2>&1
+    rc=$?
+    grep -E "^(PASS|FAIL) " "$O/dev_$d.log" | sed "s/^\(PASS\|FAIL\) /\1 [dev $d] /"
+    grep -E "^TIME " "$O/dev_$d.log" | sed "s/^TIME /INFO [dev $d] /"
+    [ $rc = 0 ] || { echo "FAIL dev driver $d exit $rc ($O/dev_$d.log)"; status=1; }
+  done
+}

@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/utils/errors.h"
@@ -77,4 +79,83 @@ TEST(OptimizerParamScheduler, HandValuesAndErrors) {
   EXPECT_DOUBLE_EQ(s.get_lr(), 0.1);
   o.lr_warmup_steps = 110;
   EXPECT_THROW(OptimizerParamScheduler{o}, megatron::UserError);
+}
+
+namespace {
+OptimizerParamScheduler::Options cosine_options(double max_lr) {
+  OptimizerParamScheduler::Options o;
+  o.max_lr = max_lr;
+  o.min_lr = 0.1;
+  o.lr_warmup_steps = 10;
+  o.lr_decay_steps = 110;
+  o.lr_decay_style = "cosine";
+  return o;
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const megatron::UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// state_dict / load_state_dict against Megatron's optimizer_param_scheduler.py: the keys of its
+// state_dict(), and _check_and_set's three behaviours (equal values continue; a differing value
+// asserts unless --use-checkpoint-opt_param-scheduler takes the checkpoint's or
+// --override-opt_param-scheduler keeps the class's, with Megatron's messages).
+TEST(OptimizerParamScheduler, StateDictRoundTripAndCheckpointFlags) {
+  OptimizerParamScheduler saved(cosine_options(1.0));
+  saved.step(60);
+  const nlohmann::json sd = saved.state_dict();
+  std::set<std::string> keys;
+  for (const auto& [k, v] : sd.items()) keys.insert(k);
+  const std::set<std::string> megatron_keys = {"max_lr",   "lr_warmup_steps", "num_steps", "lr_decay_style",
+                                               "lr_decay_steps", "min_lr",     "start_wd",  "end_wd",
+                                               "wd_incr_style",  "wd_incr_steps"};
+  EXPECT_EQ(keys, megatron_keys);
+  EXPECT_EQ(sd.at("num_steps"), 60);
+
+  // Same options: the position is restored, the schedule continues where it was.
+  std::vector<std::string> log;
+  auto sink = [&log](const std::string& s) { log.push_back(s); };
+  OptimizerParamScheduler same(cosine_options(1.0));
+  same.load_state_dict(sd, sink);
+  EXPECT_EQ(same.num_steps(), 60);
+  EXPECT_EQ(same.get_lr(), saved.get_lr());
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front(), " > using checkpoint value 1 for learning rate");
+
+  // A different --lr: refused without a flag, naming both flags.
+  OptimizerParamScheduler other(cosine_options(2.0));
+  const std::string err = error_of([&] { other.load_state_dict(sd, nullptr); });
+  EXPECT_NE(err.find("class input value 2 and checkpoint value 1 for learning rate"), std::string::npos) << err;
+  EXPECT_NE(err.find("--use-checkpoint-opt_param-scheduler"), std::string::npos) << err;
+  EXPECT_NE(err.find("--override-opt_param-scheduler"), std::string::npos) << err;
+
+  // --use-checkpoint-opt_param-scheduler: the checkpoint's schedule (lr = the saved run's).
+  OptimizerParamScheduler::Options use = cosine_options(2.0);
+  use.use_checkpoint_opt_param_scheduler = true;
+  OptimizerParamScheduler from_ckpt(use);
+  from_ckpt.load_state_dict(sd, nullptr);
+  EXPECT_EQ(from_ckpt.options().max_lr, 1.0);
+  EXPECT_EQ(from_ckpt.get_lr(), saved.get_lr());
+
+  // --override-opt_param-scheduler: the class's values stay, num_steps still comes back.
+  OptimizerParamScheduler::Options ov = cosine_options(2.0);
+  ov.override_opt_param_scheduler = true;
+  OptimizerParamScheduler overridden(ov);
+  log.clear();
+  overridden.load_state_dict(sd, sink);
+  EXPECT_EQ(overridden.options().max_lr, 2.0);
+  EXPECT_EQ(overridden.num_steps(), 60);
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front(), " > overriding learning rate value to 2");
+
+  // Both flags: refused (Megatron asserts 'both override and use-checkpoint are set.').
+  OptimizerParamScheduler::Options both = ov;
+  both.use_checkpoint_opt_param_scheduler = true;
+  OptimizerParamScheduler b(both);
+  EXPECT_NE(error_of([&] { b.load_state_dict(sd, nullptr); }).find("give at most one"), std::string::npos);
 }

@@ -6,7 +6,7 @@ namespace megatron::distributed {
 
 void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const FinalizeGroups& g, Tensor* num_tokens) {
   for (auto* c : chunks) c->finish_grad_sync();
-  if (g.sequence_parallel && g.tp_group && g.tp_group->size() > 1) {
+  if (g.tp_group && g.tp_group->size() > 1) {
     // Norm weights saw only this rank's sequence shard: sum their grads over TP (one
     // coalesced all-reduce, as Megatron's _allreduce_non_tensor_model_parallel_grads).
     std::vector<Tensor> grads;

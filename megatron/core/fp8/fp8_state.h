@@ -193,4 +193,23 @@ class Fp8State {
   int64_t weight_casts_ = 0;
 };
 
+/// Turns amax recording off for its lifetime (restored also when an exception leaves the scope):
+/// the replay of an activation-recomputed forward quantizes like the original forward, whose amaxes
+/// were already recorded (Transformer Engine's recompute phase). `st` may be nullptr (no FP8).
+class ScopedNoAmaxRecording {
+ public:
+  explicit ScopedNoAmaxRecording(Fp8State* st) : st_(st), was_(st && st->recording()) {
+    if (st_) st_->set_recording(false);
+  }
+  ~ScopedNoAmaxRecording() {
+    if (st_) st_->set_recording(was_);
+  }
+  ScopedNoAmaxRecording(const ScopedNoAmaxRecording&) = delete;
+  ScopedNoAmaxRecording& operator=(const ScopedNoAmaxRecording&) = delete;
+
+ private:
+  Fp8State* st_;
+  bool was_;
+};
+
 }  // namespace megatron::fp8

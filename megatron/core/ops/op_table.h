@@ -312,7 +312,7 @@ MEGATRON_OP(void, adam_step,
 /// AdamTensor, the rest from p): the same per-element arithmetic as adam_step per tensor. CUDA:
 /// one launch per model-param dtype (multi-tensor Adam; the tensor table goes to the GPU through
 /// the asynchronous staged copy, no host synchronization), or one adam_step launch per tensor in
-/// list order when a tensor does not fit the multi-tensor kernel or MEGATRON_MULTI_TENSOR_ADAM=0.
+/// list order when a tensor does not fit the multi-tensor kernel (or a dev/cuda driver forces it: ops/cuda/variants.h).
 /// CPU: adam_step per tensor in list order.
 MEGATRON_OP(void, adam_step_multi, (const std::vector<AdamTensor>& ts, const AdamParams& p), (ts, p), ts)
 

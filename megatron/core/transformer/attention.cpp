@@ -7,7 +7,7 @@
 namespace megatron::transformer {
 
 SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                             const tensor_parallel::TPContext& tp)
+                             const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8)
     : config_(config),
       heads_local_(config.num_attention_heads / tp.size()),
       groups_local_(config.num_query_groups / tp.size()) {
@@ -26,13 +26,16 @@ SelfAttention::SelfAttention(ParamRegistry& reg, const std::string& prefix, cons
   linear_qkv_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
       reg, prefix + ".linear_qkv", config.hidden_size, config.qkv_projection_size(),
       config.add_bias_linear || config.add_qkv_bias, config.init_method_std, tp);
-  if (config.fp8_state) {
-    linear_qkv_->enable_fp8(config.fp8_state, prefix + ".linear_qkv");
-    linear_proj_->enable_fp8(config.fp8_state, prefix + ".linear_proj");
+  if (fp8) {
+    linear_qkv_->enable_fp8(fp8, prefix + ".linear_qkv");
+    linear_proj_->enable_fp8(fp8, prefix + ".linear_proj");
   }
   if (config.qk_layernorm) {
-    q_layernorm_ = std::make_unique<Norm>(reg, prefix + ".q_layernorm", config.kv_channels, config);
-    k_layernorm_ = std::make_unique<Norm>(reg, prefix + ".k_layernorm", config.kv_channels, config);
+    // Per-head norms on the gathered sequence: not sequence-parallel parameters.
+    q_layernorm_ = std::make_unique<Norm>(reg, prefix + ".q_layernorm", config.kv_channels, config,
+                                          /*sequence_sharded_input=*/false);
+    k_layernorm_ = std::make_unique<Norm>(reg, prefix + ".k_layernorm", config.kv_channels, config,
+                                          /*sequence_sharded_input=*/false);
   }
 }
 

@@ -35,8 +35,10 @@ class SelfAttention {
  public:
   /// Registers, in Megatron's order: linear_proj.{weight,bias}, linear_qkv.{weight,bias},
   /// q_layernorm, k_layernorm (prefix = "decoder.layers.<i>.self_attention").
+  /// `fp8`: the model's runtime FP8 state (amax histories, scales; owned by the model, not part
+  /// of the config) when config.fp8 is set, else null: the linear layers then run in FP8.
   SelfAttention(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                const tensor_parallel::TPContext& tp);
+                const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
   /// With `residual`: returns attention(x) + residual (added in the output projection's GEMM
   /// where possible, RowParallelLinear::forward_add).
   /// `xq`: the input already quantized for linear_qkv by its producer (x then unused; see

@@ -8,7 +8,7 @@
 namespace megatron::transformer {
 
 MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-         const tensor_parallel::TPContext& tp)
+         const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8)
     : config_(config) {
   const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
   linear_fc1_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
@@ -16,9 +16,9 @@ MLP::MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig&
       config.init_method_std, tp, config.gated_linear_unit ? 2 : 1);
   linear_fc2_ = std::make_unique<tensor_parallel::RowParallelLinear>(
       reg, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size, config.add_bias_linear, out_std, tp);
-  if (config.fp8_state) {
-    linear_fc1_->enable_fp8(config.fp8_state, prefix + ".linear_fc1");
-    linear_fc2_->enable_fp8(config.fp8_state, prefix + ".linear_fc2");
+  if (fp8) {
+    linear_fc1_->enable_fp8(fp8, prefix + ".linear_fc1");
+    linear_fc2_->enable_fp8(fp8, prefix + ".linear_fc2");
   }
 }
 

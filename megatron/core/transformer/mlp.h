@@ -18,8 +18,9 @@ struct MLPCtx {
 
 class MLP {
  public:
+  /// `fp8`: the model's runtime FP8 state when config.fp8 is set (fc1 and fc2 run in FP8), else null.
   MLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-      const tensor_parallel::TPContext& tp);
+      const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
   /// With `residual`: returns mlp(x) + residual (added in fc2's GEMM where possible).
   /// `xq`: the input already quantized for linear_fc1 by its producer (x then unused; see
   /// fused_fp8_input). With FP8 and SwiGLU the activation is quantized for linear_fc2 inside the

@@ -6,22 +6,26 @@
 namespace megatron::transformer {
 
 namespace {
-ParamRef add_norm_param(ParamRegistry& reg, const std::string& name, int64_t hidden, InitKind init) {
+ParamRef add_norm_param(ParamRegistry& reg, const std::string& name, int64_t hidden, InitKind init,
+                        bool sequence_parallel) {
   Parameter p;
   p.name = name;
   p.global_shape = {hidden};
   p.no_weight_decay = true;
   p.init = init;
+  p.sequence_parallel = sequence_parallel;
   return ParamRef(&reg, reg.add(std::move(p), {hidden}));
 }
 }  // namespace
 
-Norm::Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config)
+Norm::Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config,
+           bool sequence_sharded_input)
     : rms_(config.normalization == Normalization::kRMSNorm),
       zero_centered_(config.layernorm_zero_centered_gamma),
       eps_(config.layernorm_epsilon) {
-  weight_ = add_norm_param(reg, prefix + ".weight", hidden, zero_centered_ ? InitKind::kZeros : InitKind::kOnes);
-  if (!rms_) bias_ = add_norm_param(reg, prefix + ".bias", hidden, InitKind::kZeros);
+  const bool sp = sequence_sharded_input && config.sequence_parallel && config.tensor_model_parallel_size > 1;
+  weight_ = add_norm_param(reg, prefix + ".weight", hidden, zero_centered_ ? InitKind::kZeros : InitKind::kOnes, sp);
+  if (!rms_) bias_ = add_norm_param(reg, prefix + ".bias", hidden, InitKind::kZeros, sp);
 }
 
 Tensor Norm::forward(const Tensor& x, NormCtx& ctx) const {

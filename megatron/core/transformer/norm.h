@@ -20,7 +20,14 @@ class Norm {
  public:
   /// Registers "<prefix>.weight" [hidden] (init 1, or 0 zero-centred) and, for LayerNorm,
   /// "<prefix>.bias" [hidden] (init 0). Not TP-sharded.
-  Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config);
+  /// With config.sequence_parallel (TP > 1) the norm marks its parameters
+  /// Parameter::sequence_parallel, as Megatron's TENorm / FusedLayerNorm set the parameters'
+  /// `sequence_parallel` attribute: they see this rank's 1/TP of the sequence, so
+  /// finalize_model_grads sums their gradients over TP. `sequence_sharded_input` = false for a
+  /// norm whose input is not sequence-sharded (the per-head q/k layernorms, applied after the
+  /// QKV projection has gathered the sequence): its parameters are not marked.
+  Norm(ParamRegistry& reg, const std::string& prefix, int64_t hidden, const TransformerConfig& config,
+       bool sequence_sharded_input = true);
   /// x [..., hidden] -> y, same shape/dtype.
   Tensor forward(const Tensor& x, NormCtx& ctx) const;
   /// RMSNorm forward whose output goes straight into the FP8 input of the linear at `base` of

@@ -8,11 +8,11 @@ namespace megatron::transformer {
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const TransformerConfig& config,
                                    const tensor_parallel::TPContext& tp, int64_t layer_offset,
-                                   int64_t num_local_layers, bool post_process)
-    : config_(config) {
+                                   int64_t num_local_layers, bool post_process, std::shared_ptr<fp8::Fp8State> fp8)
+    : config_(config), fp8_(std::move(fp8)) {
   for (int64_t i = 0; i < num_local_layers; ++i)
     layers_.push_back(std::make_unique<TransformerLayer>(
-        reg, "decoder.layers." + std::to_string(layer_offset + i), config, tp));
+        reg, "decoder.layers." + std::to_string(layer_offset + i), config, tp, fp8_));
   if (post_process) final_layernorm_ = std::make_unique<Norm>(reg, "decoder.final_layernorm", config.hidden_size, config);
 }
 
@@ -61,16 +61,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, TransformerBlockCtx& ctx,
       // replay quantizes identically; like Transformer Engine's recompute phase it records no
       // amax (the original forward already did) and reuses the step's cached weight casts.
       RecomputeChunk& c = ctx.chunks[--chunk];
-      struct NoAmaxRecording {  // restores the FP8 recording flag, also if the replay throws
-        fp8::Fp8State* st;
-        bool was;
-        explicit NoAmaxRecording(fp8::Fp8State* s) : st(s), was(s && s->recording()) {
-          if (st) st->set_recording(false);
-        }
-        ~NoAmaxRecording() {
-          if (st) st->set_recording(was);
-        }
-      } no_amax(config_.fp8_state.get());
+      fp8::ScopedNoAmaxRecording no_amax(fp8_.get());
       Tensor h = c.input;
       for (size_t j = c.begin; j < c.end; ++j) h = layers_[j]->forward(h, c.fc, ctx.layers[j]);
       c.input = Tensor();

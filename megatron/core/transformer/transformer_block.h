@@ -29,8 +29,11 @@ class TransformerBlock {
  public:
   /// Layers [layer_offset, layer_offset + num_local_layers) named "decoder.layers.<global i>";
   /// final_layernorm only when post_process.
+  /// `fp8`: the model's runtime FP8 state (amax histories, scales; owned by the model, not part
+  /// of the config) when config.fp8 is set, else null: the linear layers then run in FP8.
   TransformerBlock(ParamRegistry& reg, const TransformerConfig& config, const tensor_parallel::TPContext& tp,
-                   int64_t layer_offset, int64_t num_local_layers, bool post_process);
+                   int64_t layer_offset, int64_t num_local_layers, bool post_process,
+                   std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
   Tensor forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const;
   /// `layer_done` (optional) is called with the local layer index as soon as that layer's
   /// parameter gradients are complete (for --overlap-grad-reduce), last layer first.
@@ -42,6 +45,7 @@ class TransformerBlock {
   /// Layer ranges [begin, end) that are recomputed, per the config's recompute settings.
   std::vector<std::pair<size_t, size_t>> recompute_ranges() const;
   const TransformerConfig& config_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::unique_ptr<Norm> final_layernorm_;
 };

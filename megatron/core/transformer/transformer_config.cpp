@@ -92,6 +92,16 @@ void TransformerConfig::validate() {
   } else if (recompute_method != RecomputeMethod::kNone) {
     user_error("--recompute-method needs --recompute-granularity full");
   }
+  if (mtp_num_layers < 0) user_error("--mtp-num-layers must be >= 0, got ", mtp_num_layers);
+  if (mtp_num_layers > 0) {
+    if (position_embedding_type == PositionEmbeddingType::kLearnedAbsolute)
+      user_error("Multi-Token Prediction (MTP) is not supported with learned_absolute position embedding type "
+                 "(--mtp-num-layers needs --position-embedding-type rope or none, as in Megatron)");
+    if (recompute_granularity == RecomputeGranularity::kFull && recompute_method == RecomputeMethod::kUniform &&
+        recompute_num_layers != 1)
+      user_error("--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1 (Megatron: "
+                 "'recompute_num_layers must be 1 for MTP recompute'), got ", recompute_num_layers);
+  }
   auto float_ok = [](DType t) { return t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16; };
   if (!float_ok(params_dtype)) user_error("TransformerConfig.params_dtype must be float32, bfloat16 or float16");
   if (!float_ok(main_grads_dtype)) user_error("TransformerConfig.main_grads_dtype must be float32, bfloat16 or float16");

@@ -15,10 +15,6 @@
 #include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype.h"
 
-namespace megatron::fp8 {
-class Fp8State;
-}
-
 namespace megatron::transformer {
 
 enum class Normalization { kLayerNorm, kRMSNorm };
@@ -99,6 +95,17 @@ struct TransformerConfig {
   /// false with --untie-embeddings-and-output-weights.
   bool share_embeddings_and_output_weights = true;
 
+  // ---- multi-token prediction (transformer/multi_token_prediction.h) ----
+  /// --mtp-num-layers: D sequential MTP modules after the decoder (0 = none, Megatron's None).
+  int64_t mtp_num_layers = 0;
+  /// --mtp-loss-scaling-factor: the MTP losses' mean over the D modules is scaled by this
+  /// before it joins the gradient (Megatron's default 0.1).
+  float mtp_loss_scaling_factor = 0.1f;
+  /// --calculate-per-token-loss (Megatron's TransformerConfig field): the MTP loss gradient keeps
+  /// the token-sum scale the main loss has then (process_mtp_loss), and the MoE aux losses are
+  /// scaled by the local token count (attach_and_log_load_balancing_loss).
+  bool calculate_per_token_loss = false;
+
   // ---- activation recomputation (Megatron's --recompute-*) ----
   RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
@@ -112,10 +119,9 @@ struct TransformerConfig {
 
   // ---- FP8 (docs/megatron-reference.md#fp8-delayed-scaling) ----
   /// Megatron's `fp8` (--fp8-format) with the recipe flags; nullopt = no FP8 GEMMs. The QKV,
-  /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h).
+  /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h). The runtime FP8
+  /// state (amax histories, scales) is not configuration: GPTModel owns it (GPTModel::fp8_state).
   std::optional<fp8::Fp8Config> fp8;
-  /// Runtime FP8 state shared by those layers; created by GPTModel when `fp8` is set.
-  std::shared_ptr<fp8::Fp8State> fp8_state;
 
   // ---- Mixture of Experts (Megatron-Core's MoE fields; docs/moe.md) ----
   /// --num-experts (Megatron's num_moe_experts); nullopt = dense model (no MoE layer).
@@ -162,9 +168,6 @@ struct TransformerConfig {
   std::optional<double> moe_input_jitter_eps;
   /// --moe-per-layer-logging: load-balancing / z-loss values per layer as well.
   bool moe_per_layer_logging = false;
-  /// --calculate-per-token-loss (the aux losses are then scaled by the local token count, as
-  /// Megatron's attach_and_log_load_balancing_loss).
-  bool calculate_per_token_loss = false;
   /// --expert-model-parallel-size and --expert-tensor-parallel-size (0 = tensor_model_parallel_size).
   int64_t expert_model_parallel_size = 1;
   int64_t expert_tensor_parallel_size = 0;
@@ -180,7 +183,9 @@ struct TransformerConfig {
   /// num_query_groups, heads and groups divisible by tensor_model_parallel_size,
   /// ffn_hidden_size divisible by TP, positive sizes, dropout in [0, 1), dtypes supported,
   /// rotary_percent in (0, 1] and giving an even rotary dim, sequence_parallel needs TP > 1,
-  /// full recomputation needs --recompute-method and a positive --recompute-num-layers.
+  /// full recomputation needs --recompute-method and a positive --recompute-num-layers;
+  /// multi-token prediction: mtp_num_layers >= 0, rope or no position embedding, and
+  /// recompute_num_layers 1 with uniform full recomputation (Megatron's MTP asserts).
   void validate();
 
   int64_t head_dim() const { return kv_channels; }

@@ -25,8 +25,10 @@ struct TransformerLayerCtx {
 class TransformerLayer {
  public:
   /// prefix = "decoder.layers.<global layer index>".
+  /// `fp8`: the model's runtime FP8 state (amax histories, scales; owned by the model, not part
+  /// of the config) when config.fp8 is set, else null: the linear layers then run in FP8.
   TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                   const tensor_parallel::TPContext& tp);
+                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
   /// x [s, b, h] -> [s, b, h].
   Tensor forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const;
   /// dy -> dx; accumulates all parameter gradients.

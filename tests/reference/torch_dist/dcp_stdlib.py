@@ -13,6 +13,9 @@ like torch's, zipfile for torch.save archives. Used by tests/functional_tests/ck
       along the first axis where possible, args as argparse.Namespace, the optimizer step in
       Megatron's common state, optimizer main params as optimizer.state.param.* with --distopt,
       layer norms under Transformer Engine's fused names with --te-names).
+  dcp_stdlib.py keys REF_DIR DCP_DIR
+      Checks two torch_dist checkpoints hold the same tensors (key, dtype, global shape) and
+      objects, RNG / rerun-state objects aside (our writer against Megatron-LM's own checkpoints).
 """
 import argparse as _argparse
 import array
@@ -81,11 +84,13 @@ StorageInfo = _class('torch.distributed.checkpoint.filesystem', '_StorageInfo', 
 
 
 class _MetadataIndexBase(_Record):
+    # torch pickles MetadataIndex without the fields left at their default (offset=None for
+    # byte items), so a missing attribute reads as None.
     def __hash__(self):
-        return hash((self.fqn, self.offset))
+        return hash((self.fqn, getattr(self, 'offset', None)))
 
     def __eq__(self, o):
-        return (self.fqn, self.offset) == (o.fqn, o.offset)
+        return (self.fqn, getattr(self, 'offset', None)) == (o.fqn, getattr(o, 'offset', None))
 
 
 MetadataIndex = _class(MD, 'MetadataIndex', _MetadataIndexBase)
@@ -325,8 +330,19 @@ def read_dcp(d):
 def compare(dcp_dir, ours_dir):
     dcp, common, md = read_dcp(dcp_dir)
     ours, ocommon = read_ours(ours_dir)
-    # The distributed optimizer's main params are named as Megatron's fully_reshardable layout.
-    ren = {k.replace('optimizer.state.param.', 'optimizer.state.fp32_param.'): v for k, v in dcp.items()}
+    # The distributed optimizer's main params are named as Megatron's fully_reshardable layout;
+    # layer norms under the fused names Megatron's layer saves them as; fp32 training saves no
+    # main-param copy (Megatron's FP32Optimizer): ours must equal the model weight then.
+    def ours_name(k):
+        k = k.replace('optimizer.state.param.', 'optimizer.state.fp32_param.')
+        k = k.replace('decoder.layers.self_attention.linear_qkv.layer_norm_', 'decoder.layers.input_layernorm.')
+        return k.replace('decoder.layers.mlp.linear_fc1.layer_norm_', 'decoder.layers.pre_mlp_layernorm.')
+    ren = {ours_name(k): v for k, v in dcp.items()}
+    for k in list(ours):
+        p = 'optimizer.state.fp32_param.'
+        if k.startswith(p) and k not in ren and ours[k[len(p):]].dtype == 'float32':
+            assert ours[k].data == ours[k[len(p):]].data, f'{k}: main param differs from the fp32 weight'
+            del ours[k]
     assert set(ren) == set(ours), f'keys differ: {sorted(set(ren) ^ set(ours))[:10]}'
     for k, t in ours.items():
         assert ren[k].shape == tuple(t.shape), (k, ren[k].shape, t.shape)
@@ -337,6 +353,24 @@ def compare(dcp_dir, ours_dir):
     extra = [k for k in md.state_dict_metadata if k.endswith(('_extra_state/shard_0_2', '_extra_state/shard_1_2'))]
     assert extra, 'no _extra_state objects'
     print(f'OK: {len(ours)} tensors equal, {len(extra)} _extra_state objects, iteration {common["iteration"]}')
+
+
+def same_keys(ref_dir, dcp_dir):
+    """The tensors (key, dtype, global shape) and objects of two torch_dist checkpoints agree,
+    except the RNG / rerun-state objects (torch generators; megatron.cpp keeps its own RNG state
+    under megatron_cpp.*), which only the writer's own code reads."""
+    def entries(d):
+        md = pickle.loads(open(os.path.join(d, '.metadata'), 'rb').read())
+        out = set()
+        for k, sm in md.state_dict_metadata.items():
+            if k.startswith(('rng_state/', 'rerun_state_machine_state/', 'megatron_cpp.')):
+                continue
+            out.add((k, 'bytes') if isinstance(sm, BytesStorageMetadata) else
+                    (k, sm.properties.dtype.name, tuple(sm.size)))
+        return out
+    a, b = entries(ref_dir), entries(dcp_dir)
+    assert a == b, f'only in {ref_dir}: {sorted(a - b)[:8]}; only in {dcp_dir}: {sorted(b - a)[:8]}'
+    print(f'OK: the same {len(a)} entries (key, dtype, shape)')
 
 
 def convert(ours_dir, dcp_dir, te_names, distopt):
@@ -399,7 +433,7 @@ def convert(ours_dir, dcp_dir, te_names, distopt):
 
 if __name__ == '__main__':
     p = _argparse.ArgumentParser()
-    p.add_argument('mode', choices=['compare', 'convert'])
+    p.add_argument('mode', choices=['compare', 'convert', 'keys'])
     p.add_argument('src')
     p.add_argument('dst')
     p.add_argument('--te-names', action='store_true')
@@ -407,5 +441,7 @@ if __name__ == '__main__':
     a = p.parse_args()
     if a.mode == 'compare':
         compare(a.src, a.dst)
+    elif a.mode == 'keys':
+        same_keys(a.src, a.dst)
     else:
         convert(a.src, a.dst, a.te_names, a.distopt)

@@ -12,6 +12,7 @@
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "test_utils/tiny_model.h"
 
 using namespace megatron;

@@ -8,8 +8,14 @@
 
 namespace megatron::testing {
 
-Fixture::Fixture(const std::string& name) {
-  const std::string base = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/model/data/" + name;
+Fixture::Fixture(const std::string& name) : Fixture("tests/reference/model/data", name) {}
+
+bool Fixture::exists(const std::string& dir, const std::string& name) {
+  return std::ifstream(std::string(MEGATRON_SOURCE_DIR) + "/" + dir + "/" + name + ".json").good();
+}
+
+Fixture::Fixture(const std::string& dir, const std::string& name) {
+  const std::string base = std::string(MEGATRON_SOURCE_DIR) + "/" + dir + "/" + name;
   std::ifstream js(base + ".json");
   MEGATRON_CHECK(js.good()) << "missing fixture " << base << ".json";
   nlohmann::json j = nlohmann::json::parse(js);

@@ -15,6 +15,10 @@ class Fixture {
  public:
   /// Loads tests/reference/model/data/<name>.{json,bin} from the source tree.
   explicit Fixture(const std::string& name);
+  /// Loads <dir>/<name>.{json,bin}, dir relative to the source tree (e.g. "tests/reference/mtp/data").
+  Fixture(const std::string& dir, const std::string& name);
+  /// Whether <dir>/<name>.json exists in the source tree.
+  static bool exists(const std::string& dir, const std::string& name);
   bool has(const std::string& key) const { return index_.count(key) != 0; }
   /// CPU tensor (float32 or int64) with the stored shape; throws if absent.
   Tensor get(const std::string& key) const;

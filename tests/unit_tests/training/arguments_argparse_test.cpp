@@ -11,6 +11,7 @@
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "arguments_test_util.h"
 
 using megatron::UserError;
@@ -176,6 +177,7 @@ TEST(ArgparseRules, EveryFloatFlagRefusesNanInfAndOutOfRange) {
       {"--moe-router-topk-scaling-factor", "0", "> 0", {"1e-9"}},
       {"--moe-router-bias-update-rate", "-0.5", ">= 0", {"0"}},
       {"--moe-input-jitter-eps", "1", "in [0, 1)", {"0", "0.5"}},
+      {"--mtp-loss-scaling-factor", "-0.1", ">= 0", {"0", "0.3"}},
   };
   // Float flags without a parse-time range: only nan/inf are refused when parsed.
   // --moe-expert-capacity-factor: negative means dropless (Megatron), 0 is refused by validate_args.

@@ -9,6 +9,7 @@
 
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "arguments_test_util.h"
 
 using megatron::UserError;

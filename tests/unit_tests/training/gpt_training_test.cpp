@@ -11,6 +11,7 @@
 #include "test_utils/fixture_util.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "megatron/training/gpt_trainable.h"
 #include "megatron/training/training.h"
 

@@ -21,6 +21,7 @@
 
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/config_from_args.h"
 #include "megatron/training/training.h"
 
 using namespace megatron;

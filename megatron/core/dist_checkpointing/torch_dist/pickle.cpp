@@ -50,6 +50,8 @@ const std::set<std::string>& allowed_globals() {
       "builtins.frozenset",
       "builtins.slice",
       "builtins.complex",
+      // Enums in Megatron's common state: args.exit_signal
+      "signal.Signals",
       // numpy (RNG state, scalars)
       "numpy.core.multiarray._reconstruct",
       "numpy._core.multiarray._reconstruct",
@@ -61,11 +63,11 @@ const std::set<std::string>& allowed_globals() {
   return s;
 }
 
-// Megatron's enums in saved args (e.g. AttnBackend): any class of these modules, constructed
-// from its value only.
+// Megatron's enums in saved args (e.g. AttnBackend) and common state (the rerun state machine's
+// RerunMode / RerunState): any class of these modules, constructed from its value only.
 bool allowed_enum_module(const std::string& name) {
   for (const char* m : {"megatron.core.transformer.enums.", "megatron.core.enums.", "megatron.core.fp8_utils.",
-                        "megatron.core.transformer.transformer_config."}) {
+                        "megatron.core.transformer.transformer_config.", "megatron.core.rerun_state_machine."}) {
     const size_t n = std::strlen(m);
     if (name.size() > n && name.compare(0, n, m) == 0 && name.find('.', n) == std::string::npos &&
         std::isupper(static_cast<unsigned char>(name[n])))

@@ -294,11 +294,31 @@ const PyValue* json_to_py(const json& j, PickleDoc& d) {
 json load_common(const std::string& dir) {
   const std::string path = dir + "/common.pt";
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) user_error(path, " is missing (incomplete torch_dist checkpoint)");
-  MappedFile f(path);
+  if (fs::is_regular_file(path, ec)) {  // the layout of Megatron-LM before July 2026 (and ours)
+    MappedFile f(path);
+    TorchArchive a;
+    read_torch_archive(f.data(), f.size(), path, a);
+    return py_to_json(a.root, &a, path);
+  }
+  // Megatron-LM's current layout (dist_checkpointing/serialization.py load_common_state_dict):
+  // the common state is the ShardedObject "common_state", a torch.save of [dict].
+  const DcpMetadata md = read_dcp_metadata(dir);
+  auto it = md.bytes.find(kCommonStateKey);
+  if (it == md.bytes.end())
+    user_error("checkpoint ", dir, " (torch_dist) has neither common.pt nor the '", kCommonStateKey,
+               "' object of its .metadata (incomplete checkpoint)");
+  const std::string file = dir + "/" + it->second.file;
+  if (!fs::is_regular_file(file, ec)) user_error("checkpoint ", dir, ": file ", it->second.file, " holding '", kCommonStateKey, "' is missing");
+  MappedFile f(file);
+  const std::string what = file + " (object '" + std::string(kCommonStateKey) + "')";
+  if (it->second.offset > f.size() || it->second.length > f.size() - it->second.offset)
+    user_error(what, ": the file has only ", f.size(), " bytes (truncated .distcp)");
   TorchArchive a;
-  read_torch_archive(f.data(), f.size(), path, a);
-  return py_to_json(a.root, &a, path);
+  read_torch_archive(f.data() + it->second.offset, static_cast<size_t>(it->second.length), what, a);
+  json j = py_to_json(a.root, &a, what);
+  if (!j.is_array() || j.size() != 1 || !j[0].is_object())
+    user_error(what, ": expected a one-element list holding the common state dict");
+  return j[0];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -518,8 +538,9 @@ void save(const ShardedStateDict& sd, const std::string& dir_in, comm::ProcessGr
     for (const auto& t : sd.tensors) {
       if (t.replica_id != 0) continue;
       t.validate();
-      Tensor cpu = t.data.to(Device::cpu());
       const std::string key = opts.key_map ? opts.key_map(t.key) : t.key;
+      if (key.empty()) continue;  // not part of the checkpoint (SaveOptions::key_map)
+      Tensor cpu = t.data.to(Device::cpu());
       const size_t esz = dtype_size(cpu.dtype());
       // Boxes this piece covers: the whole local box, or those of its flattened range.
       std::vector<std::pair<Shape, Shape>> boxes;
@@ -563,6 +584,16 @@ void save(const ShardedStateDict& sd, const std::string& dir_in, comm::ProcessGr
       r.bytes = true;
       r.key = uk;
       put(std::move(r), aw.finish(v));
+    }
+    if (rank == 0) {
+      // Megatron-LM's current layout keeps the common state as the ShardedObject "common_state"
+      // (torch.save of [dict], serialization.py save); common.pt below serves older readers.
+      TorchArchiveWriter aw("archive");
+      const PyValue* root = opts.common ? opts.common(aw) : json_to_py(sd.common, aw.doc());
+      RankRecord r;
+      r.bytes = true;
+      r.key = kCommonStateKey;
+      put(std::move(r), aw.finish(aw.doc().list({root})));
     }
     w.close();
     json idx = json::array();
@@ -624,7 +655,7 @@ void save(const ShardedStateDict& sd, const std::string& dir_in, comm::ProcessGr
         fw.close();
       };
       TorchArchiveWriter cw("common");
-      const PyValue* croot = opts.common ? opts.common(cw.doc()) : json_to_py(sd.common, cw.doc());
+      const PyValue* croot = opts.common ? opts.common(cw) : json_to_py(sd.common, cw.doc());
       write("common.pt", cw.finish(croot));
       write(".metadata", dcp_metadata_pickle(md, dir));
       write("metadata.json", json({{"sharded_backend", kTorchDistBackend}, {"sharded_backend_version", 1}}).dump());

@@ -4,7 +4,8 @@
 // Layout of a checkpoint directory (docs/checkpointing.md, "torch_dist"):
 //   metadata.json        {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
 //   common.pt            torch.save of the non-sharded state (args Namespace, iteration, scheduler,
-//                        optimizer param groups, ...)
+//                        optimizer param groups, ...); Megatron-LM since July 2026 writes it as the
+//                        ShardedObject "common_state" of the .distcp files instead (we write both)
 //   .metadata            pickled torch.distributed.checkpoint.metadata.Metadata: per key either
 //                        TensorStorageMetadata (dtype, global size, chunks = boxes (offsets, sizes))
 //                        or BytesStorageMetadata; storage_data maps MetadataIndex(key, chunk offsets)
@@ -33,6 +34,10 @@ namespace megatron::dist_checkpointing::torch_dist {
 inline constexpr const char* kTorchDistBackend = "torch_dist";
 /// Prefix of the ShardedObjects we add (our RNG state etc.), which Megatron ignores.
 inline constexpr const char* kOwnObjectPrefix = "megatron_cpp.";
+
+/// Unique key of the ShardedObject holding the common state in Megatron-LM's current layout
+/// (torch.save of [dict]; older checkpoints have common.pt instead).
+inline constexpr const char* kCommonStateKey = "common_state/shard_0_1";
 
 /// True if `dir/metadata.json` names the torch_dist backend (no other file is opened).
 bool is_torch_dist_checkpoint(const std::string& dir);
@@ -76,7 +81,9 @@ nlohmann::json py_to_json(const PyValue* v, const TorchArchive* archive, const s
 /// The inverse for JSON values (objects become dicts; strings "torch.<dtype>" stay strings).
 const PyValue* json_to_py(const nlohmann::json& j, PickleDoc& doc);
 
-/// `dir/common.pt` (torch.save archive) read, as JSON via py_to_json().
+/// The common state as JSON via py_to_json(): `dir/common.pt` (torch.save archive) when present,
+/// else the `common_state` object of `.metadata` (Megatron-LM since July 2026). Throws UserError
+/// when neither exists or the archive is malformed.
 nlohmann::json load_common(const std::string& dir);
 
 /// Options of load().
@@ -95,10 +102,12 @@ nlohmann::json load(ShardedStateDict& sd, const std::string& dir, const LoadOpti
 
 /// Options of save().
 struct SaveOptions {
-  /// Checkpoint key for one of our tensor keys (default: the same key).
+  /// Checkpoint key for one of our tensor keys (default: the same key); an empty string leaves
+  /// the tensor out of the checkpoint.
   std::function<std::string(const std::string&)> key_map;
-  /// Rank 0: builds the value pickled into common.pt (default: json_to_py(sd.common)).
-  std::function<const PyValue*(PickleDoc&)> common;
+  /// Rank 0: builds the value pickled into common.pt and the "common_state" object (default:
+  /// json_to_py(sd.common)); called once per archive, tensors may be added to the writer.
+  std::function<const PyValue*(TorchArchiveWriter&)> common;
   /// ShardedObject unique keys whose value is None, written by this rank as torch.save([None])
   /// (Megatron's `_extra_state` entries of its linear layers, which its loader requests).
   std::vector<std::string> none_objects;
@@ -106,7 +115,8 @@ struct SaveOptions {
 
 /// Writes `sd` as a torch_dist checkpoint into `dir` (collective over `group`): every rank writes
 /// `__<rank>_0.distcp` with its replica-0 tensors (a flattened range is written as the few boxes
-/// it covers) and its objects; rank 0 then writes `.metadata`, `common.pt`, `metadata.json`. Done
+/// it covers) and its objects (rank 0 also the common state as the object kCommonStateKey, like
+/// Megatron-LM since July 2026); rank 0 then writes `.metadata`, `common.pt`, `metadata.json`. Done
 /// in `<dir>.tmp-<pid>` and renamed into place (an existing checkpoint there is replaced).
 /// Throws UserError on I/O failure or when two ranks write the same chunk.
 void save(const ShardedStateDict& sd, const std::string& dir, comm::ProcessGroup* group, const SaveOptions& opts = {});

@@ -7,20 +7,42 @@
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/inference_context.h"
+#include "megatron/core/transformer/multi_token_prediction.h"
 #include "megatron/core/transformer/transformer_block.h"
 #include "megatron/core/utils/env.h"
 
 namespace megatron::models::gpt {
 
-struct GPTModel::State {
-  bool has_forward = false;
+struct GPTModel::LmHead {
   Tensor labels;  // [s, b]
-  common::EmbeddingCtx embedding;
-  transformer::TransformerBlockCtx decoder;
   tensor_parallel::LinearCtx output_layer;
   Tensor logits;  // [s, b, V/TP]; with ce_fused the unscaled gradient softmax - onehot instead
   Tensor lse;     // [s*b] float32
-  bool ce_fused = false;  // forward ran ops::cross_entropy_fused_ (see GPTModel::forward)
+  bool ce_fused = false;  // forward ran ops::cross_entropy_fused_ (see GPTModel::head_forward)
+  Tensor global_max, pred;  // [s*b] float32, unfused path only (MTP acceptance counts)
+};
+
+// One MTP module's activations and loss weights (process_mtp_loss).
+struct GPTModelMtpDepth {
+  common::EmbeddingCtx embedding;
+  transformer::MultiTokenPredictionLayerCtx layer;
+  Tensor mask_sb;  // the loss mask rolled left k+1 times, float32 [s, b] on the host
+  double num_tokens = 0.0;
+};
+
+struct GPTModel::State {
+  bool has_forward = false;
+  common::EmbeddingCtx embedding;
+  transformer::TransformerBlockCtx decoder;
+  LmHead head;
+  std::vector<GPTModelMtpDepth> mtp;  // training forwards with MTP only
+  std::vector<LmHead> mtp_heads;
+  double mtp_original_tokens = 0.0;  // Σ loss_mask before rolling
+};
+
+struct GPTModel::MtpPending {
+  Tensor loss_sb, mask_sb, global_max, pred;
+  double num_tokens = 0.0;
 };
 
 namespace {
@@ -69,23 +91,36 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (max_sequence_length <= 0) user_error("GPTModel: --max-position-embeddings must be positive");
 
   tensor_parallel::TPContext tp{parallel_.tp_group, config_.sequence_parallel};
-  if (config_.fp8) config_.fp8_state = std::make_shared<fp8::Fp8State>(*config_.fp8, device_);
+  if (config_.fp8) fp8_state_ = std::make_shared<fp8::Fp8State>(*config_.fp8, device_);
   const int64_t stage_layers = parallel_.num_layers < 0 ? config_.num_layers : parallel_.num_layers;
   if (parallel_.layer_offset < 0 || stage_layers < 0 || parallel_.layer_offset + stage_layers > config_.num_layers)
     user_error("GPTModel: pipeline stage layers [", parallel_.layer_offset, ", ", parallel_.layer_offset + stage_layers,
                ") are outside --num-layers ", config_.num_layers);
   const bool tied = config_.share_embeddings_and_output_weights;
-  // Registration order = Megatron's named_parameters(): embedding, decoder, output_layer.
-  if (parallel_.pre_process)
+  // MTP lives on the last pipeline stage (Megatron's mtp_on_this_rank without a custom layout),
+  // which then also holds the shared embedding.
+  const bool mtp_process = config_.mtp_num_layers > 0 && parallel_.post_process;
+  // Registration order = Megatron's named_parameters(): embedding, decoder, mtp, output_layer.
+  if (parallel_.pre_process || mtp_process)
     embedding_ = std::make_unique<common::LanguageModelEmbedding>(registry_, config_, padded_vocab_size,
                                                                    max_sequence_length, tp);
+  if (!parallel_.pre_process && embedding_) {
+    // The MTP stage's copy of the word embedding: initialized from the same stream as the
+    // first stage's (same name), saved as its replica, gradient summed over the embedding group.
+    Parameter& copy = embedding_->word_embeddings_weight().param();
+    copy.shared = true;
+    copy.init_key = copy.name;
+  }
   decoder_ = std::make_unique<transformer::TransformerBlock>(registry_, config_, tp, parallel_.layer_offset,
-                                                             stage_layers, parallel_.post_process);
+                                                             stage_layers, parallel_.post_process, fp8_state_);
+  for (int64_t k = 0; mtp_process && k < config_.mtp_num_layers; ++k)
+    mtp_.push_back(std::make_unique<transformer::MultiTokenPredictionLayer>(
+        registry_, "mtp.layers." + std::to_string(k), config_, tp, fp8_state_));
   if (parallel_.post_process) {
-    // Tied and on the embedding's stage: reuse the word embedding. Tied on another stage:
+    // Tied and on a stage with the embedding: reuse the word embedding. Tied on another stage:
     // a copy ("output_layer.weight", shared) initialized from the embedding's stream; the
     // pipeline layer all-reduces the two copies' gradients (embedding group).
-    const bool reuse = tied && parallel_.pre_process;
+    const bool reuse = tied && embedding_;
     output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
         registry_, "output_layer", config_.hidden_size, padded_vocab_size, /*bias=*/false, config_.init_method_std, tp,
         1, /*skip_weight=*/reuse, /*is_embedding_or_output=*/true);
@@ -101,13 +136,13 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   // --fp8-param-gather: the weights of the FP8 GEMMs become FP8 primary weights (fp8/fp8_param.h),
   // laid out after the other parameters with an FP8 buffer of their own (training only).
   std::vector<bool> fp8_weights;
-  if (config_.fp8_state && config_.fp8->param_gather && parallel_.allocate_main_grads) {
+  if (fp8_state_ && config_.fp8->param_gather && parallel_.allocate_main_grads) {
     for (auto& p : registry_.params()) {
       int base = -1;
-      if (p.name.ends_with(".weight")) base = config_.fp8_state->find_linear(p.name.substr(0, p.name.size() - 7));
+      if (p.name.ends_with(".weight")) base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
       fp8_weights.push_back(base >= 0);
       if (base >= 0) {
-        p.fp8_state = config_.fp8_state;
+        p.fp8_state = fp8_state_;
         p.fp8_base = base;
       }
     }
@@ -116,12 +151,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
                                                                config_.params_dtype, config_.main_grads_dtype, device_,
                                                                parallel_.allocate_main_grads, fp8_weights);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
-  // --sequence-parallel: the block's norms (not the per-head q/k norms) see 1/TP of the sequence.
-  if (config_.sequence_parallel && config_.tensor_model_parallel_size > 1)
-    for (auto& p : registry_.params())
-      if ((p.name.find("layernorm.") != std::string::npos || p.name.find("layer_norm") != std::string::npos) &&
-          p.name.find("q_layernorm") == std::string::npos && p.name.find("k_layernorm") == std::string::npos)
-        p.sequence_parallel = true;
+  // --sequence-parallel: the norms marked their own parameters (transformer/norm.h).
 
   // Which parameters each backward stage completes (grad-ready hook).
   layer_params_.assign(static_cast<size_t>(stage_layers), {});
@@ -135,6 +165,8 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       final_norm_params_.push_back(i);
     } else if (n.starts_with("output_layer")) {
       output_params_.push_back(i);
+    } else if (n.starts_with("mtp.")) {
+      mtp_params_.push_back(i);
     } else {
       embedding_params_.push_back(i);
     }
@@ -150,7 +182,7 @@ distributed::ParamAndGradBuffer& GPTModel::buffers() { return *buffers_; }
 void GPTModel::zero_grad() {
   if (buffers_->grad_data().defined()) buffers_->grad_data().zero_();
 }
-const Tensor& GPTModel::last_logits() const { return state_->logits; }
+const Tensor& GPTModel::last_logits() const { return state_->head.logits; }
 void GPTModel::set_input_tensor(const Tensor& hidden) { input_tensor_ = hidden; }
 const Tensor& GPTModel::input_tensor_grad() const { return input_tensor_grad_; }
 
@@ -181,7 +213,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
   if (learned && s > max_sequence_length_)
     user_error("GPTModel.forward: sequence length ", s, " exceeds --max-position-embeddings ", max_sequence_length_);
 
-  if (config_.fp8_state) config_.fp8_state->set_recording(training);  // eval forwards leave the amax histories alone
+  if (fp8_state_) fp8_state_->set_recording(training);  // eval forwards leave the amax histories alone
   State& st = *state_;
   st = State();
   transformer::ForwardContext fc;
@@ -226,33 +258,47 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     input_tensor_ = Tensor();
   }
   h = decoder_->forward(h, fc, st.decoder);
-  rng_offset_ = fc.rng_offset;
   st.has_forward = true;
-  if (!parallel_.post_process) return h;
+  if (!parallel_.post_process) {
+    rng_offset_ = fc.rng_offset;
+    return h;
+  }
 
-  st.labels = to_seq_first(batch.labels, device_);
-  st.logits = output_layer_->forward(h, st.output_layer);
+  Tensor loss_sb = head_forward(h, to_seq_first(batch.labels, device_), training, /*allow_fused=*/true, st.head);
+  // MTP (Megatron's self.mtp + process_mtp_loss) in training forwards only: evaluation would
+  // compute the same main loss and discard the MTP losses (Megatron logs them only in training).
+  if (training && !mtp_.empty()) mtp_forward(batch, h, fc);
+  rng_offset_ = fc.rng_offset;
+  Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
+  ops::transpose01(loss_sb, loss);
+  return loss;
+}
+
+Tensor GPTModel::head_forward(const Tensor& h, const Tensor& labels, bool training, bool allow_fused, LmHead& hd) {
+  hd.labels = labels;
+  hd.logits = output_layer_->forward(h, hd.output_layer);
+  const int64_t s = labels.size(0), b = labels.size(1);
 
   // Vocab-parallel cross entropy in fp32 (docs/megatron-reference.md#vocab-parallel-cross-entropy).
   const int64_t n = s * b;
   const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
-  Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
-  Tensor labels1d = st.labels.view({n});
+  Tensor logits2d = hd.logits.view({n, hd.logits.size(-1)});
+  Tensor labels1d = hd.labels.view({n});
   // Training without TP: one pass computes the loss and overwrites the logits with the unscaled
   // gradient softmax - onehot; backward applies dloss to the output layer's small operands
   // instead of to the [n, V] tensor (one read of the logits fewer). Not for fp16 logits (their
   // gradient keeps the loss-scaled dloss factor inside the fp16 range, as in the unfused path),
   // nor for eval forwards (the logits stay readable through last_logits()).
-  const auto& olc = st.output_layer;
-  st.ce_fused = training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
-                st.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
+  const auto& olc = hd.output_layer;
+  hd.ce_fused = allow_fused && training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
+                hd.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
                 !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
                 olc.input.numel() == n * olc.input.size(-1);
   Tensor loss_sb = Tensor::empty({s, b}, DType::kFloat32, device_);
-  st.lse = Tensor::empty({n}, DType::kFloat32, device_);
+  hd.lse = Tensor::empty({n}, DType::kFloat32, device_);
   Tensor loss_flat = loss_sb.view({n});
-  if (st.ce_fused) {
-    ops::cross_entropy_fused_(logits2d, labels1d, vocab_start, loss_flat, st.lse);
+  if (hd.ce_fused) {
+    ops::cross_entropy_fused_(logits2d, labels1d, vocab_start, loss_flat, hd.lse);
   } else {
     Tensor row_max = Tensor::empty({n}, DType::kFloat32, device_);
     Tensor sumexp = Tensor::empty({n}, DType::kFloat32, device_);
@@ -267,11 +313,39 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
       tpg.all_reduce(sumexp, comm::ReduceOp::kSum);
       tpg.all_reduce(pred, comm::ReduceOp::kSum);
     }
-    ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, st.lse);
+    ops::cross_entropy_loss(global_max, sumexp, pred, loss_flat, hd.lse);
+    if (!allow_fused) {
+      hd.global_max = global_max;
+      hd.pred = pred;
+    }
   }
-  Tensor loss = Tensor::empty({b, s}, DType::kFloat32, device_);
-  ops::transpose01(loss_sb, loss);
-  return loss;
+  return loss_sb;
+}
+
+Tensor GPTModel::head_backward(const Tensor& dloss_sb, LmHead& hd) {
+  const int64_t n = hd.labels.numel();
+  const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
+  Tensor dh;
+  if (hd.ce_fused) {
+    // hd.logits holds g = softmax - onehot; dlogits = diag(dloss) g, so
+    // dW = dlogits^T x = g^T (diag(dloss) x) and dx = dlogits W = diag(dloss) (g W).
+    const Tensor dl = dloss_sb.view({n});
+    tensor_parallel::LinearCtx ctx = hd.output_layer;
+    const int64_t hid = ctx.input.size(-1);
+    Tensor xs = Tensor::empty(ctx.input.shape(), ctx.input.dtype(), device_);
+    Tensor xs2d = xs.view({n, hid});
+    ops::scale_rows(ctx.input.view({n, hid}), dl, xs2d);
+    ctx.input = xs;
+    dh = output_layer_->backward(hd.logits, ctx, true);
+    Tensor dh2d = dh.view({n, hid});
+    ops::scale_rows(dh2d, dl, dh2d);
+  } else {
+    // dlogits overwrite the logits (they are not needed any more).
+    Tensor logits2d = hd.logits.view({n, hd.logits.size(-1)});
+    ops::cross_entropy_backward(logits2d, hd.labels.view({n}), vocab_start, hd.lse, dloss_sb.view({n}), logits2d);
+    dh = output_layer_->backward(hd.logits, hd.output_layer, true);
+  }
+  return dh;
 }
 
 Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context) {
@@ -285,7 +359,7 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceCont
   if (learned && offset + s > max_sequence_length_)
     user_error("GPTModel.forward: positions up to ", offset + s, " exceed --max-position-embeddings ",
                max_sequence_length_);
-  if (config_.fp8_state) config_.fp8_state->set_recording(false);
+  if (fp8_state_) fp8_state_->set_recording(false);
   transformer::ForwardContext fc;
   fc.training = false;
   fc.inference_context = inference_context;
@@ -306,31 +380,15 @@ void GPTModel::backward(const Tensor& dloss) {
   if (!st.has_forward) user_error("GPTModel.backward called without a preceding forward");
   Tensor dh;
   if (parallel_.post_process) {
-    const int64_t s = st.labels.size(0), b = st.labels.size(1), n = s * b;
+    const int64_t s = st.head.labels.size(0), b = st.head.labels.size(1);
     MEGATRON_CHECK(dloss.dim() == 2 && dloss.size(0) == b && dloss.size(1) == s && dloss.dtype() == DType::kFloat32)
         << "dloss " << dloss.str() << " for batch " << b << " x seq " << s;
-    const int64_t vocab_start = parallel_.tp_group->rank() * (padded_vocab_size_ / parallel_.tp_group->size());
-    Tensor dloss_sb = to_seq_first(dloss, device_);
-    if (st.ce_fused) {
-      // st.logits holds g = softmax - onehot; dlogits = diag(dloss) g, so
-      // dW = dlogits^T x = g^T (diag(dloss) x) and dx = dlogits W = diag(dloss) (g W).
-      const Tensor dl = dloss_sb.view({n});
-      tensor_parallel::LinearCtx ctx = st.output_layer;
-      const int64_t hid = ctx.input.size(-1);
-      Tensor xs = Tensor::empty(ctx.input.shape(), ctx.input.dtype(), device_);
-      Tensor xs2d = xs.view({n, hid});
-      ops::scale_rows(ctx.input.view({n, hid}), dl, xs2d);
-      ctx.input = xs;
-      dh = output_layer_->backward(st.logits, ctx, true);
-      Tensor dh2d = dh.view({n, hid});
-      ops::scale_rows(dh2d, dl, dh2d);
-    } else {
-      // dlogits overwrite the logits (they are not needed any more).
-      Tensor logits2d = st.logits.view({n, st.logits.size(-1)});
-      ops::cross_entropy_backward(logits2d, st.labels.view({n}), vocab_start, st.lse, dloss_sb.view({n}), logits2d);
-      dh = output_layer_->backward(st.logits, st.output_layer, true);
-    }
+    dh = head_backward(to_seq_first(dloss, device_), st.head);
+    if (!st.mtp.empty()) ops::add_(dh, mtp_backward());
     if (grad_ready_hook_ && !output_params_.empty()) grad_ready_hook_(output_params_);
+    if (grad_ready_hook_ && !mtp_params_.empty()) grad_ready_hook_(mtp_params_);
+    // The MTP stage's embedding copy is complete once the MTP modules ran backward.
+    if (grad_ready_hook_ && !parallel_.pre_process && !embedding_params_.empty()) grad_ready_hook_(embedding_params_);
   } else {
     dh = dloss.to(device_);
   }
@@ -353,6 +411,104 @@ void GPTModel::backward(const Tensor& dloss) {
     input_tensor_grad_ = dh;
   }
   st = State();  // release the activations
+}
+
+void GPTModel::mtp_forward(const datasets::GPTBatch& batch, const Tensor& h, transformer::ForwardContext& fc) {
+  State& st = *state_;
+  const size_t D = mtp_.size();
+  MEGATRON_CHECK(batch.tokens.defined()) << "MTP needs the tokens on the last pipeline stage";
+  check_ids(batch.tokens, padded_vocab_size_, "token id");
+  comm::ProcessGroup* cp = parallel_.cp_group && parallel_.cp_group->size() > 1 ? parallel_.cp_group.get() : nullptr;
+  // Megatron's roll_tensor works on the [b, s] batch tensors; here on their host copies.
+  Tensor ids = batch.tokens.to(Device::cpu()), labels = batch.labels.to(Device::cpu());
+  Tensor mask = batch.loss_mask.defined() ? batch.loss_mask.to(Device::cpu())
+                                          : Tensor::empty(labels.shape(), DType::kFloat32);
+  if (!batch.loss_mask.defined()) ops::fill(mask, 1.0f);
+  MEGATRON_CHECK(mask.dtype() == DType::kFloat32 && mask.shape() == labels.shape())
+      << "loss_mask " << mask.str() << " for labels " << labels.str();
+  auto mask_sum = [](const Tensor& m) {
+    double t = 0.0;
+    for (int64_t i = 0; i < m.numel(); ++i) t += static_cast<double>(m.data<float>()[i]);
+    return t;
+  };
+  st.mtp_original_tokens = mask_sum(mask);
+  st.mtp.assign(D, GPTModelMtpDepth{});
+  st.mtp_heads.assign(D, LmHead{});
+  std::vector<MtpPending> pending(D);
+  Tensor hk = h;
+  for (size_t k = 0; k < D; ++k) {
+    GPTModelMtpDepth& d = st.mtp[k];
+    // _get_embeddings: ids rolled once more, embedded by the shared embedding (its dropout too).
+    // Position ids are not rolled: RoPE ignores them in training, learned positions are refused.
+    ids = transformer::roll_tensor(ids, cp, device_);
+    Tensor emb = embedding_->forward(to_seq_first(ids, device_), Tensor(), fc, d.embedding);
+    hk = mtp_[k]->forward(hk, emb, fc, d.layer);
+    // process_mtp_loss: labels and loss mask rolled k+1 times; the shared output layer.
+    labels = transformer::roll_tensor(labels, cp, device_);
+    mask = transformer::roll_tensor(mask, cp, device_);
+    d.num_tokens = mask_sum(mask);
+    d.mask_sb = to_seq_first(mask, Device::cpu());
+    LmHead& hd = st.mtp_heads[k];
+    pending[k].loss_sb = head_forward(hk, to_seq_first(labels, device_), /*training=*/true, /*allow_fused=*/false, hd);
+    pending[k].mask_sb = d.mask_sb;
+    pending[k].global_max = hd.global_max;
+    pending[k].pred = hd.pred;
+    pending[k].num_tokens = d.num_tokens;
+    hd.global_max = hd.pred = Tensor();
+  }
+  mtp_pending_.push_back(std::move(pending));
+}
+
+Tensor GPTModel::mtp_backward() {
+  State& st = *state_;
+  const size_t D = st.mtp.size();
+  // MTPLossAutoScaler: d(mtp loss)/d(per-token loss) = mask · scale, where the module's loss is
+  // mtp_loss_scaling_factor / D · Σ(loss·mask) / max(Σ mask, 1) (calculate_per_token_loss:
+  // · Σ original mask instead of the division, the grads being divided by the global count later).
+  const double per_module = mtp_loss_scale_ * static_cast<double>(config_.mtp_loss_scaling_factor) /
+                            static_cast<double>(D);
+  Tensor dnext;  // dL/d(hidden input of module k+1) = dL/dh_k through the next module
+  for (size_t k = D; k-- > 0;) {
+    GPTModelMtpDepth& d = st.mtp[k];
+    const double n = std::max(d.num_tokens, 1.0);
+    const double c = config_.calculate_per_token_loss ? per_module * st.mtp_original_tokens / n : per_module / n;
+    Tensor seed = d.mask_sb.clone();
+    float* p = seed.data<float>();
+    for (int64_t i = 0; i < seed.numel(); ++i) p[i] *= static_cast<float>(c);
+    Tensor dk = head_backward(seed.to(device_), st.mtp_heads[k]);
+    st.mtp_heads[k] = LmHead();  // this module's logits are no longer needed
+    if (dnext.defined()) ops::add_(dk, dnext);
+    auto [dhidden, demb] = mtp_[k]->backward(dk, d.layer);
+    embedding_->backward(demb, d.embedding);
+    dnext = dhidden;
+    d = GPTModelMtpDepth{};
+  }
+  return dnext;
+}
+
+std::vector<GPTModel::MtpMetrics> GPTModel::take_mtp_metrics() {
+  std::vector<MtpMetrics> out(mtp_.size());
+  for (const auto& forward : mtp_pending_)
+    for (size_t k = 0; k < forward.size(); ++k) {
+      const MtpPending& p = forward[k];
+      const Tensor loss = p.loss_sb.to(Device::cpu()), mx = p.global_max.to(Device::cpu()),
+                   pred = p.pred.to(Device::cpu());
+      const float *l = loss.data<float>(), *m = p.mask_sb.data<float>(), *x = mx.data<float>(),
+                  *y = pred.data<float>();
+      double sum = 0.0;
+      for (int64_t i = 0; i < loss.numel(); ++i) {
+        sum += static_cast<double>(l[i]) * static_cast<double>(m[i]);
+        if (m[i] != 0.0f) {
+          out[k].total += 1.0;
+          // argmax == label <=> the label's logit is the row maximum (ties aside: torch.argmax
+          // takes the first maximal index, here any maximal label counts).
+          if (y[i] == x[i]) out[k].correct += 1.0;
+        }
+      }
+      out[k].loss += p.num_tokens > 0.0 ? sum / p.num_tokens : 0.0;
+    }
+  mtp_pending_.clear();
+  return out;
 }
 
 void GPTModel::stash_activations(int64_t key) {

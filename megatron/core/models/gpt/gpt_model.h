@@ -18,6 +18,15 @@
 // linear_fc2 N(0, init_method_std / sqrt(2 * num_layers)); biases 0; norm weights 1 (0 with
 // layernorm_zero_centered_gamma). Each global weight is drawn from an RNG keyed by (seed,
 // parameter name), so the values do not depend on the TP/PP layout.
+//
+// Multi-token prediction (config.mtp_num_layers = D > 0, docs/training.md "Multi-token
+// prediction"): the last pipeline stage also holds D MTP modules ("mtp.layers.<k>.*",
+// transformer/multi_token_prediction.h) after the decoder, the shared embedding (a copy
+// "embedding.word_embeddings.weight" marked `shared` when the stage is not the first, whose
+// gradient the embedding group sums with the first stage's) and the shared output layer.
+// A training forward runs them after the main head; their losses (Megatron's process_mtp_loss)
+// only enter the gradient, seeded in backward() with set_mtp_loss_scale(); forward() still
+// returns the main model's per-token loss.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +45,8 @@
 
 namespace megatron::transformer {
 class TransformerBlock;
+class MultiTokenPredictionLayer;
+struct ForwardContext;
 class InferenceContext;
 }
 namespace megatron::models::common {
@@ -99,7 +110,8 @@ class GPTModel {
   distributed::ParamAndGradBuffer& buffers();
 
   /// Runs the model on a micro-batch (tokens/labels/position_ids [b, s] int64, optional
-  /// attention_mask [b, 1, s, s] uint8, 1 = masked; loss_mask is NOT applied here).
+  /// attention_mask [b, 1, s, s] uint8, 1 = masked; loss_mask is NOT applied to the returned
+  /// loss; with MTP in training it weights the MTP losses, float32 [b, s], undefined = ones).
   /// training=false disables dropout. Returns the per-token cross-entropy loss float32 [b, s]
   /// (Megatron's compute_language_model_loss output, before loss_mask); on a stage without
   /// post_process, the output hidden states [s, b, h] in the model dtype instead. A stage
@@ -125,8 +137,24 @@ class GPTModel {
   /// the vocabulary (CPU tokens) or positions beyond --max-position-embeddings (learned positions).
   Tensor forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context = nullptr);
   /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
-  /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad.
+  /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad. With MTP the
+  /// MTP losses' gradient is added: module k's per-token loss is seeded with rolled_mask ·
+  /// mtp_loss_scale · mtp_loss_scaling_factor / D / max(Σ rolled_mask, 1) (times Σ loss_mask with
+  /// calculate_per_token_loss), as Megatron's MTPLossAutoScaler.
   void backward(const Tensor& dloss);
+  /// Megatron's MTPLossAutoScaler.set_loss_scale: the main loss's backward scale (loss scale /
+  /// num_microbatches, or the loss scale with --calculate-per-token-loss), read by the next
+  /// backward(). Default 1.
+  void set_mtp_loss_scale(double scale) { mtp_loss_scale_ = scale; }
+  /// Per MTP module, summed over the training forwards since the last call (Megatron's
+  /// MTPLossLoggingHelper tracker, this rank only): `loss` = Σ over micro-batches of
+  /// Σ(loss·rolled_mask) / max(Σ rolled_mask, 1); `correct` / `total` = positions with a nonzero
+  /// rolled mask whose label is the argmax of the module's logits / all of them. Empty without
+  /// MTP on this stage. Copies device values to the host (synchronizes).
+  struct MtpMetrics {
+    double loss = 0.0, correct = 0.0, total = 0.0;
+  };
+  std::vector<MtpMetrics> take_mtp_metrics();
   /// Megatron's set_input_tensor: the hidden states [s, b, h] from the previous pipeline
   /// stage, used by the next forward() of a stage without pre_process.
   void set_input_tensor(const Tensor& hidden);
@@ -146,8 +174,9 @@ class GPTModel {
   size_t num_stashed_activations() const;
 
   /// Called during backward() with the registration indices (into parameters()) of parameters
-  /// whose gradient of this backward is complete: the output layer, then per decoder layer
-  /// (the final norm with the last layer), then the embedding. DDP's register_grad_ready for
+  /// whose gradient of this backward is complete: the output layer (after the MTP modules, which
+  /// follow it, when there are any), then per decoder layer (the final norm with the last layer),
+  /// then the embedding. DDP's register_grad_ready for
   /// --overlap-grad-reduce. Empty function = none (default).
   using GradReadyHook = std::function<void(const std::vector<size_t>& param_indices)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
@@ -155,7 +184,7 @@ class GPTModel {
   const TransformerConfig& config() const { return config_; }
   /// FP8 state of this model's FP8 linear layers (nullptr without --fp8-format): call its
   /// reduce_and_update() once per training step, save/restore it with checkpoints.
-  fp8::Fp8State* fp8_state() const { return config_.fp8_state.get(); }
+  fp8::Fp8State* fp8_state() const { return fp8_state_.get(); }
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
   Device device() const { return device_; }
   /// Parameter by Megatron name; throws UserError if absent.
@@ -167,7 +196,19 @@ class GPTModel {
 
  private:
   struct State;
+  struct LmHead;
+  /// Output layer + vocab-parallel cross entropy of h [s', b, h] against labels [s, b] (device):
+  /// per-token loss float32 [s, b]; `allow_fused` permits ops::cross_entropy_fused_.
+  Tensor head_forward(const Tensor& h, const Tensor& labels, bool training, bool allow_fused, LmHead& hd);
+  /// dloss float32 [s, b] on the device -> dL/dh.
+  Tensor head_backward(const Tensor& dloss_sb, LmHead& hd);
+  /// The MTP modules of a training forward after the main head (h = decoder output).
+  void mtp_forward(const datasets::GPTBatch& batch, const Tensor& h, transformer::ForwardContext& fc);
+  /// Their backward; returns dL/d(decoder output) from the MTP path.
+  Tensor mtp_backward();
   TransformerConfig config_;
+  /// Runtime FP8 state shared by this model's FP8 linear layers (null without config_.fp8).
+  std::shared_ptr<fp8::Fp8State> fp8_state_;
   int64_t padded_vocab_size_;
   int64_t max_sequence_length_;
   uint64_t seed_;
@@ -177,6 +218,10 @@ class GPTModel {
   std::unique_ptr<models::common::LanguageModelEmbedding> embedding_;
   std::unique_ptr<transformer::TransformerBlock> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
+  std::vector<std::unique_ptr<transformer::MultiTokenPredictionLayer>> mtp_;  // MTP stage only
+  double mtp_loss_scale_ = 1.0;
+  struct MtpPending;  // per training forward, per module: device values for take_mtp_metrics
+  std::vector<std::vector<MtpPending>> mtp_pending_;
   std::unique_ptr<distributed::ParamAndGradBuffer> buffers_;
   std::unique_ptr<State> state_;  // activations of the current micro-batch
   std::map<int64_t, std::unique_ptr<State>> stashed_;
@@ -184,7 +229,7 @@ class GPTModel {
   GradReadyHook grad_ready_hook_;
   // Registration indices per local decoder layer, of output layer (+ final norm), of embedding.
   std::vector<std::vector<size_t>> layer_params_;
-  std::vector<size_t> output_params_, final_norm_params_, embedding_params_;
+  std::vector<size_t> output_params_, final_norm_params_, embedding_params_, mtp_params_;
   Tensor input_tensor_;           // set_input_tensor()
   Tensor input_tensor_grad_;
 };

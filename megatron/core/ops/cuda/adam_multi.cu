@@ -11,7 +11,7 @@
 #include "megatron/core/ops/cuda/adam_update.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
-#include "megatron/core/utils/env.h"
+#include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -67,10 +67,8 @@ __global__ void __launch_bounds__(kThreads) adam_multi_kernel(const Desc* __rest
   }
 }
 
-bool multi_enabled() {
-  static const bool on = env_switch("MEGATRON_MULTI_TENSOR_ADAM", true);
-  return on;
-}
+// One launch per tensor when a dev/cuda driver forces it (variants.h).
+bool multi_enabled() { return !variants::forced().adam_per_tensor; }
 
 // Whether every tensor fits the multi-tensor kernel (float32 CUDA tensors of matching sizes).
 bool multi_fits(const std::vector<AdamTensor>& ts) {

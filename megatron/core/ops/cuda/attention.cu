@@ -28,6 +28,7 @@
 #include "megatron/core/ops/cuda/deterministic.h"
 #include "megatron/core/ops/cuda/attention_generic.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
+#include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -724,14 +725,14 @@ void set_smem(K kern, size_t smem) {
 }
 
 // The pipelined kernels need 16-byte cp.async of lse rows: s % 4 == 0 and an aligned lse.
-// MEGATRON_FLASH_V1=1 forces the simple kernels (tests run both).
+// variants::forced().flash_v1 forces the simple kernels (gpu_ops_test and dev/cuda/flash.cu run both).
 // Pipelined kernels with 4 warps per block (64 query rows / keys) or 8 (128). Measured on the
 // H200 (docs/performance.md, run 3): 8 warps win at head dim 128 (LLaMA-3-8B shape, fwd+bwd
 // 10.6 vs 11.7 ms), 4 warps at head dim 64 (GPT-2 shape, 2.81 vs 3.02 ms).
-// MEGATRON_FLASH_SMALL=1 / =0 forces 4 / 8 warps (the tests run both).
+// variants::forced().flash_small = 1 / 0 forces 4 / 8 warps (the tests and dev/cuda/flash.cu run both).
 bool small_blocks(int head_dim) {
-  const char* e = std::getenv("MEGATRON_FLASH_SMALL");
-  if (e && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  const int f = variants::forced().flash_small;
+  if (f == 0 || f == 1) return f == 1;
   return head_dim <= 64;
 }
 
@@ -801,8 +802,7 @@ void check_shapes(const char* name, const Tensor& q, const Tensor& k, const Tens
 }
 
 bool use_v2(const FaArgs& a, const Tensor& lse) {
-  const char* e = std::getenv("MEGATRON_FLASH_V1");
-  if (e && e[0] == '1') return false;
+  if (variants::forced().flash_v1) return false;
   return a.S % 4 == 0 && aligned16(lse.data_ptr());
 }
 }  // namespace
@@ -840,7 +840,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   auto* op = static_cast<bf16_t*>(out.data_ptr());
   auto* lp = static_cast<float*>(lse.data_ptr());
   if (use_v2(a, lse)) {
-    // 8 warps (128 query rows) share each K/V tile; MEGATRON_FLASH_SMALL=1: 4 warps (64 rows).
+    // 8 warps (128 query rows) share each K/V tile; small_blocks(): 4 warps (64 rows).
     const bool small = small_blocks((int)q.size(3));
     const dim3 g2(small ? (a.S + 63) / 64 : (a.S + 127) / 128, a.B * a.NP);
     auto launch = [&](auto kern, int d, int warps) {

@@ -1,12 +1,11 @@
 // The CUDA backend's deterministic mode (internal header).
 #pragma once
 
-#include <cstdlib>
-#include "megatron/core/utils/env.h"
+#include "megatron/core/ops/deterministic.h"
 
 namespace megatron::cuda {
-/// True when the environment has MEGATRON_DETERMINISTIC=1, which pretrain_gpt sets for Megatron's
-/// --deterministic-mode (read once, at the first call). Then every reduction of the CUDA backend
+/// ops::deterministic_mode() (set from Megatron's --deterministic-mode, or
+/// MEGATRON_DETERMINISTIC=1 in the environment). Then every reduction of the CUDA backend
 /// runs in a fixed order, so two runs of the same job give bitwise-equal results:
 ///  * LayerNorm/RMSNorm backward: dgamma/dbeta from per-warp partial rows (no shared-memory
 ///    atomics), summed in row order by the column-sum kernel (norm.cu);
@@ -16,8 +15,5 @@ namespace megatron::cuda {
 ///    kernels (no atomics); our flash backward (atomics into dq) is not used.
 /// Slower (the norm and embedding backward, and attention backward without a deterministic cuDNN
 /// engine); the default path is unchanged.
-inline bool deterministic() {
-  static const bool on = env_switch("MEGATRON_DETERMINISTIC", false);
-  return on;
-}
+inline bool deterministic() { return ops::deterministic_mode(); }
 }  // namespace megatron::cuda

@@ -11,7 +11,7 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
-#include "megatron/core/utils/env.h"
+#include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -139,11 +139,9 @@ __global__ void reduce_stage1_multi(const MultiReduceArgs a, double* __restrict_
                          a.start[lo + 1] - a.start[lo], partial + blockIdx.x);
 }
 
-// MEGATRON_REDUCE_MULTI=0: one stage-1 launch per tensor in the *_many reductions (A/B).
-bool reduce_multi_host() {
-  static const bool on = env_switch("MEGATRON_REDUCE_MULTI", true);
-  return on;
-}
+// One stage-1 launch per tensor in the *_many reductions when a dev/cuda driver forces it
+// (variants.h).
+bool reduce_multi_host() { return !variants::forced().reduce_per_tensor; }
 
 __global__ void reduce_stage2(const double* __restrict__ partial, int n, double* __restrict__ out) {
   __shared__ double sh[kThreads];
@@ -403,7 +401,7 @@ void scale_(Tensor& x, float alpha) {
 double sum_of_squares(const Tensor& x) { return reduce<0>(x, "sum_of_squares"); }
 
 // Stage-1 partials of every tensor into one buffer (multi-tensor launches, or one launch per
-// tensor with MEGATRON_REDUCE_MULTI=0), one stage-2 over all partials, one
+// tensor when dev/cuda/reduce_many forces it), one stage-2 over all partials, one
 // device-to-host copy and synchronization for the whole list.
 template <int kKind>
 double reduce_many(const std::vector<Tensor>& xs, const char* name) {

@@ -7,7 +7,7 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
-#include "megatron/core/utils/env.h"
+#include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -80,11 +80,8 @@ __global__ void embed_bwd_det_kernel(const X* __restrict__ dout, const int64_t* 
     }
 }
 
-// MEGATRON_EMBED_BWD_V1=1: scalar atomics only (A/B comparisons).
-bool embed_bwd_v4_host() {
-  static const bool on = !env_switch("MEGATRON_EMBED_BWD_V1", false);
-  return on;
-}
+// Scalar atomics only when a dev/cuda driver forces it (variants.h).
+bool embed_bwd_v4_host() { return !variants::forced().embed_bwd_v1; }
 
 // Combines (m, s) pairs: s = sum exp(x - m).
 __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s2) {
@@ -94,11 +91,8 @@ __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s
   m = M;
 }
 
-// MEGATRON_CE_STATS_V1=1: the one-load-per-iteration loop only (A/B comparisons).
-bool ce_stats_unroll_host() {
-  static const bool on = !env_switch("MEGATRON_CE_STATS_V1", false);
-  return on;
-}
+// The one-load-per-iteration loop only when a dev/cuda driver forces it (variants.h).
+bool ce_stats_unroll_host() { return !variants::forced().ce_stats_v1; }
 
 template <class L>
 __global__ void ce_stats_kernel(const L* __restrict__ logits, const int64_t* __restrict__ labels, int64_t V,
@@ -275,12 +269,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
 }
 
-// MEGATRON_CE_FUSED_STASH=0: pass 2 re-reads the whole row from global memory (L2) instead of
-// shared memory (A/B comparisons).
-bool ce_fused_stash_host() {
-  static const bool on = env_switch("MEGATRON_CE_FUSED_STASH", true);
-  return on;
-}
+// Pass 2 re-reads the whole row from global memory (L2) instead of shared memory when a dev/cuda
+// driver forces it (variants.h).
+bool ce_fused_stash_host() { return !variants::forced().ce_fused_no_stash; }
 
 template <class X>
 __global__ void scale_rows_kernel(const X* x, const float* __restrict__ scale, X* out, int64_t rows, int64_t h,

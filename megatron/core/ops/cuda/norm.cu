@@ -8,7 +8,7 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
-#include "megatron/core/utils/env.h"
+#include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -327,17 +327,11 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
 // general kernels.
 bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; }
 
-// MEGATRON_NORM_FWD_V1=1: always norm_fwd_kernel (A/B comparisons).
-bool norm_fwd_v1_forced() {
-  static const bool v = env_switch("MEGATRON_NORM_FWD_V1", false);
-  return v;
-}
+// Forced by the dev/cuda drivers only (variants.h): always norm_fwd_kernel.
+bool norm_fwd_v1_forced() { return variants::forced().norm_fwd_v1; }
 
-// MEGATRON_NORM_BWD_V1=1: always the shared-memory-atomics kernel (A/B comparisons).
-bool norm_bwd_v1_forced() {
-  static const bool v = env_switch("MEGATRON_NORM_BWD_V1", false);
-  return v;
-}
+// Forced by the dev/cuda drivers only (variants.h): always the shared-memory-atomics kernel.
+bool norm_bwd_v1_forced() { return variants::forced().norm_bwd_v1; }
 
 template <bool kLN>
 void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const Tensor* beta, float eps, bool zc,

@@ -7,7 +7,6 @@ SharedExpertMLP::SharedExpertMLP(ParamRegistry& reg, const std::string& prefix, 
     : config_(std::make_unique<TransformerConfig>(config)) {
   config_->ffn_hidden_size = config.moe_shared_expert_intermediate_size;
   config_->fp8.reset();
-  config_->fp8_state.reset();
   mlp_ = std::make_unique<MLP>(reg, prefix, *config_, tp);
 }
 

@@ -1,0 +1,34 @@
+// Internal: forces the comparison kernel variants of the CUDA ops, for the dev/cuda drivers only.
+//
+// Several CUDA ops keep an older kernel next to the one they choose by default, either as the
+// fallback for shapes the newer kernel does not take (norm, cross-entropy statistics, embedding
+// backward, flash attention) or as the baseline a speed-up was measured against (per-tensor Adam
+// and reduction launches, the fused cross entropy without its shared-memory row stash). The op
+// functions choose between them automatically; nothing in the shipped programs sets these
+// fields, so with the defaults below every op takes its automatic choice. The drivers in
+// dev/cuda/ (dev/cuda/README.md) set a field, call the op, and compare the two variants against
+// the CPU reference and in time. Not thread-safe: set it before launching, from one thread.
+//
+// Not an interface: the fields move with the kernels. docs/cuda.md, "Kernel variants".
+#pragma once
+
+namespace megatron::ops::cuda::variants {
+
+/// Which comparison variant the CUDA ops take instead of their automatic choice. Each field's
+/// default is the automatic choice.
+struct Forced {
+  bool norm_fwd_v1 = false;      ///< norm.cu: norm_fwd_kernel at every shape (not the register kernel)
+  bool norm_bwd_v1 = false;      ///< norm.cu: the shared-memory-atomics backward at every shape
+  bool ce_stats_v1 = false;      ///< embedding_ce.cu: one load per iteration in cross_entropy_stats
+  bool embed_bwd_v1 = false;     ///< embedding_ce.cu: embedding backward with scalar atomics only
+  bool ce_fused_no_stash = false;  ///< embedding_ce.cu: fused cross entropy re-reads the row from L2
+  bool flash_v1 = false;         ///< attention.cu: the first (simple) flash kernels at every shape
+  int flash_small = -1;          ///< attention.cu: -1 by head dim, 1 / 0 force the 4- / 8-warp kernels
+  bool reduce_per_tensor = false;  ///< elementwise.cu: one stage-1 launch per tensor in the *_many reductions
+  bool adam_per_tensor = false;  ///< adam_multi.cu: one Adam launch per tensor (not the multi-tensor kernel)
+};
+
+/// The process-wide settings (defined in variants.cpp; all defaults in shipped programs).
+Forced& forced();
+
+}  // namespace megatron::ops::cuda::variants
