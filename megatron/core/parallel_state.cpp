@@ -167,6 +167,17 @@ GroupLayout compute_group_layout(const ParallelConfig& c, int world_size) {
   }
   L.groups["embedding"] = emb;
   L.groups["position_embedding"] = pos;
+  // Megatron's expert_decoder_rank_generator.
+  const int ep = c.expert_model_parallel_size, etp = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : tp;
+  if (ep < 1 || etp < 1) user_error("--expert-model-parallel-size / --expert-tensor-parallel-size must be >= 1");
+  if (world_size % (etp * ep * pp) != 0)
+    user_error("world size (", world_size, ") is not divisible by --expert-tensor-parallel-size (", etp,
+               ") x --expert-model-parallel-size (", ep, ") x --pipeline-model-parallel-size (", pp, ")");
+  RankGenerator egen(etp, ep, world_size / (etp * ep * pp), pp, 1, L.order);
+  L.groups["ep"] = egen.get_ranks("ep");
+  L.groups["expt-tp"] = egen.get_ranks("tp");
+  L.groups["tp-ep"] = egen.get_ranks("tp-ep");
+  L.groups["expt-dp"] = egen.get_ranks("dp");
   return L;
 }
 
@@ -231,6 +242,7 @@ void initialize_model_parallel(const GroupPtr& world, const ParallelConfig& conf
   s.layout = compute_group_layout(config, world->size());
   s.world = world;
   for (const auto& name : group_names()) s.groups[name] = world->split(s.layout.groups.at(name));
+  for (const auto& name : expert_group_names()) s.groups[name] = world->split(s.layout.groups.at(name));
   if (config.virtual_pipeline_model_parallel_size) s.vp_rank = 0;
   s.initialized = true;
   state() = std::move(s);
@@ -252,6 +264,10 @@ GroupPtr get_tensor_and_context_parallel_group() { return group("tp-cp"); }
 GroupPtr get_tensor_and_data_parallel_group(bool with_cp) { return group(with_cp ? "tp-dp-cp" : "tp-dp"); }
 GroupPtr get_embedding_group() { return group("embedding"); }
 GroupPtr get_position_embedding_group() { return group("position_embedding"); }
+GroupPtr get_expert_model_parallel_group() { return group("ep"); }
+GroupPtr get_expert_tensor_parallel_group() { return group("expt-tp"); }
+GroupPtr get_expert_tensor_and_model_parallel_group() { return group("tp-ep"); }
+GroupPtr get_expert_data_parallel_group() { return group("expt-dp"); }
 
 int get_tensor_model_parallel_rank() { return group_rank("tp"); }
 int get_tensor_model_parallel_world_size() { return group_size("tp"); }

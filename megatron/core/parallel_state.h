@@ -59,6 +59,8 @@ struct ParallelConfig {
   /// Virtual pipeline stages per rank (None = no interleaving); see virtual_pipeline_size().
   std::optional<int> virtual_pipeline_model_parallel_size;
   bool use_tp_pp_dp_mapping = false;     // --use-tp-pp-dp-mapping: order "tp-cp-ep-pp-dp"
+  int expert_model_parallel_size = 1;    // --expert-model-parallel-size
+  int expert_tensor_parallel_size = 0;   // --expert-tensor-parallel-size (0 = tensor_model_parallel_size)
 };
 
 /// Megatron's derivation of virtual_pipeline_model_parallel_size (megatron/training/arguments.py):
@@ -77,6 +79,15 @@ inline const std::vector<std::string>& group_names() {
   static const std::vector<std::string> names = {"tp",    "cp",    "dp",       "dp-cp",     "pp",
                                                  "tp-pp", "tp-cp", "tp-dp",    "tp-dp-cp",  "embedding",
                                                  "position_embedding"};
+  return names;
+}
+
+/// The MoE groups, from Megatron's second RankGenerator (tp = expert-TP, ep, dp = expert-DP, pp,
+/// cp = 1, same order string): "ep" (EXPERT_MODEL_PARALLEL), "expt-tp" (EXPERT_TENSOR_PARALLEL),
+/// "tp-ep" (EXPERT_TENSOR_AND_MODEL_PARALLEL, the dispatchers' group), "expt-dp"
+/// (EXPERT_DATA_PARALLEL, expert gradient reduction).
+inline const std::vector<std::string>& expert_group_names() {
+  static const std::vector<std::string> names = {"ep", "expt-tp", "tp-ep", "expt-dp"};
   return names;
 }
 
@@ -143,6 +154,11 @@ GroupPtr get_tensor_and_data_parallel_group(bool with_context_parallel = false);
 /// nullptr on ranks outside it (middle pipeline stages).
 GroupPtr get_embedding_group();
 GroupPtr get_position_embedding_group();
+/// MoE groups (expert_group_names()).
+GroupPtr get_expert_model_parallel_group();
+GroupPtr get_expert_tensor_parallel_group();
+GroupPtr get_expert_tensor_and_model_parallel_group();
+GroupPtr get_expert_data_parallel_group();
 
 int get_tensor_model_parallel_rank();
 int get_tensor_model_parallel_world_size();

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "megatron/core/fp8/fp8_config.h"
+#include "megatron/core/transformer/moe/moe_config.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/arg_utils.h"
 
@@ -273,6 +274,21 @@ class Binder {
     entries_.back().note = std::move(refused_value);
   }
 
+  /// A list flag (nargs '+') handled by `fn` (which validates and stores the values); `show`
+  /// prints its value (e.g. a one-element list as the scalar Megatron's validate_args makes of it).
+  /// `reads`: the Arguments members the code reads.
+  void list_with(const std::string& flag, std::vector<std::string> reads,
+                 std::function<void(const std::vector<std::string>&)> fn, std::function<std::string()> show) {
+    record(flag, std::move(show), "STR ...", FlagDisposition::kImplemented, std::move(reads));
+    app_.add_option_function<std::vector<std::string>>(
+            names(flag), [this, flag, fn](const std::vector<std::string>& v) {
+              given(flag);
+              fn(v);
+            })
+        ->expected(1, CLI::detail::expected_max_vector_size)
+        ->allow_extra_args();
+  }
+
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
@@ -413,6 +429,86 @@ class Binder {
 // The bound field and its spelling (the disposition's `reads`: tests/unit_tests/training/
 // flag_registry_test.cpp checks that code outside the parser reads it).
 #define ARG(field) field, #field
+
+// ---- Mixture of Experts (Megatron's MoE flags: megatron/training/arguments.py _add_moe_args and
+// the TransformerConfig MoE fields; docs/moe.md). Megatron's other --moe-* flags are not registered,
+// so parse_args refuses them naming the flag.
+void bind_moe(Binder& b, Arguments& a) {
+  b.num("--num-experts", ARG(a.num_experts), 0);
+  b.num("--moe-ffn-hidden-size", ARG(a.moe_ffn_hidden_size), 1);
+  // validate_args derives moe_layer_pattern from it
+  b.with("--moe-layer-freq", {"moe_layer_pattern"}, [&a](const std::string& s) {
+    bool is_int = false;
+    transformer::moe::eval_moe_layer_freq(s, &is_int);  // syntax checked here, length in validate_args
+    a.moe_layer_freq = s;
+  }, [&a] {
+    bool is_int = false;
+    const std::vector<int64_t> v = transformer::moe::eval_moe_layer_freq(a.moe_layer_freq, &is_int);
+    return is_int ? std::to_string(v[0]) : py_list(v);
+  });
+  b.num("--moe-shared-expert-intermediate-size", ARG(a.moe_shared_expert_intermediate_size), 1);
+  b.noted_str("--moe-shared-expert-overlap",
+              "overlaps the shared expert with the token dispatch in Megatron; megatron.cpp runs it after "
+              "the routed experts (same math, no overlap)",
+              [&a](const std::string&) { a.moe_shared_expert_overlap = true; });
+  auto py_list_str = [](const std::vector<std::string>& v) { return v.size() == 1 ? v[0] : py_list(v); };
+  b.list_with("--moe-router-load-balancing-type", {"moe_router_load_balancing_type"}, [&a](const std::vector<std::string>& v) {
+    for (const auto& t : v)
+      if (t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss" && t != "none") {
+        if (t == "sinkhorn" || t == "quantile_balancing")
+          user_error("--moe-router-load-balancing-type ", t, " is not implemented in megatron.cpp yet "
+                     "(use aux_loss, seq_aux_loss, global_aux_loss or none)");
+        user_error("--moe-router-load-balancing-type: invalid choice '", t,
+                   "' (choose from aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, quantile_balancing, none)");
+      }
+    a.moe_router_load_balancing_type = v;
+  }, [&a, py_list_str] { return py_list_str(a.moe_router_load_balancing_type); });
+  b.list_with("--moe-aux-loss-coeff", {"moe_aux_loss_coeff"}, [&a](const std::vector<std::string>& v) {
+    a.moe_aux_loss_coeff.clear();
+    for (const auto& s : v) {
+      const double c = parse_number<double>("--moe-aux-loss-coeff", s);
+      if (!std::isfinite(c) || c < 0) user_error("argument --moe-aux-loss-coeff: invalid value ", s, " (must be >= 0)");
+      a.moe_aux_loss_coeff.push_back(c);
+    }
+  }, [&a] {
+    if (a.moe_aux_loss_coeff.size() == 1) return py_str(a.moe_aux_loss_coeff[0]);
+    std::string out = "[";
+    for (size_t i = 0; i < a.moe_aux_loss_coeff.size(); ++i) out += (i ? ", " : "") + py_str(a.moe_aux_loss_coeff[i]);
+    return out + "]";
+  });
+  b.num("--moe-z-loss-coeff", ARG(a.moe_z_loss_coeff), at_least(0));
+  b.str("--moe-router-score-function", ARG(a.moe_router_score_function), {"softmax", "sigmoid", "sqrtsoftplus"});
+  b.flag("--moe-router-pre-softmax", ARG(a.moe_router_pre_softmax), true);
+  b.num("--moe-router-topk", ARG(a.moe_router_topk), 1);
+  b.num("--moe-router-topk-scaling-factor", ARG(a.moe_router_topk_scaling_factor), above(0));
+  b.flag("--moe-router-enable-expert-bias", ARG(a.moe_router_enable_expert_bias), true);
+  b.num("--moe-router-bias-update-rate", ARG(a.moe_router_bias_update_rate), at_least(0));
+  b.num("--moe-router-num-groups", ARG(a.moe_router_num_groups), 1);
+  b.num("--moe-router-group-topk", ARG(a.moe_router_group_topk), 1);
+  b.str("--moe-router-dtype", ARG(a.moe_router_dtype), {"fp32", "fp64"});
+  b.with("--moe-token-dispatcher-type", {"moe_token_dispatcher_type"}, [&a](const std::string& s) {
+    if (s == "flex")
+      user_error("--moe-token-dispatcher-type flex (DeepEP / HybridEP) is not implemented in megatron.cpp; use "
+                 "alltoall or allgather");
+    if (s != "allgather" && s != "alltoall")
+      user_error("--moe-token-dispatcher-type: invalid choice '", s, "' (choose from allgather, alltoall, flex)");
+    a.moe_token_dispatcher_type = s;
+  }, [&a] { return a.moe_token_dispatcher_type; });
+  b.num("--moe-expert-capacity-factor", ARG(a.moe_expert_capacity_factor));
+  b.flag("--moe-pad-expert-input-to-capacity", ARG(a.moe_pad_expert_input_to_capacity), true);
+  b.str("--moe-token-drop-policy", ARG(a.moe_token_drop_policy), {"probs", "position"});
+  b.flag("--moe-grouped-gemm", ARG(a.moe_grouped_gemm), true);
+  b.noted_str("--moe-permute-fusion",
+              "selects Transformer Engine's fused permute kernels in Megatron; megatron.cpp's permutation is "
+              "always one gather / scatter-add pass (same math)",
+              [&a](const std::string&) { a.moe_permute_fusion = true; });
+  b.noted_str("--moe-router-fusion",
+              "selects Transformer Engine's fused router kernels in Megatron; megatron.cpp's router is one "
+              "implementation (same math)",
+              [&a](const std::string&) { a.moe_router_fusion = true; });
+  b.num("--moe-input-jitter-eps", ARG(a.moe_input_jitter_eps), kUnitHalfOpen);
+  b.num("--expert-tensor-parallel-size", ARG(a.expert_tensor_parallel_size), 1);
+}
 
 void bind_all(Binder& b, Arguments& a) {
   // ---- network size ----
@@ -603,6 +699,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--context-parallel-size", ARG(a.context_parallel_size), 1);
   b.strs("--cp-comm-type", ARG(a.cp_comm_type));
   b.num("--expert-model-parallel-size", ARG(a.expert_model_parallel_size), 1);
+  bind_moe(b, a);
   b.num("--num-layers-per-virtual-pipeline-stage", ARG(a.num_layers_per_virtual_pipeline_stage), 1);
   b.via({"virtual_pipeline_model_parallel_size"});  // validate_args derives it
   b.num("--decoder-first-pipeline-num-layers", ARG(a.decoder_first_pipeline_num_layers), 0);
@@ -814,6 +911,53 @@ Arguments parse_args(int argc, const char* const* argv) {
 namespace {
 [[noreturn]] void fail(const std::string& msg) { throw UserError(msg); }
 }  // namespace
+
+/// Megatron's MoE checks of validate_args (and the TransformerConfig ones that need only flags):
+/// derived defaults first, then one clear line per bad combination. The MoE math checks
+/// (topk vs experts, group-limited routing, ...) run again in TransformerConfig::validate_moe.
+void validate_moe_args(Arguments& a) {
+  if (a.num_experts && *a.num_experts == 0) a.num_experts.reset();  // Megatron: 0 means no MoE
+  if (!a.expert_tensor_parallel_size) a.expert_tensor_parallel_size = a.tensor_model_parallel_size;
+  if (!a.num_experts) {
+    if (a.expert_model_parallel_size > 1)
+      user_error("--expert-model-parallel-size ", a.expert_model_parallel_size, " needs --num-experts");
+    return;
+  }
+  if (!a.moe_ffn_hidden_size) a.moe_ffn_hidden_size = a.ffn_hidden_size;
+  a.moe_layer_pattern = transformer::moe::parse_moe_layer_freq(a.moe_layer_freq, *a.num_layers);
+  if (a.moe_router_load_balancing_type.size() > 1 &&
+      a.moe_aux_loss_coeff.size() != a.moe_router_load_balancing_type.size())
+    user_error("--moe-aux-loss-coeff must give one coefficient per --moe-router-load-balancing-type (",
+               a.moe_router_load_balancing_type.size(), " types, ", a.moe_aux_loss_coeff.size(), " coefficients)");
+  if (a.moe_router_topk > *a.num_experts)
+    user_error("--moe-router-topk (", a.moe_router_topk, ") must not exceed --num-experts (", *a.num_experts, ")");
+  const int64_t ep = a.expert_model_parallel_size, etp = *a.expert_tensor_parallel_size;
+  if (*a.num_experts % ep != 0)
+    user_error("--num-experts (", *a.num_experts, ") must be a multiple of --expert-model-parallel-size (", ep, ")");
+  // Megatron's expert rank generator: world = expert-TP x EP x expert-DP x PP.
+  if (a.world_size % (etp * ep * a.pipeline_model_parallel_size) != 0)
+    user_error("world size (", a.world_size, ") is not divisible by --expert-tensor-parallel-size (", etp,
+               ") x --expert-model-parallel-size (", ep, ") x --pipeline-model-parallel-size (",
+               a.pipeline_model_parallel_size, ")");
+  if (a.moe_expert_capacity_factor) {
+    if (*a.moe_expert_capacity_factor < 0) {
+      a.moe_expert_capacity_factor.reset();  // Megatron: negative = dropless
+    } else if (*a.moe_expert_capacity_factor == 0) {
+      user_error("--moe-expert-capacity-factor must be > 0 (or negative for dropless training), got 0");
+    }
+  }
+  if (a.moe_pad_expert_input_to_capacity && !a.moe_expert_capacity_factor)
+    fail("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+  if (a.moe_shared_expert_overlap && a.moe_token_dispatcher_type != "alltoall")
+    fail("--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall (or flex)");
+  if (a.moe_router_enable_expert_bias && a.moe_router_score_function == "softmax")
+    fail("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
+  if (a.fp8) fail("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
+  if (a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
+    fail("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's MoELayer rule)");
+  if (a.context_parallel_size > 1 && ep > 1)
+    fail("--expert-model-parallel-size > 1 with --context-parallel-size > 1 is not implemented in megatron.cpp yet");
+}
 
 void validate_args(Arguments& a) {
   // Parallel sizes -> data-parallel size.
@@ -1075,6 +1219,7 @@ void validate_args(Arguments& a) {
                a.profile_step_start, ")");
   if (a.exit_interval && *a.exit_interval <= 0) fail("--exit-interval must be > 0");
   if (a.tensorboard_log_interval <= 0) fail("--tensorboard-log-interval must be > 0");
+  validate_moe_args(a);
 }
 
 // flag-registry: consumers begin (code here acts on Arguments; flag_registry_test counts its reads)

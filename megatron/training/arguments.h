@@ -132,6 +132,36 @@ struct Arguments {
   bool fp8_wgrad = true;
   bool fp8_param_gather = false;
 
+  // ---- Mixture of Experts (Megatron's MoE flags; docs/moe.md) ----
+  std::optional<int64_t> num_experts;                 // --num-experts (0 -> None)
+  std::optional<int64_t> moe_ffn_hidden_size;         // None -> ffn_hidden_size
+  std::string moe_layer_freq = "1";                   // int or list expression (moe_config.h)
+  std::vector<int> moe_layer_pattern;                 // derived from moe_layer_freq
+  std::optional<int64_t> moe_shared_expert_intermediate_size;
+  bool moe_shared_expert_overlap = false;
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  std::vector<double> moe_aux_loss_coeff = {0.0};
+  std::optional<double> moe_z_loss_coeff;
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_pre_softmax = false;
+  int64_t moe_router_topk = 2;
+  std::optional<double> moe_router_topk_scaling_factor;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  std::optional<int64_t> moe_router_num_groups;
+  std::optional<int64_t> moe_router_group_topk;
+  std::optional<std::string> moe_router_dtype;        // fp32 | fp64
+  std::string moe_token_dispatcher_type = "allgather";
+  std::optional<double> moe_expert_capacity_factor;
+  bool moe_pad_expert_input_to_capacity = false;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_grouped_gemm = false;
+  bool moe_permute_fusion = false;
+  bool moe_router_fusion = false;
+  bool moe_per_layer_logging = false;
+  std::optional<double> moe_input_jitter_eps;
+  std::optional<int64_t> expert_tensor_parallel_size;  // None -> tensor_model_parallel_size
+
   // ---- parallelism (stored for the distributed code) ----
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;

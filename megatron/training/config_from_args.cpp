@@ -75,6 +75,33 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   } else if (a.recompute_granularity == "selective") {
     c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
   }
+  if (a.num_experts) {
+    c.num_moe_experts = *a.num_experts;
+    c.moe_ffn_hidden_size = a.moe_ffn_hidden_size.value_or(0);
+    c.moe_layer_pattern = a.moe_layer_pattern;
+    c.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size.value_or(0);
+    c.moe_router_topk = a.moe_router_topk;
+    c.moe_router_load_balancing_type = a.moe_router_load_balancing_type;
+    c.moe_aux_loss_coeff = a.moe_aux_loss_coeff;
+    c.moe_z_loss_coeff = a.moe_z_loss_coeff;
+    c.moe_router_score_function = a.moe_router_score_function;
+    c.moe_router_pre_softmax = a.moe_router_pre_softmax;
+    c.moe_router_topk_scaling_factor = a.moe_router_topk_scaling_factor;
+    c.moe_router_enable_expert_bias = a.moe_router_enable_expert_bias;
+    c.moe_router_bias_update_rate = a.moe_router_bias_update_rate;
+    c.moe_router_num_groups = a.moe_router_num_groups.value_or(0);
+    c.moe_router_group_topk = a.moe_router_group_topk.value_or(0);
+    c.moe_router_dtype = a.moe_router_dtype.value_or("");
+    c.moe_token_dispatcher_type = a.moe_token_dispatcher_type;
+    c.moe_expert_capacity_factor = a.moe_expert_capacity_factor;
+    c.moe_pad_expert_input_to_capacity = a.moe_pad_expert_input_to_capacity;
+    c.moe_token_drop_policy = a.moe_token_drop_policy;
+    c.moe_grouped_gemm = a.moe_grouped_gemm;
+    c.moe_input_jitter_eps = a.moe_input_jitter_eps;
+    c.moe_per_layer_logging = a.moe_per_layer_logging;
+    c.expert_model_parallel_size = a.expert_model_parallel_size;
+    c.expert_tensor_parallel_size = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
+  }
   c.fp8 = fp8_config_from_args(a);
   return c;
 }
@@ -86,6 +113,8 @@ parallel_state::ParallelConfig parallel_config_from_args(const Arguments& a) {
   pc.context_parallel_size = static_cast<int>(a.context_parallel_size);
   if (a.virtual_pipeline_model_parallel_size)
     pc.virtual_pipeline_model_parallel_size = static_cast<int>(*a.virtual_pipeline_model_parallel_size);
+  pc.expert_model_parallel_size = static_cast<int>(a.expert_model_parallel_size);
+  pc.expert_tensor_parallel_size = static_cast<int>(a.expert_tensor_parallel_size.value_or(0));
   return pc;
 }
 

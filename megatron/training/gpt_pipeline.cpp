@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megatron/core/pipeline_parallel/schedules.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -188,6 +189,11 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
   d.seed_tokens.assign(static_cast<size_t>(d.M), 1.0);
   d.forward_only = forward_only;
   d.loss_scale = loss_scale;
+  // Megatron's forward_step: MoEAuxLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)
+  // (loss_scale alone with --calculate-per-token-loss), so the aux losses' gradients are scaled
+  // like the main loss's.
+  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(d.per_token ? loss_scale
+                                                                     : loss_scale / static_cast<double>(d.M));
   const int M = static_cast<int>(d.M);
   if (d.interleaved) {
     d.interleaved->run(d, M, static_cast<int>(d.chunks.size()), d.group_size, forward_only);

@@ -1,3 +1,4 @@
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/training/training.h"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "megatron/core/ops/device.h"
+#include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/training/training_log.h"
@@ -129,6 +131,10 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     optimizer_.zero_grad();
   }
   const double loss_scale = optimizer_.get_loss_scale();
+  // MoE: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the aux losses' backward scale, as the
+  // main loss's: loss_scale / num_microbatches, or loss_scale with --calculate-per-token-loss).
+  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
+      args_.calculate_per_token_loss ? loss_scale : loss_scale / static_cast<double>(num_microbatches_));
   std::vector<std::pair<Tensor, Tensor>> deferred;  // (device loss, host mask) per micro-batch
   // Where the parameters live (the NaN message names the device, as Megatron's).
   const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();
@@ -289,6 +295,40 @@ std::string Trainer::timers_log_and_write(const std::vector<std::string>& names,
   return format_timers_string(names, all, world, static_cast<double>(args_.log_interval), timers_.log_option());
 }
 
+void Trainer::report_moe_metrics(int64_t iteration) {
+  // Megatron's training_log "Log MoE metrics": the tracked names follow
+  // --moe-router-load-balancing-type and --moe-z-loss-coeff; loss scale 1 / num_microbatches.
+  std::vector<std::string> names;
+  const auto& types = args_.moe_router_load_balancing_type;
+  auto has = [&types](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  if (has("aux_loss")) names.emplace_back("load_balancing_loss");
+  if (has("seq_aux_loss")) names.emplace_back("seq_load_balancing_loss");
+  if (has("global_aux_loss")) names.emplace_back("global_load_balancing_loss");
+  if (args_.moe_z_loss_coeff) names.emplace_back("z_loss");
+  if (names.empty()) return;
+  const int64_t num_layers = *args_.num_layers;
+  const int64_t num_moe_layers =
+      args_.moe_layer_pattern.empty()
+          ? num_layers
+          : std::count(args_.moe_layer_pattern.begin(), args_.moe_layer_pattern.end(), 1);
+  namespace ps = megatron::parallel_state;
+  const bool groups = ps::model_parallel_is_initialized();
+  const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();
+  const auto values = transformer::moe::MoEMetricsTracker::get().report(
+      1.0 / static_cast<double>(num_microbatches_), names, num_layers, num_moe_layers,
+      groups ? ps::get_pipeline_model_parallel_group().get() : nullptr,
+      groups ? ps::get_data_parallel_group(false).get() : nullptr, device);
+  // Every iteration: TensorBoard under the metric's own name (the last rank's writer), and the
+  // names ending in "loss" into total_loss_dict (averaged over the advanced iterations in the
+  // iteration line, after "lm loss").
+  for (const auto& [name, v] : values) {
+    if (hooks_.add_scalar) hooks_.add_scalar(name, v, iteration);
+    auto it = std::find_if(moe_loss_sums_.begin(), moe_loss_sums_.end(), [&](const auto& p) { return p.first == name; });
+    if (it == moe_loss_sums_.end()) moe_loss_sums_.emplace_back(name, v);
+    else it->second += v;
+  }
+}
+
 void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   const int64_t it = state_.iteration;
   const double iter_loss = r.lm_loss.loss_sum / std::max(r.lm_loss.num_tokens, 1.0);
@@ -334,6 +374,7 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     }
   }
 
+  if (args_.num_experts) report_moe_metrics(it);  // every rank, after the TensorBoard block (Megatron's order)
   // Megatron's MTPLossLoggingHelper.track_mtp_metrics: every iteration (skipped ones too), the
   // loss scaled by 1/num_microbatches into total_loss_dict and TensorBoard.
   const size_t D = r.mtp.size();
@@ -374,6 +415,10 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.learning_rate = lr;
     f.global_batch_size = batch_size;
     f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
+    for (auto& [name, sum] : moe_loss_sums_) {
+      f.losses.emplace_back(name, sum / static_cast<double>(std::max<int64_t>(advanced_iters_, 1)));
+      sum = 0.0;
+    }
     for (size_t i = 0; i < interval_mtp_loss_.size(); ++i) {
       f.losses.push_back({"mtp_" + std::to_string(i + 1) + " loss",
                           interval_mtp_loss_[i] / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))});

@@ -205,6 +205,10 @@ class Trainer {
   /// (printer, TensorBoard hook) are rank-conditional. No collective may be reached from a
   /// rank-conditional branch (docs/training.md, "Collectives and rank-conditional code").
   void training_log(const TrainStepResult& r, bool first_iteration);
+  /// MoE: Megatron's get_moe_metrics_tracker().report every iteration (all ranks: it all-reduces):
+  /// TensorBoard scalars load_balancing_loss / seq_load_balancing_loss / global_load_balancing_loss /
+  /// z_loss and their sums for the iteration line (moe_loss_sums_).
+  void report_moe_metrics(int64_t iteration);
   bool checkpoint_and_decide_exit();
   /// save_checkpoint hook + Megatron's compute_throughputs_and_append_to_progress_log.
   void save_checkpoint_and_time(int64_t iteration);
@@ -230,6 +234,9 @@ class Trainer {
   std::chrono::steady_clock::time_point start_time_;
   // Interval accumulators (Megatron's total_loss_dict).
   double interval_loss_sum_ = 0.0;
+  /// MoE losses (Megatron's track_moe_metrics names) summed since the last log line, in the
+  /// order they were first reported.
+  std::vector<std::pair<std::string, double>> moe_loss_sums_;
   // Per MTP module: the interval's Σ of "mtp_<k> loss" values, and the run's cumulative
   // acceptance counts (Megatron keeps them per process; they restart with the process).
   std::vector<double> interval_mtp_loss_, mtp_cumulative_correct_, mtp_cumulative_total_;

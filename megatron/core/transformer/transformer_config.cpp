@@ -105,6 +105,7 @@ void TransformerConfig::validate() {
   auto float_ok = [](DType t) { return t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16; };
   if (!float_ok(params_dtype)) user_error("TransformerConfig.params_dtype must be float32, bfloat16 or float16");
   if (!float_ok(main_grads_dtype)) user_error("TransformerConfig.main_grads_dtype must be float32, bfloat16 or float16");
+  validate_moe();
 }
 
 }  // namespace megatron::transformer

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype.h"
@@ -101,7 +102,8 @@ struct TransformerConfig {
   /// before it joins the gradient (Megatron's default 0.1).
   float mtp_loss_scaling_factor = 0.1f;
   /// --calculate-per-token-loss (Megatron's TransformerConfig field): the MTP loss gradient keeps
-  /// the token-sum scale the main loss has then (process_mtp_loss).
+  /// the token-sum scale the main loss has then (process_mtp_loss), and the MoE aux losses are
+  /// scaled by the local token count (attach_and_log_load_balancing_loss).
   bool calculate_per_token_loss = false;
 
   // ---- activation recomputation (Megatron's --recompute-*) ----
@@ -120,6 +122,55 @@ struct TransformerConfig {
   /// attention-output, fc1 and fc2 GEMMs then run in FP8 (fp8/fp8_linear.h). The runtime FP8
   /// state (amax histories, scales) is not configuration: GPTModel owns it (GPTModel::fp8_state).
   std::optional<fp8::Fp8Config> fp8;
+
+  // ---- Mixture of Experts (Megatron-Core's MoE fields; docs/moe.md) ----
+  /// --num-experts (Megatron's num_moe_experts); nullopt = dense model (no MoE layer).
+  std::optional<int64_t> num_moe_experts;
+  /// --moe-ffn-hidden-size: each routed expert's FFN size; 0 = ffn_hidden_size.
+  int64_t moe_ffn_hidden_size = 0;
+  /// --moe-layer-freq as a per-layer pattern (1 = MoE layer, 0 = dense MLP), num_layers long;
+  /// empty = every layer is an MoE layer (Megatron's default 1). See moe/moe_config.h.
+  std::vector<int> moe_layer_pattern;
+  /// --moe-shared-expert-intermediate-size (0 = no shared expert): FFN size of the shared experts
+  /// together (Megatron's SharedExpertMLP, one MLP of this size).
+  int64_t moe_shared_expert_intermediate_size = 0;
+  /// --moe-router-topk.
+  int64_t moe_router_topk = 2;
+  /// --moe-router-load-balancing-type (one or more of aux_loss, seq_aux_loss, global_aux_loss,
+  /// none) with --moe-aux-loss-coeff (one coefficient per type).
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  std::vector<double> moe_aux_loss_coeff = {0.0};
+  /// --moe-z-loss-coeff (nullopt = no z-loss).
+  std::optional<double> moe_z_loss_coeff;
+  /// --moe-router-score-function softmax | sigmoid | sqrtsoftplus.
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_pre_softmax = false;
+  std::optional<double> moe_router_topk_scaling_factor;
+  /// --moe-router-enable-expert-bias (aux-loss-free balancing) and --moe-router-bias-update-rate.
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  /// Group-limited routing (--moe-router-num-groups, --moe-router-group-topk); 0 = off.
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  /// --moe-router-dtype: "" (the input dtype), "fp32" or "fp64".
+  std::string moe_router_dtype;
+  /// --moe-token-dispatcher-type allgather | alltoall.
+  std::string moe_token_dispatcher_type = "allgather";
+  /// --moe-expert-capacity-factor (nullopt = dropless), --moe-pad-expert-input-to-capacity,
+  /// --moe-token-drop-policy probs | position.
+  std::optional<double> moe_expert_capacity_factor;
+  bool moe_pad_expert_input_to_capacity = false;
+  std::string moe_token_drop_policy = "probs";
+  /// --moe-grouped-gemm: the experts run as one grouped GEMM per linear (ops::grouped_gemm) and
+  /// are named as Megatron's TEGroupedMLP (experts.linear_fc1.weight<i>).
+  bool moe_grouped_gemm = false;
+  /// --moe-input-jitter-eps (nullopt = none): router input multiplied by U(1 - eps, 1 + eps).
+  std::optional<double> moe_input_jitter_eps;
+  /// --moe-per-layer-logging: load-balancing / z-loss values per layer as well.
+  bool moe_per_layer_logging = false;
+  /// --expert-model-parallel-size and --expert-tensor-parallel-size (0 = tensor_model_parallel_size).
+  int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0;
 
   // ---- parallelism (ModelParallelConfig) ----
   int64_t tensor_model_parallel_size = 1;
@@ -143,6 +194,10 @@ struct TransformerConfig {
   /// Rows of fc1: ffn_hidden_size, or 2 * ffn_hidden_size with gated_linear_unit.
   int64_t fc1_output_size() const { return gated_linear_unit ? 2 * ffn_hidden_size : ffn_hidden_size; }
   bool gelu_tanh() const { return !squared_relu && bias_activation_fusion && add_bias_linear; }
+  /// Whether decoder layer `layer` (0-based global index) is an MoE layer (moe/moe_config.cpp).
+  bool is_moe_layer(int64_t layer) const;
+  /// Checks the MoE fields (moe/moe_config.cpp; called by validate()); UserError naming the flag.
+  void validate_moe();
 };
 
 }  // namespace megatron::transformer

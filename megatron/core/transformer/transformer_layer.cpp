@@ -28,7 +28,17 @@ TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix
   input_layernorm_ = std::make_unique<Norm>(reg, prefix + ".input_layernorm", config.hidden_size, config);
   self_attention_ = std::make_unique<SelfAttention>(reg, prefix + ".self_attention", config, tp, fp8);
   pre_mlp_layernorm_ = std::make_unique<Norm>(reg, prefix + ".pre_mlp_layernorm", config.hidden_size, config);
-  mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp, fp8);
+  // Megatron's get_gpt_decoder_block_spec: an MoE layer where --moe-layer-freq says so. An MTP
+  // layer (prefix "...transformer_layer", no layer index) is dense: validate_moe refuses
+  // --mtp-num-layers with --num-experts.
+  const std::string last = prefix.substr(prefix.rfind('.') + 1);
+  const bool indexed = !last.empty() && last.find_first_not_of("0123456789") == std::string::npos;
+  const int64_t layer = indexed ? std::stoll(last) : -1;
+  if (indexed && config.is_moe_layer(layer)) {
+    moe_ = std::make_unique<moe::MoELayer>(reg, prefix + ".mlp", config, layer + 1, tp, moe::default_moe_groups(tp));
+  } else {
+    mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp, fp8);
+  }
 }
 
 namespace {
@@ -47,6 +57,12 @@ Tensor norm_into(const Norm& norm, const Sublayer& next, const Tensor& x, NormCt
 
 Tensor TransformerLayer::forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const {
   ctx.hidden_dropout = config_.hidden_dropout;
+  if (moe_) {
+    Tensor attn = self_attention_->forward(input_layernorm_->forward(x, ctx.input_layernorm), fc, ctx.attention);
+    Tensor x1 = dropout_add(attn, x, config_.hidden_dropout, fc, ctx.attn_dropout_mask);
+    Tensor y = moe_->forward(pre_mlp_layernorm_->forward(x1, ctx.pre_mlp_layernorm), fc, ctx.moe);
+    return dropout_add(y, x1, config_.hidden_dropout, fc, ctx.mlp_dropout_mask);
+  }
   fp8::Fp8Input ln1q, ln2q;
   auto qp = [](const fp8::Fp8Input& q) { return q.defined() ? &q : nullptr; };
   Tensor ln1 = norm_into(*input_layernorm_, *self_attention_, x, ctx.input_layernorm, &ln1q);
@@ -69,7 +85,7 @@ Tensor TransformerLayer::forward(const Tensor& x, ForwardContext& fc, Transforme
 Tensor TransformerLayer::backward(const Tensor& dy, TransformerLayerCtx& ctx) const {
   // y = x1 + drop(mlp(ln2(x1)))
   Tensor dmlp = dropout_add_backward(dy, ctx.mlp_dropout_mask, ctx.hidden_dropout);
-  Tensor dln2 = mlp_->backward(dmlp, ctx.mlp);
+  Tensor dln2 = moe_ ? moe_->backward(dmlp, ctx.moe) : mlp_->backward(dmlp, ctx.mlp);
   Tensor dx1 = pre_mlp_layernorm_->backward(dln2, ctx.pre_mlp_layernorm, &dy);  // + dy (residual)
   // x1 = x + drop(attn(ln1(x)))
   Tensor dattn = dropout_add_backward(dx1, ctx.attn_dropout_mask, ctx.hidden_dropout);

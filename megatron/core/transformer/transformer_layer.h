@@ -9,6 +9,7 @@
 
 #include "megatron/core/transformer/attention.h"
 #include "megatron/core/transformer/mlp.h"
+#include "megatron/core/transformer/moe/moe_layer.h"
 
 namespace megatron::transformer {
 
@@ -16,6 +17,7 @@ struct TransformerLayerCtx {
   NormCtx input_layernorm, pre_mlp_layernorm;
   AttentionCtx attention;
   MLPCtx mlp;
+  moe::MoELayerCtx moe;  // MoE layers (--num-experts, --moe-layer-freq)
   Tensor attn_dropout_mask, mlp_dropout_mask;  // undefined when no dropout was applied
   float hidden_dropout = 0.0f;
 };
@@ -37,7 +39,8 @@ class TransformerLayer {
   std::unique_ptr<Norm> input_layernorm_;
   std::unique_ptr<SelfAttention> self_attention_;
   std::unique_ptr<Norm> pre_mlp_layernorm_;
-  std::unique_ptr<MLP> mlp_;
+  std::unique_ptr<MLP> mlp_;             // dense layers
+  std::unique_ptr<moe::MoELayer> moe_;  // MoE layers (TransformerConfig::is_moe_layer)
 };
 
 /// y = residual + dropout(x) (training with p > 0: mask written) else residual + x.

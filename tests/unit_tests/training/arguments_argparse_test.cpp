@@ -193,10 +193,15 @@ TEST(ArgparseRules, EveryFloatFlagRefusesNanInfAndOutOfRange) {
       {"--min-loss-scale", "-1.0", "> 0", {"1e-3"}},
       {"--loss-scale-window", "0.5", ">= 1", {"1"}},
       {"--mid-level-dataset-surplus", "-0.5", ">= 0", {"0"}},
+      {"--moe-z-loss-coeff", "-0.5", ">= 0", {"0"}},
+      {"--moe-router-topk-scaling-factor", "0", "> 0", {"1e-9"}},
+      {"--moe-router-bias-update-rate", "-0.5", ">= 0", {"0"}},
+      {"--moe-input-jitter-eps", "1", "in [0, 1)", {"0", "0.5"}},
       {"--mtp-loss-scaling-factor", "-0.1", ">= 0", {"0", "0.3"}},
   };
-  // Float flags Megatron declares that megatron.cpp notes and ignores: only nan/inf are refused.
-  const std::vector<std::string> unranged_noted = {};
+  // Float flags without a parse-time range: only nan/inf are refused when parsed.
+  // --moe-expert-capacity-factor: negative means dropless (Megatron), 0 is refused by validate_args.
+  const std::vector<std::string> unranged_noted = {"--moe-expert-capacity-factor"};
   const std::vector<std::string> floats = declared_float_flags();
   ASSERT_GE(floats.size(), ranged.size());
   for (const std::string& flag : floats) {

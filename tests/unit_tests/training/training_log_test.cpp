@@ -133,6 +133,32 @@ TEST(TrainingLog, FlopsGptHandComputed) {
   EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 1), 21233664.0);
 }
 
+TEST(TrainingLog, FlopsMoEHandComputed) {
+  // Megatron's num_floating_point_operations MoE branch, by hand: SwiGLU (gate 3), h=64, L=4 with
+  // --moe-layer-freq [1,0,1,0] (2 MoE layers, 2 dense), f=256, top-2 of 8 experts of size 128, a
+  // shared expert of 96, heads 4 x kv 16 (q=64), 2 query groups (k=32), Vp=128, s=32, B=1.
+  // per token: MLP 6*64*(256*3*2 + (128*2*3 + 96*3)*2) = 1400832; attention
+  // 6*(64*(64+2*32) + 64*64)*4 = 294912; logits 6*64*128 = 49152; sum 1744896, T=32 -> 55836672;
+  // core attention 32^2*6*64*4 = 1572864; total 57409536. The router GEMM is not counted (Megatron).
+  Arguments a;
+  a.num_layers = 4;
+  a.hidden_size = 64;
+  a.ffn_hidden_size = 256;
+  a.num_attention_heads = 4;
+  a.kv_channels = 16;
+  a.group_query_attention = true;
+  a.num_query_groups = 2;
+  a.swiglu = true;
+  a.seq_length = 32;
+  a.padded_vocab_size = 128;
+  a.num_experts = 8;
+  a.moe_router_topk = 2;
+  a.moe_ffn_hidden_size = 128;
+  a.moe_shared_expert_intermediate_size = 96;
+  a.moe_layer_pattern = {1, 0, 1, 0};
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 1), 57409536.0);
+}
+
 // Megatron's training_log prints a loss only `if avg > 0.0`: an interval whose iterations were all
 // skipped (fp16 overflow) has avg 0 and no "lm loss" field (found by the session-4 fresh tester;
 // we printed "lm loss: 0.000000E+00").

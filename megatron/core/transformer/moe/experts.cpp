@@ -1,0 +1,131 @@
+#include "megatron/core/transformer/moe/experts.h"
+
+#include <cmath>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::transformer::moe {
+namespace {
+
+ParamRef add_expert_param(ParamRegistry& reg, const std::string& name, Shape global, int partition_dim, int stride,
+                          int etp_rank, int etp_size, float std) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = global;
+  p.tensor_parallel = partition_dim >= 0 && etp_size > 1;
+  p.partition_dim = etp_size > 1 ? partition_dim : -1;
+  p.partition_stride = stride;
+  p.tp_rank = etp_rank;
+  p.tp_size = etp_size;
+  p.init = InitKind::kNormal;
+  p.init_std = std;
+  Shape local = global;
+  if (etp_size > 1) {
+    if (global[static_cast<size_t>(partition_dim)] % (etp_size * stride) != 0)
+      user_error(name, ": dimension ", global[static_cast<size_t>(partition_dim)],
+                 " is not divisible by --expert-tensor-parallel-size ", etp_size, stride > 1 ? " times 2 (SwiGLU halves)" : "");
+    local[static_cast<size_t>(partition_dim)] /= etp_size;
+  }
+  return ParamRef(&reg, reg.add(std::move(p), local));
+}
+
+}  // namespace
+
+Experts::Experts(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t first_expert,
+                 int64_t num_local_experts, int etp_rank, int etp_size)
+    : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size) {
+  MEGATRON_CHECK(!config.add_bias_linear) << "MoE experts with bias";
+  const int64_t fc1_rows = config.gated_linear_unit ? 2 * config.moe_ffn_hidden_size : config.moe_ffn_hidden_size;
+  const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
+  for (int64_t i = 0; i < num_local_experts; ++i) {
+    const std::string e = std::to_string(first_expert + i);
+    const std::string n1 = config.moe_grouped_gemm ? prefix + ".linear_fc1.weight" + e
+                                                   : prefix + ".local_experts." + e + ".linear_fc1.weight";
+    const std::string n2 = config.moe_grouped_gemm ? prefix + ".linear_fc2.weight" + e
+                                                   : prefix + ".local_experts." + e + ".linear_fc2.weight";
+    fc1_.push_back(add_expert_param(reg, n1, {fc1_rows, config.hidden_size}, 0, config.gated_linear_unit ? 2 : 1,
+                                    etp_rank, etp_size, config.init_method_std));
+    fc2_.push_back(add_expert_param(reg, n2, {config.hidden_size, config.moe_ffn_hidden_size}, 1, 1, etp_rank, etp_size,
+                                    out_std));
+  }
+}
+
+Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs,
+                        ExpertsCtx& ctx) const {
+  const int64_t L = num_local_experts(), h = config_.hidden_size;
+  MEGATRON_CHECK(static_cast<int64_t>(tokens_per_expert.size()) == L) << "experts: " << tokens_per_expert.size() << " counts";
+  ctx.tokens_per_expert = tokens_per_expert;
+  ctx.input = x;
+  ctx.probs = probs;
+  ctx.fc1_out.assign(static_cast<size_t>(L), Tensor());
+  ctx.act.assign(static_cast<size_t>(L), Tensor());
+  const int64_t N = x.size(0);
+  Tensor y = Tensor::empty({N, h}, x.dtype(), x.device());
+  int64_t off = 0;
+  const int64_t fc1_local = config_.gated_linear_unit ? 2 * ffn_local_ : ffn_local_;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t n = tokens_per_expert[static_cast<size_t>(i)];
+    if (n == 0) continue;
+    Tensor xi = x.narrow0(off, n);
+    Tensor f1 = Tensor::empty({n, fc1_local}, x.dtype(), x.device());
+    ops::linear_forward(xi, fc1_[static_cast<size_t>(i)].data(), nullptr, f1);
+    Tensor act = Tensor::empty({n, ffn_local_}, x.dtype(), x.device());
+    if (config_.gated_linear_unit) {
+      ops::swiglu_forward(f1, act);
+    } else if (config_.squared_relu) {
+      ops::squared_relu_forward(f1, act);
+    } else {
+      ops::gelu_forward(f1, act, false);
+    }
+    Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+    ops::scale_rows(act, probs.narrow0(off, n), scaled);
+    Tensor yi = y.narrow0(off, n);
+    ops::linear_forward(scaled, fc2_[static_cast<size_t>(i)].data(), nullptr, yi);
+    ctx.fc1_out[static_cast<size_t>(i)] = f1;
+    ctx.act[static_cast<size_t>(i)] = act;
+    off += n;
+  }
+  MEGATRON_CHECK(off == N) << "experts: " << off << " of " << N << " rows assigned";
+  return y;
+}
+
+Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const {
+  const int64_t L = num_local_experts(), N = dy.size(0), h = config_.hidden_size;
+  Tensor dx = Tensor::zeros({N, h}, dy.dtype(), dy.device());
+  dprobs->assign(static_cast<size_t>(N), 0.0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t n = ctx.tokens_per_expert[static_cast<size_t>(i)];
+    if (n == 0) continue;
+    const Tensor& act = ctx.act[static_cast<size_t>(i)];
+    const Tensor& f1 = ctx.fc1_out[static_cast<size_t>(i)];
+    Tensor p = ctx.probs.narrow0(off, n);
+    Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+    ops::scale_rows(act, p, scaled);  // recomputed (cheaper to keep than the fc2 input)
+    Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+    ops::linear_backward(dy.narrow0(off, n), scaled, fc2_[static_cast<size_t>(i)].data(), &dscaled,
+                         &fc2_[static_cast<size_t>(i)].grad(), nullptr, true);
+    // d probs[r] = <dscaled[r], act[r]>; d act = dscaled * probs.
+    const std::vector<double> dp = row_dot(dscaled, act);
+    for (int64_t r = 0; r < n; ++r) (*dprobs)[static_cast<size_t>(off + r)] = dp[static_cast<size_t>(r)];
+    Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+    ops::scale_rows(dscaled, p, dact);
+    Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
+    if (config_.gated_linear_unit) {
+      ops::swiglu_backward(dact, f1, df1);
+    } else if (config_.squared_relu) {
+      ops::squared_relu_backward(dact, f1, df1);
+    } else {
+      ops::gelu_backward(dact, f1, df1, false);
+    }
+    Tensor dxi = dx.narrow0(off, n);
+    ops::linear_backward(df1, ctx.input.narrow0(off, n), fc1_[static_cast<size_t>(i)].data(), &dxi,
+                         &fc1_[static_cast<size_t>(i)].grad(), nullptr, true);
+    off += n;
+  }
+  return dx;
+}
+
+}  // namespace megatron::transformer::moe

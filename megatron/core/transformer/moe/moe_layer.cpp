@@ -1,0 +1,55 @@
+#include "megatron/core/transformer/moe/moe_layer.h"
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::transformer::moe {
+
+MoELayer::MoELayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
+                   const tensor_parallel::TPContext& tp, const MoEGroups& groups)
+    : config_(config) {
+  MEGATRON_CHECK(config.num_moe_experts) << "MoELayer without num_moe_experts";
+  if (tp.size() > 1 && !tp.sequence_parallel)
+    user_error("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's rule for training)");
+  router_ = std::make_unique<TopKRouter>(reg, prefix + ".router", config, layer_number, groups);
+  dispatcher_ = make_token_dispatcher(config, groups);
+  experts_ = std::make_unique<Experts>(reg, prefix + ".experts", config, dispatcher_->first_local_expert(),
+                                       dispatcher_->num_local_experts(), groups.expt_tp->rank(), groups.expt_tp->size());
+  if (config.moe_shared_expert_intermediate_size > 0)
+    shared_ = std::make_unique<SharedExpertMLP>(reg, prefix + ".shared_experts", config, tp);
+}
+
+Tensor MoELayer::forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const {
+  MEGATRON_CHECK(x.dim() == 3) << "MoELayer input " << x.str();
+  ctx.shape = x.shape();
+  const int64_t s = x.size(0), b = x.size(1), h = x.size(2);
+  Tensor tokens = x.view({s * b, h});
+  std::vector<double> probs;
+  std::vector<uint8_t> map;
+  const bool jitter = fc.training && config_.moe_input_jitter_eps && *config_.moe_input_jitter_eps > 0;
+  router_->forward(tokens, s, b, fc.training, fc.seed, jitter ? fc.next_offset() : 0, probs, map, ctx.router);
+  std::vector<int64_t> tpe;
+  Tensor pprobs;
+  Tensor expert_in = dispatcher_->dispatch(tokens, probs, map, &tpe, &pprobs, ctx.dispatch);
+  Tensor expert_out = experts_->forward(expert_in, tpe, pprobs, ctx.experts);
+  Tensor out = dispatcher_->combine(expert_out, ctx.dispatch).view(x.shape());
+  if (shared_) ops::add_(out, shared_->forward(x, ctx.shared));
+  return out;
+}
+
+Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
+  const int64_t h = ctx.shape.back(), T = dy.numel() / h;
+  Tensor d_out = dy.view({T, h});
+  Tensor d_expert_out = dispatcher_->combine_backward(d_out, ctx.dispatch);
+  std::vector<double> dpp;
+  Tensor d_expert_in = experts_->backward(d_expert_out, ctx.experts, &dpp);
+  std::vector<double> dprobs;
+  Tensor dx = dispatcher_->dispatch_backward(d_expert_in, dpp, ctx.dispatch, &dprobs);
+  ops::add_(dx, router_->backward(dprobs, ctx.router));
+  dx = dx.view(ctx.shape);
+  if (shared_) ops::add_(dx, shared_->backward(dy, ctx.shared));
+  ctx.experts = ExpertsCtx();
+  return dx;
+}
+
+}  // namespace megatron::transformer::moe

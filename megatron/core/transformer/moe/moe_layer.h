@@ -1,0 +1,45 @@
+// MoELayer (Megatron-Core's megatron/core/transformer/moe/moe_layer.py): router -> token dispatch ->
+// experts -> combine, plus the shared expert. [s, b, h] -> [s, b, h]. Parameters
+// "<prefix>.router.weight", "<prefix>.experts.…" (experts.h), "<prefix>.shared_experts.…".
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megatron/core/transformer/forward_context.h"
+#include "megatron/core/transformer/moe/experts.h"
+#include "megatron/core/transformer/moe/router.h"
+#include "megatron/core/transformer/moe/shared_experts.h"
+#include "megatron/core/transformer/moe/token_dispatcher.h"
+
+namespace megatron::transformer::moe {
+
+struct MoELayerCtx {
+  RouterCtx router;
+  DispatchCtx dispatch;
+  ExpertsCtx experts;
+  MLPCtx shared;
+  Shape shape;
+};
+
+class MoELayer {
+ public:
+  /// layer_number: Megatron's 1-based layer number. groups: the MoE process groups (tp must be
+  /// the group of `tp`).
+  MoELayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
+           const tensor_parallel::TPContext& tp, const MoEGroups& groups);
+  /// x [s, b, h] -> [s, b, h] (x's dtype).
+  Tensor forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const;
+  /// dy [s, b, h] -> dx; accumulates every parameter gradient.
+  Tensor backward(const Tensor& dy, MoELayerCtx& ctx) const;
+  TopKRouter& router() const { return *router_; }
+
+ private:
+  const TransformerConfig& config_;
+  std::unique_ptr<TopKRouter> router_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+  std::unique_ptr<Experts> experts_;
+  std::unique_ptr<SharedExpertMLP> shared_;
+};
+
+}  // namespace megatron::transformer::moe

@@ -1,0 +1,276 @@
+#include "megatron/core/transformer/moe/router.h"
+
+#include <cmath>
+#include <random>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/parallel_state.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::transformer::moe {
+
+MoEGroups MoEGroups::single() {
+  MoEGroups g;
+  std::shared_ptr<comm::ProcessGroup> one = comm::make_single_rank_group();
+  g.tp = g.tp_cp = g.tp_dp_cp = g.ep = g.expt_tp = g.tp_ep = one;
+  return g;
+}
+
+MoEGroups default_moe_groups(const tensor_parallel::TPContext& tp) {
+  MoEGroups g = MoEGroups::single();
+  g.tp = tp.group;
+  g.sequence_parallel = tp.sequence_parallel;
+  if (!parallel_state::model_parallel_is_initialized()) {
+    g.tp_cp = g.tp_dp_cp = g.tp_ep = g.expt_tp = tp.group;
+    MEGATRON_CHECK(tp.size() == 1) << "MoE with TP " << tp.size() << " needs parallel_state";
+    return g;
+  }
+  auto pick = [](parallel_state::GroupPtr p, const std::shared_ptr<comm::ProcessGroup>& fallback) {
+    return p ? p : fallback;
+  };
+  g.tp_cp = pick(parallel_state::get_tensor_and_context_parallel_group(), g.tp_cp);
+  g.tp_dp_cp = pick(parallel_state::get_tensor_and_data_parallel_group(true), g.tp_dp_cp);
+  g.ep = pick(parallel_state::get_expert_model_parallel_group(), g.ep);
+  g.expt_tp = pick(parallel_state::get_expert_tensor_parallel_group(), g.expt_tp);
+  g.tp_ep = pick(parallel_state::get_expert_tensor_and_model_parallel_group(), g.tp_ep);
+  return g;
+}
+
+TopKRouter::TopKRouter(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                       int64_t layer_number, const MoEGroups& groups)
+    : config_(config), layer_number_(layer_number), groups_(groups) {
+  const int64_t E = *config.num_moe_experts;
+  Parameter p;
+  p.name = prefix + ".weight";
+  p.global_shape = {E, config.hidden_size};
+  p.init = InitKind::kNormal;
+  p.init_std = config.init_method_std;
+  // Megatron: setattr(weight, 'sequence_parallel', config.sequence_parallel): with SP each TP rank
+  // sees its sequence shard, so the gradient is all-reduced over TP by finalize_model_grads.
+  p.sequence_parallel = groups.sequence_parallel;
+  weight_ = ParamRef(&reg, reg.add(std::move(p), {E, config.hidden_size}));
+  if (config.moe_router_enable_expert_bias) {
+    expert_bias_.assign(static_cast<size_t>(E), 0.0);
+    local_tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
+  }
+  global_tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
+}
+
+TopKOptions TopKRouter::topk_options() const {
+  TopKOptions o;
+  o.topk = config_.moe_router_topk;
+  o.use_pre_softmax = config_.moe_router_pre_softmax;
+  o.num_groups = config_.moe_router_num_groups;
+  o.group_topk = config_.moe_router_group_topk;
+  o.scaling_factor = config_.moe_router_topk_scaling_factor;
+  o.score_function = config_.moe_router_score_function;
+  return o;
+}
+
+double TopKRouter::aux_coeff(const std::string& type) const {
+  const auto& types = config_.moe_router_load_balancing_type;
+  for (size_t i = 0; i < types.size(); ++i)
+    if (types[i] == type) return config_.moe_aux_loss_coeff[std::min(i, config_.moe_aux_loss_coeff.size() - 1)];
+  return 0.0;
+}
+
+void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
+                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx) {
+  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
+  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
+  ctx.T = T;
+  ctx.E = E;
+  // Input jitter (Megatron's apply_input_jitter: x * U(1 - eps, 1 + eps), a fresh draw per call).
+  Tensor in = x.view({T, h});
+  ctx.jitter.clear();
+  if (training && config_.moe_input_jitter_eps && *config_.moe_input_jitter_eps > 0) {
+    const double eps = *config_.moe_input_jitter_eps;
+    std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + offset * 1315423911ull + static_cast<uint64_t>(layer_number_));
+    std::uniform_real_distribution<double> u(1.0 - eps, 1.0 + eps);
+    std::vector<double> xv = to_host_f64(in);
+    ctx.jitter.resize(xv.size());
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] *= (ctx.jitter[i] = u(gen));
+    in = to_device_f32(xv, {T, h}, x.device()).to(x.dtype());
+  }
+  ctx.input = in;
+  // Gating: logits = x W^T in the router dtype (Megatron's router_gating_linear).
+  const std::string& rd = config_.moe_router_dtype;
+  std::vector<double> logits;
+  if (rd == "fp64") {
+    const std::vector<double> xv = to_host_f64(in), wv = to_host_f64(weight_.data());
+    logits.assign(static_cast<size_t>(T * E), 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        double acc = 0;
+        for (int64_t j = 0; j < h; ++j) acc += xv[static_cast<size_t>(t * h + j)] * wv[static_cast<size_t>(e * h + j)];
+        logits[static_cast<size_t>(t * E + e)] = acc;
+      }
+    ctx.logits_dtype = DType::kFloat64;
+  } else {
+    const bool f32 = rd == "fp32" && in.dtype() != DType::kFloat32;
+    Tensor xi = f32 ? in.to(DType::kFloat32) : in;
+    Tensor wi = f32 ? weight_.data().to(DType::kFloat32) : weight_.data();
+    Tensor lg = Tensor::empty({T, E}, xi.dtype(), x.device());
+    ops::linear_forward(xi, wi, nullptr, lg);
+    logits = to_host_f64(lg);
+    ctx.logits_dtype = xi.dtype();
+  }
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double tp_cp = static_cast<double>(groups_.tp_cp->size());
+  ctx.daux_logits.assign(static_cast<size_t>(T * E), 0.0);
+  const int64_t num_layers = config_.num_layers;
+  // z-loss (Megatron's apply_z_loss: coefficient / tp_cp size, recorded as z_loss / coeff).
+  if (training && config_.moe_z_loss_coeff) {
+    const double coeff = *config_.moe_z_loss_coeff / tp_cp;
+    std::vector<double> dz;
+    const double z = z_loss(logits, T, E, coeff, &dz);
+    const double mult = scale * (config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0);
+    for (size_t i = 0; i < dz.size(); ++i) ctx.daux_logits[i] += dz[i] * mult;
+    if (coeff > 0)
+      MoEMetricsTracker::get().record("z_loss", z / coeff, layer_number_, num_layers, nullptr, false,
+                                      groups_.tp_dp_cp.get());
+  }
+  TopKOptions o = topk_options();
+  o.expert_bias = config_.moe_router_enable_expert_bias ? &expert_bias_ : nullptr;
+  topk_routing_with_score_function(logits, T, E, o, probs, routing_map, ctx.topk);
+  // probs.type_as(logits)
+  if (ctx.logits_dtype == DType::kBFloat16)
+    for (double& p : probs) p = round_bf16(static_cast<float>(p));
+  else if (ctx.logits_dtype == DType::kFloat16)
+    for (double& p : probs) p = round_fp16(static_cast<float>(p));
+  else if (ctx.logits_dtype == DType::kFloat32)
+    for (double& p : probs) p = static_cast<float>(p);
+  if (config_.moe_expert_capacity_factor)
+    apply_router_token_dropping(probs, routing_map, T, E, o.topk, *config_.moe_expert_capacity_factor,
+                                config_.moe_token_drop_policy, config_.moe_pad_expert_input_to_capacity);
+  // Aux losses (Megatron's _apply_aux_loss / _apply_seq_aux_loss / _apply_global_aux_loss) on the
+  // scores and top-k map of compute_routing_scores_for_aux_loss.
+  const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
+  if (training && (c_aux > 0 || c_seq > 0 || c_glob > 0)) {
+    std::vector<double> scores;
+    std::vector<uint8_t> amap;
+    compute_routing_scores_for_aux_loss(logits, T, E, o.topk, o.score_function, scores, amap);
+    std::vector<double> dscores(static_cast<size_t>(T * E), 0.0);
+    auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
+      // routing_map.sum(0) of the [rows, cols] view, all-reduced over g.
+      tpe.assign(static_cast<size_t>(cols), 0.0);
+      for (size_t i = 0; i < amap.size(); ++i) tpe[i % static_cast<size_t>(cols)] += amap[i];
+      if (g.size() > 1) {
+        Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
+        g.all_reduce(t);
+        tpe = to_host_f64(t);
+      }
+    };
+    const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
+    if (c_aux > 0) {
+      std::vector<double> tpe;
+      count(*groups_.tp_cp, E, tpe);
+      const double total = static_cast<double>(T) * tp_cp;
+      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_aux);
+      const double f = static_cast<double>(E) * c_aux / (static_cast<double>(o.topk) * total * total);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += tpe[static_cast<size_t>(e)] * f * scale * per_token;
+      MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
+                                      groups_.tp_cp.get(), true);
+    }
+    if (c_seq > 0) {
+      // scores.reshape(seq_length, -1): column b * E + e is expert e of sequence b.
+      std::vector<double> tpe;
+      count(*groups_.tp_cp, bsz * E, tpe);
+      const double total = static_cast<double>(seq_length) * tp_cp;
+      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, bsz * E, c_seq) / static_cast<double>(bsz);
+      const double f = static_cast<double>(bsz * E) * c_seq / (static_cast<double>(o.topk) * total * total) /
+                       static_cast<double>(bsz);
+      const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < E; ++e)
+          dscores[static_cast<size_t>(t * E + e)] +=
+              tpe[static_cast<size_t>((t % bsz) * E + e)] * f * scale * per_token_seq;
+      MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
+                                      groups_.tp_cp.get(), true);
+    }
+    if (c_glob > 0) {
+      std::vector<double> tpe;
+      count(*groups_.tp_dp_cp, E, tpe);
+      for (int64_t e = 0; e < E; ++e) global_tokens_per_expert_[static_cast<size_t>(e)] += tpe[static_cast<size_t>(e)];
+      ga_steps_ += 1;
+      std::vector<double> avg(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) avg[static_cast<size_t>(e)] = global_tokens_per_expert_[static_cast<size_t>(e)] / ga_steps_;
+      const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
+      const double loss = switch_load_balancing_loss(scores, avg, total, o.topk, E, c_glob);
+      const double f = static_cast<double>(E) * c_glob / (static_cast<double>(o.topk) * total * total);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += avg[static_cast<size_t>(e)] * f * scale * per_token;
+      MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
+                                      groups_.tp_dp_cp.get(), false);
+    }
+    const std::vector<double> dl = aux_scores_backward(logits, scores, dscores, T, E, o.score_function);
+    for (size_t i = 0; i < dl.size(); ++i) ctx.daux_logits[i] += dl[i];
+  }
+  // Expert-bias token counts (Megatron's _apply_expert_bias, on the final routing map).
+  if (training && config_.moe_router_enable_expert_bias)
+    for (size_t i = 0; i < routing_map.size(); ++i) local_tokens_per_expert_[i % static_cast<size_t>(E)] += routing_map[i];
+}
+
+Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
+  TopKOptions o = topk_options();
+  std::vector<double> dl = topk_routing_backward(dprobs, o, ctx.topk);
+  for (size_t i = 0; i < dl.size(); ++i) dl[i] += ctx.daux_logits[i];
+  const int64_t T = ctx.T, E = ctx.E, h = config_.hidden_size;
+  const Tensor& in = ctx.input;
+  Tensor dx;
+  if (ctx.logits_dtype == DType::kFloat64) {
+    // fp64 gating on the host: dx = dl W, dW += dl^T x.
+    const std::vector<double> xv = to_host_f64(in), wv = to_host_f64(weight_.data());
+    std::vector<double> dxv(static_cast<size_t>(T * h), 0.0), dwv(static_cast<size_t>(E * h), 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        const double g = dl[static_cast<size_t>(t * E + e)];
+        if (g == 0) continue;
+        for (int64_t j = 0; j < h; ++j) {
+          dxv[static_cast<size_t>(t * h + j)] += g * wv[static_cast<size_t>(e * h + j)];
+          dwv[static_cast<size_t>(e * h + j)] += g * xv[static_cast<size_t>(t * h + j)];
+        }
+      }
+    Tensor dw = to_device_f32(dwv, {E, h}, in.device());
+    if (weight_.grad().dtype() != DType::kFloat32) dw = dw.to(weight_.grad().dtype());
+    ops::add_(weight_.grad(), dw);
+    dx = to_device_f32(dxv, {T, h}, in.device()).to(in.dtype());
+  } else {
+    const DType ld = ctx.logits_dtype;
+    Tensor dlt = to_device_f32(dl, {T, E}, in.device());
+    if (ld != DType::kFloat32) dlt = dlt.to(ld);
+    Tensor xi = in.dtype() == ld ? in : in.to(ld);
+    Tensor wi = weight_.data().dtype() == ld ? weight_.data() : weight_.data().to(ld);
+    Tensor dxi = Tensor::empty({T, h}, ld, in.device());
+    ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
+    dx = ld == in.dtype() ? dxi : dxi.to(in.dtype());
+  }
+  if (!ctx.jitter.empty()) {
+    std::vector<double> d = to_host_f64(dx);
+    for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
+    dx = to_device_f32(d, {T, h}, in.device()).to(in.dtype());
+  }
+  return dx;
+}
+
+void TopKRouter::update_expert_bias() {
+  if (!config_.moe_router_enable_expert_bias) return;
+  const size_t E = expert_bias_.size();
+  std::vector<double> tpe = local_tokens_per_expert_;
+  if (groups_.tp_dp_cp->size() > 1) {
+    Tensor t = to_device_f32(tpe, {static_cast<int64_t>(E)}, weight_.data().device());
+    groups_.tp_dp_cp->all_reduce(t);
+    tpe = to_host_f64(t);
+  }
+  MEGATRON_CHECK(tpe.size() == E) << "expert bias of " << E << " experts";
+  expert_bias_ = updated_expert_bias(tpe, expert_bias_, config_.moe_router_bias_update_rate);
+  std::fill(local_tokens_per_expert_.begin(), local_tokens_per_expert_.end(), 0.0);
+}
+
+void TopKRouter::reset_global_aux_loss_tracker() {
+  std::fill(global_tokens_per_expert_.begin(), global_tokens_per_expert_.end(), 0.0);
+  ga_steps_ = 0;
+}
+
+}  // namespace megatron::transformer::moe

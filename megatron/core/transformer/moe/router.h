@@ -1,0 +1,84 @@
+// TopKRouter (Megatron-Core's megatron/core/transformer/moe/router.py): gating linear
+// (router.weight [E, h], no bias), optional input jitter, z-loss, top-k routing with a score
+// function (softmax / sigmoid / sqrtsoftplus, pre-softmax, top-k scaling, group-limited top-k,
+// expert bias for aux-loss-free balancing), capacity dropping, and the aux losses (aux_loss,
+// seq_aux_loss, global_aux_loss) attached as Megatron's MoEAuxLossAutoScaler does: their gradient
+// (times MoEAuxLossAutoScaler::loss_scale()) flows into the logits in backward.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tensor/parameter.h"
+#include "megatron/core/tensor_parallel/layers.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
+#include "megatron/core/transformer/transformer_config.h"
+
+namespace megatron::transformer::moe {
+
+/// The process groups of an MoE layer (Megatron's ProcessGroupCollection fields); never null
+/// (single-rank groups when a dimension has size 1).
+struct MoEGroups {
+  std::shared_ptr<comm::ProcessGroup> tp;        // attention tensor parallel (shared experts)
+  std::shared_ptr<comm::ProcessGroup> tp_cp;     // aux-loss token counts (tp_cp_group)
+  std::shared_ptr<comm::ProcessGroup> tp_dp_cp;  // global aux loss, expert-bias counts, z-loss average
+  std::shared_ptr<comm::ProcessGroup> ep;        // expert model parallel
+  std::shared_ptr<comm::ProcessGroup> expt_tp;   // expert tensor parallel
+  std::shared_ptr<comm::ProcessGroup> tp_ep;     // expert-TP x EP (the dispatchers' group)
+  bool sequence_parallel = false;
+  /// Single-rank groups for all.
+  static MoEGroups single();
+};
+
+/// The MoE groups of this process: from parallel_state when it is initialized (Megatron's
+/// get_default_pg_collection), else single-rank groups; tp (and sequence_parallel) from `tp`.
+MoEGroups default_moe_groups(const tensor_parallel::TPContext& tp);
+
+/// What TopKRouter::backward needs.
+struct RouterCtx {
+  int64_t T = 0, E = 0;
+  Tensor input;                 // the gating input (after jitter) [T, h]
+  std::vector<double> jitter;   // [T * h] jitter factors (empty = none)
+  TopKState topk;
+  std::vector<double> daux_logits;  // gradient of the aux losses and z-loss w.r.t. the logits [T, E]
+  DType logits_dtype = DType::kFloat32;
+};
+
+class TopKRouter {
+ public:
+  /// Registers "<prefix>.weight" [num_moe_experts, hidden_size] (N(0, init_method_std)).
+  /// layer_number is Megatron's 1-based layer number (for the metrics tracker).
+  TopKRouter(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
+             const MoEGroups& groups);
+  /// x [T, h] -> routing probs [T, E] (model dtype values; 0 where not routed) and routing map
+  /// [T, E] on the host. seq_length/bsz: the [s, b] split of T (for seq_aux_loss). training:
+  /// aux losses, z-loss, expert-bias token counts and jitter apply (Megatron's self.training).
+  void forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
+               std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx);
+  /// dprobs [T, E] (host) -> dx [T, h] (x's dtype); accumulates the router weight's gradient.
+  Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
+
+  /// Megatron's _update_router_expert_bias (finalize_model_grads): all-reduces the token counts
+  /// over tp_dp_cp, expert_bias += sign(mean - count) * rate, counts reset. No-op without
+  /// --moe-router-enable-expert-bias.
+  void update_expert_bias();
+  /// Megatron's reset_global_aux_loss_tracker (once per global batch).
+  void reset_global_aux_loss_tracker();
+  std::vector<double>& expert_bias() { return expert_bias_; }
+  const std::vector<double>& local_tokens_per_expert() const { return local_tokens_per_expert_; }
+  ParamRef weight() const { return weight_; }
+
+ private:
+  double aux_coeff(const std::string& type) const;
+  TopKOptions topk_options() const;  // the routing options of the config (expert_bias unset)
+  const TransformerConfig& config_;
+  int64_t layer_number_;
+  MoEGroups groups_;
+  ParamRef weight_;
+  std::vector<double> expert_bias_, local_tokens_per_expert_;
+  std::vector<double> global_tokens_per_expert_;
+  double ga_steps_ = 0;
+};
+
+}  // namespace megatron::transformer::moe

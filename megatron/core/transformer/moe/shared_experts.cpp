@@ -1,0 +1,13 @@
+#include "megatron/core/transformer/moe/shared_experts.h"
+
+namespace megatron::transformer::moe {
+
+SharedExpertMLP::SharedExpertMLP(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
+                                 const tensor_parallel::TPContext& tp)
+    : config_(std::make_unique<TransformerConfig>(config)) {
+  config_->ffn_hidden_size = config.moe_shared_expert_intermediate_size;
+  config_->fp8.reset();
+  mlp_ = std::make_unique<MLP>(reg, prefix, *config_, tp);
+}
+
+}  // namespace megatron::transformer::moe
