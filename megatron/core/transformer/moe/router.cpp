@@ -178,8 +178,10 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
       std::vector<double> tpe;
       count(*groups_.tp_cp, bsz * E, tpe);
       const double total = static_cast<double>(seq_length) * tp_cp;
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, bsz * E, c_seq) / static_cast<double>(bsz);
-      const double f = static_cast<double>(bsz * E) * c_seq / (static_cast<double>(o.topk) * total * total) /
+      // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
+      // sequences of their own aux loss, divided by bsz.
+      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_seq) / static_cast<double>(bsz);
+      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(o.topk) * total * total) /
                        static_cast<double>(bsz);
       const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
       for (int64_t t = 0; t < T; ++t)
