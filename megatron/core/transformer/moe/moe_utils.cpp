@@ -407,7 +407,8 @@ std::vector<std::pair<std::string, double>> MoEMetricsTracker::report(double los
                                                                       const std::vector<std::string>& names,
                                                                       int64_t num_layers, int64_t num_moe_layers,
                                                                       comm::ProcessGroup* pp_group,
-                                                                      comm::ProcessGroup* dp_group, Device device) {
+                                                                      comm::ProcessGroup* dp_group, Device device,
+                                                                      std::vector<std::pair<std::string, double>>* per_layer) {
   MEGATRON_CHECK(num_moe_layers >= 1) << "MoE metrics require at least one MoE layer";
   std::vector<std::pair<std::string, double>> out;
   for (const auto& name : names) {
@@ -424,7 +425,12 @@ std::vector<std::pair<std::string, double>> MoEMetricsTracker::report(double los
     reduce(e.avg_group, comm::ReduceOp::kAvg);
     if (e.needs_dp_avg) reduce(dp_group, comm::ReduceOp::kAvg);
     double sum = 0.0;
-    for (double v : to_host_f64(t)) sum += static_cast<double>(static_cast<float>(v * loss_scale));
+    const std::vector<double> layers = to_host_f64(t);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const double v = static_cast<double>(static_cast<float>(layers[i] * loss_scale));  // values.float() * loss_scale
+      sum += v;
+      if (per_layer) per_layer->emplace_back("moe/" + name + "_layer_" + std::to_string(i), v);
+    }
     out.emplace_back(name, sum / static_cast<double>(num_moe_layers));
   }
   clear();

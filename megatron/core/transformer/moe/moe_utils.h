@@ -141,11 +141,15 @@ class MoEMetricsTracker {
   /// per-layer values are all-reduced over `pp_group` (sum), the entry's reduce_group (sum), its
   /// avg_group (average) and, when needs_dp_avg, `dp_group` (average, the DP group without CP), on
   /// `device` (float32, as Megatron's tensors). Returns (name, sum over layers × loss_scale /
-  /// num_moe_layers) in `names` order and zeros the values. Throws if num_moe_layers < 1.
+  /// num_moe_layers) in `names` order and zeros the values. With `per_layer` (Megatron's
+  /// --moe-per-layer-logging, MoEMetricsTracker._log_per_layer) it also receives, per name and
+  /// for every layer i in [0, num_layers) (dense layers too: 0), the TensorBoard tag
+  /// "moe/<name>_layer_<i>" with float32(value × loss_scale). Throws if num_moe_layers < 1.
   std::vector<std::pair<std::string, double>> report(double loss_scale, const std::vector<std::string>& names,
                                                      int64_t num_layers, int64_t num_moe_layers,
                                                      comm::ProcessGroup* pp_group, comm::ProcessGroup* dp_group,
-                                                     Device device);
+                                                     Device device,
+                                                     std::vector<std::pair<std::string, double>>* per_layer = nullptr);
 
  private:
   std::map<std::string, Entry> entries_;
