@@ -19,7 +19,7 @@
 #    dense-layer zeros: MoEMetricsTracker.PerLayerTagsAsMegatron).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
-source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
+source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal, run_pretrain_gpt
 RATE=1e-3
 ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
   --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
@@ -34,11 +34,7 @@ ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --
 
 run() {  # run NAME LAUNCHER... -- EXTRA ARGS
   local name=$1; shift
-  local launch=()
-  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-  shift
-  timeout 180 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
-    || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
+  run_pretrain_gpt "$name" 180 "$@"
   log_summary "$LOGDIR/$name.log" >"$LOGDIR/$name.sum"
 }
 # expert_bias CKPT_ITER_DIR: prints "layer e0 e1 e2 e3" (float32 values as exact decimals, repr)

@@ -94,13 +94,20 @@ def main():
     out["z"] = dict(coeff=0.001, z_loss=z.item(), dlogits=l.grad.flatten().tolist())
 
     probs, rmap = mu.topk_routing_with_score_function(logits, 2, score_function="softmax")
-    for policy in ["probs", "position"]:
-        for pad in [False, True]:
-            for cf in [0.5, 1.0, 1.5]:
-                p2, m2 = mu.apply_router_token_dropping(probs, rmap, 2, cf, drop_policy=policy, pad_to_capacity=pad)
-                out["drop"].append(dict(policy=policy, pad=pad, capacity_factor=cf, topk=2,
-                                        probs_in=probs.flatten().tolist(), map_in=rmap.int().flatten().tolist(),
-                                        probs=p2.flatten().tolist(), routing_map=m2.int().flatten().tolist()))
+
+    def dropping_cases(device):
+        cases = []
+        pd, md = probs.to(device), rmap.to(device)
+        for policy in ["probs", "position"]:
+            for pad in [False, True]:
+                for cf in [0.5, 1.0, 1.5]:
+                    p2, m2 = mu.apply_router_token_dropping(pd, md, 2, cf, drop_policy=policy, pad_to_capacity=pad)
+                    cases.append(dict(policy=policy, pad=pad, capacity_factor=cf, topk=2,
+                                      probs_in=probs.flatten().tolist(), map_in=rmap.int().flatten().tolist(),
+                                      probs=p2.cpu().flatten().tolist(), routing_map=m2.cpu().int().flatten().tolist()))
+        return cases
+
+    out["drop"] = dropping_cases("cpu")
 
     # The same cases on CUDA where available (the GPU machine): apply_router_token_dropping keeps
     # the `capacity` largest keys per expert with torch.topk(dim=0, sorted=False), and where the
@@ -109,16 +116,7 @@ def main():
     # ties while CUDA torch keeps the first seen (lowest token index), the device Megatron trains
     # on. moe_fixture_test.cpp compares "drop_cuda" exactly and "drop" as far as ties allow.
     if torch.cuda.is_available():
-        out["drop_cuda"] = []
-        pc, mc = probs.cuda(), rmap.cuda()
-        for policy in ["probs", "position"]:
-            for pad in [False, True]:
-                for cf in [0.5, 1.0, 1.5]:
-                    p2, m2 = mu.apply_router_token_dropping(pc, mc, 2, cf, drop_policy=policy, pad_to_capacity=pad)
-                    out["drop_cuda"].append(dict(policy=policy, pad=pad, capacity_factor=cf, topk=2,
-                                                 probs_in=probs.flatten().tolist(), map_in=rmap.int().flatten().tolist(),
-                                                 probs=p2.cpu().flatten().tolist(),
-                                                 routing_map=m2.cpu().int().flatten().tolist()))
+        out["drop_cuda"] = dropping_cases("cuda")
     else:
         print("no CUDA: drop_cuda cases not written (the test then checks the tie order only against CPU torch)")
 
