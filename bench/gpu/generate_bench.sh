@@ -11,7 +11,10 @@
 #
 #   bash bench/gpu/generate_bench.sh BIN_DIR [OUT_DIR]          (from the repository root)
 #   env: NUM_LAYERS (default 32), WORK (scratch, default /tmp/generate_bench_work; deleted at the
-#        end: ~2 x 16 GB), PORT (5123), COMMIT (for the results rows; default git rev-parse)
+#        end: ~2 x 16 GB), PORT (5123), COMMIT (for the results rows; default git rev-parse),
+#        HF_COMPILE=1: also transformers' default static-cache mode on CUDA, the decode step
+#        torch.compile'd (phase 3b; its compilation takes minutes: beyond the ~4 minutes otherwise)
+# The transformers peer of the default run is eager (generation_config.disable_compile = True).
 #
 # Decode tokens/s is a difference, so prefill, start-up and HTTP overhead cancel:
 #   tok/s = batch * (N2 - N1) / (t(N2) - t(N1)),  N1 = 32, N2 = 160 new tokens after a 128-token
@@ -90,6 +93,9 @@ with torch.device("cuda"):
 torch.set_default_dtype(torch.float32)
 model.generation_config.eos_token_id = None
 model.generation_config.pad_token_id = 0
+# Eager: transformers 5 would torch.compile the decode step of a static-cache generate on CUDA
+# (minutes of compilation per shape); HF_COMPILE=1 measures that mode too (phase 3b).
+model.generation_config.disable_compile = True
 print(f"built in {time.time() - t0:.1f} s", flush=True)
 model.save_pretrained(os.path.join(work, "hf"), safe_serialization=True, max_shard_size="5GB")
 open(os.path.join(work, "hf.saved"), "w").write("ok")
@@ -146,10 +152,13 @@ phase "transformers done (rc $HF_RC): $(grep -E '^batch' "$OUT/hf.log" | tr '\n'
 CONV_RC=0
 wait $CONVERT_PID || CONV_RC=$?
 CONVERT_PID=""
-rm -rf "$WORK/hf"
+[[ "${HF_COMPILE:-0}" == 1 ]] || rm -rf "$WORK/hf"
 LOAD=()
+IMPORT_FLAGS=()
 if ((CONV_RC == 0)); then
   LOAD=(--load "$WORK/ckpt")
+  # The architecture flags the import printed (those its checkpoint args are checked against).
+  read -r -a IMPORT_FLAGS <<< "$(sed -n 's/^model flags: //p' "$OUT/convert.log")"
   phase "import done: $(grep -E '^converted' "$OUT/convert.log")"
 else
   phase "import FAILED (rc $CONV_RC, $OUT/convert.log): ours runs on its own random init, no greedy oracle"
@@ -162,6 +171,10 @@ MODEL=(--num-layers "$NUM_LAYERS" --hidden-size 4096 --ffn-hidden-size 14336 --n
   --position-embedding-type rope --rotary-base 500000 --normalization RMSNorm --norm-epsilon 1e-5
   --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --bf16
   --tokenizer-type NullTokenizer --vocab-size 128256 --make-vocab-size-divisible-by 128)
+if ((${#IMPORT_FLAGS[@]} > 0)); then
+  MODEL=("${IMPORT_FLAGS[@]}" --bf16 --tokenizer-type NullTokenizer --vocab-size 128256)
+fi
+echo "our model flags: ${MODEL[*]}"
 # Requests 16 and 17 (see the client below) record a kernel profile of their decode steps.
 MEGATRON_GENERATE_PROFILE=16,17 MEGATRON_TEXT_GENERATION_HOST=127.0.0.1 "$BIN/run_text_generation_server" "${MODEL[@]}" "${LOAD[@]}" \
   --port "$PORT" --max-tokens-to-oom 100000 > "$OUT/server.log" 2>&1 &
@@ -209,12 +222,47 @@ phase "ours done"
 grep -E "^generate call|kernel profile \|" "$OUT/server.log" > "$OUT/kernel_profile.txt" || true
 cat "$OUT/kernel_profile.txt"
 
+# ---- 3b. optional (HF_COMPILE=1): transformers' default static-cache mode, the decode step compiled ----
+if [[ "${HF_COMPILE:-0}" == 1 ]]; then
+  "${PIN_HF[@]}" python3 - "$WORK" "$OUT" > "$OUT/hf_compiled.log" 2>&1 <<'PY' || echo "transformers compiled run failed: $(tail -3 "$OUT/hf_compiled.log")"
+import json, os, sys, time
+import torch
+from transformers import LlamaForCausalLM
+work, out = sys.argv[1], sys.argv[2]
+model = LlamaForCausalLM.from_pretrained(os.path.join(work, "hf"), dtype=torch.bfloat16, device_map="cuda").eval()
+model.generation_config.eos_token_id = None
+model.generation_config.pad_token_id = 0
+model.generation_config.disable_compile = False
+def timed(b, n):
+    ids = torch.arange(1000, 1128, device="cuda")[None].repeat(b, 1)
+    torch.cuda.synchronize(); t = time.perf_counter()
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                       max_new_tokens=n, min_new_tokens=n, cache_implementation="static")
+    torch.cuda.synchronize(); return time.perf_counter() - t
+res = {}
+for b in (1, 32):
+    t = time.time()
+    timed(b, 160); timed(b, 160)  # compiles; the 288-token cache is then reused by every call of this batch size
+    print(f"batch {b}: compiled in {time.time() - t:.0f} s", flush=True)
+    t1, t2 = min(timed(b, 32) for _ in range(2)), min(timed(b, 160) for _ in range(2))
+    res[b] = b * 128 / (t2 - t1)
+    print(f"batch {b}: {res[b]:.1f} tok/s ({1e3 * (t2 - t1) / 128:.2f} ms/step), compiled", flush=True)
+json.dump({"tok_s": res}, open(os.path.join(out, "hf_compiled.json"), "w"))
+PY
+  phase "transformers compiled: $(grep -E 'tok/s' "$OUT/hf_compiled.log" | tr '\n' ' ')"
+fi
+
 # ---- 4. summary and results rows ---------------------------------------------------------------
 python3 - "$OUT" "$NUM_LAYERS" "$COMMIT" "$REPO" <<'PY'
 import datetime, json, subprocess, sys
 out, layers, commit, repo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 hf, ours = json.load(open(f"{out}/hf.json")), json.load(open(f"{out}/ours.json"))
 H = {int(k): v for k, v in hf["tok_s"].items()}
+try:
+    HC = {int(k): v for k, v in json.load(open(f"{out}/hf_compiled.json"))["tok_s"].items()}
+except FileNotFoundError:
+    HC = {}
 O = {int(k): v for k, v in ours["tok_s"].items()}
 wb, eb = hf["weight_bytes"], hf["embedding_bytes"]
 bound_all, bound_read = 4.8e12 / wb, 4.8e12 / (wb - eb)
@@ -225,6 +273,7 @@ res = {"shape": shape, "weight_bytes": wb, "hbm_bound_tok_s_batch1": bound_all,
        "ours_ms_per_step": {b: 1e3 * b / O[b] for b in O}, "transformers_ms_per_step": {b: 1e3 * b / H[b] for b in H},
        "ours_batch1_fraction_of_hbm_bound": O[1] / bound_all,
        "speedup_vs_transformers": {b: O[b] / H[b] for b in (1, 32)}, "versions": hf["versions"],
+       "transformers_compiled_tok_s": HC, "speedup_vs_transformers_compiled": {b: O[b] / HC[b] for b in HC},
        "ours_loaded_transformers_weights": ours["loaded_hf_weights"]}
 lines = []
 if "greedy_tokens" in ours:
@@ -248,6 +297,8 @@ print("\n".join(lines))
 for b in (1, 32):
     print(f"batch {b}: ours {O[b]:.1f} tok/s ({1e3 * b / O[b]:.2f} ms/step), transformers {H[b]:.1f} tok/s "
           f"({1e3 * b / H[b]:.2f} ms/step): {O[b] / H[b]:.2f}x")
+for b in HC:
+    print(f"batch {b}: transformers torch.compile {HC[b]:.1f} tok/s ({1e3 * b / HC[b]:.2f} ms/step): ours {O[b] / HC[b]:.2f}x")
 print(f"batch 1: {1e3 / O[1]:.2f} ms/token = {O[1] / bound_all:.1%} of the HBM bound {1e3 / bound_all:.2f} ms "
       f"({wb / 1e9:.2f} GB / 4.8 TB/s); goal >= 70% and >= 2x transformers")
 try:
@@ -257,18 +308,22 @@ except Exception:
     machine = "1x H200 (nvidia-h200)"
 cmd = "bash bench/gpu/generate_bench.sh BIN_DIR" + ("" if layers == 32 else f" (NUM_LAYERS={layers})")
 note = f"random weights (std 0.02), transformers {hf['versions']['transformers']} torch {hf['versions']['torch']}"
-def row(metric, value, unit, peer_value=None):
+def row(metric, value, unit, peer_value=None, peer="transformers generate static cache eager"):
     a = [sys.executable, f"{repo}/bench/append_result.py", "--results", f"{out}/results_rows.csv",
          "--commit", commit, "--machine", machine, "--suite", "generate", "--command", cmd,
          "--source", f"{out}/generate_bench.json", "--note", note,
          "--date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
          "value", "--metric", metric, "--value", f"{value:.6g}", "--unit", unit]
     if peer_value is not None:
-        a += ["--peer", "transformers generate static cache", "--peer-value", f"{peer_value:.6g}"]
+        a += ["--peer", peer, "--peer-value", f"{peer_value:.6g}"]
     subprocess.run(a, check=True)
 for b in (1, 32):
     row(f"{shape} bf16 decode batch {b} tokens/s", O[b], "tokens/s", H[b])
     row(f"{shape} bf16 decode batch {b} ms/step", 1e3 * b / O[b], "ms", 1e3 * b / H[b])
+if HC:
+    for b in HC:
+        row(f"{shape} bf16 decode batch {b} tokens/s (peer: transformers torch.compile)", O[b], "tokens/s", HC[b],
+            peer="transformers generate static cache torch.compile")
 row(f"{shape} bf16 decode batch 1 fraction of HBM bound (weight bytes / 4.8 TB/s)", O[1] / bound_all, "ratio")
 for g in res.get("greedy", []):
     row(f"{shape} bf16 greedy prompt {g['prompt']} tokens equal to transformers (of {g['of']})",
