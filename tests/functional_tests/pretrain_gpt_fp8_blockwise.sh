@@ -5,9 +5,11 @@
 # mock data, and every iteration's loss stays within TOL (relative) of the same run in bf16 without
 # FP8 -- the FP8 quantization error is a perturbation, not a different model. --fp8-format e4m3
 # (E4M3 gradients) likewise. --fp8-param-gather with the blockwise recipe stops with one line.
-# TOL: measured on this model (2026-12-01) the largest per-iteration difference is MEASURED below;
-# the bound leaves about 3x room for other OpenBLAS kernels (summation order) while staying an
-# order of magnitude below the loss decrease of the run (> 1 nat over 16 iterations).
+# TOL = 2e-2: measured on this model (2026-12-01) the largest per-iteration difference is 6.7e-3
+# (hybrid; 6.2e-3 with OPENBLAS_CORETYPE=Haswell), iteration 1 (same weights: the forward's FP8
+# error alone) 1e-4; the bound leaves 3x room for other OpenBLAS kernels (summation order) and is
+# far below the run's loss decrease (4.92 -> 1.43 nats). A learning rate of 1e-3 keeps the run
+# out of the loss spikes where any perturbation (also bf16 vs fp32) grows without bound.
 # Args: bin dir, source dir.
 set -euo pipefail
 BIN=$1
@@ -19,7 +21,7 @@ ARGS=(--num-layers 2 --hidden-size 256 --ffn-hidden-size 384 --num-attention-hea
       --num-query-groups 2 --kv-channels 64 --seq-length 64 --max-position-embeddings 64
       --position-embedding-type rope --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights
       --disable-bias-linear --attention-dropout 0 --hidden-dropout 0
-      --micro-batch-size 2 --global-batch-size 4 --train-iters 16 --lr 1e-2 --min-lr 1e-3
+      --micro-batch-size 2 --global-batch-size 4 --train-iters 16 --lr 1e-3 --min-lr 1e-4
       --lr-decay-style cosine --lr-warmup-iters 2 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
       --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$OUT/cache"
       --log-interval 1 --eval-iters 0 --bf16)
@@ -35,7 +37,7 @@ for r in hybrid e4m3; do
   [[ $(wc -l < "$OUT/$r.loss") == 16 && $(wc -l < "$OUT/bf16.loss") == 16 ]] || fail "expected 16 losses ($r)"
   paste "$OUT/$r.loss" "$OUT/bf16.loss" | awk -v tol="$TOL" -v r="$r" '
     {d = $1 - $2; if (d < 0) d = -d; x = d / $2; if (x > m) { m = x; at = NR }; if (NR == 1) f = $1; l = $1}
-    END {printf "blockwise %s vs bf16: max rel loss diff %.3g at iteration %d (tol %s); loss %s -> %s\n", r, m, at, tol, f, l;
+    END {printf "blockwise %s vs bf16: max rel loss diff %.3g at iteration %d (tol %s); loss %s -> %s\n", r, m, at, tol, f, l > "/dev/stderr";
          exit !(m <= tol && l < f - 1.0)}' || fail "blockwise $r: loss not within $TOL of bf16 or not falling by > 1 nat"
 done
 # Different numbers than bf16 (the emulation is on): at least one loss differs.

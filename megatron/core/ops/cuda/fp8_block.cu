@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float tile[];
   const int64_t r0 = (int64_t)blockIdx.y * kB, c0 = (int64_t)blockIdx.x * kB;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nr = (int)min<int64_t>(kB, R - r0), nc = (int)min<int64_t>(kB, C - c0);
+  const int nr = R - r0 < kB ? (int)(R - r0) : kB, nc = C - c0 < kB ? (int)(C - c0) : kB;
   for (int i = tid; i < kB * kB; i += kThreads) {
     const int rr = i >> 7, cc = i & 127;
     tile[rr * kLd + cc] = (rr < nr && cc < nc) ? to_f(x[(r0 + rr) * C + c0 + cc]) : 0.0f;
