@@ -898,8 +898,7 @@ void test_blockwise() {
                   {130, 200, true, true, DType::kBFloat16, DType::kFloat8E4M3, false},
                   {257, 131, false, false, DType::kFloat32, DType::kFloat8E5M2, false},
                   {257, 131, true, false, DType::kFloat32, DType::kFloat8E4M3, false},
-                  {8192, 4096, false, true, DType::kBFloat16, DType::kFloat8E4M3, true},
-                  {8192, 14336, false, true, DType::kBFloat16, DType::kFloat8E5M2, true},
+                  {8192, 4096, false, true, DType::kBFloat16, DType::kFloat8E5M2, true},
                   {4096, 14336, true, true, DType::kBFloat16, DType::kFloat8E4M3, true}};
   for (const Q& c : qs) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
