@@ -312,8 +312,9 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-void test_linear() {
-  const int64_t N = 256, in = 128, out = 192;
+// fp8::linear forward/dgrad/wgrad on CUDA vs the CPU emulation with the recipe of `cfg`, two steps
+// (delayed: step 0 at scale 1, step 1 with the updated scales, whose CUDA and CPU values must match).
+void linear_vs_cpu(const fp8::Fp8Config& cfg, int64_t N, int64_t in, int64_t out, const std::string& label) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto rnd = [&](int64_t n, float s) {
     std::vector<float> v(n);
@@ -323,12 +324,11 @@ void test_linear() {
   Tensor xh = Tensor::from_vector(rnd(N * in, 2.0f), {N, in}).to(DType::kBFloat16);
   Tensor wh = Tensor::from_vector(rnd(out * in, 0.02f), {out, in}).to(DType::kBFloat16);
   Tensor dyh = Tensor::from_vector(rnd(N * out, 1e-4f), {N, out}).to(DType::kBFloat16);
-  fp8::Fp8Config cfg;  // hybrid, delayed, history 1
   fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
   const int bc = cpu.register_linear("l"), bg = gpu.register_linear("l");
   Tensor xd = xh.to(Device::cuda()), wd = wh.to(Device::cuda()), dyd = dyh.to(Device::cuda());
   std::vector<float> y[2], dx[2], dw[2];
-  for (int step = 0; step < 2; ++step) {  // step 0 at scale 1, step 1 with the updated scales
+  for (int step = 0; step < 2; ++step) {
     Tensor yc = Tensor::empty({N, out}, DType::kBFloat16), yg = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda());
     fp8::linear_forward(cpu, bc, xh, wh, nullptr, yc);
     fp8::linear_forward(gpu, bg, xd, wd, nullptr, yg);
@@ -346,15 +346,17 @@ void test_linear() {
                   rel_err(dx[1], dx[0]), rel_err(dw[1], dw[0]), cpu.host_scale(bc), gpu.host_scale(bg),
                   cpu.host_scale(bc + 2), gpu.host_scale(bg + 2));
     const bool ok = rel_err(y[1], y[0]) < 1e-2 && rel_err(dx[1], dx[0]) < 1e-2 && rel_err(dw[1], dw[0]) < 1e-2;
-    report("fp8::linear fwd/dgrad/wgrad CUDA vs CPU emulation, step " + std::to_string(step), ok, d);
+    report(label + " fwd/dgrad/wgrad CUDA vs CPU emulation, step " + std::to_string(step), ok, d);
     cpu.reduce_and_update(nullptr);
     gpu.reduce_and_update(nullptr);
+    if (cfg.recipe != fp8::Fp8Recipe::kDelayed) continue;
     const bool same = cpu.host_scale(bc) == gpu.host_scale(bg) && cpu.host_scale(bc + 1) == gpu.host_scale(bg + 1) &&
                       cpu.host_scale(bc + 2) == gpu.host_scale(bg + 2);
     report("delayed-scaling update: CUDA amaxes == CPU amaxes, step " + std::to_string(step), same, "");
   }
 }
 
+void test_linear() { linear_vs_cpu(fp8::Fp8Config{}, 256, 128, 192, "fp8::linear"); }  // hybrid, delayed, history 1
 
 // Fast-path shapes (rows % 16 == 0, cols % 8 == 0): bit-exact vs quantize_cpu for q only, q_t
 // only, both; then bandwidth on the large ones. Data: N(0, 3) floats rounded to the input dtype.
@@ -988,40 +990,10 @@ void test_blockwise() {
   // 3. fp8::linear, blockwise recipe: CUDA vs the CPU emulation (same quantized operands; the
   // GEMMs' summation order and the bf16 rounding of y / dx differ: relative norm error <= 1e-2).
   for (fp8::Fp8Format fmt : {fp8::Fp8Format::kHybrid, fp8::Fp8Format::kE4M3}) {
-    const int64_t N = 256, in = 256, out = 384;
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto rnd = [&](int64_t n, float s) {
-      std::vector<float> v(n);
-      for (auto& x : v) x = nd(g_rng) * s;
-      return v;
-    };
-    Tensor xh = Tensor::from_vector(rnd(N * in, 2.0f), {N, in}).to(DType::kBFloat16);
-    Tensor wh = Tensor::from_vector(rnd(out * in, 0.02f), {out, in}).to(DType::kBFloat16);
-    Tensor dyh = Tensor::from_vector(rnd(N * out, 1e-4f), {N, out}).to(DType::kBFloat16);
     fp8::Fp8Config cfg;
     cfg.recipe = fp8::Fp8Recipe::kBlockwise;
     cfg.format = fmt;
-    fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
-    const int bc = cpu.register_linear("l"), bg = gpu.register_linear("l");
-    Tensor xd = xh.to(Device::cuda()), wd = wh.to(Device::cuda()), dyd = dyh.to(Device::cuda());
-    for (int step = 0; step < 2; ++step) {
-      Tensor yc = Tensor::empty({N, out}, DType::kBFloat16), yg = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda());
-      fp8::linear_forward(cpu, bc, xh, wh, nullptr, yc);
-      fp8::linear_forward(gpu, bg, xd, wd, nullptr, yg);
-      Tensor dxc = Tensor::empty({N, in}, DType::kBFloat16), dxg = Tensor::empty({N, in}, DType::kBFloat16, Device::cuda());
-      Tensor dwc = Tensor::zeros({out, in}, DType::kFloat32), dwg = Tensor::zeros({out, in}, DType::kFloat32, Device::cuda());
-      fp8::linear_backward(cpu, bc, dyh, xh, wh, &dxc, &dwc, nullptr, true);
-      fp8::linear_backward(gpu, bg, dyd, xd, wd, &dxg, &dwg, nullptr, true);
-      const double ey = rel_err(host(yg), yc.to_float_vector()), edx = rel_err(host(dxg), dxc.to_float_vector()),
-                   edw = rel_err(host(dwg), dwc.to_float_vector());
-      char d[200];
-      std::snprintf(d, sizeof d, "rel err y %.2g dx %.2g dw %.2g", ey, edx, edw);
-      report(std::string("fp8::linear blockwise ") + (fmt == fp8::Fp8Format::kHybrid ? "hybrid" : "e4m3") +
-                 " CUDA vs CPU emulation, step " + std::to_string(step),
-             ey < 1e-2 && edx < 1e-2 && edw < 1e-2, d);
-      cpu.reduce_and_update(nullptr);
-      gpu.reduce_and_update(nullptr);
-    }
+    linear_vs_cpu(cfg, 256, 256, 384, std::string("fp8::linear blockwise ") + (fmt == fp8::Fp8Format::kHybrid ? "hybrid" : "e4m3"));
   }
 
   // 4. Timing: block-scaled vs per-tensor FP8 GEMM on LLaMA-3-8B shapes (8192 tokens).

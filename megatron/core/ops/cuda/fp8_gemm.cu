@@ -42,6 +42,20 @@ struct CachedPlan {
   Plan plan;
   bool supported = false;
 };
+// The descriptors of the column-major TN problem D[M, N] = op_T(A)[M, K] op_N(B)[K, N] (A [K, M],
+// B [K, N], C = D [M, N], all with their leading dimension the first), fp32 compute.
+void make_tn_plan(Plan& p, DType ta, DType tb, DType tc, int64_t M, int64_t N, int64_t K, bool fast_accum) {
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  int8_t fa = fast_accum ? 1 : 0;
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, lt_type(ta), K, M, K));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, lt_type(tb), K, N, K));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt_type(tc), M, N, M));
+}
+
 std::mutex g_plans_mu;
 std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
@@ -72,15 +86,7 @@ bool run_fp8_gemm(const Tensor& a, const float* a_scale_inv, const Tensor& b, co
   if (it == g_plans.end()) {
     CachedPlan cp;
     Plan& p = cp.plan;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    int8_t fa = fast_accum ? 1 : 0;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, lt_type(b.dtype()), K, M, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, lt_type(a.dtype()), K, N, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt_type(c.dtype()), M, N, M));
+    make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, fast_accum);
     // The scale pointers must be set for the heuristic to pick an FP8 kernel that reads them.
     FP8_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(void*)));
@@ -168,19 +174,11 @@ void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tens
   if (it == g_block_plans.end()) {
     CachedPlan cp;
     Plan& p = cp.plan;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    int8_t fa = 0;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
+    make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, /*fast_accum=*/false);
     const int32_t mode_a = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     const int32_t mode_b = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
     FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, lt_type(b.dtype()), K, M, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, lt_type(a.dtype()), K, N, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt_type(c.dtype()), M, N, M));
     FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
     FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
     int found = 0;
