@@ -65,8 +65,8 @@ for gbs in 1 8; do
   tok=$(( gbs * 8192 ))
   run_speed bf16_gbs$gbs $gbs $it
   run_speed hybrid_gbs$gbs $gbs $it "${FP8[@]}"
-  run_speed tensorwise_gbs$gbs $gbs $it --fp8-format hybrid --fp8-recipe tensorwise
-  run_speed blockwise_gbs$gbs $gbs $it --fp8-format hybrid --fp8-recipe blockwise
+  run_speed tensorwise_gbs$gbs $gbs $it "${FP8[@]}" --fp8-recipe tensorwise  # history flags: unused by this recipe
+  run_speed blockwise_gbs$gbs $gbs $it "${FP8[@]}" --fp8-recipe blockwise
   for r in bf16 hybrid tensorwise blockwise; do
     n=${r}_gbs$gbs; ms=${MS[$n]}
     info "LLaMA-3-8B shape 4 layers seq 8192 gbs $gbs $r: $ms ms/iter, $(tps "$ms" $tok) tok/s, ${TF[$n]} TFLOP/s/GPU, $(ratio "${MS[bf16_gbs$gbs]}" "$ms")x bf16"
