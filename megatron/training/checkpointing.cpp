@@ -85,6 +85,7 @@ ParallelRanks checkpoint_ranks() {
   r.pp_size = ps::get_pipeline_model_parallel_world_size();
   r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
   r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
+  r.edp_rank = ps::get_expert_data_parallel_rank();
   return r;
 }
 
@@ -167,10 +168,13 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t
     return out;
   }
   ParallelRanks r = ranks;
-  if (p.partition_dim >= 0) {
+  if (p.partition_dim >= 0 || !p.allreduce) {
+    // TP-split: the parameter's own (expert-)TP rank. An expert-parallel parameter is replicated
+    // over expt-dp only (its global expert index is in its name, so EP ranks write distinct keys).
     r.tp_rank = p.tp_rank;
     r.tp_size = p.tp_size;
   }
+  if (!p.allreduce) r.dp_rank = ranks.edp_rank;
   ParamSharding sh;
   sh.tp_axis = p.partition_dim;
   sh.swiglu_fc1 = p.partition_stride == 2;
@@ -246,7 +250,7 @@ TrainingState model_and_optimizer_state(const std::vector<Parameter>& params,
         // Flat range of the piece's box this rank owns; only DP owners write (TP/PP copies and
         // the tied output-layer copy are replicas).
         const Shape shape{hi - lo};
-        const int replica = p.shared ? 1 : (p.partition_dim < 0 ? ranks.tp_rank : 0);
+        const int replica = p.shared ? 1 : (p.partition_dim < 0 ? (p.allreduce ? ranks.tp_rank : p.tp_rank) : 0);
         add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape),
                             std::make_pair(lo - pc.begin, hi - pc.begin), replica);
         if (buf.defined())

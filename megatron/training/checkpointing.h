@@ -78,6 +78,9 @@ struct ParallelRanks {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
+  /// Expert-data-parallel rank (expt-dp): the replica index of the expert-parallel parameters
+  /// (Parameter::allreduce false), whose expert-TP rank/size come from the parameter itself.
+  int edp_rank = 0;
 };
 
 /// This rank's position from parallel_state (initialize_model_parallel must have run); DP is

@@ -43,6 +43,13 @@ struct Parameter {
   /// gradient is a partial sum that finalize_model_grads all-reduces over TP (Megatron's
   /// `sequence_parallel` parameter attribute).
   bool sequence_parallel = false;
+  /// Megatron's `allreduce` parameter attribute: false for the routed experts' weights when they
+  /// use the expert process groups (--expert-model-parallel-size > 1 or --expert-tensor-parallel-size
+  /// != --tensor-model-parallel-size; Megatron's use_expert_pgs). Such a parameter lives in the
+  /// model's expert-parallel buffer, its gradient is reduced over the expert-data-parallel group
+  /// and its grad norm is taken over the expert tensor-model-pipeline group (docs/moe.md);
+  /// `tp_rank`/`tp_size` are then its expert-TP rank and size.
+  bool allreduce = true;
   /// Shape of the unsharded weight.
   std::vector<int64_t> global_shape;
 
