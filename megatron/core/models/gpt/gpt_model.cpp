@@ -149,6 +149,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       }
     }
   }
+  // Megatron's non_homogeneous_layers checkpoint keys (decoder.layers.N.…, no layer axis).
+  if (config_.moe_non_homogeneous_layers)
+    for (auto& p : registry_.params())
+      if (p.name.starts_with("decoder.layers.")) p.stack_layers = false;
   // Megatron's buffer groups by is_expert_parallel: the routed experts on the expert process
   // groups (Parameter::allreduce false) get a buffer of their own, reduced over expt-dp.
   std::vector<bool> dense, expert;

@@ -55,7 +55,12 @@ Experts::Experts(ParamRegistry& reg, const std::string& prefix, const Transforme
   const bool expert_pgs = config.expert_model_parallel_size > 1 ||
                           (config.expert_tensor_parallel_size > 0 ? config.expert_tensor_parallel_size : tp) != tp;
   for (auto* refs : {&fc1_, &fc2_})
-    for (auto& r : *refs) r.param().allreduce = !expert_pgs;
+    for (size_t i = 0; i < refs->size(); ++i) {
+      Parameter& p = (*refs)[i].param();
+      p.allreduce = !expert_pgs;
+      p.expert_index = first_expert + static_cast<int64_t>(i);  // checkpoint expert axis
+      p.num_experts = config.num_moe_experts.value_or(0);
+    }
 }
 
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs,
