@@ -15,14 +15,8 @@
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
-BASE=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
-  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
-  --micro-batch-size 2 --global-batch-size 8 --train-iters 5 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
-  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
-  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
-  --log-interval 1 --eval-interval 1000 --eval-iters 1 --distributed-backend nccl
-  --disable-bias-linear --swiglu --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
-  --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-shared-expert-intermediate-size 32)
+source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
+BASE=("${MOE_ARGS[@]}" --train-iters 5 --eval-interval 1000)
 MIXED=(--moe-layer-freq '([0]+[1])')
 
 launch() {  # launch NP LOG ARGS...

@@ -10,15 +10,8 @@
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
-ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
-  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
-  --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
-  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
-  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
-  --log-interval 1 --eval-interval 2 --eval-iters 1 --distributed-backend nccl
-  --disable-bias-linear --swiglu --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
-  --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-layer-freq '([0]+[1])'
-  --moe-shared-expert-intermediate-size 32)
+source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
+ARGS=("${MOE_ARGS[@]}" --train-iters 4 --eval-interval 2 --moe-layer-freq '([0]+[1])')
 
 run() {  # run NAME LAUNCHER... -- EXTRA ARGS
   local name=$1; shift
