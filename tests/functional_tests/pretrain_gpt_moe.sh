@@ -110,8 +110,11 @@ run etp2 "${MPIRUN[@]}" -np 2 -- --expert-tensor-parallel-size 2
 run tp2_sp_etp1_ep2 "${MPIRUN[@]}" -np 4 -- --tensor-model-parallel-size 2 --sequence-parallel \
   --expert-tensor-parallel-size 1 --expert-model-parallel-size 2
 run pp2_ep2 "${MPIRUN[@]}" -np 4 -- --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+# The TCP backend (--distributed-backend gloo under megatron_launch) as well as MPI.
+run ep2_dp2_tcp "$BIN/megatron_launch" --nproc-per-node 4 --master-port "$(free_port)" -- \
+  --expert-model-parallel-size 2 --use-distributed-optimizer --distributed-backend gloo
 for name in dp2 dp2_distopt tp2_sp tp2_sp_a2a pp2 ep2 ep2_dp2 ep4 ep2_distopt ep2_dp2_distopt_overlap etp2 \
-  tp2_sp_etp1_ep2 pp2_ep2; do
+  tp2_sp_etp1_ep2 pp2_ep2 ep2_dp2_tcp; do
   summaries_equal "$LOGDIR/single.sum" "$LOGDIR/$name.sum" $name \
     || { cat "$LOGDIR/single.sum" "$LOGDIR/$name.sum" >&2; fail "$name differs from the single-rank run"; }
   moe_equal "$LOGDIR/single.moe" "$LOGDIR/$name.moe" $name || fail "$name: MoE metrics differ from the single-rank run"
