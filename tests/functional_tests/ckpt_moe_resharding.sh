@@ -16,26 +16,10 @@
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
-BASE=("${MOE_ARGS[@]}" --train-iters 5 --eval-interval 1000)
+ARGS=("${MOE_ARGS[@]}" --train-iters 5 --eval-interval 1000)
 MIXED=(--moe-layer-freq '([0]+[1])')
 
-launch() {  # launch NP LOG ARGS...
-  local np=$1 log=$2; shift 2
-  local l=()
-  [ "$np" -gt 1 ] && l=("${MPIRUN[@]}" -np "$np")
-  timeout 180 "${l[@]}" "$BIN/pretrain_gpt" "${BASE[@]}" "$@" >"$log" 2>&1 \
-    || { tail -30 "$log" >&2; fail "$(basename "$log" .log) exited with status $?"; }
-}
-save_run() {  # save_run NAME NP ARGS...: 5 iterations, saves at 2
-  local name=$1 np=$2; shift 2
-  launch "$np" "$LOGDIR/$name.log" "$@" --save "$LOGDIR/$name" --save-interval 2
-  grep -q 'successfully saved checkpoint from iteration       2 ' "$LOGDIR/$name.log" || fail "$name: no save at 2"
-}
-load_run() {  # load_run NAME FROM NP ARGS...: loads FROM's iteration 2
-  local name=$1 from=$2 np=$3; shift 3
-  launch "$np" "$LOGDIR/$name.log" "$@" --load "$LOGDIR/$from" --ckpt-step 2
-  grep -q 'successfully loaded checkpoint from .* at iteration 2' "$LOGDIR/$name.log" || fail "$name: no load line"
-}
+source "$SRC/tests/functional_tests/ckpt_common.inc"  # launch, save_run, load_run
 # "IT LOSS GRAD_NORM" of iterations 3..5.
 tail_fields() {
   sed -n 's/.*\] iteration *\([345]\)\/ *5 |.*lm loss: \([0-9.E+-]*\) .*grad norm: \([0-9.]*\) .*/\1 \2 \3/p' "$1"
