@@ -108,6 +108,47 @@ void bench_gemm(const char* name, int64_t m, int64_t n, int64_t k, bool ta, bool
                 tb ? "T" : "N", dtype_name(out));
   report_flops(nm, t, 2.0 * m * n * k);
 }
+// Text generation's decode step (docs/inference.md#performance): the layer GEMMs at m = b rows
+// (weight-bandwidth bound: GB/s of weight bytes read), the q_len = 1 attention against a KV cache of
+// sk tokens (GB/s of K/V bytes) and the greedy argmax over the vocabulary.
+void bench_decode() {
+  const int64_t H = 4096, QKV = 6144, F = 14336, Vv = 128256;
+  struct G {
+    const char* name;
+    int64_t n, k;
+  };
+  for (int64_t m : {(int64_t)1, (int64_t)32})
+    for (const G& g : {G{"qkv", QKV, H}, G{"proj", H, H}, G{"fc1", 2 * F, H}, G{"fc2", H, F}, G{"lm-head", Vv, H}}) {
+      Tensor x = rnd({m, g.k}, DType::kBFloat16, 0.1f), w = rnd({g.n, g.k}, DType::kBFloat16, 0.1f);
+      Tensor y = Tensor::empty({m, g.n}, DType::kBFloat16, Device::cuda());
+      float t = time_ms([&] { cu::linear_forward(x, w, nullptr, y); });
+      char nm[160];
+      std::snprintf(nm, sizeof nm, "decode gemm %s m=%ld n=%ld k=%ld (weight bytes)", g.name, (long)m, (long)g.n,
+                    (long)g.k);
+      report_bw(nm, t, 2.0 * g.n * g.k);
+    }
+  for (int B : {1, 32})
+    for (int SK : {300, 2048}) {
+      Tensor q = rnd({1, B, 32, 128}, DType::kBFloat16), k = rnd({SK, B, 8, 128}, DType::kBFloat16),
+             v = rnd({SK, B, 8, 128}, DType::kBFloat16);
+      Tensor o = Tensor::empty({1, B, 32, 128}, DType::kBFloat16, Device::cuda());
+      Tensor lse = Tensor::empty({B, 32, 1}, DType::kFloat32, Device::cuda());
+      ops::AttentionParams p;
+      p.softmax_scale = 1.0f / std::sqrt(128.0f);
+      p.causal = false;
+      float t = time_ms([&] { cu::attention_forward(q, k, v, p, o, lse); });
+      char nm[160];
+      std::snprintf(nm, sizeof nm, "decode attention b=%d sk=%d np=32 ng=8 d=128 (K/V bytes)", B, SK);
+      report_bw(nm, t, 2.0 * SK * B * 8 * 128 * 2);
+    }
+  for (int64_t B : {(int64_t)1, (int64_t)32}) {
+    Tensor l = rnd({B, Vv}, DType::kBFloat16, 3.0f), idx = Tensor::empty({B}, DType::kInt64, Device::cuda());
+    float t = time_ms([&] { cu::argmax_last_dim(l, idx); });
+    char nm[160];
+    std::snprintf(nm, sizeof nm, "decode argmax_last_dim %ldx%ld bf16", (long)B, (long)Vv);
+    report_bw(nm, t, 2.0 * B * Vv);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,5 +251,6 @@ int main(int argc, char** argv) {
       report_bw("swiglu fwd 8192x2x14336 bf16", t, T * 14336 * 2.0 * 3);
     }
   }
+  if (only.empty() || only == "decode") bench_decode();
   return 0;
 }

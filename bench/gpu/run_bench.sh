@@ -13,6 +13,8 @@
 #   ll4            LLaMA-3-8B-shaped 4 layers, seq 8192, mbs 1; DTYPE=bf16|fp8, GBS=1, ITERS=10
 #   e2e            gpt2 + ll4 (bf16, gbs 1) in one call                                1 GPU
 #   fp8            ll4 in bf16 and in fp8 (hybrid, history 1024, max), gbs 1           1 GPU
+#   mtp            ll4 (gbs 1) without and with --mtp-num-layers 1, 3 ABBA alternations,
+#                  <= 90 s: bench/gpu/mtp_overhead.sh (DTYPE, ITERS, ALTERNATIONS, BUDGET_S)  1 GPU
 #   dist           bench/gpu/pretrain_gpt_dist.sh BIN_DIR OUT gpu ll (DP2 variants)    2 GPUs
 #   cp             bench/gpu/pretrain_gpt_cp.sh BIN_DIR OUT gpu long (CP1 vs CP2)      2 GPUs
 #   llama8b        examples/llama/train_llama3_8b_h100_fp8.sh through
@@ -79,6 +81,9 @@ case $SUITE in
   ll4) ll4 "${DTYPE:-bf16}" "${GBS:-1}" ;;
   e2e) train gpt2_124m_mbs64 65536 "${ITERS:-12}" $GPT2; ll4 bf16 1 ;;
   fp8) ll4 bf16 "${GBS:-1}"; ll4 fp8 "${GBS:-1}" ;;
+  mtp)
+    fp8=""; [ "${DTYPE:-bf16}" = fp8 ] && fp8=$FP8
+    MTP_BENCH_FLAGS="$LL $fp8 --global-batch-size 1 $COMMON" bash "$HERE/mtp_overhead.sh" "$BIN" "$O" ;;
   dist)
     bash "$HERE/pretrain_gpt_dist.sh" "$BIN" "$O" gpu ll
     for n in ll_1gpu ll_dp2 ll_dp2_distopt ll_dp2_bf16grad ll_dp2_overlap; do
@@ -114,6 +119,6 @@ case $SUITE in
     d=${1:?usage: run_bench.sh preprocess BIN_DIR DIR (see bench/preprocess/device_bench.sh)}
     OUT=$O bash "$ROOT/bench/preprocess/device_bench.sh" "$d" > /dev/null 2>&1  # it writes $O/bench.log
     rows "bench/gpu/run_bench.sh preprocess BIN_DIR DIR" preprocess "$O/bench.log" ;;
-  *) echo "run_bench.sh: unknown suite '$SUITE' (kernels, kernels-mem, gpt2, ll4, e2e, fp8, dist, cp, llama8b, check, ckptio, preprocess)" >&2; exit 2 ;;
+  *) echo "run_bench.sh: unknown suite '$SUITE' (kernels, kernels-mem, gpt2, ll4, e2e, fp8, mtp, dist, cp, llama8b, check, ckptio, preprocess)" >&2; exit 2 ;;
 esac
 echo "rows appended to $RESULTS: $(($(wc -l < "$RESULTS") - 1)) in all"

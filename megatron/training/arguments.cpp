@@ -482,6 +482,7 @@ void bind_moe(Binder& b, Arguments& a) {
   b.num("--moe-router-topk", ARG(a.moe_router_topk), 1);
   b.num("--moe-router-topk-scaling-factor", ARG(a.moe_router_topk_scaling_factor), above(0));
   b.flag("--moe-router-enable-expert-bias", ARG(a.moe_router_enable_expert_bias), true);
+  b.flag("--moe-per-layer-logging", ARG(a.moe_per_layer_logging), true);
   b.num("--moe-router-bias-update-rate", ARG(a.moe_router_bias_update_rate), at_least(0));
   b.num("--moe-router-num-groups", ARG(a.moe_router_num_groups), 1);
   b.num("--moe-router-group-topk", ARG(a.moe_router_group_topk), 1);

@@ -22,6 +22,7 @@
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor/parameter.h"
+#include "megatron/core/transformer/moe/router.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
 #include "megatron/training/checkpoint_args.h"
@@ -527,6 +528,24 @@ std::vector<ShardedTensor> fp8_state_tensors(const std::vector<models::gpt::GPTM
   return out;
 }
 
+}  // namespace
+
+std::vector<ShardedTensor> router_state_tensors(const std::vector<models::gpt::GPTModel*>& chunks, int64_t num_layers,
+                                                const ParallelRanks& ranks) {
+  std::vector<ShardedTensor> out;
+  for (const auto* m : chunks) {
+    ParamSharding sh;  // per-layer keys like the parameters' with a mixed --moe-layer-freq
+    sh.stack_layers = !m->config().moe_non_homogeneous_layers;
+    for (transformer::moe::TopKRouter* r : m->moe_routers())
+      if (r->enable_expert_bias())
+        for (auto& t : model_sharded_tensors(r->prefix() + ".expert_bias", r->expert_bias(), sh, num_layers, ranks))
+          out.push_back(std::move(t));
+  }
+  return out;
+}
+
+namespace {
+
 // The optimizer's non-tensor state (Megatron's optimizer.state_dict() "step" and "grad_scaler").
 nlohmann::json optimizer_common_state(optimizer::MegatronOptimizer& opt) {
   nlohmann::json c = {{"step", opt.step_count()}};
@@ -563,6 +582,8 @@ TrainingState generate_state_dict(const TrainingObjects& t, const TrainCounters&
   for (auto* m : t.model) params.insert(params.end(), m->parameters().begin(), m->parameters().end());
   TrainingState st =
       model_and_optimizer_state(params, *t.optimizer, t.num_layers, ranks, t.distributed_optimizer, with_optimizer);
+  // Model buffers after the parameters (the optimizer pieces index the parameters' entries).
+  for (auto& b : router_state_tensors(t.model, t.num_layers, ranks)) st.model.push_back(std::move(b));
   st.extra = fp8_state_tensors(t.model, ranks);
   st.optimizer_common = optimizer_common_state(*t.optimizer);
   st.opt_param_scheduler = t.opt_param_scheduler->state_dict();

@@ -181,6 +181,18 @@ struct ParamSharding {
 std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
                                                  int64_t num_layers, const ParallelRanks& ranks);
 
+/// The persistent buffers of the chunks' MoE routers as model-state ShardedTensors: Megatron's
+/// TopKRouter `expert_bias` (float32 [E], with --moe-router-enable-expert-bias) under the stacked
+/// key "decoder.layers.mlp.router.expert_bias" [num_layers, E] (Megatron's module state-dict key
+/// for a buffer; "decoder.layers.N.mlp.router.expert_bias" [E] per layer when the model's
+/// --moe-layer-freq is a list or > 1, as its parameters), replicated over TP and DP (replica ids as
+/// model_sharded_tensors). The views
+/// share the routers' storage, so a load fills the routers in place. Megatron's non-persistent
+/// buffers (local_tokens_per_expert, the global aux loss counts) are not saved: they are zero
+/// after every step's finalize_model_grads (transformer/moe/router.h finalize_router_state).
+std::vector<ShardedTensor> router_state_tensors(const std::vector<models::gpt::GPTModel*>& chunks, int64_t num_layers,
+                                                const ParallelRanks& ranks);
+
 /// ShardedTensors of a GPTModel parameter (megatron/core/tensor/parameter.h): uses its name,
 /// data, partition_dim / partition_stride (2 = SwiGLU fc1) and tp_rank / tp_size. The tied
 /// output-layer duplicate on a later pipeline stage (p.shared) yields pieces keyed by its

@@ -13,6 +13,7 @@
 #include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "megatron/core/transformer/moe/router.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/kernel_profile.h"
 #include "megatron/training/checkpoint_args.h"
@@ -422,6 +423,11 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     } else {
       distributed::finalize_model_grads(ddp_ptrs, fg);
     }
+    // Megatron's finalize_model_grads ends with the routers: expert-bias update, counters reset.
+    std::vector<transformer::moe::TopKRouter*> routers;
+    for (auto& m : chunks)
+      for (auto* r : m->moe_routers()) routers.push_back(r);
+    transformer::moe::finalize_router_state(routers);
     for (auto& m : chunks)
       if (auto* f8 = m->fp8_state()) f8->reduce_and_update(amax_group.get());
     if (!fp8_dump_dir.empty()) {

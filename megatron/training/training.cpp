@@ -314,10 +314,12 @@ void Trainer::report_moe_metrics(int64_t iteration) {
   namespace ps = megatron::parallel_state;
   const bool groups = ps::model_parallel_is_initialized();
   const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();
+  std::vector<std::pair<std::string, double>> per_layer;  // --moe-per-layer-logging
   const auto values = transformer::moe::MoEMetricsTracker::get().report(
       1.0 / static_cast<double>(num_microbatches_), names, num_layers, num_moe_layers,
       groups ? ps::get_pipeline_model_parallel_group().get() : nullptr,
-      groups ? ps::get_data_parallel_group(false).get() : nullptr, device);
+      groups ? ps::get_data_parallel_group(false).get() : nullptr, device,
+      args_.moe_per_layer_logging ? &per_layer : nullptr);
   // Every iteration: TensorBoard under the metric's own name (the last rank's writer), and the
   // names ending in "loss" into total_loss_dict (averaged over the advanced iterations in the
   // iteration line, after "lm loss").
@@ -327,6 +329,9 @@ void Trainer::report_moe_metrics(int64_t iteration) {
     if (it == moe_loss_sums_.end()) moe_loss_sums_.emplace_back(name, v);
     else it->second += v;
   }
+  // Megatron writes the per-layer scalars after the aggregated ones (_log_per_layer).
+  if (hooks_.add_scalar)
+    for (const auto& [tag, v] : per_layer) hooks_.add_scalar(tag, v, iteration);
 }
 
 void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {

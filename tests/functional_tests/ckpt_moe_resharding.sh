@@ -11,7 +11,8 @@
 # by >= 1e-3, see the --no-load-optim control) and the grad norm within its printed unit.
 #   EP2 -> EP1, EP1 -> EP2 x expert-DP2 with the distributed optimizer (4 ranks), EP2 with the
 #   distributed optimizer -> EP1 without, --moe-grouped-gemm EP2 -> SequentialMLP EP1
-#   (interchangeable as in Megatron), and all-MoE layers (stacked keys) EP2 -> EP1 and back.
+#   (interchangeable as in Megatron), the router's expert bias (per-layer key) EP2 -> EP1, and
+#   all-MoE layers (stacked keys) EP2 -> EP1 and back.
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
@@ -82,6 +83,24 @@ import sys
 g = [l.split() for l in open(sys.argv[1])]; r = [l.split() for l in open(sys.argv[2])]
 sys.exit(0 if abs(float(g[1][1]) - float(r[1][1])) > 1e-3 * abs(float(r[1][1])) else 1)
 EOF
+
+# Aux-loss-free balancing (--moe-router-enable-expert-bias): the router's expert_bias is model state,
+# keyed per layer here (decoder.layers.1.mlp.router.expert_bias [4]); EP2 -> EP1 resumes.
+BIAS=("${MIXED[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2)
+save_run ref_bias 1 "${BIAS[@]}"
+tail_fields "$LOGDIR/ref_bias.log" >"$LOGDIR/ref_bias.tail"
+save_run ep2_bias 2 "${BIAS[@]}" --expert-model-parallel-size 2
+tail_fields "$LOGDIR/ep2_bias.log" >"$LOGDIR/ep2_bias.tail"
+same ep2_bias ref_bias
+python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))['tensors']
+k = 'decoder.layers.1.mlp.router.expert_bias'
+sys.exit(0 if k in t and t[k]['global_shape'] == [4] else '%s: %s' % (k, t.get(k, {}).get('global_shape')))
+" "$LOGDIR/ep2_bias/iter_0000002/.metadata" || fail "EP2 expert-bias checkpoint: no per-layer expert_bias"
+load_run bias_ep2_to_ep1 ep2_bias 1 "${BIAS[@]}"
+tail_fields "$LOGDIR/bias_ep2_to_ep1.log" >"$LOGDIR/bias_ep2_to_ep1.tail"
+same bias_ep2_to_ep1 ref_bias
 
 # Every layer an MoE layer: Megatron's stacked keys with a layer axis, then the expert axis.
 save_run ref_all 1 --moe-layer-freq 1

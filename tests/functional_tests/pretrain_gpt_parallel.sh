@@ -24,11 +24,7 @@ ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --
 
 run() {  # run NAME LAUNCHER... -- EXTRA ARGS
   local name=$1; shift
-  local launch=()
-  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-  shift
-  timeout 120 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
-    || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
+  run_pretrain_gpt "$name" 120 "$@"
 }
 
 # Extracts "iteration consumed gbs loss gradnorm" per training line and the validation values.

@@ -20,6 +20,7 @@
 
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/attention_decode.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
@@ -1434,6 +1435,109 @@ void test_model_ops() {
     check("cross_entropy_loss lse", host(LSE), rlse, 1e-5);
   }
 }
+// Text generation's decode ops (docs/inference.md): argmax_last_dim against a host scan in double
+// (first maximum, NaN above every number: torch.argmax), exact; the q_len = 1 decode attention
+// (attention_decode.cu) against the float64 softmax attention of test_attention, tolerances as
+// there (out: bf16 output rounding, 2^-9 relative per element; lse: fp32 sums and exp2).
+void test_decode() {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
+    for (int64_t Vn : {(int64_t)1, (int64_t)7, (int64_t)5001, g_small ? (int64_t)8200 : (int64_t)128256}) {
+      const int64_t N = 6;
+      V x = rounded(randn(N * Vn, 3.0f), dt);
+      if (Vn > 1) {
+        x[1 * Vn + Vn - 1] = 100.0f;                      // row 1: maximum at the end
+        x[2 * Vn + Vn / 2] = x[2 * Vn + Vn - 1] = 50.0f;  // row 2: tie, the first one wins
+        x[3 * Vn + Vn / 3 + 1] = x[3 * Vn + Vn - 1] = NAN;  // row 3: the first NaN wins
+        for (int64_t c = 0; c < Vn; ++c) x[4 * Vn + c] = -INFINITY;  // row 4: all -inf: index 0
+        x[5 * Vn] = 1e30f;  // row 5: maximum first (fp16: inf)
+      }
+      std::vector<int64_t> ref(N);
+      for (int64_t r = 0; r < N; ++r) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < Vn; ++c) {
+          const double a = round_to(x[r * Vn + c], dt), b = round_to(x[r * Vn + best], dt);
+          if (std::isnan(b)) break;
+          if (std::isnan(a) || a > b) best = c;
+        }
+        ref[r] = best;
+      }
+      Tensor X = dev(x, {N, Vn}, dt), I = dev_i64(std::vector<int64_t>(N, -7), {N});
+      cu::argmax_last_dim(X, I);
+      std::vector<int64_t> got(N);
+      Tensor ih = I.to(Device::cpu());
+      std::memcpy(got.data(), ih.data_ptr(), N * sizeof(int64_t));
+      std::string detail;
+      for (int64_t r = 0; r < N; ++r) detail += std::to_string(got[r]) + "/" + std::to_string(ref[r]) + " ";
+      check_true(std::string("argmax_last_dim V=") + std::to_string(Vn) + " " + dn(dt), got == ref, detail);
+    }
+  struct Case {
+    int SK, B, NP, NG, D;
+    bool causal;
+  };
+  std::vector<Case> cases = g_small ? std::vector<Case>{{37, 2, 4, 2, 64, false}}
+                                    : std::vector<Case>{{1, 1, 32, 8, 128, true},   {37, 1, 32, 8, 128, false},
+                                                        {300, 1, 32, 8, 128, false}, {2049, 3, 32, 8, 128, false},
+                                                        {129, 32, 32, 8, 128, false}, {64, 2, 4, 4, 64, false},
+                                                        {500, 2, 16, 2, 64, false},  {77, 5, 8, 1, 128, false}};
+  for (const Case& cs : cases) {
+    const DType dt = DType::kBFloat16;
+    const int SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
+    V q = rounded(randn((int64_t)B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
+      v = rounded(randn((int64_t)SK * B * NG * D), dt);
+    ops::AttentionParams p;
+    p.softmax_scale = 1.0f / std::sqrt((float)D);
+    p.causal = cs.causal;
+    Tensor Q = dev(q, {1, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
+    VD ro((size_t)B * NP * D), rl((size_t)B * NP);
+    std::vector<double> P(SK);
+    for (int bi = 0; bi < B; ++bi)
+      for (int h = 0; h < NP; ++h) {
+        const int g = h / npg;
+        double m = -1e300;
+        for (int j = 0; j < SK; ++j) {
+          double sc = 0;
+          for (int c = 0; c < D; ++c) sc += (double)q[((size_t)bi * NP + h) * D + c] * k[(((size_t)j * B + bi) * NG + g) * D + c];
+          P[j] = sc * p.softmax_scale;
+          m = std::max(m, P[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
+        rl[(size_t)bi * NP + h] = m + std::log(sum);
+        for (int c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int j = 0; j < SK; ++j) acc += P[j] / sum * v[(((size_t)j * B + bi) * NG + g) * D + c];
+          ro[((size_t)bi * NP + h) * D + c] = acc;
+        }
+      }
+    char nm[128];
+    std::snprintf(nm, sizeof nm, "attention decode sk=%d b=%d np=%d ng=%d d=%d%s", SK, B, NP, NG, D,
+                  cs.causal ? " causal" : "");
+    Tensor O = poisoned({1, B, NP, D}, dt), L = poisoned({B, NP, 1}, DType::kFloat32);
+    check_true(std::string(nm) + " taken", cu::decode_attention::forward(Q, K, Vv, p, O, L));
+    check(std::string(nm) + " out", host(O), ro, 1e-2);
+    check(std::string(nm) + " lse", host(L), rl, 1e-3);
+    // Through the op (dispatch picks the decode kernel for s == 1).
+    Tensor O2 = poisoned({1, B, NP, D}, dt), L2 = poisoned({B, NP, 1}, DType::kFloat32);
+    cu::attention_forward(Q, K, Vv, p, O2, L2);
+    check(std::string(nm) + " attention_forward out", host(O2), ro, 1e-2);
+  }
+  // Declined: two query rows; causal with more than one key (top-left causal: key 0 only); float32.
+  ops::AttentionParams p;
+  p.softmax_scale = 0.125f;
+  p.causal = false;
+  Tensor Q2 = poisoned({2, 1, 4, 64}, DType::kBFloat16), K2 = poisoned({8, 1, 4, 64}, DType::kBFloat16);
+  Tensor O2 = poisoned({2, 1, 4, 64}, DType::kBFloat16), L2 = poisoned({1, 4, 2}, DType::kFloat32);
+  check_true("attention decode declines s=2", !cu::decode_attention::forward(Q2, K2, K2, p, O2, L2));
+  Tensor Q1 = poisoned({1, 1, 4, 64}, DType::kBFloat16), O1 = poisoned({1, 1, 4, 64}, DType::kBFloat16);
+  Tensor L1 = poisoned({1, 4, 1}, DType::kFloat32);
+  p.causal = true;
+  check_true("attention decode declines causal sk=8", !cu::decode_attention::forward(Q1, K2, K2, p, O1, L1));
+  p.causal = false;
+  Tensor Qf = poisoned({1, 1, 4, 64}, DType::kFloat32), Kf = poisoned({8, 1, 4, 64}, DType::kFloat32);
+  Tensor Of = poisoned({1, 1, 4, 64}, DType::kFloat32);
+  check_true("attention decode declines float32", !cu::decode_attention::forward(Qf, Kf, Kf, p, Of, L1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1451,7 +1555,7 @@ int main(int argc, char** argv) {
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
-      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}};
+      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

@@ -406,4 +406,26 @@ void GPTDataset::get(int64_t idx, GPTSample& out, bool with_attention_mask) cons
   }
 }
 
+// ----------------------------------------------------------------------------------------------
+// Sample digest (MEGATRON_DUMP_SAMPLES)
+// ----------------------------------------------------------------------------------------------
+std::string sample_digest(const char* split, int64_t idx, const GPTSample& sample) {
+  auto list = [](const auto& v) {
+    std::string o;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) o += ',';
+      o += std::to_string(v[i]);
+    }
+    return o;
+  };
+  std::vector<int64_t> zero;
+  for (size_t i = 0; i < sample.loss_mask.size(); ++i)
+    if (sample.loss_mask[i] == 0.0f) zero.push_back(static_cast<int64_t>(i));
+  bool arange = true;
+  for (size_t i = 0; i < sample.position_ids.size(); ++i) arange = arange && sample.position_ids[i] == static_cast<int64_t>(i);
+  return std::string("SAMPLE ") + split + " " + std::to_string(idx) + " tokens=" + list(sample.tokens) +
+         " labels=" + list(sample.labels) + " loss_mask_zero=" + (zero.empty() ? std::string("-") : list(zero)) +
+         " position_ids=" + (arange ? std::string("arange") : list(sample.position_ids));
+}
+
 }  // namespace megatron::datasets

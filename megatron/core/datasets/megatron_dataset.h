@@ -25,6 +25,14 @@ struct GPTSample {
   std::vector<int64_t> position_ids;    ///< int64 [s]
 };
 
+/// One text line describing a sample, for comparing what two implementations feed the model
+/// (MEGATRON_DUMP_SAMPLES, docs/environment.md; tests/gpu/megatron_samples.py prints the same
+/// line from Megatron-LM's own GPTDataset.__getitem__):
+///   `SAMPLE <split> <idx> tokens=<t0,t1,...> labels=<l0,...> loss_mask_zero=<p,...|-> position_ids=<arange|p0,...>`
+/// idx is the dataset index the loader asked for (before the shuffle mapping); loss_mask_zero
+/// lists the positions whose loss mask is 0; position_ids is `arange` when it is 0..s-1.
+std::string sample_digest(const char* split, int64_t idx, const GPTSample& sample);
+
 /// The token store a GPTDataset draws from: an IndexedDataset or the mock generator.
 class LowLevelDataset {
  public:

@@ -9,9 +9,14 @@
 
 namespace megatron::inference {
 
+int64_t clamp_sample(int64_t token, int64_t vocab, int64_t vocab_size) {
+  const int64_t clamp_hi = std::max<int64_t>(0, (vocab_size > 0 ? std::min(vocab_size, vocab) : vocab) - 1);
+  return std::clamp<int64_t>(token, 0, clamp_hi);
+}
+
 int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, double top_p, double temperature,
                    int64_t vocab_size, double u) {
-  const int64_t clamp_hi = std::max<int64_t>(0, (vocab_size > 0 ? std::min(vocab_size, vocab) : vocab) - 1);
+  const int64_t clamp_hi = clamp_sample(vocab, vocab, vocab_size);
   if (top_k == 1) {
     if (top_p != 0.0) user_error("sample: cannot set both greedy and top-p samplings.");
     const int64_t best = std::max_element(logits, logits + vocab) - logits;  // first maximum, as torch.argmax

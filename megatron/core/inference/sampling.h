@@ -44,6 +44,10 @@ class SamplingRng {
 int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, double top_p, double temperature,
                    int64_t vocab_size, double u);
 
+/// sample_row's clamp of a sampled index into [0, min(vocab_size, vocab) - 1] (vocab_size <= 0:
+/// the whole padded vocabulary of `vocab` rows).
+int64_t clamp_sample(int64_t token, int64_t vocab, int64_t vocab_size);
+
 /// log_softmax(logits)[index] in double precision (log-probability of one token from one row).
 double log_prob_of(const float* logits, int64_t vocab, int64_t index);
 

@@ -1,12 +1,17 @@
 #include "megatron/core/inference/text_generation.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <sstream>
+#include <string>
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/inference_context.h"
 #include "megatron/core/utils/errors.h"
+#include "megatron/core/utils/kernel_profile.h"
 
 namespace megatron::inference {
 
@@ -68,6 +73,17 @@ std::vector<float> vocab_parallel_log_probs(const Tensor& logits, const std::vec
   return lp;
 }
 
+/// True when MEGATRON_GENERATE_PROFILE (comma-separated 1-based call numbers) names `call`.
+bool profile_call(int64_t call) {
+  const char* e = std::getenv("MEGATRON_GENERATE_PROFILE");
+  if (!e || !*e) return false;
+  std::stringstream ss(e);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (std::strtoll(item.c_str(), nullptr, 10) == call) return true;
+  return false;
+}
+
 void broadcast_i64(std::vector<int64_t>& v, comm::ProcessGroup& tp, Device dev) {
   if (tp.size() == 1) return;
   Tensor t = Tensor::from_vector_i64(v, {static_cast<int64_t>(v.size())}).to(dev);
@@ -109,6 +125,7 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   comm::ProcessGroup& tp = *tp_;
   const Device dev = model_.device();
   const bool rank0 = tp.rank() == 0;
+  const int64_t call = ++calls_;
   GenerationOutput out;
   out.tokens = tokens_in;
 
@@ -136,33 +153,57 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   std::vector<int64_t> gen_len(static_cast<size_t>(b), L);
   std::vector<bool> done(static_cast<size_t>(b), false);
   double top_p = gp.top_p;
+  // Greedy without log-probs on one rank: the argmax runs where the logits are (see below).
+  const bool device_greedy = tp.size() == 1 && gp.top_k == 1 && gp.top_p == 0.0 && !gp.return_output_log_probs &&
+                             !gp.prevent_newline_after_colon;
   int64_t prev = 0, ctx = min_len;
+  // Kernel profile of the decode steps 2.. (the prefill and the first decode step are not recorded).
+  std::unique_ptr<profiling::KernelProfiler> prof = profile_call(call) ? profiling::make_kernel_profiler() : nullptr;
+  bool profiling_on = false;
   for (; ctx < L; ++ctx) {
+    if (prof && ctx == min_len + 2) profiling_on = prof->start(2);
     Tensor logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
     ictx.sequence_len_offset += ctx - prev;
-    std::vector<float> last = gather_last_logits(logits, tp);
-    const int64_t V = static_cast<int64_t>(last.size()) / b;
-    if (gp.prevent_newline_after_colon && gp.colon_id >= 0 && gp.newline_id >= 0 && gp.newline_id < V)
-      for (int64_t i = 0; i < b; ++i)
-        if (out.tokens[i][ctx - 1] == gp.colon_id) last[i * V + gp.newline_id] = -1e10f;
-    // Sample on TP rank 0 (one RNG draw per row, see sampling.h) and share the result. The last
-    // element is an abort flag: when sampling throws on rank 0 every rank throws here, so no rank
-    // is left waiting in the next step's collectives.
-    std::vector<int64_t> sample(static_cast<size_t>(b) + 1, 0);
-    std::exception_ptr failed;
-    if (rank0) {
-      try {
-        for (int64_t i = 0; i < b; ++i)
-          sample[i] = sample_row(last.data() + i * V, V, gp.top_k, top_p, gp.temperature, gp.vocab_size, rng_.uniform());
-      } catch (...) {
-        failed = std::current_exception();
-        sample[b] = 1;
+    std::vector<int64_t> sample;
+    std::vector<float> last;  // host logits [b, V] (not filled by the device greedy path)
+    int64_t V = 0;
+    if (device_greedy) {
+      // argmax on the device: b token ids come back instead of b x V float logits (the one host
+      // round trip of a greedy step, docs/inference.md#performance).
+      const int64_t vl = logits.size(2);
+      Tensor idx = Tensor::empty({b}, DType::kInt64, dev);
+      ops::argmax_last_dim(logits.narrow0(logits.size(0) - 1, 1).view({b, vl}), idx);
+      Tensor h = idx.to(Device::cpu());
+      sample.assign(h.data<int64_t>(), h.data<int64_t>() + b);
+      for (int64_t i = 0; i < b; ++i) {
+        sample[i] = clamp_sample(sample[i], vl, gp.vocab_size);
+        (void)rng_.uniform();  // one draw per row, as sample_row's callers (sampling.h)
       }
+    } else {
+      last = gather_last_logits(logits, tp);
+      V = static_cast<int64_t>(last.size()) / b;
+      if (gp.prevent_newline_after_colon && gp.colon_id >= 0 && gp.newline_id >= 0 && gp.newline_id < V)
+        for (int64_t i = 0; i < b; ++i)
+          if (out.tokens[i][ctx - 1] == gp.colon_id) last[i * V + gp.newline_id] = -1e10f;
+      // Sample on TP rank 0 (one RNG draw per row, see sampling.h) and share the result. The last
+      // element is an abort flag: when sampling throws on rank 0 every rank throws here, so no rank
+      // is left waiting in the next step's collectives.
+      sample.assign(static_cast<size_t>(b) + 1, 0);
+      std::exception_ptr failed;
+      if (rank0) {
+        try {
+          for (int64_t i = 0; i < b; ++i)
+            sample[i] = sample_row(last.data() + i * V, V, gp.top_k, top_p, gp.temperature, gp.vocab_size, rng_.uniform());
+        } catch (...) {
+          failed = std::current_exception();
+          sample[b] = 1;
+        }
+      }
+      broadcast_i64(sample, tp, dev);
+      if (failed) std::rethrow_exception(failed);
+      if (sample[b] != 0) user_error("generate: sampling failed on tensor-parallel rank 0; request abandoned");
+      sample.pop_back();
     }
-    broadcast_i64(sample, tp, dev);
-    if (failed) std::rethrow_exception(failed);
-    if (sample[b] != 0) user_error("generate: sampling failed on tensor-parallel rank 0; request abandoned");
-    sample.pop_back();
     if (top_p > 0.0 && gp.top_p_decay > 0.0) {
       top_p *= gp.top_p_decay;
       if (gp.top_p_bound > 0.0) top_p = std::max(top_p, gp.top_p_bound);
@@ -204,6 +245,13 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
     if (gp.use_eod_token_for_early_termination && all_done) break;
   }
   if (ctx == L) --ctx;  // the loop ran to the end: the last position written is L - 1
+  if (profiling_on) {
+    const std::string text = profiling::format_summary(prof->stop(ctx - min_len, tp.rank()));
+    std::fprintf(stderr, "generate call %lld: batch %lld, decode steps 2-%lld of a %lld-token cache\n%s",
+                 static_cast<long long>(call), static_cast<long long>(b), static_cast<long long>(ctx - min_len),
+                 static_cast<long long>(L), text.c_str());
+    std::fflush(stderr);
+  }
   for (auto& row : out.tokens) row.resize(static_cast<size_t>(ctx + 1));
   if (gp.return_output_log_probs)
     for (auto& row : log_probs) row.resize(static_cast<size_t>(ctx));

@@ -72,6 +72,11 @@ class TextGenerator {
   GenerationOutput generate(const std::vector<std::vector<int64_t>>& tokens, const std::vector<int64_t>& lengths,
                             const GenerationParams& params);
 
+  /// Kernel profile (CUDA builds, docs/inference.md#performance): with the environment variable
+  /// MEGATRON_GENERATE_PROFILE=N[,M...] the N-th (1-based, per process) generate() call records
+  /// its decode steps after the first one (CUPTI) and prints the step-time breakdown to stderr
+  /// ("[Rank r] kernel profile | ..." lines; "iterations" are the decode steps). Other calls are
+  /// not slowed.
   /// The RNG of TP rank 0 (manual_seed for a request's random_seed).
   SamplingRng& rng() { return rng_; }
   models::gpt::GPTModel& model() { return model_; }
@@ -80,6 +85,7 @@ class TextGenerator {
   models::gpt::GPTModel& model_;
   std::shared_ptr<comm::ProcessGroup> tp_;
   SamplingRng rng_;
+  int64_t calls_ = 0;  // generate() calls so far (MEGATRON_GENERATE_PROFILE)
 };
 
 /// Megatron's _tokenize_prompts_and_batch padding: every row extended with `pad_id` to

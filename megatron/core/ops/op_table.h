@@ -409,3 +409,14 @@ MEGATRON_OP(bool, fp8_gemm_tn_residual,
             (const Tensor& a, const float* a_scale_inv, const Tensor& b, const float* b_scale_inv,
              const Tensor& residual, Tensor& d, bool fast_accum),
             (a, a_scale_inv, b, b_scale_inv, residual, d, fast_accum), a)
+
+// ------------------------------------------------------------------------------------------
+// Text generation (megatron/core/inference/, docs/inference.md)
+// ------------------------------------------------------------------------------------------
+
+/// Greedy decoding's torch.argmax(logits, dim=-1) (Megatron's sample() with top_k 1): for x
+/// [..., V] (float32/bfloat16/float16, contiguous, V >= 1) idx int64 [rows] = the index of the
+/// FIRST maximum of each row; a NaN counts as larger than every number (torch's argmax), so a row
+/// with a NaN gives its first NaN. Lets the generation loop copy b token ids to the host instead
+/// of b x V logits.
+MEGATRON_OP(void, argmax_last_dim, (const Tensor& x, Tensor& idx), (x, idx), x)

@@ -69,8 +69,13 @@ Tensor SelfAttention::forward(const Tensor& x_in, ForwardContext& fc, AttentionC
   }
   ctx.qkv_out = Tensor();
   ctx.q = Tensor::empty({s, b, heads_local_, d}, x.dtype(), x.device());
-  ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
-  ctx.v = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
+  if (fc.inference_context && !q_layernorm_) {
+    // Generation: the split writes K and V straight into this forward's rows of the KV cache.
+    fc.inference_context->kv_slots(this, {s, b, groups_local_, d}, x.dtype(), x.device(), ctx.k, ctx.v);
+  } else {
+    ctx.k = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
+    ctx.v = Tensor::empty({s, b, groups_local_, d}, x.dtype(), x.device());
+  }
   if (!q_layernorm_) {
     ops::qkv_split_rope_forward(qkv, heads_local_, groups_local_, rope_, rope_pos, ctx.q, ctx.k, ctx.v);
   } else {

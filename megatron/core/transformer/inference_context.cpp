@@ -13,25 +13,44 @@ InferenceContext::InferenceContext(int64_t max_batch_size, int64_t max_sequence_
                " must be positive");
 }
 
-void InferenceContext::update_kv_cache(const void* layer, Tensor& k, Tensor& v, ops::AttentionParams& p,
-                                       Tensor& mask) {
-  const int64_t s = k.size(0), b = k.size(1), off = sequence_len_offset, total = off + s;
+std::pair<Tensor, Tensor>& InferenceContext::caches(const void* layer, const Shape& shape, DType dtype,
+                                                    Device device) {
+  MEGATRON_CHECK(shape.size() == 4) << "InferenceContext: keys must be [s, b, ng, d]";
+  const int64_t s = shape[0], b = shape[1], off = sequence_len_offset, total = off + s;
   if (total > max_sequence_length_)
     user_error("InferenceContext: ", total, " tokens exceed the KV cache length ", max_sequence_length_,
                " (--inference-max-seq-length)");
   if (b > max_batch_size_) user_error("InferenceContext: batch ", b, " exceeds the KV cache batch ", max_batch_size_);
-  auto& [kc, vc] = key_value_memory_dict_[layer];
+  auto& kv = key_value_memory_dict_[layer];
+  auto& [kc, vc] = kv;
   if (!kc.defined() || kc.size(1) != b) {
     MEGATRON_CHECK(off == 0) << "KV cache of a layer first seen at offset " << off << " or with a new batch size";
-    Shape shape = k.shape();
-    shape[0] = max_sequence_length_;
-    kc = Tensor::empty(shape, k.dtype(), k.device());
-    vc = Tensor::empty(shape, v.dtype(), v.device());
+    Shape full = shape;
+    full[0] = max_sequence_length_;
+    kc = Tensor::empty(full, dtype, device);
+    vc = Tensor::empty(full, dtype, device);
   }
-  MEGATRON_CHECK(k.size(2) == kc.size(2) && k.size(3) == kc.size(3) && k.dtype() == kc.dtype())
-      << "keys " << k.str() << " do not fit the cache " << kc.str();
-  kc.narrow0(off, s).copy_(k);
-  vc.narrow0(off, s).copy_(v);
+  MEGATRON_CHECK(shape[2] == kc.size(2) && shape[3] == kc.size(3) && dtype == kc.dtype() && device == kc.device())
+      << "keys [" << s << ", " << b << ", " << shape[2] << ", " << shape[3] << "] " << dtype_name(dtype)
+      << " do not fit the cache " << kc.str();
+  return kv;
+}
+
+void InferenceContext::kv_slots(const void* layer, const Shape& shape, DType dtype, Device device, Tensor& k_slot,
+                                Tensor& v_slot) {
+  auto& [kc, vc] = caches(layer, shape, dtype, device);
+  k_slot = kc.narrow0(sequence_len_offset, shape[0]);
+  v_slot = vc.narrow0(sequence_len_offset, shape[0]);
+}
+
+void InferenceContext::update_kv_cache(const void* layer, Tensor& k, Tensor& v, ops::AttentionParams& p,
+                                       Tensor& mask) {
+  const int64_t s = k.size(0), b = k.size(1), off = sequence_len_offset, total = off + s;
+  auto& [kc, vc] = caches(layer, k.shape(), k.dtype(), k.device());
+  MEGATRON_CHECK(v.shape() == k.shape() && v.dtype() == k.dtype()) << "values " << v.str() << " keys " << k.str();
+  Tensor k_slot = kc.narrow0(off, s), v_slot = vc.narrow0(off, s);
+  if (k.data_ptr() != k_slot.data_ptr()) k_slot.copy_(k);  // else written there by kv_slots' caller
+  if (v.data_ptr() != v_slot.data_ptr()) v_slot.copy_(v);
   k = kc.narrow0(0, total);
   v = vc.narrow0(0, total);
   mask = Tensor();

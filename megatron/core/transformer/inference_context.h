@@ -43,7 +43,16 @@ class InferenceContext {
   /// and InternalError when b or the key shape changes between forwards of one generation.
   void update_kv_cache(const void* layer, Tensor& k, Tensor& v, ops::AttentionParams& p, Tensor& mask);
 
+  /// The cache rows [offset, offset + s) of `layer` as views k_slot, v_slot of `shape` [s, b, ng, d]
+  /// (allocating the caches, in `dtype` on `device`, at the first forward as update_kv_cache): the
+  /// QKV split writes this forward's keys/values straight into the cache, and update_kv_cache then
+  /// skips its copies (it recognizes the views). Same errors as update_kv_cache.
+  void kv_slots(const void* layer, const Shape& shape, DType dtype, Device device, Tensor& k_slot, Tensor& v_slot);
+
  private:
+  /// The caches of `layer`, allocated for keys of `shape` [s, b, ng, d] (checks as above).
+  std::pair<Tensor, Tensor>& caches(const void* layer, const Shape& shape, DType dtype, Device device);
+
   int64_t max_batch_size_, max_sequence_length_;
   /// Megatron's key_value_memory_dict: per layer (keyed by the attention module) the key and
   /// value caches [max_sequence_length, b, ng, d].

@@ -40,6 +40,13 @@ class TransformerBlock {
   Tensor backward(const Tensor& dy, TransformerBlockCtx& ctx,
                   const std::function<void(size_t)>& layer_done = nullptr) const;
   size_t num_layers() const { return layers_.size(); }
+  /// The routers of this block's MoE layers, in layer order (empty for a dense model).
+  std::vector<moe::TopKRouter*> moe_routers() const {
+    std::vector<moe::TopKRouter*> out;
+    for (const auto& l : layers_)
+      if (moe::TopKRouter* r = l->moe_router()) out.push_back(r);
+    return out;
+  }
 
  private:
   /// Layer ranges [begin, end) that are recomputed, per the config's recompute settings.

@@ -33,6 +33,8 @@ class TransformerLayer {
   Tensor forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const;
   /// dy -> dx; accumulates all parameter gradients.
   Tensor backward(const Tensor& dy, TransformerLayerCtx& ctx) const;
+  /// The MoE layer's router, or nullptr for a dense layer.
+  moe::TopKRouter* moe_router() const { return moe_ ? &moe_->router() : nullptr; }
 
  private:
   const TransformerConfig& config_;

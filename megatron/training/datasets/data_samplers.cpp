@@ -1,8 +1,11 @@
 #include "megatron/training/datasets/data_samplers.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -42,8 +45,15 @@ datasets::GPTBatch GPTDataLoader::collate(const datasets::TopLevelDataset& ds, c
   datasets::GPTBatch b;
   const int64_t n = static_cast<int64_t>(idx.size());
   datasets::GPTSample smp;
+  // MEGATRON_DUMP_SAMPLES=1 (docs/environment.md): one line per sample the loader fetches, for
+  // diffing against Megatron-LM's samples (tests/gpu/megatron_samples.py).
+  static const bool dump = env_switch("MEGATRON_DUMP_SAMPLES", false);
   for (int64_t r = 0; r < n; ++r) {
     ds.get(idx[r], smp, attention_mask);
+    if (dump) {  // one write per line: the lines of several loaders and ranks stay whole
+      const std::string line = datasets::sample_digest(datasets::split_name(ds.index_split()), idx[r], smp) + "\n";
+      std::fwrite(line.data(), 1, line.size(), stderr);
+    }
     const int64_t s = static_cast<int64_t>(smp.tokens.size());
     if (r == 0) {
       b.tokens = Tensor::empty({n, s}, DType::kInt64);

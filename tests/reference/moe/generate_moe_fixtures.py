@@ -11,7 +11,8 @@ moe_fixture_test.cpp (which SKIPs until the file is committed). Cases:
   * compute_routing_scores_for_aux_loss + switch_load_balancing_loss_func (aux_loss; seq_aux_loss
     as the router reshapes it; global_aux_loss with accumulated counts) and their logits gradients;
   * z_loss_func and its gradient;
-  * apply_router_token_dropping with drop policies probs / position, with and without padding;
+  * apply_router_token_dropping with drop policies probs / position, with and without padding (on
+    the CPU, and on CUDA when available: torch.topk breaks exact ties differently there);
   * permute(): the token order (sorted_indices) and permuted probs;
   * get_updated_expert_bias (single-process gloo group).
 
@@ -93,13 +94,31 @@ def main():
     out["z"] = dict(coeff=0.001, z_loss=z.item(), dlogits=l.grad.flatten().tolist())
 
     probs, rmap = mu.topk_routing_with_score_function(logits, 2, score_function="softmax")
-    for policy in ["probs", "position"]:
-        for pad in [False, True]:
-            for cf in [0.5, 1.0, 1.5]:
-                p2, m2 = mu.apply_router_token_dropping(probs, rmap, 2, cf, drop_policy=policy, pad_to_capacity=pad)
-                out["drop"].append(dict(policy=policy, pad=pad, capacity_factor=cf, topk=2,
-                                        probs_in=probs.flatten().tolist(), map_in=rmap.int().flatten().tolist(),
-                                        probs=p2.flatten().tolist(), routing_map=m2.int().flatten().tolist()))
+
+    def dropping_cases(device):
+        cases = []
+        pd, md = probs.to(device), rmap.to(device)
+        for policy in ["probs", "position"]:
+            for pad in [False, True]:
+                for cf in [0.5, 1.0, 1.5]:
+                    p2, m2 = mu.apply_router_token_dropping(pd, md, 2, cf, drop_policy=policy, pad_to_capacity=pad)
+                    cases.append(dict(policy=policy, pad=pad, capacity_factor=cf, topk=2,
+                                      probs_in=probs.flatten().tolist(), map_in=rmap.int().flatten().tolist(),
+                                      probs=p2.cpu().flatten().tolist(), routing_map=m2.cpu().int().flatten().tolist()))
+        return cases
+
+    out["drop"] = dropping_cases("cpu")
+
+    # The same cases on CUDA where available (the GPU machine): apply_router_token_dropping keeps
+    # the `capacity` largest keys per expert with torch.topk(dim=0, sorted=False), and where the
+    # capacity boundary falls inside a run of equal keys (always for the "position" policy, and for
+    # the zero-probability padding) CPU torch (std::nth_element) keeps an arbitrary subset of the
+    # ties while CUDA torch keeps the first seen (lowest token index), the device Megatron trains
+    # on. moe_fixture_test.cpp compares "drop_cuda" exactly and "drop" as far as ties allow.
+    if torch.cuda.is_available():
+        out["drop_cuda"] = dropping_cases("cuda")
+    else:
+        print("no CUDA: drop_cuda cases not written (the test then checks the tie order only against CPU torch)")
 
     tokens = torch.arange(T, dtype=torch.float64).unsqueeze(1).repeat(1, 3)
     pt, pp, sorted_idx, _, _ = mu.permute(tokens, rmap, probs=probs, num_out_tokens=int(rmap.sum()))

@@ -29,12 +29,26 @@ at .oracle/Megatron-LM (git -C .oracle clone or `git --git-dir=<mirror> archive 
 .oracle/Megatron-LM`):
     python3 tests/reference/mtp/generate_mtp_fixture.py
 Megatron's core needs a few pure-Python packages (einops, packaging; pip install them if the
-import fails). Prints the Megatron-LM commit it used; put it in tests/reference/mtp/README.md.
+import fails). Prints the Megatron-LM commit it used (from .oracle/Megatron-LM/.git, or
+MEGATRON_LM_COMMIT for an exported tree); put it in tests/reference/mtp/README.md.
+
+Without Transformer Engine (no-TE shim, `shim_inference_linear_check`): Megatron replaces the
+missing `transformer_engine` module by a MagicMock, so its inference-optimized linears
+(tensor_parallel/inference_layers.py: `class InferenceColumnParallelLinear(TEColumnParallelLinear)`
+and `InferenceLayerNormColumnParallelLinear`) become MagicMock instances instead of classes, and
+`is_inference_column_parallel_linear`'s `isinstance(module, (those two))`, which
+MultiTokenPredictionLayer.__init__ calls on eh_proj and on the inner layer's modules, raises
+TypeError. The shim rebinds those two module-level names to empty classes, so the isinstance is
+well-defined and False for every module, which is what Megatron with TE answers for the local
+spec's ColumnParallelLinear. The True branch would only call set_barrier_before_all_gather(True)
+on an inference linear (a symmetric-memory all-gather flag; those classes assert TE in their
+constructors), so no number of this forward/backward changes; no Megatron file is edited.
 """
 import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +69,11 @@ from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: E402
     get_gpt_mtp_block_spec,
 )
 from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
-from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper  # noqa: E402
+from megatron.core.tensor_parallel import inference_layers  # noqa: E402
+from megatron.core.transformer.multi_token_prediction import (  # noqa: E402
+    MTPLossAutoScaler,
+    MTPLossLoggingHelper,
+)
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 VARIANTS = {
@@ -67,13 +85,47 @@ VARIANTS = {
     "llama_d2": dict(normalization="RMSNorm", swiglu=True, bias=False, tied=False, groups=2, mtp=2, factor=0.1),
 }
 L, H, HEADS, FFN, V, S, B = 2, 64, 4, 128, 128, 16, 2
+SHIMMED = []  # names rebound by shim_inference_linear_check (recorded in each meta.json)
 
 
 def megatron_commit():
+    if os.environ.get("MEGATRON_LM_COMMIT"):  # an exported tree (git archive) has no .git
+        return os.environ["MEGATRON_LM_COMMIT"]
+    if not os.path.exists(os.path.join(MEGATRON, ".git")):
+        return "unknown"
     try:
         return subprocess.check_output(["git", "-C", MEGATRON, "rev-parse", "HEAD"], text=True).strip()
-    except Exception:  # an exported tree without .git
+    except Exception:
         return "unknown"
+
+
+# Names in megatron/core/tensor_parallel/inference_layers.py that is_inference_column_parallel_linear
+# passes to isinstance (module docstring: no-TE shim).
+_INFERENCE_LINEARS = ("InferenceColumnParallelLinear", "InferenceLayerNormColumnParallelLinear")
+
+
+def shim_inference_linear_check():
+    """Makes Megatron's is_inference_column_parallel_linear well-defined without Transformer Engine.
+
+    Rebinds each name of _INFERENCE_LINEARS in megatron.core.tensor_parallel.inference_layers that
+    is not a class (without TE it is a MagicMock instance: its base TEColumnParallelLinear /
+    TELayerNormColumnParallelLinear subclasses the MagicMock standing in for transformer_engine)
+    to an empty class of the same name, so isinstance against it is False. A no-op where TE is
+    installed. Returns the rebound names; raises RuntimeError if the check still fails (Megatron
+    changed what it tests), so the fixtures are never written by a half-patched Megatron.
+    """
+    rebound = []
+    for name in _INFERENCE_LINEARS:
+        if not isinstance(getattr(inference_layers, name), type):
+            setattr(inference_layers, name, type(name, (), {"__doc__": "no-TE stand-in: never instantiated"}))
+            rebound.append(name)
+    try:
+        probe = inference_layers.is_inference_column_parallel_linear(torch.nn.Linear(1, 1))
+    except TypeError as e:
+        raise RuntimeError(f"Megatron's is_inference_column_parallel_linear still fails after the no-TE shim: {e}")
+    if probe:
+        raise RuntimeError("is_inference_column_parallel_linear(torch.nn.Linear) is True after the no-TE shim")
+    return rebound
 
 
 def init_distributed():
@@ -159,7 +211,12 @@ def run(name, v, seed):
     model.train()
     fill_weights(model, seed)
     tokens, labels, mask, pos = batch(seed + 1)
-    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    # A fresh tracker: save_metrics_to_tracker sizes loss_values [D] on first use only, and D
+    # changes between variants (clean_metrics_in_tracker zeroes but keeps the old size).
+    MTPLossLoggingHelper.tracker.clear()
+    # Main-loss backward scale 1 (one micro-batch, no loss scaling): each MTP module's
+    # factor / D * sum(loss_k * mask_k) / sum(mask_k) enters the gradient with weight 1.
+    MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0, device="cuda"))
     losses = model(
         tokens.cuda(), pos.cuda(), None, labels=labels.cuda(), loss_mask=mask.cuda()
     )  # [b, s] per-token loss of the main model
@@ -184,22 +241,29 @@ def run(name, v, seed):
     fixture_io.write_fixture(name, out)
     meta = dict(v, num_layers=L, hidden_size=H, num_attention_heads=HEADS, ffn_hidden_size=FFN, vocab_size=V,
                 seq_length=S, micro_batch_size=B, seed=seed, megatron_lm_commit=megatron_commit(),
-                torch=torch.__version__, lm_loss=lm_loss.item(), mtp_loss=mtp_loss.tolist())
+                torch=torch.__version__, lm_loss=lm_loss.item(), mtp_loss=mtp_loss.tolist(),
+                no_te_shim=SHIMMED)
     with open(os.path.join(fixture_io.DATA_DIR, name + ".meta.json"), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
     print(name, "lm loss", lm_loss.item(), "mtp losses", mtp_loss.tolist())
 
 
 def main():
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (before any GEMM)
     assert torch.cuda.is_available(), "Megatron's MTP logging helper allocates on the current CUDA device"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    global SHIMMED
+    start = time.time()
+    SHIMMED = shim_inference_linear_check()
     init_distributed()
-    print("Megatron-LM", megatron_commit(), "torch", torch.__version__)
+    print("Megatron-LM", megatron_commit(), "torch", torch.__version__,
+          "no-TE shim:", ", ".join(SHIMMED) if SHIMMED else "not needed")
     for i, (name, v) in enumerate(VARIANTS.items()):
         run(name, v, 1000 + 10 * i)
     torch.distributed.destroy_process_group()
+    print(f"wrote {len(VARIANTS)} fixtures to {fixture_io.DATA_DIR} in {time.time() - start:.1f} s")
 
 
 if __name__ == "__main__":

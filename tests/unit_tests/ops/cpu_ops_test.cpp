@@ -359,4 +359,25 @@ TEST(CpuOps, ReducedPrecisionLinearRoundsOnce) {
 }
 
 }  // namespace
+// torch.argmax(x, dim=-1) semantics, expected indices written by hand: the first of equal maxima,
+// a NaN above every number (its first occurrence), an all -inf row gives 0; bfloat16 rows compare
+// their (exactly converted) values.
+TEST(CpuOps, ArgmaxLastDimIsTorchArgmax) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  Tensor x = Tensor::from_vector({1, 3, 3, 2,  5, -1, nan, nan,  -inf, -inf, -inf, -inf,  -2, -3, -1, -1}, {4, 4});
+  Tensor idx = Tensor::zeros({4}, DType::kInt64);
+  ops::argmax_last_dim(x, idx);
+  EXPECT_EQ(idx.data<int64_t>()[0], 1);
+  EXPECT_EQ(idx.data<int64_t>()[1], 2);
+  EXPECT_EQ(idx.data<int64_t>()[2], 0);
+  EXPECT_EQ(idx.data<int64_t>()[3], 2);
+  // bfloat16: 1.001 and 1.0 round to the same bf16 value 1.0, so the first one wins.
+  Tensor xb = Tensor::from_vector({0.5f, 1.0f, 1.001f, 0.25f}, {1, 4}).to(DType::kBFloat16);
+  Tensor ib = Tensor::zeros({1}, DType::kInt64);
+  ops::argmax_last_dim(xb, ib);
+  EXPECT_EQ(ib.data<int64_t>()[0], 1);
+  Tensor bad = Tensor::zeros({3}, DType::kInt64);
+  EXPECT_ANY_THROW(ops::argmax_last_dim(x, bad));
+}
+
 }  // namespace megatron

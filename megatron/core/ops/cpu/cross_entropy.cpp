@@ -118,3 +118,22 @@ void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out) {
 }
 
 }  // namespace megatron::ops::cpu
+
+namespace megatron::ops::cpu {
+
+void argmax_last_dim(const Tensor& x, Tensor& idx) {
+  const int64_t n = rows_of(x), v = x.dim() == 0 ? 1 : x.size(-1);
+  MEGATRON_CHECK(v >= 1 && idx.is_cpu() && idx.dtype() == DType::kInt64 && idx.numel() == n)
+      << "argmax_last_dim: x " << x.str() << " idx " << idx.str() << " (int64, one per row of x)";
+  FloatIn fl(x);  // bf16/fp16 -> fp32 is exact: the order of the values is kept
+  int64_t* out = idx.data<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = fl.data() + r * v;
+    int64_t best = 0;
+    for (int64_t j = 1; j < v && !std::isnan(row[best]); ++j)
+      if (std::isnan(row[j]) || row[j] > row[best]) best = j;
+    out[r] = best;
+  }
+}
+
+}  // namespace megatron::ops::cpu

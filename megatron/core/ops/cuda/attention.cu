@@ -11,10 +11,11 @@
 // Layouts (ops.h): q, out [s, b, np, d]; k, v [sk, b, ng, d]; lse float32 [b, np, s].
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
 // [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only, no dropout.
-// Dispatch (attention_forward / attention_backward below): cuDNN's SDPA or these kernels when the
-// call is bfloat16, 16-byte aligned and without dropout (float16 calls: cuDNN's SDPA only); every
-// other call (float32, float16 without cuDNN, other head dims up to 256, attention dropout) runs
-// the generic kernels of attention_generic.cu.
+// Dispatch (attention_forward / attention_backward below): a forward with one query row and no mask
+// (generation's decode step) runs the split-K kernel of attention_decode.cu; otherwise cuDNN's SDPA
+// or these kernels when the call is bfloat16, 16-byte aligned and without dropout (float16 calls:
+// cuDNN's SDPA only); every other call (float32, float16 without cuDNN, other head dims up to 256,
+// attention dropout) runs the generic kernels of attention_generic.cu.
 #include <cmath>
 #include <atomic>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
+#include "megatron/core/ops/cuda/attention_decode.h"
 #include "megatron/core/ops/cuda/attention_generic.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
@@ -818,6 +820,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     note_dropout_once(p, q);
     return generic_attention::forward(q, k, v, p, out, lse);
   }
+  // One query row per sequence (text generation's decode step against the KV cache): the
+  // split-K decode kernel. cuDNN would build a new plan for every cache length.
+  if (be != Backend::kCudnn && decode_attention::forward(q, k, v, p, out, lse)) return;
   if (be != Backend::kFlash && q.size(0) > 0 && q.size(1) > 0) {
     if (cudnn_sdpa::forward(q, k, v, p, out, lse)) return;
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "

@@ -287,6 +287,55 @@ __global__ void scale_rows_kernel(const X* x, const float* __restrict__ scale, X
     st8(out + r * h, c, h, vec, f);
   }
 }
+// argmax_last_dim: one block per row; each thread keeps the first maximum of its strided share,
+// then the block keeps the best (value, index) pair, ties to the smaller index (the first one).
+// NaN ranks above every number (torch.argmax).
+__device__ __forceinline__ bool am_better(float a, int64_t ai, float b, int64_t bi) {
+  const bool an = isnan(a), bn = isnan(b);
+  if (an != bn) return an;
+  if (!an && a != b) return a > b;
+  return ai < bi;
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+template <class T>
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const T* __restrict__ x, int64_t V, int64_t* __restrict__ idx, bool vec) {
+  const T* row = x + blockIdx.x * V;
+  float bv = -INFINITY;
+  int64_t bi = V;  // "none yet": loses every comparison with a real element
+  if (vec) {
+    for (int64_t c = threadIdx.x * 8; c < V; c += kArgmaxThreads * 8) {
+      float f[8];
+      ld8(row, c, V, true, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (c + j < V && (bi == V || am_better(f[j], c + j, bv, bi))) bv = f[j], bi = c + j;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < V; c += kArgmaxThreads) {
+      const float f = to_f(row[c]);
+      if (bi == V || am_better(f, c, bv, bi)) bv = f, bi = c;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi != V && (bi == V || am_better(ov, oi, bv, bi))) bv = ov, bi = oi;
+  }
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int64_t si[kArgmaxThreads / 32];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sv[w] = bv, si[w] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < kArgmaxThreads / 32; ++i)
+      if (si[i] != V && (bi == V || am_better(sv[i], si[i], bv, bi))) bv = sv[i], bi = si[i];
+    idx[blockIdx.x] = bi;
+  }
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
@@ -435,6 +484,20 @@ void scale_rows(const Tensor& x, const Tensor& scale, Tensor& out) {
                    scale_rows_kernel<X><<<grid_for(rows * ((h + 7) / 8), kThreads), kThreads, 0, st>>>(
                        static_cast<const X*>(x.data_ptr()), static_cast<const float*>(scale.data_ptr()),
                        static_cast<X*>(out.data_ptr()), rows, h, vec));
+  CUDA_CHECK_LAUNCH();
+}
+
+void argmax_last_dim(const Tensor& x, Tensor& idx) {
+  check_cuda(x, "argmax_last_dim");
+  const int64_t V = x.dim() == 0 ? 1 : x.size(-1), N = V ? x.numel() / V : 0;
+  MEGATRON_CHECK(V >= 1 && idx.is_cuda() && idx.dtype() == DType::kInt64 && idx.numel() == N && N < (1ll << 31))
+      << "argmax_last_dim: x " << x.str() << " idx " << idx.str() << " (int64, one per row of x)";
+  if (N == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const bool vec = V % 8 == 0 && aligned16(x.data_ptr());
+  MCU_FLOAT_SWITCH(x.dtype(), T,
+                   argmax_kernel<T><<<(unsigned)N, kArgmaxThreads, 0, st>>>(
+                       static_cast<const T*>(x.data_ptr()), V, static_cast<int64_t*>(idx.data_ptr()), vec));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -203,15 +203,19 @@ std::vector<double> aux_scores_backward(const std::vector<double>& logits, const
 }
 
 double switch_load_balancing_loss(const std::vector<double>& probs, const std::vector<double>& tokens_per_expert,
-                                  double total_num_tokens, int64_t topk, int64_t E, double coeff) {
-  const int64_t T = static_cast<int64_t>(probs.size()) / E;
+                                  double total_num_tokens, int64_t topk, int64_t num_experts, double coeff) {
+  const auto C = static_cast<int64_t>(tokens_per_expert.size());
+  MEGATRON_CHECK(C > 0 && static_cast<int64_t>(probs.size()) % C == 0)
+      << "switch_load_balancing_loss: " << probs.size() << " probs for " << C << " columns";
+  const int64_t T = static_cast<int64_t>(probs.size()) / C;
   double acc = 0;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t c = 0; c < C; ++c) {
     double col = 0;
-    for (int64_t t = 0; t < T; ++t) col += probs[static_cast<size_t>(t * E + e)];
-    acc += col * tokens_per_expert[static_cast<size_t>(e)];
+    for (int64_t t = 0; t < T; ++t) col += probs[static_cast<size_t>(t * C + c)];
+    acc += col * tokens_per_expert[static_cast<size_t>(c)];
   }
-  return acc * (static_cast<double>(E) * coeff / (static_cast<double>(topk) * total_num_tokens * total_num_tokens));
+  return acc * (static_cast<double>(num_experts) * coeff /
+                (static_cast<double>(topk) * total_num_tokens * total_num_tokens));
 }
 
 double z_loss(const std::vector<double>& logits, int64_t T, int64_t E, double coeff, std::vector<double>* dlogits) {
@@ -403,7 +407,8 @@ std::vector<std::pair<std::string, double>> MoEMetricsTracker::report(double los
                                                                       const std::vector<std::string>& names,
                                                                       int64_t num_layers, int64_t num_moe_layers,
                                                                       comm::ProcessGroup* pp_group,
-                                                                      comm::ProcessGroup* dp_group, Device device) {
+                                                                      comm::ProcessGroup* dp_group, Device device,
+                                                                      std::vector<std::pair<std::string, double>>* per_layer) {
   MEGATRON_CHECK(num_moe_layers >= 1) << "MoE metrics require at least one MoE layer";
   std::vector<std::pair<std::string, double>> out;
   for (const auto& name : names) {
@@ -420,7 +425,12 @@ std::vector<std::pair<std::string, double>> MoEMetricsTracker::report(double los
     reduce(e.avg_group, comm::ReduceOp::kAvg);
     if (e.needs_dp_avg) reduce(dp_group, comm::ReduceOp::kAvg);
     double sum = 0.0;
-    for (double v : to_host_f64(t)) sum += static_cast<double>(static_cast<float>(v * loss_scale));
+    const std::vector<double> layers = to_host_f64(t);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const double v = static_cast<double>(static_cast<float>(layers[i] * loss_scale));  // values.float() * loss_scale
+      sum += v;
+      if (per_layer) per_layer->emplace_back("moe/" + name + "_layer_" + std::to_string(i), v);
+    }
     out.emplace_back(name, sum / static_cast<double>(num_moe_layers));
   }
   clear();

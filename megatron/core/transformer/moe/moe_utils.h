@@ -60,10 +60,13 @@ std::vector<double> aux_scores_backward(const std::vector<double>& logits, const
                                         const std::vector<double>& dscores, int64_t T, int64_t E,
                                         const std::string& score_function);
 
-/// Megatron's switch_load_balancing_loss_func: sum_e(sum_t probs[t, e] * tokens_per_expert[e]) *
-/// E * coeff / (topk * total_num_tokens^2). probs [T, E], tokens_per_expert [E].
+/// Megatron's switch_load_balancing_loss_func: sum_c(sum_t probs[t, c] * tokens_per_expert[c]) *
+/// num_experts * coeff / (topk * total_num_tokens^2). probs [T, C], tokens_per_expert [C]; C is
+/// the number of experts, or bsz * num_experts for seq_aux_loss (Megatron's _apply_seq_aux_loss
+/// reshapes the scores to [seq_length, bsz * E] but still passes num_experts = E). Throws if
+/// probs.size() is not a multiple of C.
 double switch_load_balancing_loss(const std::vector<double>& probs, const std::vector<double>& tokens_per_expert,
-                                  double total_num_tokens, int64_t topk, int64_t E, double coeff);
+                                  double total_num_tokens, int64_t topk, int64_t num_experts, double coeff);
 /// Megatron's z_loss_func without padding: mean_t(logsumexp(logits[t])^2) * coeff; *dlogits (if
 /// given) = its gradient [T, E].
 double z_loss(const std::vector<double>& logits, int64_t T, int64_t E, double coeff, std::vector<double>* dlogits);
@@ -138,11 +141,15 @@ class MoEMetricsTracker {
   /// per-layer values are all-reduced over `pp_group` (sum), the entry's reduce_group (sum), its
   /// avg_group (average) and, when needs_dp_avg, `dp_group` (average, the DP group without CP), on
   /// `device` (float32, as Megatron's tensors). Returns (name, sum over layers × loss_scale /
-  /// num_moe_layers) in `names` order and zeros the values. Throws if num_moe_layers < 1.
+  /// num_moe_layers) in `names` order and zeros the values. With `per_layer` (Megatron's
+  /// --moe-per-layer-logging, MoEMetricsTracker._log_per_layer) it also receives, per name and
+  /// for every layer i in [0, num_layers) (dense layers too: 0), the TensorBoard tag
+  /// "moe/<name>_layer_<i>" with float32(value × loss_scale). Throws if num_moe_layers < 1.
   std::vector<std::pair<std::string, double>> report(double loss_scale, const std::vector<std::string>& names,
                                                      int64_t num_layers, int64_t num_moe_layers,
                                                      comm::ProcessGroup* pp_group, comm::ProcessGroup* dp_group,
-                                                     Device device);
+                                                     Device device,
+                                                     std::vector<std::pair<std::string, double>>* per_layer = nullptr);
 
  private:
   std::map<std::string, Entry> entries_;

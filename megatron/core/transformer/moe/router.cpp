@@ -38,7 +38,7 @@ MoEGroups default_moe_groups(const tensor_parallel::TPContext& tp) {
 
 TopKRouter::TopKRouter(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
                        int64_t layer_number, const MoEGroups& groups)
-    : config_(config), layer_number_(layer_number), groups_(groups) {
+    : config_(config), layer_number_(layer_number), groups_(groups), prefix_(prefix) {
   const int64_t E = *config.num_moe_experts;
   Parameter p;
   p.name = prefix + ".weight";
@@ -50,7 +50,7 @@ TopKRouter::TopKRouter(ParamRegistry& reg, const std::string& prefix, const Tran
   p.sequence_parallel = groups.sequence_parallel;
   weight_ = ParamRef(&reg, reg.add(std::move(p), {E, config.hidden_size}));
   if (config.moe_router_enable_expert_bias) {
-    expert_bias_.assign(static_cast<size_t>(E), 0.0);
+    expert_bias_ = Tensor::zeros({E}, DType::kFloat32, Device::cpu());  // Megatron keeps it float32
     local_tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
   }
   global_tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
@@ -131,7 +131,12 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
                                       groups_.tp_dp_cp.get());
   }
   TopKOptions o = topk_options();
-  o.expert_bias = config_.moe_router_enable_expert_bias ? &expert_bias_ : nullptr;
+  std::vector<double> bias;
+  if (config_.moe_router_enable_expert_bias) {
+    const float* b = expert_bias_.data<float>();
+    bias.assign(b, b + E);
+    o.expert_bias = &bias;
+  }
   topk_routing_with_score_function(logits, T, E, o, probs, routing_map, ctx.topk);
   // probs.type_as(logits)
   if (ctx.logits_dtype == DType::kBFloat16)
@@ -178,8 +183,10 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
       std::vector<double> tpe;
       count(*groups_.tp_cp, bsz * E, tpe);
       const double total = static_cast<double>(seq_length) * tp_cp;
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, bsz * E, c_seq) / static_cast<double>(bsz);
-      const double f = static_cast<double>(bsz * E) * c_seq / (static_cast<double>(o.topk) * total * total) /
+      // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
+      // sequences of their own aux loss, divided by bsz.
+      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_seq) / static_cast<double>(bsz);
+      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(o.topk) * total * total) /
                        static_cast<double>(bsz);
       const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
       for (int64_t t = 0; t < T; ++t)
@@ -254,23 +261,43 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
   return dx;
 }
 
-void TopKRouter::update_expert_bias() {
-  if (!config_.moe_router_enable_expert_bias) return;
-  const size_t E = expert_bias_.size();
-  std::vector<double> tpe = local_tokens_per_expert_;
-  if (groups_.tp_dp_cp->size() > 1) {
-    Tensor t = to_device_f32(tpe, {static_cast<int64_t>(E)}, weight_.data().device());
-    groups_.tp_dp_cp->all_reduce(t);
-    tpe = to_host_f64(t);
-  }
-  MEGATRON_CHECK(tpe.size() == E) << "expert bias of " << E << " experts";
-  expert_bias_ = updated_expert_bias(tpe, expert_bias_, config_.moe_router_bias_update_rate);
-  std::fill(local_tokens_per_expert_.begin(), local_tokens_per_expert_.end(), 0.0);
-}
-
 void TopKRouter::reset_global_aux_loss_tracker() {
   std::fill(global_tokens_per_expert_.begin(), global_tokens_per_expert_.end(), 0.0);
   ga_steps_ = 0;
+}
+
+void finalize_router_state(const std::vector<TopKRouter*>& routers) {
+  if (routers.empty()) return;
+  std::vector<TopKRouter*> biased;
+  for (TopKRouter* r : routers)
+    if (r->enable_expert_bias()) biased.push_back(r);
+  if (!biased.empty()) {
+    const auto E = static_cast<int64_t>(biased.front()->local_tokens_per_expert().size());
+    const auto R = static_cast<int64_t>(biased.size());
+    std::vector<double> stacked;
+    stacked.reserve(static_cast<size_t>(R * E));
+    for (TopKRouter* r : biased) {
+      MEGATRON_CHECK(static_cast<int64_t>(r->local_tokens_per_expert().size()) == E)
+          << r->prefix() << ": " << r->local_tokens_per_expert().size() << " experts, expected " << E;
+      stacked.insert(stacked.end(), r->local_tokens_per_expert().begin(), r->local_tokens_per_expert().end());
+    }
+    comm::ProcessGroup& g = *biased.front()->groups().tp_dp_cp;
+    if (g.size() > 1) {
+      // float32 as Megatron's buffers (integer counts: exact below 2^24), on the weights' device.
+      Tensor t = to_device_f32(stacked, {R, E}, biased.front()->weight().data().device());
+      g.all_reduce(t);
+      stacked = to_host_f64(t);
+    }
+    for (int64_t k = 0; k < R; ++k) {
+      TopKRouter& r = *biased[static_cast<size_t>(k)];
+      float* b = r.expert_bias().data<float>();
+      const std::vector<double> counts(stacked.begin() + k * E, stacked.begin() + (k + 1) * E);
+      const std::vector<double> updated = updated_expert_bias(counts, std::vector<double>(b, b + E), r.bias_update_rate());
+      for (int64_t e = 0; e < E; ++e) b[e] = static_cast<float>(updated[static_cast<size_t>(e)]);
+      std::fill(r.local_tokens_per_expert().begin(), r.local_tokens_per_expert().end(), 0.0);
+    }
+  }
+  for (TopKRouter* r : routers) r->reset_global_aux_loss_tracker();
 }
 
 }  // namespace megatron::transformer::moe

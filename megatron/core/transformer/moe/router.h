@@ -59,14 +59,22 @@ class TopKRouter {
   /// dprobs [T, E] (host) -> dx [T, h] (x's dtype); accumulates the router weight's gradient.
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
 
-  /// Megatron's _update_router_expert_bias (finalize_model_grads): all-reduces the token counts
-  /// over tp_dp_cp, expert_bias += sign(mean - count) * rate, counts reset. No-op without
-  /// --moe-router-enable-expert-bias.
-  void update_expert_bias();
   /// Megatron's reset_global_aux_loss_tracker (once per global batch).
   void reset_global_aux_loss_tracker();
-  std::vector<double>& expert_bias() { return expert_bias_; }
-  const std::vector<double>& local_tokens_per_expert() const { return local_tokens_per_expert_; }
+  /// Megatron's `expert_bias` buffer: float32 [E] on the host (zeros at construction; undefined
+  /// without --moe-router-enable-expert-bias). Saved in checkpoints as
+  /// "<prefix>.expert_bias" (training/checkpointing.cpp) and updated in place by
+  /// finalize_router_state.
+  Tensor& expert_bias() { return expert_bias_; }
+  /// Megatron's non-persistent `local_tokens_per_expert` buffer: tokens routed to each expert by
+  /// this rank's training forwards since the last finalize_router_state ([E]; empty without
+  /// --moe-router-enable-expert-bias).
+  std::vector<double>& local_tokens_per_expert() { return local_tokens_per_expert_; }
+  /// "<prefix>" given at construction (e.g. "decoder.layers.1.mlp.router").
+  const std::string& prefix() const { return prefix_; }
+  const MoEGroups& groups() const { return groups_; }
+  bool enable_expert_bias() const { return config_.moe_router_enable_expert_bias; }
+  double bias_update_rate() const { return config_.moe_router_bias_update_rate; }
   ParamRef weight() const { return weight_; }
 
  private:
@@ -76,9 +84,24 @@ class TopKRouter {
   int64_t layer_number_;
   MoEGroups groups_;
   ParamRef weight_;
-  std::vector<double> expert_bias_, local_tokens_per_expert_;
+  std::string prefix_;
+  Tensor expert_bias_;
+  std::vector<double> local_tokens_per_expert_;
   std::vector<double> global_tokens_per_expert_;
   double ga_steps_ = 0;
 };
+
+/// What Megatron's finalize_model_grads does to the routers after the last backward of a step
+/// (megatron/core/distributed/finalize_model_grads.py _update_router_expert_bias and
+/// reset_model_temporary_tensors), for the routers of this rank's model chunks:
+///  * with --moe-router-enable-expert-bias: the routers' local_tokens_per_expert stacked
+///    [num_routers, E] float32, all-reduced (sum) in one call over the routers' tp_dp_cp group
+///    (TP x DP x CP of this pipeline stage), then each expert_bias = get_updated_expert_bias
+///    (bias + sign(mean_e(count) - count) * --moe-router-bias-update-rate, float32) and the counts
+///    zeroed;
+///  * the global aux loss's accumulated token counts reset (reset_global_aux_loss_tracker).
+/// Every rank of the tp_dp_cp group must call it at the same point with routers in the same
+/// order (one router list per pipeline stage, layer order). No-op for an empty list.
+void finalize_router_state(const std::vector<TopKRouter*>& routers);
 
 }  // namespace megatron::transformer::moe

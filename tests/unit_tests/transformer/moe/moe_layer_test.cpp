@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "test_utils/dist_test_util.h"
@@ -452,6 +453,82 @@ void check_expert_parallel(int ep, int etp, const char* dispatcher, bool capacit
     EXPECT_LE(max_abs_diff(g, want), 1e-5 * std::max(max_abs(want), 1e-12)) << p.name << " " << dispatcher;
   }
   parallel_state::destroy_model_parallel();
+}
+
+// --moe-router-enable-expert-bias (aux-loss-free balancing, DeepSeek-V3): a training forward adds
+// the final routing map's column sums to local_tokens_per_expert (an eval forward does not), and
+// finalize_router_state applies Megatron's get_updated_expert_bias to every router at once:
+// bias += sign(mean(count) - count) * rate in float32, counts zeroed. Expected values by hand
+// (counts chosen so the signs are known): exact, float32 on both sides.
+TEST(MoERouterExpertBias, CountsAndFinalizeUpdateAsMegatron) {
+  TransformerConfig c = moe_config(4, 2, false);
+  c.moe_router_score_function = "sigmoid";
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_bias_update_rate = 1e-3;
+  c.validate();
+  ParamRegistry reg;
+  TopKRouter r1(reg, "decoder.layers.0.mlp.router", c, 1, MoEGroups::single());
+  TopKRouter r2(reg, "decoder.layers.1.mlp.router", c, 2, MoEGroups::single());
+  allocate(reg, 3);
+  ASSERT_EQ(r1.expert_bias().numel(), 4);
+  EXPECT_EQ(r1.expert_bias().dtype(), DType::kFloat32);
+  // Counting: a training forward on 6 tokens adds the map's column sums (2 experts per token).
+  Tensor x = randn({6, c.hidden_size}, 5);
+  std::vector<double> probs;
+  std::vector<uint8_t> map;
+  RouterCtx ctx;
+  r1.forward(x, 3, 2, /*training=*/false, 0, 0, probs, map, ctx);
+  EXPECT_EQ(r1.local_tokens_per_expert(), std::vector<double>(4, 0.0)) << "eval forward counted tokens";
+  r1.forward(x, 3, 2, /*training=*/true, 0, 0, probs, map, ctx);
+  std::vector<double> cols(4, 0.0);
+  for (size_t i = 0; i < map.size(); ++i) cols[i % 4] += map[i];
+  EXPECT_EQ(r1.local_tokens_per_expert(), cols);
+  EXPECT_EQ(std::accumulate(cols.begin(), cols.end(), 0.0), 12.0);
+  // The update: counts {5, 1, 3, 3} (mean 3) -> signs {-, +, 0, 0}; {0, 0, 0, 8} (mean 2) -> {+, +, +, -}.
+  r1.local_tokens_per_expert() = {5, 1, 3, 3};
+  r2.local_tokens_per_expert() = {0, 0, 0, 8};
+  finalize_router_state({&r1, &r2});
+  const float q = 1e-3f;
+  EXPECT_EQ(r1.expert_bias().to_float_vector(), (std::vector<float>{-q, q, 0.0f, 0.0f}));
+  EXPECT_EQ(r2.expert_bias().to_float_vector(), (std::vector<float>{q, q, q, -q}));
+  EXPECT_EQ(r1.local_tokens_per_expert(), std::vector<double>(4, 0.0));
+  EXPECT_EQ(r2.local_tokens_per_expert(), std::vector<double>(4, 0.0));
+  // A second step accumulates in float32: {2, 2, 2, 2} keeps r1; {9, 0, 0, 3} (mean 3) moves r2 by {-, +, +, 0}.
+  r1.local_tokens_per_expert() = {2, 2, 2, 2};
+  r2.local_tokens_per_expert() = {9, 0, 0, 3};
+  finalize_router_state({&r1, &r2});
+  EXPECT_EQ(r1.expert_bias().to_float_vector(), (std::vector<float>{-q, q, 0.0f, 0.0f}));
+  EXPECT_EQ(r2.expert_bias().to_float_vector(), (std::vector<float>{q - q, q + q, q + q, -q}));
+  // The bias steers the top-k choice (scores + bias) but not the probabilities: a bias of +1 on
+  // expert 3 puts it in every token's top 2.
+  r1.expert_bias().data<float>()[3] = 1.0f;
+  r1.forward(x, 3, 2, /*training=*/false, 0, 0, probs, map, ctx);
+  for (int64_t t = 0; t < 6; ++t) EXPECT_EQ(map[t * 4 + 3], 1) << "token " << t;
+}
+
+// --moe-per-layer-logging: MoEMetricsTracker::report also yields Megatron's per-layer TensorBoard
+// scalars "moe/<name>_layer_<i>" (i = 0-based layer index, every layer, dense ones 0) equal to
+// float32(value * loss_scale), and the aggregate is their sum / num_moe_layers. Values by hand.
+TEST(MoEMetricsTracker, PerLayerTagsAsMegatron) {
+  MoEMetricsTracker& tr = MoEMetricsTracker::get();
+  tr.entries().clear();
+  tr.record("load_balancing_loss", 1.25, 2, 3, nullptr, true);
+  tr.record("load_balancing_loss", 0.75, 2, 3, nullptr, true);  // a second micro-batch
+  tr.record("load_balancing_loss", 3.0, 3, 3, nullptr, true);
+  tr.record("z_loss", 4.0, 3, 3, nullptr, false);
+  std::vector<std::pair<std::string, double>> per_layer;
+  const auto agg = tr.report(0.5, {"load_balancing_loss", "z_loss"}, 3, 2, nullptr, nullptr, Device::cpu(), &per_layer);
+  const std::vector<std::pair<std::string, double>> want_layers = {
+      {"moe/load_balancing_loss_layer_0", 0.0}, {"moe/load_balancing_loss_layer_1", 1.0},
+      {"moe/load_balancing_loss_layer_2", 1.5}, {"moe/z_loss_layer_0", 0.0},
+      {"moe/z_loss_layer_1", 0.0},              {"moe/z_loss_layer_2", 2.0}};
+  EXPECT_EQ(per_layer, want_layers);
+  const std::vector<std::pair<std::string, double>> want_agg = {{"load_balancing_loss", 1.25}, {"z_loss", 1.0}};
+  EXPECT_EQ(agg, want_agg);
+  // Without the flag: no per-layer scalars; the values were cleared by the report.
+  const auto again = tr.report(0.5, {"load_balancing_loss"}, 3, 2, nullptr, nullptr, Device::cpu());
+  EXPECT_EQ(again, (std::vector<std::pair<std::string, double>>{{"load_balancing_loss", 0.0}}));
+  tr.entries().clear();
 }
 
 TEST(DistMoE, ExpertParallelAllGather) {

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""What Megatron-LM's own GPT dataset code feeds the model, one line per sample, in the format of
+our MEGATRON_DUMP_SAMPLES=1 (megatron/core/datasets sample_digest, docs/environment.md), so that
+the two lists can be diffed. Run on the GPU machine (torch + numpy), Megatron-LM on PYTHONPATH.
+
+  megatron_samples.py dataset [--seq-length 64] [--seed 1234] [--vocab-size 127] [--num-samples 40]
+                              [--cache DIR]
+      Builds the --mock-data train dataset as pretrain_gpt.py does for the torch_dist oracle's
+      flags (BlendedMegatronDatasetBuilder(MockGPTDataset, [num_samples, 0, 0], ...), NullTokenizer,
+      no --reset-*/--eod-mask-loss, --data-cache-path DIR) and prints samples 0..num_samples-1 and
+      the dataset's description hash (the cache files' name prefix, for a check against the cache
+      a training run wrote).
+
+  megatron_samples.py run PRETRAIN_GPT_PY [ARGS...]
+      Runs PRETRAIN_GPT_PY as __main__ with ARGS (under torchrun, as pretrain_gpt.py itself),
+      GPTDataset.__getitem__ wrapped to print the line of every sample the data loader fetches
+      (stderr, one write per line; DataLoader workers are forked and inherit the wrapper). The
+      samples are returned unchanged.
+
+Line: SAMPLE <split> <idx> tokens=<...> labels=<...> loss_mask_zero=<positions|-> position_ids=<arange|...>
+"""
+import argparse
+import os
+import runpy
+import sys
+
+
+def digest(split, idx, s):
+    """The line for sample `s` (a GPTDataset.__getitem__ dict) at dataset index idx."""
+    t = [int(v) for v in s["tokens"].tolist()]
+    lab = [int(v) for v in s["labels"].tolist()]
+    zero = [i for i, v in enumerate(s["loss_mask"].tolist()) if float(v) == 0.0]
+    pos = [int(v) for v in s["position_ids"].tolist()]
+    j = lambda v: ",".join(str(x) for x in v)  # noqa: E731
+    return (f"SAMPLE {split} {idx} tokens={j(t)} labels={j(lab)} loss_mask_zero={j(zero) if zero else '-'} "
+            f"position_ids={'arange' if pos == list(range(len(pos))) else j(pos)}")
+
+
+def wrap_getitem():
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    orig = GPTDataset.__getitem__
+
+    def getitem(self, idx):
+        s = orig(self, idx)
+        os.write(2, (digest(self.index_split.name, idx, s) + "\n").encode())
+        return s
+
+    GPTDataset.__getitem__ = getitem
+
+
+def dataset(a):
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    # pretrain_gpt.py's build_tokenizer for --tokenizer-type NullTokenizer --vocab-size V
+    # (null_tokenizer_pad_id default -1, eod = V - 1).
+    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=a.vocab_size,
+                                            pad_id=-1)
+    # core_gpt_dataset_config_from_args with the oracle's flags (argument defaults elsewhere).
+    cfg = GPTDatasetConfig(random_seed=a.seed, sequence_length=a.seq_length, blend=None, blend_per_split=None,
+                           split=None, path_to_cache=a.cache, tokenizer=tok, reset_position_ids=False,
+                           reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True,
+                           mid_level_dataset_surplus=0.005, allow_ambiguous_pad_tokens=False)
+    train, _, _ = BlendedMegatronDatasetBuilder(MockGPTDataset, [a.num_samples, 0, 0], lambda: True, cfg).build()
+    print(f"description hash {train.unique_description_hash} (len {len(train)}, pad id {train._pad_token_id}, "
+          f"eod {tok.eod}, vocab {tok.vocab_size})")
+    for i in range(a.num_samples):
+        print(digest("train", i, train[i]))
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        script = os.path.abspath(sys.argv[2])
+        sys.argv = [script] + sys.argv[3:]
+        sys.path.insert(0, os.path.dirname(script))
+        wrap_getitem()
+        runpy.run_path(script, run_name="__main__")
+        return
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["dataset"])
+    p.add_argument("--seq-length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--vocab-size", type=int, default=127)
+    p.add_argument("--num-samples", type=int, default=40)
+    p.add_argument("--cache", default=None)
+    dataset(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

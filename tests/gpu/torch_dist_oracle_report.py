@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The verdicts and compact summary of tests/gpu/torch_dist_oracle.sh (standard library only).
+
+  torch_dist_oracle_report.py LEGS_TSV
+
+Each line of LEGS_TSV: KIND <tab> LABEL <tab> REFERENCE_LOG <tab> RUN_LOG, KIND one of
+  cmp      the printed lm loss of iterations 6..10 of RUN against REFERENCE (1e-5 relative for 6,
+           1e-4 after; fp32 runs that differ in reduction order only) and the printed grad norm
+           (3 decimals on both sides: equal within 1.5e-3)
+  self     an implementation's resumed run (RUN, iterations 6..10) against its own uninterrupted
+           run (REFERENCE): printed values, and the resumed run's iteration-7 loss "de-averaged"
+           (2 * printed(7) - printed(6)): Megatron-LM's training_log logs the first iteration of a
+           run without resetting its accumulators (should_reset = not is_first_iteration), so with
+           --log-interval 1 the run's second log line prints the mean of its first two iterations
+  samples  the SAMPLE lines (MEGATRON_DUMP_SAMPLES / megatron_samples.py) of split train, index
+           < 40, of the two logs, compared field by field
+Prints one line per leg and exits 1 if any cmp or samples leg fails (self legs only inform).
+"""
+import re
+import sys
+
+LINE = re.compile(r' iteration +(\d+)/ *\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) .*?lm loss: ([0-9.E+-]+)'
+                  r'(?:.*?grad norm: ([0-9.]+))?')
+
+
+def iterations(path):
+    """{iteration: (elapsed_ms, lm_loss, grad_norm or None)} of a Megatron-format log."""
+    out = {}
+    try:
+        for line in open(path, errors="replace"):
+            m = LINE.search(line)
+            if m:
+                out[int(m.group(1))] = (float(m.group(2)), float(m.group(3)),
+                                        float(m.group(4)) if m.group(4) else None)
+    except OSError:
+        pass
+    return out
+
+
+def samples(path):
+    out = {}
+    try:
+        for line in open(path, errors="replace"):
+            if not line.startswith("SAMPLE train "):
+                continue
+            f = line.split()
+            if len(f) >= 3 and f[2].isdigit() and int(f[2]) < 40:
+                out[int(f[2])] = " ".join(f[3:])
+    except OSError:
+        pass
+    return out
+
+
+def why_missing(path):
+    try:
+        lines = [l.rstrip() for l in open(path, errors="replace")]
+    except OSError:
+        return "no log"
+    err = [l for l in lines if re.search(r"^error|Error|Traceback|exception", l)]
+    return " / ".join((err or lines)[-2:])[:300] or "empty log"
+
+
+def rel(a, b):
+    return abs(a - b) / abs(a) if a else abs(b)
+
+
+def cmp_leg(label, ref, run):
+    a, b = iterations(ref), iterations(run)
+    missing = [it for it in range(6, 11) if it not in a or it not in b]
+    if missing:
+        src = ref if any(it not in a for it in missing) else run
+        return False, f"{label}: iterations {missing} missing ({why_missing(src)})"
+    parts, ok = [], True
+    for it in range(6, 11):
+        r = rel(a[it][1], b[it][1])
+        tol = 1e-5 if it == 6 else 1e-4
+        gn = a[it][2] is not None and b[it][2] is not None and abs(a[it][2] - b[it][2]) > 1.5e-3
+        ok = ok and r <= tol and not gn
+        parts.append(f"{it}:{r:.1e}{'!' if r > tol else ''}" + (f"(gn {a[it][2]:.3f}/{b[it][2]:.3f}!)" if gn else ""))
+    return ok, f"{label}: loss rel {' '.join(parts)} | {'PASS' if ok else 'FAIL'}"
+
+
+def self_leg(label, full, resumed):
+    a, b = iterations(full), iterations(resumed)
+    if any(it not in a or it not in b for it in range(6, 11)):
+        return f"{label}: incomplete ({why_missing(full if len(a) < 10 else resumed)})"
+    raw = [rel(a[it][1], b[it][1]) for it in range(6, 11)]
+    deavg7 = 2 * b[7][1] - b[6][1]
+    gn = max(abs(a[it][2] - b[it][2]) for it in range(6, 11) if a[it][2] is not None and b[it][2] is not None)
+    el = f"elapsed ms 6,7 = {b[6][0]:.1f},{b[7][0]:.1f}"
+    return (f"{label}: printed rel 6..10 {' '.join(f'{x:.1e}' for x in raw)} | iteration 7 de-averaged "
+            f"(2*p7-p6) rel {rel(a[7][1], deavg7):.1e} | grad norm max |diff| {gn:.3f} | {el}")
+
+
+def samples_leg(label, ref, run):
+    a, b = samples(ref), samples(run)
+    if not a or not b:
+        return False, f"{label}: no SAMPLE lines ({'reference' if not a else 'run'}: {why_missing(ref if not a else run)})"
+    common = sorted(set(a) & set(b))
+    bad = [i for i in common if a[i] != b[i]]
+    msg = f"{label}: {len(common)} train samples in both (indices {common[0]}..{common[-1]}), {len(bad)} differ"
+    for i in bad[:3]:
+        fa, fb = a[i].split(), b[i].split()
+        fields = [x.split("=")[0] for x, y in zip(fa, fb) if x != y]
+        msg += f"\n    sample {i}: fields {fields} differ"
+        for x, y in zip(fa, fb):
+            if x != y:
+                xs, ys = x.split("=", 1)[1].split(","), y.split("=", 1)[1].split(",")
+                pos = [k for k in range(min(len(xs), len(ys))) if xs[k] != ys[k]][:8]
+                msg += f"\n      {x.split('=')[0]} at {pos}: reference {[xs[k] for k in pos]} run {[ys[k] for k in pos]}"
+    ok = not bad and len(common) >= 20
+    return ok, msg + f" | {'PASS' if ok else 'FAIL'}"
+
+
+def main():
+    fails = 0
+    for line in open(sys.argv[1]):
+        f = line.rstrip("\n").split("\t")
+        if len(f) != 4:
+            continue
+        kind, label, ref, run = f
+        if kind == "cmp":
+            ok, msg = cmp_leg(label, ref, run)
+        elif kind == "samples":
+            ok, msg = samples_leg(label, ref, run)
+        else:
+            ok, msg = True, self_leg(label, ref, run)
+        fails += not ok
+        print(msg)
+    print(f"{'FAIL' if fails else 'PASS'}: {fails} failing comparison(s)")
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
