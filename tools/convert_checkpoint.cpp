@@ -20,6 +20,7 @@
 // Errors (unsupported config options, missing tensors, wrong shapes, unreadable dtypes) are one
 // line naming the key/tensor/file; exit status 1.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -125,14 +126,9 @@ int mcore_to_hf(const Args& a) {
   dc::ShardedStateDict sd;
   if (torch_dist) {
     // Our key names (Transformer Engine's fused layer-norm names map back to the local spec's).
-    static const std::pair<const char*, const char*> te[] = {
-        {"decoder.layers.self_attention.linear_qkv.layer_norm_", "decoder.layers.input_layernorm."},
-        {"decoder.layers.mlp.linear_fc1.layer_norm_", "decoder.layers.pre_mlp_layernorm."}};
     for (const auto& [key, st] : dc::torch_dist::read_dcp_metadata(dir).tensors) {
       if (key.rfind("optimizer.", 0) == 0) continue;
-      std::string ours = key;
-      for (const auto& [from, to] : te)
-        if (ours.rfind(from, 0) == 0) ours = to + ours.substr(std::strlen(from));
+      const std::string ours = tr::model_key_from_torch_dist(key);
       sd.tensors.push_back(dc::ShardedTensor::from_tensor(ours, Tensor::empty(st.size, st.dtype)));
     }
     dc::torch_dist::LoadOptions lo;
@@ -149,7 +145,14 @@ int mcore_to_hf(const Args& a) {
   std::map<std::string, Tensor> params;
   for (const auto& t : sd.tensors) {
     const std::string pre = "decoder.layers.";
-    if (t.key.rfind(pre, 0) == 0) {  // stacked: split the leading layer axis
+    // Mixture-of-experts layers (routers, experts) have no place in the HF LLaMA / GPT-2 layout.
+    if (t.key.find(".mlp.router.") != std::string::npos || t.key.find(".mlp.experts.") != std::string::npos)
+      user_error(dir, ": '", t.key, "' belongs to a mixture-of-experts layer; the ", spec.model_type,
+                 " Hugging Face layout has no experts (MoE export is not implemented)");
+    const bool per_layer = t.key.rfind(pre, 0) == 0 && t.key.size() > pre.size() && std::isdigit(static_cast<unsigned char>(t.key[pre.size()]));
+    if (per_layer) {  // Megatron's per-layer key (non_homogeneous_layers): already one layer's tensor
+      params[t.key] = t.data;
+    } else if (t.key.rfind(pre, 0) == 0) {  // stacked: split the leading layer axis
       for (int64_t i = 0; i < t.data.size(0); ++i) {
         Shape s(t.data.shape().begin() + 1, t.data.shape().end());
         params[pre + std::to_string(i) + "." + t.key.substr(pre.size())] = t.data.narrow0(i, 1).view(s).clone();

@@ -15,18 +15,28 @@ using nlohmann::json;
 
 namespace {
 
-// Tensor keys of Megatron's GPTModel (local or Transformer Engine spec, layers stacked), and the
-// optimizer states of them.
+// Tensor keys of Megatron's GPTModel (local or Transformer Engine spec): decoder layers stacked
+// ("decoder.layers.<rest>") or per layer ("decoder.layers.<i>.<rest>", a --moe-layer-freq list or
+// > 1), the MTP modules ("mtp.layers.<k>.…", their transformer layer's keys as a decoder layer's),
+// dense and MoE MLPs (router, routed experts as SequentialMLP / TEGroupedMLP save them, shared
+// experts), and the optimizer states of them.
 const std::regex& model_key_re() {
+  static const std::string layer =
+      "((input_layernorm|pre_mlp_layernorm)\\.(weight|bias)"
+      "|self_attention\\.(linear_qkv|linear_proj|q_layernorm|k_layernorm)\\.(weight|bias)"
+      "|self_attention\\.linear_qkv\\.layer_norm_(weight|bias)"
+      "|mlp\\.(linear_fc1|linear_fc2)\\.(weight|bias)"
+      "|mlp\\.linear_fc1\\.layer_norm_(weight|bias)"
+      "|mlp\\.router\\.(weight|expert_bias)"
+      "|mlp\\.experts\\.experts\\.(linear_fc1|linear_fc2)\\.weight"
+      "|mlp\\.shared_experts\\.(linear_fc1|linear_fc2)\\.weight)";
   static const std::regex re(
       "(embedding\\.(word_embeddings|position_embeddings)\\.weight"
       "|decoder\\.final_layernorm\\.(weight|bias)"
       "|output_layer\\.weight"
-      "|decoder\\.layers\\.(input_layernorm|pre_mlp_layernorm)\\.(weight|bias)"
-      "|decoder\\.layers\\.self_attention\\.(linear_qkv|linear_proj|q_layernorm|k_layernorm)\\.(weight|bias)"
-      "|decoder\\.layers\\.self_attention\\.linear_qkv\\.layer_norm_(weight|bias)"
-      "|decoder\\.layers\\.mlp\\.(linear_fc1|linear_fc2)\\.(weight|bias)"
-      "|decoder\\.layers\\.mlp\\.linear_fc1\\.layer_norm_(weight|bias))");
+      "|decoder\\.layers\\.([0-9]+\\.)?" + layer +
+      "|mtp\\.layers\\.[0-9]+\\.((enorm|hnorm|final_layernorm)\\.(weight|bias)|eh_proj\\.weight"
+      "|transformer_layer\\." + layer + "))");
   return re;
 }
 const std::regex& optim_key_re() {
@@ -34,21 +44,17 @@ const std::regex& optim_key_re() {
   return re;
 }
 
-bool is_moe(const std::string& k) {
-  return k.find(".experts.") != std::string::npos || k.find(".router.") != std::string::npos ||
-         k.find("shared_experts") != std::string::npos;
-}
-
-// Transformer Engine's fused spec stores the layer norms inside the following linear layer.
+// Transformer Engine's fused spec stores the layer norms inside the following linear layer, and
+// Megatron's local spec saves them under the same names (TransformerLayer's
+// sharded_state_dict_keys_map): "<layer>.input_layernorm.X" -> "<layer>.self_attention.linear_qkv.layer_norm_X",
+// "<layer>.pre_mlp_layernorm.X" -> "<layer>.mlp.linear_fc1.layer_norm_X", for every transformer
+// layer (decoder layers stacked or not, MTP modules' transformer_layer). "" for other keys.
 std::string te_name(const std::string& k) {
-  static const std::pair<const char*, const char*> m[] = {
-      {"decoder.layers.input_layernorm.", "decoder.layers.self_attention.linear_qkv.layer_norm_"},
-      {"decoder.layers.pre_mlp_layernorm.", "decoder.layers.mlp.linear_fc1.layer_norm_"}};
-  for (const auto& [ours, te] : m) {
-    const size_t p = k.find(ours);
-    if (p != std::string::npos) return k.substr(0, p) + te + k.substr(p + std::strlen(ours));
-  }
-  return "";
+  static const std::regex re("^(.*\\.)(input_layernorm|pre_mlp_layernorm)\\.(weight|bias)$");
+  std::smatch m;
+  if (!std::regex_match(k, m, re)) return "";
+  return m[1].str() + (m[2] == "input_layernorm" ? "self_attention.linear_qkv.layer_norm_" : "mlp.linear_fc1.layer_norm_") +
+         m[3].str();
 }
 
 }  // namespace
@@ -57,8 +63,6 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
   auto md = std::make_shared<td::DcpMetadata>(td::read_dcp_metadata(dir));
   const std::string file = dir + "/.metadata";
   for (const auto& [k, t] : md->tensors) {
-    if (is_moe(k))
-      user_error(file, ": '", k, "' belongs to a mixture-of-experts layer, which megatron.cpp does not load");
     if (k.rfind("optimizer.distributed.", 0) == 0) {
       if (with_optim)
         user_error(file, ": '", k, "' is distributed-optimizer state in Megatron's DP-specific layout "
@@ -75,10 +79,9 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
     }
     if (!std::regex_match(model, model_key_re()))
       user_error(file, ": tensor '", k, "' is not part of a GPT/LLaMA model megatron.cpp builds "
-                 "(another architecture, or layers stored one by one); it cannot be loaded");
+                 "(another architecture or layer type); it cannot be loaded");
   }
   for (const auto& [k, b] : md->bytes) {
-    if (is_moe(k)) user_error(file, ": '", k, "' belongs to a mixture-of-experts layer, which megatron.cpp does not load");
     if (with_optim && k.rfind("optimizer.distributed.", 0) == 0)
       user_error(file, ": '", k, "' is distributed-optimizer state in Megatron's DP-specific layout "
                  "(dp_zero_gather_scatter / dp_reshardable); re-save it with Megatron's "
@@ -196,6 +199,41 @@ td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double st
 
 }  // namespace
 
+std::string torch_dist_model_key(const std::string& key) {
+  const std::string te = te_name(key);
+  return te.empty() ? key : te;
+}
+
+std::string model_key_from_torch_dist(const std::string& key) {
+  static const std::regex re("^(.*\\.)(self_attention\\.linear_qkv|mlp\\.linear_fc1)\\.layer_norm_(weight|bias)$");
+  std::smatch m;
+  if (!std::regex_match(key, m, re)) return key;
+  return m[1].str() + (m[2] == "mlp.linear_fc1" ? "pre_mlp_layernorm." : "input_layernorm.") + m[3].str();
+}
+
+std::vector<std::string> torch_dist_extra_state_keys(const std::vector<dist_checkpointing::ShardedTensor>& tensors) {
+  static const std::regex lin("(.*\\.(linear_qkv|linear_proj|linear_fc1|linear_fc2|eh_proj))\\.weight");
+  std::set<std::string> keys;
+  for (const auto& t : tensors) {
+    std::smatch m;
+    if (t.replica_id != 0 || !std::regex_match(t.key, m, lin) || m[1].str().starts_with("output_layer")) continue;
+    // The axes before the weight's own two (layer, expert) are the object's; one TP fragment
+    // (the first along the weight's axes) writes it.
+    const size_t n = t.global_shape.size() - 2;
+    bool first = true;
+    for (size_t i = n; i < t.global_offset.size(); ++i) first &= t.global_offset[i] == 0;
+    if (!first) continue;
+    std::string off, shape;
+    for (size_t i = 0; i < n; ++i) {
+      off += (i ? "." : "") + std::to_string(t.global_offset[i]);
+      shape += (i ? "." : "") + std::to_string(t.global_shape[i]);
+    }
+    if (n == 0) off = "0", shape = "1";  // Megatron's _get_extra_state_offsets without offsets
+    keys.insert(m[1].str() + "._extra_state/shard_" + off + "_" + shape);
+  }
+  return {keys.begin(), keys.end()};
+}
+
 void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, const std::string& dir,
                                 comm::ProcessGroup* world, bool distributed_optimizer, int tp_rank, int dp_rank,
                                 bool last_stage) {
@@ -215,23 +253,11 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
     }
     // Megatron's layer (local and Transformer Engine specs alike) stores its layer norms under the
     // fused names (transformer_layer.py sharded_state_dict_keys_map).
-    const std::string te = te_name(out);
-    return te.empty() ? out : te;
+    return torch_dist_model_key(out);
   };
-  // Megatron's linear layers (local spec) carry an empty `_extra_state`, saved as a ShardedObject
-  // per layer by TP rank 0 / DP rank 0; its loader requests them.
-  if (tp_rank == 0 && dp_rank == 0) {
-    std::set<std::string> keys;
-    static const std::regex lin("decoder\\.layers\\.(self_attention\\.linear_qkv|self_attention\\.linear_proj|"
-                                "mlp\\.linear_fc1|mlp\\.linear_fc2)\\.weight");
-    for (const auto& t : sd.tensors) {
-      std::smatch m;
-      if (!std::regex_match(t.key, m, lin) || t.global_offset.empty()) continue;
-      keys.insert("decoder.layers." + std::string(m[1]) + "._extra_state/shard_" + std::to_string(t.global_offset[0]) + "_" +
-                  std::to_string(t.global_shape[0]));
-    }
-    o.none_objects.assign(keys.begin(), keys.end());
-  }
+  // Megatron's linear layers (local spec) carry an empty `_extra_state`, saved as a ShardedObject;
+  // its loader requests them.
+  o.none_objects = torch_dist_extra_state_keys(sd.tensors);
   const json args = sd.common.contains("args") ? sd.common["args"] : json::object();
   const bool half = args.value("fp16", false) || args.value("bf16", false);
   // Storage of the common_step and loss-scale tensors: TorchArchiveWriter copies them at finish(),

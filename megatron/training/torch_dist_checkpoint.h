@@ -28,7 +28,7 @@ struct TorchDistReadPlan {
 };
 
 /// Reads `dir/.metadata` and checks that every tensor is one we can map: throws UserError naming
-/// the file and key for a mixture-of-experts layer, a key of another architecture, or the
+/// the file and key for a key of another architecture or layer type, or the
 /// distributed optimizer's DP-specific layouts (dp_reshardable / dp_zero_gather_scatter:
 /// re-save with --dist-ckpt-optim-fully-reshardable, or load with --no-load-optim).
 /// `with_optim`: whether optimizer keys will be requested (the DP-layout check applies then).
@@ -40,11 +40,31 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim);
 /// groups' step), "grad_scaler" when saved}. Our own torch_dist checkpoints pass through.
 nlohmann::json common_from_torch_dist(const nlohmann::json& megatron_common);
 
+/// Megatron's torch_dist key of one of our model (or optimizer-state) keys: the layer norms of
+/// every transformer layer (decoder layers, stacked "decoder.layers.X" or per layer
+/// "decoder.layers.<i>.X", and the MTP modules' "mtp.layers.<k>.transformer_layer.X") under the
+/// names of TransformerLayer's sharded_state_dict_keys_map (local and TE specs):
+/// "…input_layernorm.{weight,bias}" -> "…self_attention.linear_qkv.layer_norm_{weight,bias}",
+/// "…pre_mlp_layernorm.{…}" -> "…mlp.linear_fc1.layer_norm_{…}"; every other key unchanged.
+std::string torch_dist_model_key(const std::string& key);
+/// The inverse of torch_dist_model_key for a checkpoint's model key.
+std::string model_key_from_torch_dist(const std::string& key);
+
+/// The unique keys ("<linear>._extra_state/shard_<offsets>_<shape>", Megatron's
+/// ShardedObject.unique_key) of the None `_extra_state` objects Megatron's local-spec linear layers
+/// (ColumnParallelLinear / RowParallelLinear: linear_qkv, linear_proj, linear_fc1, linear_fc2 of
+/// dense MLPs, routed experts and shared experts, the MTP eh_proj; not output_layer, which
+/// Megatron's GPTModel drops) save beside the weights in `tensors` (our model ShardedTensors):
+/// offsets and shape are the weight's leading layer / expert axes (Megatron's
+/// _get_extra_state_offsets: "0" and "1" without any), written for the pieces with replica_id 0
+/// that start the weight's own axes, so each object has one writer across all ranks.
+std::vector<std::string> torch_dist_extra_state_keys(const std::vector<dist_checkpointing::ShardedTensor>& tensors);
+
 /// Saves `sd` (our keys and common state) as a torch_dist checkpoint Megatron-LM's --load reads:
 /// keys mapped to Megatron's (with the distributed optimizer, fp32 main params as
 /// "optimizer.state.param.<key>" of its fully_reshardable layout), args pickled as an
-/// argparse.Namespace, the None `_extra_state` objects Megatron's linear layers request (written
-/// by TP rank 0 / DP rank 0 of each stage), our RNG state as an object Megatron ignores.
+/// argparse.Namespace, the None `_extra_state` objects Megatron's linear layers request
+/// (torch_dist_extra_state_keys), our RNG state as an object Megatron ignores.
 /// `tp_rank`, `dp_rank`, `last_stage`: this rank's position.
 void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, const std::string& dir,
                                 comm::ProcessGroup* world, bool distributed_optimizer, int tp_rank, int dp_rank,

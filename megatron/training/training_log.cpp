@@ -245,21 +245,20 @@ double num_floating_point_operations(const Arguments& a, int64_t batch_size) {
   // MLP term: dense layers f * gate; MoE layers (Megatron's MoE branch) the top-k routed experts
   // (moe_ffn_hidden_size * topk * gate) plus the shared expert (its size * gate). The router GEMM
   // is not counted (as in Megatron).
-  double mlp = f * gate * L;
-  if (a.num_experts) {
-    const double n_moe = a.moe_layer_pattern.empty()
-                             ? L
-                             : static_cast<double>(std::count(a.moe_layer_pattern.begin(), a.moe_layer_pattern.end(), 1));
-    const double moe_f = static_cast<double>(a.moe_ffn_hidden_size.value_or(*a.ffn_hidden_size));
-    const double shared = static_cast<double>(a.moe_shared_expert_intermediate_size.value_or(0));
-    mlp = f * gate * (L - n_moe) + (moe_f * static_cast<double>(a.moe_router_topk) * gate + shared * gate) * n_moe;
-  }
-  // --mtp-num-layers D: D more (dense: MoE MTP layers are refused) transformer layers, their eh
-  // norms + final norm (3h) and eh_proj (2h²), and D more logits (Megatron's
-  // num_floating_point_operations).
+  // --mtp-num-layers D: D more transformer layers (MoE layers when the last decoder layer is one,
+  // Megatron's last_layer_is_moe), their eh norms + final norm (3h) and eh_proj (2h²), and D more
+  // logits (Megatron's num_floating_point_operations).
   const double D = static_cast<double>(a.mtp_num_layers.value_or(0));
   const double Lt = L + D;
-  mlp += f * gate * D;
+  double mlp = f * gate * Lt;
+  if (a.num_experts) {
+    const auto& pat = a.moe_layer_pattern;
+    const double n_moe = pat.empty() ? Lt
+                                     : static_cast<double>(std::count(pat.begin(), pat.end(), 1)) + (pat.back() ? D : 0.0);
+    const double moe_f = static_cast<double>(a.moe_ffn_hidden_size.value_or(*a.ffn_hidden_size));
+    const double shared = static_cast<double>(a.moe_shared_expert_intermediate_size.value_or(0));
+    mlp = f * gate * (Lt - n_moe) + (moe_f * static_cast<double>(a.moe_router_topk) * gate + shared * gate) * n_moe;
+  }
   return T * (6.0 * h * mlp + 6.0 * (h * (q + 2.0 * k) + q * h) * Lt + 6.0 * D * (3.0 * h + 2.0 * h * h) +
               6.0 * h * Vp * (D + 1.0)) +
          Q2 * 6.0 * q * Lt;

@@ -119,7 +119,13 @@ MultiTokenPredictionLayer::MultiTokenPredictionLayer(ParamRegistry& reg, const s
   eh_proj_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(reg, prefix + ".eh_proj", 2 * h, h,
                                                                      /*bias=*/false, config.init_method_std, tp);
   if (fp8_) eh_proj_->enable_fp8(fp8_, prefix + ".eh_proj");
-  transformer_layer_ = std::make_unique<TransformerLayer>(reg, prefix + ".transformer_layer", config, tp, fp8_);
+  // Megatron's MultiTokenPredictionBlock numbers its layers 1..D (layer_number = depth + 1).
+  const std::string index = prefix.substr(prefix.rfind('.') + 1);
+  MEGATRON_CHECK(!index.empty() && index.find_first_not_of("0123456789") == std::string::npos)
+      << "MTP layer prefix " << prefix << " must end in its depth (mtp.layers.<k>)";
+  const int64_t depth = std::stoll(index);
+  transformer_layer_ =
+      std::make_unique<TransformerLayer>(reg, prefix + ".transformer_layer", config, tp, fp8_, depth + 1);
   final_layernorm_ = std::make_unique<Norm>(reg, prefix + ".final_layernorm", h, config);
 }
 

@@ -45,7 +45,8 @@ struct MultiTokenPredictionLayerCtx {
 /// Parameters, in Megatron's order, under `prefix` = "mtp.layers.<k>": enorm, hnorm (norms of
 /// the config's type), eh_proj.weight [h, 2h] (column-parallel: TP-sharded by output rows, init
 /// N(0, init_method_std)), transformer_layer.* (the decoder layer's parameters; Megatron's
-/// checkpoint key, its module attribute is mtp_model_layer), final_layernorm.
+/// checkpoint key, its module attribute is mtp_model_layer; an MoE layer when the last decoder
+/// layer is one, TransformerLayer's mtp_layer_number), final_layernorm.
 class MultiTokenPredictionLayer {
  public:
   /// `fp8`: the model's runtime FP8 state when config.fp8 is set (eh_proj and the layer's linears
@@ -61,6 +62,8 @@ class MultiTokenPredictionLayer {
   /// dL/dh_k -> (dL/dhidden, dL/ddecoder_input), both [s', b, h]; accumulates the module's
   /// parameter gradients. ctx is consumed.
   std::pair<Tensor, Tensor> backward(const Tensor& dy, MultiTokenPredictionLayerCtx& ctx) const;
+  /// The router of the module's MoE layer (the last decoder layer is an MoE layer), else nullptr.
+  moe::TopKRouter* moe_router() const { return transformer_layer_->moe_router(); }
 
  private:
   Tensor run(const Tensor& hidden, const Tensor& decoder_input, ForwardContext& fc,

@@ -23,19 +23,26 @@ Tensor dropout_add_backward(const Tensor& dy, const Tensor& mask, float p) {
 }
 
 TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8)
+                                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8,
+                                   int64_t mtp_layer_number)
     : config_(config) {
   input_layernorm_ = std::make_unique<Norm>(reg, prefix + ".input_layernorm", config.hidden_size, config);
   self_attention_ = std::make_unique<SelfAttention>(reg, prefix + ".self_attention", config, tp, fp8);
   pre_mlp_layernorm_ = std::make_unique<Norm>(reg, prefix + ".pre_mlp_layernorm", config.hidden_size, config);
-  // Megatron's get_gpt_decoder_block_spec: an MoE layer where --moe-layer-freq says so. An MTP
-  // layer (prefix "...transformer_layer", no layer index) is dense: validate_moe refuses
-  // --mtp-num-layers with --num-experts.
-  const std::string last = prefix.substr(prefix.rfind('.') + 1);
-  const bool indexed = !last.empty() && last.find_first_not_of("0123456789") == std::string::npos;
-  const int64_t layer = indexed ? std::stoll(last) : -1;
-  if (indexed && config.is_moe_layer(layer)) {
-    moe_ = std::make_unique<moe::MoELayer>(reg, prefix + ".mlp", config, layer + 1, tp, moe::default_moe_groups(tp));
+  // Megatron's get_gpt_decoder_block_spec: an MoE layer where --moe-layer-freq says so; an MTP
+  // layer takes the last decoder layer's spec and records its router losses after the decoder's.
+  int64_t layer = -1, router_layer_number = 0;
+  if (mtp_layer_number > 0) {
+    layer = config.num_layers - 1;
+    router_layer_number = config.num_layers + mtp_layer_number;
+  } else {
+    const std::string last = prefix.substr(prefix.rfind('.') + 1);
+    if (!last.empty() && last.find_first_not_of("0123456789") == std::string::npos) layer = std::stoll(last);
+    router_layer_number = layer + 1;
+  }
+  if (layer >= 0 && config.is_moe_layer(layer)) {
+    moe_ = std::make_unique<moe::MoELayer>(reg, prefix + ".mlp", config, router_layer_number, tp,
+                                           moe::default_moe_groups(tp));
   } else {
     mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp, fp8);
   }

@@ -24,11 +24,17 @@ struct TransformerLayerCtx {
 
 class TransformerLayer {
  public:
-  /// prefix = "decoder.layers.<global layer index>".
+  /// prefix = "decoder.layers.<global layer index>" (a decoder layer: MoE where
+  /// config.is_moe_layer(index) says so), or with `mtp_layer_number` k >= 1 the transformer layer
+  /// of MTP module k (Megatron's is_mtp_layer; prefix "mtp.layers.<k-1>.transformer_layer"): built
+  /// from the last decoder layer's spec (gpt_layer_specs.py get_gpt_mtp_block_spec), so an MoE
+  /// layer when layer num_layers - 1 is one, whose router records its aux / z losses at layer
+  /// num_layers + k of a num_layers + mtp_num_layers tracker (Megatron's router.py).
   /// `fp8`: the model's runtime FP8 state (amax histories, scales; owned by the model, not part
   /// of the config) when config.fp8 is set, else null: the linear layers then run in FP8.
   TransformerLayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config,
-                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
+                   const tensor_parallel::TPContext& tp, std::shared_ptr<fp8::Fp8State> fp8 = nullptr,
+                   int64_t mtp_layer_number = 0);
   /// x [s, b, h] -> [s, b, h].
   Tensor forward(const Tensor& x, ForwardContext& fc, TransformerLayerCtx& ctx) const;
   /// dy -> dx; accumulates all parameter gradients.

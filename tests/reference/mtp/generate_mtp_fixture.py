@@ -12,6 +12,8 @@ fixture_io.py) holds
   lm_loss [1]        = sum(loss * loss_mask) / sum(loss_mask) of the main model,
   mtp_loss [D]       = MTPLossLoggingHelper's per-module value of this forward
                        (sum(loss_k * rolled_mask_k) / sum(rolled_mask_k)),
+  moe.<name> [L + D] = (MoE variants) the MoE metrics tracker's per-layer values of this forward
+                       (load_balancing_loss, z_loss: loss / coefficient, MTP layers at L + k + 1),
   param.<name>       = the weights (ours = Megatron's names, with the MTP inner layer under
                        Megatron's checkpoint key 'transformer_layer' instead of its module
                        attribute 'mtp_model_layer'),
@@ -65,6 +67,7 @@ fixture_io.DATA_DIR = os.path.join(HERE, "data")
 
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: E402
+    get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
     get_gpt_mtp_block_spec,
 )
@@ -74,6 +77,8 @@ from megatron.core.transformer.multi_token_prediction import (  # noqa: E402
     MTPLossAutoScaler,
     MTPLossLoggingHelper,
 )
+from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker  # noqa: E402
+from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 VARIANTS = {
@@ -83,6 +88,14 @@ VARIANTS = {
     "gpt_d2": dict(normalization="LayerNorm", swiglu=False, bias=True, tied=True, groups=4, mtp=2, factor=0.3),
     # LLaMA-style: RMSNorm, SwiGLU, no biases, untied, grouped-query attention.
     "llama_d2": dict(normalization="RMSNorm", swiglu=True, bias=False, tied=False, groups=2, mtp=2, factor=0.1),
+    # LLaMA-style with MoE (4 SwiGLU experts of 64, top-2, aux loss + z-loss, a dense first layer by
+    # moe_layer_freq [0, 1]): the MTP layers take the last (MoE) decoder layer's spec
+    # (get_gpt_mtp_block_spec), so their routers and experts get gradients, and the aux / z losses of
+    # the MTP layers are tracked at layers L + 1 .. L + D.
+    "llama_moe_d2": dict(normalization="RMSNorm", swiglu=True, bias=False, tied=False, groups=2, mtp=2, factor=0.1,
+                         moe=dict(num_moe_experts=4, moe_ffn_hidden_size=64, moe_router_topk=2,
+                                  moe_layer_freq=[0, 1], moe_aux_loss_coeff=0.05, moe_z_loss_coeff=0.01,
+                                  moe_token_dispatcher_type="allgather")),
 }
 L, H, HEADS, FFN, V, S, B = 2, 64, 4, 128, 128, 16, 2
 SHIMMED = []  # names rebound by shim_inference_linear_check (recorded in each meta.json)
@@ -164,8 +177,12 @@ def build(v):
         use_cpu_initialization=True,
         mtp_num_layers=v["mtp"],
         mtp_loss_scaling_factor=v["factor"],
+        **v.get("moe", {}),
     )
-    layer_spec = get_gpt_layer_local_spec(normalization=v["normalization"])
+    if "moe" in v:  # per-layer dense / MoE specs, as pretrain_gpt builds them for --num-experts
+        layer_spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=v["normalization"])
+    else:
+        layer_spec = get_gpt_layer_local_spec(normalization=v["normalization"])
     mtp_spec = get_gpt_mtp_block_spec(cfg, layer_spec, use_transformer_engine=False)
     model = GPTModel(
         config=cfg,
@@ -217,6 +234,8 @@ def run(name, v, seed):
     # Main-loss backward scale 1 (one micro-batch, no loss scaling): each MTP module's
     # factor / D * sum(loss_k * mask_k) / sum(mask_k) enters the gradient with weight 1.
     MTPLossAutoScaler.set_loss_scale(torch.tensor(1.0, device="cuda"))
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0, device="cuda"))
+    get_moe_metrics_tracker().metrics.clear()
     losses = model(
         tokens.cuda(), pos.cuda(), None, labels=labels.cuda(), loss_mask=mask.cuda()
     )  # [b, s] per-token loss of the main model
@@ -234,6 +253,9 @@ def run(name, v, seed):
         "lm_loss": lm_loss.detach().cpu().reshape(1),
         "mtp_loss": mtp_loss,
     }
+    # MoE variants: the tracked per-layer values (loss / coeff) of this forward, [L + D].
+    for mname, entry in get_moe_metrics_tracker().metrics.items():
+        out["moe." + mname] = entry.values.detach().cpu().float().clone()
     for pname, p in model.named_parameters():
         out["param." + ours(pname)] = p.detach().cpu()
         assert p.grad is not None, f"{pname} got no gradient"

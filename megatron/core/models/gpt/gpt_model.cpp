@@ -206,7 +206,12 @@ const Tensor& GPTModel::last_logits() const { return state_->head.logits; }
 void GPTModel::set_input_tensor(const Tensor& hidden) { input_tensor_ = hidden; }
 const Tensor& GPTModel::input_tensor_grad() const { return input_tensor_grad_; }
 
-std::vector<transformer::moe::TopKRouter*> GPTModel::moe_routers() const { return decoder_->moe_routers(); }
+std::vector<transformer::moe::TopKRouter*> GPTModel::moe_routers() const {
+  std::vector<transformer::moe::TopKRouter*> out = decoder_->moe_routers();
+  for (const auto& m : mtp_)
+    if (transformer::moe::TopKRouter* r = m->moe_router()) out.push_back(r);
+  return out;
+}
 
 Parameter& GPTModel::parameter(const std::string& name) {
   for (auto& p : registry_.params())

@@ -193,7 +193,8 @@ class GPTModel {
   /// FP8 state of this model's FP8 linear layers (nullptr without --fp8-format): call its
   /// reduce_and_update() once per training step, save/restore it with checkpoints.
   fp8::Fp8State* fp8_state() const { return fp8_state_.get(); }
-  /// The routers of this chunk's MoE decoder layers, in layer order (empty for a dense model):
+  /// The routers of this chunk's MoE decoder layers in layer order, then those of its MoE MTP
+  /// layers (the last decoder layer is MoE; MTP stage only) by depth (empty for a dense model):
   /// expert-bias updates at the optimizer step and the expert_bias checkpoint buffers.
   std::vector<transformer::moe::TopKRouter*> moe_routers() const;
   int64_t padded_vocab_size() const { return padded_vocab_size_; }

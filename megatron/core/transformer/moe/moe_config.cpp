@@ -263,8 +263,6 @@ void TransformerConfig::validate_moe() {
   if (moe_input_jitter_eps && (*moe_input_jitter_eps < 0 || *moe_input_jitter_eps >= 1))
     user_error("--moe-input-jitter-eps must be in [0, 1), got ", *moe_input_jitter_eps);
   if (fp8) user_error("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
-  if (mtp_num_layers > 0)
-    user_error("--mtp-num-layers with --num-experts is not implemented in megatron.cpp yet (MoE MTP layers)");
 }
 
 }  // namespace megatron::transformer

@@ -118,7 +118,8 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
   const double scale = MoEAuxLossAutoScaler::loss_scale();
   const double tp_cp = static_cast<double>(groups_.tp_cp->size());
   ctx.daux_logits.assign(static_cast<size_t>(T * E), 0.0);
-  const int64_t num_layers = config_.num_layers;
+  // Megatron's tracker spans the decoder and the MTP layers (router.py: num_layers + mtp_num_layers).
+  const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
   // z-loss (Megatron's apply_z_loss: coefficient / tp_cp size, recorded as z_loss / coeff).
   if (training && config_.moe_z_loss_coeff) {
     const double coeff = *config_.moe_z_loss_coeff / tp_cp;

@@ -221,20 +221,6 @@ TransformerConfig moe_config(int64_t E, int64_t k, bool swiglu) {
   return c;
 }
 
-// An MTP layer would be MoE in Megatron (the last decoder layer's spec); not implemented here, so
-// the combination is refused with one line naming both flags.
-TEST(MoEConfig, MtpWithExpertsIsRefused) {
-  TransformerConfig c = moe_config(4, 2, false);
-  c.mtp_num_layers = 1;
-  c.position_embedding_type = PositionEmbeddingType::kRope;
-  try {
-    c.validate();
-    ADD_FAILURE() << "--mtp-num-layers with --num-experts accepted";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("--mtp-num-layers with --num-experts"), std::string::npos) << e.what();
-  }
-}
-
 void allocate(ParamRegistry& reg, uint64_t seed) {
   for (size_t i = 0; i < reg.params().size(); ++i) {
     Parameter& p = reg.params()[i];
