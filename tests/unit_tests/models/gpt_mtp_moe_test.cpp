@@ -12,8 +12,8 @@
 //    MoE layer's aux and z losses (loss scale 1) -- by central finite differences along the
 //    gradient, per parameter group (the MTP layer's router, its experts, its attention, the
 //    decoder's MoE layer reached through hnorm), fp32, bound as in gpt_mtp_test.cpp's
-//    FiniteDifferences (2e-3 relative; the step, of length 5e-3, is far too small to change a
-//    top-k selection of these random weights: a changed selection would show as an O(1) miss).
+//    FiniteDifferences (2e-3 relative; worst measured 9e-4 over the OpenBLAS kernel sets; the
+//    router's step is shorter so that no top-2 choice changes, see the test).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,7 +74,7 @@ TEST(GPTMtpMoE, MtpLayerTakesTheLastDecoderLayersSpec) {
   GPTModel moe(moe_mtp_config({0, 1}, 1), kV, kS, 1);
   std::vector<std::string> names;
   for (auto& p : moe.parameters())
-    if (p.name.starts_with("mtp.layers.0.transformer_layer.mlp.")) names.push_back(p.name.substr(35));
+    if (p.name.starts_with("mtp.layers.0.transformer_layer.mlp.")) names.push_back(p.name.substr(31));
   const std::vector<std::string> want = {"mlp.router.weight",
                                          "mlp.experts.local_experts.0.linear_fc1.weight",
                                          "mlp.experts.local_experts.0.linear_fc2.weight",
@@ -143,7 +143,11 @@ TEST(GPTMtpMoE, FiniteDifferencesOfMtpAndRouterLosses) {
     for (auto& p : m.parameters())
       if (p.name.starts_with(g)) u2 += ops::sum_of_squares(grad[p.name]);
     ASSERT_GT(u2, 0.0) << g << " has no gradient";
-    const double eps = 5e-3 / std::sqrt(u2);
+    // A router step of 5e-3 flips a near-tied top-2 choice of one token (measured: 22% off at
+    // 5e-3, 4% at 2e-2); at 1e-3 no choice changes (within 9e-4 over the OpenBLAS kernel sets).
+    // The other groups cannot change a routing decision after them in this model; their smaller
+    // gradients need the longer step against fp32 noise (experts: 4e-3 off at 1e-3).
+    const double eps = (g.find(".router.") != std::string::npos ? 1e-3 : 5e-3) / std::sqrt(u2);
     auto shift = [&](double t) {
       for (auto& p : m.parameters())
         if (p.name.starts_with(g)) ops::add_(p.data, grad[p.name], static_cast<float>(t));

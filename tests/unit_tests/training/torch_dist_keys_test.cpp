@@ -102,6 +102,7 @@ TEST(TorchDistKeys, StackedLayersKeepTheLayerAxisInObjects) {
   c.num_moe_experts = 2;
   c.moe_ffn_hidden_size = 16;
   c.moe_router_topk = 1;
+  c.moe_router_pre_softmax = true;
   c.validate();
   models::gpt::GPTModel m(c, 128, 16, 1);
   std::vector<dist_checkpointing::ShardedTensor> model;
