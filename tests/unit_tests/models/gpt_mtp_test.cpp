@@ -21,6 +21,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/context_parallel.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/multi_token_prediction.h"
 #include "test_utils/fixture_util.h"
 #include "test_utils/thread_group_util.h"
@@ -34,6 +35,8 @@ using models::gpt::GPTModelParallel;
 using testing::Fixture;
 using testing::max_rel_error;
 using transformer::TransformerConfig;
+using transformer::moe::MoEAuxLossAutoScaler;
+using transformer::moe::MoEMetricsTracker;
 
 constexpr int64_t kV = 128, kS = 16, kB = 2;
 
@@ -51,6 +54,21 @@ TransformerConfig llama_config(int64_t mtp, float factor) {
   TransformerConfig c = testing::tiny_llama_config(64, 2, 128);
   c.mtp_num_layers = mtp;
   c.mtp_loss_scaling_factor = factor;
+  return c;
+}
+
+// MoE (--num-experts 4, top-2, SwiGLU experts of 64, aux 0.05 + z 0.01) on llama_config with the
+// decoder's MoE layer pattern `pattern` (Megatron's --moe-layer-freq list).
+TransformerConfig llama_moe_config(int64_t mtp, float factor, std::vector<int> pattern = {0, 1}) {
+  TransformerConfig c = llama_config(mtp, factor);
+  c.num_layers = static_cast<int64_t>(pattern.size());
+  c.num_moe_experts = 4;
+  c.moe_ffn_hidden_size = 64;
+  c.moe_router_topk = 2;
+  c.moe_layer_pattern = std::move(pattern);
+  c.moe_aux_loss_coeff = {0.05};
+  c.moe_z_loss_coeff = 0.01;
+  c.validate();
   return c;
 }
 
@@ -84,8 +102,11 @@ double mask_sum(const Tensor& m) {
 }
 
 /// One training step's forward + backward with Megatron's seeds (one micro-batch, loss scale 1):
-/// dL/dloss = mask / Σmask, MTP loss scale 1. Returns the main model's masked mean loss.
+/// dL/dloss = mask / Σmask, MTP loss scale 1 (MoE aux-loss scale 1, the MoE metrics tracker
+/// cleared first). Returns the main model's masked mean loss.
 double step(GPTModel& m, const datasets::GPTBatch& b, bool main_seed = true) {
+  MoEAuxLossAutoScaler::set_loss_scale(1.0);  // MoE models: the aux losses' backward scale
+  MoEMetricsTracker::get().clear();
   m.zero_grad();
   Tensor loss = m.forward(b, true);
   const double n = mask_sum(b.loss_mask);
@@ -146,6 +167,13 @@ void check_oracle(const std::string& name, const TransformerConfig& c) {
     const double r = mtp_ref.to_float_vector()[k];
     EXPECT_NEAR(metrics[k].loss, r, 1e-5 * std::fabs(r)) << "mtp_" << k + 1 << " loss";
   }
+  // MoE fixtures: the tracked per-layer aux / z losses (loss / coefficient), MTP layers at L + k + 1.
+  for (const auto& key : f.keys_with_prefix("moe.")) {
+    const auto want = f.get(key).to_float_vector();
+    const auto& got = MoEMetricsTracker::get().entries().at(key.substr(4)).values;
+    ASSERT_EQ(got.size(), want.size()) << key;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i])) << key << " layer " << i + 1;
+  }
   for (auto& p : m.parameters())
     EXPECT_LE(max_rel_error(p.main_grad, f.get("grad." + p.name)), 1e-5) << p.name << " gradient";
 }
@@ -153,6 +181,8 @@ void check_oracle(const std::string& name, const TransformerConfig& c) {
 TEST(GPTMtpOracle, TiedGptOneModuleMatchesMegatron) { check_oracle("gpt_d1", gpt_config(1, 0.3f)); }
 TEST(GPTMtpOracle, TiedGptTwoModulesMatchesMegatron) { check_oracle("gpt_d2", gpt_config(2, 0.3f)); }
 TEST(GPTMtpOracle, LlamaTwoModulesMatchesMegatron) { check_oracle("llama_d2", llama_config(2, 0.1f)); }
+// A dense first layer, an MoE second: both MTP layers are MoE layers (the last decoder layer's spec).
+TEST(GPTMtpOracle, LlamaMoeTwoModulesMatchesMegatron) { check_oracle("llama_moe_d2", llama_moe_config(2, 0.1f)); }
 
 // ---------------------------------------------------------------------------------------------
 // Invariants.
@@ -384,6 +414,115 @@ TEST(GPTMtp, UnsupportedConfigurationsAreUserErrors) {
   EXPECT_THROW(GPTModel(c, kV, kS, 1), UserError);
   c.mtp_num_layers = 0;
   EXPECT_NO_THROW(GPTModel(c, kV, kS, 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-token prediction with MoE (--mtp-num-layers with --num-experts): Megatron builds each MTP
+// module's transformer layer from the last decoder layer's spec (gpt_layer_specs.py
+// get_gpt_mtp_block_spec), so it is an MoE layer exactly when --moe-layer-freq makes the last
+// decoder layer one, and its router records its losses at layer num_layers + k (router.py, with a
+// num_layers + mtp_num_layers tracker). Checked against Megatron-LM (GPTMtpOracle.LlamaMoe...
+// above: losses, the tracked per-layer aux / z losses, every gradient) and by invariants that need
+// no reference numbers:
+//  * Megatron's parameter names (mtp.layers.<k>.transformer_layer.mlp.router.weight, the experts'
+//    local_experts.<e>.linear_fc{1,2}.weight) for a pattern ending in MoE, a dense MLP for one
+//    ending dense;
+//  * the tracker: D = 2 MoE MTP layers record load_balancing_loss / z_loss at indices L, L + 1 of
+//    an L + D vector, nothing at the dense decoder layer;
+//  * backward's gradient is the derivative of the objective it seeds -- the MTP loss plus every
+//    MoE layer's aux and z losses (loss scale 1) -- by central finite differences along the
+//    gradient, per parameter group (the MTP layer's router, its experts, its attention, the
+//    decoder's MoE layer reached through hnorm), fp32, bound as in
+//    FiniteDifferencesOfTheMtpLoss (2e-3 relative; measured worst 4.8e-4 over the OpenBLAS kernel
+//    sets; top-4 of 4 experts, so that no routing choice changes under the perturbation).
+TEST(GPTMtpMoE, MtpLayerTakesTheLastDecoderLayersSpec) {
+  GPTModel moe(llama_moe_config(1, 0.5f), kV, kS, 1);
+  std::vector<std::string> names;
+  for (auto& p : moe.parameters())
+    if (p.name.starts_with("mtp.layers.0.transformer_layer.mlp.")) names.push_back(p.name.substr(31));
+  const std::vector<std::string> want = {"mlp.router.weight",
+                                         "mlp.experts.local_experts.0.linear_fc1.weight",
+                                         "mlp.experts.local_experts.0.linear_fc2.weight",
+                                         "mlp.experts.local_experts.1.linear_fc1.weight",
+                                         "mlp.experts.local_experts.1.linear_fc2.weight",
+                                         "mlp.experts.local_experts.2.linear_fc1.weight",
+                                         "mlp.experts.local_experts.2.linear_fc2.weight",
+                                         "mlp.experts.local_experts.3.linear_fc1.weight",
+                                         "mlp.experts.local_experts.3.linear_fc2.weight"};
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(moe.parameter("mtp.layers.0.transformer_layer.mlp.router.weight").data.shape(), (Shape{4, 64}));
+  EXPECT_EQ(moe.moe_routers().size(), 2u);  // decoder layer 1, MTP module 0
+  GPTModel dense(llama_moe_config(1, 0.5f, {1, 0}), kV, kS, 1);
+  bool has_fc1 = false;
+  for (auto& p : dense.parameters()) {
+    EXPECT_FALSE(p.name.starts_with("mtp.") && p.name.find(".router.") != std::string::npos) << p.name;
+    has_fc1 |= p.name == "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight";
+  }
+  EXPECT_TRUE(has_fc1);
+  EXPECT_EQ(dense.moe_routers().size(), 1u);
+}
+
+// step() with the main loss seeded with 0: the gradient is that of J = MTP loss + Σ_MoE layers
+// (aux + z loss). Returns J from the logged values.
+double objective_step(GPTModel& m, const TransformerConfig& c, const datasets::GPTBatch& b) {
+  step(m, b, /*main_seed=*/false);
+  double J = 0;
+  for (const auto& k : m.take_mtp_metrics()) J += k.loss * c.mtp_loss_scaling_factor / static_cast<double>(c.mtp_num_layers);
+  auto& e = MoEMetricsTracker::get().entries();
+  for (double v : e.at("load_balancing_loss").values) J += v * c.moe_aux_loss_coeff[0];
+  for (double v : e.at("z_loss").values) J += v * *c.moe_z_loss_coeff;
+  return J;
+}
+
+TEST(GPTMtpMoE, RouterLossesAreTrackedAfterTheDecoderLayers) {
+  const TransformerConfig c = llama_moe_config(2, 0.5f);
+  GPTModel m(c, kV, kS, 3);
+  objective_step(m, c, make_batch(4));
+  for (const char* name : {"load_balancing_loss", "z_loss"}) {
+    const auto& v = MoEMetricsTracker::get().entries().at(name).values;
+    ASSERT_EQ(v.size(), 4u) << name;  // num_layers + mtp_num_layers
+    EXPECT_EQ(v[0], 0.0) << name << ": dense decoder layer";
+    for (int i : {1, 2, 3}) EXPECT_GT(v[i], 0.0) << name << " at layer " << i + 1;
+  }
+  MoEMetricsTracker::get().clear();
+}
+
+TEST(GPTMtpMoE, FiniteDifferencesOfMtpAndRouterLosses) {
+  // Top-4 of 4: no top-k choice can change under the perturbation (with top-2 the near-tied
+  // choices of these small initial router logits flip at steps of 1e-3, a jump of the objective
+  // that finite differences cannot follow); the probabilities, aux and z losses keep their
+  // gradients through the router.
+  TransformerConfig c = llama_moe_config(1, 0.5f);
+  c.moe_router_topk = 4;
+  c.validate();
+  GPTModel m(c, kV, kS, 5);
+  const auto b = make_batch(6);
+  objective_step(m, c, b);
+  std::map<std::string, Tensor> grad;
+  for (auto& p : m.parameters()) grad[p.name] = p.main_grad.clone();
+  const std::vector<std::string> groups = {"mtp.layers.0.transformer_layer.mlp.router.",
+                                           "mtp.layers.0.transformer_layer.mlp.experts.",
+                                           "mtp.layers.0.transformer_layer.self_attention.", "mtp.layers.0.eh_proj.",
+                                           "decoder.layers.1.mlp."};
+  for (const auto& g : groups) {
+    double u2 = 0;
+    for (auto& p : m.parameters())
+      if (p.name.starts_with(g)) u2 += ops::sum_of_squares(grad[p.name]);
+    ASSERT_GT(u2, 0.0) << g << " has no gradient";
+    const double eps = 5e-3 / std::sqrt(u2);
+    auto shift = [&](double t) {
+      for (auto& p : m.parameters())
+        if (p.name.starts_with(g)) ops::add_(p.data, grad[p.name], static_cast<float>(t));
+    };
+    shift(eps);
+    const double lp = objective_step(m, c, b);
+    shift(-2 * eps);
+    const double lm = objective_step(m, c, b);
+    shift(eps);
+    const double fd = (lp - lm) / (2 * eps);
+    EXPECT_NEAR(fd, u2, 2e-3 * u2) << g << ": finite difference " << fd << " vs |g|^2 " << u2;
+  }
+  MoEMetricsTracker::get().clear();
 }
 
 }  // namespace
