@@ -7,7 +7,8 @@
 #    1, the Switch aux loss of uniform routing, which holds only if the average runs over the 3 MoE
 #    layers that recorded (decoder layer 2 and both MTP layers: 3x if the MTP layers were left out
 #    of Megatron's num_moe_layers, 1.5x if they recorded nothing);
-#  * DP2 and TP2 + --sequence-parallel print the single-rank run's lm loss, MTP losses, MoE metrics
+#  * DP2, TP2 + --sequence-parallel and PP2 (the MoE metrics all-reduced over the stages at
+#    num_layers + D entries each) print the single-rank run's lm loss, MTP losses, MoE metrics
 #    and grad norm (1e-5 relative, the grad norm within its printed unit; fp32 reordering only);
 #  * 3 iterations + --load + 3 print the straight run's lines bitwise (the MTP layer's router and
 #    experts are checkpointed under Megatron's keys, per-layer keys for the '([0]+[1])' list);
@@ -70,7 +71,9 @@ summary "$LOGDIR/dp2.log" >"$LOGDIR/dp2.sum" && close "$LOGDIR/single.sum" "$LOG
 run tp2 "${MPIRUN[@]}" -np 2 -- --tensor-model-parallel-size 2 --sequence-parallel --save "$LOGDIR/tp2ckpt" \
   --save-interval 3
 summary "$LOGDIR/tp2.log" >"$LOGDIR/tp2.sum" && close "$LOGDIR/single.sum" "$LOGDIR/tp2.sum" tp2 || dump "TP2 differs"
-echo "DP2 and TP2 + SP with MoE MTP layers: every field equals the single-rank run"
+run pp2 "${MPIRUN[@]}" -np 2 -- --pipeline-model-parallel-size 2
+summary "$LOGDIR/pp2.log" >"$LOGDIR/pp2.sum" && close "$LOGDIR/single.sum" "$LOGDIR/pp2.sum" pp2 || dump "PP2 differs"
+echo "DP2, TP2 + SP and PP2 (dense stage, MoE stage + MTP) with MoE MTP layers: every field equals the single-rank run"
 
 run first env -- --save "$LOGDIR/resume" --save-interval 100 --exit-interval 3
 run second env -- --load "$LOGDIR/resume" --save "$LOGDIR/resume" --save-interval 100
