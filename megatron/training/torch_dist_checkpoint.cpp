@@ -216,7 +216,9 @@ std::vector<std::string> torch_dist_extra_state_keys(const std::vector<dist_chec
   std::set<std::string> keys;
   for (const auto& t : tensors) {
     std::smatch m;
-    if (t.replica_id != 0 || !std::regex_match(t.key, m, lin) || m[1].str().starts_with("output_layer")) continue;
+    if (t.replica_id != 0 || t.key.starts_with("optimizer.") || !std::regex_match(t.key, m, lin) ||
+        m[1].str().starts_with("output_layer"))
+      continue;
     // The axes before the weight's own two (layer, expert) are the object's; one TP fragment
     // (the first along the weight's axes) writes it.
     const size_t n = t.global_shape.size() - 2;

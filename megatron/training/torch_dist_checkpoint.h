@@ -54,7 +54,7 @@ std::string model_key_from_torch_dist(const std::string& key);
 /// ShardedObject.unique_key) of the None `_extra_state` objects Megatron's local-spec linear layers
 /// (ColumnParallelLinear / RowParallelLinear: linear_qkv, linear_proj, linear_fc1, linear_fc2 of
 /// dense MLPs, routed experts and shared experts, the MTP eh_proj; not output_layer, which
-/// Megatron's GPTModel drops) save beside the weights in `tensors` (our model ShardedTensors):
+/// Megatron's GPTModel drops) save beside the weights in `tensors` (our ShardedTensors; optimizer states skipped):
 /// offsets and shape are the weight's leading layer / expert axes (Megatron's
 /// _get_extra_state_offsets: "0" and "1" without any), written for the pieces with replica_id 0
 /// that start the weight's own axes, so each object has one writer across all ranks.
