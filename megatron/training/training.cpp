@@ -281,9 +281,10 @@ void Trainer::evaluate_and_print_results(const std::string& prefix, BatchIterato
   }
 }
 
-std::string Trainer::timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write) {
+std::string Trainer::timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write,
+                                          bool reset) {
   // Every rank: its own times, then the all-gather (a collective, reached unconditionally).
-  const std::vector<double> local = timers_.elapsed_seconds(names, /*reset=*/true);
+  const std::vector<double> local = timers_.elapsed_seconds(names, reset);
   const std::vector<double> all = hooks_.all_gather_times ? hooks_.all_gather_times(local) : local;
   const int64_t world = static_cast<int64_t>(all.size() / std::max<size_t>(names.size(), 1));
   // Megatron's timers.write(names, writer, iteration, normalizer=log_interval): the max over
@@ -401,7 +402,12 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
   }
 
   if (it % args_.log_interval == 0 || first_iteration) {
-    const double elapsed = timers_("interval-time", 0).elapsed(/*reset=*/true);
+    // Megatron's training_log: should_reset = not is_first_iteration. The run's first iteration
+    // (the first after a --load too) is printed without clearing the interval's accumulators
+    // (losses, iteration counts, interval time, timers), so the next line averages over both:
+    // with --log-interval 1 the run's second line prints the mean of its first two iterations.
+    const bool should_reset = !first_iteration;
+    const double elapsed = timers_("interval-time", 0).elapsed(should_reset);
     const double per_iter = elapsed / static_cast<double>(std::max<int64_t>(interval_iters_, 1));
     TrainingLogFields f;
     f.timestamp = format_log_timestamp(std::chrono::system_clock::now());
@@ -423,12 +429,12 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     f.losses = {{"lm loss", interval_loss_sum_ / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))}};
     for (auto& [name, sum] : moe_loss_sums_) {
       f.losses.emplace_back(name, sum / static_cast<double>(std::max<int64_t>(advanced_iters_, 1)));
-      sum = 0.0;
+      if (should_reset) sum = 0.0;
     }
     for (size_t i = 0; i < interval_mtp_loss_.size(); ++i) {
       f.losses.push_back({"mtp_" + std::to_string(i + 1) + " loss",
                           interval_mtp_loss_[i] / static_cast<double>(std::max<int64_t>(advanced_iters_, 1))});
-      interval_mtp_loss_[i] = 0.0;
+      if (should_reset) interval_mtp_loss_[i] = 0.0;
     }
     f.loss_scale = optimizer_.get_loss_scale();
     f.grad_norm = r.grad_norm;
@@ -448,8 +454,10 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
       print(buf);
       last = now;
     }
-    interval_loss_sum_ = 0.0;
-    advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
+    if (should_reset) {
+      interval_loss_sum_ = 0.0;
+      advanced_iters_ = skipped_iters_ = nan_iters_ = interval_iters_ = 0;
+    }
     if (!memory_reported_) {
       const std::string name = "(after " + std::to_string(it) + " iterations)";
       if (hooks_.report_memory) hooks_.report_memory(name);
@@ -462,7 +470,7 @@ void Trainer::training_log(const TrainStepResult& r, bool first_iteration) {
     if (args_.timing_log_level >= 1) names = {"forward-backward", "optimizer"};
     if (args_.timing_log_level >= 2) names.insert(names.end(), {"batch-generator", "forward-compute", "backward-compute"});
     if (!names.empty()) {
-      const std::string t = timers_log_and_write(names, it, args_.log_timers_to_tensorboard);
+      const std::string t = timers_log_and_write(names, it, args_.log_timers_to_tensorboard, should_reset);
       if (!t.empty()) print(t);
     }
   }

@@ -204,6 +204,9 @@ class Trainer {
   /// Called on EVERY rank (it runs collectives: the timers' all-gather); only the writes
   /// (printer, TensorBoard hook) are rank-conditional. No collective may be reached from a
   /// rank-conditional branch (docs/training.md, "Collectives and rank-conditional code").
+  /// first_iteration: the run's first iteration (the first after a --load too); it is printed
+  /// whatever --log-interval says and, as Megatron's should_reset = not is_first_iteration, does
+  /// not clear the interval's accumulators (the next line averages over both).
   void training_log(const TrainStepResult& r, bool first_iteration);
   /// MoE: Megatron's get_moe_metrics_tracker().report every iteration (all ranks: it all-reduces):
   /// TensorBoard scalars load_balancing_loss / seq_load_balancing_loss / global_load_balancing_loss /
@@ -217,8 +220,9 @@ class Trainer {
   void append_to_progress_log(const std::string& text);
   /// "(min, max) time across ranks (ms):" block (all ranks' values; every rank must call it) and,
   /// with --log-timers-to-tensorboard, the "<name>-time" scalars (max over ranks, seconds per
-  /// iteration) through add_scalar.
-  std::string timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write);
+  /// iteration) through add_scalar. reset=false (the run's first log line, Megatron's
+  /// should_reset) keeps the timers' accumulated times for the next line.
+  std::string timers_log_and_write(const std::vector<std::string>& names, int64_t iteration, bool write, bool reset);
   void print(const std::string& s) { print_(s); }
 
   const Arguments& args_;

@@ -319,6 +319,62 @@ TEST(Trainer, SameSeedBitwiseIdenticalLosses) {
   EXPECT_EQ(a.second, b.second);  // bitwise equal parameters
 }
 
+// Megatron's training_log: should_reset = not is_first_iteration. The run's first iteration (the
+// first after a --load too) is printed but leaves the interval's accumulators as they are, so the
+// next line averages over both (docs/megatron-reference.md#training-log-line; Megatron's own log of
+// tests/reference/torch_dist/megatron_gpt_tp1 shows it in its iteration-2 elapsed time). The
+// expected lines are built from that rule and the per-iteration losses the TensorBoard hook gets
+// (written every iteration); printed with %.6E, so 1e-6 relative.
+TEST(Trainer, FirstLoggedIterationDoesNotResetTheInterval) {
+  for (const int64_t start : {int64_t{0}, int64_t{5}}) {  // a fresh run, and a run resumed at iteration 5
+    for (const int64_t interval : {int64_t{1}, int64_t{2}}) {
+      SCOPED_TRACE("start " + std::to_string(start) + ", --log-interval " + std::to_string(interval));
+      Arguments args = make_args({"--log-interval", std::to_string(interval), "--train-iters", "10"});
+      Bigram model;
+      optimizer::MegatronOptimizer opt(optimizer_config_from_args(args), model.optimizer_params());
+      OptimizerParamScheduler sched(scheduler_options_from_args(args));
+      std::map<int64_t, double> per_iteration;
+      TrainingHooks h;
+      h.add_scalar = [&](const std::string& tag, double v, int64_t step) {
+        if (tag == "lm loss") per_iteration[step] = v;
+      };
+      std::vector<std::string> lines;
+      Trainer t(args, model, opt, sched, h, [&](const std::string& l) { lines.push_back(l); });
+      t.state().iteration = start;
+      t.state().consumed_train_samples = start * 6;
+      BatchIterator train = make_data(4);
+      t.pretrain(train, nullptr, nullptr);
+      std::map<int64_t, double> printed;
+      std::regex re(R"( iteration +(\d+)/ +10 \|.* lm loss: ([0-9.E+-]+) \|)");
+      std::smatch m;
+      for (const auto& l : lines)
+        if (std::regex_search(l, m, re)) printed[std::stoll(m[1])] = std::stod(m[2]);
+      ASSERT_EQ(per_iteration.size(), static_cast<size_t>(10 - start));
+      // Megatron's accumulators: the first iteration logs, the next log line (the next multiple of
+      // the interval) averages everything since the run's start, later lines their interval.
+      std::map<int64_t, double> want;
+      double sum = 0;
+      int64_t n = 0;
+      for (int64_t it = start + 1; it <= 10; ++it) {
+        sum += per_iteration.at(it);
+        n += 1;
+        if (it == start + 1 || it % interval == 0) {
+          want[it] = sum / static_cast<double>(n);
+          if (it != start + 1) sum = 0, n = 0;
+        }
+      }
+      ASSERT_EQ(printed.size(), want.size());
+      for (const auto& [it, v] : want) {
+        ASSERT_TRUE(printed.count(it)) << "iteration " << it << " not printed";
+        EXPECT_NEAR(printed[it], v, 1e-6 * std::abs(v)) << "iteration " << it;
+      }
+      // The second line is not the iteration's own loss (the model learns: the losses differ).
+      const int64_t second = std::next(want.begin())->first;
+      EXPECT_GT(std::abs(printed[second] - per_iteration.at(second)), 1e-4) << "iteration " << second;
+    }
+  }
+}
+
 TEST(Trainer, ProfileWritesChromeTrace) {
   const std::string dir = std::filesystem::temp_directory_path() / ("mtrace_" + std::to_string(::getpid()));
   TrainRun r(make_args({"--profile", "--profile-step-start", "2", "--profile-step-end", "4", "--tensorboard-dir", dir,
