@@ -1157,14 +1157,14 @@ void validate_args(Arguments& a) {
 
   // FP8 (Megatron's validate_args and TE's recipe constraints).
   if (a.fp8) {
-    fp8::parse_fp8_recipe(a.fp8_recipe);  // UserError for mxfp8/blockwise/custom (not Hopper recipes here)
+    fp8::parse_fp8_recipe(a.fp8_recipe);  // UserError for mxfp8/custom (not Hopper recipes here)
     if (a.fp8_amax_history_len < 1)
       user_error("--fp8-amax-history-len must be >= 1 (got ", a.fp8_amax_history_len, ")");
     if (a.fp8_param_gather && !a.use_distributed_optimizer)
       fail("--fp8-param-gather needs --use-distributed-optimizer");
     if (a.fp8_param_gather && fp8::parse_fp8_recipe(a.fp8_recipe) != fp8::Fp8Recipe::kDelayed)
       fail("--fp8-param-gather supports --fp8-recipe delayed only here (FP8 primary weights with the tensorwise "
-           "recipe are not implemented); drop one of the two");
+           "and blockwise recipes are not implemented); drop one of the two");
   } else if (a.fp8_param_gather) {
     fail("--fp8-param-gather needs --fp8-format");
   }

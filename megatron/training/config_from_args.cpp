@@ -5,6 +5,7 @@
 
 #include "megatron/core/datasets/utils.h"
 #include "megatron/core/transformer/moe/moe_config.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::training {
@@ -19,6 +20,8 @@ std::optional<fp8::Fp8Config> fp8_config_from_args(const Arguments& a) {
   f.amax_compute_algo = fp8::parse_amax_compute_algo(a.fp8_amax_compute_algo);
   f.wgrad = a.fp8_wgrad;
   f.param_gather = a.fp8_param_gather;
+  // TE's Float8BlockScaling: power-of-2 scales unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1.
+  f.block_pow2_scales = !env_switch("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", false);
   return f;
 }
 

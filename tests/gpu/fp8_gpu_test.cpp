@@ -24,7 +24,9 @@
 //  9. fused_quantize: RMSNorm / SwiGLU with their output's quantization fused vs the unfused
 //     kernels (bit-exact bytes and amax); scale_update: the device-side step boundary vs the
 //     host recipe (bit-exact histories and scales); residual_gemm: the FP8 GEMM with the residual in
-//     its epilogue vs GEMM + add (within one bf16 rounding).
+//     its epilogue vs GEMM + add (within one bf16 rounding);
+// 10. blockwise (--fp8-recipe blockwise): the block quantize kernels bit-exact vs the CPU reference,
+//     the cuBLASLt block-scaled GEMMs vs float64, the blockwise linear vs the CPU emulation, timings.
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
@@ -310,8 +312,9 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-void test_linear() {
-  const int64_t N = 256, in = 128, out = 192;
+// fp8::linear forward/dgrad/wgrad on CUDA vs the CPU emulation with the recipe of `cfg`, two steps
+// (delayed: step 0 at scale 1, step 1 with the updated scales, whose CUDA and CPU values must match).
+void linear_vs_cpu(const fp8::Fp8Config& cfg, int64_t N, int64_t in, int64_t out, const std::string& label) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto rnd = [&](int64_t n, float s) {
     std::vector<float> v(n);
@@ -321,12 +324,11 @@ void test_linear() {
   Tensor xh = Tensor::from_vector(rnd(N * in, 2.0f), {N, in}).to(DType::kBFloat16);
   Tensor wh = Tensor::from_vector(rnd(out * in, 0.02f), {out, in}).to(DType::kBFloat16);
   Tensor dyh = Tensor::from_vector(rnd(N * out, 1e-4f), {N, out}).to(DType::kBFloat16);
-  fp8::Fp8Config cfg;  // hybrid, delayed, history 1
   fp8::Fp8State cpu(cfg, Device::cpu()), gpu(cfg, Device::cuda());
   const int bc = cpu.register_linear("l"), bg = gpu.register_linear("l");
   Tensor xd = xh.to(Device::cuda()), wd = wh.to(Device::cuda()), dyd = dyh.to(Device::cuda());
   std::vector<float> y[2], dx[2], dw[2];
-  for (int step = 0; step < 2; ++step) {  // step 0 at scale 1, step 1 with the updated scales
+  for (int step = 0; step < 2; ++step) {
     Tensor yc = Tensor::empty({N, out}, DType::kBFloat16), yg = Tensor::empty({N, out}, DType::kBFloat16, Device::cuda());
     fp8::linear_forward(cpu, bc, xh, wh, nullptr, yc);
     fp8::linear_forward(gpu, bg, xd, wd, nullptr, yg);
@@ -344,15 +346,17 @@ void test_linear() {
                   rel_err(dx[1], dx[0]), rel_err(dw[1], dw[0]), cpu.host_scale(bc), gpu.host_scale(bg),
                   cpu.host_scale(bc + 2), gpu.host_scale(bg + 2));
     const bool ok = rel_err(y[1], y[0]) < 1e-2 && rel_err(dx[1], dx[0]) < 1e-2 && rel_err(dw[1], dw[0]) < 1e-2;
-    report("fp8::linear fwd/dgrad/wgrad CUDA vs CPU emulation, step " + std::to_string(step), ok, d);
+    report(label + " fwd/dgrad/wgrad CUDA vs CPU emulation, step " + std::to_string(step), ok, d);
     cpu.reduce_and_update(nullptr);
     gpu.reduce_and_update(nullptr);
+    if (cfg.recipe != fp8::Fp8Recipe::kDelayed) continue;
     const bool same = cpu.host_scale(bc) == gpu.host_scale(bg) && cpu.host_scale(bc + 1) == gpu.host_scale(bg + 1) &&
                       cpu.host_scale(bc + 2) == gpu.host_scale(bg + 2);
     report("delayed-scaling update: CUDA amaxes == CPU amaxes, step " + std::to_string(step), same, "");
   }
 }
 
+void test_linear() { linear_vs_cpu(fp8::Fp8Config{}, 256, 128, 192, "fp8::linear"); }  // hybrid, delayed, history 1
 
 // Fast-path shapes (rows % 16 == 0, cols % 8 == 0): bit-exact vs quantize_cpu for q only, q_t
 // only, both; then bandwidth on the large ones. Data: N(0, 3) floats rounded to the input dtype.
@@ -855,11 +859,165 @@ void time_gemms() {
     std::printf("time fp8_quantize%s 8192x14336 bf16: %.3f ms, %.0f GB/s\n", t ? "+transpose" : "", ms, by / ms / 1e6);
   }
 }
+
+// ------------------------------------------------------------------ blockwise recipe (group blockwise)
+// --fp8-recipe blockwise (docs/fp8.md "Blockwise recipe"): ops::fp8_block_quantize on CUDA
+// bit-exact vs the CPU reference (bytes and every scale_inv, padding included) on partial tiles
+// and the LLaMA-3-8B shapes (with GB/s); fp8_block_gemm_tn (cuBLASLt block-scaled) vs a float64
+// GEMM of the host-dequantized operands; fp8::linear with the blockwise recipe on CUDA vs the CPU
+// emulation; block-scaled GEMM TFLOP/s next to the per-tensor FP8 GEMM.
+struct BlockOut {
+  Tensor q, s, qt, st;
+};
+int64_t c128(int64_t v) { return (v + 127) / 128; }
+int64_t r4(int64_t v) { return (v + 3) / 4 * 4; }
+BlockOut block_out(int64_t R, int64_t C, bool two_d, DType dt, Device d) {
+  BlockOut o;
+  o.q = Tensor::empty({R, C}, dt, d);
+  o.qt = Tensor::empty({C, R}, dt, d);
+  o.s = two_d ? Tensor::empty({c128(R), r4(c128(C))}, DType::kFloat32, d) : Tensor::empty({c128(C), r4(R)}, DType::kFloat32, d);
+  o.st = two_d ? Tensor::empty({c128(C), r4(c128(R))}, DType::kFloat32, d) : Tensor::empty({c128(R), r4(C)}, DType::kFloat32, d);
+  return o;
+}
+// Host-dequantized [R, K] operand of the block GEMM (1 x 128 along K or 128 x 128 blocks).
+std::vector<double> block_dequant(const Tensor& q, const Tensor& s, bool two_d) {
+  const std::vector<uint8_t> b = bytes(q);
+  const std::vector<float> sc = host(s);
+  const int64_t R = q.size(0), K = q.size(1), ld = s.size(1);
+  const bool e4 = q.dtype() == DType::kFloat8E4M3;
+  std::vector<double> out(R * K);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k)
+      out[r * K + k] = (double)(e4 ? e4m3_bits_to_float(b[r * K + k]) : e5m2_bits_to_float(b[r * K + k])) *
+                       (two_d ? sc[(r / 128) * ld + k / 128] : sc[(k / 128) * ld + r]);
+  return out;
+}
+
+void test_blockwise() {
+  // 1. Quantize: CUDA vs CPU reference, bit-exact.
+  struct Q { int64_t r, c; bool two_d, pow2; DType in, q; bool timed; };
+  const Q qs[] = {{130, 200, false, true, DType::kBFloat16, DType::kFloat8E4M3, false},
+                  {130, 200, true, true, DType::kBFloat16, DType::kFloat8E4M3, false},
+                  {257, 131, false, false, DType::kFloat32, DType::kFloat8E5M2, false},
+                  {257, 131, true, false, DType::kFloat32, DType::kFloat8E4M3, false},
+                  {8192, 4096, false, true, DType::kBFloat16, DType::kFloat8E5M2, true},
+                  {4096, 14336, true, true, DType::kBFloat16, DType::kFloat8E4M3, true}};
+  for (const Q& c : qs) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(c.r * c.c);
+    // Spread magnitudes over tiles (some tiny, one zero tile) so the per-tile scales differ.
+    for (int64_t i = 0; i < c.r * c.c; ++i) {
+      const int64_t row = i / c.c, col = i % c.c;
+      const float mag = std::ldexp(1.0f, (int)((row / 7 + col / 37) % 24) - 12);
+      v[i] = (row < 128 && col < 128 && c.r > 200 && c.c < 200) ? 0.0f : nd(g_rng) * mag;
+    }
+    Tensor xh = Tensor::from_vector(v, {c.r, c.c}).to(c.in);
+    BlockOut h = block_out(c.r, c.c, c.two_d, c.q, Device::cpu()), g = block_out(c.r, c.c, c.two_d, c.q, Device::cuda());
+    ops::fp8_block_quantize(xh, c.two_d, c.pow2, &h.q, &h.s, &h.qt, &h.st);
+    Tensor x = xh.to(Device::cuda());
+    cu::fp8_block_quantize(x, c.two_d, c.pow2, &g.q, &g.s, &g.qt, &g.st);
+    int64_t bad = row_mismatches(g.q, bytes(h.q)) + row_mismatches(g.qt, bytes(h.qt));
+    const std::vector<float> hs = host(h.s), gs = host(g.s), hst = host(h.st), gst = host(g.st);
+    int64_t bad_s = 0;
+    for (size_t i = 0; i < hs.size(); ++i) bad_s += hs[i] != gs[i];
+    for (size_t i = 0; i < hst.size(); ++i) bad_s += hst[i] != gst[i];
+    // Row layout only.
+    BlockOut g2 = block_out(c.r, c.c, c.two_d, c.q, Device::cuda());
+    cu::fp8_block_quantize(x, c.two_d, c.pow2, &g2.q, &g2.s, nullptr, nullptr);
+    bad += row_mismatches(g2.q, bytes(h.q));
+    char d[200];
+    std::snprintf(d, sizeof d, "%lld byte / %lld scale_inv mismatches", (long long)bad, (long long)bad_s);
+    if (c.timed) {
+      const double ms = time_ms([&] { cu::fp8_block_quantize(x, c.two_d, c.pow2, &g.q, &g.s, &g.qt, &g.st); }, 10, 2);
+      const double by = (double)c.r * c.c * (dtype_size(c.in) + 2);
+      std::snprintf(d + std::strlen(d), sizeof d - std::strlen(d), "; q+q_t %.3f ms %.0f GB/s", ms, by / ms / 1e6);
+    }
+    char name[160];
+    std::snprintf(name, sizeof name, "fp8_block_quantize %s %s->%s %lldx%lld%s vs CPU", c.two_d ? "128x128" : "1x128",
+                  dtype_name(c.in), dtype_name(c.q), (long long)c.r, (long long)c.c, c.pow2 ? "" : " fp32-scales");
+    report(name, bad == 0 && bad_s == 0, d);
+  }
+
+  // 2. Block-scaled GEMM vs float64 of the dequantized operands: forward (x 1x128, W 128x128),
+  // dgrad (dy 1x128 E5M2, W^T 128x128), wgrad (dy^T, x^T: 1x128 both, fp32 accumulate).
+  struct G { int64_t m, n, k; bool a2, b2; DType a, b, c; float beta; const char* what; };
+  const G gs[] = {{256, 384, 512, false, true, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "fwd"},
+                  {256, 512, 384, false, true, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "dgrad"},
+                  {384, 512, 256, false, false, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kFloat32, 1.0f, "wgrad"},
+                  {256, 384, 512, false, false, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "1dx1d"}};
+  for (const G& c : gs) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto make = [&](int64_t r, int64_t k, bool two_d, DType dt, BlockOut& o) {
+      std::vector<float> v(r * k);
+      for (int64_t i = 0; i < r * k; ++i) v[i] = nd(g_rng) * std::ldexp(1.0f, (int)((i / 97) % 9) - 4);
+      Tensor xd = Tensor::from_vector(v, {r, k}).to(DType::kBFloat16).to(Device::cuda());
+      o = block_out(r, k, two_d, dt, Device::cuda());
+      cu::fp8_block_quantize(xd, two_d, true, &o.q, &o.s, nullptr, nullptr);
+    };
+    BlockOut A, B;
+    make(c.m, c.k, c.a2, c.a, A);
+    make(c.n, c.k, c.b2, c.b, B);
+    std::vector<float> c0(c.m * c.n);
+    for (auto& x : c0) x = nd(g_rng);
+    Tensor cd = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
+    const std::vector<float> c0r = host(cd);
+    cu::fp8_block_gemm_tn(A.q, A.s, c.a2, B.q, B.s, c.b2, cd, c.beta);
+    const std::vector<float> got = host(cd);
+    const std::vector<double> da = block_dequant(A.q, A.s, c.a2), db = block_dequant(B.q, B.s, c.b2);
+    double worst = 0;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double sum = 0, sabs = 0;
+        for (int64_t k = 0; k < c.k; ++k) {
+          const double t = da[i * c.k + k] * db[j * c.k + k];
+          sum += t;
+          sabs += std::fabs(t);
+        }
+        const double ref = sum + c.beta * c0r[i * c.n + j];
+        worst = std::max(worst, std::fabs(got[i * c.n + j] - ref) / (sabs + std::fabs(c.beta * c0r[i * c.n + j]) + 1e-30));
+      }
+    // Same tolerances as fp8_gemm_tn (relative to sum |a b|): bf16 output rounding 2^-9, the
+    // tensor cores' reduced-precision partial sums (promoted to fp32 per 128-k block here).
+    const double tol = c.c == DType::kFloat32 ? 1e-3 : 4e-3;
+    char d[200], name[160];
+    std::snprintf(d, sizeof d, "max |err| / sum|ab| = %.3g (tol %.0e)", worst, tol);
+    std::snprintf(name, sizeof name, "fp8_block_gemm_tn %s %s%s x %s%s -> %s m%lld n%lld k%lld", c.what,
+                  dtype_name(c.a), c.a2 ? "(2d)" : "", dtype_name(c.b), c.b2 ? "(2d)" : "", dtype_name(c.c),
+                  (long long)c.m, (long long)c.n, (long long)c.k);
+    report(name, worst <= tol, d);
+  }
+
+  // 3. fp8::linear, blockwise recipe: CUDA vs the CPU emulation (same quantized operands; the
+  // GEMMs' summation order and the bf16 rounding of y / dx differ: relative norm error <= 1e-2).
+  for (fp8::Fp8Format fmt : {fp8::Fp8Format::kHybrid, fp8::Fp8Format::kE4M3}) {
+    fp8::Fp8Config cfg;
+    cfg.recipe = fp8::Fp8Recipe::kBlockwise;
+    cfg.format = fmt;
+    linear_vs_cpu(cfg, 256, 256, 384, std::string("fp8::linear blockwise ") + (fmt == fp8::Fp8Format::kHybrid ? "hybrid" : "e4m3"));
+  }
+
+  // 4. Timing: block-scaled vs per-tensor FP8 GEMM on LLaMA-3-8B shapes (8192 tokens).
+  struct S { const char* name; int64_t m, n, k; bool b2; };
+  const S ss[] = {{"qkv fwd", 8192, 6144, 4096, true}, {"fc1 fwd", 8192, 28672, 4096, true},
+                  {"fc2 fwd", 8192, 4096, 14336, true}, {"fc1 wgrad", 28672, 4096, 8192, false}};
+  for (const S& c : ss) {
+    BlockOut A = block_out(c.m, c.k, false, DType::kFloat8E4M3, Device::cuda());
+    BlockOut B = block_out(c.n, c.k, c.b2, DType::kFloat8E4M3, Device::cuda());
+    A.q.zero_(); B.q.zero_(); A.s.fill_(1.0f); B.s.fill_(1.0f);
+    Tensor cd = Tensor::empty({c.m, c.n}, DType::kBFloat16, Device::cuda());
+    Tensor one = dev_scalar(1.0f);
+    const double tb = time_ms([&] { cu::fp8_block_gemm_tn(A.q, A.s, false, B.q, B.s, c.b2, cd, 0.0f); }, 20, 3);
+    const double tt = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, 0.0f, true); }, 20, 3);
+    const double fl = 2.0 * c.m * c.n * c.k;
+    std::printf("time block-scaled %-10s m%-6lld n%-6lld k%-6lld %7.3f ms %6.0f TFLOP/s | per-tensor fp8 %7.3f ms %6.0f TFLOP/s\n",
+                c.name, (long long)c.m, (long long)c.n, (long long)c.k, tb, fl / tb / 1e9, tt, fl / tt / 1e9);
+  }
+}
 }  // namespace
 
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
 // linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm param_gather
-// timing; default all, timing off with --no-timing).
+// blockwise timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
@@ -873,7 +1031,8 @@ int main(int argc, char** argv) {
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
       {"fused_quantize", test_fused_quantize}, {"fused_swiglu_backward", test_fused_swiglu_backward},
       {"scale_update", test_scale_update},
-      {"residual_gemm", test_residual_gemm},   {"param_gather", test_param_gather}};
+      {"residual_gemm", test_residual_gemm},   {"param_gather", test_param_gather},
+      {"blockwise", test_blockwise}};
   if (!quick) groups.push_back({"timing", time_gemms});
   for (auto& [name, fn] : groups) {
     if (!only.empty() && only.find(std::string(",") + name + ",") == std::string::npos) continue;

@@ -8,8 +8,10 @@ namespace megatron::fp8 {
 
 /// --fp8-format: e4m3 everywhere, or hybrid (E4M3 forward, E5M2 for gradients).
 enum class Fp8Format { kE4M3, kHybrid };
-/// --fp8-recipe. delayed: scales from the amax history; tensorwise: from the current tensor.
-enum class Fp8Recipe { kDelayed, kTensorwise };
+/// --fp8-recipe. delayed: scales from the amax history; tensorwise: from the current tensor;
+/// blockwise: one scale per 1 x 128 tile (inputs, gradients) / 128 x 128 block (weights) from the
+/// block itself (TE's Float8BlockScaling; docs/fp8.md "Blockwise recipe").
+enum class Fp8Recipe { kDelayed, kTensorwise, kBlockwise };
 /// --fp8-amax-compute-algo.
 enum class AmaxComputeAlgo { kMax, kMostRecent };
 
@@ -22,6 +24,9 @@ struct Fp8Config {
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::kMostRecent;  // --fp8-amax-compute-algo
   bool wgrad = true;                // false with --no-fp8-wgrad
   bool param_gather = false;        // --fp8-param-gather
+  /// Blockwise recipe: scales rounded down to powers of 2 (TE's power_2_scale, default on;
+  /// NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 turns it off, as in TE).
+  bool block_pow2_scales = true;
 };
 
 /// Parses --fp8-format / --fp8-recipe / --fp8-amax-compute-algo values; UserError naming the flag.

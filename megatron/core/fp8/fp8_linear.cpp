@@ -24,6 +24,7 @@ bool fused_input_ok(const Fp8State& st, const Tensor& like) {
 
 namespace {
 bool is_tensorwise(const Fp8State& st) { return st.config().recipe == Fp8Recipe::kTensorwise; }
+bool is_blockwise(const Fp8State& st) { return st.config().recipe == Fp8Recipe::kBlockwise; }
 
 float host_amax(const Tensor& x) {
   float a = 0.0f;
@@ -65,7 +66,8 @@ Tensor weight_cpu(Fp8State& st, int base, const Tensor& w, bool record) {
 void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
                  const Tensor* residual) {
   const bool rec = st.recording();
-  Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, rec);
+  Tensor xq = is_blockwise(st) ? block_quantize_dequantize_cpu(st, base + kInput, x, false)
+                               : quantize_dequantize_cpu(st, base + kInput, x, rec);
   Tensor wq = weight_cpu(st, base, w, rec);
   Tensor y32 = Tensor::empty(y.shape(), DType::kFloat32);
   ops::linear_forward(xq, wq, nullptr, y32);
@@ -76,7 +78,9 @@ void forward_cpu(Fp8State& st, int base, const Tensor& x, const Tensor& w, const
 
 void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
                   Tensor* dbias, bool accumulate) {
-  Tensor dyq = quantize_dequantize_cpu(st, base + kGradOutput, dy, st.recording());
+  const bool bw = is_blockwise(st);
+  Tensor dyq = bw ? block_quantize_dequantize_cpu(st, base + kGradOutput, dy, false)
+                  : quantize_dequantize_cpu(st, base + kGradOutput, dy, st.recording());
   if (dx) {
     Tensor wq = weight_cpu(st, base, w, false);
     Tensor dx32 = Tensor::empty(dx->shape(), DType::kFloat32);
@@ -85,11 +89,102 @@ void backward_cpu(Fp8State& st, int base, const Tensor& dy, const Tensor& x, con
   }
   if (dw) {
     if (st.config().wgrad) {
-      Tensor xq = quantize_dequantize_cpu(st, base + kInput, x, false);
+      // Blockwise: the wgrad GEMM contracts over the tokens, so both operands are quantized in
+      // 128 x 1 tiles along the tokens (TE's columnwise copies), not the forward's 1 x 128 ones.
+      Tensor xq = bw ? block_quantize_dequantize_cpu(st, base + kInput, x, true)
+                     : quantize_dequantize_cpu(st, base + kInput, x, false);
+      Tensor dyq_w = bw ? block_quantize_dequantize_cpu(st, base + kGradOutput, dy, true) : dyq;
       Tensor dw32 = Tensor::empty(dw->shape(), DType::kFloat32);
-      ops::gemm(dyq, true, xq, false, dw32);  // [N, out]^T @ [N, in]
+      ops::gemm(dyq_w, true, xq, false, dw32);  // [N, out]^T @ [N, in]
       if (accumulate) ops::add_(*dw, dw32);
       else ops::cast(dw32, *dw);
+    } else {
+      ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
+    }
+  }
+  if (dbias) ops::linear_backward(dy, x, w, nullptr, nullptr, dbias, accumulate);
+}
+
+// --------------------------------------------------------- blockwise recipe (device tensors)
+// TE's Float8BlockScaling with cuBLASLt's block-scaled GEMMs (docs/fp8.md "Blockwise recipe"):
+// input and grad-output in 1 x 128 tiles (row layout for the forward / dgrad GEMMs; 128 x 1 tiles
+// of the tokens, stored transposed, for the wgrad GEMM), the weight in 128 x 128 blocks (one pass
+// writes it and its transpose for the dgrad GEMM; cached per step like the other recipes'). No
+// amaxes are recorded: every scale comes from its own block.
+int64_t ceil128(int64_t v) { return (v + 127) / 128; }
+int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+
+struct BlockQ {
+  Tensor q, s;
+};
+// x [rows, cols] quantized: `row` 1 x 128 tiles along cols (q [rows, cols]); `col` 128 x 1 tiles
+// along rows, stored transposed (q [cols, rows]).
+void block_quantize_1d(const Fp8State& st, DType dt, const Tensor& x2, BlockQ* row, BlockQ* col) {
+  const int64_t R = x2.size(0), C = x2.size(1);
+  if (row) *row = {Tensor::empty({R, C}, dt, x2.device()), Tensor::empty({ceil128(C), round4(R)}, DType::kFloat32, x2.device())};
+  if (col) *col = {Tensor::empty({C, R}, dt, x2.device()), Tensor::empty({ceil128(R), round4(C)}, DType::kFloat32, x2.device())};
+  ops::fp8_block_quantize(x2, false, st.config().block_pow2_scales, row ? &row->q : nullptr, row ? &row->s : nullptr,
+                          col ? &col->q : nullptr, col ? &col->s : nullptr);
+}
+
+// The 128 x 128-block FP8 weight [out, in] and its transpose [in, out] with their scale_inv
+// blocks, from the weight cache when valid (same rules as weight_fp8 below).
+Fp8State::WeightCache weight_block_fp8(Fp8State& st, int base, const Tensor& w, bool record) {
+  const int64_t out = w.size(0), in = w.size(1);
+  const DType wdt = st.dtype(base + kWeight);
+  Fp8State::WeightCache& c = st.weight_cache(base);
+  MEGATRON_CHECK(w.storage_bytes() != 0) << "FP8 weight " << w.str() << ": its model-dtype copy was released";
+  const bool on = st.weight_cache_admit(base, 2 * w.numel(), &ops::device_free_bytes);
+  if (on && st.weight_cache_hit(base, w, record) && c.q.defined() && c.q_t.defined() && c.s.defined()) return c;
+  Fp8State::WeightCache r;
+  r.q = Tensor::empty({out, in}, wdt, w.device());
+  r.q_t = Tensor::empty({in, out}, wdt, w.device());
+  r.s = Tensor::empty({ceil128(out), round4(ceil128(in))}, DType::kFloat32, w.device());
+  r.s_t = Tensor::empty({ceil128(in), round4(ceil128(out))}, DType::kFloat32, w.device());
+  ops::fp8_block_quantize(w, true, st.config().block_pow2_scales, &r.q, &r.s, &r.q_t, &r.s_t);
+  st.count_weight_cast();
+  if (on) {
+    c.q = r.q;
+    c.q_t = r.q_t;
+    c.s = r.s;
+    c.s_t = r.s_t;
+    st.weight_cache_mark(base, w, record);
+  }
+  return r;
+}
+
+void forward_block(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                   const Tensor* residual) {
+  const Shape xs = rows_cols(x);
+  const int64_t out = w.size(0);
+  BlockQ xq;
+  block_quantize_1d(st, st.dtype(base + kInput), x.view(xs), &xq, nullptr);
+  const Fp8State::WeightCache wq = weight_block_fp8(st, base, w, st.recording());
+  Tensor y2 = y.view({xs[0], out});
+  ops::fp8_block_gemm_tn(xq.q, xq.s, false, wq.q, wq.s, true, y2, 0.0f);
+  if (bias) ops::bias_add_(y, *bias);
+  if (residual) ops::add_(y, *residual);
+}
+
+void backward_block(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
+                    Tensor* dw, Tensor* dbias, bool accumulate) {
+  const Shape ds = rows_cols(dy);
+  const int64_t N = ds[0], in = w.size(1);
+  const bool fp8_wgrad = dw && st.config().wgrad;
+  // dy once for both GEMMs: 1 x 128 tiles along out (dgrad) and 128 x 1 along the tokens (wgrad).
+  BlockQ dyr, dyc;
+  if (dx || fp8_wgrad)
+    block_quantize_1d(st, st.dtype(base + kGradOutput), dy.view(ds), dx ? &dyr : nullptr, fp8_wgrad ? &dyc : nullptr);
+  if (dx) {
+    const Fp8State::WeightCache wq = weight_block_fp8(st, base, w, /*record=*/false);
+    Tensor dx2 = dx->view({N, in});
+    ops::fp8_block_gemm_tn(dyr.q, dyr.s, false, wq.q_t, wq.s_t, true, dx2, 0.0f);
+  }
+  if (dw) {
+    if (fp8_wgrad) {
+      BlockQ xc;
+      block_quantize_1d(st, st.dtype(base + kInput), x.view(rows_cols(x)), nullptr, &xc);
+      ops::fp8_block_gemm_tn(dyc.q, dyc.s, false, xc.q, xc.s, false, *dw, accumulate ? 1.0f : 0.0f);
     } else {
       ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
     }
@@ -168,6 +263,11 @@ WeightOperands weight_fp8(Fp8State& st, int base, const Tensor& w, bool record, 
 
 void forward_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
                   const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual) {
+  if (is_blockwise(st)) {
+    MEGATRON_CHECK(!pre) << "fp8::linear_forward: no fused producer input with the blockwise recipe";
+    forward_block(st, base, x, w, bias, y, residual);
+    return;
+  }
   const bool rec = st.recording();
   const Shape xs = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(x);
   const int64_t out = w.size(0), in = w.size(1);
@@ -202,6 +302,11 @@ void forward_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& w, const
 
 void backward_fp8(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
                    Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre) {
+  if (is_blockwise(st)) {
+    MEGATRON_CHECK(!pre && x.defined()) << "fp8::linear_backward: the blockwise recipe quantizes dy and x itself";
+    backward_block(st, base, dy, x, w, dx, dw, dbias, accumulate);
+    return;
+  }
   const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
   const int64_t N = ds[0], out = w.size(0), in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
@@ -248,6 +353,7 @@ void backward_fp8(Fp8State& st, int base, const Tensor& dy, const Tensor& x, con
 
 Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record) {
   MEGATRON_CHECK(x.is_cpu()) << "quantize_dequantize_cpu(" << x.str() << ")";
+  if (is_blockwise(st)) return block_quantize_dequantize_cpu(st, r, x, false);
   if (is_tensorwise(st)) {
     Fp8TensorMeta m = st.meta(r);
     m.set_current_scale(host_amax(x), st.config());
@@ -258,6 +364,40 @@ Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record
   if (record) st.record_host_amax(r, amax);
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32);
   dequantize_cpu(q, st.meta(r).scale_inv, y);
+  return y;
+}
+
+Tensor block_quantize_dequantize_cpu(const Fp8State& st, int r, const Tensor& x, bool columnwise) {
+  MEGATRON_CHECK(x.is_cpu() && is_blockwise(st) && x.dim() >= 1) << "block_quantize_dequantize_cpu(" << x.str() << ")";
+  const bool two_d = r % kNumRoles == kWeight;  // weights: 128 x 128 blocks (the same both ways)
+  const int64_t C = x.size(-1), R = C ? x.numel() / C : 0;
+  const DType dt = st.dtype(r);
+  const bool e4 = dt == DType::kFloat8E4M3;
+  Tensor x2 = x.view({R, C});
+  Tensor y = Tensor::empty(x.shape(), DType::kFloat32);
+  float* out = y.data<float>();
+  auto dec = [e4](uint8_t b) { return e4 ? e4m3_bits_to_float(b) : e5m2_bits_to_float(b); };
+  if (!columnwise || two_d) {
+    Tensor q = Tensor::empty({R, C}, dt);
+    Tensor s = two_d ? Tensor::empty({ceil128(R), round4(ceil128(C))}, DType::kFloat32)
+                     : Tensor::empty({ceil128(C), round4(R)}, DType::kFloat32);
+    ops::fp8_block_quantize(x2, two_d, st.config().block_pow2_scales, &q, &s, nullptr, nullptr);
+    const auto* qb = static_cast<const uint8_t*>(q.data_ptr());
+    const float* sp = s.data<float>();
+    const int64_t ld = s.size(1);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j)
+        out[i * C + j] = dec(qb[i * C + j]) * (two_d ? sp[(i / 128) * ld + j / 128] : sp[(j / 128) * ld + i]);
+  } else {
+    Tensor qt = Tensor::empty({C, R}, dt);
+    Tensor st_ = Tensor::empty({ceil128(R), round4(C)}, DType::kFloat32);
+    ops::fp8_block_quantize(x2, false, st.config().block_pow2_scales, nullptr, nullptr, &qt, &st_);
+    const auto* qb = static_cast<const uint8_t*>(qt.data_ptr());
+    const float* sp = st_.data<float>();
+    const int64_t ld = st_.size(1);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j) out[i * C + j] = dec(qb[j * R + i]) * sp[(i / 128) * ld + j];
+  }
   return y;
 }
 

@@ -84,4 +84,12 @@ Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const T
 /// tensorwise recipe first sets role r's scale from x's own amax.
 Tensor quantize_dequantize_cpu(Fp8State& st, int r, const Tensor& x, bool record);
 
+/// CPU emulation of the blockwise recipe (--fp8-recipe blockwise, TE's Float8BlockScaling;
+/// docs/fp8.md "Blockwise recipe"; exposed for tests): x [..., c] (float32/bf16, viewed as
+/// [rows, c]) quantized to role r's dtype with ops::fp8_block_quantize and dequantized back to
+/// float32 (same shape). Weight roles: 128 x 128 blocks. Input / grad-output roles: 1 x 128 tiles
+/// along c, or with `columnwise` 128 x 1 tiles along the rows (the copy the wgrad GEMM reads).
+/// Records nothing (the recipe has no amax history).
+Tensor block_quantize_dequantize_cpu(const Fp8State& st, int r, const Tensor& x, bool columnwise);
+
 }  // namespace megatron::fp8

@@ -17,9 +17,10 @@ Fp8Format parse_fp8_format(const std::string& v) {
 Fp8Recipe parse_fp8_recipe(const std::string& v) {
   if (v == "delayed") return Fp8Recipe::kDelayed;
   if (v == "tensorwise") return Fp8Recipe::kTensorwise;
-  if (v == "blockwise" || v == "mxfp8" || v == "custom")
-    user_error("--fp8-recipe ", v, " is not supported (Hopper recipes here: delayed, tensorwise)");
-  user_error("--fp8-recipe: '", v, "' is not one of delayed, tensorwise");
+  if (v == "blockwise") return Fp8Recipe::kBlockwise;
+  if (v == "mxfp8" || v == "custom")
+    user_error("--fp8-recipe ", v, " is not supported (Hopper recipes here: delayed, tensorwise, blockwise)");
+  user_error("--fp8-recipe: '", v, "' is not one of delayed, tensorwise, blockwise");
 }
 
 AmaxComputeAlgo parse_amax_compute_algo(const std::string& v) {

@@ -103,6 +103,7 @@ class Fp8State {
   /// CPU `q` is the quantized-dequantized float32 weight (used by both GEMMs), `q_t` unused.
   struct WeightCache {
     Tensor q, q_t;
+    Tensor s, s_t;                  // blockwise recipe on CUDA: q's / q_t's 128 x 128 scale_inv blocks
     const void* ptr = nullptr;      // the weight's storage the cast was made from
     int64_t numel = 0;
     uint64_t param_version = 0;     // megatron::param_version() at cast time

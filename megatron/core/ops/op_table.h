@@ -420,3 +420,37 @@ MEGATRON_OP(bool, fp8_gemm_tn_residual,
 /// with a NaN gives its first NaN. Lets the generation loop copy b token ids to the host instead
 /// of b x V logits.
 MEGATRON_OP(void, argmax_last_dim, (const Tensor& x, Tensor& idx), (x, idx), x)
+
+// ------------------------------------------------------------------------------------------
+// Blockwise FP8 (--fp8-recipe blockwise: Transformer Engine's Float8BlockScaling, DeepSeek-V3's
+// recipe; docs/fp8.md "Blockwise recipe"). Current scaling per block, no amax history.
+// ------------------------------------------------------------------------------------------
+
+/// Blockwise quantization of x viewed as [rows, cols] = [numel / x.size(-1), x.size(-1)]
+/// (float32/bfloat16). Each block (block_2d: 128 x 128; else a 1 x 128 row tile, and for q_t a
+/// 128 x 1 column tile) gets scale = fp8_max / amax(block) (TE's compute_scale_from_amax with
+/// epsilon 0: 1 if the amax is 0, inf or NaN; FLT_MAX if the division overflows; with pow2_scales
+/// the mantissa bits are cleared, i.e. rounded down to a power of 2); values are
+/// sat_rne_cast(v * scale) and the stored factor is scale_inv = 1 / scale. Partial blocks at the
+/// edges take the amax of their valid elements.
+///   q [rows, cols] (if q): row tiles along cols (block_2d: 128 x 128 blocks);
+///   s: q's scale_inv, float32; 1 x 128: [ceil(cols/128), round4(rows)] with s[c/128][r];
+///      128 x 128: [ceil(rows/128), round4(ceil(cols/128))] with s[r/128][c/128];
+///   q_t [cols, rows] (if q_t): 1 x 128: x quantized in 128 x 1 column tiles (along rows), stored
+///      transposed -- TE's "columnwise" data, not q transposed; 128 x 128: q transposed;
+///   s_t: q_t's scale_inv laid out as s is for a [cols, rows] tensor.
+/// The layouts are TE's GEMM_READY ones, which cuBLASLt's VEC128_32F / BLK128x128_32F scale modes
+/// read; padding entries (round4) are 0. q / q_t dtype float8_e4m3 or float8_e5m2 (the same).
+MEGATRON_OP(void, fp8_block_quantize,
+            (const Tensor& x, bool block_2d, bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t, Tensor* s_t),
+            (x, block_2d, pow2_scales, q, s, q_t, s_t), x)
+/// Block-scaled FP8 GEMM, "TN" layout: C[m, n] = sum_k A~[m, k] B~[n, k] + beta * C, where A~ is A
+/// dequantized with its scale_inv tensor a_s (1 x 128 tiles along k, or 128 x 128 blocks when
+/// a_2d; layouts of fp8_block_quantize's s) and B~ likewise. Not both 2d. A, B float8_e4m3/e5m2
+/// (not both e5m2); C bfloat16/float32. FP32 accumulation (no fast accumulation, as TE requires
+/// for this recipe). CUDA: cuBLASLt's block-scaled FP8 GEMM (Hopper, CUDA >= 12.9); m, n, k
+/// multiples of 128 here, else a UserError naming the shape.
+MEGATRON_OP(void, fp8_block_gemm_tn,
+            (const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d, Tensor& c,
+             float beta),
+            (a, a_s, a_2d, b, b_s, b_2d, c, beta), a)

@@ -4,6 +4,7 @@
 // Scale and amax pointers are host pointers here. CPU training emulates FP8 with
 // fp8::quantize_dequantize_cpu (fp8_linear.h) and does not call these; they are the reference
 // the CUDA kernels are checked against.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -152,4 +153,108 @@ bool fp8_gemm_tn_residual(const Tensor&, const float*, const Tensor&, const floa
   return false;
 }
 
+}  // namespace megatron::ops::cpu
+
+// ------------------------------------------------------------------ blockwise (op_table.h)
+namespace megatron::ops::cpu {
+namespace {
+constexpr int64_t kBlk = 128;
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round4(int64_t a) { return (a + 3) / 4 * 4; }
+
+// TE's compute_scale_from_amax (common/recipe/recipe_common.cuh) with epsilon 0 and FLT_MAX for
+// an overflowing division, as its blockwise quantizers call it.
+float block_scale(float amax, float fmax, bool pow2) {
+  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
+  float s = fmax / amax;
+  if (std::isinf(s)) s = FLT_MAX;
+  if (pow2) {
+    uint32_t b;
+    std::memcpy(&b, &s, 4);
+    b &= 0xFF800000u;  // keep sign and exponent: round down to a power of 2
+    std::memcpy(&s, &b, 4);
+  }
+  return s;
+}
+
+// One quantization of v [R, C] into q (row-major [R, C]) with blocks of br rows x bc cols; the
+// scale_inv of block (i, j) goes to si[i * si_ld_i + j * si_ld_j].
+void quantize_blocks(const std::vector<float>& v, int64_t R, int64_t C, int64_t br, int64_t bc, bool e4m3,
+                     bool pow2, uint8_t* q, float* si, int64_t si_ld_i, int64_t si_ld_j, bool transpose_out) {
+  const float fmax = e4m3 ? 448.0f : 57344.0f;
+  for (int64_t i0 = 0; i0 < R; i0 += br)
+    for (int64_t j0 = 0; j0 < C; j0 += bc) {
+      const int64_t i1 = std::min(R, i0 + br), j1 = std::min(C, j0 + bc);
+      float amax = 0.0f;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) amax = std::fmax(amax, std::fabs(v[i * C + j]));
+      const float s = block_scale(amax, fmax, pow2);
+      si[(i0 / br) * si_ld_i + (j0 / bc) * si_ld_j] = 1.0f / s;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) q[transpose_out ? j * R + i : i * C + j] = encode(v[i * C + j] * s, e4m3);
+    }
+}
+}  // namespace
+
+void fp8_block_quantize(const Tensor& x, bool block_2d, bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t,
+                        Tensor* s_t) {
+  const int64_t C = x.dim() ? x.size(-1) : 1, R = C ? x.numel() / C : 0;
+  const int64_t cb = ceil_div(C, kBlk), rb = ceil_div(R, kBlk);
+  const Shape s_shape = block_2d ? Shape{rb, round4(cb)} : Shape{cb, round4(R)};
+  const Shape st_shape = block_2d ? Shape{cb, round4(rb)} : Shape{rb, round4(C)};
+  auto ok = [&](Tensor* t, Tensor* ts, const Shape& ss) {
+    return !t || (t->is_cpu() && t->numel() == x.numel() && is_fp8(t->dtype()) && ts && ts->is_cpu() &&
+                  ts->dtype() == DType::kFloat32 && ts->shape() == ss);
+  };
+  MEGATRON_CHECK(x.is_cpu() && ok(q, s, s_shape) && ok(q_t, s_t, st_shape) && (!q || !q_t || q->dtype() == q_t->dtype()))
+      << "fp8_block_quantize: x " << x.str() << (q ? " q " + q->str() + " s " + s->str() : "")
+      << (q_t ? " q_t " + q_t->str() + " s_t " + s_t->str() : "") << " (scale_inv shapes " << shape_str(s_shape)
+      << " / " << shape_str(st_shape) << ")";
+  const std::vector<float> v = x.to_float_vector();
+  if (q) {
+    s->zero_();
+    const bool e4 = q->dtype() == DType::kFloat8E4M3;
+    auto* qb = static_cast<uint8_t*>(q->data_ptr());
+    if (block_2d) quantize_blocks(v, R, C, kBlk, kBlk, e4, pow2_scales, qb, s->data<float>(), round4(cb), 1, false);
+    else quantize_blocks(v, R, C, 1, kBlk, e4, pow2_scales, qb, s->data<float>(), 1, round4(R), false);
+  }
+  if (q_t) {
+    s_t->zero_();
+    const bool e4 = q_t->dtype() == DType::kFloat8E4M3;
+    auto* qb = static_cast<uint8_t*>(q_t->data_ptr());
+    // 128 x 128: the same blocks, stored transposed (s_t[c/128][r/128]); 1 x 128 of the transpose:
+    // 128 x 1 column tiles of x (s_t[r/128][c]).
+    if (block_2d) quantize_blocks(v, R, C, kBlk, kBlk, e4, pow2_scales, qb, s_t->data<float>(), 1, round4(rb), true);
+    else quantize_blocks(v, R, C, kBlk, 1, e4, pow2_scales, qb, s_t->data<float>(), round4(C), 1, true);
+  }
+}
+
+void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
+                       Tensor& c, float beta) {
+  MEGATRON_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(1) && c.size(0) == a.size(0) &&
+                 c.size(1) == b.size(0) && !(a_2d && b_2d) && a_s.dtype() == DType::kFloat32 &&
+                 b_s.dtype() == DType::kFloat32)
+      << "fp8_block_gemm_tn: a " << a.str() << " b " << b.str() << " c " << c.str();
+  // Dequantize each operand with its block's scale_inv, then an fp32 GEMM (the emulation's math).
+  auto deq = [](const Tensor& q, const Tensor& si, bool two_d) {
+    Tensor y = decoded(q);
+    const int64_t R = q.size(0), K = q.size(1);
+    const float* s = si.data<float>();
+    float* p = y.data<float>();
+    const int64_t ld = si.size(1);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k)
+        p[r * K + k] *= two_d ? s[(r / kBlk) * ld + k / kBlk] : s[(k / kBlk) * ld + r];
+    return y;
+  };
+  Tensor ad = deq(a, a_s, a_2d), bd = deq(b, b_s, b_2d);
+  Tensor c32 = Tensor::empty(c.shape(), DType::kFloat32);
+  gemm(ad, false, bd, true, c32, 1.0f, 0.0f);
+  if (beta != 0.0f) {
+    std::vector<float> old = c.to_float_vector();
+    float* p = c32.data<float>();
+    for (int64_t i = 0; i < c32.numel(); ++i) p[i] += beta * old[i];
+  }
+  cast(c32, c);
+}
 }  // namespace megatron::ops::cpu

@@ -42,6 +42,20 @@ struct CachedPlan {
   Plan plan;
   bool supported = false;
 };
+// The descriptors of the column-major TN problem D[M, N] = op_T(A)[M, K] op_N(B)[K, N] (A [K, M],
+// B [K, N], C = D [M, N], all with their leading dimension the first), fp32 compute.
+void make_tn_plan(Plan& p, DType ta, DType tb, DType tc, int64_t M, int64_t N, int64_t K, bool fast_accum) {
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  int8_t fa = fast_accum ? 1 : 0;
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, lt_type(ta), K, M, K));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, lt_type(tb), K, N, K));
+  FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt_type(tc), M, N, M));
+}
+
 std::mutex g_plans_mu;
 std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
@@ -72,15 +86,7 @@ bool run_fp8_gemm(const Tensor& a, const float* a_scale_inv, const Tensor& b, co
   if (it == g_plans.end()) {
     CachedPlan cp;
     Plan& p = cp.plan;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    int8_t fa = fast_accum ? 1 : 0;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, lt_type(b.dtype()), K, M, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, lt_type(a.dtype()), K, N, K));
-    FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt_type(c.dtype()), M, N, M));
+    make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, fast_accum);
     // The scale pointers must be set for the heuristic to pick an FP8 kernel that reads them.
     FP8_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof(void*)));
@@ -125,6 +131,77 @@ bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tenso
       << "fp8_gemm_tn_residual: residual " << residual.str() << " d " << d.str();
   if (!gemm_epilogues_enabled()) return false;
   return run_fp8_gemm(a, a_scale_inv, b, b_scale_inv, d, &residual, 1.0f, fast_accum, /*must=*/false);
+}
+
+
+// ---------------------------------------------------------------- block-scaled (blockwise recipe)
+// cuBLASLt's block-scaled FP8 GEMM (Hopper, cuBLAS >= 12.9): A/B_SCALE_MODE VEC128_32F (one fp32
+// dequantization factor per 128 consecutive k of a row) or BLK128x128_32F, the scale pointers being
+// the scale_inv tensors of fp8_block_quantize (TE's GEMM_READY layouts, which TE hands to cuBLASLt
+// as they are). Same column-major mapping as above: cuBLASLt's A is our b, its B our a. No fast
+// accumulation (TE's Float8BlockScaling requires split accumulation for all three GEMMs).
+namespace {
+using BlockKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, int, int, int>;
+std::map<BlockKey, CachedPlan> g_block_plans;  // under g_plans_mu
+}  // namespace
+
+void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
+                       Tensor& c, float beta) {
+  MEGATRON_CHECK(a.is_cuda() && b.is_cuda() && c.is_cuda() && a_s.is_cuda() && b_s.is_cuda() && a.dim() == 2 &&
+                 b.dim() == 2 && c.dim() == 2 && a_s.dtype() == DType::kFloat32 && b_s.dtype() == DType::kFloat32)
+      << "fp8_block_gemm_tn: a " << a.str() << " b " << b.str() << " c " << c.str();
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  MEGATRON_CHECK(b.size(1) == k && c.size(0) == m && c.size(1) == n && !(a_2d && b_2d) &&
+                 !(a.dtype() == DType::kFloat8E5M2 && b.dtype() == DType::kFloat8E5M2))
+      << "fp8_block_gemm_tn: a " << a.str() << (a_2d ? " (2d)" : "") << " b " << b.str() << (b_2d ? " (2d)" : "")
+      << "^T c " << c.str();
+  if (m == 0 || n == 0) return;
+  if (m % 128 != 0 || n % 128 != 0 || k % 128 != 0)
+    user_error("FP8 blockwise GEMM [", m, " x ", k, "] @ [", n, " x ", k, "]^T: --fp8-recipe blockwise on the GPU needs "
+               "every GEMM dimension (tokens per micro-batch, hidden, FFN and QKV widths) divisible by 128");
+#if CUBLAS_VERSION >= 120900
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  lt::DeviceContext& s = lt::device_context(dev);
+  std::lock_guard<std::mutex> g(g_plans_mu);
+  const int64_t M = n, N = m, K = k;
+  const int al_a = pointer_alignment(b.data_ptr()), al_b = pointer_alignment(a.data_ptr()),
+            al_c = pointer_alignment(c.data_ptr());
+  BlockKey key{dev, M, N, K, (int)b.dtype(), (int)a.dtype(), (int)c.dtype(), b_2d, a_2d, beta != 0.0f, al_a, al_b, al_c};
+  const void* sa = b_s.data_ptr();  // cuBLASLt's A = our b
+  const void* sb = a_s.data_ptr();
+  auto it = g_block_plans.find(key);
+  if (it == g_block_plans.end()) {
+    CachedPlan cp;
+    Plan& p = cp.plan;
+    make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, /*fast_accum=*/false);
+    const int32_t mode_a = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const int32_t mode_b = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
+    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
+    int found = 0;
+    const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
+    cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    it = g_block_plans.emplace(key, cp).first;
+  }
+  if (!it->second.supported)
+    user_error("FP8 blockwise GEMM: cuBLASLt has no block-scaled algorithm for m=", m, " n=", n, " k=", k, " types ",
+               dtype_name(a.dtype()), (a_2d ? "(128x128)" : "(1x128)"), " x ", dtype_name(b.dtype()),
+               (b_2d ? "(128x128)" : "(1x128)"), " -> ", dtype_name(c.dtype()),
+               " (needs a Hopper GPU and cuBLAS >= 12.9); use --fp8-recipe delayed or tensorwise");
+  Plan& p = it->second.plan;
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
+  const float alpha = 1.0f;
+  FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c.data_ptr(),
+                                  p.c, c.data_ptr(), p.c, &p.algo, s.workspace, lt::kWorkspaceBytes,
+                                  megatron::cuda::current_stream()));
+#else
+  (void)a_s; (void)b_s; (void)beta;
+  user_error("--fp8-recipe blockwise needs cuBLAS >= 12.9 (block-scaled FP8 GEMMs); this build has an older one");
+#endif
 }
 
 }  // namespace megatron::ops::cuda

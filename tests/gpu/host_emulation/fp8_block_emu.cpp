@@ -1,0 +1,190 @@
+// Host emulation of the blockwise FP8 quantize kernel of megatron/core/ops/cuda/fp8_block.cu (see
+// fp8_block_run.sh): the kernel source (cvt, block_scale, block_quantize_kernel) compiled as C++
+// with host stand-ins for the CUDA intrinsics; each block's 256 threads run as std::threads
+// meeting at a std::barrier at every __syncthreads, and each warp's 32 threads exchange values
+// through a per-warp buffer and barrier for warp_max (the kernel calls it warp-uniformly). The FP8
+// conversions are the CPU emulation's float_to_e4m3_bits / float_to_e5m2_bits (bit-exact to CUDA's
+// cvt, fp8_gpu_test --groups casts). Checked against a plain loop of TE's blockwise recipe
+// (docs/fp8.md "Blockwise recipe"): bytes and scale_inv of q (1 x 128 or 128 x 128) and q_t
+// (128 x 1 column tiles written transposed, or the 128 x 128 blocks transposed), on shapes with
+// partial tiles, E4M3/E5M2, power-of-2 and fp32 scales. The GPU is checked by
+// fp8_gpu_test --groups blockwise.
+#include <algorithm>
+#include <barrier>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "megatron/core/tensor/dtype.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __restrict__
+#define __shared__ static
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+thread_local Dim3 threadIdx, blockIdx;
+thread_local std::barrier<>* g_bar = nullptr;
+inline void __syncthreads() { g_bar->arrive_and_wait(); }
+enum { __NV_SATFINITE = 1, __NV_E4M3 = 0, __NV_E5M2 = 1 };
+inline uint8_t __nv_cvt_float_to_fp8(float v, int, int fmt) {
+  return fmt == __NV_E4M3 ? megatron::float_to_e4m3_bits(v) : megatron::float_to_e5m2_bits(v);
+}
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+using std::isinf;
+using std::isnan;
+struct bf16_t {
+  uint16_t b;
+};
+
+// One exchange buffer and barrier per warp of the running block.
+struct Warp {
+  std::barrier<>* bar;
+  float v[32];
+};
+Warp g_warps[8];
+float* g_tile = nullptr;  // the block's dynamic shared memory
+
+namespace megatron::ops::cuda {
+namespace {
+constexpr int kB = 128, kLd = 129, kThreads = 256;
+inline float to_f(float x) { return x; }
+inline float to_f(bf16_t x) { return __uint_as_float((uint32_t)x.b << 16); }
+inline float warp_max(float v) {
+  Warp& w = g_warps[threadIdx.x >> 5];
+  w.v[threadIdx.x & 31] = v;
+  w.bar->arrive_and_wait();
+  float m = w.v[0];
+  for (int i = 1; i < 32; ++i) m = std::fmax(m, w.v[i]);
+  w.bar->arrive_and_wait();
+  return m;
+}
+#include "kernels.inc"  // fp8_block_run.sh turned `extern __shared__ float tile[]` into g_tile
+}  // namespace
+}  // namespace megatron::ops::cuda
+
+using namespace megatron::ops::cuda;
+
+template <class T, int kFmt, bool k2D>
+void run_kernel(const std::vector<T>& x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s, int64_t s_ld,
+                uint8_t* qt, float* st, int64_t st_ld) {
+  std::vector<float> smem(kB * kLd);
+  const unsigned gx = (unsigned)((C + kB - 1) / kB), gy = (unsigned)((R + kB - 1) / kB);
+  for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx) {
+      std::barrier<> bar(kThreads);
+      std::vector<std::unique_ptr<std::barrier<>>> wb;
+      for (int w = 0; w < 8; ++w) wb.push_back(std::make_unique<std::barrier<>>(32));
+      for (int w = 0; w < 8; ++w) g_warps[w].bar = wb[w].get();
+      g_tile = smem.data();
+      std::vector<std::thread> th;
+      for (int t = 0; t < kThreads; ++t)
+        th.emplace_back([&, t] {
+          threadIdx = {(unsigned)t, 0, 0};
+          blockIdx = {bx, by, 0};
+          g_bar = &bar;
+          block_quantize_kernel<T, kFmt, k2D>(x.data(), R, C, pow2, q, s, s_ld, qt, st, st_ld);
+        });
+      for (auto& t : th) t.join();
+    }
+}
+
+// The plain loop: TE's compute_scale_from_amax (epsilon 0) per block, sat-RNE casts.
+float ref_scale(float amax, float fmax, bool pow2) {
+  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
+  float s = fmax / amax;
+  if (std::isinf(s)) s = FLT_MAX;
+  if (pow2) s = __uint_as_float(__float_as_uint(s) & 0xFF800000u);
+  return s;
+}
+void ref_blocks(const std::vector<float>& v, int64_t R, int64_t C, int64_t br, int64_t bc, bool e4, bool pow2,
+                std::vector<uint8_t>& q, std::vector<float>& si, int64_t ld_i, int64_t ld_j, bool transpose) {
+  for (int64_t i0 = 0; i0 < R; i0 += br)
+    for (int64_t j0 = 0; j0 < C; j0 += bc) {
+      float a = 0;
+      for (int64_t i = i0; i < std::min(R, i0 + br); ++i)
+        for (int64_t j = j0; j < std::min(C, j0 + bc); ++j) a = std::fmax(a, std::fabs(v[i * C + j]));
+      const float s = ref_scale(a, e4 ? 448.0f : 57344.0f, pow2);
+      si[(i0 / br) * ld_i + (j0 / bc) * ld_j] = 1.0f / s;
+      for (int64_t i = i0; i < std::min(R, i0 + br); ++i)
+        for (int64_t j = j0; j < std::min(C, j0 + bc); ++j)
+          q[transpose ? j * R + i : i * C + j] = __nv_cvt_float_to_fp8(v[i * C + j] * s, 0, e4 ? 0 : 1);
+    }
+}
+
+int g_fail = 0;
+template <class T, int kFmt, bool k2D>
+void check(int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(R * C);
+  for (int64_t i = 0; i < R * C; ++i) v[i] = nd(rng) * std::ldexp(1.0f, (int)((i / 53) % 30) - 15);
+  for (int64_t c = 0; c < std::min<int64_t>(C, 3); ++c) v[c] = 0.0f;  // a partly zero row
+  std::vector<T> x(R * C);
+  for (int64_t i = 0; i < R * C; ++i) {
+    if constexpr (sizeof(T) == 2) {
+      const uint32_t u = __float_as_uint(v[i]);
+      x[i].b = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      v[i] = to_f(x[i]);
+    } else {
+      x[i] = v[i];
+    }
+  }
+  const int64_t cb = (C + 127) / 128, rb = (R + 127) / 128;
+  auto rnd4 = [](int64_t a) { return (a + 3) / 4 * 4; };
+  const int64_t s_rows = k2D ? rb : cb, s_ld = k2D ? rnd4(cb) : rnd4(R);
+  const int64_t st_rows = k2D ? cb : rb, st_ld = k2D ? rnd4(rb) : rnd4(C);
+  std::vector<uint8_t> q(R * C, 0xAA), qt(R * C, 0xAA), rq(R * C), rqt(R * C);
+  std::vector<float> s(s_rows * s_ld, 0.0f), st(st_rows * st_ld, 0.0f), rs(s.size(), 0.0f), rst(st.size(), 0.0f);
+  run_kernel<T, kFmt, k2D>(x, R, C, pow2, q.data(), s.data(), s_ld, qt.data(), st.data(), st_ld);
+  const bool e4 = kFmt == 0;
+  if (k2D) {
+    ref_blocks(v, R, C, 128, 128, e4, pow2, rq, rs, s_ld, 1, false);
+    ref_blocks(v, R, C, 128, 128, e4, pow2, rqt, rst, 1, st_ld, true);
+  } else {
+    ref_blocks(v, R, C, 1, 128, e4, pow2, rq, rs, 1, s_ld, false);
+    ref_blocks(v, R, C, 128, 1, e4, pow2, rqt, rst, st_ld, 1, true);
+  }
+  long long bad = 0, bad_s = 0;
+  for (int64_t i = 0; i < R * C; ++i) bad += (q[i] != rq[i]) + (qt[i] != rqt[i]);
+  for (size_t i = 0; i < s.size(); ++i) bad_s += s[i] != rs[i];
+  for (size_t i = 0; i < st.size(); ++i) bad_s += st[i] != rst[i];
+  const bool ok = bad == 0 && bad_s == 0;
+  std::printf("%s block_quantize_kernel %s %s %s %lldx%lld%s: %lld byte / %lld scale_inv mismatches\n",
+              ok ? "ok  " : "FAIL", k2D ? "128x128" : "1x128", sizeof(T) == 2 ? "bf16" : "fp32", e4 ? "e4m3" : "e5m2",
+              (long long)R, (long long)C, pow2 ? "" : " fp32-scales", bad, bad_s);
+  if (!ok) ++g_fail;
+}
+
+int main() {
+  std::mt19937 rng(11);
+  check<bf16_t, 0, false>(130, 200, true, rng);
+  check<bf16_t, 1, false>(257, 131, true, rng);
+  check<float, 0, false>(128, 256, false, rng);
+  check<bf16_t, 0, true>(130, 200, true, rng);
+  check<float, 1, true>(257, 131, false, rng);
+  check<bf16_t, 0, true>(256, 384, true, rng);
+  std::printf("fp8_block_emu: %s\n", g_fail ? "FAILED" : "all ok");
+  return g_fail ? 1 : 0;
+}
