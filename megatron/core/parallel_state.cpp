@@ -178,6 +178,7 @@ GroupLayout compute_group_layout(const ParallelConfig& c, int world_size) {
   L.groups["expt-tp"] = egen.get_ranks("tp");
   L.groups["tp-ep"] = egen.get_ranks("tp-ep");
   L.groups["expt-dp"] = egen.get_ranks("dp");
+  L.groups["tp-ep-pp"] = egen.get_ranks("tp-ep-pp");
   return L;
 }
 
@@ -268,6 +269,12 @@ GroupPtr get_expert_model_parallel_group() { return group("ep"); }
 GroupPtr get_expert_tensor_parallel_group() { return group("expt-tp"); }
 GroupPtr get_expert_tensor_and_model_parallel_group() { return group("tp-ep"); }
 GroupPtr get_expert_data_parallel_group() { return group("expt-dp"); }
+GroupPtr get_expert_tensor_model_pipeline_parallel_group() { return group("tp-ep-pp"); }
+int get_expert_model_parallel_rank() { return group_rank("ep"); }
+int get_expert_tensor_parallel_rank() { return group_rank("expt-tp"); }
+int get_expert_tensor_parallel_world_size() { return group_size("expt-tp"); }
+int get_expert_data_parallel_rank() { return group_rank("expt-dp"); }
+int get_expert_data_parallel_world_size() { return group_size("expt-dp"); }
 
 int get_tensor_model_parallel_rank() { return group_rank("tp"); }
 int get_tensor_model_parallel_world_size() { return group_size("tp"); }

@@ -85,9 +85,10 @@ inline const std::vector<std::string>& group_names() {
 /// The MoE groups, from Megatron's second RankGenerator (tp = expert-TP, ep, dp = expert-DP, pp,
 /// cp = 1, same order string): "ep" (EXPERT_MODEL_PARALLEL), "expt-tp" (EXPERT_TENSOR_PARALLEL),
 /// "tp-ep" (EXPERT_TENSOR_AND_MODEL_PARALLEL, the dispatchers' group), "expt-dp"
-/// (EXPERT_DATA_PARALLEL, expert gradient reduction).
+/// (EXPERT_DATA_PARALLEL, expert gradient reduction), "tp-ep-pp"
+/// (EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL, the expert params' grad-norm group).
 inline const std::vector<std::string>& expert_group_names() {
-  static const std::vector<std::string> names = {"ep", "expt-tp", "tp-ep", "expt-dp"};
+  static const std::vector<std::string> names = {"ep", "expt-tp", "tp-ep", "expt-dp", "tp-ep-pp"};
   return names;
 }
 
@@ -159,6 +160,13 @@ GroupPtr get_expert_model_parallel_group();
 GroupPtr get_expert_tensor_parallel_group();
 GroupPtr get_expert_tensor_and_model_parallel_group();
 GroupPtr get_expert_data_parallel_group();
+/// tp-ep-pp of the expert rank generator (Megatron's get_expert_tensor_model_pipeline_parallel_group).
+GroupPtr get_expert_tensor_model_pipeline_parallel_group();
+int get_expert_model_parallel_rank();
+int get_expert_tensor_parallel_rank();
+int get_expert_tensor_parallel_world_size();
+int get_expert_data_parallel_rank();
+int get_expert_data_parallel_world_size();
 
 int get_tensor_model_parallel_rank();
 int get_tensor_model_parallel_world_size();

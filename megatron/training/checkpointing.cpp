@@ -86,6 +86,7 @@ ParallelRanks checkpoint_ranks() {
   r.pp_size = ps::get_pipeline_model_parallel_world_size();
   r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
   r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
+  r.edp_rank = ps::get_expert_data_parallel_rank();
   return r;
 }
 
@@ -128,14 +129,28 @@ std::pair<std::string, int64_t> stacked_layer_key(const std::string& name) {
   return {name, -1};
 }
 
+std::string expert_checkpoint_key(const std::string& name) {
+  static const std::regex seq(R"(^(.*\.mlp\.experts\.)local_experts\.\d+\.(.+)$)");
+  static const std::regex grouped(R"(^(.*\.mlp\.experts\.)(linear_fc[12]\.weight)\d+$)");
+  std::smatch m;
+  if (std::regex_match(name, m, seq) || std::regex_match(name, m, grouped)) return m[1].str() + "experts." + m[2].str();
+  MEGATRON_CHECK(false) << name << ": not a routed expert's weight name";
+  return name;
+}
+
 std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
                                                  int64_t num_layers, const ParallelRanks& ranks) {
-  auto [key, layer] = stacked_layer_key(name);
+  auto [key, layer] = sh.stack_layers ? stacked_layer_key(name) : std::make_pair(name, int64_t{-1});
   std::vector<std::pair<int64_t, int64_t>> prepend;
   if (layer >= 0) {
     MEGATRON_CHECK(layer < num_layers) << name << ": layer index " << layer << " >= num_layers " << num_layers
                             << " (pass global layer numbers)";
     prepend.push_back({layer, num_layers});
+  }
+  if (sh.expert_index >= 0) {
+    key = expert_checkpoint_key(key);
+    MEGATRON_CHECK(sh.expert_index < sh.num_experts) << name << ": expert " << sh.expert_index << " of " << sh.num_experts;
+    prepend.push_back({sh.expert_index, sh.num_experts});
   }
   const int replica = (sh.tp_axis < 0 ? ranks.tp_rank : 0) + ranks.dp_rank * ranks.tp_size;
   std::vector<dc::AxisFragment> frags;
@@ -168,18 +183,25 @@ std::vector<ShardedTensor> parameter_sharded_tensors(const Parameter& p, int64_t
     return out;
   }
   ParallelRanks r = ranks;
-  if (p.partition_dim >= 0) {
+  if (p.partition_dim >= 0 || !p.allreduce) {
+    // TP-split: the parameter's own (expert-)TP rank. An expert-parallel parameter is replicated
+    // over expt-dp only (its global expert index is in its name, so EP ranks write distinct keys).
     r.tp_rank = p.tp_rank;
     r.tp_size = p.tp_size;
   }
+  if (!p.allreduce) r.dp_rank = ranks.edp_rank;
   ParamSharding sh;
   sh.tp_axis = p.partition_dim;
   sh.swiglu_fc1 = p.partition_stride == 2;
+  sh.stack_layers = p.stack_layers;
+  sh.expert_index = p.expert_index;
+  sh.num_experts = p.num_experts;
   MEGATRON_CHECK(p.partition_stride == 1 || p.partition_stride == 2) << p.name << ": partition_stride " << p.partition_stride;
   auto out = model_sharded_tensors(p.name, p.data, sh, num_layers, r);
   // global_shape from the model is authoritative: check the sharding reproduces it
   Shape want = p.global_shape;
-  if (stacked_layer_key(p.name).second >= 0) want.insert(want.begin(), num_layers);
+  if (p.expert_index >= 0) want.insert(want.begin(), p.num_experts);
+  if (p.stack_layers && stacked_layer_key(p.name).second >= 0) want.insert(want.begin(), num_layers);
   for (const auto& t : out)
     MEGATRON_CHECK(t.global_shape == want) << p.name << ": sharded global shape " << shape_str(t.global_shape)
                                           << " != model global shape " << shape_str(want);
@@ -247,7 +269,7 @@ TrainingState model_and_optimizer_state(const std::vector<Parameter>& params,
         // Flat range of the piece's box this rank owns; only DP owners write (TP/PP copies and
         // the tied output-layer copy are replicas).
         const Shape shape{hi - lo};
-        const int replica = p.shared ? 1 : (p.partition_dim < 0 ? ranks.tp_rank : 0);
+        const int replica = p.shared ? 1 : (p.partition_dim < 0 ? (p.allreduce ? ranks.tp_rank : p.tp_rank) : 0);
         add_optimizer_state(st, piece, slice(mp, lo - ob, shape), slice(m, lo - ob, shape), slice(v, lo - ob, shape),
                             std::make_pair(lo - pc.begin, hi - pc.begin), replica);
         if (buf.defined())
@@ -511,11 +533,14 @@ std::vector<ShardedTensor> fp8_state_tensors(const std::vector<models::gpt::GPTM
 std::vector<ShardedTensor> router_state_tensors(const std::vector<models::gpt::GPTModel*>& chunks, int64_t num_layers,
                                                 const ParallelRanks& ranks) {
   std::vector<ShardedTensor> out;
-  for (const auto* m : chunks)
+  for (const auto* m : chunks) {
+    ParamSharding sh;  // per-layer keys like the parameters' with a mixed --moe-layer-freq
+    sh.stack_layers = !m->config().moe_non_homogeneous_layers;
     for (transformer::moe::TopKRouter* r : m->moe_routers())
       if (r->enable_expert_bias())
-        for (auto& t : model_sharded_tensors(r->prefix() + ".expert_bias", r->expert_bias(), ParamSharding{}, num_layers, ranks))
+        for (auto& t : model_sharded_tensors(r->prefix() + ".expert_bias", r->expert_bias(), sh, num_layers, ranks))
           out.push_back(std::move(t));
+  }
   return out;
 }
 

@@ -78,6 +78,9 @@ struct ParallelRanks {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
+  /// Expert-data-parallel rank (expt-dp): the replica index of the expert-parallel parameters
+  /// (Parameter::allreduce false), whose expert-TP rank/size come from the parameter itself.
+  int edp_rank = 0;
 };
 
 /// This rank's position from parallel_state (initialize_model_parallel must have run); DP is
@@ -151,15 +154,28 @@ std::optional<std::pair<int64_t, bool>> read_tracker(const std::string& root);
 /// ("decoder.layers.self_attention.linear_qkv.weight", 3). Other names → (name, -1).
 std::pair<std::string, int64_t> stacked_layer_key(const std::string& param_name);
 
+/// Megatron's checkpoint key of a routed expert's weight (SequentialMLP / TEGroupedMLP
+/// sharded_state_dict, interchangeable): "...mlp.experts.local_experts.E.linear_fc1.weight" and
+/// "...mlp.experts.linear_fc1.weightE" → "...mlp.experts.experts.linear_fc1.weight". InternalError
+/// for another name.
+std::string expert_checkpoint_key(const std::string& name);
+
 /// How one model parameter is split across tensor-parallel ranks.
 struct ParamSharding {
   int tp_axis = -1;          // axis split over TP (-1: replicated over TP)
   bool swiglu_fc1 = false;   // linear_fc1 of a SwiGLU MLP: local [gate_shard; up_shard] rows
+  bool stack_layers = true;  // false: decoder-layer names keep their layer index (no layer axis)
+  /// A routed expert's weight (Megatron's SequentialMLP / TEGroupedMLP sharded_state_dict): the
+  /// key is its layer's "...mlp.experts.experts.linear_fc{1,2}.weight" (from
+  /// "...mlp.experts.local_experts.E.linear_fc1.weight" or the grouped "...linear_fc1.weightE")
+  /// with an expert axis of size num_experts (after the layer axis) at expert_index.
+  int64_t expert_index = -1, num_experts = 0;
 };
 
 /// ShardedTensors of one parameter: `name` with a GLOBAL layer index (decoder.layers.{i}.…),
 /// `data` this rank's piece, split as `sh` over ranks.tp_size. Layer parameters become the
-/// stacked key with a leading layer axis of size `num_layers`; TP-replicated tensors get
+/// stacked key with a leading layer axis of size `num_layers` (unless sh.stack_layers is false),
+/// a routed expert's weight the expert key and axis of `sh`; TP-replicated tensors get
 /// replica_id = tp_rank; everything gets replica ids over DP (dp_rank). SwiGLU fc1 returns two
 /// pieces (gate and up rows) so the global tensor is [W_gate; W_up] whatever the TP size.
 std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const Tensor& data, const ParamSharding& sh,
@@ -168,7 +184,9 @@ std::vector<ShardedTensor> model_sharded_tensors(const std::string& name, const 
 /// The persistent buffers of the chunks' MoE routers as model-state ShardedTensors: Megatron's
 /// TopKRouter `expert_bias` (float32 [E], with --moe-router-enable-expert-bias) under the stacked
 /// key "decoder.layers.mlp.router.expert_bias" [num_layers, E] (Megatron's module state-dict key
-/// for a buffer), replicated over TP and DP (replica ids as model_sharded_tensors). The views
+/// for a buffer; "decoder.layers.N.mlp.router.expert_bias" [E] per layer when the model's
+/// --moe-layer-freq is a list or > 1, as its parameters), replicated over TP and DP (replica ids as
+/// model_sharded_tensors). The views
 /// share the routers' storage, so a load fills the routers in place. Megatron's non-persistent
 /// buffers (local_tokens_per_expert, the global aux loss counts) are not saved: they are zero
 /// after every step's finalize_model_grads (transformer/moe/router.h finalize_router_state).

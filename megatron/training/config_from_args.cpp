@@ -4,6 +4,7 @@
 #include <array>
 
 #include "megatron/core/datasets/utils.h"
+#include "megatron/core/transformer/moe/moe_config.h"
 #include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
@@ -82,6 +83,9 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
     c.num_moe_experts = *a.num_experts;
     c.moe_ffn_hidden_size = a.moe_ffn_hidden_size.value_or(0);
     c.moe_layer_pattern = a.moe_layer_pattern;
+    bool is_int = false;
+    const std::vector<int64_t> freq = transformer::moe::eval_moe_layer_freq(a.moe_layer_freq, &is_int);
+    c.moe_non_homogeneous_layers = !is_int || freq.front() > 1;
     c.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size.value_or(0);
     c.moe_router_topk = a.moe_router_topk;
     c.moe_router_load_balancing_type = a.moe_router_load_balancing_type;

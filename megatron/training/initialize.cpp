@@ -39,18 +39,6 @@ void check_supported_parallelism(const Arguments& args) {
   if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
     user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
                ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
-  // MoE: the layer supports EP and expert-TP (megatron/core/transformer/moe/, docs/moe.md), but the
-  // training loop does not yet reduce expert gradients over the expert-data-parallel group (nor
-  // count them in the grad norm across EP), so a training run needs expert-DP == DP.
-  if (args.expert_model_parallel_size > 1)
-    user_error("--expert-model-parallel-size ", args.expert_model_parallel_size,
-               ": expert parallelism is not available in pretrain_gpt yet (expert-data-parallel gradient reduction); "
-               "use --expert-model-parallel-size 1 (docs/moe.md)");
-  if (args.num_experts && args.expert_tensor_parallel_size &&
-      *args.expert_tensor_parallel_size != args.tensor_model_parallel_size)
-    user_error("--expert-tensor-parallel-size ", *args.expert_tensor_parallel_size,
-               " different from --tensor-model-parallel-size is not available in pretrain_gpt yet (expert-data-parallel "
-               "gradient reduction); drop it (docs/moe.md)");
   if (args.num_experts && args.recompute_granularity == "full")
     user_error("--recompute-granularity full with --num-experts is not implemented in megatron.cpp yet (the router "
                "would count tokens twice); drop it");

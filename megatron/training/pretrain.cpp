@@ -111,6 +111,10 @@ void print_allocated_bytes(const Arguments& args, const std::vector<std::unique_
   for (const auto& m : chunks) {
     params += m->buffers().param_bytes_held();  // FP8 weights: FP8 bytes (+ model-dtype copy until released)
     grads += bytes(m->grad_buffer());
+    if (auto* e = m->expert_parallel_buffers()) {
+      params += e->param_bytes_held();
+      grads += bytes(e->grad_data());
+    }
   }
   for (size_t j = 0; j < opt.params().size(); ++j) {
     if (!opt.main_param(j).shares_storage(opt.params()[j].param)) state += bytes(opt.main_param(j));
@@ -134,9 +138,16 @@ BatchIterator iterator_of(GPTDataLoader* loader, const GetBatch& get_batch) {
 
 }  // namespace
 
+std::vector<distributed::DistributedDataParallel*> ModelAndOptimizer::chunk_ddps(size_t c) const {
+  std::vector<distributed::DistributedDataParallel*> out{ddp.at(c).get()};
+  if (c < expert_ddp.size() && expert_ddp[c]) out.push_back(expert_ddp[c].get());
+  return out;
+}
+
 std::vector<distributed::DistributedDataParallel*> ModelAndOptimizer::ddp_ptrs() const {
   std::vector<distributed::DistributedDataParallel*> out;
-  for (const auto& d : ddp) out.push_back(d.get());
+  for (size_t c = 0; c < ddp.size(); ++c)
+    for (auto* d : chunk_ddps(c)) out.push_back(d);
   return out;
 }
 
@@ -206,23 +217,50 @@ ModelAndOptimizer setup_model_and_optimizer(const MegatronRuntime& rt, const Mod
   mo.ddp_config = ddp_config_from_args(args);
   mo.seed = args.seed;
   // One DDP per model chunk; with virtual stages only the first chunk is bucketed (Megatron).
-  std::vector<optimizer::OptimizerParam> opt_params;
+  // The routed experts on the expert process groups (EP > 1 or expert-TP != TP) have buffers of
+  // their own, reduced over expt-dp with Megatron's expert gradient scaling (1/(DP x CP)).
+  const bool expert_pgs = args.num_experts && (args.expert_model_parallel_size > 1 ||
+                                               args.expert_tensor_parallel_size.value_or(args.tensor_model_parallel_size) !=
+                                                   args.tensor_model_parallel_size);
+  std::vector<optimizer::OptimizerParam> opt_params, expert_opt_params;
   for (size_t c = 0; c < (eval_only ? 0 : chunks.size()); ++c) {
     distributed::DistributedDataParallelConfig cc = mo.ddp_config;
     if (c > 0) cc.bucket_size = std::numeric_limits<int64_t>::max();  // one bucket
     mo.ddp.push_back(std::make_unique<distributed::DistributedDataParallel>(cc, chunks[c]->buffers(),
                                                                             chunks[c]->parameters(), dp_group));
-    auto op = args.use_distributed_optimizer ? optimizer::distributed_optimizer_params(*mo.ddp.back())
-                                             : optimizer::optimizer_params(chunks[c]->parameters());
+    distributed::ParamAndGradBuffer* eb = chunks[c]->expert_parallel_buffers();
+    mo.expert_ddp.push_back(eb ? std::make_unique<distributed::DistributedDataParallel>(
+                                     cc, *eb, chunks[c]->parameters(), ps::get_expert_data_parallel_group(),
+                                     dp_group->size())
+                               : nullptr);
+    if (!args.use_distributed_optimizer) {
+      auto op = optimizer::optimizer_params(chunks[c]->parameters());
+      opt_params.insert(opt_params.end(), op.begin(), op.end());
+      continue;
+    }
+    auto op = optimizer::distributed_optimizer_params(*mo.ddp.back());
     opt_params.insert(opt_params.end(), op.begin(), op.end());
+    if (eb) {
+      auto eop = optimizer::distributed_optimizer_params(*mo.expert_ddp.back());
+      expert_opt_params.insert(expert_opt_params.end(), eop.begin(), eop.end());
+    }
   }
+  // ChainedOptimizer order: the dense optimizer's params, then the expert optimizer's.
+  opt_params.insert(opt_params.end(), expert_opt_params.begin(), expert_opt_params.end());
   // Grad norm / zero counts: over the model-parallel group (grads are equal across DP), or with
   // the distributed optimizer over DP x model-parallel (each rank holds disjoint slices);
   // TP-duplicated parameters count on TP rank 0 only, the tied embedding's copy not at all.
+  // Expert-parallel params (ChainedOptimizer's expert optimizer): over tp-ep-pp (equal across
+  // expt-dp), or with the distributed optimizer the world as well (one shared group: one norm).
+  std::shared_ptr<comm::ProcessGroup> stats_group =
+      args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group();
   mo.optimizer = std::make_unique<optimizer::MegatronOptimizer>(
       eval_only ? eval_only_optimizer_config(args) : optimizer_config_from_args(args), std::move(opt_params),
-      args.use_distributed_optimizer ? ps::get_world_group() : ps::get_model_parallel_group(),
-      ps::get_tensor_model_parallel_rank());
+      stats_group, ps::get_tensor_model_parallel_rank());
+  if (expert_pgs && !eval_only)
+    mo.optimizer->set_expert_grad_stats(
+        args.use_distributed_optimizer ? stats_group : ps::get_expert_tensor_model_pipeline_parallel_group(),
+        ps::get_expert_tensor_parallel_rank());
   mo.opt_param_scheduler = std::make_unique<OptimizerParamScheduler>(
       eval_only ? eval_only_scheduler_options() : scheduler_options_from_args(args));
 
@@ -406,13 +444,14 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   }
   // --overlap-grad-reduce: backward reports finished parameters to DDP, which launches a
   // bucket's reduction as soon as the bucket is complete.
-  auto grad_ready_of = [](distributed::DistributedDataParallel* d) {
-    return [d](const std::vector<size_t>& ready) {
-      for (size_t i : ready) d->register_grad_ready(i);
+  auto grad_ready_of = [&mo](size_t chunk) {
+    return [ds = mo.chunk_ddps(chunk)](const std::vector<size_t>& ready) {
+      for (auto* d : ds)
+        for (size_t i : ready) d->register_grad_ready(i);  // each DDP takes the params it holds
     };
   };
   if (mo.ddp_config.overlap_grad_reduce && !args.skip_train)
-    trainable.set_grad_ready(grad_ready_of(ddp_ptrs.front()), num_microbatches(args));
+    trainable.set_grad_ready(grad_ready_of(0), num_microbatches(args));
   // Pipeline parallelism: the schedule runs the micro-batches (Megatron's forward_backward_func).
   const int cp_size = ps::get_context_parallel_world_size();
   std::unique_ptr<GPTPipeline> pipeline;
@@ -429,7 +468,7 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
                                              config.params_dtype, device, num_microbatches(args), per_token_loss,
                                              args.microbatch_group_size_per_vp_stage.value_or(0));
     if (mo.ddp_config.overlap_grad_reduce)
-      for (size_t c = 0; c < ddp_ptrs.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(ddp_ptrs[c]));
+      for (size_t c = 0; c < mo.ddp.size(); ++c) pipeline->set_grad_ready(c, grad_ready_of(c));
     hooks.forward_backward = [&pipeline](BatchIterator& d, bool forward_only, double loss_scale) {
       return pipeline->forward_backward(d, forward_only, loss_scale);
     };

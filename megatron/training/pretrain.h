@@ -54,6 +54,9 @@ struct ModelAndOptimizer {
   distributed::DistributedDataParallelConfig ddp_config;
   /// One per chunk (none with --skip-train); with virtual stages only the first is bucketed.
   std::vector<std::unique_ptr<distributed::DistributedDataParallel>> ddp;
+  /// Per chunk, the DDP of its expert_parallel_buffers over the expt-dp group (nullptr where the
+  /// chunk has none): Megatron's expert_parallel_buffers of the same DistributedDataParallel.
+  std::vector<std::unique_ptr<distributed::DistributedDataParallel>> expert_ddp;
   std::unique_ptr<optimizer::MegatronOptimizer> optimizer;
   std::unique_ptr<OptimizerParamScheduler> opt_param_scheduler;
   CheckpointConfig checkpoint;  ///< expected_args = this run's checkpoint args (checkpoint_args.h)
@@ -61,15 +64,21 @@ struct ModelAndOptimizer {
   TrainCounters counters;       ///< restored by --load (iteration, consumed samples, FLOPs); else 0
   int64_t seed = 0;             ///< --seed (the checkpoint's rng_state)
 
+  /// Every DDP in reduction order: per chunk the dense one, then its expert-parallel one (as
+  /// Megatron's bucket_groups + expert_parallel_bucket_groups).
   std::vector<distributed::DistributedDataParallel*> ddp_ptrs() const;
+  /// The DDPs of chunk c (dense, then expert-parallel if any).
+  std::vector<distributed::DistributedDataParallel*> chunk_ddps(size_t c) const;
   /// The objects generate_state_dict / load_state_dict read and restore.
   TrainingObjects training_objects() const;
 };
 
 /// Megatron's setup_model_and_optimizer: get_model; DistributedDataParallel over the dp-cp group
-/// for every chunk (ddp_config_from_args); the optimizer (optimizer_config_from_args; with the
-/// distributed optimizer over the DP slices, grad norm over the world, else over the
-/// model-parallel group) and OptimizerParamScheduler (scheduler_options_from_args); then --load
+/// for every chunk (ddp_config_from_args), and over the expt-dp group for a chunk's expert-parallel
+/// buffers; the optimizer (optimizer_config_from_args; with the distributed optimizer over the DP /
+/// expert-DP slices, grad norm over the world, else over the model-parallel group and, for the
+/// expert-parallel params, the tp-ep-pp group: ChainedOptimizer, docs/moe.md) and
+/// OptimizerParamScheduler (scheduler_options_from_args); then --load
 /// (load_checkpoint + load_state_dict) and, with --fp8-param-gather, the first FP8 cast and
 /// parameter all-gather. --skip-train: the parameters only (no grad buffer, DDP or optimizer
 /// state; an empty optimizer and a constant schedule). Prints a per-rank "allocated bytes" line.

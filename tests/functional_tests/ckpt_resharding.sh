@@ -29,23 +29,7 @@ ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --
   --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
   --log-interval 1 --eval-interval 1000 --eval-iters 1 --distributed-backend nccl)
 
-launch() {  # launch NP LOG ARGS...
-  local np=$1 log=$2; shift 2
-  local l=()
-  [ "$np" -gt 1 ] && l=("${MPIRUN[@]}" -np "$np")
-  timeout 180 "${l[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$log" 2>&1 \
-    || { tail -30 "$log" >&2; fail "$(basename "$log" .log) exited with status $?"; }
-}
-save_run() {  # save_run NAME NP LAYOUT...: layout A, 5 iterations, saves at 2, 4, 5
-  local name=$1 np=$2; shift 2
-  launch "$np" "$LOGDIR/$name.log" "$@" --save "$LOGDIR/$name" --save-interval 2
-  grep -q 'successfully saved checkpoint from iteration       2 ' "$LOGDIR/$name.log" || fail "$name: no save at 2"
-}
-load_run() {  # load_run NAME FROM NP LAYOUT...: loads FROM's iteration 2
-  local name=$1 from=$2 np=$3; shift 3
-  launch "$np" "$LOGDIR/$name.log" "$@" --load "$LOGDIR/$from" --ckpt-step 2
-  grep -q 'successfully loaded checkpoint from .* at iteration 2' "$LOGDIR/$name.log" || fail "$name: no load line"
-}
+source "$SRC/tests/functional_tests/ckpt_common.inc"  # launch, save_run (5 iterations, saves at 2, 4, 5), load_run
 loss() {  # loss LOG IT
   grep -E "\] iteration +$2/ +5 \|" "$1" | head -1 | sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p'
 }

@@ -3,22 +3,15 @@
 # first layer by --moe-layer-freq '([0]+[1])', a shared expert) on mock data: the single-rank run
 # against DP2, DP2 + --use-distributed-optimizer, TP2 + --sequence-parallel (experts split by
 # expert-TP = TP, tokens gathered by the allgather dispatcher), PP2 (dense stage + MoE stage), and the
-# alltoall dispatcher, all under mpirun. Every lm loss / validation loss must equal the single-rank
+# alltoall dispatcher, all under mpirun; expert parallelism and expert-TP != TP (below). Every lm loss / validation loss must equal the single-rank
 # run within 1e-5 relative and the grad norm within one printed unit: the aux losses' gradients change
 # the weights, so a wrong aux-loss scale (1/M, 1/DP, TP token counts) moves the iteration-2+ losses
 # by far more (see pretrain_gpt_parallel.sh for why 1e-5 is a wide margin over fp32 reordering).
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
-ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
-  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
-  --micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
-  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
-  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
-  --log-interval 1 --eval-interval 2 --eval-iters 1 --distributed-backend nccl
-  --disable-bias-linear --swiglu --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
-  --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-layer-freq '([0]+[1])'
-  --moe-shared-expert-intermediate-size 32)
+source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
+ARGS=("${MOE_ARGS[@]}" --train-iters 4 --eval-interval 2 --moe-layer-freq '([0]+[1])')
 
 run() {  # run NAME LAUNCHER... -- EXTRA ARGS
   local name=$1; shift
@@ -107,12 +100,57 @@ run dp2_distopt "${MPIRUN[@]}" -np 2 -- --use-distributed-optimizer
 run tp2_sp "${MPIRUN[@]}" -np 2 -- --tensor-model-parallel-size 2 --sequence-parallel
 run tp2_sp_a2a "${MPIRUN[@]}" -np 2 -- --tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall
 run pp2 "${MPIRUN[@]}" -np 2 -- --pipeline-model-parallel-size 2
-for name in dp2 dp2_distopt tp2_sp tp2_sp_a2a pp2; do
+# Expert parallelism (docs/moe.md "Expert parallelism in training"): the experts' weights in their own
+# buffer reduced over expt-dp (pre-scale 1/DP), the grad norm as Megatron's ChainedOptimizer (dense
+# part over tp-pp, experts over tp-ep-pp, or one norm over the world with the distributed
+# optimizer). EP2 (expert-DP 1), EP2 x expert-DP2 on 4 ranks, EP4, EP2 with the distributed
+# optimizer (plus DP2 and overlapped reduce / param gather), expert-TP != TP both ways (TP1 with
+# expert-TP2; TP2 + SP with expert-TP1 and EP2: Megatron's expert rank order puts the two TP ranks
+# on different EP ranks), EP2 under PP2 and with the alltoall dispatcher.
+run ep2 "${MPIRUN[@]}" -np 2 -- --expert-model-parallel-size 2
+run ep2_dp2 "${MPIRUN[@]}" -np 4 -- --expert-model-parallel-size 2
+run ep4 "${MPIRUN[@]}" -np 4 -- --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
+run ep2_distopt "${MPIRUN[@]}" -np 2 -- --expert-model-parallel-size 2 --use-distributed-optimizer
+run ep2_dp2_distopt_overlap "${MPIRUN[@]}" -np 4 -- --expert-model-parallel-size 2 --use-distributed-optimizer \
+  --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 4000
+run etp2 "${MPIRUN[@]}" -np 2 -- --expert-tensor-parallel-size 2
+run tp2_sp_etp1_ep2 "${MPIRUN[@]}" -np 4 -- --tensor-model-parallel-size 2 --sequence-parallel \
+  --expert-tensor-parallel-size 1 --expert-model-parallel-size 2
+run pp2_ep2 "${MPIRUN[@]}" -np 4 -- --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+# The TCP backend (--distributed-backend gloo under megatron_launch) as well as MPI.
+run ep2_dp2_tcp "$BIN/megatron_launch" --nproc-per-node 4 --master-port "$(free_port)" -- \
+  --expert-model-parallel-size 2 --use-distributed-optimizer --distributed-backend gloo
+for name in dp2 dp2_distopt tp2_sp tp2_sp_a2a pp2 ep2 ep2_dp2 ep4 ep2_distopt ep2_dp2_distopt_overlap etp2 \
+  tp2_sp_etp1_ep2 pp2_ep2 ep2_dp2_tcp; do
   summaries_equal "$LOGDIR/single.sum" "$LOGDIR/$name.sum" $name \
     || { cat "$LOGDIR/single.sum" "$LOGDIR/$name.sum" >&2; fail "$name differs from the single-rank run"; }
   moe_equal "$LOGDIR/single.moe" "$LOGDIR/$name.moe" $name || fail "$name: MoE metrics differ from the single-rank run"
   echo "$name: lm loss, grad norm, validation losses, load_balancing_loss and z_loss equal the single-rank MoE run"
 done
+# Adam normalizes the gradient's scale away, so a wrong expert-gradient scale shows above only in the
+# grad norm. With SGD (momentum 0.9, lr 0.3) it moves the weights: EP2 x expert-DP2 on 4 ranks (DP 4,
+# expert-DP 2, where Megatron's 1/DP pre-scale and a 1/expert-DP one differ by 2x) must equal the
+# single-rank SGD run; with the expert gradients scaled 2x the iteration-3+ losses differ by > 1e-5
+# relative (measured: 1.6e-5 at iteration 3, 3.8e-5 for the validation loss), which this catches.
+SGD=(--optimizer sgd --sgd-momentum 0.9 --lr 0.3 --min-lr 0.03 --train-iters 6)
+run single_sgd env -- "${SGD[@]}"
+run ep2_dp2_sgd "${MPIRUN[@]}" -np 4 -- "${SGD[@]}" --expert-model-parallel-size 2
+run ep2_dp2_sgd_distopt "${MPIRUN[@]}" -np 4 -- "${SGD[@]}" --expert-model-parallel-size 2 --use-distributed-optimizer
+for name in ep2_dp2_sgd ep2_dp2_sgd_distopt; do
+  summaries_equal "$LOGDIR/single_sgd.sum" "$LOGDIR/$name.sum" $name \
+    || { cat "$LOGDIR/single_sgd.sum" "$LOGDIR/$name.sum" >&2; fail "$name differs from the single-rank SGD run"; }
+  moe_equal "$LOGDIR/single_sgd.moe" "$LOGDIR/$name.moe" $name || fail "$name: MoE metrics differ from the single-rank run"
+  echo "$name: equal to the single-rank SGD run"
+done
+# --log-num-zeros-in-grad and --log-params-norm (Megatron's calc_params_norm: dense over tp-pp,
+# experts over tp-ep-pp) under EP2 x expert-DP2 print what the single-rank run prints.
+stats() { grep -o 'params norm: [^|]*\|num zeros: [^|]*' "$1"; }
+run single_stats env -- --log-num-zeros-in-grad --log-params-norm
+run ep2_dp2_stats "${MPIRUN[@]}" -np 4 -- --log-num-zeros-in-grad --log-params-norm --expert-model-parallel-size 2
+[ "$(stats "$LOGDIR/single_stats.log" | wc -l)" -ge 8 ] || fail "no params norm / num zeros in the single-rank log"
+[ "$(stats "$LOGDIR/single_stats.log")" = "$(stats "$LOGDIR/ep2_dp2_stats.log")" ] \
+  || fail "EP2 x DP2 params norm / num zeros differ from the single-rank run"
+echo "ep2_dp2: params norm and num zeros equal the single-rank run"
 # The aux losses act: without them the run differs (so the comparisons above see their gradients).
 run no_aux env -- --moe-aux-loss-coeff 0
 summaries_equal "$LOGDIR/single.sum" "$LOGDIR/no_aux.sum" no_aux 2>/dev/null \
@@ -130,5 +168,8 @@ bad "invalid length of the layer pattern: 3, expected 2" --moe-layer-freq '[1]*3
 bad "--moe-token-dispatcher-type flex" --moe-token-dispatcher-type flex
 bad "--moe-enable-deepep is a Megatron-LM flag that megatron.cpp does not implement" --moe-enable-deepep
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "needs --sequence-parallel" --tensor-model-parallel-size 2
-BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "expert parallelism is not available in pretrain_gpt yet" --expert-model-parallel-size 2
+BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "world size (2) is not divisible by --expert-tensor-parallel-size (1) x --expert-model-parallel-size (4) x --pipeline-model-parallel-size (1)" \
+  --expert-model-parallel-size 4 --expert-tensor-parallel-size 1
+BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "--expert-model-parallel-size > 1 with --context-parallel-size > 1" \
+  --expert-model-parallel-size 2 --context-parallel-size 2
 echo "bad MoE input: one clear line each"

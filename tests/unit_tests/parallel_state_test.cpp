@@ -78,6 +78,32 @@ TEST(ParallelStateLayout, Megatron16GpuExample) {
   EXPECT_EQ(co.pp, 1);
 }
 
+// The expert groups (Megatron's expert_decoder_rank_generator: tp = expert-TP, ep, dp = expert-DP,
+// pp; same order string). 8 ranks, TP2 PP2 and EP2 with expert-TP1: expert rank =
+// etp + 1*(ep + 2*(edp + 2*pp)), i.e. ep = rank % 2, edp = rank / 2 % 2, pp = rank / 4, written
+// out by hand from that formula. The two TP ranks of a dense TP group ({0,1}) are the two EP ranks.
+TEST(ParallelStateLayout, ExpertGroupsEtp1Ep2) {
+  ps::ParallelConfig c;
+  c.tensor_model_parallel_size = 2;
+  c.pipeline_model_parallel_size = 2;
+  c.expert_model_parallel_size = 2;
+  c.expert_tensor_parallel_size = 1;
+  auto L = ps::compute_group_layout(c, 8);
+  EXPECT_EQ(L.groups["ep"], (RankGroups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(L.groups["expt-tp"], (RankGroups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(L.groups["tp-ep"], (RankGroups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(L.groups["expt-dp"], (RankGroups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(L.groups["tp-ep-pp"], (RankGroups{{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  // The dense model-parallel group for comparison (tp-pp): {0,1,4,5} too here, but with EP4 on
+  // 8 ranks (TP1 PP1) tp-ep-pp spans the EP group while tp-pp is one rank.
+  ps::ParallelConfig e;
+  e.expert_model_parallel_size = 4;
+  auto L4 = ps::compute_group_layout(e, 8);
+  EXPECT_EQ(L4.groups["tp-ep-pp"], (RankGroups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(L4.groups["expt-dp"], (RankGroups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(L4.groups["tp-pp"].size(), 8u);
+}
+
 TEST(ParallelStateLayout, MatchesMappingFormulaForManyLayouts) {
   const std::vector<std::string> kinds = {"tp", "cp", "dp", "dp-cp", "pp", "tp-pp", "tp-cp", "tp-dp", "tp-dp-cp"};
   for (bool tp_pp_dp : {false, true})

@@ -18,9 +18,12 @@ struct DistributedDataParallel::BucketState {
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
                                                  std::vector<Parameter>& params,
-                                                 std::shared_ptr<comm::ProcessGroup> dp_group)
-    : config_(config), buffers_(buffers), params_(params), dp_group_(std::move(dp_group)) {
+                                                 std::shared_ptr<comm::ProcessGroup> dp_group,
+                                                 std::optional<int> expert_dp_cp_size)
+    : config_(config), buffers_(buffers), params_(params), dp_group_(std::move(dp_group)),
+      expert_dp_cp_size_(expert_dp_cp_size) {
   MEGATRON_CHECK(dp_group_) << "null data-parallel group";
+  MEGATRON_CHECK(!expert_dp_cp_size_ || *expert_dp_cp_size_ >= 1) << "expert buffer: dp-cp size " << *expert_dp_cp_size_;
   if (config_.overlap_param_gather && !config_.use_distributed_optimizer)
     user_error("--overlap-param-gather requires --use-distributed-optimizer");
   if (config_.bucket_size && *config_.bucket_size <= 0) user_error("--ddp-bucket-size must be positive");
@@ -28,8 +31,9 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   std::optional<int64_t> bucket_size = config_.bucket_size;
   if (!bucket_size && config_.overlap_grad_reduce) bucket_size = std::max<int64_t>(40000000, 1000000LL * dp);
 
-  std::vector<size_t> order(params_.size());
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (buffers_.has(i)) order.push_back(i);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return buffers_.range(a).first < buffers_.range(b).first; });
   bucket_of_param_.assign(params_.size(), 0);
   Bucket cur;
@@ -90,7 +94,7 @@ void DistributedDataParallel::zero_grad_buffer() {
 
 void DistributedDataParallel::register_grad_ready(size_t i) {
   MEGATRON_CHECK(i < params_.size()) << "param index " << i;
-  if (!config_.overlap_grad_reduce) return;
+  if (!config_.overlap_grad_reduce || !buffers_.has(i)) return;
   const size_t k = bucket_of_param_[i];
   auto& st = *state_[k];
   MEGATRON_CHECK(!st.grad_work) << "parameter " << params_[i].name << " reported ready after its bucket was launched";
@@ -104,7 +108,16 @@ void DistributedDataParallel::launch(size_t k) {
   const int dp = dp_group_->size();
   Tensor g = buffers_.grad_data().flat_slice(b.start, {b.end - b.start});
   comm::ReduceOp op = comm::ReduceOp::kSum;
-  if (dp > 1 && !config_.calculate_per_token_loss) {
+  if (expert_dp_cp_size_) {
+    // Megatron's expert_gradient_scaling_factor (see the constructor).
+    if (!config_.calculate_per_token_loss) {
+      const int dp_cp = *expert_dp_cp_size_;
+      const float f = config_.average_in_collective ? static_cast<float>(dp) / static_cast<float>(dp_cp)
+                                                    : 1.0f / static_cast<float>(dp_cp);
+      if (f != 1.0f) ops::scale_(g, f);
+      if (config_.average_in_collective && dp > 1) op = comm::ReduceOp::kAvg;
+    }
+  } else if (dp > 1 && !config_.calculate_per_token_loss) {
     if (config_.average_in_collective)
       op = comm::ReduceOp::kAvg;
     else

@@ -61,15 +61,28 @@ struct Bucket {
 
 class DistributedDataParallel {
  public:
-  /// `buffers`/`params` are the model's (Parameter::main_grad must view buffers.grad_data());
+  /// `buffers`/`params` are the model's (Parameter::main_grad must view buffers.grad_data() for
+  /// the parameters the buffer holds, ParamAndGradBuffer::has; the others are ignored);
   /// `dp_group` is the data-parallel group with context parallelism (dp-cp). Throws UserError
   /// for --overlap-param-gather without --use-distributed-optimizer.
+  ///
+  /// Expert-parallel buffer (Megatron's expert_parallel_buffers): `dp_group` is the
+  /// expert-data-parallel group (expt-dp) and `expert_dp_cp_size` the size of the dp-cp group.
+  /// Megatron's expert_gradient_scaling_factor then applies: grads pre-scaled by 1/(DP x CP) and
+  /// summed over expt-dp (each expert already holds the gradient of every token of its EP group),
+  /// or with --ddp-average-in-collective scaled by expt-DP/(DP x CP) and averaged; 1 with
+  /// --calculate-per-token-loss.
   DistributedDataParallel(const DistributedDataParallelConfig& config, ParamAndGradBuffer& buffers,
-                          std::vector<Parameter>& params, std::shared_ptr<comm::ProcessGroup> dp_group);
+                          std::vector<Parameter>& params, std::shared_ptr<comm::ProcessGroup> dp_group,
+                          std::optional<int> expert_dp_cp_size = std::nullopt);
   ~DistributedDataParallel();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const DistributedDataParallelConfig& config() const { return config_; }
+  /// Whether this DDP reduces an expert-parallel buffer (over expt-dp).
+  bool expert_parallel() const { return expert_dp_cp_size_.has_value(); }
+  /// Whether parameter i (registration index into parameters()) is in this DDP's buffer.
+  bool holds(size_t i) const { return buffers_.has(i); }
   comm::ProcessGroup& dp_group() const { return *dp_group_; }
   std::vector<Parameter>& parameters() { return params_; }
   Tensor& grad_buffer() { return buffers_.grad_data(); }
@@ -78,7 +91,8 @@ class DistributedDataParallel {
 
   /// Zeros the grad buffer and resets the per-iteration bucket state.
   void zero_grad_buffer();
-  /// Overlap: parameter `param_index`'s gradient is complete; launches its bucket when full.
+  /// Overlap: parameter `param_index`'s gradient is complete; launches its bucket when full
+  /// (ignored for a parameter this DDP's buffer does not hold).
   void register_grad_ready(size_t param_index);
   /// Launches every bucket not yet launched (asynchronously).
   void start_grad_sync();
@@ -119,6 +133,7 @@ class DistributedDataParallel {
   ParamAndGradBuffer& buffers_;
   std::vector<Parameter>& params_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;
+  std::optional<int> expert_dp_cp_size_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_param_;
   struct BucketState;

@@ -12,8 +12,8 @@ void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const Fi
     std::vector<Tensor> grads;
     int64_t n = 0;
     for (auto* c : chunks)
-      for (auto& p : c->parameters())
-        if (p.sequence_parallel) {
+      for (size_t i = 0; i < c->parameters().size(); ++i)
+        if (auto& p = c->parameters()[i]; c->holds(i) && p.sequence_parallel) {
           grads.push_back(p.main_grad);
           n += p.main_grad.numel();
         }
@@ -35,8 +35,9 @@ void finalize_model_grads(std::vector<DistributedDataParallel*> chunks, const Fi
   if (g.embedding_group && g.embedding_group->size() > 1 && g.share_embeddings_and_output_weights) {
     // First stage holds the word embedding, the last stage its shared copy (output layer).
     for (auto* c : chunks)
-      for (auto& p : c->parameters())
-        if (p.name == "embedding.word_embeddings.weight" || p.shared) g.embedding_group->all_reduce(p.main_grad);
+      for (size_t i = 0; i < c->parameters().size(); ++i)
+        if (auto& p = c->parameters()[i]; c->holds(i) && (p.name == "embedding.word_embeddings.weight" || p.shared))
+          g.embedding_group->all_reduce(p.main_grad);
   }
   if (num_tokens) {
     MEGATRON_CHECK(num_tokens->numel() == 1) << "num_tokens must be a scalar";

@@ -4,17 +4,21 @@ namespace megatron::distributed {
 
 ParamAndGradBuffer::ParamAndGradBuffer(std::vector<Parameter>& params, const std::vector<Shape>& shapes,
                                        DType param_dtype, DType grad_dtype, Device device,
-                                       bool allocate_grads, const std::vector<bool>& fp8_weights) {
+                                       bool allocate_grads, const std::vector<bool>& fp8_weights,
+                                       const std::vector<bool>& include) {
   MEGATRON_CHECK(params.size() == shapes.size()) << params.size() << " params, " << shapes.size() << " shapes";
   MEGATRON_CHECK(fp8_weights.empty() || fp8_weights.size() == params.size())
       << fp8_weights.size() << " FP8 flags for " << params.size() << " params";
+  MEGATRON_CHECK(include.empty() || include.size() == params.size())
+      << include.size() << " include flags for " << params.size() << " params";
   auto is_fp8 = [&](size_t k) { return !fp8_weights.empty() && fp8_weights[k]; };
-  ranges_.resize(params.size());
+  auto held = [&](size_t k) { return include.empty() || include[k]; };
+  ranges_.assign(params.size(), {-1, -1});
   int64_t offset = 0;
   for (int group = 0; group < 2; ++group) {  // other parameters, then the FP8 weights
     if (group == 1) fp8_start_ = offset;
     for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
-      if (is_fp8(k) != (group == 1)) continue;
+      if (!held(k) || is_fp8(k) != (group == 1)) continue;
       const int64_t n = shape_numel(shapes[k]);
       ranges_[k] = {offset, offset + n};
       offset += n;
@@ -28,6 +32,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(std::vector<Parameter>& params, const std
     fp8_model_data_ = Tensor::zeros({offset - fp8_start_}, param_dtype, device);
   }
   for (size_t k = 0; k < params.size(); ++k) {
+    if (!held(k)) continue;
     params[k].data = is_fp8(k) ? fp8_model_data_.flat_slice(ranges_[k].first - fp8_start_, shapes[k])
                                : param_data_.flat_slice(ranges_[k].first, shapes[k]);
     if (allocate_grads) params[k].main_grad = grad_data_.flat_slice(ranges_[k].first, shapes[k]);

@@ -33,9 +33,14 @@ class ParamAndGradBuffer {
   /// such Parameter's data views it), which release_fp8_model_data() frees once the FP8 weights
   /// exist (Megatron/TE: the model parameter IS the FP8 tensor; docs/fp8.md "FP8 parameters");
   /// param_data then holds the other parameters only ([fp8_start]).
+  ///
+  /// `include` (one flag per parameter, or empty = all): the parameters this buffer holds; the
+  /// others are left untouched (has(i) false). Megatron groups a model's parameters into buffers
+  /// by (param dtype, grad dtype, is_expert_parallel); the model builds one buffer for the dense
+  /// parameters and one for the expert-parallel ones (Parameter::allreduce false).
   ParamAndGradBuffer(std::vector<Parameter>& params, const std::vector<Shape>& shapes,
                      DType param_dtype, DType grad_dtype, Device device, bool allocate_grads = true,
-                     const std::vector<bool>& fp8_weights = {});
+                     const std::vector<bool>& fp8_weights = {}, const std::vector<bool>& include = {});
 
   /// Model-dtype values of the parameters other than the FP8 weights: [fp8_start()] (== all
   /// parameters without FP8 weights).
@@ -43,6 +48,8 @@ class ParamAndGradBuffer {
   Tensor& grad_data() { return grad_data_; }
   /// Element range [start, end) of parameter i (registration index) in the buffers.
   std::pair<int64_t, int64_t> range(size_t i) const { return ranges_[i]; }
+  /// Whether parameter i (registration index) lives in this buffer (see `include`).
+  bool has(size_t i) const { return i < ranges_.size() && ranges_[i].first >= 0; }
   /// Elements of all parameters (FP8 weights included).
   int64_t numel() const { return numel_; }
   /// The model-dtype values of buffer elements [start, start + n) (a range on one side of

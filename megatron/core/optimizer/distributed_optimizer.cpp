@@ -12,6 +12,7 @@ OptimizerParam base(const Parameter& p) {
   o.is_embedding_or_output = p.is_embedding_or_output;
   o.tensor_parallel = p.tensor_parallel;
   o.shared = p.shared;
+  o.expert_parallel = !p.allreduce;
   return o;
 }
 }  // namespace
@@ -34,6 +35,7 @@ std::vector<OptimizerParam> distributed_optimizer_params(distributed::Distribute
   std::vector<OptimizerParam> out;
   // Registration order, as Megatron's param groups list them.
   for (size_t i = 0; i < params.size(); ++i) {
+    if (!ddp.holds(i)) continue;  // the other buffer's (dense / expert-parallel) parameter
     const auto& p = params[i];
     // The parameter's element range in the buffer = where its main_grad view starts.
     const int64_t ps = (static_cast<const char*>(p.main_grad.data_ptr()) -

@@ -97,14 +97,33 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   }
 }
 
-std::vector<Tensor> MegatronOptimizer::grads_for_norm() const {
+std::vector<Tensor> MegatronOptimizer::grads_for_norm(NormPart part, bool main_params) const {
   std::vector<Tensor> out;
-  for (const auto& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
     if (p.shared) continue;
-    if (!p.tensor_parallel && tp_rank_ != 0) continue;
-    out.push_back(grads_[&p - params_.data()]);
+    const bool ep = chained() && p.expert_parallel;
+    if ((part == NormPart::kDense && ep) || (part == NormPart::kExpert && !ep)) continue;
+    if (!p.tensor_parallel && (ep ? expert_tp_rank_ : tp_rank_) != 0) continue;
+    out.push_back(main_params ? main_params_[i] : grads_[i]);
   }
   return out;
+}
+
+void MegatronOptimizer::set_expert_grad_stats(std::shared_ptr<comm::ProcessGroup> expert_group, int expert_tp_rank) {
+  MEGATRON_CHECK(expert_group) << "set_expert_grad_stats: null expert group";
+  expert_group_ = std::move(expert_group);
+  expert_tp_rank_ = expert_tp_rank;
+}
+
+bool MegatronOptimizer::grad_stats_group_is_shared() const { return !chained() || expert_group_ == group_; }
+
+double MegatronOptimizer::chained_norm(bool main_params) const {
+  // One grad-stats group: one norm over every counted tensor.
+  if (grad_stats_group_is_shared()) return get_grad_norm_fp32(grads_for_norm(NormPart::kAll, main_params), group_.get());
+  const double a = get_grad_norm_fp32(grads_for_norm(NormPart::kDense, main_params), group_.get());
+  const double b = get_grad_norm_fp32(grads_for_norm(NormPart::kExpert, main_params), expert_group_.get());
+  return std::sqrt(a * a + b * b);  // ChainedOptimizer.get_grad_norm: sqrt of the sum of squares
 }
 
 std::vector<Tensor> MegatronOptimizer::all_main_grads() const { return grads_; }
@@ -141,15 +160,7 @@ double MegatronOptimizer::logged_lr() const {
   return groups_.empty() ? 0.0 : groups_.front().lr;
 }
 
-double MegatronOptimizer::params_norm() const {
-  std::vector<Tensor> ps;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].shared) continue;
-    if (!params_[i].tensor_parallel && tp_rank_ != 0) continue;
-    ps.push_back(main_params_[i]);
-  }
-  return get_grad_norm_fp32(ps, group_.get());
-}
+double MegatronOptimizer::params_norm() const { return chained_norm(/*main_params=*/true); }
 
 void MegatronOptimizer::sgd_update(size_t i, const ParamGroup& grp) {
   // torch.optim.SGD (dampening 0, no Nesterov), composed from ops that run on the CPU and on the
@@ -191,7 +202,8 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   if (scaler_) {
     const float inv = static_cast<float>(scaler_->inv_scale());
     for (auto& g : grads_) ops::scale_(g, inv);
-    const bool found_inf = found_inf_or_nan(all_main_grads(), group_.get());
+    bool found_inf = found_inf_or_nan(all_main_grads(), group_.get());
+    if (!grad_stats_group_is_shared()) found_inf = found_inf_or_nan(all_main_grads(), expert_group_.get()) || found_inf;
     scaler_->update(found_inf);
     if (found_inf) {
       r.update_successful = false;
@@ -200,7 +212,7 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   }
   // 2. Norm (always computed, as Megatron's ChainedOptimizer -- what get_megatron_optimizer
   //    returns -- does) and clipping when --clip-grad > 0.
-  const double norm = get_grad_norm_fp32(grads_for_norm(), group_.get());
+  const double norm = chained_norm(/*main_params=*/false);
   r.grad_norm = norm;
   // With every main param on a device (so the step below is the device's multi-tensor Adam), the
   // clip coefficient is applied inside that step (AdamParams::grad_scale, the same fp32 product)
@@ -216,7 +228,13 @@ StepResult MegatronOptimizer::step_on_main_grads() {
     else if (coeff < 1.0) fused_clip = static_cast<float>(coeff);
   }
   // 3. Zero count (--log-num-zeros-in-grad; None otherwise).
-  if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(), group_.get());
+  if (config_.log_num_zeros_in_grad) {
+    if (grad_stats_group_is_shared())
+      r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(NormPart::kAll), group_.get());
+    else  // ChainedOptimizer.count_zeros: the sum of each part's count over its group
+      r.num_zeros_in_grad = count_zeros_fp32(grads_for_norm(NormPart::kDense), group_.get()) +
+                            count_zeros_fp32(grads_for_norm(NormPart::kExpert), expert_group_.get());
+  }
   // 4. Inner step on the fp32 main params, which also writes the model params from them (caches
   //    of weight-derived values, e.g. the FP8 weight casts, are rebuilt at the next forward).
   ++step_;

@@ -35,6 +35,10 @@ struct OptimizerParam {
   bool is_embedding_or_output = false;  // word embedding / untied output weight (--decoupled-lr)
   bool tensor_parallel = false;         // partitioned over TP (else duplicated: counted on TP rank 0)
   bool shared = false;                  // duplicate of a tied weight owned elsewhere (not counted)
+  /// Megatron's is_expert_parallel (Parameter::allreduce false): a routed expert's weight on the
+  /// expert process groups; its grad statistics use the expert group (set_expert_grad_stats) and
+  /// `tensor_parallel` means partitioned over expert-TP (else counted on expert-TP rank 0).
+  bool expert_parallel = false;
   /// Optional fp32 main param supplied by the caller (same numel as `param`, shares storage with
   /// it): used instead of a copy the optimizer would make from `param`, and `param` is then not
   /// written by step() (--fp8-param-gather: the FP8 weight's model-dtype copy is released; the
@@ -68,6 +72,17 @@ class MegatronOptimizer {
   /// whether TP-duplicated params count in norms. Throws UserError for an unknown optimizer.
   MegatronOptimizer(const OptimizerConfig& config, std::vector<OptimizerParam> params,
                     std::shared_ptr<comm::ProcessGroup> grad_stats_group = nullptr, int tp_rank = 0);
+
+  /// Megatron's ChainedOptimizer of a dense and an expert-parallel optimizer, for the params with
+  /// `expert_parallel`: `expert_group` is the expert optimizer's grad-stats group (the expert
+  /// tensor-model-pipeline group tp-ep-pp, or the same group as the dense part with the
+  /// distributed optimizer) and `expert_tp_rank` decides whether expert-TP-duplicated params
+  /// count. When the two groups are the same object the grad norm is one norm over all grads
+  /// (ChainedOptimizer's shared grad-stats group case); otherwise each part's norm is all-reduced
+  /// over its own group and the norm is sqrt(dense² + expert²), the zero count the sum of both
+  /// parts' counts, and an inf/NaN in either part (each checked over its group) skips the step.
+  /// Without this call every param is dense.
+  void set_expert_grad_stats(std::shared_ptr<comm::ProcessGroup> expert_group, int expert_tp_rank);
 
   /// One optimizer step as described above.
   StepResult step();
@@ -106,7 +121,14 @@ class MegatronOptimizer {
   const OptimizerConfig& config() const { return config_; }
 
  private:
-  std::vector<Tensor> grads_for_norm() const;
+  /// The grads (or, for params_norm, the fp32 main params) that count in the norm: of the dense
+  /// params, of the expert-parallel params (both only with an expert group), or of all.
+  enum class NormPart { kDense, kExpert, kAll };
+  std::vector<Tensor> grads_for_norm(NormPart part, bool main_params = false) const;
+  bool chained() const { return expert_group_ != nullptr; }
+  bool grad_stats_group_is_shared() const;
+  /// The chained norm of the counted grads / main params (see set_expert_grad_stats).
+  double chained_norm(bool main_params) const;
   std::vector<Tensor> all_main_grads() const;
   void copy_model_grads_to_main_grads();
   void release_main_grad_copies();
@@ -121,6 +143,8 @@ class MegatronOptimizer {
   std::unique_ptr<MegatronGradScaler> scaler_;
   std::shared_ptr<comm::ProcessGroup> group_;
   int tp_rank_;
+  std::shared_ptr<comm::ProcessGroup> expert_group_;  // null: no expert-parallel params
+  int expert_tp_rank_ = 0;
   int64_t step_ = 0;
 };
 

@@ -43,6 +43,22 @@ struct Parameter {
   /// gradient is a partial sum that finalize_model_grads all-reduces over TP (Megatron's
   /// `sequence_parallel` parameter attribute).
   bool sequence_parallel = false;
+  /// Megatron's `allreduce` parameter attribute: false for the routed experts' weights when they
+  /// use the expert process groups (--expert-model-parallel-size > 1 or --expert-tensor-parallel-size
+  /// != --tensor-model-parallel-size; Megatron's use_expert_pgs). Such a parameter lives in the
+  /// model's expert-parallel buffer, its gradient is reduced over the expert-data-parallel group
+  /// and its grad norm is taken over the expert tensor-model-pipeline group (docs/moe.md);
+  /// `tp_rank`/`tp_size` are then its expert-TP rank and size.
+  bool allreduce = true;
+  /// Checkpoint layout (Megatron's sharded_offsets): a routed expert's weight is one slice of its
+  /// layer's `...mlp.experts.experts.linear_fc{1,2}.weight` tensor, along an expert axis of size
+  /// `num_experts` at `expert_index` (its global index; -1: not an expert's weight).
+  int64_t expert_index = -1;
+  int64_t num_experts = 0;
+  /// false: a decoder-layer parameter keyed per layer ("decoder.layers.N.…", no layer axis), as
+  /// Megatron's TransformerBlock.sharded_state_dict with non_homogeneous_layers (--moe-layer-freq
+  /// a list or an integer > 1).
+  bool stack_layers = true;
   /// Shape of the unsharded weight.
   std::vector<int64_t> global_shape;
 

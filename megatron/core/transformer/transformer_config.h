@@ -131,6 +131,9 @@ struct TransformerConfig {
   /// --moe-layer-freq as a per-layer pattern (1 = MoE layer, 0 = dense MLP), num_layers long;
   /// empty = every layer is an MoE layer (Megatron's default 1). See moe/moe_config.h.
   std::vector<int> moe_layer_pattern;
+  /// --moe-layer-freq was a list or an integer > 1: Megatron's TransformerBlock then keys its
+  /// layers per layer in checkpoints (non_homogeneous_layers; Parameter::stack_layers false).
+  bool moe_non_homogeneous_layers = false;
   /// --moe-shared-expert-intermediate-size (0 = no shared expert): FFN size of the shared experts
   /// together (Megatron's SharedExpertMLP, one MLP of this size).
   int64_t moe_shared_expert_intermediate_size = 0;

@@ -292,5 +292,39 @@ TEST(DDPConfig, BucketsFollowMegatronRules) {
   EXPECT_THROW(DistributedDataParallel(bad, m.buffers(), m.parameters(), single), UserError);
 }
 
+// Megatron's buffer grouping by is_expert_parallel: an `include` mask lays out only the held
+// params (reverse registration order, contiguous from 0) and leaves the others untouched; the DDP
+// buckets only what its buffer holds, and an expert-parallel DDP pre-scales by 1/(DP x CP) even
+// when its expt-dp group is a single rank (EP = world: expt-DP 1, DP 2 -> grads halved).
+TEST(DDPConfig, ExpertParallelBufferHoldsItsParamsAndScalesByDpCp) {
+  std::vector<Parameter> ps(3);
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].name = "p" + std::to_string(i);
+  const std::vector<Shape> shapes{{2}, {3}, {4}};
+  distributed::ParamAndGradBuffer dense(ps, shapes, DType::kFloat32, DType::kFloat32, Device::cpu(), true, {},
+                                        {true, false, true});
+  distributed::ParamAndGradBuffer expert(ps, shapes, DType::kFloat32, DType::kFloat32, Device::cpu(), true, {},
+                                         {false, true, false});
+  EXPECT_EQ(dense.numel(), 6);
+  EXPECT_EQ(dense.range(2), (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(dense.range(0), (std::pair<int64_t, int64_t>{4, 6}));
+  EXPECT_FALSE(dense.has(1));
+  EXPECT_EQ(expert.numel(), 3);
+  EXPECT_TRUE(expert.has(1));
+  EXPECT_EQ(ps[1].main_grad.data_ptr(), expert.grad_data().data_ptr());
+  EXPECT_EQ(ps[0].main_grad.data_ptr(), static_cast<char*>(dense.grad_data().data_ptr()) + 4 * sizeof(float));
+  auto single = comm::make_single_rank_group();
+  DistributedDataParallel d({}, dense, ps, single), e({}, expert, ps, single, /*expert_dp_cp_size=*/2);
+  ASSERT_EQ(d.buckets().size(), 1u);
+  EXPECT_EQ(d.buckets()[0].params, (std::vector<size_t>{2, 0}));
+  EXPECT_EQ(e.buckets()[0].params, (std::vector<size_t>{1}));
+  EXPECT_TRUE(e.expert_parallel() && e.holds(1) && !e.holds(0));
+  expert.grad_data().fill_(3.0f);
+  dense.grad_data().fill_(3.0f);
+  d.finish_grad_sync();
+  e.finish_grad_sync();
+  EXPECT_EQ(dense.grad_data().to_float_vector(), std::vector<float>(6, 3.0f));  // DP 1: untouched
+  EXPECT_EQ(expert.grad_data().to_float_vector(), std::vector<float>(3, 1.5f));
+}
+
 }  // namespace
 }  // namespace megatron

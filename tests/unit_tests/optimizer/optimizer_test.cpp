@@ -7,11 +7,14 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "megatron/core/optimizer/clip_grads.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer.h"
+#include "test_utils/thread_group_util.h"
 
 using namespace megatron;
 using namespace megatron::optimizer;
@@ -249,4 +252,70 @@ TEST(MegatronOptimizer, Fp16SkipsStepOnInf) {
   r = opt.step();
   EXPECT_TRUE(r.update_successful);
   EXPECT_FLOAT_EQ(g[0], 1.0f);
+}
+
+// Megatron's ChainedOptimizer grad statistics with expert-parallel params (set_expert_grad_stats),
+// on 2 in-process ranks = 2 EP ranks. Each holds the same dense grad (as after the DP all-reduce;
+// its grad-stats group is this rank alone, like a tp-pp group of size 1) and its own expert's grad
+// (expert r on rank r; the expert group spans both ranks, like tp-ep-pp). Hand-computed: dense
+// [3, 0] -> 9; expert 0 [1, 2] -> 5, expert 1 [0, 2] -> 4; norm sqrt(9 + 5 + 4) on both ranks,
+// zeros 1 (dense, counted once) + 1 (expert 1). Without the expert group the expert part would
+// count locally only (sqrt(14) on rank 0). Then one shared group (the distributed optimizer's
+// world): each rank's disjoint shards, one norm over all of them. And an expert weight not split
+// over expert-TP counts on expert-TP rank 0 only.
+TEST(MegatronOptimizer, ChainedExpertGradNormHandComputed) {
+  auto groups = megatron::testing::make_thread_groups(2);
+  std::vector<double> norm(2), shared_norm(2);
+  std::vector<int64_t> zeros(2);
+  std::vector<std::thread> th;
+  std::vector<std::exception_ptr> errs(2);
+  for (int r = 0; r < 2; ++r)
+    th.emplace_back([&, r] {
+      try {
+        auto make = [&] {
+          std::vector<OptimizerParam> ps(2);
+          ps[0].name = "decoder.layers.0.mlp.router.weight";
+          ps[0].main_grad = Tensor::from_vector({3, 0}, {2});
+          ps[1].name = "decoder.layers.0.mlp.experts.local_experts." + std::to_string(r) + ".linear_fc1.weight";
+          ps[1].main_grad = r == 0 ? Tensor::from_vector({1, 2}, {2}) : Tensor::from_vector({0, 2}, {2});
+          ps[1].expert_parallel = true;
+          for (auto& p : ps) {
+            p.param = Tensor::zeros({2}, DType::kFloat32);
+            p.tensor_parallel = true;
+          }
+          return ps;
+        };
+        OptimizerConfig c;
+        c.lr = 0.0;
+        c.log_num_zeros_in_grad = true;
+        MegatronOptimizer opt(c, make(), /*dense group: this rank*/ nullptr, 0);
+        opt.set_expert_grad_stats(groups[r], /*expert_tp_rank=*/0);
+        StepResult s = opt.step();
+        norm[r] = *s.grad_norm;
+        zeros[r] = *s.num_zeros_in_grad;
+        // Shared group: rank r holds the dense shard [3, 0] (rank 0) or nothing dense (rank 1).
+        auto ps = make();
+        if (r == 1) ps[0].main_grad = Tensor::zeros({2}, DType::kFloat32);
+        MegatronOptimizer dist(c, ps, groups[r], 0);
+        dist.set_expert_grad_stats(groups[r], 0);
+        shared_norm[r] = *dist.step().grad_norm;
+        // Replicated over expert-TP (tensor_parallel false): expert-TP rank 1 leaves it out.
+        auto rep = make();
+        rep[1].tensor_parallel = false;
+        MegatronOptimizer etp1(c, rep, nullptr, 0);
+        etp1.set_expert_grad_stats(groups[r], /*expert_tp_rank=*/r);
+        const double n = *etp1.step().grad_norm;
+        if (std::abs(n - std::sqrt(9.0 + 5.0)) > 1e-12) throw std::runtime_error("expert-TP duplicate counted: " + std::to_string(n));
+      } catch (...) {
+        errs[r] = std::current_exception();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_DOUBLE_EQ(norm[r], std::sqrt(18.0)) << "rank " << r;
+    EXPECT_EQ(zeros[r], 2) << "rank " << r;
+    EXPECT_DOUBLE_EQ(shared_norm[r], std::sqrt(18.0)) << "rank " << r;
+  }
 }

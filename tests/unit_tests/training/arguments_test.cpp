@@ -218,6 +218,27 @@ TEST(Arguments, ConsistencyChecks) {
   }
 }
 
+// Expert parallelism: Megatron's validate_args asserts (num_experts given and divisible by EP) and
+// its expert rank generator's world-size rule (world % (expert-TP x EP x PP) == 0), one line each.
+TEST(Arguments, ExpertParallelChecks) {
+  EXPECT_EQ(error_of(with(base_flags(), {"--expert-model-parallel-size", "2"})),
+            "--expert-model-parallel-size 2 needs --num-experts");
+  const std::vector<std::string> moe = with(base_flags(), {"--num-experts", "6", "--disable-bias-linear"});
+  EXPECT_EQ(error_of(with(moe, {"--expert-model-parallel-size", "4"})),
+            "--num-experts (6) must be a multiple of --expert-model-parallel-size (4)");
+  Arguments a = parse_args(with(moe, {"--expert-model-parallel-size", "3"}));
+  a.world_size = 2;
+  try {
+    validate_args(a);
+    FAIL() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size (2) is not divisible by --expert-tensor-parallel-size (1) x "
+                                         "--expert-model-parallel-size (3) x --pipeline-model-parallel-size (1)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Arguments, SquaredRelu) {
   // Megatron: core_transformer_config_from_args asserts not swiglu; MLP.forward raises "Only
   // support fusion of gelu and swiglu" with the bias-activation fusion on (the default with biases).

@@ -505,6 +505,44 @@ TEST(TrainingCheckpointing, TiedOutputLayerCopyIsALoadOnlyEmbeddingReplica) {
   EXPECT_NE(v[0].replica_id, 0);  // DP rank 0, TP-sharded: still not written
 }
 
+// Routed experts as Megatron's SequentialMLP / TEGroupedMLP sharded_state_dict: the expert key
+// (both parameter names map to it), an expert axis at the global index after the layer axis (or
+// no layer axis with per-layer keys), the expert-TP split from the parameter, replicas over
+// expt-dp only. Expected boxes written out by hand.
+TEST(TrainingCheckpointing, ExpertWeightsUseMegatronKeysAndExpertAxis) {
+  EXPECT_EQ(expert_checkpoint_key("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"),
+            "decoder.layers.1.mlp.experts.experts.linear_fc1.weight");
+  EXPECT_EQ(expert_checkpoint_key("decoder.layers.mlp.experts.linear_fc2.weight12"),
+            "decoder.layers.mlp.experts.experts.linear_fc2.weight");
+  Parameter p;
+  p.name = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight";
+  p.data = Tensor::zeros({8, 3}, DType::kFloat32);  // expert-TP rank 1 of 2: columns 3..5 of [8, 6]
+  p.global_shape = {8, 6};
+  p.partition_dim = 1;
+  p.tp_rank = 1;
+  p.tp_size = 2;
+  p.tensor_parallel = true;
+  p.allreduce = false;
+  p.expert_index = 3;
+  p.num_experts = 4;
+  ParallelRanks r{0, 1, 0, 1, 1, 4};  // dense TP rank 0 of 1, DP rank 1 of 4
+  r.edp_rank = 0;                       // expert-DP rank 0: this rank writes its expert
+  auto v = parameter_sharded_tensors(p, 2, r);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].key, "decoder.layers.mlp.experts.experts.linear_fc2.weight");
+  EXPECT_EQ(v[0].global_shape, (Shape{2, 4, 8, 6}));
+  EXPECT_EQ(v[0].global_offset, (Shape{1, 3, 0, 3}));
+  EXPECT_EQ(v[0].replica_id, 0);
+  r.edp_rank = 1;
+  EXPECT_NE(parameter_sharded_tensors(p, 2, r)[0].replica_id, 0);
+  p.stack_layers = false;  // --moe-layer-freq a list: per-layer key, no layer axis
+  r.edp_rank = 0;
+  v = parameter_sharded_tensors(p, 2, r);
+  EXPECT_EQ(v[0].key, "decoder.layers.1.mlp.experts.experts.linear_fc2.weight");
+  EXPECT_EQ(v[0].global_shape, (Shape{4, 8, 6}));
+  EXPECT_EQ(v[0].global_offset, (Shape{3, 0, 3}));
+}
+
 // CheckpointConfig::expected_args: load_checkpoint runs check_checkpoint_args before reading any
 // tensor (Megatron's load_checkpoint does so unless --finetune); old-style args are not checked.
 TEST(TrainingCheckpointing, ExpectedArgsRefuseAnotherArchitectureBeforeLoading) {

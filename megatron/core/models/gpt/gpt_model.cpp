@@ -1,5 +1,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 
+#include <algorithm>
+
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/common/embeddings/language_model_embedding.h"
 #include "megatron/core/ops/ops.h"
@@ -147,9 +149,25 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       }
     }
   }
-  buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(registry_.params(), registry_.local_shapes(),
-                                                               config_.params_dtype, config_.main_grads_dtype, device_,
-                                                               parallel_.allocate_main_grads, fp8_weights);
+  // Megatron's non_homogeneous_layers checkpoint keys (decoder.layers.N.…, no layer axis).
+  if (config_.moe_non_homogeneous_layers)
+    for (auto& p : registry_.params())
+      if (p.name.starts_with("decoder.layers.")) p.stack_layers = false;
+  // Megatron's buffer groups by is_expert_parallel: the routed experts on the expert process
+  // groups (Parameter::allreduce false) get a buffer of their own, reduced over expt-dp.
+  std::vector<bool> dense, expert;
+  for (const auto& p : registry_.params()) {
+    dense.push_back(p.allreduce);
+    expert.push_back(!p.allreduce);
+  }
+  const bool has_expert = std::find(expert.begin(), expert.end(), true) != expert.end();
+  buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(
+      registry_.params(), registry_.local_shapes(), config_.params_dtype, config_.main_grads_dtype, device_,
+      parallel_.allocate_main_grads, fp8_weights, has_expert ? dense : std::vector<bool>{});
+  if (has_expert)
+    expert_buffers_ = std::make_unique<distributed::ParamAndGradBuffer>(
+        registry_.params(), registry_.local_shapes(), config_.params_dtype, config_.main_grads_dtype, device_,
+        parallel_.allocate_main_grads, fp8_weights, expert);
   for (auto& p : registry_.params()) tensor_parallel::initialize_parameter(p, seed_);
   // --sequence-parallel: the norms marked their own parameters (transformer/norm.h).
 
@@ -179,8 +197,10 @@ std::vector<Parameter>& GPTModel::parameters() { return registry_.params(); }
 Tensor& GPTModel::param_buffer() { return buffers_->param_data(); }
 Tensor& GPTModel::grad_buffer() { return buffers_->grad_data(); }
 distributed::ParamAndGradBuffer& GPTModel::buffers() { return *buffers_; }
+distributed::ParamAndGradBuffer* GPTModel::expert_parallel_buffers() { return expert_buffers_.get(); }
 void GPTModel::zero_grad() {
   if (buffers_->grad_data().defined()) buffers_->grad_data().zero_();
+  if (expert_buffers_ && expert_buffers_->grad_data().defined()) expert_buffers_->grad_data().zero_();
 }
 const Tensor& GPTModel::last_logits() const { return state_->head.logits; }
 void GPTModel::set_input_tensor(const Tensor& hidden) { input_tensor_ = hidden; }

@@ -111,6 +111,11 @@ class GPTModel {
   Tensor& param_buffer();
   Tensor& grad_buffer();
   distributed::ParamAndGradBuffer& buffers();
+  /// Megatron's expert_parallel_buffers: the buffers of the routed experts' weights when they use
+  /// the expert process groups (Parameter::allreduce false: --expert-model-parallel-size > 1 or
+  /// --expert-tensor-parallel-size != --tensor-model-parallel-size), else nullptr. buffers() then
+  /// holds every other parameter; param_buffer()/grad_buffer() are those of buffers().
+  distributed::ParamAndGradBuffer* expert_parallel_buffers();
 
   /// Runs the model on a micro-batch (tokens/labels/position_ids [b, s] int64, optional
   /// attention_mask [b, 1, s, s] uint8, 1 = masked; loss_mask is NOT applied to the returned
@@ -229,6 +234,7 @@ class GPTModel {
   struct MtpPending;  // per training forward, per module: device values for take_mtp_metrics
   std::vector<std::vector<MtpPending>> mtp_pending_;
   std::unique_ptr<distributed::ParamAndGradBuffer> buffers_;
+  std::unique_ptr<distributed::ParamAndGradBuffer> expert_buffers_;  // expert_parallel_buffers()
   std::unique_ptr<State> state_;  // activations of the current micro-batch
   std::map<int64_t, std::unique_ptr<State>> stashed_;
   uint64_t rng_offset_ = 0;       // dropout stream position

@@ -50,6 +50,17 @@ Experts::Experts(ParamRegistry& reg, const std::string& prefix, const Transforme
     fc2_.push_back(add_expert_param(reg, n2, {config.hidden_size, config.moe_ffn_hidden_size}, 1, 1, etp_rank, etp_size,
                                     out_std));
   }
+  // Megatron's use_expert_pgs: the experts' weights then take the expert-parallel gradient path.
+  const int64_t tp = config.tensor_model_parallel_size;
+  const bool expert_pgs = config.expert_model_parallel_size > 1 ||
+                          (config.expert_tensor_parallel_size > 0 ? config.expert_tensor_parallel_size : tp) != tp;
+  for (auto* refs : {&fc1_, &fc2_})
+    for (size_t i = 0; i < refs->size(); ++i) {
+      Parameter& p = (*refs)[i].param();
+      p.allreduce = !expert_pgs;
+      p.expert_index = first_expert + static_cast<int64_t>(i);  // checkpoint expert axis
+      p.num_experts = config.num_moe_experts.value_or(0);
+    }
 }
 
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs,
