@@ -714,7 +714,8 @@ void test_embedding_ce() {
 void test_norms_once(bool v1);
 
 // h <= 1024 with h % 8 == 0 runs the register-accumulating kernels (gpt2perf; 768 = GPT-2, 1000 =
-// a partial last 256-column chunk), 4096 the general ones; 768 with 3000 rows makes every warp of
+// a partial last 256-column chunk), 4096 the general ones (backward; the forward's 130 rows take
+// the block-per-row kernel of test_norms_few where the GPU has >= 130 SMs, float16 the general one); 768 with 3000 rows makes every warp of
 // the one-wave grid loop over several rows. Run twice: the automatic choice, then the general
 // (v1) forward and backward forced on the same shapes (variants.h; they are the fallbacks).
 void test_norms() {
@@ -855,10 +856,13 @@ void test_norms_once(bool v1) {
       }
 }
 
+// The forward takes the vector kernel from one GPU wave of 8-channel threads up (rope.cu): the
+// bfloat16 shapes (s = 600: 38,400 threads, more than 132 SMs x 256) run it, the float32 ones
+// (s = 37) the element kernel a decode step runs.
 void test_rope() {
   for (DType dt : {DType::kFloat32, DType::kBFloat16})
     for (int variant = 0; variant < 4; ++variant) {
-      const int64_t s = g_small ? 6 : 37, b = 2, np = 4, ng = 2, d = 32, npg = np / ng;
+      const int64_t s = g_small ? 6 : (dt == DType::kBFloat16 ? 600 : 37), b = 2, np = 4, ng = 2, d = 32, npg = np / ng;
       ops::RopeParams rp;
       rp.enabled = variant != 2 || true;
       rp.interleaved = variant == 1;
