@@ -725,6 +725,19 @@ void test_norms() {
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = false;
 }
 
+// Float64 statistics of row i of x [N, h]: LayerNorm's mean (0 for RMSNorm) and
+// rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+void ref_norm_stats(const V& x, int64_t i, int64_t h, bool ln, float eps, double& mean, double& rstd) {
+  mean = 0;
+  double var = 0;
+  if (ln) {
+    for (int64_t c = 0; c < h; ++c) mean += x[i * h + c];
+    mean /= h;
+  }
+  for (int64_t c = 0; c < h; ++c) var += (x[i * h + c] - mean) * (x[i * h + c] - mean);
+  rstd = 1.0 / std::sqrt(var / h + eps);
+}
+
 // Few wide rows (decode: rows <= the SM count, 1024 < h <= 8192) run the block-per-row forward
 // (norm.cu's norm_fwd_row_kernel): rows 1..8; h = 2056 leaves most threads' second 2048-column
 // chunk empty, 8192 fills all four; x/gamma dtype mixes of float32/bfloat16 (float16 takes the
@@ -752,13 +765,8 @@ void test_norms_few() {
           else cu::rmsnorm_forward(X, G, eps, zc, Y, R);
           VD ry(N * h), rm(N), rr(N);
           for (int64_t i = 0; i < N; ++i) {
-            double mean = 0, var = 0;
-            if (ln) {
-              for (int64_t c = 0; c < h; ++c) mean += x[i * h + c];
-              mean /= h;
-            }
-            for (int64_t c = 0; c < h; ++c) var += (x[i * h + c] - mean) * (x[i * h + c] - mean);
-            const double rstd = 1.0 / std::sqrt(var / h + eps);
+            double mean, rstd;
+            ref_norm_stats(x, i, h, ln, eps, mean, rstd);
             rm[i] = mean;
             rr[i] = rstd;
             for (int64_t c = 0; c < h; ++c)
@@ -796,13 +804,8 @@ void test_norms_once(bool v1) {
           else cu::rmsnorm_forward(X, G, eps, zc, Y, R);
           VD ry(N * h), rm(N), rr(N), rdx(N * h), rdg = to_d(dg0), rdb = to_d(db0);
           for (int64_t i = 0; i < N; ++i) {
-            double mean = 0, var = 0;
-            if (ln) {
-              for (int64_t c = 0; c < h; ++c) mean += x[i * h + c];
-              mean /= h;
-            }
-            for (int64_t c = 0; c < h; ++c) var += (x[i * h + c] - mean) * (x[i * h + c] - mean);
-            double rstd = 1.0 / std::sqrt(var / h + eps);
+            double mean, rstd;
+            ref_norm_stats(x, i, h, ln, eps, mean, rstd);
             rm[i] = mean;
             rr[i] = rstd;
             double a = 0, b2 = 0;
