@@ -148,6 +148,28 @@ void bench_decode() {
     std::snprintf(nm, sizeof nm, "decode argmax_last_dim %ldx%ld bf16", (long)B, (long)Vv);
     report_bw(nm, t, 2.0 * B * Vv);
   }
+  // The step's small kernels at b rows: RMSNorm forward (the block-per-row kernel, then the
+  // warp-per-row one forced for comparison, variants.h) and the QKV split + RoPE.
+  for (int64_t B : {(int64_t)1, (int64_t)32}) {
+    Tensor x = rnd({B, H}, DType::kBFloat16), g = rnd({H}, DType::kBFloat16);
+    Tensor y = Tensor::empty({B, H}, DType::kBFloat16, Device::cuda()), r = Tensor::empty({B}, DType::kFloat32, Device::cuda());
+    char nm[160];
+    for (bool v1 : {false, true}) {
+      cu::variants::forced().norm_fwd_v1 = v1;
+      float t = time_ms([&] { cu::rmsnorm_forward(x, g, 1e-5f, false, y, r); });
+      std::snprintf(nm, sizeof nm, "decode rmsnorm fwd %ldx%ld bf16%s", (long)B, (long)H, v1 ? " (warp per row, v1)" : "");
+      report_bw(nm, t, 2.0 * B * H * 2);
+    }
+    cu::variants::forced().norm_fwd_v1 = false;
+    Tensor qkv = rnd({1, B, QKV}, DType::kBFloat16), q = Tensor::empty({1, B, 32, 128}, DType::kBFloat16, Device::cuda());
+    Tensor k = Tensor::empty({1, B, 8, 128}, DType::kBFloat16, Device::cuda()), v = Tensor::empty(k.shape(), DType::kBFloat16, Device::cuda());
+    ops::RopeParams rp;
+    rp.enabled = true;
+    rp.base = 500000.0f;
+    float t = time_ms([&] { cu::qkv_split_rope_forward(qkv, 32, 8, rp, nullptr, q, k, v); });
+    std::snprintf(nm, sizeof nm, "decode qkv_split_rope fwd b=%ld np=32 ng=8 d=128 bf16", (long)B);
+    report_bw(nm, t, 2.0 * B * QKV * 2);
+  }
 }
 }  // namespace
 

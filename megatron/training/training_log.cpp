@@ -68,7 +68,7 @@ std::string format_training_log_line(const TrainingLogFields& f) {
   std::snprintf(buf, sizeof(buf), " global batch size: %5lld |", static_cast<long long>(f.global_batch_size));
   s += buf;
   for (const auto& [key, avg] : f.losses) {
-    if (avg > 0.0) s += " " + key + ": " + py_sci(avg, 6) + " |";  // Megatron: `if avg > 0.0`
+    if (avg >= 0.0) s += " " + key + ": " + py_sci(avg, 6) + " |";  // Megatron: `if avg >= 0.0` (training.py)
   }
   s += " loss scale: " + py_fixed(f.loss_scale, 1) + " |";
   if (f.grad_norm) s += " grad norm: " + py_fixed(*f.grad_norm, 3) + " |";

@@ -714,7 +714,8 @@ void test_embedding_ce() {
 void test_norms_once(bool v1);
 
 // h <= 1024 with h % 8 == 0 runs the register-accumulating kernels (gpt2perf; 768 = GPT-2, 1000 =
-// a partial last 256-column chunk), 4096 the general ones; 768 with 3000 rows makes every warp of
+// a partial last 256-column chunk), 4096 the general ones (backward; the forward's 130 rows take
+// the block-per-row kernel of test_norms_few where the GPU has >= 130 SMs, float16 the general one); 768 with 3000 rows makes every warp of
 // the one-wave grid loop over several rows. Run twice: the automatic choice, then the general
 // (v1) forward and backward forced on the same shapes (variants.h; they are the fallbacks).
 void test_norms() {
@@ -722,6 +723,67 @@ void test_norms() {
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = true;
   test_norms_once(true);
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = false;
+}
+
+// Float64 statistics of row i of x [N, h]: LayerNorm's mean (0 for RMSNorm) and
+// rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+void ref_norm_stats(const V& x, int64_t i, int64_t h, bool ln, float eps, double& mean, double& rstd) {
+  mean = 0;
+  double var = 0;
+  if (ln) {
+    for (int64_t c = 0; c < h; ++c) mean += x[i * h + c];
+    mean /= h;
+  }
+  for (int64_t c = 0; c < h; ++c) var += (x[i * h + c] - mean) * (x[i * h + c] - mean);
+  rstd = 1.0 / std::sqrt(var / h + eps);
+}
+
+// Few wide rows (decode: rows <= the SM count, 1024 < h <= 8192) run the block-per-row forward
+// (norm.cu's norm_fwd_row_kernel): rows 1..8; h = 2056 leaves most threads' second 2048-column
+// chunk empty, 8192 fills all four; x/gamma dtype mixes of float32/bfloat16 (float16 takes the
+// warp kernel; run for coverage of the dispatch). Reference: float64 on the host from the same
+// rounded inputs; tolerances as test_norms (tol_for(dtype) on y: one rounding of the output;
+// 1e-5 on the fp32 statistics: fp32 sums of <= 8192 terms). Also rmsnorm_rstd (statistics only,
+// y undefined) on the same path.
+void test_norms_few() {
+  struct Dt {
+    DType x, g;
+  };
+  for (int64_t h : g_small ? std::vector<int64_t>{2056} : std::vector<int64_t>{2056, 4096, 8192})
+    for (Dt d : {Dt{DType::kBFloat16, DType::kBFloat16}, Dt{DType::kFloat32, DType::kFloat32},
+                 Dt{DType::kBFloat16, DType::kFloat32}, Dt{DType::kFloat16, DType::kFloat16}})
+      for (int64_t N = 1; N <= 8; N += g_small ? 7 : 1)
+        for (bool ln : {true, false}) {
+          const bool zc = N % 2 == 0;
+          const float eps = 1e-5f;
+          V x = rounded(randn(N * h, 2.0f), d.x), g = rounded(uniform(h, 0.5f, 1.5f), d.g), be = rounded(randn(h), d.g);
+          if (zc)
+            for (auto& v : g) v = round_to(v - 1.0f, d.g);
+          Tensor X = dev(x, {N, h}, d.x), G = dev(g, {h}, d.g), B = dev(be, {h}, d.g);
+          Tensor Y = poisoned({N, h}, d.x), M = poisoned({N}, DType::kFloat32), R = poisoned({N}, DType::kFloat32);
+          if (ln) cu::layernorm_forward(X, G, B, eps, zc, Y, M, R);
+          else cu::rmsnorm_forward(X, G, eps, zc, Y, R);
+          VD ry(N * h), rm(N), rr(N);
+          for (int64_t i = 0; i < N; ++i) {
+            double mean, rstd;
+            ref_norm_stats(x, i, h, ln, eps, mean, rstd);
+            rm[i] = mean;
+            rr[i] = rstd;
+            for (int64_t c = 0; c < h; ++c)
+              ry[i * h + c] = (x[i * h + c] - mean) * rstd * (g[c] + (zc ? 1.0 : 0.0)) + (ln ? be[c] : 0.0);
+          }
+          char nm[128];
+          std::snprintf(nm, sizeof nm, "%s few rows=%ld h=%ld x %s gamma %s%s", ln ? "layernorm" : "rmsnorm", (long)N,
+                        (long)h, dn(d.x), dn(d.g), zc ? " 1p" : "");
+          check(std::string(nm) + " fwd y", host(Y), ry, tol_for(d.x));
+          if (ln) check(std::string(nm) + " fwd mean", host(M), rm, 1e-5);
+          check(std::string(nm) + " fwd rstd", host(R), rr, 1e-5);
+          if (!ln && d.x != DType::kFloat16) {
+            Tensor R2 = poisoned({N}, DType::kFloat32);
+            cu::rmsnorm_rstd(X, G, eps, R2);
+            check(std::string(nm) + " rmsnorm_rstd", host(R2), rr, 1e-5);
+          }
+        }
 }
 
 void test_norms_once(bool v1) {
@@ -742,13 +804,8 @@ void test_norms_once(bool v1) {
           else cu::rmsnorm_forward(X, G, eps, zc, Y, R);
           VD ry(N * h), rm(N), rr(N), rdx(N * h), rdg = to_d(dg0), rdb = to_d(db0);
           for (int64_t i = 0; i < N; ++i) {
-            double mean = 0, var = 0;
-            if (ln) {
-              for (int64_t c = 0; c < h; ++c) mean += x[i * h + c];
-              mean /= h;
-            }
-            for (int64_t c = 0; c < h; ++c) var += (x[i * h + c] - mean) * (x[i * h + c] - mean);
-            double rstd = 1.0 / std::sqrt(var / h + eps);
+            double mean, rstd;
+            ref_norm_stats(x, i, h, ln, eps, mean, rstd);
             rm[i] = mean;
             rr[i] = rstd;
             double a = 0, b2 = 0;
@@ -802,10 +859,13 @@ void test_norms_once(bool v1) {
       }
 }
 
+// The forward takes the vector kernel from one GPU wave of 8-channel threads up (rope.cu): the
+// bfloat16 shapes (s = 600: 38,400 threads, more than 132 SMs x 256) run it, the float32 ones
+// (s = 37) the element kernel a decode step runs.
 void test_rope() {
   for (DType dt : {DType::kFloat32, DType::kBFloat16})
     for (int variant = 0; variant < 4; ++variant) {
-      const int64_t s = g_small ? 6 : 37, b = 2, np = 4, ng = 2, d = 32, npg = np / ng;
+      const int64_t s = g_small ? 6 : (dt == DType::kBFloat16 ? 600 : 37), b = 2, np = 4, ng = 2, d = 32, npg = np / ng;
       ops::RopeParams rp;
       rp.enabled = variant != 2 || true;
       rp.interleaved = variant == 1;
@@ -1551,7 +1611,7 @@ int main(int argc, char** argv) {
   std::printf("gpu_ops_test seed %llu%s\n", (unsigned long long)seed, g_small ? " (small)" : "");
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
-      {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"rope", test_rope},
+      {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"norms_few", test_norms_few}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},

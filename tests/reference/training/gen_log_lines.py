@@ -23,6 +23,11 @@ TRAIN = [
     dict(ts='2026-06-15 12:00:00.500000', it=30, train_iters=40, consumed=480, skipped_samples=0,
          ms=15.25, tflops=0.05, lr=9.999999e-4, gbs=16, losses=[('lm loss', 4.85203)], ls=65536.0,
          gn=0.0005, nz=0, pn=12.3456, skipped=0, nan=0),
+    # An interval of skipped iterations (fp16 loss-scale overflow) and an untrained MoE aux loss:
+    # zero averages are printed (Megatron: `if avg >= 0.0`).
+    dict(ts='2026-12-01 14:00:00.000001', it=12, train_iters=20, consumed=48, skipped_samples=0,
+         ms=8.5, tflops=None, lr=3e-3, gbs=4, losses=[('lm loss', 0.0), ('load_balancing_loss', 0.0)],
+         ls=8192.0, gn=None, nz=None, pn=None, skipped=1, nan=0),
 ]
 
 VALID = [

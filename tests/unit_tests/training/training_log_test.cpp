@@ -86,7 +86,7 @@ TEST(TrainingLog, LinesMatchMegatronPythonFormat) {
       got = format_validation_lines(kv["prefix"], kv["suffix"], losses(kv["losses"]));
     }
   }
-  EXPECT_EQ(checked, 4 + 4 * 3);
+  EXPECT_EQ(checked, 5 + 4 * 3);  // 5 training lines, 4 validation cases of 3 lines
 }
 
 TEST(TrainingLog, TimestampHasMicroseconds) {
@@ -159,10 +159,11 @@ TEST(TrainingLog, FlopsMoEHandComputed) {
   EXPECT_DOUBLE_EQ(num_floating_point_operations(a, 1), 57409536.0);
 }
 
-// Megatron's training_log prints a loss only `if avg > 0.0`: an interval whose iterations were all
-// skipped (fp16 overflow) has avg 0 and no "lm loss" field (found by the session-4 fresh tester;
-// we printed "lm loss: 0.000000E+00").
-TEST(TrainingLog, ZeroAverageLossIsLeftOut) {
+// Megatron's training_log prints a loss `if avg >= 0.0` (megatron/training/training.py; it was
+// `> 0.0` until Megatron's "fix the bug that loss: 0 will not be printed", #1555, which session 4
+// followed): an interval whose iterations were all skipped (fp16 overflow) prints
+// "lm loss: 0.000000E+00", and so does an MoE aux loss with coefficient 0.
+TEST(TrainingLog, ZeroAverageLossIsPrinted) {
   TrainingLogFields t;
   t.timestamp = "2026-11-30 03:00:00.000000";
   t.iteration = 1;
@@ -174,8 +175,9 @@ TEST(TrainingLog, ZeroAverageLossIsLeftOut) {
   t.loss_scale = 4294967296.0;
   t.skipped_iterations = 1;
   const std::string line = format_training_log_line(t);
-  EXPECT_EQ(line.find("lm loss"), std::string::npos) << line;
-  EXPECT_NE(line.find("| loss scale: 4294967296.0 |"), std::string::npos) << line;
+  EXPECT_NE(line.find("| lm loss: 0.000000E+00 | loss scale: 4294967296.0 |"), std::string::npos) << line;
+  t.losses = {{"lm loss", -1.0}};  // a negative average (not a loss Megatron tracks) stays out
+  EXPECT_EQ(format_training_log_line(t).find("lm loss"), std::string::npos);
   t.losses = {{"lm loss", 4.5}};
   EXPECT_NE(format_training_log_line(t).find("| lm loss: 4.500000E+00 |"), std::string::npos);
 }

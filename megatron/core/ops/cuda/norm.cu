@@ -1,5 +1,5 @@
-// LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h],
-// fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums
+// LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h]
+// (forward with few wide rows, as in decode: one block per row), fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums
 // are accumulated per block (in registers for h <= 1024, else with shared-memory atomics, whose
 // order varies run to run; per warp without atomics in deterministic mode, deterministic.h),
 // written as partial rows and summed in a fixed order by a second kernel.
@@ -323,6 +323,82 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
   }
 }
 
+constexpr int kRowThreads = 256;  // norm_fwd_row_kernel: one block of 8 warps per row
+constexpr int kRowChunks = 4;      // h <= 4 * 256 * 8 = 8192 columns, held in registers
+
+// Norm forward for few rows (rows <= the SM count: decode, batch-1 generation) with
+// 1024 < h <= 8192, h % 8 == 0, 16-byte aligned rows, x and y of one dtype. norm_fwd_kernel puts
+// one warp on a row, so a single 4096-column row is 16 serial 16-byte loads per lane, read twice
+// (three times for LayerNorm), on one SM: ~13.5 us on an H200 for what is a 8 KiB read. Here one
+// block of 256 threads owns the row: thread t loads columns 8t + 2048k (k < 4) once into
+// registers, the sums are a warp_sum per warp then the 8 warp partials added in warp order
+// (deterministic, but a different summation order than norm_fwd_kernel, so the last bits of
+// mean/rstd differ from it; the dispatch keeps the many-row shapes of training on the old
+// kernels). y == nullptr: statistics only (rmsnorm_rstd), as norm_fwd_kernel.
+template <bool kLN, class T, class G>
+__global__ void __launch_bounds__(kRowThreads)
+    norm_fwd_row_kernel(const T* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                        T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int h,
+                        float eps, float gofs) {
+  __shared__ float red[kRowThreads / 32];
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const T* xr = x + r * h;
+  // gamma/beta are loaded with x, before the reductions: one memory round trip per call.
+  float f[kRowChunks][8], g[kRowChunks][8], b[kRowChunks][8];
+#pragma unroll
+  for (int k = 0; k < kRowChunks; ++k) {
+    const int c = threadIdx.x * 8 + kRowThreads * 8 * k;
+    if (c < h) {
+      ld8(xr, c, h, true, f[k]);
+      if (y) ld8(gamma, c, h, true, g[k]);
+      if (kLN && y) ld8(beta, c, h, true, b[k]);
+    }
+  }
+  // The block-wide sum of v, the same value in every thread.
+  auto block_sum = [&](float v) {
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowThreads / 32; ++w) t += red[w];
+    __syncthreads();  // red is reused by the next sum
+    return t;
+  };
+  float mean = 0.0f;
+  if (kLN) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRowChunks; ++k)
+      if (threadIdx.x * 8 + kRowThreads * 8 * k < h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += f[k][j];
+    mean = block_sum(s) / h;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kRowChunks; ++k)
+    if (threadIdx.x * 8 + kRowThreads * 8 * k < h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += (f[k][j] - mean) * (f[k][j] - mean);
+  const float rstd = rsqrtf(block_sum(ss) / h + eps);
+  if (y) {
+#pragma unroll
+    for (int k = 0; k < kRowChunks; ++k) {
+      const int c = threadIdx.x * 8 + kRowThreads * 8 * k;
+      if (c >= h) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[k][j] = (f[k][j] - mean) * rstd * (g[k][j] + gofs) + (kLN ? b[k][j] : 0.0f);
+      st8(y + r * h, c, h, true, f[k]);
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (kLN) mean_out[r] = mean;
+    rstd_out[r] = rstd;
+  }
+}
+
 // The register kernels are instantiated for float32 and bfloat16 only; other dtypes take the
 // general kernels.
 bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; }
@@ -348,6 +424,22 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   bool vec = h % 8 == 0 && aligned16(x.data_ptr()) && (!has_y || aligned16(y.data_ptr())) &&
              aligned16(gamma.data_ptr()) && (!kLN || aligned16(beta->data_ptr()));
   const DType ydt = has_y ? y.dtype() : x.dtype();
+  const bool one_dtype = x.dtype() == ydt && f32_or_bf16(x.dtype()) && f32_or_bf16(gamma.dtype());
+  // Few rows of a wide row (decode): a block per row. Training's many-row shapes (rows > the SM
+  // count) keep the warp-per-row kernels below and their bits.
+  if (vec && one_dtype && rows <= sm_count() && h > 256 * kRegMaxChunks && h <= kRowThreads * 8 * kRowChunks &&
+      !norm_fwd_v1_forced()) {
+    MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+                          norm_fwd_row_kernel<kLN, T, G><<<static_cast<unsigned>(rows), kRowThreads, 0, st>>>(
+                              static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                              kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr,
+                              has_y ? static_cast<T*>(y.data_ptr()) : nullptr,
+                              kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
+                              static_cast<float*>(rstd.data_ptr()), (int)h, eps, zc ? 1.0f : 0.0f);
+                        }));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
   if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
       f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {

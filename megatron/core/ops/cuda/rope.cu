@@ -2,7 +2,8 @@
 // into q, k, v and applies rotary embedding (rotate-half or interleaved; partial rotary via
 // rope.percent) with fp32 angles pos * base^(-2i/rot_dim) (rope_freq.h: also Llama-3.1 frequency
 // scaling and position interpolation, the same inline functions the CPU reference calls). One thread per 8 channels of a row
-// (rope_vec_kernel) when the shapes allow, else one thread per output element.
+// (rope_vec_kernel) when the shapes allow and fill a GPU wave (the backward: whenever they
+// allow), else one thread per output element (rope_kernel: a decode step's few tokens).
 #include <initializer_list>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
@@ -187,7 +188,11 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
   if (total == 0) return;
   cudaStream_t st = megatron::cuda::current_stream();
   const int64_t* pos = position_ids ? static_cast<const int64_t*>(position_ids->data_ptr()) : nullptr;
-  if (rope_vec_ok(a, {qkv.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()})) {
+  // Fewer vector threads than one wave of the GPU (decode: a few tokens): the vector kernel's
+  // 8 serial sincosf per thread are the latency (~5 us per call at batch 1 on the H200), so the
+  // element kernel (the same per-element formulas, identical results) spreads them 8x wider.
+  if (rope_vec_ok(a, {qkv.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()}) &&
+      total / 8 >= (int64_t)sm_count() * kThreads) {
     const int64_t rows = total / a.d;
     MCU_FLOAT_SWITCH(qkv.dtype(), T,
                      rope_vec_kernel<T, false><<<grid_for(rows * (a.d / 8), kThreads), kThreads, 0, st>>>(
