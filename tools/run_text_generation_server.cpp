@@ -270,6 +270,8 @@ int run(int argc, char** argv) {
       auto pieces = training::parameter_sharded_tensors(p, *args.num_layers, ranks);
       st.model.insert(st.model.end(), pieces.begin(), pieces.end());
     }
+    // The routers' trained expert bias (--moe-router-enable-expert-bias), as pretrain_gpt loads it.
+    for (auto& b : training::router_state_tensors({&model}, *args.num_layers, ranks)) st.model.push_back(std::move(b));
     (void)training::load_checkpoint(st, cc, ranks, world.get());
   } else {
     say("WARNING: no --load given: generating from the randomly initialized model (--seed " +

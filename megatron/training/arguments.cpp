@@ -926,6 +926,10 @@ void validate_moe_args(Arguments& a) {
   }
   if (!a.moe_ffn_hidden_size) a.moe_ffn_hidden_size = a.ffn_hidden_size;
   a.moe_layer_pattern = transformer::moe::parse_moe_layer_freq(a.moe_layer_freq, *a.num_layers);
+  // Megatron fails only at its first training log (no MoE layer to average the aux losses over).
+  if (std::find(a.moe_layer_pattern.begin(), a.moe_layer_pattern.end(), 1) == a.moe_layer_pattern.end())
+    user_error("--moe-layer-freq ", a.moe_layer_freq, " makes no layer a mixture-of-experts layer while --num-experts is ",
+               *a.num_experts, ": mark at least one layer 1, or drop --num-experts for a dense model");
   if (a.moe_router_load_balancing_type.size() > 1 &&
       a.moe_aux_loss_coeff.size() != a.moe_router_load_balancing_type.size())
     user_error("--moe-aux-loss-coeff must give one coefficient per --moe-router-load-balancing-type (",

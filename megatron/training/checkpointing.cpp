@@ -469,6 +469,8 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
     }
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
+  if (torch_dist && td_plan.fp8_state && st.extra.empty())
+    print0(world, "FP8 state (amax histories, scales) of the checkpoint is not used: this run does not train in FP8");
   if (!cfg.finetune && !st.extra.empty()) {
     const dc::CheckpointIndex idx = torch_dist ? dc::CheckpointIndex{} : dc::load_index(dir);
     for (const auto& t : st.extra) {

@@ -44,6 +44,16 @@ const std::regex& optim_key_re() {
   return re;
 }
 
+// Our FP8 state (fp8_state.h checkpoint_tensors: `<linear>._extra_state.fp8.amax_history|scale|
+// scale_inv`), kept in a torch_dist checkpoint under kOwnObjectPrefix + that key: megatron.cpp's
+// own tensors, not Transformer Engine's `_extra_state` objects (Megatron's loader ignores them as
+// unexpected keys, and its TE layers start with fresh FP8 state, as from a bf16 checkpoint).
+bool is_fp8_state(const std::string& k) {
+  static const std::regex re(".+\\._extra_state\\.fp8\\.(amax_history|scale|scale_inv)");
+  return std::regex_match(k, re);
+}
+std::string fp8_state_key(const std::string& k) { return is_fp8_state(k) ? td::kOwnObjectPrefix + k : ""; }
+
 // Transformer Engine's fused spec stores the layer norms inside the following linear layer, and
 // Megatron's local spec saves them under the same names (TransformerLayer's
 // sharded_state_dict_keys_map): "<layer>.input_layernorm.X" -> "<layer>.self_attention.linear_qkv.layer_norm_X",
@@ -62,7 +72,13 @@ std::string te_name(const std::string& k) {
 TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) {
   auto md = std::make_shared<td::DcpMetadata>(td::read_dcp_metadata(dir));
   const std::string file = dir + "/.metadata";
+  TorchDistReadPlan plan;
   for (const auto& [k, t] : md->tensors) {
+    // (Unprefixed: as written before the prefix was introduced; resolve finds them as they are.)
+    if (is_fp8_state(k) || (k.rfind(td::kOwnObjectPrefix, 0) == 0 && is_fp8_state(k.substr(std::strlen(td::kOwnObjectPrefix))))) {
+      plan.fp8_state = true;
+      continue;
+    }
     if (k.rfind("optimizer.distributed.", 0) == 0) {
       if (with_optim)
         user_error(file, ": '", k, "' is distributed-optimizer state in Megatron's DP-specific layout "
@@ -87,7 +103,6 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
                  "(dp_zero_gather_scatter / dp_reshardable); re-save it with Megatron's "
                  "--dist-ckpt-optim-fully-reshardable, or load the weights only with --no-load-optim");
   }
-  TorchDistReadPlan plan;
   for (const auto& [k, b] : md->bytes)
     if (k.rfind(td::kOwnObjectPrefix, 0) == 0) plan.ours = true;
   auto resolve = [md](const std::string& k) -> std::string {
@@ -104,6 +119,8 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
       cand.push_back(te_name(model));
     } else if (!te_name(k).empty()) {
       cand = {te_name(k)};
+    } else {
+      cand = {fp8_state_key(k)};
     }
     for (const auto& c : cand)
       if (!c.empty() && md->tensors.count(c)) return c;
@@ -248,6 +265,7 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
     if (t.key.rfind("optimizer.", 0) != 0 && t.data.dtype() == DType::kFloat32) fp32_model.insert(t.key);
   o.key_map = [distributed_optimizer, fp32_model](const std::string& k) -> std::string {
     static const std::string p = "optimizer.state.fp32_param.";
+    if (is_fp8_state(k)) return fp8_state_key(k);
     std::string out = k;
     if (k.rfind(p, 0) == 0) {
       if (distributed_optimizer) out = "optimizer.state.param." + k.substr(p.size());

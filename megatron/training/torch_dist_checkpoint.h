@@ -25,6 +25,9 @@ struct TorchDistReadPlan {
   /// True when the checkpoint was written by megatron.cpp (it has our RNG objects' prefix keys
   /// or "megatron_cpp" in its common state).
   bool ours = false;
+  /// True when the checkpoint holds megatron.cpp's FP8 state (amax histories and scales, stored
+  /// under "megatron_cpp." + `<linear>._extra_state.fp8.*`; docs/checkpointing.md).
+  bool fp8_state = false;
 };
 
 /// Reads `dir/.metadata` and checks that every tensor is one we can map: throws UserError naming
@@ -32,6 +35,7 @@ struct TorchDistReadPlan {
 /// distributed optimizer's DP-specific layouts (dp_reshardable / dp_zero_gather_scatter:
 /// re-save with --dist-ckpt-optim-fully-reshardable, or load with --no-load-optim).
 /// `with_optim`: whether optimizer keys will be requested (the DP-layout check applies then).
+/// Our FP8 state tensors are accepted (and mapped back by key_map) whether or not they are loaded.
 TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim);
 
 /// Megatron's common.pt (as JSON) in our common-state layout: "args" (its Namespace attributes),
@@ -64,7 +68,8 @@ std::vector<std::string> torch_dist_extra_state_keys(const std::vector<dist_chec
 /// keys mapped to Megatron's (with the distributed optimizer, fp32 main params as
 /// "optimizer.state.param.<key>" of its fully_reshardable layout), args pickled as an
 /// argparse.Namespace, the None `_extra_state` objects Megatron's linear layers request
-/// (torch_dist_extra_state_keys), our RNG state as an object Megatron ignores.
+/// (torch_dist_extra_state_keys), our RNG state as an object Megatron ignores, our FP8 state
+/// tensors under "megatron_cpp." + their key (Megatron ignores them too).
 /// `tp_rank`, `dp_rank`, `last_stage`: this rank's position.
 void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, const std::string& dir,
                                 comm::ProcessGroup* world, bool distributed_optimizer, int tp_rank, int dp_rank,

@@ -165,6 +165,7 @@ bad "--moe-router-topk (8) must not exceed --num-experts (4)" --moe-router-topk 
 bad "--num-experts (4) must be a multiple of --expert-model-parallel-size (3)" --expert-model-parallel-size 3
 bad "--moe-expert-capacity-factor must be > 0" --moe-expert-capacity-factor 0
 bad "invalid length of the layer pattern: 3, expected 2" --moe-layer-freq '[1]*3'
+bad "makes no layer a mixture-of-experts layer while --num-experts is 4" --moe-layer-freq '[0]*2'
 bad "--moe-token-dispatcher-type flex" --moe-token-dispatcher-type flex
 bad "--moe-enable-deepep is a Megatron-LM flag that megatron.cpp does not implement" --moe-enable-deepep
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "needs --sequence-parallel" --tensor-model-parallel-size 2
