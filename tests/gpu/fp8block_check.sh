@@ -21,15 +21,10 @@
 # Exit status non-zero iff a check FAILed.
 set -u
 BIN="${1:?usage: fp8block_check.sh BIN_DIR}"
-O="${OUT:-/tmp/out}/fp8block"
-mkdir -p "$O"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
+# pass/fail/info, ms_of, tps, ratio, the model flags (fp8_llama_args), the small runs' helpers;
+# gc_check_init: $O, the CUDA libraries, T0, status, the summary and gpu.txt.
 . "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"
-T0=$(date +%s)
-status=0
-: > "$O/summary.txt"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$O/gpu.txt" 2>&1; info "gpu: $(cat "$O/gpu.txt")"
+gc_check_init fp8block name,driver_version
 COMMIT=${COMMIT:-$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 MACHINE="1x $(head -1 "$O/gpu.txt" | tr -d '"')"
 ROWS="$O/results_rows.csv"

@@ -21,16 +21,10 @@
 # Exit status non-zero iff a check FAILed. Performance numbers are reported (INFO), not asserted.
 set -u
 BIN="${1:?usage: fp8fuse_check.sh BIN_DIR}"
-O="${OUT:-/tmp/out}/fp8fuse"
-mkdir -p "$O"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-. "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
-# pass/fail/info, ms_of, tps, ratio, the model flags (fp8_llama_args), the small runs' helpers.
+# pass/fail/info, ms_of, tps, ratio, the model flags (fp8_llama_args), the small runs' helpers;
+# gc_check_init: $O, the CUDA libraries, T0, status, the summary and gpu.txt.
 . "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"
-T0=$(date +%s)
-status=0
-: > "$O/summary.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader > "$O/gpu.txt" 2>&1; info "gpu: $(cat "$O/gpu.txt")"
+gc_check_init fp8fuse
 
 # ---- 1. kernels -------------------------------------------------------------------------------
 timeout 60 "$BIN/fp8_gpu_test" --no-timing --groups fused_quantize,fused_swiglu_backward,scale_update,residual_gemm,linear > "$O/fp8_gpu_test.log" 2>&1

@@ -4,6 +4,22 @@
 # FAIL). pass/fail/info print a PASS/FAIL/INFO line and append it to $O/summary.txt; a script that
 # prints its lines elsewhere defines its own after sourcing this file.
 
+# gc_check_init NAME [GPU_FIELDS]: the opening of a tests/gpu/*_check.sh, after sourcing this file:
+# results under O=${OUT:-/tmp/out}/NAME, NVLink multicast off, GPU 0 unless CUDA_VISIBLE_DEVICES
+# says otherwise, the CUDA libraries (cuda_libs.sh), T0 = now, status = 0, an empty
+# $O/summary.txt, and nvidia-smi's GPU_FIELDS (default name,driver_version,clocks.sm) in
+# $O/gpu.txt, printed as an INFO line.
+gc_check_init() {
+  O="${OUT:-/tmp/out}/$1"
+  mkdir -p "$O"
+  export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+  . "$(dirname "${BASH_SOURCE[0]}")/cuda_libs.sh"
+  T0=$(date +%s)
+  status=0
+  : > "$O/summary.txt"
+  nvidia-smi --query-gpu="${2:-name,driver_version,clocks.sm}" --format=csv,noheader > "$O/gpu.txt" 2>&1
+  info "gpu: $(cat "$O/gpu.txt")"
+}
 pass() { echo "PASS $*" | tee -a "$O/summary.txt"; }
 fail() { echo "FAIL $*" | tee -a "$O/summary.txt"; status=1; }
 info() { echo "INFO $*" | tee -a "$O/summary.txt"; }
