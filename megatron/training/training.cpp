@@ -309,10 +309,8 @@ void Trainer::report_moe_metrics(int64_t iteration) {
   if (names.empty()) return;
   // The tracker spans decoder and MTP layers; the MTP layers are MoE layers when the last decoder
   // layer is one (Megatron's training_log: mtp_moe_layers).
-  const int64_t D = args_.mtp_num_layers.value_or(0);
-  const int64_t num_layers = *args_.num_layers + D;
-  const auto& pat = args_.moe_layer_pattern;
-  const int64_t num_moe_layers = pat.empty() ? num_layers : std::count(pat.begin(), pat.end(), 1) + (pat.back() ? D : 0);
+  const int64_t num_layers = *args_.num_layers + args_.mtp_num_layers.value_or(0);
+  const int64_t num_moe_layers = num_moe_layers_with_mtp(args_);
   namespace ps = megatron::parallel_state;
   const bool groups = ps::model_parallel_is_initialized();
   const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();

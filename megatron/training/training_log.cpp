@@ -225,6 +225,13 @@ std::optional<ProgressStart> progress_start(const std::vector<std::string>& line
   return start;
 }
 
+int64_t num_moe_layers_with_mtp(const Arguments& a) {
+  const int64_t D = a.mtp_num_layers.value_or(0);
+  const auto& pat = a.moe_layer_pattern;
+  if (pat.empty()) return *a.num_layers + D;
+  return std::count(pat.begin(), pat.end(), 1) + (pat.back() ? D : 0);
+}
+
 double num_floating_point_operations(const Arguments& a, int64_t batch_size) {
   MEGATRON_CHECK(a.num_layers && a.hidden_size && a.ffn_hidden_size && a.kv_channels && a.num_attention_heads &&
                  a.seq_length && a.padded_vocab_size > 0)
@@ -252,9 +259,7 @@ double num_floating_point_operations(const Arguments& a, int64_t batch_size) {
   const double Lt = L + D;
   double mlp = f * gate * Lt;
   if (a.num_experts) {
-    const auto& pat = a.moe_layer_pattern;
-    const double n_moe = pat.empty() ? Lt
-                                     : static_cast<double>(std::count(pat.begin(), pat.end(), 1)) + (pat.back() ? D : 0.0);
+    const double n_moe = static_cast<double>(num_moe_layers_with_mtp(a));
     const double moe_f = static_cast<double>(a.moe_ffn_hidden_size.value_or(*a.ffn_hidden_size));
     const double shared = static_cast<double>(a.moe_shared_expert_intermediate_size.value_or(0));
     mlp = f * gate * (Lt - n_moe) + (moe_f * static_cast<double>(a.moe_router_topk) * gate + shared * gate) * n_moe;

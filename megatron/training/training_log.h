@@ -46,6 +46,12 @@ std::string format_training_log_line(const TrainingLogFields& f);
 std::vector<std::string> format_validation_lines(const std::string& prefix, const std::string& suffix,
                                                  const std::vector<std::pair<std::string, double>>& losses);
 
+/// The number of MoE layers Megatron's training_log (the MoE metrics' average) and its FLOPs
+/// formula count: the decoder layers --moe-layer-freq makes MoE (all of them when it gives no
+/// pattern) plus the --mtp-num-layers D MTP layers when the last decoder layer is MoE (Megatron's
+/// mtp_moe_layers / last_layer_is_moe). Needs validated args with --num-experts.
+int64_t num_moe_layers_with_mtp(const Arguments& args);
+
 /// Model FLOPs of one global batch of `batch_size` sequences (docs/megatron-reference.md#flops, causal-halved attention):
 /// T·[6·h·f·gate·L + 6·(h·(q+2k) + q·h)·L + 6·h·Vp] + B·s²·6·q·L; with --mtp-num-layers D,
 /// L -> L + D, + T·6·D·(3h + 2h²) (MTP norms and eh_proj) and Vp counted D + 1 times. Needs validated args and
