@@ -415,8 +415,13 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   const char* fp8_dump = std::getenv("MEGATRON_DUMP_FP8_STATE");  // FP8 amax-reduction test
   const std::string fp8_dump_dir = fp8_dump ? fp8_dump : "";
   const int global_rank = static_cast<int>(args.rank);
-  hooks.finalize_model_grads = [&ddp_ptrs, fg, per_token_loss, &chunks, amax_group, fp8_dump_dir,
-                                global_rank](double num_tokens) {
+  // The routers of every chunk (decoder and MTP layers), for Megatron's end of
+  // finalize_model_grads: the model does not change during training, so collected once.
+  std::vector<transformer::moe::TopKRouter*> routers;
+  for (auto& m : chunks)
+    for (auto* r : m->moe_routers()) routers.push_back(r);
+  hooks.finalize_model_grads = [&ddp_ptrs, fg, per_token_loss, &chunks, amax_group, fp8_dump_dir, global_rank,
+                                routers](double num_tokens) {
     if (per_token_loss) {
       Tensor n = Tensor::from_vector({static_cast<float>(num_tokens)}, {1});
       distributed::finalize_model_grads(ddp_ptrs, fg, &n);
@@ -424,9 +429,6 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
       distributed::finalize_model_grads(ddp_ptrs, fg);
     }
     // Megatron's finalize_model_grads ends with the routers: expert-bias update, counters reset.
-    std::vector<transformer::moe::TopKRouter*> routers;
-    for (auto& m : chunks)
-      for (auto* r : m->moe_routers()) routers.push_back(r);
     transformer::moe::finalize_router_state(routers);
     for (auto& m : chunks)
       if (auto* f8 = m->fp8_state()) f8->reduce_and_update(amax_group.get());
