@@ -29,6 +29,18 @@ transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& s) 
   c.rope_scaling = s.use_rope_scaling;
   c.rope_scaling_factor = static_cast<float>(s.rope_scaling_factor);
   c.share_embeddings_and_output_weights = !s.untie_embeddings_and_output_weights;
+  c.qk_layernorm = s.qk_layernorm;
+  if (s.is_moe()) {
+    c.num_moe_experts = s.num_moe_experts;
+    c.moe_ffn_hidden_size = s.moe_ffn_hidden_size;
+    c.moe_router_topk = s.moe_router_topk;
+    c.moe_layer_pattern = s.moe_layer_pattern;
+    // --moe-layer-freq as a list: Megatron's non_homogeneous_layers (per-layer checkpoint keys).
+    c.moe_non_homogeneous_layers = !s.moe_layer_pattern.empty();
+    c.moe_router_pre_softmax = s.moe_router_pre_softmax;
+    c.moe_router_load_balancing_type = {"aux_loss"};
+    c.moe_aux_loss_coeff = {s.moe_aux_loss_coeff};
+  }
   return c;
 }
 
