@@ -232,19 +232,8 @@ void compare_with_transformers(const std::string& name) {
   cfg.validate();
   models::gpt::GPTModel model(cfg, spec.vocab_size, spec.max_position_embeddings, 1);
   load_into_model(model, hf_to_megatron(HFWeights(dir), spec));
-  auto in = json::parse(dc::read_text_file(dir + "/inputs.json"));
-  const int64_t b = in["tokens"].size(), s = in["tokens"][0].size();
-  std::vector<int64_t> tok, lab, pos;
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t j = 0; j < s; ++j) {
-      tok.push_back(in["tokens"][i][j].get<int64_t>());
-      lab.push_back(in["labels"][i][j].get<int64_t>());
-      pos.push_back(j);
-    }
-  datasets::GPTBatch batch;
-  batch.tokens = Tensor::from_vector_i64(tok, {b, s});
-  batch.labels = Tensor::from_vector_i64(lab, {b, s});
-  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
+  datasets::GPTBatch batch = testing::read_hf_inputs(dir + "/inputs.json");
+  const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1);
   // training=false: no router aux loss, as the fixture's plain cross entropy (output_router_logits=False).
   Tensor loss = model.forward(batch, /*training=*/false);
   Tensor ref_logits = testing::read_safetensors_f32(dir + "/logits.safetensors")["logits"];  // [b, s, V]

@@ -30,4 +30,25 @@ std::map<std::string, Tensor> read_safetensors_f32(const std::string& path) {
   return out;
 }
 
+datasets::GPTBatch read_hf_inputs(const std::string& inputs_json) {
+  std::ifstream f(inputs_json);
+  MEGATRON_CHECK(f.good()) << "cannot open " << inputs_json;
+  auto in = nlohmann::json::parse(f);
+  const int64_t b = in["tokens"].size(), s = in["tokens"][0].size();
+  std::vector<int64_t> tok, lab, pos;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j) {
+      tok.push_back(in["tokens"][i][j].get<int64_t>());
+      lab.push_back(in["labels"][i][j].get<int64_t>());
+      pos.push_back(j);
+    }
+  datasets::GPTBatch batch;
+  batch.tokens = Tensor::from_vector_i64(tok, {b, s});
+  batch.labels = Tensor::from_vector_i64(lab, {b, s});
+  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
+  batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
+  batch.loss_mask.fill_(1.0f);
+  return batch;
+}
+
 }  // namespace megatron::testing
