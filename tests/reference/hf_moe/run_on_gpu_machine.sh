@@ -3,11 +3,13 @@
 # generates the Hugging Face MoE fixtures, imports each with BIN_DIR/convert_checkpoint, exports
 # it back to Hugging Face, loads the export with transformers and compares its logits with the
 # fixture's; then copies the fixtures into this source tree and runs the C++ comparison
-# (BIN_DIR/unit_tests --gtest_filter='HFMoE*') when BIN_DIR has unit_tests.
+# (BIN_DIR/unit_tests --gtest_filter='HFMoE*') and tests/functional_tests/ckpt_convert_hf_moe.sh
+# (round trip + generation) when BIN_DIR has unit_tests / run_text_generation_server.
 #   bash tests/reference/hf_moe/run_on_gpu_machine.sh BIN_DIR OUT_DIR
 # OUT_DIR/summary.txt: one PASS/FAIL line per step; OUT_DIR/hf_moe/ holds the fixtures to commit
 # as tests/reference/hf_moe/ (cp -r OUT_DIR/hf_moe/* tests/reference/hf_moe/). Exit 1 on any FAIL.
 set -u
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there; everything is local
 BIN=$(cd "$1" && pwd); OUT=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -29,10 +31,16 @@ for m in mixtral_tiny qwen3_moe_tiny; do
   cat "$OUT/$m.check.log" >> "$SUM"
 done
 cp "$FIX"/*/meta.json "$OUT/" 2>/dev/null || true
+# The C++ checks read the fixtures from this source tree (unit_tests has its source dir compiled in).
+cp -r "$FIX"/* "$HERE/"
 if [ -x "$BIN/unit_tests" ]; then
-  cp -r "$FIX"/* "$HERE/"
   step "unit_tests HFMoE*" "$OUT/unit_tests.log" "$BIN/unit_tests" --gtest_filter='HFMoE*' --gtest_color=no
   grep "vs transformers" "$OUT/unit_tests.log" >> "$SUM" || true
+fi
+if [ -x "$BIN/run_text_generation_server" ]; then
+  step "functional ckpt_convert_hf_moe" "$OUT/ckpt_convert_hf_moe.log" bash "$HERE/../../functional_tests/ckpt_convert_hf_moe.sh" \
+    "$BIN" "$(cd "$HERE/../../.." && pwd)"
+  grep "log-prob" "$OUT/ckpt_convert_hf_moe.log" >> "$SUM" || true
 fi
 rm -rf "$WORK"
 du -sh "$FIX" >> "$SUM"
