@@ -7,12 +7,35 @@
 # 1e-4 x max(1, max |logit|): the logits agree to 1e-5 of their largest magnitude (HFMoE.* unit
 # tests), log_softmax = logit - logsumexp adds at most that again, so 2e-5 x max |logit|, with a
 # 5x margin for the server's own float32 rounding; a Qwen2-MoE config is refused naming its
-# shared expert.
-# Without the fixtures it fails, naming the generator.
+# shared expert. First, pretrain_gpt's own MoE checkpoints export (see below). Without the fixtures
+# it then fails, naming the generator.
 # Args: <bin dir> <source dir>
 set -euo pipefail
 BIN=$1; SRC=$2
 FIX="$SRC/tests/reference/hf_moe"
+DIR=$(mktemp -d /tmp/ckpt_convert_moe.XXXXXX)
+trap 'rm -rf "$DIR"' EXIT
+# Export of pretrain_gpt's own MoE checkpoints (no fixture needed): every layer MoE (stacked keys)
+# -> Mixtral, a dense layer + --qk-layernorm (per-layer keys) -> Qwen3-MoE with mlp_only_layers;
+# HF -> mcore -> HF again gives the same file.
+T=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2 --seq-length 32
+  --max-position-embeddings 32 --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 128
+  --disable-bias-linear --swiglu --normalization RMSNorm --position-embedding-type rope
+  --untie-embeddings-and-output-weights --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+  --tokenizer-type NullTokenizer --vocab-size 128 --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr 1e-3
+  --mock-data --data-cache-path "$DIR/cache" --eval-iters 0 --save-interval 2)
+for leg in "mixtral:" "qwen3_moe:--qk-layernorm --moe-layer-freq [1,0]"; do
+  want=${leg%%:*}; read -r -a extra <<< "${leg#*:}"
+  "$BIN/pretrain_gpt" "${T[@]}" "${extra[@]}" --save "$DIR/tr_$want" > "$DIR/tr_$want.log" 2>&1 \
+    || { tail -20 "$DIR/tr_$want.log"; echo "FAIL: pretrain_gpt ($want leg)"; exit 1; }
+  "$BIN/convert_checkpoint" --loader mcore --saver hf --load-dir "$DIR/tr_$want" --save-dir "$DIR/tr_$want.hf" > /dev/null
+  got=$(python3 -c "import json; c = json.load(open('$DIR/tr_$want.hf/config.json')); print(c['model_type'], c.get('mlp_only_layers'))")
+  case "$want:$got" in "mixtral:mixtral None"|"qwen3_moe:qwen3_moe [1]") ;; *) echo "FAIL: $want leg exported as '$got'"; exit 1;; esac
+  "$BIN/convert_checkpoint" --loader hf --saver mcore --load-dir "$DIR/tr_$want.hf" --save-dir "$DIR/tr_$want.back" > /dev/null
+  "$BIN/convert_checkpoint" --loader mcore --saver hf --load-dir "$DIR/tr_$want.back" --save-dir "$DIR/tr_$want.hf2" > /dev/null
+  cmp "$DIR/tr_$want.hf/model.safetensors" "$DIR/tr_$want.hf2/model.safetensors"
+  echo "pretrain_gpt MoE checkpoint -> $got; HF -> mcore -> HF identical"
+done
 for m in mixtral_tiny qwen3_moe_tiny; do
   if [ ! -f "$FIX/$m/model.safetensors" ]; then
     echo "FAIL: $FIX/$m is missing: run 'python3 tests/reference/hf_moe/generate_hf_moe_fixtures.py tests/reference/hf_moe/'" \
@@ -20,8 +43,6 @@ for m in mixtral_tiny qwen3_moe_tiny; do
     exit 1
   fi
 done
-DIR=$(mktemp -d /tmp/ckpt_convert_moe.XXXXXX)
-trap 'rm -rf "$DIR"' EXIT
 for m in mixtral_tiny qwen3_moe_tiny; do
   "$BIN/convert_checkpoint" --loader hf --saver mcore --load-dir "$FIX/$m" --save-dir "$DIR/$m.ckpt" > "$DIR/$m.import.log"
   grep -q -- "--num-experts" "$DIR/$m.import.log" || { cat "$DIR/$m.import.log"; echo "FAIL: $m: no MoE flags printed"; exit 1; }
@@ -80,4 +101,4 @@ if "$BIN/convert_checkpoint" --loader hf --saver mcore --load-dir "$DIR/q2" --sa
 fi
 grep -q "shared_expert_intermediate_size" "$DIR/q2.err" || { cat "$DIR/q2.err"; exit 1; }
 [ ! -e "$DIR/q2.ckpt" ] || { echo "FAIL: refused import left $DIR/q2.ckpt"; exit 1; }
-echo "ckpt_convert_hf_moe: 5 passed, 0 failed"
+echo "ckpt_convert_hf_moe: 7 passed, 0 failed"
