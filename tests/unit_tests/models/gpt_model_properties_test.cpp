@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "test_utils/tiny_model.h"
 
@@ -24,19 +25,12 @@ TransformerConfig small_config(bool llama) {
 }
 
 datasets::GPTBatch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> tok(b * s), lab(b * s), pos(b * s);
+  std::vector<int64_t> tok(b * s), lab(b * s);
   for (int64_t i = 0; i < b * s; ++i) {
     tok[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i) % vocab);
     lab[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i + 1) % vocab);
-    pos[i] = i % s;
   }
-  datasets::GPTBatch batch;
-  batch.tokens = Tensor::from_vector_i64(tok, {b, s});
-  batch.labels = Tensor::from_vector_i64(lab, {b, s});
-  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
-  batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
-  batch.loss_mask.fill_(1.0f);
-  return batch;
+  return testing::gpt_batch(tok, lab, b, s);
 }
 
 Tensor ones(const Shape& s) {

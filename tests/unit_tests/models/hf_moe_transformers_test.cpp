@@ -49,14 +49,7 @@ std::string tmp_dir(const std::string& name) {
   return d.string();
 }
 void write_json(const std::string& path, const json& j) { std::ofstream(path) << j.dump(2); }
-void expect_user_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected one mentioning: " << needle;
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using megatron::testing::expect_user_error;
 bool same(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }

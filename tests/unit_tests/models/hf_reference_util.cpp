@@ -1,10 +1,15 @@
 #include "hf_reference_util.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "megatron/core/utils/errors.h"
+#include "test_utils/fixture_util.h"
 
 namespace megatron::testing {
 
@@ -35,20 +40,22 @@ datasets::GPTBatch read_hf_inputs(const std::string& inputs_json) {
   MEGATRON_CHECK(f.good()) << "cannot open " << inputs_json;
   auto in = nlohmann::json::parse(f);
   const int64_t b = in["tokens"].size(), s = in["tokens"][0].size();
-  std::vector<int64_t> tok, lab, pos;
+  std::vector<int64_t> tok, lab;
   for (int64_t i = 0; i < b; ++i)
     for (int64_t j = 0; j < s; ++j) {
       tok.push_back(in["tokens"][i][j].get<int64_t>());
       lab.push_back(in["labels"][i][j].get<int64_t>());
-      pos.push_back(j);
     }
-  datasets::GPTBatch batch;
-  batch.tokens = Tensor::from_vector_i64(tok, {b, s});
-  batch.labels = Tensor::from_vector_i64(lab, {b, s});
-  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
-  batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
-  batch.loss_mask.fill_(1.0f);
-  return batch;
+  return gpt_batch(tok, lab, b, s);
+}
+
+void expect_user_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one mentioning: " << needle;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace megatron::testing

@@ -13,6 +13,7 @@
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/hf/hf_mapping.h"
 #include "megatron/training/hf/hf_model.h"
+#include "models/hf_reference_util.h"
 
 using namespace megatron;
 using namespace megatron::hf;
@@ -34,14 +35,7 @@ std::vector<float> col0(const Tensor& t) {
   for (int64_t r = 0; r < t.size(0); ++r) out.push_back(v[r * w]);
   return out;
 }
-void expect_user_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected one mentioning: " << needle;
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using megatron::testing::expect_user_error;
 void write_json(const std::string& path, const nlohmann::json& j) {
   std::ofstream(path) << j.dump(2);
 }
@@ -308,7 +302,6 @@ TEST(HFCheckpoint, BadCheckpointsNameTheTensor) {
 // vocab 256, 2 layers), typically sqrt(n)*u (~1e-6, u = 2^-24) per op, renormalized between layers.
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/hf/hf_model.h"
-#include "models/hf_reference_util.h"
 
 TEST(HFCheckpoint, ImportedModelsMatchTransformersLogits) {
   for (const char* m : {"llama_tiny", "gpt2_tiny"}) {
