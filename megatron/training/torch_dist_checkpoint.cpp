@@ -1,5 +1,6 @@
 #include "megatron/training/torch_dist_checkpoint.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -126,9 +127,39 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
       if (!c.empty() && md->tensors.count(c)) return c;
     return k;
   };
+  for (const auto& [k, t] : md->tensors) plan.tensor_keys.push_back(k);
+  std::sort(plan.tensor_keys.begin(), plan.tensor_keys.end());
   plan.key_map = resolve;
   plan.has = [md, resolve](const std::string& k) { return md->tensors.count(resolve(k)) > 0; };
   return plan;
+}
+
+std::vector<std::string> unused_torch_dist_keys(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                                bool with_optim) {
+  std::set<std::string> used;
+  for (const auto& k : requested)
+    if (plan.has(k)) used.insert(plan.key_map(k));
+  std::vector<std::string> unused;
+  for (const auto& k : plan.tensor_keys) {
+    if (used.count(k) || k.rfind(td::kOwnObjectPrefix, 0) == 0 || is_fp8_state(k)) continue;
+    if (!with_optim && k.rfind("optimizer.", 0) == 0) continue;
+    unused.push_back(k);
+  }
+  return unused;
+}
+
+void check_torch_dist_keys_present(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                   const std::string& dir) {
+  std::set<std::string> seen;
+  std::string missing;
+  for (const auto& k : requested) {
+    if (plan.has(k) || !seen.insert(k).second) continue;
+    const std::string ck = plan.key_map(k);
+    missing += (seen.size() > 1 ? ", '" : "'") + k + "'" + (ck != k ? " (looked for as '" + ck + "')" : "");
+  }
+  if (!seen.empty())
+    user_error(dir, "/.metadata: ", seen.size(), " tensor(s) of this model are not in the checkpoint: ", missing,
+               " (a checkpoint of another model, or a key naming megatron.cpp does not know: docs/checkpointing.md)");
 }
 
 namespace {
