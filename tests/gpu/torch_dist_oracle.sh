@@ -77,14 +77,10 @@ done
 LEGS_TSV=$W/legs.tsv
 : > "$LEGS_TSV"
 
-COMMON=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
-        --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --min-lr 1e-3 --lr-decay-style constant
-        --weight-decay 0.01 --clip-grad 1.0 --seed 1234 --init-method-std 0.02
-        --attention-dropout 0 --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size 127
-        --make-vocab-size-divisible-by 64 --log-interval 1 --eval-interval 1000 --eval-iters 0
-        --no-bias-gelu-fusion --save-interval 5 --ckpt-format torch_dist --train-iters 10)
-LLAMA=(--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear
-       --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2)
+# shellcheck source=tests/functional_tests/support/torch_dist_oracle_flags.sh
+source "$REPO/tests/functional_tests/support/torch_dist_oracle_flags.sh"
+COMMON=("${TD_MODEL[@]}" --save-interval 5 --ckpt-format torch_dist --train-iters 10)
+LLAMA=("${TD_LLAMA[@]}")
 # Megatron without Transformer Engine / apex: the local spec and unfused kernels. Each run has its
 # own index cache folder (the runs of a wave start together).
 MEGATRON_ONLY=(--transformer-impl local --attention-backend unfused --no-gradient-accumulation-fusion
@@ -129,9 +125,8 @@ if (( NGPU >= 2 )); then
 fi
 
 # (e) bf16 and (f) MoE: tiny GPT, Megatron TP1 on the GPU, ours on the CPU.
-BF16=(--bf16)
-MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2
-     --disable-bias-linear --moe-ffn-hidden-size 64)
+BF16=("${TD_BF16[@]}")
+MOE=("${TD_MOE[@]}")
 EGROUPS=()
 has_legs bf16 && EGROUPS+=(bf16)
 has_legs moe && EGROUPS+=(moe)

@@ -2,6 +2,7 @@
 """The verdicts and compact summary of tests/gpu/torch_dist_oracle.sh (standard library only).
 
   torch_dist_oracle_report.py LEGS_TSV
+  torch_dist_oracle_report.py --self-test   (the verdicts on synthetic logs; a ctest)
 
 Each line of LEGS_TSV: KIND <tab> LABEL <tab> REFERENCE_LOG <tab> RUN_LOG, KIND one of
   cmp      the printed lm loss of iterations 6..10 of RUN against REFERENCE (1e-5 relative for 6,
@@ -158,7 +159,45 @@ def samples_leg(label, ref, run):
     return ok, msg + f" | {'PASS' if ok else 'FAIL'}"
 
 
+def self_test():
+    """The verdicts on synthetic logs: each tolerance passes inside and fails outside its bound."""
+    import os
+    import tempfile
+
+    d = tempfile.mkdtemp()
+
+    def log(name, l6, gn6, lbl=None):
+        p = os.path.join(d, name)
+        with open(p, "w") as f:
+            for it in range(6, 11):
+                lb = f" load_balancing_loss: {lbl:E} |" if lbl else ""
+                f.write(f" [t] iteration {it:8d}/      10 | consumed samples: 1 | elapsed time per iteration (ms): 9.0 "
+                        f"| learning rate: 1.0E-03 | lm loss: {l6 if it == 6 else 4.0:E} |{lb} loss scale: 1.0 "
+                        f"| grad norm: {gn6 if it == 6 else 0.5:.3f} |\n")
+        return p
+    ref = log("ref", 4.5, 1.0)
+    cases = [("cmpbf16", log("b1", 4.5 * (1 + 1.5e-3), 1.015), True), ("cmpbf16", log("b2", 4.5 * (1 + 2.5e-3), 1.0), False),
+             ("cmpbf16", log("b3", 4.5, 1.025), False), ("cmp", log("f1", 4.5 * (1 + 5e-6), 1.001), True),
+             ("cmp", log("f2", 4.5 * (1 + 2e-5), 1.0), False), ("cmp", log("m1", 4.5, 1.0, 1.0), False)]
+    for kind, run, want in cases:
+        ok, msg = cmp_leg(run, ref, run, kind)
+        assert ok == want, msg
+    lbl_ref = log("m2", 4.5, 1.0, 1.0)
+    assert cmp_leg("lbl", lbl_ref, log("m3", 4.5, 1.0, 1.0 + 5e-6))[0]
+    assert not cmp_leg("lbl", lbl_ref, log("m4", 4.5, 1.0, 1.0 + 2e-5))[0]
+    with open(os.path.join(d, "ok.log"), "w") as f:
+        f.write("missing in x: k\nOK: 3 of 3 tensors\n")
+    with open(os.path.join(d, "bad.log"), "w") as f:
+        f.write("differs: k\nFAIL: 2 of 3 tensors\n")
+    assert check_leg("c", os.path.join(d, "ok.log"))[0] and not check_leg("c", os.path.join(d, "bad.log"))[0]
+    assert not check_leg("c", os.path.join(d, "none.log"))[0]
+    print("self-test OK")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
     fails = 0
     for line in open(sys.argv[1]):
         f = line.rstrip("\n").split("\t")

@@ -23,18 +23,14 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # tests/gpu/torch_dist_oracle.sh's COMMON flags (the fixtures were saved by its --train-iters 10
 # --exit-interval 5 runs) and the group flags of legs (e) / (f).
-COMMON=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
-        --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --min-lr 1e-3 --lr-decay-style constant
-        --weight-decay 0.01 --clip-grad 1.0 --seed 1234 --init-method-std 0.02
-        --attention-dropout 0 --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size 127
-        --make-vocab-size-divisible-by 64 --log-interval 1 --eval-interval 1000 --eval-iters 0
-        --no-bias-gelu-fusion --ckpt-format torch_dist --data-cache-path "$OUT/cache"
+# shellcheck source=tests/functional_tests/support/torch_dist_oracle_flags.sh
+source "$SRC/tests/functional_tests/support/torch_dist_oracle_flags.sh"
+COMMON=("${TD_MODEL[@]}" --ckpt-format torch_dist --data-cache-path "$OUT/cache"
         --train-iters 10 --use-checkpoint-opt_param-scheduler)
 case $NAME in
-  megatron_gpt_bf16_tp1) FLAGS=(--bf16); KIND="cmpbf16" ;;
-  megatron_gpt_bf16_distopt_tp1) FLAGS=(--bf16 --use-distributed-optimizer); KIND="cmpbf16" ;;
-  megatron_gpt_moe_tp1) FLAGS=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall
-                               --moe-aux-loss-coeff 1e-2 --disable-bias-linear --moe-ffn-hidden-size 64); KIND="cmp" ;;
+  megatron_gpt_bf16_tp1) FLAGS=("${TD_BF16[@]}"); KIND="cmpbf16" ;;
+  megatron_gpt_bf16_distopt_tp1) FLAGS=("${TD_BF16[@]}" --use-distributed-optimizer); KIND="cmpbf16" ;;
+  megatron_gpt_moe_tp1) FLAGS=("${TD_MOE[@]}"); KIND="cmp" ;;
   *) echo "error: unknown fixture '$NAME' (megatron_gpt_bf16_tp1, megatron_gpt_bf16_distopt_tp1, megatron_gpt_moe_tp1)"; exit 2 ;;
 esac
 [[ -f $FX/iter_0000005/.metadata && -f $FX/megatron_iterations_6_10.log ]] ||
