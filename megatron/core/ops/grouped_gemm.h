@@ -1,0 +1,29 @@
+// Shape check shared by the CPU reference and the CUDA backend of the grouped GEMM ops
+// (grouped_linear_forward / grouped_linear_backward, op_table.h).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/core/utils/errors.h"
+
+namespace megatron::ops {
+
+/// Checks one grouped call: one weight per count, every weight 2-D [out, in] of one shape and x's
+/// dtype, counts >= 0 summing to x's rows, x 2-D [N, in]. Throws (internal check) naming `op`.
+inline void check_grouped_linear(const char* op, const Tensor& x, const std::vector<Tensor>& ws,
+                                 const std::vector<int64_t>& counts) {
+  MEGATRON_CHECK(ws.size() == counts.size() && !ws.empty())
+      << op << ": " << ws.size() << " weights for " << counts.size() << " counts";
+  int64_t total = 0;
+  for (size_t e = 0; e < ws.size(); ++e) {
+    MEGATRON_CHECK(counts[e] >= 0 && ws[e].dim() == 2 && ws[e].shape() == ws.front().shape() &&
+                   ws[e].dtype() == x.dtype())
+        << op << ": expert " << e << " weight " << ws[e].str() << " count " << counts[e] << " for x " << x.str();
+    total += counts[e];
+  }
+  MEGATRON_CHECK(x.dim() == 2 && total == x.size(0) && x.size(1) == ws.front().size(1))
+      << op << ": counts sum to " << total << " for x " << x.str() << " and weights " << ws.front().str();
+}
+
+}  // namespace megatron::ops
