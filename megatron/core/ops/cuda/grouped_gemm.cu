@@ -86,19 +86,19 @@ bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta)
   std::vector<cublasOperation_t> ta(G), tb(G);
   std::vector<int64_t> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
   std::vector<float> alpha(G, 1.0f), betas(G, beta);
-  std::vector<const void*> ptrs(3 * G);
+  std::vector<int64_t> ptrs(3 * G);  // device addresses
   for (size_t i = 0; i < G; ++i) {
     const Problem& p = ps[i];
     ta[i] = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     tb[i] = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     m[i] = p.m, n[i] = p.n, k[i] = p.k, lda[i] = p.lda, ldb[i] = p.ldb, ldc[i] = p.ldc;
-    ptrs[i] = p.a, ptrs[G + i] = p.b, ptrs[2 * G + i] = p.c;
+    ptrs[i] = reinterpret_cast<int64_t>(p.a), ptrs[G + i] = reinterpret_cast<int64_t>(p.b),
+    ptrs[2 * G + i] = reinterpret_cast<int64_t>(p.c);
   }
-  // The pointer arrays live in device memory (cuBLAS reads them in the kernel); copied on the
-  // stream, from pageable memory, so the host vector may go when the call returns.
+  // The pointer arrays live in device memory (cuBLAS reads them in the kernel): one host-to-device
+  // copy through the allocator's pinned staging block, ordered on the stream, no host sync.
   cudaStream_t st = megatron::cuda::current_stream();
-  Tensor dptrs = Tensor::empty({static_cast<int64_t>(3 * G)}, DType::kInt64, Device::cuda());
-  CUDA_CHECK(cudaMemcpyAsync(dptrs.data_ptr(), ptrs.data(), 3 * G * sizeof(void*), cudaMemcpyHostToDevice, st));
+  Tensor dptrs = Tensor::from_vector_i64(ptrs, {static_cast<int64_t>(3 * G)}).to(Device::cuda());
   auto* dp = static_cast<void**>(dptrs.data_ptr());
   cublasHandle_t h = blas_handle();
   CUBLAS_CHECK(cublasSetStream(h, st));
