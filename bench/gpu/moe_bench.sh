@@ -8,4 +8,5 @@
 # Mixtral-shaped pretrain_gpt (2 layers, seq 4096; MOE_PRETRAIN=0 skips it). Rows go to
 # $OUT/results.csv (append to bench/results.csv as run_bench.sh says). About 3 minutes.
 HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../../tests/gpu/cuda_libs.sh"
 exec "$HERE/run_bench.sh" moe "${1:?usage: moe_bench.sh BIN_DIR}"

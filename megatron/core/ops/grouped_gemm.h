@@ -26,4 +26,15 @@ inline void check_grouped_linear(const char* op, const Tensor& x, const std::vec
       << op << ": counts sum to " << total << " for x " << x.str() << " and weights " << ws.front().str();
 }
 
+/// Calls fn(e, first_row, rows) for every expert e with rows = counts[e] > 0, first_row being the
+/// sum of the counts before it (the expert-major row blocks of a grouped call).
+template <class Fn>
+void for_each_expert_rows(const std::vector<int64_t>& counts, Fn&& fn) {
+  int64_t off = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) fn(e, off, counts[e]);
+    off += counts[e];
+  }
+}
+
 }  // namespace megatron::ops

@@ -98,32 +98,23 @@ void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, cons
   check_grouped_linear("grouped_linear_forward", x, ws, counts);
   MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == ws.front().size(0))
       << "grouped_linear_forward: y " << y.str();
-  int64_t off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     Tensor ye = y.narrow0(off, n);
     linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
-    off += n;
-  }
+  });
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
                              const std::vector<int64_t>& counts, Tensor* dx, std::vector<Tensor>* dws, bool accumulate) {
   check_grouped_linear("grouped_linear_backward", x, ws, counts);
   MEGATRON_CHECK(!dws || dws->size() == ws.size()) << "grouped_linear_backward: " << dws->size() << " weight grads";
-  int64_t off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) {
-      if (dws && !accumulate) fill((*dws)[e], 0.0f);
-      continue;
-    }
+  for (size_t e = 0; dws && !accumulate && e < ws.size(); ++e)
+    if (counts[e] == 0) fill((*dws)[e], 0.0f);
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     Tensor dxe = dx ? dx->narrow0(off, n) : Tensor();
     linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], dx ? &dxe : nullptr, dws ? &(*dws)[e] : nullptr,
                     nullptr, accumulate);
-    off += n;
-  }
+  });
 }
 
 }  // namespace megatron::ops::cpu

@@ -40,16 +40,6 @@ cublasHandle_t blas_handle() {
   return h;
 }
 
-cudaDataType_t blas_type(DType t) {
-  switch (t) {
-    case DType::kFloat32: return CUDA_R_32F;
-    case DType::kBFloat16: return CUDA_R_16BF;
-    case DType::kFloat16: return CUDA_R_16F;
-    default: MEGATRON_CHECK(false) << "grouped gemm: unsupported dtype " << dtype_name(t);
-  }
-  return CUDA_R_32F;
-}
-
 // One column-major problem C[m, n] = op(A) op(B) + beta C (lda/ldb/ldc in elements).
 struct Problem {
   bool ta, tb;
@@ -104,8 +94,8 @@ bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta)
   CUBLAS_CHECK(cublasSetStream(h, st));
   const cublasStatus_t s = cublasGemmGroupedBatchedEx_64(
       h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), const_cast<const void* const*>(dp),
-      blas_type(ab), lda.data(), const_cast<const void* const*>(dp + G), blas_type(ab), ldb.data(), betas.data(),
-      dp + 2 * G, blas_type(ct), ldc.data(), static_cast<int64_t>(G), group_size.data(), CUBLAS_COMPUTE_32F);
+      lt::cuda_type(ab), lda.data(), const_cast<const void* const*>(dp + G), lt::cuda_type(ab), ldb.data(), betas.data(),
+      dp + 2 * G, lt::cuda_type(ct), ldc.data(), static_cast<int64_t>(G), group_size.data(), CUBLAS_COMPUTE_32F);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     std::lock_guard<std::mutex> g(g_unsupported_mu);
     g_unsupported.insert(combo);
@@ -129,21 +119,14 @@ void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, cons
   MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == out) << "grouped_linear_forward: y " << y.str();
   // y_e^T [out, n_e] = w_e [out, in] (column-major [in, out], transposed) x_e^T [in, n_e].
   std::vector<Problem> ps;
-  int64_t off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    if (counts[e] > 0 && in > 0 && out > 0)
-      ps.push_back({true, false, out, counts[e], in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
-    off += counts[e];
-  }
-  if (y.dtype() == x.dtype() && run_grouped(ps, x.dtype(), y.dtype(), 0.0f)) return;
-  off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
+  });
+  if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(ps, x.dtype(), y.dtype(), 0.0f)) return;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     Tensor ye = y.narrow0(off, n);
     linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
-    off += n;
-  }
+  });
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
@@ -153,50 +136,36 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
   MEGATRON_CHECK(dy.dim() == 2 && dy.size(0) == x.size(0) && dy.size(1) == out && dy.dtype() == x.dtype() &&
                  (!dx || (dx->dim() == 2 && dx->shape() == x.shape())) && (!dws || dws->size() == ws.size()))
       << "grouped_linear_backward: dy " << dy.str() << " x " << x.str() << (dx ? " dx " + dx->str() : "");
+  const bool nonempty = in > 0 && out > 0;
   if (dx) {
     // dx_e^T [in, n_e] = w_e (column-major [in, out]) dy_e^T [out, n_e].
     std::vector<Problem> ps;
-    int64_t off = 0;
-    for (size_t e = 0; e < ws.size(); ++e) {
-      if (counts[e] > 0 && in > 0 && out > 0)
-        ps.push_back({false, false, in, counts[e], out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
-      off += counts[e];
-    }
-    if (!(dx->dtype() == dy.dtype() && run_grouped(ps, dy.dtype(), dx->dtype(), 0.0f))) {
-      off = 0;
-      for (size_t e = 0; e < ws.size(); ++e) {
-        const int64_t n = counts[e];
-        if (n == 0) continue;
+    for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+      ps.push_back({false, false, in, n, out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
+    });
+    if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(ps, dy.dtype(), dx->dtype(), 0.0f)))
+      for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
         Tensor dxe = dx->narrow0(off, n);
         linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], &dxe, nullptr, nullptr, accumulate);
-        off += n;
-      }
-    }
+      });
   }
   if (!dws) return;
   // dw_e^T [in, out] = x_e^T [in, n_e] (dy_e^T [out, n_e])^T; beta 1 when accumulating.
   bool same_type = true;
-  for (const Tensor& g : *dws) {
+  for (size_t e = 0; e < ws.size(); ++e) {
+    const Tensor& g = (*dws)[e];
     MEGATRON_CHECK(g.numel() == ws.front().numel()) << "grouped_linear_backward: dw " << g.str();
     same_type = same_type && g.dtype() == dws->front().dtype();
+    if (counts[e] == 0 && !accumulate) fill((*dws)[e], 0.0f);
   }
   std::vector<Problem> ps;
-  int64_t off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    if (counts[e] > 0 && in > 0 && out > 0)
-      ps.push_back({false, true, in, out, counts[e], at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
-    else if (counts[e] == 0 && !accumulate)
-      fill((*dws)[e], 0.0f);
-    off += counts[e];
-  }
-  if (same_type && run_grouped(ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
-  off = 0;
-  for (size_t e = 0; e < ws.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    ps.push_back({false, true, in, out, n, at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
+  });
+  if (nonempty && same_type && run_grouped(ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], nullptr, &(*dws)[e], nullptr, accumulate);
-    off += n;
-  }
+  });
 }
 
 }  // namespace megatron::ops::cuda
