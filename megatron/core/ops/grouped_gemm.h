@@ -26,6 +26,14 @@ inline void check_grouped_linear(const char* op, const Tensor& x, const std::vec
       << op << ": counts sum to " << total << " for x " << x.str() << " and weights " << ws.front().str();
 }
 
+/// check_grouped_linear plus y [N, out] for grouped_linear_forward.
+inline void check_grouped_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
+                                  const Tensor& y) {
+  check_grouped_linear("grouped_linear_forward", x, ws, counts);
+  MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == ws.front().size(0))
+      << "grouped_linear_forward: y " << y.str();
+}
+
 /// Calls fn(e, first_row, rows) for every expert e with rows = counts[e] > 0, first_row being the
 /// sum of the counts before it (the expert-major row blocks of a grouped call).
 template <class Fn>
@@ -35,6 +43,17 @@ void for_each_expert_rows(const std::vector<int64_t>& counts, Fn&& fn) {
     if (counts[e] > 0) fn(e, off, counts[e]);
     off += counts[e];
   }
+}
+
+/// The per-expert loop of grouped_linear_forward: linear(x rows, ws[e], nullptr, y rows) for every
+/// expert with rows (linear: a backend's linear_forward).
+template <class Linear>
+void per_expert_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts, Tensor& y,
+                        Linear&& linear) {
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    Tensor ye = y.narrow0(off, n);
+    linear(x.narrow0(off, n), ws[e], nullptr, ye);
+  });
 }
 
 }  // namespace megatron::ops

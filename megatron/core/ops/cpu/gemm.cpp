@@ -95,13 +95,8 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
 
 void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
                             Tensor& y) {
-  check_grouped_linear("grouped_linear_forward", x, ws, counts);
-  MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == ws.front().size(0))
-      << "grouped_linear_forward: y " << y.str();
-  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
-    Tensor ye = y.narrow0(off, n);
-    linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
-  });
+  check_grouped_forward(x, ws, counts, y);
+  per_expert_forward(x, ws, counts, y, linear_forward);
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,

@@ -114,19 +114,15 @@ char* at(Tensor& t, int64_t row) { return const_cast<char*>(at(static_cast<const
 
 void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
                             Tensor& y) {
-  check_grouped_linear("grouped_linear_forward", x, ws, counts);
+  check_grouped_forward(x, ws, counts, y);
   const int64_t in = ws.front().size(1), out = ws.front().size(0);
-  MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == out) << "grouped_linear_forward: y " << y.str();
   // y_e^T [out, n_e] = w_e [out, in] (column-major [in, out], transposed) x_e^T [in, n_e].
   std::vector<Problem> ps;
   for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
   });
   if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(ps, x.dtype(), y.dtype(), 0.0f)) return;
-  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
-    Tensor ye = y.narrow0(off, n);
-    linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
-  });
+  per_expert_forward(x, ws, counts, y, linear_forward);
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
