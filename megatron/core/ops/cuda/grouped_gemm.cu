@@ -8,6 +8,7 @@
 // per-expert loop of linear_forward / linear_backward on cuBLASLt. Everything runs on current_stream().
 #include <cublas_v2.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -98,7 +99,9 @@ bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta)
       dp + 2 * G, lt::cuda_type(ct), ldc.data(), static_cast<int64_t>(G), group_size.data(), CUBLAS_COMPUTE_32F);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
     std::lock_guard<std::mutex> g(g_unsupported_mu);
-    g_unsupported.insert(combo);
+    if (g_unsupported.insert(combo).second)  // once per type pair: say which path runs
+      std::fprintf(stderr, "grouped_linear: cublasGemmGroupedBatchedEx refused %s -> %s (status %d); "
+                   "the per-expert cuBLASLt loop runs instead\n", dtype_name(ab), dtype_name(ct), (int)s);
     return false;
   }
   CUBLAS_CHECK(s);
