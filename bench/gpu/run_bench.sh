@@ -15,6 +15,9 @@
 #   fp8            ll4 in bf16 and in fp8 (hybrid, history 1024, max), gbs 1           1 GPU
 #   mtp            ll4 (gbs 1) without and with --mtp-num-layers 1, 3 ABBA alternations,
 #                  <= 90 s: bench/gpu/mtp_overhead.sh (DTYPE, ITERS, ALTERNATIONS, BUDGET_S)  1 GPU
+#   moe            gpu_bench moe (MoE expert GEMMs grouped / loop / dense, MoE layer share) beside
+#                  bench/gpu/moe_peers.py, then a Mixtral-shaped pretrain_gpt (MOE_LAYERS=2
+#                  layers, seq 4096, gbs 1, ITERS=8; MOE_PRETRAIN=0 skips it); bench/gpu/moe_bench.sh 1 GPU
 #   dist           bench/gpu/pretrain_gpt_dist.sh BIN_DIR OUT gpu ll (DP2 variants)    2 GPUs
 #   cp             bench/gpu/pretrain_gpt_cp.sh BIN_DIR OUT gpu long (CP1 vs CP2)      2 GPUs
 #   llama8b        examples/llama/train_llama3_8b_h100_fp8.sh through
@@ -49,6 +52,8 @@ rows() { local cmd=$1; shift; BENCH_COMMAND="$cmd" $APPEND "$@" || echo "run_ben
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/cache"
 GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --log-interval 1 --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0 --bf16 --log-throughput --micro-batch-size 64 --global-batch-size 64"
 LL="--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192 --max-position-embeddings 8192 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 --micro-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput"
+# Mixtral-8x7B-shaped (docs/moe.md "Performance"), MOE_LAYERS layers.
+MIXTRAL="--num-layers ${MOE_LAYERS:-2} --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope --rotary-base 1000000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 --micro-batch-size 1 --global-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput"
 FP8="--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max"
 
 # train NAME TOKENS_PER_ITER ITERS FLAGS...: one pretrain_gpt run on GPU 0; rows = mean of
@@ -77,6 +82,18 @@ case $SUITE in
   kernels-mem)
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 300 "$BIN/gpu_bench" mem > "$O/gpu_bench_mem.log" 2>&1
     rows "bench/gpu/run_bench.sh kernels-mem BIN_DIR" bench-lines "$O/gpu_bench_mem.log" ;;
+  moe)
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 200 "$BIN/gpu_bench" moe > "$O/gpu_bench_moe.log" 2>&1
+    echo "== gpu_bench moe rc=$?"; cat "$O/gpu_bench_moe.log"
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 120 python3 "$HERE/moe_peers.py" > "$O/moe_peers.log" 2>&1
+    echo "== moe_peers.py rc=$?"; cat "$O/moe_peers.log"
+    rows "bench/gpu/run_bench.sh moe BIN_DIR" bench-lines "$O/gpu_bench_moe.log" --peer-log "$O/moe_peers.log"
+    rows "bench/gpu/run_bench.sh moe BIN_DIR (peer: bench/gpu/moe_peers.py)" bench-lines "$O/moe_peers.log"
+    grep -E ' share +[0-9.]+ %$' "$O/gpu_bench_moe.log" | while read -r ln; do
+      rows "bench/gpu/run_bench.sh moe BIN_DIR" value --metric "$(echo "$ln" | awk '{NF-=2; print}')" --value "$(echo "$ln" | awk '{print $(NF-1)}')" \
+        --unit % --source "$O/gpu_bench_moe.log"
+    done
+    [ "${MOE_PRETRAIN:-1}" = 1 ] && train "mixtral_${MOE_LAYERS:-2}l_s4096_gbs1" 4096 "${ITERS:-8}" $MIXTRAL ;;
   gpt2) train gpt2_124m_mbs64 65536 "${ITERS:-12}" $GPT2 ;;
   ll4) ll4 "${DTYPE:-bf16}" "${GBS:-1}" ;;
   e2e) train gpt2_124m_mbs64 65536 "${ITERS:-12}" $GPT2; ll4 bf16 1 ;;

@@ -1598,6 +1598,127 @@ void test_decode() {
   check_true("attention decode declines float32", !cu::decode_attention::forward(Qf, Kf, Kf, p, Of, L1));
 }
 
+// ------------------------------------------------------------------------------------------
+// MoE grouped GEMM (grouped_linear_forward / _backward; docs/moe.md "Kernels"): forward y_e =
+// x_e w_e^T, dgrad dx_e = dy_e w_e, wgrad dw_e (+)= dy_e^T x_e over experts with uneven counts
+// (zeros included), against float64 products of the same (rounded) inputs, for the grouped cuBLAS
+// path and the per-expert loop (MEGATRON_MOE_GROUPED_GEMM=0). Bounds: the products of bf16 inputs
+// are exact in fp32 and accumulated in fp32 (error <= k 2^-24 relative to Σ|terms|, k <= 768
+// here: <= 4.6e-5); a bf16 output is then rounded once (relative error <= 2^-8 per element, so the
+// relative Frobenius error is <= 2^-8 = 3.9e-3: tol 4e-3); a float32 output keeps only the
+// accumulation error (tol 1e-4 >= 768 * 2^-24 = 4.6e-5; float32 inputs: the loop in true fp32).
+void test_moe() {
+  struct Case {
+    const char* name;
+    int64_t in, out;
+    std::vector<int64_t> counts;
+  };
+  std::vector<Case> cases = {{"6 experts 192->320", 192, 320, {0, 170, 1, 0, 333, 96}},
+                             {"odd 72->40", 72, 40, {17, 0, 5, 33}},
+                             {"16 experts 256->96", 256, 96, {}},
+                             {"one expert with rows", 128, 64, {0, 0, 77, 0}}};
+  {
+    std::uniform_int_distribution<int> d(0, 140);
+    for (int e = 0; e < 16; ++e) cases[2].counts.push_back(e % 5 == 3 ? 0 : d(g_rng));
+  }
+  if (!g_small) cases.push_back({"8 experts 512->768", 512, 768, {600, 400, 512, 0, 300, 500, 1, 520}});
+  for (const char* mode : {"grouped", "loop"}) {
+    setenv("MEGATRON_MOE_GROUPED_GEMM", std::strcmp(mode, "loop") ? "1" : "0", 1);
+    for (DType dt : {DType::kBFloat16, DType::kFloat32}) {
+      for (const Case& c : cases) {
+        const int64_t E = static_cast<int64_t>(c.counts.size()), in = c.in, out = c.out;
+        int64_t N = 0;
+        for (int64_t n : c.counts) N += n;
+        const V x = rounded(randn(N * in), dt), dyv = rounded(randn(N * out), dt);
+        std::vector<V> w(E), g0(E);
+        std::vector<Tensor> W, G, G2;
+        for (int64_t e = 0; e < E; ++e) {
+          w[e] = rounded(randn(out * in, 0.05f), dt);
+          g0[e] = randn(out * in, 0.1f);
+          W.push_back(dev(w[e], {out, in}, dt));
+          G.push_back(dev(g0[e], {out, in}, DType::kFloat32));  // fp32 main grads, accumulated
+          G2.push_back(poisoned({out, in}, DType::kFloat32));  // overwritten (accumulate = false)
+        }
+        VD ry(N * out, 0.0), rdx(N * in, 0.0);
+        std::vector<VD> rdw(E, VD(out * in, 0.0));
+        int64_t off = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          for (int64_t r = off; r < off + c.counts[e]; ++r) {
+            for (int64_t j = 0; j < out; ++j) {
+              double s = 0;
+              for (int64_t i = 0; i < in; ++i) s += (double)x[r * in + i] * w[e][j * in + i];
+              ry[r * out + j] = s;
+            }
+            for (int64_t i = 0; i < in; ++i) {
+              double s = 0;
+              for (int64_t j = 0; j < out; ++j) s += (double)dyv[r * out + j] * w[e][j * in + i];
+              rdx[r * in + i] = s;
+            }
+            for (int64_t j = 0; j < out; ++j)
+              for (int64_t i = 0; i < in; ++i) rdw[e][j * in + i] += (double)dyv[r * out + j] * x[r * in + i];
+          }
+          off += c.counts[e];
+        }
+        const std::string tag = std::string("moe ") + mode + " " + dn(dt) + " " + c.name;
+        const double tol = dt == DType::kFloat32 ? 1e-4 : 4e-3;
+        Tensor X = dev(x, {N, in}, dt), DY = dev(dyv, {N, out}, dt), Y = poisoned({N, out}, dt),
+               DX = poisoned({N, in}, dt);
+        cu::grouped_linear_forward(X, W, c.counts, Y);
+        check(tag + " fwd", host(Y), ry, tol);
+        cu::grouped_linear_backward(DY, X, W, c.counts, &DX, &G, true);
+        check(tag + " dgrad", host(DX), rdx, tol);
+        bool untouched = true;
+        for (int64_t e = 0; e < E; ++e) {
+          if (c.counts[e] == 0) {
+            untouched = untouched && host(G[e]) == g0[e];
+            continue;
+          }
+          VD ref = rdw[e];
+          for (size_t i = 0; i < ref.size(); ++i) ref[i] += g0[e][i];
+          check(tag + " wgrad+= e" + std::to_string(e), host(G[e]), ref, 1e-4);
+        }
+        check_true(tag + " wgrad+= leaves experts without tokens", untouched);
+        cu::grouped_linear_backward(DY, X, W, c.counts, nullptr, &G2, false);
+        V all;
+        VD all_ref;
+        for (int64_t e = 0; e < E; ++e) {
+          V h = host(G2[e]);
+          all.insert(all.end(), h.begin(), h.end());
+          all_ref.insert(all_ref.end(), rdw[e].begin(), rdw[e].end());  // zero for experts without tokens
+        }
+        check(tag + " wgrad= (no dgrad)", all, all_ref, 1e-4);
+      }
+    }
+  }
+  unsetenv("MEGATRON_MOE_GROUPED_GEMM");
+  // row_dot_f64 (the experts' d probs): the products of float-widened inputs are exact in float64,
+  // only the summation order differs from the host loop: relative error <= h 2^-53 Σ|t| / |Σ t|
+  // (h <= 3000, Σ|t| / |Σ t| ~ sqrt(h) for random signs: <= 2e-11); tol 1e-9.
+  for (DType dt : {DType::kBFloat16, DType::kFloat32}) {
+    for (int64_t h : {(int64_t)1, (int64_t)37, (int64_t)3000}) {
+      const int64_t n = g_small ? 5 : 700;
+      const V a = rounded(randn(n * h), dt), b = rounded(randn(n * h), dt);
+      Tensor out = Tensor::empty({n}, DType::kFloat64, Device::cuda());
+      cu::row_dot_f64(dev(a, {n, h}, dt), dev(b, {n, h}, dt), out);
+      Tensor oh = out.to(Device::cpu());
+      VD ref(n, 0.0);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < h; ++j) ref[r] += (double)a[r * h + j] * b[r * h + j];
+      // check() compares floats; the float64 values are compared here directly.
+      double num = 0, den = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        const double d = oh.data<double>()[r] - ref[r];
+        num += d * d;
+        den += ref[r] * ref[r];
+      }
+      const double err = std::sqrt(num / std::max(den, 1e-300));
+      char detail[64];
+      std::snprintf(detail, sizeof detail, "rel_err %.3e (tol 1e-9)", err);
+      check_true(std::string("moe row_dot_f64 ") + dn(dt) + " h=" + std::to_string(h), err <= 1e-9, detail);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1615,7 +1736,7 @@ int main(int argc, char** argv) {
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
-      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}};
+      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}, {"moe", test_moe}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

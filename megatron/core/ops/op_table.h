@@ -454,3 +454,33 @@ MEGATRON_OP(void, fp8_block_gemm_tn,
             (const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d, Tensor& c,
              float beta),
             (a, a_s, a_2d, b, b_s, b_2d, c, beta), a)
+
+// ------------------------------------------------------------------------------------------
+// Grouped GEMM of the routed experts (moegemm block; docs/moe.md "Kernels"). Megatron's
+// GroupedMLP / Transformer Engine's GroupedLinear: one call for all local experts, the rows of
+// expert e being the counts[e] rows after those of experts 0..e-1 (expert-major order from the
+// token dispatcher). counts live on the host (Megatron syncs tokens_per_expert to the host too).
+// The CPU reference is the per-expert loop of linear_forward / linear_backward (so the CPU
+// results equal the former per-expert loop bit for bit); CUDA runs cuBLAS's
+// cublasGemmGroupedBatchedEx where it supports the dtypes (else the same loop on cuBLASLt).
+// ------------------------------------------------------------------------------------------
+
+/// y[rows_e, out] = x[rows_e, in] @ ws[e]^T for every expert e (no bias). x [N, in], y [N, out]
+/// (same dtype as x), ws[e] [out, in] (x's dtype), Σ counts = N, counts[e] >= 0; rows of experts
+/// with no tokens are absent. Throws (internal check) on a shape mismatch.
+MEGATRON_OP(void, grouped_linear_forward,
+            (const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts, Tensor& y),
+            (x, ws, counts, y), x)
+/// Backward of grouped_linear_forward: dx[rows_e] = dy[rows_e] @ ws[e] (dgrad; skipped if dx is
+/// nullptr, every row written) and dws[e] (+)= dy[rows_e]^T @ x[rows_e] (wgrad; skipped if dws is
+/// nullptr; dws[e] float32 or ws' dtype). An expert with no tokens gets dws[e] = 0 when
+/// !accumulate and is left untouched when accumulating.
+MEGATRON_OP(void, grouped_linear_backward,
+            (const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
+             Tensor* dx, std::vector<Tensor>* dws, bool accumulate),
+            (dy, x, ws, counts, dx, dws, accumulate), dy)
+/// out[r] = Σ_j a[r, j] b[r, j] for a, b [N, H] of one float dtype, out float64 [N], summed in
+/// float64 over the float-widened values (the experts' d probs = <d scaled act, act> per routed
+/// row). CPU reference: j ascending per row; CUDA: one block per row, fp64 tree sum (same
+/// products, another order: differences ~1e-16 relative).
+MEGATRON_OP(void, row_dot_f64, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out), a)

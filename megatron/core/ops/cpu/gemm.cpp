@@ -6,6 +6,7 @@
 
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cpu/cpu_util.h"
+#include "megatron/core/ops/grouped_gemm.h"
 
 namespace megatron::ops::cpu {
 
@@ -89,6 +90,44 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor*
       for (int64_t j = 0; j < out; ++j) s[j] += fdy[r * out + j];
     for (int64_t j = 0; j < out; ++j) fdb[j] = static_cast<float>((accumulate ? fdb[j] : 0.0f) + s[j]);
     fdb.commit();
+  }
+}
+
+void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
+                            Tensor& y) {
+  check_grouped_forward(x, ws, counts, y);
+  per_expert_forward(x, ws, counts, y, linear_forward);
+}
+
+void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
+                             const std::vector<int64_t>& counts, Tensor* dx, std::vector<Tensor>* dws, bool accumulate) {
+  check_grouped_linear("grouped_linear_backward", x, ws, counts);
+  MEGATRON_CHECK(!dws || dws->size() == ws.size()) << "grouped_linear_backward: " << dws->size() << " weight grads";
+  for (size_t e = 0; dws && !accumulate && e < ws.size(); ++e)
+    if (counts[e] == 0) fill((*dws)[e], 0.0f);
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    Tensor dxe = dx ? dx->narrow0(off, n) : Tensor();
+    linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], dx ? &dxe : nullptr, dws ? &(*dws)[e] : nullptr,
+                    nullptr, accumulate);
+  });
+}
+
+}  // namespace megatron::ops::cpu
+
+namespace megatron::ops::cpu {
+
+void row_dot_f64(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t h = a.dim() ? a.size(-1) : 1, n = h ? a.numel() / h : 0;
+  MEGATRON_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype() && out.dtype() == DType::kFloat64 &&
+                 out.numel() == n)
+      << "row_dot_f64 " << a.str() << " vs " << b.str() << " -> " << out.str();
+  FloatIn x(a), y(b);
+  double* o = out.data<double>();
+#pragma omp parallel for schedule(static) if (n * h > 16384)
+  for (int64_t r = 0; r < n; ++r) {
+    double s = 0.0;
+    for (int64_t j = 0; j < h; ++j) s += static_cast<double>(x[r * h + j]) * static_cast<double>(y[r * h + j]);
+    o[r] = s;
   }
 }
 

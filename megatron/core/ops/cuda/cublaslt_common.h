@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "megatron/core/tensor/dtype.h"
 #include "megatron/core/utils/errors.h"
 
 #define MEGATRON_CUBLAS_CHECK(expr)                                                          \
@@ -37,6 +38,17 @@ struct DeviceContext {
 DeviceContext& device_context(int dev);
 
 /// Largest power of two <= 256 that divides the address (the alignment cuBLASLt may assume).
+/// cuBLAS / cuBLASLt data type of a float dtype (float32, bfloat16, float16); internal check otherwise.
+inline cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+    case DType::kFloat16: return CUDA_R_16F;
+    default: MEGATRON_CHECK(false) << "gemm: unsupported dtype " << dtype_name(t);
+  }
+  return CUDA_R_32F;
+}
+
 inline int pointer_alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   int al = 256;

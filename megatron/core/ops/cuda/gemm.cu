@@ -58,15 +58,7 @@ cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a
 }
 
 namespace {
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kFloat32: return CUDA_R_32F;
-    case DType::kBFloat16: return CUDA_R_16BF;
-    case DType::kFloat16: return CUDA_R_16F;
-    default: MEGATRON_CHECK(false) << "gemm: unsupported dtype " << dtype_name(t);
-  }
-  return CUDA_R_32F;
-}
+using lt::cuda_type;
 
 // Epilogue of one cuBLASLt call. kind: CUBLASLT_EPILOGUE_DEFAULT, _BIAS (bias read, length =
 // rows of the column-major D), _GELU_AUX_BIAS (bias read, aux = GeLU input written, D = GeLU),

@@ -63,79 +63,80 @@ Experts::Experts(ParamRegistry& reg, const std::string& prefix, const Transforme
     }
 }
 
+namespace {
+std::vector<Tensor> weights_of(const std::vector<ParamRef>& refs) {
+  std::vector<Tensor> w;
+  w.reserve(refs.size());
+  for (const ParamRef& r : refs) w.push_back(r.data());
+  return w;
+}
+std::vector<Tensor> grads_of(const std::vector<ParamRef>& refs) {
+  std::vector<Tensor> g;
+  g.reserve(refs.size());
+  for (const ParamRef& r : refs) g.push_back(r.grad());  // shares the main_grad storage
+  return g;
+}
+}  // namespace
+
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs,
                         ExpertsCtx& ctx) const {
   const int64_t L = num_local_experts(), h = config_.hidden_size;
   MEGATRON_CHECK(static_cast<int64_t>(tokens_per_expert.size()) == L) << "experts: " << tokens_per_expert.size() << " counts";
+  int64_t total = 0;
+  for (int64_t n : tokens_per_expert) total += n;
+  const int64_t N = x.size(0);
+  MEGATRON_CHECK(total == N) << "experts: " << total << " of " << N << " rows assigned";
   ctx.tokens_per_expert = tokens_per_expert;
   ctx.input = x;
   ctx.probs = probs;
-  ctx.fc1_out.assign(static_cast<size_t>(L), Tensor());
-  ctx.act.assign(static_cast<size_t>(L), Tensor());
-  const int64_t N = x.size(0);
   Tensor y = Tensor::empty({N, h}, x.dtype(), x.device());
-  int64_t off = 0;
+  if (N == 0) return y;
   const int64_t fc1_local = config_.gated_linear_unit ? 2 * ffn_local_ : ffn_local_;
-  for (int64_t i = 0; i < L; ++i) {
-    const int64_t n = tokens_per_expert[static_cast<size_t>(i)];
-    if (n == 0) continue;
-    Tensor xi = x.narrow0(off, n);
-    Tensor f1 = Tensor::empty({n, fc1_local}, x.dtype(), x.device());
-    ops::linear_forward(xi, fc1_[static_cast<size_t>(i)].data(), nullptr, f1);
-    Tensor act = Tensor::empty({n, ffn_local_}, x.dtype(), x.device());
-    if (config_.gated_linear_unit) {
-      ops::swiglu_forward(f1, act);
-    } else if (config_.squared_relu) {
-      ops::squared_relu_forward(f1, act);
-    } else {
-      ops::gelu_forward(f1, act, false);
-    }
-    Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
-    ops::scale_rows(act, probs.narrow0(off, n), scaled);
-    Tensor yi = y.narrow0(off, n);
-    ops::linear_forward(scaled, fc2_[static_cast<size_t>(i)].data(), nullptr, yi);
-    ctx.fc1_out[static_cast<size_t>(i)] = f1;
-    ctx.act[static_cast<size_t>(i)] = act;
-    off += n;
+  // GroupedMLP: fc1 of every expert in one grouped GEMM, the activation on all rows (elementwise,
+  // so per row the same as per expert), the probs scale, fc2 grouped.
+  Tensor f1 = Tensor::empty({N, fc1_local}, x.dtype(), x.device());
+  ops::grouped_linear_forward(x, weights_of(fc1_), tokens_per_expert, f1);
+  Tensor act = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  if (config_.gated_linear_unit) {
+    ops::swiglu_forward(f1, act);
+  } else if (config_.squared_relu) {
+    ops::squared_relu_forward(f1, act);
+  } else {
+    ops::gelu_forward(f1, act, false);
   }
-  MEGATRON_CHECK(off == N) << "experts: " << off << " of " << N << " rows assigned";
+  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+  ops::scale_rows(act, probs, scaled);
+  ops::grouped_linear_forward(scaled, weights_of(fc2_), tokens_per_expert, y);
+  ctx.fc1_out = f1;
+  ctx.act = act;
   return y;
 }
 
 Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const {
-  const int64_t L = num_local_experts(), N = dy.size(0), h = config_.hidden_size;
-  Tensor dx = Tensor::zeros({N, h}, dy.dtype(), dy.device());
+  const int64_t N = dy.size(0), h = config_.hidden_size;
   dprobs->assign(static_cast<size_t>(N), 0.0);
-  int64_t off = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const int64_t n = ctx.tokens_per_expert[static_cast<size_t>(i)];
-    if (n == 0) continue;
-    const Tensor& act = ctx.act[static_cast<size_t>(i)];
-    const Tensor& f1 = ctx.fc1_out[static_cast<size_t>(i)];
-    Tensor p = ctx.probs.narrow0(off, n);
-    Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
-    ops::scale_rows(act, p, scaled);  // recomputed (cheaper to keep than the fc2 input)
-    Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
-    ops::linear_backward(dy.narrow0(off, n), scaled, fc2_[static_cast<size_t>(i)].data(), &dscaled,
-                         &fc2_[static_cast<size_t>(i)].grad(), nullptr, true);
-    // d probs[r] = <dscaled[r], act[r]>; d act = dscaled * probs.
-    const std::vector<double> dp = row_dot(dscaled, act);
-    for (int64_t r = 0; r < n; ++r) (*dprobs)[static_cast<size_t>(off + r)] = dp[static_cast<size_t>(r)];
-    Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
-    ops::scale_rows(dscaled, p, dact);
-    Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
-    if (config_.gated_linear_unit) {
-      ops::swiglu_backward(dact, f1, df1);
-    } else if (config_.squared_relu) {
-      ops::squared_relu_backward(dact, f1, df1);
-    } else {
-      ops::gelu_backward(dact, f1, df1, false);
-    }
-    Tensor dxi = dx.narrow0(off, n);
-    ops::linear_backward(df1, ctx.input.narrow0(off, n), fc1_[static_cast<size_t>(i)].data(), &dxi,
-                         &fc1_[static_cast<size_t>(i)].grad(), nullptr, true);
-    off += n;
+  if (N == 0) return Tensor::zeros({N, h}, dy.dtype(), dy.device());
+  Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());  // every row written by the dgrad
+  const Tensor& act = ctx.act;
+  const Tensor& f1 = ctx.fc1_out;
+  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+  ops::scale_rows(act, ctx.probs, scaled);  // recomputed (cheaper to keep than the fc2 input)
+  Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+  std::vector<Tensor> dw2 = grads_of(fc2_), dw1 = grads_of(fc1_);
+  ops::grouped_linear_backward(dy, scaled, weights_of(fc2_), ctx.tokens_per_expert, &dscaled, &dw2, true);
+  // d probs[r] = <dscaled[r], act[r]>; d act = dscaled * probs.
+  *dprobs = row_dot(dscaled, act);
+  Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+  ops::scale_rows(dscaled, ctx.probs, dact);
+  Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
+  if (config_.gated_linear_unit) {
+    ops::swiglu_backward(dact, f1, df1);
+  } else if (config_.squared_relu) {
+    ops::squared_relu_backward(dact, f1, df1);
+  } else {
+    ops::gelu_backward(dact, f1, df1, false);
   }
+  ops::grouped_linear_backward(df1, ctx.input, weights_of(fc1_), ctx.tokens_per_expert, &dx, &dw1, true);
   return dx;
 }
 

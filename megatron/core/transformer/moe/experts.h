@@ -1,8 +1,10 @@
 // Routed experts (Megatron-Core's megatron/core/transformer/moe/experts.py): SequentialMLP (one MLP
 // per local expert, parameters "<prefix>.local_experts.<e>.linear_fc1.weight") or, with
 // --moe-grouped-gemm, the grouped layout of TEGroupedMLP ("<prefix>.linear_fc1.weight<e>"), both
-// computed per expert on its rows: fc1 -> activation -> * routing prob (Megatron applies the probs
-// to the activation, before fc2) -> fc2. Expert-tensor-parallel shards: fc1 rows (both SwiGLU halves)
+// computed as GroupedMLP does: one grouped GEMM for every expert's fc1 (ops::grouped_linear_forward,
+// each expert on its rows), the activation on all rows, * routing prob (Megatron applies the probs
+// to the activation, before fc2), one grouped fc2. On the CPU the grouped op is the per-expert
+// loop, so the results are those of SequentialMLP bit for bit (docs/moe.md "Kernels"). Expert-tensor-parallel shards: fc1 rows (both SwiGLU halves)
 // and fc2 columns, no communication inside (the dispatcher reduces over expert-TP x EP).
 //
 // Names use the GLOBAL expert index <e> (equal to Megatron's named_parameters with EP = 1; Megatron's
@@ -23,8 +25,8 @@ namespace megatron::transformer::moe {
 struct ExpertsCtx {
   std::vector<int64_t> tokens_per_expert;
   Tensor input;                  // [N, h] permuted rows
-  std::vector<Tensor> fc1_out;   // per local expert [n_e, fc1_local]
-  std::vector<Tensor> act;       // per local expert activation before the probs scale
+  Tensor fc1_out;                // [N, fc1_local] (all local experts, expert-major)
+  Tensor act;                    // [N, ffn_local] activation before the probs scale
   Tensor probs;                  // float32 [N]
 };
 

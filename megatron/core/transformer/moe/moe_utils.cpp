@@ -324,11 +324,12 @@ std::vector<double> to_host_f64(const Tensor& t) {
 std::vector<double> row_dot(const Tensor& a, const Tensor& b) {
   MEGATRON_CHECK(a.shape() == b.shape()) << "row_dot " << a.str() << " vs " << b.str();
   const int64_t h = a.dim() ? a.size(-1) : 1, n = h ? a.numel() / h : 0;
-  const std::vector<double> x = to_host_f64(a), y = to_host_f64(b);
-  std::vector<double> out(static_cast<size_t>(n), 0.0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t j = 0; j < h; ++j) out[static_cast<size_t>(r)] += x[static_cast<size_t>(r * h + j)] * y[static_cast<size_t>(r * h + j)];
-  return out;
+  // On the device (ops::row_dot_f64): only the n sums come to the host, not both [n, h] operands.
+  Tensor out = Tensor::empty({n}, DType::kFloat64, a.device());
+  if (n > 0) ops::row_dot_f64(a, b, out);
+  Tensor c = out.is_cpu() ? out : out.to(Device::cpu());
+  const double* p = c.data<double>();
+  return std::vector<double>(p, p + n);
 }
 
 Tensor to_device_f32(const std::vector<double>& v, const Shape& shape, Device device) {

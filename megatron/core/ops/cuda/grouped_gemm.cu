@@ -1,0 +1,170 @@
+// Grouped GEMM of the routed experts on CUDA (op_table.h grouped_linear_forward / _backward;
+// docs/moe.md "Kernels"): all local experts' GEMMs of one kind (fc forward, dgrad or wgrad) in ONE
+// cublasGemmGroupedBatchedEx_64 call (bf16/fp16 in, fp32 compute; one group per expert with
+// tokens, since every expert has its own row count), instead of one cuBLASLt launch per expert.
+// Row-major products are issued as their column-major transposes (as gemm.cu does). Where cuBLAS
+// refuses the combination (status NOT_SUPPORTED / INVALID_VALUE, e.g. a float32 input), where only
+// one expert has tokens, or with MEGATRON_MOE_GROUPED_GEMM=0 (A/B runs), the same work runs as the
+// per-expert loop of linear_forward / linear_backward on cuBLASLt. Everything runs on current_stream().
+#include <cublas_v2.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "megatron/core/ops/cuda/cublaslt_common.h"
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/grouped_gemm.h"
+
+#define CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
+
+namespace megatron::ops::cuda {
+namespace {
+
+cublasHandle_t blas_handle() {
+  static std::mutex mu;
+  static std::map<int, cublasHandle_t> handles;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> g(mu);
+  auto it = handles.find(dev);
+  if (it != handles.end()) return it->second;
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));  // lives for the process, like gemm.cu's cuBLASLt handle
+  handles[dev] = h;
+  return h;
+}
+
+// One column-major problem C[m, n] = op(A) op(B) + beta C (lda/ldb/ldc in elements).
+struct Problem {
+  bool ta, tb;
+  int64_t m, n, k;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  void* c;
+  int64_t ldc;
+};
+
+// MEGATRON_MOE_GROUPED_GEMM=0 selects the per-expert loop (read at every call so one process,
+// e.g. bench/gpu/moe_bench, can time both).
+bool grouped_enabled() {
+  const char* v = std::getenv("MEGATRON_MOE_GROUPED_GEMM");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+std::mutex g_unsupported_mu;
+std::set<std::tuple<int, int>> g_unsupported;  // (input dtype, output dtype) cuBLAS refused
+
+// Runs `ps` as one cublasGemmGroupedBatchedEx_64 call (alpha 1, the given beta). Returns false
+// (nothing launched) when the grouped path does not apply; the caller then loops.
+bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
+  if (ps.size() < 2 || !grouped_enabled()) return false;
+  if (ab != DType::kBFloat16 && ab != DType::kFloat16) return false;  // fp32 stays true fp32 (cuBLASLt)
+  const std::tuple<int, int> combo{(int)ab, (int)ct};
+  {
+    std::lock_guard<std::mutex> g(g_unsupported_mu);
+    if (g_unsupported.count(combo)) return false;
+  }
+  const size_t G = ps.size();
+  std::vector<cublasOperation_t> ta(G), tb(G);
+  std::vector<int64_t> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
+  std::vector<float> alpha(G, 1.0f), betas(G, beta);
+  std::vector<int64_t> ptrs(3 * G);  // device addresses
+  for (size_t i = 0; i < G; ++i) {
+    const Problem& p = ps[i];
+    ta[i] = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    tb[i] = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    m[i] = p.m, n[i] = p.n, k[i] = p.k, lda[i] = p.lda, ldb[i] = p.ldb, ldc[i] = p.ldc;
+    ptrs[i] = reinterpret_cast<int64_t>(p.a), ptrs[G + i] = reinterpret_cast<int64_t>(p.b),
+    ptrs[2 * G + i] = reinterpret_cast<int64_t>(p.c);
+  }
+  // The pointer arrays live in device memory (cuBLAS reads them in the kernel): one host-to-device
+  // copy through the allocator's pinned staging block, ordered on the stream, no host sync.
+  cudaStream_t st = megatron::cuda::current_stream();
+  Tensor dptrs = Tensor::from_vector_i64(ptrs, {static_cast<int64_t>(3 * G)}).to(Device::cuda());
+  auto* dp = static_cast<void**>(dptrs.data_ptr());
+  cublasHandle_t h = blas_handle();
+  CUBLAS_CHECK(cublasSetStream(h, st));
+  const cublasStatus_t s = cublasGemmGroupedBatchedEx_64(
+      h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), const_cast<const void* const*>(dp),
+      lt::cuda_type(ab), lda.data(), const_cast<const void* const*>(dp + G), lt::cuda_type(ab), ldb.data(), betas.data(),
+      dp + 2 * G, lt::cuda_type(ct), ldc.data(), static_cast<int64_t>(G), group_size.data(), CUBLAS_COMPUTE_32F);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+    std::lock_guard<std::mutex> g(g_unsupported_mu);
+    if (g_unsupported.insert(combo).second)  // once per type pair: say which path runs
+      std::fprintf(stderr, "grouped_linear: cublasGemmGroupedBatchedEx refused %s -> %s (status %d); "
+                   "the per-expert cuBLASLt loop runs instead\n", dtype_name(ab), dtype_name(ct), (int)s);
+    return false;
+  }
+  CUBLAS_CHECK(s);
+  return true;
+}
+
+const char* at(const Tensor& t, int64_t row) {
+  return static_cast<const char*>(t.data_ptr()) + row * t.size(1) * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+char* at(Tensor& t, int64_t row) { return const_cast<char*>(at(static_cast<const Tensor&>(t), row)); }
+
+}  // namespace
+
+void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<int64_t>& counts,
+                            Tensor& y) {
+  check_grouped_forward(x, ws, counts, y);
+  const int64_t in = ws.front().size(1), out = ws.front().size(0);
+  // y_e^T [out, n_e] = w_e [out, in] (column-major [in, out], transposed) x_e^T [in, n_e].
+  std::vector<Problem> ps;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
+  });
+  if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(ps, x.dtype(), y.dtype(), 0.0f)) return;
+  per_expert_forward(x, ws, counts, y, linear_forward);
+}
+
+void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
+                             const std::vector<int64_t>& counts, Tensor* dx, std::vector<Tensor>* dws, bool accumulate) {
+  check_grouped_linear("grouped_linear_backward", x, ws, counts);
+  const int64_t in = ws.front().size(1), out = ws.front().size(0);
+  MEGATRON_CHECK(dy.dim() == 2 && dy.size(0) == x.size(0) && dy.size(1) == out && dy.dtype() == x.dtype() &&
+                 (!dx || (dx->dim() == 2 && dx->shape() == x.shape())) && (!dws || dws->size() == ws.size()))
+      << "grouped_linear_backward: dy " << dy.str() << " x " << x.str() << (dx ? " dx " + dx->str() : "");
+  const bool nonempty = in > 0 && out > 0;
+  if (dx) {
+    // dx_e^T [in, n_e] = w_e (column-major [in, out]) dy_e^T [out, n_e].
+    std::vector<Problem> ps;
+    for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+      ps.push_back({false, false, in, n, out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
+    });
+    if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(ps, dy.dtype(), dx->dtype(), 0.0f)))
+      for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+        Tensor dxe = dx->narrow0(off, n);
+        linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], &dxe, nullptr, nullptr, accumulate);
+      });
+  }
+  if (!dws) return;
+  // dw_e^T [in, out] = x_e^T [in, n_e] (dy_e^T [out, n_e])^T; beta 1 when accumulating.
+  bool same_type = true;
+  for (size_t e = 0; e < ws.size(); ++e) {
+    const Tensor& g = (*dws)[e];
+    MEGATRON_CHECK(g.numel() == ws.front().numel()) << "grouped_linear_backward: dw " << g.str();
+    same_type = same_type && g.dtype() == dws->front().dtype();
+    if (counts[e] == 0 && !accumulate) fill((*dws)[e], 0.0f);
+  }
+  std::vector<Problem> ps;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    ps.push_back({false, true, in, out, n, at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
+  });
+  if (nonempty && same_type && run_grouped(ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], nullptr, &(*dws)[e], nullptr, accumulate);
+  });
+}
+
+}  // namespace megatron::ops::cuda
