@@ -454,3 +454,17 @@ MEGATRON_OP(void, fp8_block_gemm_tn,
             (const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d, Tensor& c,
              float beta),
             (a, a_s, a_2d, b, b_s, b_2d, c, beta), a)
+
+// ------------------------------------------------------------------------------------------
+// Text generation's decode step with its position in device memory (the step as a CUDA graph,
+// megatron/core/inference/text_generation.h, docs/inference.md "CUDA graph of the decode step")
+// ------------------------------------------------------------------------------------------
+
+/// This token's keys and values into the KV caches at a position read from memory:
+/// k_cache[pos] = k[0], v_cache[pos] = v[0] with pos = offset[0] (int64, on the caches' device);
+/// k, v [1, b, ng, d], caches [S, b, ng, d], one dtype (any). Nothing is written when pos is outside
+/// [0, S) (the caller checks the position on the host before uploading it). No host
+/// synchronization, no allocation (capturable in a CUDA graph).
+MEGATRON_OP(void, kv_cache_write,
+            (const Tensor& k, const Tensor& v, const Tensor& offset, Tensor& k_cache, Tensor& v_cache),
+            (k, v, offset, k_cache, v_cache), k)
