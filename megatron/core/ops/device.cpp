@@ -11,13 +11,6 @@ unsigned long long host_sync_count();  // ops/cuda/cuda_utils.h (kept free of cu
 }  // namespace megatron::cuda
 namespace megatron::ops::cuda {
 int64_t device_free_bytes();  // ops/cuda/cuda_ops.h
-// ops/cuda/step_graph.cpp
-void* compute_stream_create();
-void compute_stream_destroy(void* stream);
-void* compute_stream_exchange(void* stream);
-void* graph_capture(const std::function<void()>& fn, std::string* error);
-void graph_launch(void* graph);
-void graph_destroy(void* graph);
 }  // namespace megatron::ops::cuda
 #endif
 
@@ -31,12 +24,7 @@ uint64_t profiler_range_start(const char* name) { return nvtxRangeStartA(name); 
 void profiler_range_end(uint64_t handle) {
   if (handle) nvtxRangeEnd(handle);
 }
-void* compute_stream_create() { return cuda::compute_stream_create(); }
-void compute_stream_destroy(void* stream) { cuda::compute_stream_destroy(stream); }
-void* compute_stream_exchange(void* stream) { return cuda::compute_stream_exchange(stream); }
-void* graph_capture(const std::function<void()>& fn, std::string* error) { return cuda::graph_capture(fn, error); }
-void graph_launch(void* graph) { cuda::graph_launch(graph); }
-void graph_destroy(void* graph) { cuda::graph_destroy(graph); }
+// compute_stream_* and graph_*: defined in ops/cuda/step_graph.cpp.
 #else
 bool cuda_available() { return false; }
 unsigned long long host_sync_count() { return 0; }

@@ -1,4 +1,5 @@
-// CUDA graphs of a step (ops/device.h): the compute stream to capture on, stream capture, launch.
+// CUDA graphs of a step (ops/device.h; the CPU build's stubs are in ops/device.cpp): the compute
+// stream to capture on, stream capture, launch.
 // Used by text generation's decode step (megatron/core/inference/text_generation.cpp,
 // docs/inference.md "CUDA graph of the decode step").
 #include <cuda_runtime.h>
@@ -8,8 +9,9 @@
 #include <string>
 
 #include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/ops/device.h"
 
-namespace megatron::ops::cuda {
+namespace megatron::ops {
 
 void* compute_stream_create() {
   cudaStream_t s = nullptr;
@@ -75,4 +77,4 @@ void graph_destroy(void* graph) {
   if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops
