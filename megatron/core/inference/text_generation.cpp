@@ -239,7 +239,8 @@ struct TextGenerator::DecodeState {
         body();
       } catch (const std::exception& e) {
         st.unsupported = true;
-        note(noted_unsupported, std::string("decode steps run op by op (the fixed-address step failed: ") + e.what() + ")");
+        note(noted_unsupported,
+             std::string("decode steps run op by op (the fixed-address step failed: ") + e.what() + ")");
         return false;
       }
       st.warm[g] = true;  // cuBLASLt plans and every lazy initialization done outside a capture
@@ -350,7 +351,9 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   for (; ctx < L; ++ctx) {
     if (prof && ctx == min_len + 2) profiling_on = prof->start(2);
     Tensor logits;  // [s, b, V/TP] of the per-op path (the prefill, kEager)
-    const bool fixed = step && prev > 0 && !step->unsupported && decode_->run(*step, model_, out.tokens, prev, device_greedy, capture, graph_replays_);
+    // A decode step in the fixed buffers (replayed as a graph once captured), else per op.
+    const bool fixed = step && prev > 0 && !step->unsupported &&
+                       decode_->run(*step, model_, out.tokens, prev, device_greedy, capture, graph_replays_);
     if (!fixed) logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
     ictx.sequence_len_offset += ctx - prev;
     std::vector<int64_t> sample;

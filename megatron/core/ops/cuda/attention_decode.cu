@@ -255,8 +255,9 @@ namespace {
 // k_cache[pos] = k, v_cache[pos] = v for one row of `n` units U (pos = *offset; nothing when pos
 // is outside [0, rows)). grid (ceil(n / 256), 2): y picks K or V.
 template <typename U>
-__global__ void kv_cache_write_kernel(const U* __restrict__ k, const U* __restrict__ v, const int64_t* __restrict__ offset,
-                                      U* __restrict__ kc, U* __restrict__ vc, int64_t n, int64_t rows) {
+__global__ void kv_cache_write_kernel(const U* __restrict__ k, const U* __restrict__ v,
+                                      const int64_t* __restrict__ offset, U* __restrict__ kc, U* __restrict__ vc,
+                                      int64_t n, int64_t rows) {
   const int64_t pos = *offset, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (pos < 0 || pos >= rows || i >= n) return;
   if (blockIdx.y == 0) kc[pos * n + i] = k[i];
