@@ -6,7 +6,9 @@
 #      bf16) to a scratch dir, measures its decode at batch 1 and 32 and records the greedy
 #      continuations (with the raw logits' top-2 margins) of the oracle prompts;
 #   2. meanwhile (other CPU cores) our convert_checkpoint imports that HF model (--loader hf);
-#   3. our server loads the import (--load) and runs the same decode measurements and prompts.
+#   3. our server loads the import (--load) and runs the same decode measurements and prompts, twice:
+#      with the decode step as a CUDA graph (the default) and op by op (MEGATRON_DECODE_CUDA_GRAPH=0,
+#      rows marked "op by op"; its greedy tokens must equal the graph run's).
 # Builds nothing. Needs python3 with torch + transformers (+ safetensors) and a CUDA build's bin/.
 #
 #   bash bench/gpu/generate_bench.sh BIN_DIR [OUT_DIR]          (from the repository root)
@@ -29,7 +31,9 @@
 # Output: OUT_DIR/gpu_bench_decode.log (gpu_bench decode: the step's GEMMs at m = 1 and 32 in GB/s
 # of weights, the decode attention, the argmax), OUT_DIR/generate_bench.json, OUT_DIR/results_rows.csv (bench/append_result.py rows, ours
 # as value, transformers as peer), OUT_DIR/kernel_profile.txt (our decode steps at batch 1 and 32,
-# CUPTI, from two extra untimed requests), logs. If the import fails, ours runs on its own random init
+# CUPTI, from two extra untimed requests of the graph run; kernel_profile_eager.txt: the same of the
+# op-by-op run), OUT_DIR/ours.json / ours_eager.json (the two server runs), logs (server.log,
+# server_eager.log). If the import fails, ours runs on its own random init
 # (perf only, no oracle) and says so.
 set -euo pipefail
 BIN=$(cd "${1:?usage: generate_bench.sh BIN_DIR [OUT_DIR]}" && pwd)
@@ -175,18 +179,28 @@ if ((${#IMPORT_FLAGS[@]} > 0)); then
   MODEL=("${IMPORT_FLAGS[@]}" --bf16 --tokenizer-type NullTokenizer --vocab-size 128256)
 fi
 echo "our model flags: ${MODEL[*]}"
-# Requests 16 and 17 (see the client below) record a kernel profile of their decode steps.
-MEGATRON_GENERATE_PROFILE=16,17 MEGATRON_TEXT_GENERATION_HOST=127.0.0.1 "$BIN/run_text_generation_server" "${MODEL[@]}" "${LOAD[@]}" \
-  --port "$PORT" --max-tokens-to-oom 100000 > "$OUT/server.log" 2>&1 &
-SERVER_PID=$!
-until grep -q "Serving Megatron" "$OUT/server.log"; do
-  kill -0 $SERVER_PID 2>/dev/null || { echo "generate_bench: our server exited:"; tail -20 "$OUT/server.log"; exit 1; }
-  sleep 1
-done
-phase "our server up"
-python3 - "$PORT" "$OUT" "${#LOAD[@]}" <<'PY'
+# Two server runs on the same checkpoint: MODE graph (the default: the decode step replays a CUDA
+# graph, docs/inference.md "CUDA graph of the decode step"), then MODE eager
+# (MEGATRON_DECODE_CUDA_GRAPH=0: op by op, the comparison), each with the same requests: timings,
+# the greedy oracle prompts (the two runs' tokens must be equal: the modes give the same bits) and
+# the two profiled requests.
+ours_server() {
+  local mode=$1 log="$OUT/server.log" json="$OUT/ours.json" vars=(MEGATRON_GENERATE_PROFILE=16,17)
+  if [[ $mode == eager ]]; then
+    log="$OUT/server_eager.log" json="$OUT/ours_eager.json" vars=(MEGATRON_GENERATE_PROFILE=16,17 MEGATRON_DECODE_CUDA_GRAPH=0)
+  fi
+  # Requests 16 and 17 (see the client below) record a kernel profile of their decode steps.
+  env "${vars[@]}" MEGATRON_TEXT_GENERATION_HOST=127.0.0.1 "$BIN/run_text_generation_server" "${MODEL[@]}" "${LOAD[@]}" \
+    --port "$PORT" --max-tokens-to-oom 100000 > "$log" 2>&1 &
+  SERVER_PID=$!
+  until grep -q "Serving Megatron" "$log"; do
+    kill -0 $SERVER_PID 2>/dev/null || { echo "generate_bench: our server ($mode) exited:"; tail -20 "$log"; exit 1; }
+    sleep 1
+  done
+  phase "our server up ($mode decode)"
+  python3 - "$PORT" "$OUT" "${#LOAD[@]}" "$mode" "$json" <<'PY'
 import json, sys, time, urllib.request
-port, out, loaded = sys.argv[1], sys.argv[2], sys.argv[3] != "0"
+port, out, loaded, mode, out_json = sys.argv[1], sys.argv[2], sys.argv[3] != "0", sys.argv[4], sys.argv[5]
 def put(prompts, n):
     body = json.dumps({"prompts": prompts, "tokens_to_generate": n, "top_k": 1, "stop_token": -1,
                        "no_log": True}).encode()
@@ -203,24 +217,29 @@ for b in (1, 32):
     t1 = min(put([prompt] * b, 32)[0] for _ in range(3))
     t2 = min(put([prompt] * b, 160)[0] for _ in range(3))
     ours[b] = b * 128 / (t2 - t1)
-    print(f"ours batch {b}: {ours[b]:.1f} tok/s ({1e3 * (t2 - t1) / 128:.2f} ms/step)", flush=True)
-res = {"tok_s": ours, "loaded_hf_weights": loaded}
+    print(f"ours ({mode}) batch {b}: {ours[b]:.1f} tok/s ({1e3 * (t2 - t1) / 128:.2f} ms/step)", flush=True)
+res = {"tok_s": ours, "loaded_hf_weights": loaded, "decode": mode}
 # Request 15: the greedy oracle (always sent, so that the profiled requests keep their numbers).
 hf = json.load(open(f"{out}/hf.json"))["oracle"]
 _, r = put([" ".join(map(str, o["prompt"])) for o in hf], 64)
-if loaded:
-    res["greedy_tokens"] = [t[len(o["prompt"]):len(o["prompt"]) + 64] for t, o in zip(r["tokens"], hf)]
-json.dump(res, open(f"{out}/ours.json", "w"))
+res["greedy_tokens"] = [t[len(o["prompt"]):len(o["prompt"]) + 64] for t, o in zip(r["tokens"], hf)]
+json.dump(res, open(out_json, "w"))
 # Requests 16 and 17: kernel profiles (MEGATRON_GENERATE_PROFILE) at batch 1 and 32; not timed.
 for b in (1, 32):
     put([prompt] * b, 64)
 PY
-kill -TERM $SERVER_PID
-wait $SERVER_PID || true
-SERVER_PID=""
-phase "ours done"
+  kill -TERM $SERVER_PID
+  wait $SERVER_PID || true
+  SERVER_PID=""
+  phase "ours done ($mode decode)"
+}
+ours_server graph
+ours_server eager
+grep -E "^text generation:" "$OUT/server.log" || true  # a graph capture failure would be noted here
 grep -E "^generate call|kernel profile \|" "$OUT/server.log" > "$OUT/kernel_profile.txt" || true
-cat "$OUT/kernel_profile.txt"
+grep -E "^generate call|kernel profile \|" "$OUT/server_eager.log" > "$OUT/kernel_profile_eager.txt" || true
+echo "kernel profile, decode step as a CUDA graph:"; cat "$OUT/kernel_profile.txt"
+echo "kernel profile, op by op (MEGATRON_DECODE_CUDA_GRAPH=0):"; cat "$OUT/kernel_profile_eager.txt"
 
 # ---- 3b. optional (HF_COMPILE=1): transformers' default static-cache mode, the decode step compiled ----
 if [[ "${HF_COMPILE:-0}" == 1 ]]; then
@@ -258,6 +277,8 @@ python3 - "$OUT" "$NUM_LAYERS" "$COMMIT" "$REPO" <<'PY'
 import datetime, json, subprocess, sys
 out, layers, commit, repo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 hf, ours = json.load(open(f"{out}/hf.json")), json.load(open(f"{out}/ours.json"))
+eager = json.load(open(f"{out}/ours_eager.json"))
+E = {int(k): v for k, v in eager["tok_s"].items()}
 H = {int(k): v for k, v in hf["tok_s"].items()}
 try:
     HC = {int(k): v for k, v in json.load(open(f"{out}/hf_compiled.json"))["tok_s"].items()}
@@ -274,9 +295,13 @@ res = {"shape": shape, "weight_bytes": wb, "hbm_bound_tok_s_batch1": bound_all,
        "ours_batch1_fraction_of_hbm_bound": O[1] / bound_all,
        "speedup_vs_transformers": {b: O[b] / H[b] for b in (1, 32)}, "versions": hf["versions"],
        "transformers_compiled_tok_s": HC, "speedup_vs_transformers_compiled": {b: O[b] / HC[b] for b in HC},
-       "ours_loaded_transformers_weights": ours["loaded_hf_weights"]}
-lines = []
-if "greedy_tokens" in ours:
+       "ours_loaded_transformers_weights": ours["loaded_hf_weights"],
+       "ours_eager_decode_tok_s": E, "ours_eager_decode_ms_per_step": {b: 1e3 * b / E[b] for b in E},
+       "graph_speedup_vs_eager_decode": {b: O[b] / E[b] for b in (1, 32)},
+       "graph_greedy_tokens_equal_eager": ours["greedy_tokens"] == eager["greedy_tokens"]}
+lines = [f"CUDA graph decode vs op by op (MEGATRON_DECODE_CUDA_GRAPH=0): greedy oracle tokens "
+         f"{'EQUAL' if res['graph_greedy_tokens_equal_eager'] else 'DIFFER (a bug: the modes must agree bit for bit)'}"]
+if ours["loaded_hf_weights"]:
     res["greedy"] = []
     for i, (o, mine) in enumerate(zip(hf["oracle"], ours["greedy_tokens"])):
         ref = o["tokens"]
@@ -297,6 +322,9 @@ print("\n".join(lines))
 for b in (1, 32):
     print(f"batch {b}: ours {O[b]:.1f} tok/s ({1e3 * b / O[b]:.2f} ms/step), transformers {H[b]:.1f} tok/s "
           f"({1e3 * b / H[b]:.2f} ms/step): {O[b] / H[b]:.2f}x")
+for b in (1, 32):
+    print(f"batch {b}: ours op by op (MEGATRON_DECODE_CUDA_GRAPH=0) {E[b]:.1f} tok/s ({1e3 * b / E[b]:.2f} ms/step); "
+          f"graph {O[b] / E[b]:.3f}x of that")
 for b in HC:
     print(f"batch {b}: transformers torch.compile {HC[b]:.1f} tok/s ({1e3 * b / HC[b]:.2f} ms/step): ours {O[b] / HC[b]:.2f}x")
 print(f"batch 1: {1e3 / O[1]:.2f} ms/token = {O[1] / bound_all:.1%} of the HBM bound {1e3 / bound_all:.2f} ms "
@@ -320,6 +348,9 @@ def row(metric, value, unit, peer_value=None, peer="transformers generate static
 for b in (1, 32):
     row(f"{shape} bf16 decode batch {b} tokens/s", O[b], "tokens/s", H[b])
     row(f"{shape} bf16 decode batch {b} ms/step", 1e3 * b / O[b], "ms", 1e3 * b / H[b])
+    row(f"{shape} bf16 decode batch {b} tokens/s, op by op (MEGATRON_DECODE_CUDA_GRAPH=0)", E[b], "tokens/s", H[b])
+    row(f"{shape} bf16 decode batch {b} ms/step, op by op (MEGATRON_DECODE_CUDA_GRAPH=0)", 1e3 * b / E[b], "ms",
+        1e3 * b / H[b])
 if HC:
     for b in HC:
         row(f"{shape} bf16 decode batch {b} tokens/s (peer: transformers torch.compile)", O[b], "tokens/s", HC[b],

@@ -24,6 +24,9 @@
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/core/inference/text_generation.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/device.h"
 
 using namespace megatron;
 namespace cu = megatron::ops::cuda;
@@ -1495,6 +1498,156 @@ void test_model_ops() {
     check("cross_entropy_loss lse", host(LSE), rlse, 1e-5);
   }
 }
+// The decode step's device-position ops inside a CUDA graph (docs/inference.md "CUDA graph of
+// the decode step"): kv_cache_write against a host copy (exact: bytes are moved), and one
+// captured (cache write + decode attention) replayed at several cache lengths against the
+// host-count kernel call on the same rows, bit for bit (same chunking by construction), which
+// test_decode checks against float64.
+void test_decode_graph_kernels() {
+  const DType dt = DType::kBFloat16;
+  const int B = 2, NP = 32, NG = 8, D = 128, cap = 700;
+  const int64_t row = (int64_t)B * NG * D;
+  V kc0 = rounded(randn(cap * row), dt), vc0 = rounded(randn(cap * row), dt);
+  V kn = rounded(randn(row), dt), vn = rounded(randn(row), dt);
+  Tensor Kc = dev(kc0, {cap, B, NG, D}, dt), Vc = dev(vc0, {cap, B, NG, D}, dt);
+  Tensor Kn = dev(kn, {1, B, NG, D}, dt), Vn = dev(vn, {1, B, NG, D}, dt);
+  for (int64_t pos : {(int64_t)0, (int64_t)313, (int64_t)cap - 1, (int64_t)cap, (int64_t)-1}) {
+    Tensor off = dev_i64({pos}, {1});
+    cu::kv_cache_write(Kn, Vn, off, Kc, Vc);
+    V rk = kc0, rv = vc0;
+    if (pos >= 0 && pos < cap) {
+      std::copy(kn.begin(), kn.end(), rk.begin() + pos * row);
+      std::copy(vn.begin(), vn.end(), rv.begin() + pos * row);
+    }
+    check_true("kv_cache_write pos=" + std::to_string(pos) + " (exact, other rows untouched)",
+               host(Kc) == rk && host(Vc) == rv);
+    kc0 = rk, vc0 = rv;
+  }
+  // Graph: positions {offset, offset + 1} in device memory, as InferenceContext's.
+  void* stream = ops::compute_stream_create();
+  void* prev = ops::compute_stream_exchange(stream);
+  Tensor positions = dev_i64({0, 1}, {2});
+  Tensor off = positions.flat_slice(0, {1}), cnt = positions.flat_slice(1, {1});
+  V q = rounded(randn((int64_t)B * NP * D), dt);
+  Tensor Q = dev(q, {1, B, NP, D}, dt);
+  Tensor O = poisoned({1, B, NP, D}, dt), L = poisoned({B, NP, 1}, DType::kFloat32);
+  ops::AttentionParams p;
+  p.softmax_scale = 1.0f / std::sqrt((float)D);
+  p.causal = false;
+  p.kv_len = &cnt;
+  auto body = [&] {
+    cu::kv_cache_write(Kn, Vn, off, Kc, Vc);
+    cu::attention_forward(Q, Kc, Vc, p, O, L);
+  };
+  std::string err;
+  void* graph = ops::graph_capture(body, &err);
+  check_true("decode step kernels captured in a CUDA graph", graph != nullptr, err);
+  if (graph) {
+    for (int64_t offset : {(int64_t)0, (int64_t)30, (int64_t)31, (int64_t)64, (int64_t)299, (int64_t)cap - 1}) {
+      Tensor h = Tensor::from_vector_i64({offset, offset + 1}, {2});
+      positions.copy_(h);
+      V kn2 = rounded(randn(row), dt), vn2 = rounded(randn(row), dt);
+      Tensor a = dev(kn2, {1, B, NG, D}, dt), b2 = dev(vn2, {1, B, NG, D}, dt);
+      Kn.copy_(a);
+      Vn.copy_(b2);
+      ops::graph_launch(graph);
+      ops::AttentionParams ph = p;
+      ph.kv_len = nullptr;
+      Tensor O2 = poisoned({1, B, NP, D}, dt), L2 = poisoned({B, NP, 1}, DType::kFloat32);
+      check_true("decode graph offset " + std::to_string(offset) + " host call taken",
+                 cu::decode_attention::forward(Q, Kc.narrow0(0, offset + 1), Vc.narrow0(0, offset + 1), ph, O2, L2));
+      V kr = host(Kc.narrow0(offset, 1));
+      check_true("decode graph offset " + std::to_string(offset) + ": cache row written, out/lse == host call (bits)",
+                 kr == kn2 && host(O) == host(O2) && host(L) == host(L2));
+    }
+    ops::graph_destroy(graph);
+  }
+  ops::compute_stream_exchange(prev);
+  ops::compute_stream_destroy(stream);
+}
+
+// A small random bf16 model on the GPU: LLaMA-like (RoPE, RMSNorm, SwiGLU, GQA 8:2, untied) or
+// GPT-2-like (learned positions, LayerNorm, GeLU, biases, MHA, tied), head dim 64.
+std::unique_ptr<models::gpt::GPTModel> decode_model(bool llama, uint64_t seed) {
+  transformer::TransformerConfig c;
+  c.num_layers = 3;
+  c.hidden_size = llama ? 512 : 256;
+  c.num_attention_heads = llama ? 8 : 4;
+  c.kv_channels = 64;
+  c.num_query_groups = llama ? 2 : 4;
+  c.ffn_hidden_size = 1024;
+  c.params_dtype = DType::kBFloat16;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.init_method_std = 0.05f;
+  if (llama) {
+    c.normalization = transformer::Normalization::kRMSNorm;
+    c.gated_linear_unit = true;  // SwiGLU
+    c.add_bias_linear = false;
+    c.position_embedding_type = transformer::PositionEmbeddingType::kRope;
+    c.rotary_base = 500000.0f;
+    c.share_embeddings_and_output_weights = false;
+  } else {
+    c.position_embedding_type = transformer::PositionEmbeddingType::kLearnedAbsolute;
+  }
+  c.validate();
+  return std::make_unique<models::gpt::GPTModel>(c, 512, 256, seed, Device::cuda());
+}
+
+// Generation with the CUDA graph of the decode step against the per-op path on the same model:
+// tokens, lengths and the log-probs of the generated tokens (from the float32 host logits) must be
+// equal BIT FOR BIT: the graph replays the same kernels with the same arguments (the attention's
+// chunking is derived from the device count exactly as from the host one, test_decode checks
+// that kernel for equality), and cuBLASLt's plans are those of the eager warm-up step. Batch 1 and
+// batch 4 with prompt lengths 5, 17, 9, 30; greedy with the device argmax and greedy with
+// log-probs (the logits path); a second call reuses the captured graph.
+void test_decode_generate() {
+  for (bool llama : {true, false}) {
+    auto model = decode_model(llama, 5);
+    inference::TextGenerator eager(*model, nullptr, 3), graph(*model, nullptr, 3);
+    eager.set_decode_graph_mode(inference::DecodeGraphMode::kEager);
+    graph.set_decode_graph_mode(inference::DecodeGraphMode::kGraph);
+    const char* name = llama ? "llama" : "gpt2";
+    std::mt19937 g(11);
+    for (int round = 0; round < 2; ++round)
+      for (const std::vector<int>& lens : {std::vector<int>{12}, std::vector<int>{5, 17, 9, 30}})
+        for (bool logprobs : {false, true}) {
+          std::vector<std::vector<int64_t>> prompts;
+          for (int n : lens) {
+            prompts.emplace_back();
+            for (int i = 0; i < n; ++i) prompts.back().push_back(static_cast<int64_t>(g() % 500));
+          }
+          inference::GenerationParams gp;
+          gp.tokens_to_generate = 40;
+          gp.top_k = 1;
+          gp.return_output_log_probs = logprobs;
+          gp.use_eod_token_for_early_termination = false;
+          gp.vocab_size = 500;
+          std::vector<int64_t> lengths;
+          auto rows = inference::pad_prompts(prompts, gp.tokens_to_generate, 0, &lengths);
+          auto a = eager.generate(rows, lengths, gp);
+          if (round == 0 && logprobs && lens.size() > 1) {  // the baseline: the per-op path is deterministic
+            auto a2 = eager.generate(rows, lengths, gp);
+            check_true(std::string("decode graph generate ") + name + ": per-op path twice, same log-probs (bits)",
+                       a2.log_probs == a.log_probs && a2.tokens == a.tokens);
+          }
+          const int64_t before = graph.graph_replays();
+          auto f = graph.generate(rows, lengths, gp);
+          const int64_t L = static_cast<int64_t>(rows[0].size());
+          const int64_t min_len = *std::min_element(lengths.begin(), lengths.end());
+          // Decode steps min_len+1 .. L-1; the first one of a new (batch, output) is the eager warm-up.
+          const int64_t steps = L - 1 - min_len;
+          std::string what = std::string(name) + " batch " + std::to_string(lens.size()) +
+                             (logprobs ? " logits path" : " device argmax") + (round ? " (graph reused)" : "");
+          check_true("decode graph generate " + what + ": tokens == eager", a.tokens == f.tokens && a.lengths == f.lengths);
+          check_true("decode graph generate " + what + ": log-probs == eager (bits)", a.log_probs == f.log_probs);
+          const int64_t replays = graph.graph_replays() - before;
+          check_true("decode graph generate " + what + ": replayed",
+                     round == 0 ? replays == steps - 1 : replays == steps,
+                     std::to_string(replays) + " replays of " + std::to_string(steps) + " decode steps");
+        }
+  }
+}
+
 // Text generation's decode ops (docs/inference.md): argmax_last_dim against a host scan in double
 // (first maximum, NaN above every number: torch.argmax), exact; the q_len = 1 decode attention
 // (attention_decode.cu) against the float64 softmax attention of test_attention, tolerances as
@@ -1580,6 +1733,26 @@ void test_decode() {
     Tensor O2 = poisoned({1, B, NP, D}, dt), L2 = poisoned({B, NP, 1}, DType::kFloat32);
     cu::attention_forward(Q, K, Vv, p, O2, L2);
     check(std::string(nm) + " attention_forward out", host(O2), ro, 1e-2);
+    if (cs.causal) continue;
+    // The key count in device memory (AttentionParams::kv_len, the decode step as a CUDA graph):
+    // caches of a larger capacity whose rows past SK hold NaN must give the float64 reference
+    // and, since the kernels re-derive the host call's chunking from the count, the host-count
+    // call's bits exactly.
+    const int cap = SK + 1 + SK / 2 + 97;
+    Tensor Kc = poisoned({cap, B, NG, D}, dt), Vc = poisoned({cap, B, NG, D}, dt);
+    {
+      Tensor kr = Kc.narrow0(0, SK), vr = Vc.narrow0(0, SK);
+      kr.copy_(K);
+      vr.copy_(Vv);
+    }
+    Tensor n_keys = dev_i64({SK}, {1});
+    ops::AttentionParams pd = p;
+    pd.kv_len = &n_keys;
+    Tensor O3 = poisoned({1, B, NP, D}, dt), L3 = poisoned({B, NP, 1}, DType::kFloat32);
+    check_true(std::string(nm) + " device count taken", cu::decode_attention::forward(Q, Kc, Vc, pd, O3, L3));
+    check(std::string(nm) + " device count out", host(O3), ro, 1e-2);
+    check(std::string(nm) + " device count lse", host(L3), rl, 1e-3);
+    check_true(std::string(nm) + " device count == host count (bits)", host(O3) == host(O) && host(L3) == host(L));
   }
   // Declined: two query rows; causal with more than one key (top-left causal: key 0 only); float32.
   ops::AttentionParams p;
@@ -1596,6 +1769,8 @@ void test_decode() {
   Tensor Qf = poisoned({1, 1, 4, 64}, DType::kFloat32), Kf = poisoned({8, 1, 4, 64}, DType::kFloat32);
   Tensor Of = poisoned({1, 1, 4, 64}, DType::kFloat32);
   check_true("attention decode declines float32", !cu::decode_attention::forward(Qf, Kf, Kf, p, Of, L1));
+  test_decode_graph_kernels();
+  test_decode_generate();
 }
 
 // ------------------------------------------------------------------------------------------

@@ -8,8 +8,10 @@
 #include <string>
 
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/device.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/inference_context.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/kernel_profile.h"
 
@@ -92,11 +94,186 @@ void broadcast_i64(std::vector<int64_t>& v, comm::ProcessGroup& tp, Device dev) 
   std::copy_n(h.data<int64_t>(), v.size(), v.begin());
 }
 
+/// The decode step of one batch size in fixed device memory (DecodeGraphMode::kDeviceInputs and
+/// kGraph): its KV cache, the step's inputs and outputs, and the captured graphs (one per output:
+/// [0] the last logits as float32, [1] the greedy argmax). Nothing here is reallocated while the
+/// graphs live, so their baked-in addresses stay valid.
+struct DecodeStep {
+  int64_t b = 0, capacity = 0;  // batch size, KV cache length
+  std::unique_ptr<transformer::InferenceContext> ctx;
+  Tensor inputs;         // int64 [2b + 2]: token ids | positions | {offset, offset + 1}
+  Tensor ids, pos;       // views [1, b] (sequence-first) of inputs
+  Tensor positions;      // view [2] of inputs (InferenceContext::set_device_positions)
+  Tensor logits;         // float32 [b, V]: output [0]
+  Tensor next_ids;       // int64 [b]: output [1]
+  void* graph[2] = {nullptr, nullptr};
+  bool warm[2] = {false, false};  // ran once eagerly (cuBLASLt plans cached; capture may follow)
+  bool unsupported = false;       // its first device-input step threw: kEager for this entry
+  uint64_t last_use = 0;
+  ~DecodeStep() {
+    for (void* g : graph) ops::graph_destroy(g);
+  }
+};
+
+/// One line on stderr per generator and reason (a capture failure, an unsupported model).
+void note(bool& once, const std::string& line) {
+  if (once) return;
+  once = true;
+  std::fprintf(stderr, "text generation: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+/// Restores the calling thread's compute stream at scope exit.
+class StreamScope {
+ public:
+  explicit StreamScope(void* stream) : active_(stream != nullptr) {
+    if (active_) prev_ = ops::compute_stream_exchange(stream);
+  }
+  ~StreamScope() {
+    if (active_) ops::compute_stream_exchange(prev_);
+  }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  bool active_;
+  void* prev_ = nullptr;
+};
+
+constexpr size_t kMaxDecodeSteps = 4;  // batch sizes kept (each holds a KV cache), least recently used evicted
+constexpr int64_t kCapacityRound = 128;  // KV cache length granularity of a kept step
+
 }  // namespace
+
+struct TextGenerator::DecodeState {
+  void* stream = nullptr;  // the private compute stream of kGraph (created on first use)
+  std::vector<std::unique_ptr<DecodeStep>> steps;
+  uint64_t uses = 0;
+  bool capture_failed = false, noted_capture = false, noted_unsupported = false;
+  ~DecodeState() {
+    steps.clear();
+    ops::compute_stream_destroy(stream);
+  }
+
+  /// The kept step of batch size b with a KV cache of at least L tokens (a new one replaces a
+  /// shorter one of the same b, or the least recently used when kMaxDecodeSteps are kept).
+  DecodeStep& step_for(int64_t b, int64_t L, int64_t vocab, Device dev) {
+    std::unique_ptr<DecodeStep>* slot = nullptr;
+    for (auto& e : steps)
+      if (e->b == b) slot = &e;
+    if (!slot && steps.size() >= kMaxDecodeSteps) {
+      slot = &steps.front();
+      for (auto& e : steps)
+        if (e->last_use < (*slot)->last_use) slot = &e;
+    }
+    if (slot && (*slot)->b == b && (*slot)->capacity >= L) {
+      (*slot)->last_use = ++uses;
+      return **slot;
+    }
+    auto e = std::make_unique<DecodeStep>();
+    e->b = b;
+    e->capacity = (L + kCapacityRound - 1) / kCapacityRound * kCapacityRound;
+    e->ctx = std::make_unique<transformer::InferenceContext>(b, e->capacity);
+    e->inputs = Tensor::zeros({2 * b + 2}, DType::kInt64, dev);
+    e->ids = e->inputs.flat_slice(0, {1, b});
+    e->pos = e->inputs.flat_slice(b, {1, b});
+    e->positions = e->inputs.flat_slice(2 * b, {2});
+    e->logits = Tensor::empty({b, vocab}, DType::kFloat32, dev);
+    e->next_ids = Tensor::empty({b}, DType::kInt64, dev);
+    e->last_use = ++uses;
+    if (slot) {
+      slot->reset();  // the old caches and graphs go first
+      *slot = std::move(e);
+      return **slot;
+    }
+    steps.push_back(std::move(e));
+    return *steps.back();
+  }
+
+  /// One decode step (the token of every sequence at position `offset`) in st's fixed buffers:
+  /// the outputs land in st.next_ids (greedy) or st.logits. Replays st's graph when captured;
+  /// else launches the step eagerly and then (capture) captures it for the next steps. Returns
+  /// false, with st.unsupported set and a note, when the first fixed-address step threw (e.g. a
+  /// model whose attention the device-count kernel does not take): the caller then runs the step
+  /// per op, which rewrites whatever the failed attempt wrote. UserError for a token id outside
+  /// the vocabulary or a position beyond --max-position-embeddings (checked here on the host).
+  bool run(DecodeStep& st, models::gpt::GPTModel& model, const std::vector<std::vector<int64_t>>& tokens,
+           int64_t offset, bool greedy, bool capture, int64_t& replays) {
+    const int64_t b = st.b, V = model.padded_vocab_size();
+    MEGATRON_CHECK(offset + 1 <= st.capacity) << "decode step at " << offset << " past the KV cache " << st.capacity;
+    if (model.learned_positions() && offset + 1 > model.max_sequence_length())
+      user_error("GPTModel.forward: positions up to ", offset + 1, " exceed --max-position-embeddings ",
+                 model.max_sequence_length());
+    std::vector<int64_t> host(static_cast<size_t>(2 * b + 2));
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t t = tokens[i][offset];
+      if (t < 0 || t >= V)
+        user_error("GPTModel.forward: token id value ", t, " at flat index ", i, " is outside [0, ", V,
+                   "); check --vocab-size / --max-position-embeddings against the data");
+      host[i] = t;
+      host[b + i] = offset;
+    }
+    host[2 * b] = offset;
+    host[2 * b + 1] = offset + 1;
+    st.inputs.copy_(Tensor::from_vector_i64(host, {2 * b + 2}));  // pinned staging, stream-ordered
+    const int g = greedy ? 1 : 0;
+    if (st.graph[g]) {
+      ops::graph_launch(st.graph[g]);
+      ++replays;
+      return true;
+    }
+    auto body = [&] {
+      Tensor lg = model.forward_logits_device(st.ids, st.pos, st.ctx.get());
+      Tensor last = lg.view({b, lg.size(2)});
+      if (greedy) ops::argmax_last_dim(last, st.next_ids);
+      else if (last.dtype() == DType::kFloat32) st.logits.copy_(last);
+      else ops::cast(last, st.logits);
+    };
+    struct HostPositions {  // the prefill of the next call uses sequence_len_offset again
+      transformer::InferenceContext& c;
+      ~HostPositions() { c.set_device_positions(nullptr); }
+    } restore{*st.ctx};
+    st.ctx->set_device_positions(&st.positions);
+    if (!st.warm[g]) {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        st.unsupported = true;
+        note(noted_unsupported,
+             std::string("decode steps run op by op (the fixed-address step failed: ") + e.what() + ")");
+        return false;
+      }
+      st.warm[g] = true;  // cuBLASLt plans and every lazy initialization done outside a capture
+    } else {
+      body();
+    }
+    if (capture && !capture_failed) {
+      std::string err;
+      st.graph[g] = ops::graph_capture(body, &err);  // records the step for the next positions
+      if (!st.graph[g]) {
+        capture_failed = true;
+        note(noted_capture, "CUDA graph capture of the decode step failed; decode steps run eagerly: " + err);
+      }
+    }
+    return true;
+  }
+};
 
 TextGenerator::TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm::ProcessGroup> tp_group,
                              uint64_t seed)
-    : model_(model), tp_(tp_group ? std::move(tp_group) : comm::make_single_rank_group()), rng_(seed) {}
+    : model_(model),
+      tp_(tp_group ? std::move(tp_group) : comm::make_single_rank_group()),
+      rng_(seed),
+      decode_(std::make_unique<DecodeState>()) {
+  if (model_.device().is_cuda() && env_switch("MEGATRON_DECODE_CUDA_GRAPH", true)) mode_ = DecodeGraphMode::kGraph;
+}
+
+TextGenerator::~TextGenerator() = default;
+
+void TextGenerator::set_decode_graph_mode(DecodeGraphMode mode) {
+  mode_ = mode;
+  decode_ = std::make_unique<DecodeState>();
+}
 
 std::vector<std::vector<int64_t>> pad_prompts(const std::vector<std::vector<int64_t>>& prompts,
                                               int64_t tokens_to_generate, int64_t pad_id,
@@ -147,7 +324,18 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   }
 
   const int64_t min_len = *std::min_element(lengths.begin(), lengths.end());
-  transformer::InferenceContext ictx(b, L);
+  // The decode steps in fixed device memory (DecodeGraphMode): one TP rank only (TP > 1 would
+  // put the NCCL reductions and the logits gather into the step).
+  const bool fixed_step = mode_ != DecodeGraphMode::kEager && tp.size() == 1;
+  const bool capture = fixed_step && mode_ == DecodeGraphMode::kGraph;
+  if (capture && !decode_->stream && dev.is_cuda()) decode_->stream = ops::compute_stream_create();
+  StreamScope stream_scope(capture ? decode_->stream : nullptr);  // the whole call on the capturable stream
+  DecodeStep* step = fixed_step ? &decode_->step_for(b, L, model_.padded_vocab_size(), dev) : nullptr;
+  std::unique_ptr<transformer::InferenceContext> own_ctx;
+  if (!step) own_ctx = std::make_unique<transformer::InferenceContext>(b, L);
+  transformer::InferenceContext& ictx = step ? *step->ctx : *own_ctx;
+  ictx.set_device_positions(nullptr);
+  ictx.reset();
   std::vector<std::vector<float>> log_probs;
   if (gp.return_output_log_probs) log_probs.assign(static_cast<size_t>(b), std::vector<float>(static_cast<size_t>(L - 1)));
   std::vector<int64_t> gen_len(static_cast<size_t>(b), L);
@@ -162,7 +350,11 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   bool profiling_on = false;
   for (; ctx < L; ++ctx) {
     if (prof && ctx == min_len + 2) profiling_on = prof->start(2);
-    Tensor logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
+    Tensor logits;  // [s, b, V/TP] of the per-op path (the prefill, kEager)
+    // A decode step in the fixed buffers (replayed as a graph once captured), else per op.
+    const bool fixed = step && prev > 0 && !step->unsupported &&
+                       decode_->run(*step, model_, out.tokens, prev, device_greedy, capture, graph_replays_);
+    if (!fixed) logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
     ictx.sequence_len_offset += ctx - prev;
     std::vector<int64_t> sample;
     std::vector<float> last;  // host logits [b, V] (not filled by the device greedy path)
@@ -170,9 +362,9 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
     if (device_greedy) {
       // argmax on the device: b token ids come back instead of b x V float logits (the one host
       // round trip of a greedy step, docs/inference.md#performance).
-      const int64_t vl = logits.size(2);
-      Tensor idx = Tensor::empty({b}, DType::kInt64, dev);
-      ops::argmax_last_dim(logits.narrow0(logits.size(0) - 1, 1).view({b, vl}), idx);
+      const int64_t vl = fixed ? step->logits.size(1) : logits.size(2);
+      Tensor idx = fixed ? step->next_ids : Tensor::empty({b}, DType::kInt64, dev);
+      if (!fixed) ops::argmax_last_dim(logits.narrow0(logits.size(0) - 1, 1).view({b, vl}), idx);
       Tensor h = idx.to(Device::cpu());
       sample.assign(h.data<int64_t>(), h.data<int64_t>() + b);
       for (int64_t i = 0; i < b; ++i) {
@@ -180,7 +372,7 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
         (void)rng_.uniform();  // one draw per row, as sample_row's callers (sampling.h)
       }
     } else {
-      last = gather_last_logits(logits, tp);
+      last = fixed ? step->logits.to_float_vector() : gather_last_logits(logits, tp);
       V = static_cast<int64_t>(last.size()) / b;
       if (gp.prevent_newline_after_colon && gp.colon_id >= 0 && gp.newline_id >= 0 && gp.newline_id < V)
         for (int64_t i = 0; i < b; ++i)

@@ -28,6 +28,21 @@ class GPTModel;
 
 namespace megatron::inference {
 
+/// How the decode steps (one token per sequence) of generate() run (docs/inference.md "CUDA graph
+/// of the decode step"). Every mode gives the same tokens and logits, bit for bit.
+enum class DecodeGraphMode {
+  /// Every op launched from the host per step, the token ids and positions uploaded per op call
+  /// (the CPU, TP > 1, MEGATRON_DECODE_CUDA_GRAPH=0).
+  kEager,
+  /// The graph's step launched eagerly: inputs, positions and outputs in fixed device buffers,
+  /// the cache position read from device memory (ops::kv_cache_write, AttentionParams::kv_len);
+  /// no capture. What kGraph falls back to when a capture fails; the CPU tests run it.
+  kDeviceInputs,
+  /// kDeviceInputs captured once per batch size (and cache capacity) as a CUDA graph on a
+  /// private compute stream and replayed every step (CUDA, one TP rank; the default there).
+  kGraph,
+};
+
 /// Megatron's generate() arguments (api.py / generation.py names).
 struct GenerationParams {
   int64_t tokens_to_generate = 0;        // 0: score the prompts (log-probs only)
@@ -64,7 +79,18 @@ class TextGenerator {
   /// `model`: the whole model on this rank (no pipeline split), built without sequence
   /// parallelism. tp_group: the model's TP group (nullptr = single rank). seed: the RNG's start
   /// seed (pretrain's --seed).
+  /// The decode mode is kGraph for a model on a CUDA device unless the environment variable
+  /// MEGATRON_DECODE_CUDA_GRAPH is 0 (then and on the CPU kEager); TP > 1 always runs kEager.
   TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm::ProcessGroup> tp_group, uint64_t seed);
+  ~TextGenerator();
+
+  /// Overrides the decode mode (tests: kDeviceInputs on the CPU; kGraph needs a CUDA model, else
+  /// its capture fails once with a one-line note and the steps run as kDeviceInputs). Drops the
+  /// captured graphs and their KV caches.
+  void set_decode_graph_mode(DecodeGraphMode mode);
+  DecodeGraphMode decode_graph_mode() const { return mode_; }
+  /// Decode steps of this generator so far that replayed a captured graph (tests, benchmarks).
+  int64_t graph_replays() const { return graph_replays_; }
 
   /// Generates (tokens_to_generate > 0) or scores (0) a batch. tokens [b][L] right-padded rows of one
   /// length L (pad_prompts), lengths [b] the prompt lengths (1 <= length <= L). Collective over the
@@ -86,6 +112,10 @@ class TextGenerator {
   std::shared_ptr<comm::ProcessGroup> tp_;
   SamplingRng rng_;
   int64_t calls_ = 0;  // generate() calls so far (MEGATRON_GENERATE_PROFILE)
+  DecodeGraphMode mode_ = DecodeGraphMode::kEager;
+  struct DecodeState;  // text_generation.cpp: the private stream and the per-batch-size steps
+  std::unique_ptr<DecodeState> decode_;
+  int64_t graph_replays_ = 0;
 };
 
 /// Megatron's _tokenize_prompts_and_batch padding: every row extended with `pad_id` to

@@ -24,6 +24,7 @@ uint64_t profiler_range_start(const char* name) { return nvtxRangeStartA(name); 
 void profiler_range_end(uint64_t handle) {
   if (handle) nvtxRangeEnd(handle);
 }
+// compute_stream_* and graph_*: defined in ops/cuda/step_graph.cpp.
 #else
 bool cuda_available() { return false; }
 unsigned long long host_sync_count() { return 0; }
@@ -33,6 +34,15 @@ int64_t device_free_bytes() {
 }
 uint64_t profiler_range_start(const char*) { return 0; }
 void profiler_range_end(uint64_t) {}
+void* compute_stream_create() { return nullptr; }
+void compute_stream_destroy(void*) {}
+void* compute_stream_exchange(void*) { return nullptr; }
+void* graph_capture(const std::function<void()>&, std::string* error) {
+  if (error) *error = "this build has no CUDA backend";
+  return nullptr;
+}
+void graph_launch(void*) { MEGATRON_CHECK(false) << "ops::graph_launch: this build has no CUDA backend"; }
+void graph_destroy(void*) {}
 #endif
 
 }  // namespace megatron::ops

@@ -5,6 +5,8 @@
 // backend each answers "no device" (documented per function).
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace megatron::ops {
 
@@ -27,5 +29,32 @@ int64_t device_free_bytes();
 uint64_t profiler_range_start(const char* name);
 /// Closes a range opened by profiler_range_start (0 is ignored).
 void profiler_range_end(uint64_t handle);
+
+// ---- CUDA graphs of a step (text generation's decode step, docs/inference.md "CUDA graph of
+// the decode step"). Handles are opaque (cudaStream_t / cudaGraphExec_t in CUDA builds).
+
+/// A new CUDA stream that synchronizes with the legacy default stream (cudaStreamCreate), to be
+/// the compute stream of a captured step (the legacy stream cannot be captured). nullptr without
+/// the CUDA backend.
+void* compute_stream_create();
+/// Destroys a stream of compute_stream_create (its queued work still completes); nullptr ignored.
+void compute_stream_destroy(void* stream);
+/// Makes `stream` (nullptr: the legacy default stream) the calling thread's compute stream and
+/// returns the previous one. No-op returning nullptr without the CUDA backend.
+void* compute_stream_exchange(void* stream);
+
+/// Captures the work `fn` issues on the calling thread's compute stream (which must not be the
+/// legacy stream) into a CUDA graph (cudaStreamCaptureModeThreadLocal: this thread's unsafe calls,
+/// e.g. a synchronization, fail the capture) and instantiates it. Nothing runs during the
+/// capture. Returns the executable graph, or nullptr with `error` set to one line (fn's
+/// exception, cudaStreamEndCapture's or cudaGraphInstantiate's error, or "no CUDA backend"):
+/// then nothing is kept and the stream is usable again. fn must free inside the capture what
+/// it allocates inside it (stream-ordered allocations become graph memory nodes).
+void* graph_capture(const std::function<void()>& fn, std::string* error);
+/// Launches a graph of graph_capture on the calling thread's compute stream (InternalError on a
+/// CUDA error or without the CUDA backend).
+void graph_launch(void* graph);
+/// Frees a graph of graph_capture (nullptr ignored).
+void graph_destroy(void* graph);
 
 }  // namespace megatron::ops

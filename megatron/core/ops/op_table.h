@@ -484,3 +484,17 @@ MEGATRON_OP(void, grouped_linear_backward,
 /// row). CPU reference: j ascending per row; CUDA: one block per row, fp64 tree sum (same
 /// products, another order: differences ~1e-16 relative).
 MEGATRON_OP(void, row_dot_f64, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out), a)
+
+// ------------------------------------------------------------------------------------------
+// Text generation's decode step with its position in device memory (the step as a CUDA graph,
+// megatron/core/inference/text_generation.h, docs/inference.md "CUDA graph of the decode step")
+// ------------------------------------------------------------------------------------------
+
+/// This token's keys and values into the KV caches at a position read from memory:
+/// k_cache[pos] = k[0], v_cache[pos] = v[0] with pos = offset[0] (int64, on the caches' device);
+/// k, v [1, b, ng, d], caches [S, b, ng, d], one dtype (any). Nothing is written when pos is outside
+/// [0, S) (the caller checks the position on the host before uploading it). No host
+/// synchronization, no allocation (capturable in a CUDA graph).
+MEGATRON_OP(void, kv_cache_write,
+            (const Tensor& k, const Tensor& v, const Tensor& offset, Tensor& k_cache, Tensor& v_cache),
+            (k, v, offset, k_cache, v_cache), k)

@@ -56,6 +56,11 @@ struct AttentionParams {
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  /// Optional key count in memory of k's device (int64, element 0; text generation's decode step
+  /// as a CUDA graph, docs/inference.md): only keys [0, *kv_len) of k/v [sk_max, b, ng, d] take
+  /// part, 1 <= *kv_len <= sk_max. Only for s == 1, no mask, not causal, no dropout; the CUDA
+  /// backend takes it in its decode kernel only (other calls: InternalError).
+  const Tensor* kv_len = nullptr;
 };
 
 struct AdamParams {

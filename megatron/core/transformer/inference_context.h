@@ -49,11 +49,24 @@ class InferenceContext {
   /// skips its copies (it recognizes the views). Same errors as update_kv_cache.
   void kv_slots(const void* layer, const Shape& shape, DType dtype, Device device, Tensor& k_slot, Tensor& v_slot);
 
+  /// The decode step with its position in memory (text generation's CUDA graph,
+  /// docs/inference.md "CUDA graph of the decode step"). `positions`: int64 [2] = {offset,
+  /// offset + 1} on the caches' device, kept alive by the caller; nullptr returns to
+  /// sequence_len_offset. While set, a forward must have s == 1 and find its layers' caches
+  /// allocated (by a prefill; InternalError otherwise): kv_slots gives fresh [1, b, ng, d]
+  /// tensors, update_kv_cache writes them at row positions[0] (ops::kv_cache_write) and leaves k, v
+  /// as the whole caches with p.kv_len = positions[1] keys, not causal. No shape, pointer or
+  /// launch argument then depends on the position, so one captured step replays at every
+  /// position; sequence_len_offset is only checked against max_sequence_length.
+  void set_device_positions(const Tensor* positions);
+  bool device_positions() const { return dev_offset_.defined(); }
+
  private:
   /// The caches of `layer`, allocated for keys of `shape` [s, b, ng, d] (checks as above).
   std::pair<Tensor, Tensor>& caches(const void* layer, const Shape& shape, DType dtype, Device device);
 
   int64_t max_batch_size_, max_sequence_length_;
+  Tensor dev_offset_, dev_count_;  // set_device_positions' elements 0 and 1 (views)
   /// Megatron's key_value_memory_dict: per layer (keyed by the attention module) the key and
   /// value caches [max_sequence_length, b, ng, d].
   std::map<const void*, std::pair<Tensor, Tensor>> key_value_memory_dict_;

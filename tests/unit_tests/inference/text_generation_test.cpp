@@ -327,5 +327,47 @@ TEST_P(Flavours, GreedyMatchesTransformers) {
   }
 }
 
+// The decode step in fixed device buffers (DecodeGraphMode::kDeviceInputs: the step a CUDA graph
+// captures, run op by op; the cache position read from memory by kv_cache_write and the
+// attention's kv_len) gives the per-op path's tokens, lengths and log-probs bit for bit: the same
+// ops on the same rows (the attention over the first offset + 1 cache rows either way). Greedy
+// (device argmax), greedy with log-probs (the host-logits path) and seeded top-k / top-p
+// sampling; batch 1 and a batch of different prompt lengths; a second call of a shorter length
+// (reusing the kept step) and a longer one (replacing it).
+TEST_P(Flavours, FixedAddressDecodeStepEqualsPerOpPath) {
+  auto model = tiny_model(GetParam());
+  TextGenerator eager(*model, nullptr, 11), fixed(*model, nullptr, 11);
+  ASSERT_EQ(eager.decode_graph_mode(), inference::DecodeGraphMode::kEager);  // the CPU default
+  fixed.set_decode_graph_mode(inference::DecodeGraphMode::kDeviceInputs);
+  GenerationParams sampled = greedy(10, true);
+  sampled.top_k = 20;
+  sampled.top_p = 0.0;
+  sampled.temperature = 1.3;
+  GenerationParams nucleus = greedy(10, true);
+  nucleus.top_k = 0;
+  nucleus.top_p = 0.9;
+  const std::vector<std::pair<std::vector<int>, GenerationParams>> cases = {
+      {{5}, greedy(10, false)},        {{3, 9, 6, 4}, greedy(10, false)}, {{3, 9, 6, 4}, greedy(10, true)},
+      {{7}, sampled},                  {{2, 8}, nucleus},                 {{3, 9, 6, 4}, greedy(4, false)},
+      {{3, 9, 6, 4}, greedy(30, false)}};
+  uint32_t seed = 21;
+  for (const auto& [lens, gp] : cases) {
+    auto prompts = random_prompts(lens, seed++);
+    std::vector<int64_t> lengths;
+    auto rows = inference::pad_prompts(prompts, gp.tokens_to_generate, 255, &lengths);
+    auto a = eager.generate(rows, lengths, gp);
+    auto f = fixed.generate(rows, lengths, gp);
+    const std::string what = "batch " + std::to_string(lens.size()) + ", " + std::to_string(gp.tokens_to_generate) +
+                             " tokens, top_k " + std::to_string(gp.top_k);
+    EXPECT_EQ(a.tokens, f.tokens) << what;
+    EXPECT_EQ(a.lengths, f.lengths) << what;
+    ASSERT_EQ(a.log_probs.size(), f.log_probs.size()) << what;
+    for (size_t i = 0; i < a.log_probs.size(); ++i)
+      for (size_t j = 0; j < a.log_probs[i].size(); ++j)
+        EXPECT_EQ(a.log_probs[i][j], f.log_probs[i][j]) << what << ": row " << i << " position " << j;
+  }
+  EXPECT_EQ(fixed.graph_replays(), 0);  // no capture on the CPU
+}
+
 }  // namespace
 }  // namespace megatron

@@ -386,18 +386,31 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, transformer::InferenceCont
   if (learned && offset + s > max_sequence_length_)
     user_error("GPTModel.forward: positions up to ", offset + s, " exceed --max-position-embeddings ",
                max_sequence_length_);
+  std::vector<int64_t> pos(static_cast<size_t>(s * b));
+  for (int64_t i = 0; i < s * b; ++i) pos[i] = offset + i / b;
+  Tensor position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
+  return forward_logits_device(to_seq_first(tokens, device_), position_ids, inference_context);
+}
+
+Tensor GPTModel::forward_logits_device(const Tensor& ids_sb, const Tensor& position_ids_sb,
+                                       transformer::InferenceContext* inference_context) {
+  MEGATRON_CHECK(parallel_.pre_process && parallel_.post_process && ids_sb.dim() == 2 &&
+                 position_ids_sb.shape() == ids_sb.shape() && ids_sb.device() == device_ &&
+                 position_ids_sb.device() == device_)
+      << "forward_logits_device needs the whole model on one stage and ids / positions [s, b] on " << device_.str()
+      << ", got " << ids_sb.str() << " and " << position_ids_sb.str();
+  MEGATRON_CHECK(!parallel_.cp_group || parallel_.cp_group->size() == 1) << "forward_logits: no context parallelism";
+  const bool learned = config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
   if (fp8_state_) fp8_state_->set_recording(false);
   transformer::ForwardContext fc;
   fc.training = false;
   fc.inference_context = inference_context;
-  std::vector<int64_t> pos(static_cast<size_t>(s * b));
-  for (int64_t i = 0; i < s * b; ++i) pos[i] = offset + i / b;
-  Tensor position_ids = Tensor::from_vector_i64(pos, {s, b}).to(device_);
-  if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope) fc.rotary_position_ids = position_ids;
+  if (config_.position_embedding_type == transformer::PositionEmbeddingType::kRope)
+    fc.rotary_position_ids = position_ids_sb;
   common::EmbeddingCtx ectx;
   transformer::TransformerBlockCtx dctx;
   tensor_parallel::LinearCtx octx;
-  Tensor h = embedding_->forward(to_seq_first(tokens, device_), learned ? position_ids : Tensor(), fc, ectx);
+  Tensor h = embedding_->forward(ids_sb, learned ? position_ids_sb : Tensor(), fc, ectx);
   h = decoder_->forward(h, fc, dctx);
   return output_layer_->forward(h, octx);
 }

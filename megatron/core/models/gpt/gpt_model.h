@@ -144,6 +144,14 @@ class GPTModel {
   /// split) and no context parallelism (InternalError otherwise); UserError for a token id outside
   /// the vocabulary (CPU tokens) or positions beyond --max-position-embeddings (learned positions).
   Tensor forward_logits(const Tensor& tokens, transformer::InferenceContext* inference_context = nullptr);
+  /// forward_logits on inputs already in this model's device memory (text generation's decode
+  /// step as a CUDA graph, docs/inference.md "CUDA graph of the decode step"): ids_sb,
+  /// position_ids_sb int64 [s, b] (sequence-first) on device(); the caller checks their range
+  /// (nothing here reads them on the host). No host synchronization, no host-to-device copy, so
+  /// the call can be captured. Returns logits [s, b, V/TP]. Throws InternalError for other shapes
+  /// or devices.
+  Tensor forward_logits_device(const Tensor& ids_sb, const Tensor& position_ids_sb,
+                               transformer::InferenceContext* inference_context);
   /// Backward of the last forward. With post_process: dloss float32 [b, s] = dL/dloss;
   /// otherwise dL/d(output hidden states) [s, b, h]. ACCUMULATES into main_grad. With MTP the
   /// MTP losses' gradient is added: module k's per-token loss is seeded with rolled_mask ·
@@ -198,6 +206,12 @@ class GPTModel {
   /// expert-bias updates at the optimizer step and the expert_bias checkpoint buffers.
   std::vector<transformer::moe::TopKRouter*> moe_routers() const;
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
+  /// --max-position-embeddings (the limit of learned absolute positions).
+  int64_t max_sequence_length() const { return max_sequence_length_; }
+  /// True for learned absolute position embeddings (positions must stay below max_sequence_length()).
+  bool learned_positions() const {
+    return config_.position_embedding_type == transformer::PositionEmbeddingType::kLearnedAbsolute;
+  }
   Device device() const { return device_; }
   /// Parameter by Megatron name; throws UserError if absent.
   Parameter& parameter(const std::string& name);

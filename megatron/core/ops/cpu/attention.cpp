@@ -126,6 +126,17 @@ void dropout_factors(const AttentionParams& p, const Dims& dm, int64_t bi, int64
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out,
                        Tensor& lse) {
+  if (p.kv_len) {  // keys [0, *kv_len) of the caches (ops.h): the same call on those rows
+    MEGATRON_CHECK(p.kv_len->is_cpu() && p.kv_len->dtype() == DType::kInt64 && p.kv_len->numel() >= 1 &&
+                   q.dim() == 4 && q.size(0) == 1 && !p.attention_mask && !p.causal && p.dropout_p == 0.0f)
+        << "attention_forward: kv_len " << p.kv_len->str() << " needs s == 1, no mask, not causal, no dropout; q "
+        << q.str();
+    const int64_t n = p.kv_len->data<int64_t>()[0];
+    MEGATRON_CHECK(n >= 1 && n <= k.size(0)) << "attention_forward: kv_len " << n << " outside [1, " << k.size(0) << "]";
+    AttentionParams rows = p;
+    rows.kv_len = nullptr;
+    return cpu::attention_forward(q, k.narrow0(0, n), v.narrow0(0, n), rows, out, lse);
+  }
   const Dims dm = check_dims(q, k, v, p);
   MEGATRON_CHECK(out.numel() == q.numel() && lse.numel() == dm.b * dm.np * dm.s && lse.dtype() == DType::kFloat32)
       << "attention_forward out " << out.str() << " lse " << lse.str();
@@ -217,6 +228,21 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   fdq.commit();
   fdk.commit();
   fdv.commit();
+}
+
+void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& offset, Tensor& k_cache, Tensor& v_cache) {
+  MEGATRON_CHECK(k.dim() == 4 && k.size(0) == 1 && v.shape() == k.shape() && k_cache.dim() == 4 &&
+                 v_cache.shape() == k_cache.shape() && k_cache.size(1) == k.size(1) && k_cache.size(2) == k.size(2) &&
+                 k_cache.size(3) == k.size(3) && k.dtype() == v.dtype() && k_cache.dtype() == k.dtype() &&
+                 v_cache.dtype() == k.dtype() && offset.is_cpu() && offset.dtype() == DType::kInt64 &&
+                 offset.numel() >= 1)
+      << "kv_cache_write: k " << k.str() << " v " << v.str() << " caches " << k_cache.str() << " offset "
+      << offset.str();
+  const int64_t pos = offset.data<int64_t>()[0];
+  if (pos < 0 || pos >= k_cache.size(0)) return;
+  Tensor ks = k_cache.narrow0(pos, 1), vs = v_cache.narrow0(pos, 1);
+  ks.copy_(k);
+  vs.copy_(v);
 }
 
 }  // namespace megatron::ops::cpu

@@ -812,6 +812,13 @@ bool use_v2(const FaArgs& a, const Tensor& lse) {
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out,
                        Tensor& lse) {
   check_shapes("attention_forward", q, k, v, p);
+  if (p.kv_len) {  // a key count in device memory (the decode step as a CUDA graph): the decode kernel only
+    MEGATRON_CHECK(decode_attention::forward(q, k, v, p, out, lse))
+        << "attention_forward: a device key count (AttentionParams::kv_len) needs the decode kernel's call "
+           "(bfloat16, s 1, head dim 64/128, <= 8 heads per group, 16-byte aligned): q "
+        << q.str() << " k " << k.str();
+    return;
+  }
   const Backend be = attention_backend();
   if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out}, p)) {
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "

@@ -16,6 +16,12 @@ namespace megatron::ops::cuda::decode_attention {
 /// online softmax in fp32, and a second kernel merges the chunks by their log-sum-exp (skipped when
 /// one chunk suffices). Returns false, writing nothing, for any other call (s != 1, a mask, causal
 /// with sk > 1, dropout, dtype, head dim, alignment): the caller runs its general kernels.
+/// With p.kv_len (int64 in device memory, the decode step as a CUDA graph) k, v are whole caches
+/// [capacity, b, ng, d] of which the first *kv_len rows take part: the grid is sized for the
+/// capacity and the kernels derive the chunking from the count as a host call with those rows
+/// would (same bits); no launch argument depends on the count, so a captured call replays at
+/// any count in [1, capacity]. Returns false for a kv_len that is not an int64 CUDA tensor on k's
+/// device, or with p.causal.
 /// Runs on megatron::cuda::current_stream().
 bool forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, Tensor& out, Tensor& lse);
 

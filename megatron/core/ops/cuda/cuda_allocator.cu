@@ -35,6 +35,13 @@ class CudaAllocator final : public Allocator {
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     if (!bytes) return;
     cudaStream_t st = current_stream();
+    if (st && (dd.is_cpu() || sd.is_cpu())) {
+      // A host copy inside a CUDA graph capture would replay stale staging memory (or
+      // synchronize): fail the capture instead (ops/device.h graph_capture reports it).
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      MEGATRON_CHECK(cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs == cudaStreamCaptureStatusNone)
+          << "a host<->device copy of " << bytes << " bytes inside a CUDA graph capture";
+    }
     if (dd.is_cuda() && sd.is_cpu() && bytes <= kMaxStaged) {
       int cur = -1;
       CUDA_CHECK(cudaGetDevice(&cur));
