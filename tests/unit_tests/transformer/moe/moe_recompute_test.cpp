@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "megatron/core/models/gpt/gpt_model.h"
-#include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/moe/router.h"
 #include "test_utils/tiny_model.h"
@@ -51,22 +50,6 @@ TransformerConfig moe_config(bool jitter, int64_t mtp) {
   return c;
 }
 
-datasets::GPTBatch make_batch(uint64_t seed) {
-  std::vector<int64_t> tok(kB * kS), lab(kB * kS), pos(kB * kS);
-  for (int64_t i = 0; i < kB * kS; ++i) {
-    tok[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i) % kV);
-    lab[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i + 1) % kV);
-    pos[i] = i % kS;
-  }
-  datasets::GPTBatch b;
-  b.tokens = Tensor::from_vector_i64(tok, {kB, kS});
-  b.labels = Tensor::from_vector_i64(lab, {kB, kS});
-  b.position_ids = Tensor::from_vector_i64(pos, {kB, kS});
-  b.loss_mask = Tensor::zeros({kB, kS}, DType::kFloat32);
-  b.loss_mask.fill_(1.0f);
-  return b;
-}
-
 /// What one training step (two micro-batches, forward + backward each) leaves behind.
 struct StepResult {
   std::vector<float> losses;                           // per-token losses of both micro-batches
@@ -83,7 +66,7 @@ StepResult step(const TransformerConfig& c) {
   m.zero_grad();
   StepResult r;
   for (int64_t mb = 0; mb < kMicroBatches; ++mb) {
-    Tensor loss = m.forward(make_batch(100 + 7 * mb), true);
+    Tensor loss = m.forward(testing::random_gpt_batch(kB, kS, kV, 100 + 7 * mb), true);
     const auto l = loss.to_float_vector();
     r.losses.insert(r.losses.end(), l.begin(), l.end());
     Tensor seed = Tensor::zeros(loss.shape(), DType::kFloat32);
