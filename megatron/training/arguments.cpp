@@ -1203,7 +1203,7 @@ void validate_args(Arguments& a) {
     if (std::find(kRecomputeModules.begin(), kRecomputeModules.end(), m) == kRecomputeModules.end())
       fail("Invalid choices for recompute_modules: " + m + " (--recompute-modules; allowed: " +
            py_list(kRecomputeModules) + ")");
-  if (a.recompute_granularity == "selective") {
+  if (a.recompute_granularity == "selective" || a.moe_layer_recompute) {  // the latter: selective (below)
     for (const auto& m : a.recompute_modules) {
       if (m == "moe_act" && !a.moe_grouped_gemm)
         fail("moe_act in recompute_modules is only supported with moe_grouped_gemm (--recompute-modules moe_act "

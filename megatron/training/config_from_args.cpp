@@ -84,6 +84,7 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
   // recomputation of the MoE layer (the arguments keep their values).
   if (a.moe_layer_recompute) {
     c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
+    c.recompute_modules = a.recompute_modules;
     if (std::find(c.recompute_modules.begin(), c.recompute_modules.end(), "moe") == c.recompute_modules.end())
       c.recompute_modules.push_back("moe");
   }

@@ -71,6 +71,7 @@ bad 'recompute-modules mlp is not implemented' --recompute-granularity selective
 bad 'recompute-modules shared_experts is not implemented' --recompute-granularity selective \
   --recompute-modules shared_experts
 bad 'Do not set --moe-layer-recompute with full recompute granularity' --moe-layer-recompute "${UNIFORM1[@]}"
+bad 'recompute-modules mlp is not implemented' --moe-layer-recompute --recompute-modules mlp  # = selective
 echo "PASS argument checks"
 
 # ---- under mpirun -----------------------------------------------------------------------------
