@@ -1,4 +1,5 @@
-// convert_checkpoint: Hugging Face LLaMA / GPT-2 checkpoints <-> our distributed checkpoints
+// convert_checkpoint: Hugging Face LLaMA / GPT-2 / Mixtral / Qwen3-MoE checkpoints <-> our
+// distributed checkpoints
 // (the role of Megatron-LM's tools/checkpoint/convert.py with the llama_mistral / mcore plugins).
 //
 //   convert_checkpoint --loader hf --saver mcore --load-dir HF_DIR --save-dir CKPT_DIR
@@ -13,7 +14,9 @@
 //       size). Without --hf-config the model settings come from the checkpoint's args; with it,
 //       config.json must agree with the args the checkpoint was trained with (activation, sizes,
 //       norm, ...). An architecture the HF model cannot represent (e.g. --qk-layernorm, squared
-//       ReLU in LLaMA) is refused; squared ReLU in GPT-2 exports as activation_function "relu2".
+//       ReLU in LLaMA, a shared expert) is refused; squared ReLU in GPT-2 exports as
+//       activation_function "relu2"; an MoE checkpoint exports as Mixtral (Qwen3-MoE with
+//       --qk-layernorm) unless its args name the HF model type (docs/models.md).
 //   convert_checkpoint --loader torch_dist --saver hf ...   the same from a Megatron-LM
 //       `--ckpt-format torch_dist` checkpoint (--loader mcore detects that format too). To turn
 //       one into our own layout, pretrain_gpt --load reads it directly.
@@ -82,8 +85,18 @@ int hf_to_mcore(const Args& a) {
   hf::HFWeights w(a.load_dir);
   auto tensors = hf::hf_to_megatron(w, spec, padded);
   dc::ShardedStateDict sd;
+  const std::string experts = ".mlp.experts.local_experts.";
   for (const auto& [name, t] : tensors) {
-    auto v = tr::model_sharded_tensors(name, t, {}, spec.num_layers, {});
+    // Keys as pretrain_gpt writes them: a --moe-layer-freq list keys every layer on its own
+    // (Megatron's non_homogeneous_layers); a routed expert's weight goes to its layer's
+    // "...mlp.experts.experts.linear_fc{1,2}.weight" [E, rows, cols] at its expert index.
+    tr::ParamSharding sh;
+    sh.stack_layers = spec.moe_layer_pattern.empty();
+    if (const size_t at = name.find(experts); at != std::string::npos) {
+      sh.expert_index = std::stoll(name.substr(at + experts.size()));
+      sh.num_experts = spec.num_moe_experts;
+    }
+    auto v = tr::model_sharded_tensors(name, t, sh, spec.num_layers, {});
     sd.tensors.insert(sd.tensors.end(), v.begin(), v.end());
   }
   sd.common = {{"args", hf::spec_to_args(spec, padded, a.divisible_by)}, {"checkpoint_version", 3.0}, {"iteration", 0}};
@@ -145,10 +158,11 @@ int mcore_to_hf(const Args& a) {
   std::map<std::string, Tensor> params;
   for (const auto& t : sd.tensors) {
     const std::string pre = "decoder.layers.";
-    // Mixture-of-experts layers (routers, experts) have no place in the HF LLaMA / GPT-2 layout.
-    if (t.key.find(".mlp.router.") != std::string::npos || t.key.find(".mlp.experts.") != std::string::npos)
+    // Mixture-of-experts layers (routers, experts) have no place in the HF LLaMA / GPT-2 layout
+    // (check_hf_export refuses MoE args; this catches checkpoints whose args do not say).
+    if (!spec.is_moe() && (t.key.find(".mlp.router.") != std::string::npos || t.key.find(".mlp.experts.") != std::string::npos))
       user_error(dir, ": '", t.key, "' belongs to a mixture-of-experts layer; the ", spec.model_type,
-                 " Hugging Face layout has no experts (MoE export is not implemented)");
+                 " Hugging Face layout has no experts (export it as mixtral or qwen3_moe)");
     const bool per_layer = t.key.rfind(pre, 0) == 0 && t.key.size() > pre.size() && std::isdigit(static_cast<unsigned char>(t.key[pre.size()]));
     if (per_layer) {  // Megatron's per-layer key (non_homogeneous_layers): already one layer's tensor
       params[t.key] = t.data;
@@ -160,6 +174,21 @@ int mcore_to_hf(const Args& a) {
     } else {
       params[t.key] = t.data;
     }
+  }
+  // A layer's routed experts are one checkpoint tensor [E, rows, cols]: back to the per-expert
+  // parameter names megatron_to_hf reads.
+  for (auto it = params.begin(); it != params.end();) {
+    const size_t at = it->first.find(".mlp.experts.experts.");
+    if (at == std::string::npos || it->first.rfind("decoder.layers.", 0) != 0) {
+      ++it;
+      continue;
+    }
+    const Tensor all = it->second;
+    const std::string head = it->first.substr(0, at) + ".mlp.experts.local_experts.",
+                      tail = it->first.substr(at + std::strlen(".mlp.experts.experts."));
+    Shape es(all.shape().begin() + 1, all.shape().end());
+    for (int64_t e = 0; e < all.size(0); ++e) params[head + std::to_string(e) + "." + tail] = all.narrow0(e, 1).view(es).clone();
+    it = params.erase(it);
   }
   // Multi-token prediction modules (--mtp-num-layers) have no place in the HF LLaMA / GPT-2 layout.
   const auto mtp = std::count_if(params.begin(), params.end(), [](const auto& kv) { return kv.first.rfind("mtp.", 0) == 0; });

@@ -480,6 +480,14 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
     }
   }
   if (torch_dist) {
+    // Every key of this model must be found; a checkpoint tensor this model does not take is
+    // named (Megatron's assume_ok_unexpected; with PP each stage requests only its own tensors).
+    std::vector<std::string> requested;
+    for (const auto& t : sd.tensors) requested.push_back(t.key);
+    if (ranks.pp_size == 1)
+      for (const auto& k : unused_torch_dist_keys(td_plan, requested, want_optim))
+        print0(world, "note: tensor '" + k + "' of " + dir + " is not part of this model: not loaded");
+    check_torch_dist_keys_present(td_plan, requested, dir);
     dc::torch_dist::LoadOptions lo;
     lo.key_map = td_plan.key_map;
     dc::torch_dist::load(sd, dir, lo);

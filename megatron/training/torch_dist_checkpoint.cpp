@@ -1,5 +1,6 @@
 #include "megatron/training/torch_dist_checkpoint.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -126,9 +127,39 @@ TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim) 
       if (!c.empty() && md->tensors.count(c)) return c;
     return k;
   };
+  for (const auto& [k, t] : md->tensors) plan.tensor_keys.push_back(k);
+  std::sort(plan.tensor_keys.begin(), plan.tensor_keys.end());
   plan.key_map = resolve;
   plan.has = [md, resolve](const std::string& k) { return md->tensors.count(resolve(k)) > 0; };
   return plan;
+}
+
+std::vector<std::string> unused_torch_dist_keys(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                                bool with_optim) {
+  std::set<std::string> used;
+  for (const auto& k : requested)
+    if (plan.has(k)) used.insert(plan.key_map(k));
+  std::vector<std::string> unused;
+  for (const auto& k : plan.tensor_keys) {
+    if (used.count(k) || k.rfind(td::kOwnObjectPrefix, 0) == 0 || is_fp8_state(k)) continue;
+    if (!with_optim && k.rfind("optimizer.", 0) == 0) continue;
+    unused.push_back(k);
+  }
+  return unused;
+}
+
+void check_torch_dist_keys_present(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                   const std::string& dir) {
+  std::set<std::string> seen;
+  std::string missing;
+  for (const auto& k : requested) {
+    if (plan.has(k) || !seen.insert(k).second) continue;
+    const std::string ck = plan.key_map(k);
+    missing += (seen.size() > 1 ? ", '" : "'") + k + "'" + (ck != k ? " (looked for as '" + ck + "')" : "");
+  }
+  if (!seen.empty())
+    user_error(dir, "/.metadata: ", seen.size(), " tensor(s) of this model are not in the checkpoint: ", missing,
+               " (a checkpoint of another model, or a key naming megatron.cpp does not know: docs/checkpointing.md)");
 }
 
 namespace {
@@ -184,10 +215,13 @@ namespace {
 // torch.optim.AdamW's state_dict() holds them, without "params" (Megatron restores those
 // locally). "lr" and "weight_decay" are rewritten by Megatron's scheduler from its num_steps on
 // load. `step`: appended to each group (the distributed optimizer's layout) when >= 0.
-td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double step) {
+// `expert`: the groups of MoE models' second optimizer (Megatron's ChainedOptimizer of the dense
+// and the expert-parallel params, optimizer/__init__.py): one group, is_expert_parallel, with
+// weight decay (the routed experts' weights; expert biases are not built here).
+td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double step, bool expert) {
   const double lr = args.value("lr", 0.0), min_lr = args.value("min_lr", 0.0), wd = args.value("weight_decay", 0.0);
   td::PyValue* groups = d.list();
-  for (const double wd_mult : {1.0, 0.0}) {
+  for (const double wd_mult : expert ? std::vector<double>{1.0} : std::vector<double>{1.0, 0.0}) {
     td::PyValue* g = d.dict();
     auto put = [&](const char* k, const td::PyValue* v) { g->dict.emplace_back(d.str(k), v); };
     put("lr", d.real(lr));
@@ -201,7 +235,7 @@ td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double st
     put("differentiable", d.boolean(false));
     put("fused", d.none());
     put("decoupled_weight_decay", d.boolean(true));
-    put("is_expert_parallel", d.boolean(false));
+    put("is_expert_parallel", d.boolean(expert));
     put("default_config", d.boolean(true));
     put("wd_mult", d.real(wd_mult));
     put("lr_mult", d.real(1.0));
@@ -299,32 +333,45 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
         const json& oc = it.value();
         const double step = oc.value("step", 0);
         (*step_value)[0] = static_cast<float>(step);
-        td::PyValue* torch_sd = d.dict();
-        if (distributed_optimizer) {
-          torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, step));
-        } else {
-          torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, -1));
-          td::PyValue* state = d.dict();
-          state->dict.emplace_back(d.str("common_step"), w.tensor(DType::kFloat32, {}, &(*step_value)[0]));
-          torch_sd->dict.emplace_back(d.str("state"), state);
-        }
-        const td::PyValue* mopt = torch_sd;
-        if (distributed_optimizer || half) {
-          td::PyValue* outer = d.dict();
-          outer->dict.emplace_back(d.str("optimizer"), torch_sd);
-          if (oc.contains("grad_scaler") && oc["grad_scaler"].is_object()) {
-            const json& gs = oc["grad_scaler"];
-            td::PyValue* g = d.dict();
-            (*step_value)[1] = static_cast<float>(gs.value("scale", 1.0));  // a 1-element tensor in Megatron
-            g->dict.emplace_back(d.str("scale"), w.tensor(DType::kFloat32, {1}, &(*step_value)[1]));
-            g->dict.emplace_back(d.str("growth_tracker"), d.integer(gs.value("growth_tracker", 0)));
-            g->dict.emplace_back(d.str("hysteresis_tracker"), d.integer(gs.value("hysteresis_tracker", 0)));
-            outer->dict.emplace_back(d.str("grad_scaler"), g);
+        // One optimizer's state_dict(); MoE models have two (ChainedOptimizer.state_dict: dense,
+        // expert-parallel), saved as {0: dense, 1: experts} (its sharded_state_dict's int keys).
+        auto one = [&](bool expert) -> const td::PyValue* {
+          td::PyValue* torch_sd = d.dict();
+          if (distributed_optimizer) {
+            torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, step, expert));
+          } else {
+            torch_sd->dict.emplace_back(d.str("param_groups"), megatron_param_groups(d, args, -1, expert));
+            td::PyValue* state = d.dict();
+            state->dict.emplace_back(d.str("common_step"), w.tensor(DType::kFloat32, {}, &(*step_value)[0]));
+            torch_sd->dict.emplace_back(d.str("state"), state);
           }
-          if (distributed_optimizer) outer->dict.emplace_back(d.str("param_state_sharding_type"), d.str("fully_reshardable"));
-          mopt = outer;
+          const td::PyValue* mopt = torch_sd;
+          if (distributed_optimizer || half) {
+            td::PyValue* outer = d.dict();
+            outer->dict.emplace_back(d.str("optimizer"), torch_sd);
+            if (oc.contains("grad_scaler") && oc["grad_scaler"].is_object()) {
+              const json& gs = oc["grad_scaler"];
+              td::PyValue* g = d.dict();
+              (*step_value)[1] = static_cast<float>(gs.value("scale", 1.0));  // a 1-element tensor in Megatron
+              g->dict.emplace_back(d.str("scale"), w.tensor(DType::kFloat32, {1}, &(*step_value)[1]));
+              g->dict.emplace_back(d.str("growth_tracker"), d.integer(gs.value("growth_tracker", 0)));
+              g->dict.emplace_back(d.str("hysteresis_tracker"), d.integer(gs.value("hysteresis_tracker", 0)));
+              outer->dict.emplace_back(d.str("grad_scaler"), g);
+            }
+            if (distributed_optimizer) outer->dict.emplace_back(d.str("param_state_sharding_type"), d.str("fully_reshardable"));
+            mopt = outer;
+          }
+          return mopt;
+        };
+        const bool moe = args.contains("num_experts") && args["num_experts"].is_number() && args["num_experts"].get<int64_t>() > 0;
+        if (moe) {
+          td::PyValue* chained = d.dict();
+          chained->dict.emplace_back(d.integer(0), one(false));
+          chained->dict.emplace_back(d.integer(1), one(true));
+          root->dict.emplace_back(d.str("optimizer"), chained);
+        } else {
+          root->dict.emplace_back(d.str("optimizer"), one(false));
         }
-        root->dict.emplace_back(d.str("optimizer"), mopt);
       } else if (k == "content_metadata" && !distributed_optimizer && it.value().is_object()) {
         // Megatron records the distributed optimizer's sharding type only when it has one.
         json cm = it.value();

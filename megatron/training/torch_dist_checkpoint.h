@@ -28,6 +28,8 @@ struct TorchDistReadPlan {
   /// True when the checkpoint holds megatron.cpp's FP8 state (amax histories and scales, stored
   /// under "megatron_cpp." + `<linear>._extra_state.fp8.*`; docs/checkpointing.md).
   bool fp8_state = false;
+  /// The checkpoint's tensor keys (its .metadata), sorted.
+  std::vector<std::string> tensor_keys;
 };
 
 /// Reads `dir/.metadata` and checks that every tensor is one we can map: throws UserError naming
@@ -37,6 +39,19 @@ struct TorchDistReadPlan {
 /// `with_optim`: whether optimizer keys will be requested (the DP-layout check applies then).
 /// Our FP8 state tensors are accepted (and mapped back by key_map) whether or not they are loaded.
 TorchDistReadPlan plan_torch_dist_read(const std::string& dir, bool with_optim);
+
+/// The key checks before a torch_dist load; `requested` are the keys of our ShardedTensors (model,
+/// optimizer) this rank loads. unused_torch_dist_keys: the checkpoint's tensors none of
+/// `requested` maps to, which are not loaded (Megatron's default --dist-ckpt-strictness
+/// assume_ok_unexpected); optimizer tensors are left out of it when `with_optim` is false, and so
+/// are megatron.cpp's own tensors (FP8 state, "megatron_cpp." prefix).
+std::vector<std::string> unused_torch_dist_keys(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                                bool with_optim);
+/// Throws UserError with one line listing every requested key the checkpoint lacks (each once,
+/// with the checkpoint key it was looked for under), as Megatron's strict load of a missing key:
+/// `DIR/.metadata: 2 tensor(s) of this model are not in the checkpoint: 'decoder.layers.mlp.router.weight', ...`.
+void check_torch_dist_keys_present(const TorchDistReadPlan& plan, const std::vector<std::string>& requested,
+                                   const std::string& dir);
 
 /// Megatron's common.pt (as JSON) in our common-state layout: "args" (its Namespace attributes),
 /// "iteration", "checkpoint_version", "num_floating_point_operations_so_far",

@@ -26,15 +26,11 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # The oracle's flags (tests/gpu/torch_dist_oracle.sh COMMON), which made the fixtures; the
 # fixtures were saved by a 5-iteration run, so the schedule is the checkpoint's.
-COMMON=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
-        --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --min-lr 1e-3 --lr-decay-style constant
-        --weight-decay 0.01 --clip-grad 1.0 --seed 1234 --init-method-std 0.02
-        --attention-dropout 0 --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size 127
-        --make-vocab-size-divisible-by 64 --log-interval 1 --eval-interval 1000 --eval-iters 0
-        --no-bias-gelu-fusion --ckpt-format torch_dist --data-cache-path "$OUT/cache"
+# shellcheck source=tests/functional_tests/support/torch_dist_oracle_flags.sh
+source "$SRC/tests/functional_tests/support/torch_dist_oracle_flags.sh"
+COMMON=("${TD_MODEL[@]}" --ckpt-format torch_dist --data-cache-path "$OUT/cache"
         --train-iters 10 --use-checkpoint-opt_param-scheduler)
-LLAMA=(--swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear
-       --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2)
+LLAMA=("${TD_LLAMA[@]}")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1
 MPI=(mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS -np 2)

@@ -93,6 +93,68 @@ void read_rope_object(const json& r, const std::string& path, const char* key, H
   s.rope_scaling_factor = factor;
 }
 
+/// The mixture-of-experts keys of a Mixtral / Qwen3-MoE config.json (docs/models.md, "Hugging
+/// Face"). Both route with a softmax over all experts and keep the top k; Mixtral always and
+/// Qwen3-MoE with norm_topk_prob renormalize the k probabilities, which is Megatron's softmax
+/// over the top-k logits (no --moe-router-pre-softmax); Qwen3-MoE without it is
+/// --moe-router-pre-softmax. Qwen3-MoE layer i is an MoE layer iff i is not in mlp_only_layers
+/// and (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer); its other layers are dense
+/// MLPs of intermediate_size. Qwen3's q_norm / k_norm are --qk-layernorm (RMSNorm over the head
+/// dim before RoPE, as Megatron's q_layernorm / k_layernorm).
+void read_moe_config(const Cfg& c, HFModelSpec& s) {
+  const json& j = c.j;
+  const std::string& path = c.path;
+  s.moe_router_topk = c.req_int("num_experts_per_tok");
+  s.moe_aux_loss_coeff = c.opt_num("router_aux_loss_coef", 0.001);
+  if (s.model_type == "mixtral") {
+    s.num_moe_experts = c.req_int("num_local_experts");
+    s.moe_ffn_hidden_size = s.ffn_hidden_size;  // Mixtral's intermediate_size is the experts' size
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null())
+      user_error(path, ": sliding_window ", j["sliding_window"].dump(),
+                 " is not supported (Megatron's attention is full causal; set it to null)");
+    if (c.opt_num("router_jitter_noise", 0.0) != 0.0)
+      user_error(path, ": router_jitter_noise ", j["router_jitter_noise"].dump(),
+                 " is not supported (HF jitters the experts' input too; Megatron's --moe-input-jitter-eps only the "
+                 "router's)");
+  } else {
+    s.num_moe_experts = c.req_int("num_experts");
+    s.moe_ffn_hidden_size = c.req_int("moe_intermediate_size");
+    s.moe_router_pre_softmax = !c.opt_bool("norm_topk_prob", false);
+    s.qk_layernorm = true;
+    if (c.opt_bool("use_sliding_window", false))
+      user_error(path, ": use_sliding_window true is not supported (Megatron's attention is full causal)");
+    if (c.opt_bool("attention_bias", false))
+      user_error(path, ": attention_bias true is not supported for qwen3_moe (Megatron's MoE experts have no bias)");
+    const int64_t step = c.opt_int("decoder_sparse_step", 1);
+    if (step < 1) user_error(path, ": decoder_sparse_step must be >= 1, got ", step);
+    std::set<int64_t> dense;
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      if (!j["mlp_only_layers"].is_array()) user_error(path, ": mlp_only_layers must be a list of layer indices");
+      for (const auto& v : j["mlp_only_layers"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= s.num_layers)
+          user_error(path, ": mlp_only_layers entry ", v.dump(), " is not a layer index in [0, ", s.num_layers, ")");
+        dense.insert(v.get<int64_t>());
+      }
+    }
+    bool all = true, any = false;
+    for (int64_t i = 0; i < s.num_layers; ++i) {
+      const int m = !dense.count(i) && (i + 1) % step == 0 ? 1 : 0;
+      s.moe_layer_pattern.push_back(m);
+      all = all && m;
+      any = any || m;
+    }
+    if (!any)
+      user_error(path, ": decoder_sparse_step / mlp_only_layers make no layer a mixture-of-experts layer (a dense "
+                 "model; Megatron's --moe-layer-freq needs at least one)");
+    if (all) s.moe_layer_pattern.clear();
+  }
+  if (s.moe_router_topk > s.num_moe_experts)
+    user_error(path, ": num_experts_per_tok ", s.moe_router_topk, " exceeds the number of experts ", s.num_moe_experts);
+  if (s.moe_router_topk == 1 && !s.moe_router_pre_softmax)
+    user_error(path, ": num_experts_per_tok 1 with renormalized top-k probabilities (every weight 1) is not supported "
+               "(Megatron refuses top-1 softmax routing without --moe-router-pre-softmax)");
+}
+
 }  // namespace
 
 HFModelSpec read_hf_config(const std::string& path) {
@@ -106,7 +168,12 @@ HFModelSpec read_hf_config(const std::string& path) {
   Cfg c{j, path};
   HFModelSpec s;
   s.model_type = c.opt_str("model_type", "");
-  if (s.model_type == "llama") {
+  if (s.model_type == "qwen2_moe")
+    user_error(path, ": model_type 'qwen2_moe' is not supported: its shared expert (shared_expert_intermediate_size) "
+               "has a sigmoid gate (shared_expert_gate, Megatron's --moe-shared-expert-gate), which megatron.cpp does not "
+               "implement");
+  const bool moe = s.model_type == "mixtral" || s.model_type == "qwen3_moe";
+  if (s.model_type == "llama" || moe) {
     s.hidden_size = c.req_int("hidden_size");
     s.ffn_hidden_size = c.req_int("intermediate_size");
     s.num_layers = c.req_int("num_hidden_layers");
@@ -131,11 +198,12 @@ HFModelSpec read_hf_config(const std::string& path) {
     }
     if (j.contains("rope_scaling")) read_rope_object(j["rope_scaling"], path, "rope_scaling", s);
     std::string act = c.opt_str("hidden_act", "silu");
-    if (act != "silu") user_error(path, ": hidden_act '", act, "' is not supported (LLaMA uses silu for SwiGLU)");
+    if (act != "silu") user_error(path, ": hidden_act '", act, "' is not supported (", s.model_type, " uses silu for SwiGLU)");
     s.swiglu = true;
     s.activation = "silu";
     if (c.opt_int("pretraining_tp", 1) != 1) user_error(path, ": pretraining_tp must be 1");
-    const bool ab = c.opt_bool("attention_bias", false), mb = c.opt_bool("mlp_bias", false);
+    if (moe) read_moe_config(c, s);
+    const bool ab = c.opt_bool("attention_bias", false), mb = c.opt_bool("mlp_bias", moe ? ab : false);
     if (ab != mb)
       user_error(path, ": attention_bias=", ab ? "true" : "false", " with mlp_bias=", mb ? "true" : "false",
                  " is not supported (Megatron's --add-bias-linear covers attention and MLP together)");
@@ -169,7 +237,7 @@ HFModelSpec read_hf_config(const std::string& path) {
     s.add_qkv_bias = true;
     s.untie_embeddings_and_output_weights = !c.opt_bool("tie_word_embeddings", true);
   } else {
-    user_error(path, ": model_type '", s.model_type, "' is not supported (llama or gpt2)");
+    user_error(path, ": model_type '", s.model_type, "' is not supported (llama, gpt2, mixtral or qwen3_moe)");
   }
   return s;
 }
@@ -206,13 +274,30 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
   // Squared ReLU: Megatron fuses only GeLU / SwiGLU with the bias.
   if (activation == "gelu" || activation == "relu2") a.push_back("--no-bias-gelu-fusion");
   if (activation == "relu2") a.push_back("--squared-relu");
+  if (qk_layernorm) a.push_back("--qk-layernorm");
+  if (is_moe()) {
+    a.insert(a.end(), {"--num-experts", std::to_string(num_moe_experts), "--moe-ffn-hidden-size",
+                       std::to_string(moe_ffn_hidden_size), "--moe-router-topk", std::to_string(moe_router_topk),
+                       "--moe-layer-freq", moe_layer_freq(), "--moe-router-load-balancing-type", "aux_loss",
+                       "--moe-aux-loss-coeff", num(moe_aux_loss_coeff)});
+    if (moe_router_pre_softmax) a.push_back("--moe-router-pre-softmax");
+  }
   return a;
 }
 
+std::string HFModelSpec::moe_layer_freq() const {
+  if (moe_layer_pattern.empty()) return "1";
+  std::string f = "[";
+  for (size_t i = 0; i < moe_layer_pattern.size(); ++i) f += (i ? "," : "") + std::to_string(moe_layer_pattern[i]);
+  return f + "]";
+}
+
 json hf_config_json(const HFModelSpec& s) {
-  if (s.model_type == "llama") {
-    return {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+  if (s.model_type == "llama" || s.model_type == "mixtral" || s.model_type == "qwen3_moe") {
+    const char* arch = s.model_type == "llama" ? "LlamaForCausalLM" : s.model_type == "mixtral" ? "MixtralForCausalLM"
+                                                                                                : "Qwen3MoeForCausalLM";
+    json j = {{"architectures", {arch}},
+            {"model_type", s.model_type},
             {"hidden_size", s.hidden_size},
             {"intermediate_size", s.ffn_hidden_size},
             {"num_hidden_layers", s.num_layers},
@@ -234,6 +319,31 @@ json hf_config_json(const HFModelSpec& s) {
             {"attention_bias", s.add_bias_linear},
             {"mlp_bias", s.add_bias_linear},
             {"pretraining_tp", 1}};
+    if (s.model_type == "llama") return j;
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+    j["num_experts_per_tok"] = s.moe_router_topk;
+    j["router_aux_loss_coef"] = s.moe_aux_loss_coeff;
+    j["output_router_logits"] = false;
+    if (s.model_type == "mixtral") {
+      j.erase("attention_bias");
+      j["num_local_experts"] = s.num_moe_experts;
+      j["intermediate_size"] = s.moe_ffn_hidden_size;
+      j["sliding_window"] = nullptr;
+      j["router_jitter_noise"] = 0.0;
+      return j;
+    }
+    j["num_experts"] = s.num_moe_experts;
+    j["moe_intermediate_size"] = s.moe_ffn_hidden_size;
+    j["norm_topk_prob"] = !s.moe_router_pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    json dense = json::array();
+    for (int64_t i = 0; i < s.num_layers; ++i)
+      if (!s.moe_layer(i)) dense.push_back(i);
+    j["mlp_only_layers"] = dense;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    return j;
   }
   MEGATRON_CHECK(s.model_type == "gpt2") << "model_type " << s.model_type;
   return {{"architectures", {"GPT2LMHeadModel"}},
@@ -353,7 +463,7 @@ std::vector<std::pair<std::string, Tensor>> hf_to_megatron(const HFWeights& w, c
   const int64_t h = s.hidden_size, f = s.ffn_hidden_size, nh = s.num_attention_heads, ng = s.num_query_groups,
                 d = s.kv_channels, V = s.vocab_size;
   auto L = [](int64_t i) { return "decoder.layers." + std::to_string(i) + "."; };
-  if (s.model_type == "llama") {
+  if (s.model_type != "gpt2") {
     Tensor emb = t.take("model.embed_tokens.weight", {V, h});
     out.push_back({"embedding.word_embeddings.weight", resize_rows(emb, padded_vocab)});
     for (int64_t i = 0; i < s.num_layers; ++i) {
@@ -369,7 +479,27 @@ std::vector<std::pair<std::string, Tensor>> hf_to_megatron(const HFWeights& w, c
                                        t.take(p + "self_attn.v_proj.bias", {ng * d}), nh, ng)});
       out.push_back({L(i) + "self_attention.linear_proj.weight", t.take(p + "self_attn.o_proj.weight", {h, nh * d})});
       if (s.add_bias_linear) out.push_back({L(i) + "self_attention.linear_proj.bias", t.take(p + "self_attn.o_proj.bias", {h})});
+      if (s.qk_layernorm) {
+        out.push_back({L(i) + "self_attention.q_layernorm.weight", t.take(p + "self_attn.q_norm.weight", {d})});
+        out.push_back({L(i) + "self_attention.k_layernorm.weight", t.take(p + "self_attn.k_norm.weight", {d})});
+      }
       out.push_back({L(i) + "pre_mlp_layernorm.weight", t.take(p + "post_attention_layernorm.weight", {h})});
+      if (s.moe_layer(i)) {
+        // Router [E, h] and the routed experts: HF's (w1 | gate_proj, w3 | up_proj) -> fc1 = [gate; up],
+        // (w2 | down_proj) -> fc2, as the dense SwiGLU MLP.
+        const int64_t E = s.num_moe_experts, fe = s.moe_ffn_hidden_size;
+        const std::string moe = p + (s.model_type == "mixtral" ? "block_sparse_moe." : "mlp.");
+        const bool mx = s.model_type == "mixtral";
+        out.push_back({L(i) + "mlp.router.weight", t.take(moe + "gate.weight", {E, h})});
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string x = moe + "experts." + std::to_string(e) + ".";
+          const std::string m = L(i) + "mlp.experts.local_experts." + std::to_string(e) + ".";
+          out.push_back({m + "linear_fc1.weight", fc1_to_megatron(t.take(x + (mx ? "w1.weight" : "gate_proj.weight"), {fe, h}),
+                                                                  t.take(x + (mx ? "w3.weight" : "up_proj.weight"), {fe, h}))});
+          out.push_back({m + "linear_fc2.weight", t.take(x + (mx ? "w2.weight" : "down_proj.weight"), {h, fe})});
+        }
+        continue;
+      }
       out.push_back({L(i) + "mlp.linear_fc1.weight",
                      fc1_to_megatron(t.take(p + "mlp.gate_proj.weight", {f, h}), t.take(p + "mlp.up_proj.weight", {f, h}))});
       if (s.add_bias_linear)
@@ -433,7 +563,7 @@ std::vector<std::pair<std::string, Tensor>> megatron_to_hf(const std::map<std::s
   std::vector<std::pair<std::string, Tensor>> out;
   const int64_t nh = s.num_attention_heads, ng = s.num_query_groups, V = s.vocab_size;
   auto L = [](int64_t i) { return "decoder.layers." + std::to_string(i) + "."; };
-  if (s.model_type == "llama") {
+  if (s.model_type != "gpt2") {
     out.push_back({"model.embed_tokens.weight", resize_rows(get("embedding.word_embeddings.weight"), V)});
     for (int64_t i = 0; i < s.num_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -450,7 +580,25 @@ std::vector<std::pair<std::string, Tensor>> megatron_to_hf(const std::map<std::s
       }
       out.push_back({p + "self_attn.o_proj.weight", get(L(i) + "self_attention.linear_proj.weight")});
       if (s.add_bias_linear) out.push_back({p + "self_attn.o_proj.bias", get(L(i) + "self_attention.linear_proj.bias")});
+      if (s.qk_layernorm) {
+        out.push_back({p + "self_attn.q_norm.weight", get(L(i) + "self_attention.q_layernorm.weight")});
+        out.push_back({p + "self_attn.k_norm.weight", get(L(i) + "self_attention.k_layernorm.weight")});
+      }
       out.push_back({p + "post_attention_layernorm.weight", get(L(i) + "pre_mlp_layernorm.weight")});
+      if (s.moe_layer(i)) {
+        const bool mx = s.model_type == "mixtral";
+        const std::string moe = p + (mx ? "block_sparse_moe." : "mlp.");
+        out.push_back({moe + "gate.weight", get(L(i) + "mlp.router.weight")});
+        for (int64_t e = 0; e < s.num_moe_experts; ++e) {
+          const std::string x = moe + "experts." + std::to_string(e) + ".";
+          const std::string m = L(i) + "mlp.experts.local_experts." + std::to_string(e) + ".";
+          auto egu = fc1_from_megatron(get(m + "linear_fc1.weight"));
+          out.push_back({x + (mx ? "w1.weight" : "gate_proj.weight"), egu[0]});
+          out.push_back({x + (mx ? "w2.weight" : "down_proj.weight"), get(m + "linear_fc2.weight")});
+          out.push_back({x + (mx ? "w3.weight" : "up_proj.weight"), egu[1]});
+        }
+        continue;
+      }
       auto gu = fc1_from_megatron(get(L(i) + "mlp.linear_fc1.weight"));
       out.push_back({p + "mlp.gate_proj.weight", gu[0]});
       out.push_back({p + "mlp.up_proj.weight", gu[1]});

@@ -1,5 +1,6 @@
 // Hugging Face checkpoints (config.json + model.safetensors, or model-0000k-of-0000n.safetensors
-// with model.safetensors.index.json) for LLaMA and GPT-2: the file layer of convert_checkpoint.
+// with model.safetensors.index.json) for LLaMA, GPT-2 and the mixture-of-experts Mixtral and
+// Qwen3-MoE (docs/models.md, "Hugging Face"): the file layer of convert_checkpoint.
 //
 // Import: read_hf_config() turns config.json into Megatron's model settings (HFModelSpec, field
 // names as TransformerConfig / the flags); HFWeights reads the tensors; hf_to_megatron() maps them
@@ -28,7 +29,7 @@ namespace megatron::hf {
 
 /// Model settings read from config.json, named like Megatron's TransformerConfig / flags.
 struct HFModelSpec {
-  std::string model_type;                 // "llama" | "gpt2"
+  std::string model_type;                 // "llama" | "gpt2" | "mixtral" | "qwen3_moe"
   int64_t num_layers = 0;                 // --num-layers
   int64_t hidden_size = 0;                // --hidden-size
   int64_t ffn_hidden_size = 0;            // --ffn-hidden-size
@@ -48,13 +49,34 @@ struct HFModelSpec {
   bool add_bias_linear = false;           // !--disable-bias-linear
   bool add_qkv_bias = false;              // --add-qkv-bias
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
+  bool qk_layernorm = false;              // --qk-layernorm (Qwen3-MoE's q_norm / k_norm)
+  // Mixture of experts (mixtral, qwen3_moe); num_moe_experts 0 = dense.
+  int64_t num_moe_experts = 0;            // --num-experts (num_local_experts / num_experts)
+  int64_t moe_ffn_hidden_size = 0;        // --moe-ffn-hidden-size (moe_intermediate_size; Mixtral: intermediate_size)
+  int64_t moe_router_topk = 0;            // --moe-router-topk (num_experts_per_tok)
+  std::vector<int> moe_layer_pattern;     // --moe-layer-freq per layer (1 = MoE); empty = every layer
+  bool moe_router_pre_softmax = false;    // --moe-router-pre-softmax (Qwen3-MoE norm_topk_prob = false)
+  double moe_aux_loss_coeff = 0.0;        // --moe-aux-loss-coeff (router_aux_loss_coef)
 
+  bool is_moe() const { return num_moe_experts > 0; }
+  /// Whether decoder layer i (0-based) is an MoE layer.
+  bool moe_layer(int64_t i) const {
+    return is_moe() && (moe_layer_pattern.empty() || moe_layer_pattern.at(static_cast<size_t>(i)) == 1);
+  }
+
+  /// --moe-layer-freq's value: "1" (every layer) or the list "[0,1,1]".
+  std::string moe_layer_freq() const;
   /// The Megatron flags that describe this model (e.g. {"--num-layers", "32", "--swiglu", ...}).
   std::vector<std::string> megatron_args() const;
 };
 
-/// Parses a LLaMA or GPT-2 config.json. Throws UserError "<path>: <key> ..." for a missing key,
-/// an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default or
+/// Parses a LLaMA, GPT-2, Mixtral (MixtralForCausalLM) or Qwen3-MoE (Qwen3MoeForCausalLM)
+/// config.json. MoE: num_local_experts / num_experts, num_experts_per_tok, moe_intermediate_size,
+/// router_aux_loss_coef, norm_topk_prob (false = --moe-router-pre-softmax), decoder_sparse_step
+/// and mlp_only_layers (the --moe-layer-freq pattern). Refused with the key named: Qwen2-MoE
+/// (shared_expert_intermediate_size: its sigmoid shared-expert gate is not implemented), a
+/// sliding window, router_jitter_noise != 0, Qwen3-MoE attention_bias. Also throws UserError
+/// "<path>: <key> ..." for a missing key, an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default or
 /// llama3 (llama3 with low_freq_factor != 1, high_freq_factor != 4 or
 /// original_max_position_embeddings != 8192, which Megatron's flags cannot express),
 /// hidden_act other than silu (LLaMA), attention_bias without mlp_bias, pretraining_tp != 1,
@@ -91,7 +113,8 @@ class HFWeights {
 std::vector<std::pair<std::string, Tensor>> hf_to_megatron(const HFWeights& w, const HFModelSpec& spec,
                                                            int64_t padded_vocab_size = 0);
 
-/// Megatron parameters (names as hf_to_megatron produces) -> HF names and layouts; vocab rows are
+/// Megatron parameters (names as hf_to_megatron produces; routed experts as
+/// "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc{1,2}.weight") -> HF names and layouts; vocab rows are
 /// truncated to spec.vocab_size. UserError naming any missing Megatron tensor.
 std::vector<std::pair<std::string, Tensor>> megatron_to_hf(const std::map<std::string, Tensor>& params,
                                                            const HFModelSpec& spec);

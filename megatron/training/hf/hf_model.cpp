@@ -29,6 +29,18 @@ transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& s) 
   c.rope_scaling = s.use_rope_scaling;
   c.rope_scaling_factor = static_cast<float>(s.rope_scaling_factor);
   c.share_embeddings_and_output_weights = !s.untie_embeddings_and_output_weights;
+  c.qk_layernorm = s.qk_layernorm;
+  if (s.is_moe()) {
+    c.num_moe_experts = s.num_moe_experts;
+    c.moe_ffn_hidden_size = s.moe_ffn_hidden_size;
+    c.moe_router_topk = s.moe_router_topk;
+    c.moe_layer_pattern = s.moe_layer_pattern;
+    // --moe-layer-freq as a list: Megatron's non_homogeneous_layers (per-layer checkpoint keys).
+    c.moe_non_homogeneous_layers = !s.moe_layer_pattern.empty();
+    c.moe_router_pre_softmax = s.moe_router_pre_softmax;
+    c.moe_router_load_balancing_type = {"aux_loss"};
+    c.moe_aux_loss_coeff = {s.moe_aux_loss_coeff};
+  }
   return c;
 }
 
@@ -47,10 +59,13 @@ void load_into_model(models::gpt::GPTModel& model, const std::vector<std::pair<s
       user_error("HF import: '", p.name, "' has shape ", shape_str(full.shape()), ", the model expects ",
                  shape_str(Shape(p.global_shape.begin(), p.global_shape.end())));
     for (auto& piece : training::parameter_sharded_tensors(p, L)) {
-      // piece box: drop the stacked layer axis (size 1) for the copy
-      const bool stacked = piece.global_shape.size() == full.shape().size() + 1;
-      Shape go(piece.global_offset.begin() + (stacked ? 1 : 0), piece.global_offset.end());
-      Shape ls(piece.local_shape.begin() + (stacked ? 1 : 0), piece.local_shape.end());
+      // piece box: drop the leading checkpoint-only axes for the copy (the stacked layer axis
+      // and a routed expert's expert axis, each of local size 1)
+      const size_t extra = piece.global_shape.size() - full.shape().size();
+      for (size_t k = 0; k < extra; ++k)
+        MEGATRON_CHECK(piece.local_shape[k] == 1) << p.name << ": checkpoint axis " << k << " of local size " << piece.local_shape[k];
+      Shape go(piece.global_offset.begin() + extra, piece.global_offset.end());
+      Shape ls(piece.local_shape.begin() + extra, piece.local_shape.end());
       Tensor src = full.to(piece.data.dtype());
       Tensor dst = piece.data.is_cpu() ? piece.data : Tensor::empty(piece.data.shape(), piece.data.dtype());
       const int64_t n = dist_checkpointing::copy_box_overlap(

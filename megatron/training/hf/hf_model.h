@@ -14,7 +14,8 @@
 namespace megatron::hf {
 
 /// TransformerConfig of the HF model (dropout 0, fp32; parallel sizes left at 1). GPT-2's
-/// gelu_new is the tanh GeLU (bias_activation_fusion, as pretrain_gpt's default).
+/// gelu_new is the tanh GeLU (bias_activation_fusion, as pretrain_gpt's default). MoE models get
+/// the MoE fields the flags of spec.megatron_args() give (a list pattern = non-homogeneous layers).
 transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& spec);
 
 /// Copies converted tensors (hf_to_megatron output; full, unsharded) into the model's parameters

@@ -16,6 +16,11 @@ like torch's, zipfile for torch.save archives. Used by tests/functional_tests/ck
   dcp_stdlib.py keys REF_DIR DCP_DIR
       Checks two torch_dist checkpoints hold the same tensors (key, dtype, global shape) and
       objects, RNG / rerun-state objects aside (our writer against Megatron-LM's own checkpoints).
+  dcp_stdlib.py values REF_DIR DCP_DIR
+      Checks that every tensor of the torch_dist checkpoint REF_DIR is in DCP_DIR with the same
+      dtype, shape and bytes (exactly), the main params matched across the two optimizer layouts
+      (optimizer.state.param.* of the distributed optimizer = optimizer.state.fp32_param.*): a
+      checkpoint loaded and saved again at the same iteration holds what was loaded.
 """
 import argparse as _argparse
 import array
@@ -323,7 +328,8 @@ def read_dcp(d):
             covered += numel(c.sizes)
         assert covered == numel(sm.size), f'{key}: chunks cover {covered} of {numel(sm.size)}'
         out[key] = Tensor(dt, sm.size, buf)
-    common = torch_load_bytes(open(os.path.join(d, 'common.pt'), 'rb').read())
+    cp = os.path.join(d, 'common.pt')  # Megatron-LM since July 2026 writes none (common_state object)
+    common = torch_load_bytes(open(cp, 'rb').read()) if os.path.exists(cp) else None
     return out, common, md
 
 
@@ -371,6 +377,32 @@ def same_keys(ref_dir, dcp_dir):
     a, b = entries(ref_dir), entries(dcp_dir)
     assert a == b, f'only in {ref_dir}: {sorted(a - b)[:8]}; only in {dcp_dir}: {sorted(b - a)[:8]}'
     print(f'OK: the same {len(a)} entries (key, dtype, shape)')
+
+
+def same_values(ref_dir, dcp_dir):
+    """Every tensor of ref_dir is in dcp_dir, bytes equal (main params matched across the
+    distributed / non-distributed optimizer names); prints the count and any difference."""
+    ref, _, _ = read_dcp(ref_dir)
+    got, _, _ = read_dcp(dcp_dir)
+    main = ('optimizer.state.param.', 'optimizer.state.fp32_param.')
+    def find(k):
+        if k in got:
+            return k
+        for a, b in (main, main[::-1]):
+            if k.startswith(a) and b + k[len(a):] in got:
+                return b + k[len(a):]
+        return None
+    missing = [k for k in ref if find(k) is None]
+    bad = [k for k in ref if find(k) and (got[find(k)].dtype != ref[k].dtype or got[find(k)].shape != ref[k].shape
+                                         or got[find(k)].data != ref[k].data)]
+    for k in missing[:10]:
+        print(f'missing in {dcp_dir}: {k}')
+    for k in bad[:10]:
+        g = got[find(k)]
+        print(f'differs: {k} ({ref[k].dtype} {ref[k].shape} vs {g.dtype} {g.shape})')
+    print(f'{"OK" if not missing and not bad else "FAIL"}: {len(ref) - len(missing) - len(bad)} of {len(ref)} '
+          f'tensors of {ref_dir} equal bitwise in {dcp_dir} ({len(missing)} missing, {len(bad)} differ)')
+    return not missing and not bad
 
 
 def convert(ours_dir, dcp_dir, te_names, distopt):
@@ -433,7 +465,7 @@ def convert(ours_dir, dcp_dir, te_names, distopt):
 
 if __name__ == '__main__':
     p = _argparse.ArgumentParser()
-    p.add_argument('mode', choices=['compare', 'convert', 'keys'])
+    p.add_argument('mode', choices=['compare', 'convert', 'keys', 'values'])
     p.add_argument('src')
     p.add_argument('dst')
     p.add_argument('--te-names', action='store_true')
@@ -443,5 +475,7 @@ if __name__ == '__main__':
         compare(a.src, a.dst)
     elif a.mode == 'keys':
         same_keys(a.src, a.dst)
+    elif a.mode == 'values':
+        sys.exit(0 if same_values(a.src, a.dst) else 1)
     else:
         convert(a.src, a.dst, a.te_names, a.distopt)

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "test_utils/fixture_util.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "test_utils/tiny_model.h"
 
@@ -23,7 +24,14 @@ TransformerConfig small_config(bool llama) {
                : megatron::testing::tiny_gpt_config(64, TinyDropout::kDefault);
 }
 
-using megatron::testing::random_gpt_batch;
+datasets::GPTBatch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> tok(b * s), lab(b * s);
+  for (int64_t i = 0; i < b * s; ++i) {
+    tok[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i) % vocab);
+    lab[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i + 1) % vocab);
+  }
+  return testing::gpt_batch(tok, lab, b, s);
+}
 
 Tensor ones(const Shape& s) {
   Tensor t = Tensor::zeros(s, DType::kFloat32);
@@ -58,7 +66,7 @@ TEST(GPTModelPrecision, BF16AndFP16EmulationTrackFP32) {
       // Run the fp32 model on the bf16-rounded weights so only activation rounding differs.
       for (size_t i = 0; i < m32.parameters().size(); ++i)
         m32.parameters()[i].data.copy_(m16.parameters()[i].data.to(DType::kFloat32));
-      auto batch = random_gpt_batch(2, 32, 128, 5);
+      auto batch = make_batch(2, 32, 128, 5);
       Tensor l32 = m32.forward(batch, true), l16 = m16.forward(batch, true);
       // Tolerance: bf16 keeps 8 significant bits (unit roundoff 2^-9 ~ 2e-3; fp16 2^-11); the
       // activations are rounded ~20 times along 2 layers, mostly independently, so the per-token
@@ -83,7 +91,7 @@ TEST(GPTModelDeterminism, SameSeedIsBitwiseIdentical) {
   TransformerConfig c = small_config(false);  // dropout 0.1 (defaults) exercised in training mode
   auto run = [&](uint64_t seed) {
     GPTModel m(c, 128, 32, seed);
-    auto batch = random_gpt_batch(2, 32, 128, 9);
+    auto batch = make_batch(2, 32, 128, 9);
     std::vector<float> out;
     for (int step = 0; step < 2; ++step) {  // two micro-batches: the dropout stream advances
       Tensor loss = m.forward(batch, true);
@@ -103,7 +111,7 @@ TEST(GPTModelDeterminism, SameSeedIsBitwiseIdentical) {
 
 TEST(GPTModelDeterminism, EvalModeDisablesDropout) {
   GPTModel m(small_config(false), 128, 32, 3);
-  auto batch = random_gpt_batch(2, 16, 128, 1);
+  auto batch = make_batch(2, 16, 128, 1);
   auto a = m.forward(batch, false).to_float_vector();
   m.backward(ones({2, 16}));
   auto b = m.forward(batch, false).to_float_vector();
@@ -219,8 +227,8 @@ TEST(GPTModelConfig, MegatronConsistencyChecksThrowUserError) {
 
 TEST(GPTModelConfig, BadBatchThrowsUserError) {
   GPTModel m(small_config(false), 128, 16, 1);
-  EXPECT_THROW(m.forward(random_gpt_batch(1, 32, 128, 1), true), UserError);  // seq > max positions
-  auto batch = random_gpt_batch(1, 8, 128, 1);
+  EXPECT_THROW(m.forward(make_batch(1, 32, 128, 1), true), UserError);  // seq > max positions
+  auto batch = make_batch(1, 8, 128, 1);
   batch.tokens.data<int64_t>()[3] = 128;
   EXPECT_THROW(m.forward(batch, true), UserError);    // token outside the vocabulary
   EXPECT_THROW(m.backward(ones({1, 8})), UserError);  // no forward in flight
@@ -242,7 +250,7 @@ TEST(GPTModelRecompute, FullRecomputationGivesBitwiseTheSameGradients) {
     c.recompute_method = m;
     c.recompute_num_layers = k;
     GPTModel model(c, 128, 16, 77);
-    auto batch = random_gpt_batch(2, 16, 128, 4);
+    auto batch = make_batch(2, 16, 128, 4);
     std::vector<float> out = model.forward(batch, true).to_float_vector();
     model.backward(ones({2, 16}));
     auto g2 = model.grad_buffer().to_float_vector();

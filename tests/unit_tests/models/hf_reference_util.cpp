@@ -1,10 +1,15 @@
 #include "hf_reference_util.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "megatron/core/utils/errors.h"
+#include "test_utils/fixture_util.h"
 
 namespace megatron::testing {
 
@@ -28,6 +33,29 @@ std::map<std::string, Tensor> read_safetensors_f32(const std::string& path) {
     out[name] = t;
   }
   return out;
+}
+
+datasets::GPTBatch read_hf_inputs(const std::string& inputs_json) {
+  std::ifstream f(inputs_json);
+  MEGATRON_CHECK(f.good()) << "cannot open " << inputs_json;
+  auto in = nlohmann::json::parse(f);
+  const int64_t b = in["tokens"].size(), s = in["tokens"][0].size();
+  std::vector<int64_t> tok, lab;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j) {
+      tok.push_back(in["tokens"][i][j].get<int64_t>());
+      lab.push_back(in["labels"][i][j].get<int64_t>());
+    }
+  return gpt_batch(tok, lab, b, s);
+}
+
+void expect_user_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one mentioning: " << needle;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace megatron::testing

@@ -55,4 +55,18 @@ double max_rel_error(const Tensor& a, const Tensor& b) {
   return ref == 0.0 ? err : err / ref;
 }
 
+datasets::GPTBatch gpt_batch(const std::vector<int64_t>& tokens, const std::vector<int64_t>& labels, int64_t b, int64_t s) {
+  MEGATRON_CHECK(static_cast<int64_t>(tokens.size()) == b * s && static_cast<int64_t>(labels.size()) == b * s)
+      << "gpt_batch: " << tokens.size() << " tokens, " << labels.size() << " labels for " << b << " x " << s;
+  std::vector<int64_t> pos(b * s);
+  for (int64_t i = 0; i < b * s; ++i) pos[i] = i % s;
+  datasets::GPTBatch batch;
+  batch.tokens = Tensor::from_vector_i64(tokens, {b, s});
+  batch.labels = Tensor::from_vector_i64(labels, {b, s});
+  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
+  batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
+  batch.loss_mask.fill_(1.0f);
+  return batch;
+}
+
 }  // namespace megatron::testing

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/datasets/gpt_batch.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace megatron::testing {
@@ -36,5 +37,9 @@ class Fixture {
 
 /// max |a - b| / max |b| over all elements (0 if b is all zero and a equals it).
 double max_rel_error(const Tensor& a, const Tensor& b);
+
+/// A micro-batch of b sequences of length s from row-major token / label ids (b*s each):
+/// tokens, labels, position_ids 0..s-1 per row (int64 [b, s]), loss_mask all ones (float32 [b, s]).
+datasets::GPTBatch gpt_batch(const std::vector<int64_t>& tokens, const std::vector<int64_t>& labels, int64_t b, int64_t s);
 
 }  // namespace megatron::testing

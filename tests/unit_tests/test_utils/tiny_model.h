@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/datasets/gpt_batch.h"
-#include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/transformer_config.h"
 
 namespace megatron::testing {
@@ -61,25 +59,6 @@ inline std::vector<std::string> tiny_gpt_flags(const char* lr) {
           "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
           "--train-iters", "10", "--lr", lr, "--mock-data", "--tokenizer-type", "NullTokenizer",
           "--vocab-size", "128"};
-}
-
-/// A pseudo-random training batch for a tiny model: tokens and labels int64 [b, s] in [0, vocab)
-/// (splitmix64 of seed + 2 i and seed + 2 i + 1), positions 0..s-1 per row, loss mask all ones
-/// (float32 [b, s]).
-inline datasets::GPTBatch random_gpt_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> tok(b * s), lab(b * s), pos(b * s);
-  for (int64_t i = 0; i < b * s; ++i) {
-    tok[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i) % vocab);
-    lab[i] = static_cast<int64_t>(tensor_parallel::splitmix64(seed + 2 * i + 1) % vocab);
-    pos[i] = i % s;
-  }
-  datasets::GPTBatch batch;
-  batch.tokens = Tensor::from_vector_i64(tok, {b, s});
-  batch.labels = Tensor::from_vector_i64(lab, {b, s});
-  batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
-  batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
-  batch.loss_mask.fill_(1.0f);
-  return batch;
 }
 
 }  // namespace megatron::testing

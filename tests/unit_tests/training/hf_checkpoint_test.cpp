@@ -13,6 +13,7 @@
 #include "megatron/training/hf/hf_checkpoint.h"
 #include "megatron/training/hf/hf_mapping.h"
 #include "megatron/training/hf/hf_model.h"
+#include "models/hf_reference_util.h"
 
 using namespace megatron;
 using namespace megatron::hf;
@@ -34,14 +35,7 @@ std::vector<float> col0(const Tensor& t) {
   for (int64_t r = 0; r < t.size(0); ++r) out.push_back(v[r * w]);
   return out;
 }
-void expect_user_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected one mentioning: " << needle;
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using megatron::testing::expect_user_error;
 void write_json(const std::string& path, const nlohmann::json& j) {
   std::ofstream(path) << j.dump(2);
 }
@@ -315,21 +309,8 @@ TEST(HFCheckpoint, ImportedModelsMatchTransformersLogits) {
     auto cfg = transformer_config_from_hf(spec);
     models::gpt::GPTModel model(cfg, spec.vocab_size, spec.max_position_embeddings, 1);
     load_into_model(model, hf_to_megatron(HFWeights(fixture(m)), spec));
-    auto in = nlohmann::json::parse(dc::read_text_file(fixture(std::string(m) + "/inputs.json")));
-    const int64_t b = in["tokens"].size(), s = in["tokens"][0].size();
-    std::vector<int64_t> tok, lab, pos;
-    for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 0; j < s; ++j) {
-        tok.push_back(in["tokens"][i][j].get<int64_t>());
-        lab.push_back(in["labels"][i][j].get<int64_t>());
-        pos.push_back(j);
-      }
-    datasets::GPTBatch batch;
-    batch.tokens = Tensor::from_vector_i64(tok, {b, s});
-    batch.labels = Tensor::from_vector_i64(lab, {b, s});
-    batch.position_ids = Tensor::from_vector_i64(pos, {b, s});
-    batch.loss_mask = Tensor::zeros({b, s}, DType::kFloat32);
-    batch.loss_mask.fill_(1.0f);
+    datasets::GPTBatch batch = megatron::testing::read_hf_inputs(fixture(std::string(m) + "/inputs.json"));
+    const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1);
     auto loss = model.forward(batch, /*training=*/false).to_float_vector();
     double mean = 0;
     for (float x : loss) mean += x;

@@ -19,6 +19,7 @@
 
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/checkpointing.h"
+#include "megatron/core/utils/errors.h"
 #include "megatron/training/torch_dist_checkpoint.h"
 #include "test_utils/tiny_model.h"
 
@@ -121,6 +122,36 @@ TEST(TorchDistKeys, StackedLayersKeepTheLayerAxisInObjects) {
   EXPECT_EQ(training::torch_dist_model_key("decoder.layers.pre_mlp_layernorm.weight"), "decoder.layers.mlp.linear_fc1.layer_norm_weight");
   EXPECT_EQ(training::model_key_from_torch_dist("decoder.layers.3.self_attention.linear_qkv.layer_norm_bias"),
             "decoder.layers.3.input_layernorm.bias");
+}
+
+// The key checks before a torch_dist load (docs/checkpointing.md, "What is read"): every missing key
+// is named once in one error, with the checkpoint key it was looked for under; the unused tensors
+// leave out what was loaded, the optimizer when it is not loaded and megatron.cpp's own tensors.
+TEST(TorchDistKeys, KeyChecksNameEveryMissingAndUnusedTensor) {
+  training::TorchDistReadPlan plan;
+  plan.tensor_keys = {"decoder.layers.mlp.experts.experts.linear_fc1.weight", "embedding.word_embeddings.weight",
+                      "megatron_cpp.decoder.layers.self_attention.linear_qkv._extra_state.fp8.scale",
+                      "optimizer.state.exp_avg.embedding.word_embeddings.weight", "output_layer.weight"};
+  const std::set<std::string> keys(plan.tensor_keys.begin(), plan.tensor_keys.end());
+  plan.key_map = [](const std::string& k) { return k == "decoder.layers.mlp.linear_fc1.weight" ? "decoder.layers.mlp.fc1" : k; };
+  plan.has = [keys, &plan](const std::string& k) { return keys.count(plan.key_map(k)) > 0; };
+  const std::vector<std::string> requested = {"embedding.word_embeddings.weight", "decoder.layers.mlp.linear_fc1.weight",
+                                              "decoder.layers.mlp.linear_fc1.weight", "decoder.layers.mlp.linear_fc2.weight"};
+  try {
+    training::check_torch_dist_keys_present(plan, requested, "ck");
+    FAIL() << "missing keys accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ck/.metadata: 2 tensor(s) of this model are not in the checkpoint: 'decoder.layers.mlp.linear_fc1.weight' "
+              "(looked for as 'decoder.layers.mlp.fc1'), 'decoder.layers.mlp.linear_fc2.weight' (a checkpoint of another "
+              "model, or a key naming megatron.cpp does not know: docs/checkpointing.md)");
+  }
+  EXPECT_EQ(training::unused_torch_dist_keys(plan, requested, false),
+            (std::vector<std::string>{"decoder.layers.mlp.experts.experts.linear_fc1.weight", "output_layer.weight"}));
+  EXPECT_EQ(training::unused_torch_dist_keys(plan, requested, true),
+            (std::vector<std::string>{"decoder.layers.mlp.experts.experts.linear_fc1.weight",
+                                      "optimizer.state.exp_avg.embedding.word_embeddings.weight", "output_layer.weight"}));
+  EXPECT_NO_THROW(training::check_torch_dist_keys_present(plan, {"output_layer.weight"}, "ck"));
 }
 
 }  // namespace

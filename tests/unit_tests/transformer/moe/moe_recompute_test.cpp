@@ -16,6 +16,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/moe/router.h"
+#include "test_utils/dist_test_util.h"
 #include "test_utils/tiny_model.h"
 
 namespace megatron {
@@ -66,7 +67,7 @@ StepResult step(const TransformerConfig& c) {
   m.zero_grad();
   StepResult r;
   for (int64_t mb = 0; mb < kMicroBatches; ++mb) {
-    Tensor loss = m.forward(testing::random_gpt_batch(kB, kS, kV, 100 + 7 * mb), true);
+    Tensor loss = m.forward(testing::random_gpt_batch(static_cast<uint32_t>(100 + 7 * mb), kB, kS, kV), true);
     const auto l = loss.to_float_vector();
     r.losses.insert(r.losses.end(), l.begin(), l.end());
     Tensor seed = Tensor::zeros(loss.shape(), DType::kFloat32);
