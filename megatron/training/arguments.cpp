@@ -615,6 +615,8 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--recompute-method", ARG(a.recompute_method), {"uniform", "block"});
   b.num("--recompute-num-layers", ARG(a.recompute_num_layers), 1);
   b.noted_str("--recompute-activations", kSelectiveNote, [&a](const std::string&) { a.recompute_activations = true; });
+  b.strs("--recompute-modules", ARG(a.recompute_modules));
+  b.flag("--moe-layer-recompute", ARG(a.moe_layer_recompute), true);
   b.flag("--no-check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), false);
   b.flag("--check-for-nan-in-loss-and-grad", ARG(a.check_for_nan_in_loss_and_grad), true);
   // On CUDA: reductions in a fixed order (initialize_megatron calls ops::set_deterministic_mode,
@@ -1191,6 +1193,35 @@ void validate_args(Arguments& a) {
   }
   // Without --recompute-granularity, --recompute-method / --recompute-num-layers are ignored
   // (as in Megatron, whose TransformerBlock only checkpoints with granularity 'full').
+  // --recompute-modules (Megatron's TransformerConfig.recompute_modules, read only with selective
+  // granularity; its choices and its moe_act rule). core_attn is what our attention always does
+  // (kSelectiveNote), moe checkpoints each MoE layer; the others are not implemented.
+  static const std::vector<std::string> kRecomputeModules = {"core_attn", "moe_act", "layernorm", "mla_up_proj",
+                                                             "mlp", "moe", "shared_experts", "gdn_norm_out",
+                                                             "gdp_in_proj", "gdp_qkv", "mhc"};
+  for (const auto& m : a.recompute_modules)
+    if (std::find(kRecomputeModules.begin(), kRecomputeModules.end(), m) == kRecomputeModules.end())
+      fail("Invalid choices for recompute_modules: " + m + " (--recompute-modules; allowed: " +
+           py_list(kRecomputeModules) + ")");
+  if (a.recompute_granularity == "selective" || a.moe_layer_recompute) {  // the latter: selective (below)
+    for (const auto& m : a.recompute_modules) {
+      if (m == "moe_act" && !a.moe_grouped_gemm)
+        fail("moe_act in recompute_modules is only supported with moe_grouped_gemm (--recompute-modules moe_act "
+             "needs --moe-grouped-gemm)");
+      if (m != "core_attn" && m != "moe")
+        fail("--recompute-modules " + m + " is not implemented in megatron.cpp yet (selective recomputation of "
+             "core_attn and moe only); use --recompute-granularity full, or drop " + m);
+    }
+  } else if (!a.recompute_modules.empty()) {
+    a.notes.emplace_back("--recompute-modules", "Megatron reads it only with --recompute-granularity selective; no "
+                                                "effect here");
+  }
+  if (a.moe_layer_recompute) {  // Megatron's TransformerConfig.__post_init__ (config_from_args applies it)
+    if (a.recompute_granularity == "full")
+      fail("Do not set --moe-layer-recompute with full recompute granularity.");
+    a.messages.push_back("WARNING: --moe-layer-recompute is deprecated. Use --recompute-granularity selective "
+                         "--recompute-modules moe_layer instead.");
+  }
 
   // Parallel feature combinations.
   if (a.tensor_model_parallel_size == 1) a.sequence_parallel = false;  // Megatron disables it silently

@@ -78,6 +78,8 @@ struct Arguments {
   std::optional<std::string> recompute_method;       // uniform | block
   std::optional<int64_t> recompute_num_layers;
   bool recompute_activations = false;  // --recompute-activations: validate_args -> granularity selective
+  std::vector<std::string> recompute_modules;  // --recompute-modules (empty: Megatron's None = core_attn)
+  bool moe_layer_recompute = false;            // deprecated: selective + recompute_modules moe
   bool check_for_nan_in_loss_and_grad = true;
   bool deterministic_mode = false;
 

@@ -78,6 +78,15 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
     c.recompute_num_layers = *a.recompute_num_layers;
   } else if (a.recompute_granularity == "selective") {
     c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
+    c.recompute_modules = a.recompute_modules;
+  }
+  // Megatron's TransformerConfig.__post_init__: the deprecated --moe-layer-recompute is selective
+  // recomputation of the MoE layer (the arguments keep their values).
+  if (a.moe_layer_recompute) {
+    c.recompute_granularity = transformer::RecomputeGranularity::kSelective;
+    c.recompute_modules = a.recompute_modules;
+    if (std::find(c.recompute_modules.begin(), c.recompute_modules.end(), "moe") == c.recompute_modules.end())
+      c.recompute_modules.push_back("moe");
   }
   if (a.num_experts) {
     c.num_moe_experts = *a.num_experts;

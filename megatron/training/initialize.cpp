@@ -39,9 +39,6 @@ void check_supported_parallelism(const Arguments& args) {
   if (args.sequence_parallel && (*args.seq_length / cp) % args.tensor_model_parallel_size != 0)
     user_error("--sequence-parallel: --seq-length / --context-parallel-size (", *args.seq_length / cp,
                ") must be divisible by --tensor-model-parallel-size (", args.tensor_model_parallel_size, ")");
-  if (args.num_experts && args.recompute_granularity == "full")
-    user_error("--recompute-granularity full with --num-experts is not implemented in megatron.cpp yet (the router "
-               "would count tokens twice); drop it");
 }
 
 // --distributed-backend -> init_process_group backend. On the GPU, "nccl" (Megatron's default) is

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Full activation recomputation (--recompute-granularity full --recompute-method uniform|block
 # --recompute-num-layers N) must not change training: a 4-layer GPT on mock data with dropout on
-# (the recomputed forward must replay the same dropout masks) and 2 micro-batches per step,
-# trained 3 iterations with and without recomputation. On the CPU in fp32 the per-iteration lm
-# loss and grad norm lines and the trained parameters (MEGATRON_DUMP_PARAMS) must be BITWISE
-# equal: recomputation replays exactly the same kernels on the same inputs in the same order
-# (the CPU kernels are deterministic), only later, so every gradient is the same float.
-# Covered: single process (uniform 1, uniform 3 = a 3-layer chunk plus a 1-layer chunk, block 1,
-# block 4), bf16, FP8 hybrid (CPU emulation: the replay records no amax and reuses the weight cast),
-# selective (accepted, no change), and under mpirun: TP2 + sequence parallel, PP2 with two
+# (the recomputed forward must replay the same dropout masks) and 2 micro-batches per step, trained
+# 3 iterations with and without recomputation. On the CPU in fp32 the per-iteration lm loss and grad
+# norm lines and the trained parameters (MEGATRON_DUMP_PARAMS) must be BITWISE equal: recomputation
+# replays exactly the same kernels on the same inputs in the same order (the CPU kernels are
+# deterministic), only later, so every gradient is the same float. Covered: single process (uniform
+# 1, uniform 3 = a 3-layer chunk plus a 1-layer chunk, block 1, block 4), bf16, FP8 hybrid (CPU
+# emulation: the replay records no amax and reuses the weight cast), selective (accepted, no change;
+# also with --recompute-modules core_attn), and under mpirun: TP2 + sequence parallel, PP2 with two
 # virtual stages (block counts per model chunk), DP2 with --overlap-grad-reduce (the grad-ready
-# hooks of recomputed layers still fire), a LLaMA-flavoured CP2 run. Also the argument checks of Megatron's validate_args.
+# hooks of recomputed layers still fire), a LLaMA-flavoured CP2 run. Also the argument checks of
+# Megatron's validate_args.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
@@ -21,34 +22,7 @@ ARGS=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --
   --log-interval 1 --eval-interval 2 --eval-iters 1 --distributed-backend nccl)
 UNIFORM1=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
 
-run() {  # run NAME LAUNCHER... -- EXTRA ARGS  (parameters dumped to $LOGDIR/NAME.params/)
-  local name=$1; shift
-  local launch=()
-  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-  shift
-  mkdir -p "$LOGDIR/$name.params"
-  MEGATRON_DUMP_PARAMS="$LOGDIR/$name.params" timeout 180 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" \
-    >"$LOGDIR/$name.log" 2>&1 || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
-}
-
-# The training and validation log values, with the timing fields removed.
-values() {
-  grep -E '\] iteration |validation loss' "$LOGDIR/$1.log" |
-    sed -E 's/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/throughput[^|]*\|//; s/^.*\] iteration/iteration/'
-}
-
-same() {  # same REF NAME: bitwise-equal log values and parameter dumps
-  local ref=$1 name=$2
-  [ "$(values "$ref" | grep -c 'lm loss')" -ge 3 ] || fail "$ref: no training log lines"
-  diff <(values "$ref") <(values "$name") >&2 || fail "$name: log values differ from $ref"
-  local f n=0
-  for f in "$LOGDIR/$ref.params"/*.bin; do
-    cmp -s "$f" "$LOGDIR/$name.params/$(basename "$f")" || fail "$name: $(basename "$f") differs from $ref"
-    n=$((n + 1))
-  done
-  [ "$n" -ge 1 ] || fail "$ref: no parameter dump"
-  echo "PASS $name: lm loss, grad norm, validation loss and $n parameter file(s) bitwise equal to $ref"
-}
+source "$SRC/tests/functional_tests/recompute_common.inc"  # run, values, same
 
 # ---- single process -------------------------------------------------------------------------
 run ref env --
@@ -66,6 +40,9 @@ run selective env -- --recompute-activations
 grep -q 'note: --recompute-activations is accepted' "$LOGDIR/selective.log" || fail "selective: no note"
 grep -q 'recompute_granularity \.* selective' "$LOGDIR/selective.log" || fail "selective: granularity not set"
 same ref selective
+run selective_core_attn env -- --recompute-granularity selective --recompute-modules core_attn
+grep -q 'recompute_modules \.* \[.core_attn.\]' "$LOGDIR/selective_core_attn.log" || fail "selective_core_attn: arguments table lacks recompute_modules"
+same ref selective_core_attn
 run bf16_ref env -- --bf16
 run bf16_uniform1 env -- --bf16 "${UNIFORM1[@]}"
 same bf16_ref bf16_uniform1
@@ -85,6 +62,16 @@ bad 'argument --recompute-num-layers: invalid value 0' --recompute-granularity f
 bad 'not yet supported for selective' --recompute-granularity selective --recompute-method uniform
 bad 'invalid choice' --recompute-granularity half
 bad 'invalid choice' --recompute-granularity full --recompute-method every --recompute-num-layers 1
+# --recompute-modules: Megatron's choices and moe_act rule; core_attn and moe are implemented (moe:
+# pretrain_gpt_moe_recompute.sh).
+bad 'Invalid choices for recompute_modules: attn' --recompute-granularity selective --recompute-modules attn
+bad 'moe_act in recompute_modules is only supported with moe_grouped_gemm' --recompute-granularity selective \
+  --recompute-modules core_attn moe_act
+bad 'recompute-modules mlp is not implemented' --recompute-granularity selective --recompute-modules mlp
+bad 'recompute-modules shared_experts is not implemented' --recompute-granularity selective \
+  --recompute-modules shared_experts
+bad 'Do not set --moe-layer-recompute with full recompute granularity' --moe-layer-recompute "${UNIFORM1[@]}"
+bad 'recompute-modules mlp is not implemented' --moe-layer-recompute --recompute-modules mlp  # = selective
 echo "PASS argument checks"
 
 # ---- under mpirun -----------------------------------------------------------------------------

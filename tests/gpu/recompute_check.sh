@@ -100,6 +100,27 @@ compare_pair() {  # compare_pair LABEL REF REF2 RECOMPUTE
 tiny ref && tiny ref2 && tiny uniform1 "${UNIFORM1[@]}" && compare_pair "tiny LLaMA bf16" ref ref2 uniform1
 tiny fp8_ref --fp8-format hybrid && tiny fp8_ref2 --fp8-format hybrid &&
   tiny fp8_uniform1 --fp8-format hybrid "${UNIFORM1[@]}" && compare_pair "tiny LLaMA bf16 + FP8 hybrid" fp8_ref fp8_ref2 fp8_uniform1
+# MoE (dense / MoE layers, 4 experts top-2, aux + z loss, jitter, expert bias): the same bounds, and
+# the printed load_balancing_loss / z_loss of the recomputed run within 1e-3 relative of ref's (a
+# double count in the replay would print twice the value; docs/moe.md "Activation recomputation").
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-layer-freq '([0]+[1])*2'
+  --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-input-jitter-eps 0.1
+  --moe-router-score-function sigmoid --moe-router-enable-expert-bias)
+moe_metrics() { sed -nE 's/.*load_balancing_loss: ([0-9.E+-]+) \| z_loss: ([0-9.E+-]+) .*/\1 \2/p' "$OUTD/$1.log"; }
+if tiny moe_ref "${MOE[@]}" && tiny moe_ref2 "${MOE[@]}" && tiny moe_uniform1 "${MOE[@]}" "${UNIFORM1[@]}"; then
+  compare_pair "tiny LLaMA bf16 MoE" moe_ref moe_ref2 moe_uniform1
+  moe_metrics moe_ref >"$OUTD/moe_ref.moe"; moe_metrics moe_uniform1 >"$OUTD/moe_uniform1.moe"
+  if python3 - "$OUTD/moe_ref.moe" "$OUTD/moe_uniform1.moe" <<'EOF'
+import sys
+a = [l.split() for l in open(sys.argv[1])]; b = [l.split() for l in open(sys.argv[2])]
+ok = len(a) >= 5 and len(a) == len(b) and all(
+    abs(float(p) - float(q)) <= 1e-3 * abs(float(p)) for x, y in zip(a, b) for p, q in zip(x, y))
+print('  MoE metrics (last iteration) ref', a[-1] if a else None, 'recompute', b[-1] if b else None)
+sys.exit(not ok)
+EOF
+  then pass "tiny MoE: load_balancing_loss / z_loss with recomputation within 1e-3 relative of ref (counted once)"
+  else fail "tiny MoE: load_balancing_loss / z_loss differ with recomputation (see $OUTD/moe_*.log)"; fi
+fi
 echo "  (tiny runs: $(( $(date +%s) - T0 )) s)"
 
 # ---- 2. LLaMA-3-8B-shaped 4 layers ----------------------------------------------------------

@@ -25,6 +25,12 @@ struct ForwardContext {
   /// Next dropout stream offset; each dropout call takes one.
   uint64_t rng_offset = 0;
   uint64_t next_offset() { return rng_offset++; }
+  /// PyTorch's torch.is_grad_enabled(): false in the first forward of a fully recomputed layer
+  /// chunk (Megatron's CheckpointFunction runs it under torch.no_grad()), true in its replay in
+  /// backward. The MoE router then skips the aux losses, the z-loss, their metric records and
+  /// the expert-bias token counts, which the replay does once (Megatron's router.py gates them on
+  /// self.training and torch.is_grad_enabled()). Dropout and jitter draws are unaffected.
+  bool grad_enabled = true;
   /// Context parallelism (context_parallel.h): the CP group (null or size 1 = none; the
   /// sequence of this forward is then this rank's two chunks) and --cp-comm-type.
   std::shared_ptr<comm::ProcessGroup> cp_group;

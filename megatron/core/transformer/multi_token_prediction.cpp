@@ -156,7 +156,10 @@ Tensor MultiTokenPredictionLayer::forward(const Tensor& hidden, const Tensor& de
   ctx.decoder_in = decoder_input;
   ctx.fc = fc;
   MultiTokenPredictionLayerCtx dropped;
+  const bool grad_enabled = fc.grad_enabled;
+  fc.grad_enabled = false;  // as TransformerBlock's recomputed chunks (forward_context.h)
   Tensor out = run(hidden, decoder_input, fc, dropped);
+  fc.grad_enabled = grad_enabled;
   return out;
 }
 

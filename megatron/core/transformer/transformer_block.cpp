@@ -37,10 +37,15 @@ Tensor TransformerBlock::forward(const Tensor& x, ForwardContext& fc, Transforme
   for (const auto& [b, e] : ranges) {
     for (; next < b; ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);
     RecomputeChunk chunk{b, e, h, fc};
+    // As Megatron's CheckpointFunction.forward: no autograd state (grad_enabled false) now, the
+    // replay in backward runs with the saved context (grad_enabled as the caller's).
+    const bool grad_enabled = fc.grad_enabled;
+    fc.grad_enabled = false;
     for (; next < e; ++next) {
       h = layers_[next]->forward(h, fc, ctx.layers[next]);
       ctx.layers[next] = {};  // dropped; rebuilt in backward
     }
+    fc.grad_enabled = grad_enabled;
     ctx.chunks.push_back(std::move(chunk));
   }
   for (; next < layers_.size(); ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);

@@ -110,6 +110,10 @@ struct TransformerConfig {
   RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
   int64_t recompute_num_layers = 0;
+  /// --recompute-modules (Megatron's recompute_modules), read with kSelective only: "moe"
+  /// checkpoints each MoELayer (moe/moe_layer.h); "core_attn" is what our attention always does;
+  /// pretrain_gpt refuses the others.
+  std::vector<std::string> recompute_modules;
 
   // ---- precision ----
   /// Model parameters and activations (--bf16 / --fp16 select bfloat16 / float16).

@@ -1,5 +1,7 @@
 #include "megatron/core/transformer/moe/moe_layer.h"
 
+#include <algorithm>
+
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
 
@@ -20,6 +22,21 @@ MoELayer::MoELayer(ParamRegistry& reg, const std::string& prefix, const Transfor
 }
 
 Tensor MoELayer::forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const {
+  const auto& mods = config_.recompute_modules;
+  ctx.recompute = fc.training && config_.recompute_granularity == RecomputeGranularity::kSelective &&
+                  std::find(mods.begin(), mods.end(), "moe") != mods.end();
+  if (!ctx.recompute) return run(x, fc, ctx);
+  ctx.input = x;
+  ctx.fc = fc;
+  MoELayerCtx dropped;
+  const bool grad_enabled = fc.grad_enabled;
+  fc.grad_enabled = false;  // as a fully recomputed chunk's first forward (forward_context.h)
+  Tensor out = run(x, fc, dropped);
+  fc.grad_enabled = grad_enabled;
+  return out;
+}
+
+Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const {
   MEGATRON_CHECK(x.dim() == 3) << "MoELayer input " << x.str();
   ctx.shape = x.shape();
   const int64_t s = x.size(0), b = x.size(1), h = x.size(2);
@@ -27,7 +44,8 @@ Tensor MoELayer::forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) 
   std::vector<double> probs;
   std::vector<uint8_t> map;
   const bool jitter = fc.training && config_.moe_input_jitter_eps && *config_.moe_input_jitter_eps > 0;
-  router_->forward(tokens, s, b, fc.training, fc.seed, jitter ? fc.next_offset() : 0, probs, map, ctx.router);
+  router_->forward(tokens, s, b, fc.training, fc.seed, jitter ? fc.next_offset() : 0, probs, map, ctx.router,
+                   fc.grad_enabled);
   std::vector<int64_t> tpe;
   Tensor pprobs;
   Tensor expert_in = dispatcher_->dispatch(tokens, probs, map, &tpe, &pprobs, ctx.dispatch);
@@ -38,6 +56,11 @@ Tensor MoELayer::forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) 
 }
 
 Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
+  if (ctx.recompute) {  // replay with the saved jitter stream; its collectives run at the same point on every rank
+    ForwardContext fc = ctx.fc;
+    run(ctx.input, fc, ctx);
+    ctx.input = Tensor();
+  }
   const int64_t h = ctx.shape.back(), T = dy.numel() / h;
   Tensor d_out = dy.view({T, h});
   Tensor d_expert_out = dispatcher_->combine_backward(d_out, ctx.dispatch);

@@ -20,6 +20,11 @@ struct MoELayerCtx {
   ExpertsCtx experts;
   MLPCtx shared;
   Shape shape;
+  // --recompute-granularity selective --recompute-modules moe: the layer's input and forward
+  // context, the rest rebuilt in backward (Megatron's tensor_parallel.checkpoint of the layer).
+  bool recompute = false;
+  Tensor input;
+  ForwardContext fc;
 };
 
 class MoELayer {
@@ -28,13 +33,17 @@ class MoELayer {
   /// the group of `tp`).
   MoELayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
            const tensor_parallel::TPContext& tp, const MoEGroups& groups);
-  /// x [s, b, h] -> [s, b, h] (x's dtype).
+  /// x [s, b, h] -> [s, b, h] (x's dtype). With --recompute-granularity selective
+  /// --recompute-modules moe in training (Megatron's moe_layer_recompute) only x and fc are kept:
+  /// this forward runs with fc.grad_enabled false (no aux-loss records or token counts, as under
+  /// Megatron's checkpoint) and backward replays it with the saved context.
   Tensor forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const;
   /// dy [s, b, h] -> dx; accumulates every parameter gradient.
   Tensor backward(const Tensor& dy, MoELayerCtx& ctx) const;
   TopKRouter& router() const { return *router_; }
 
  private:
+  Tensor run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const;  // the forward proper
   const TransformerConfig& config_;
   std::unique_ptr<TopKRouter> router_;
   std::unique_ptr<TokenDispatcher> dispatcher_;

@@ -75,7 +75,8 @@ double TopKRouter::aux_coeff(const std::string& type) const {
 }
 
 void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
-                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx) {
+                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
+                         bool grad_enabled) {
   const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
   MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
   ctx.T = T;
@@ -121,7 +122,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
   // Megatron's tracker spans the decoder and the MTP layers (router.py: num_layers + mtp_num_layers).
   const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
   // z-loss (Megatron's apply_z_loss: coefficient / tp_cp size, recorded as z_loss / coeff).
-  if (training && config_.moe_z_loss_coeff) {
+  if (training && grad_enabled && config_.moe_z_loss_coeff) {
     const double coeff = *config_.moe_z_loss_coeff / tp_cp;
     std::vector<double> dz;
     const double z = z_loss(logits, T, E, coeff, &dz);
@@ -152,7 +153,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
   // Aux losses (Megatron's _apply_aux_loss / _apply_seq_aux_loss / _apply_global_aux_loss) on the
   // scores and top-k map of compute_routing_scores_for_aux_loss.
   const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
-  if (training && (c_aux > 0 || c_seq > 0 || c_glob > 0)) {
+  if (training && grad_enabled && (c_aux > 0 || c_seq > 0 || c_glob > 0)) {
     std::vector<double> scores;
     std::vector<uint8_t> amap;
     compute_routing_scores_for_aux_loss(logits, T, E, o.topk, o.score_function, scores, amap);
@@ -216,7 +217,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     for (size_t i = 0; i < dl.size(); ++i) ctx.daux_logits[i] += dl[i];
   }
   // Expert-bias token counts (Megatron's _apply_expert_bias, on the final routing map).
-  if (training && config_.moe_router_enable_expert_bias)
+  if (training && grad_enabled && config_.moe_router_enable_expert_bias)
     for (size_t i = 0; i < routing_map.size(); ++i) local_tokens_per_expert_[i % static_cast<size_t>(E)] += routing_map[i];
 }
 

@@ -54,8 +54,12 @@ class TopKRouter {
   /// x [T, h] -> routing probs [T, E] (model dtype values; 0 where not routed) and routing map
   /// [T, E] on the host. seq_length/bsz: the [s, b] split of T (for seq_aux_loss). training:
   /// aux losses, z-loss, expert-bias token counts and jitter apply (Megatron's self.training).
+  /// grad_enabled false (torch.is_grad_enabled(): the first forward of a fully recomputed layer,
+  /// ForwardContext::grad_enabled) skips the aux losses, z-loss, their metric records and the
+  /// token counts (the replay does them once); routing and jitter are unchanged.
   void forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
-               std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx);
+               std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
+               bool grad_enabled = true);
   /// dprobs [T, E] (host) -> dx [T, h] (x's dtype); accumulates the router weight's gradient.
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
 
