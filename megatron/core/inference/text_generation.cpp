@@ -33,7 +33,7 @@ Tensor columns(const std::vector<std::vector<int64_t>>& rows, int64_t from, int6
 std::vector<float> gather_last_logits(const Tensor& logits, comm::ProcessGroup& tp) {
   const int64_t s = logits.size(0), b = logits.size(1), vl = logits.size(2), n = tp.size();
   Tensor last = logits.narrow0(s - 1, 1);
-  if (last.dtype() != DType::kFloat32) last = last.to(DType::kFloat32);
+  if (last.dtype() != DType::kFloat32) last = ops::cast_to(last, DType::kFloat32);
   Tensor all = last;
   if (n > 1) {
     all = Tensor::empty({n, b, vl}, DType::kFloat32, last.device());

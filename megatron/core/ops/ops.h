@@ -107,4 +107,16 @@ struct AdamTensor {
 #undef MEGATRON_OP
 #undef MEGATRON_OP_DEFAULT
 
+/// A new tensor holding t converted to `dtype`, on t's device. CPU: Tensor::to(dtype) (the
+/// conversion CPU code always used, so CPU results keep their bits); a device tensor: ops::cast
+/// (round to nearest even, as the CPU conversion). The same dtype: a copy. Use this, not
+/// Tensor::to(dtype), for any tensor that may live on a device (Tensor::to(dtype) is host-only and
+/// throws on a device tensor, because the tensor layer cannot call ops).
+inline Tensor cast_to(const Tensor& t, DType dtype) {
+  if (t.is_cpu() || t.dtype() == dtype) return t.to(dtype);
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  if (t.numel() > 0) cast(t, out);
+  return out;
+}
+
 }  // namespace megatron::ops

@@ -64,13 +64,8 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
                      p.main_param.device() == p.param.device())
           << p.name << ": main param " << p.main_param.str() << " for " << p.param.str();
       main_params_.push_back(p.main_param);
-    } else if (separate && !p.param.is_cpu()) {
-      // Device params: the fp32 master copy is cast on the device (Tensor::to(dtype) is CPU only).
-      Tensor mp = Tensor::empty(p.param.shape(), DType::kFloat32, p.param.device());
-      ops::cast(p.param, mp);
-      main_params_.push_back(mp);
     } else {
-      main_params_.push_back(separate ? p.param.to(DType::kFloat32) : p.param);
+      main_params_.push_back(separate ? ops::cast_to(p.param, DType::kFloat32) : p.param);
     }
     if (config_.optimizer == "adam") {
       exp_avg_.push_back(Tensor::zeros({p.param.numel()}, DType::kFloat32, p.param.device()));

@@ -167,7 +167,7 @@ def match_to_hub(model, hub):
                     cands.append((st.transpose(1, 2) if tr else st, first + second, inv))
             st = torch.stack([hub[n] for n in down])
             for tr in (False, True):
-                def inv(g, tr=tr):
+                def inv(g, tr=tr, down=down):  # bind this layer's names (not the loop's last)
                     return {n: (g[e].t() if tr else g[e]).contiguous() for e, n in enumerate(down)}
                 cands.append((st.transpose(1, 2) if tr else st, down, inv))
             hits = [c for c in cands if c[0].shape == P.shape and torch.equal(c[0], P)]
@@ -228,7 +228,9 @@ def generate(name, cfg, out, seed):
     grads = {}
     for pn, p in model.named_parameters():
         grads.update(back[pn](p.grad.detach()))
-    assert set(grads) == set(hub)
+    if set(grads) != set(hub):
+        sys.exit(f"{name}: gradients named {sorted(set(grads) - set(hub))} are not Hub tensors and Hub tensors "
+                 f"{sorted(set(hub) - set(grads))} got no gradient")
     save_file({"logits": logits.detach().contiguous()}, os.path.join(d, "logits.safetensors"))
     save_file(grads, os.path.join(d, "grads.safetensors"))
     with open(os.path.join(d, "inputs.json"), "w") as f:

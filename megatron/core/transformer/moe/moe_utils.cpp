@@ -311,7 +311,7 @@ Tensor scatter_add_rows(const Tensor& rows, const std::vector<int64_t>& idx, int
     if (!rows.is_cpu()) ids = ids.to(rows.device());
     ops::embedding_backward(rows.view({static_cast<int64_t>(idx.size()), h}), ids, acc);
   }
-  return dtype == DType::kFloat32 ? acc : acc.to(dtype);
+  return dtype == DType::kFloat32 ? acc : ops::cast_to(acc, dtype);
 }
 
 std::vector<double> to_host_f64(const Tensor& t) {

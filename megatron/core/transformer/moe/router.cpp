@@ -91,7 +91,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     std::vector<double> xv = to_host_f64(in);
     ctx.jitter.resize(xv.size());
     for (size_t i = 0; i < xv.size(); ++i) xv[i] *= (ctx.jitter[i] = u(gen));
-    in = to_device_f32(xv, {T, h}, x.device()).to(x.dtype());
+    in = ops::cast_to(to_device_f32(xv, {T, h}, x.device()), x.dtype());
   }
   ctx.input = in;
   // Gating: logits = x W^T in the router dtype (Megatron's router_gating_linear).
@@ -109,8 +109,8 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     ctx.logits_dtype = DType::kFloat64;
   } else {
     const bool f32 = rd == "fp32" && in.dtype() != DType::kFloat32;
-    Tensor xi = f32 ? in.to(DType::kFloat32) : in;
-    Tensor wi = f32 ? weight_.data().to(DType::kFloat32) : weight_.data();
+    Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
+    Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
     Tensor lg = Tensor::empty({T, E}, xi.dtype(), x.device());
     ops::linear_forward(xi, wi, nullptr, lg);
     logits = to_host_f64(lg);
@@ -242,23 +242,23 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
         }
       }
     Tensor dw = to_device_f32(dwv, {E, h}, in.device());
-    if (weight_.grad().dtype() != DType::kFloat32) dw = dw.to(weight_.grad().dtype());
+    if (weight_.grad().dtype() != DType::kFloat32) dw = ops::cast_to(dw, weight_.grad().dtype());
     ops::add_(weight_.grad(), dw);
-    dx = to_device_f32(dxv, {T, h}, in.device()).to(in.dtype());
+    dx = ops::cast_to(to_device_f32(dxv, {T, h}, in.device()), in.dtype());
   } else {
     const DType ld = ctx.logits_dtype;
     Tensor dlt = to_device_f32(dl, {T, E}, in.device());
-    if (ld != DType::kFloat32) dlt = dlt.to(ld);
-    Tensor xi = in.dtype() == ld ? in : in.to(ld);
-    Tensor wi = weight_.data().dtype() == ld ? weight_.data() : weight_.data().to(ld);
+    if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
+    Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
+    Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);
     Tensor dxi = Tensor::empty({T, h}, ld, in.device());
     ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
-    dx = ld == in.dtype() ? dxi : dxi.to(in.dtype());
+    dx = ld == in.dtype() ? dxi : ops::cast_to(dxi, in.dtype());
   }
   if (!ctx.jitter.empty()) {
     std::vector<double> d = to_host_f64(dx);
     for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
-    dx = to_device_f32(d, {T, h}, in.device()).to(in.dtype());
+    dx = ops::cast_to(to_device_f32(d, {T, h}, in.device()), in.dtype());
   }
   return dx;
 }

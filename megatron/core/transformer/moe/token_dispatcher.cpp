@@ -96,7 +96,7 @@ Tensor MoEAllGatherTokenDispatcher::combine(const Tensor& expert_output, Dispatc
   // Unpermute into all gathered tokens (fp32 sums), then reduce-scatter back to this rank's tokens.
   Tensor un = scatter_add_rows(expert_output, ctx.idx, g.size() * ctx.T, DType::kFloat32);
   Tensor mine = reduce_scatter(g, un);
-  return mine.dtype() == ctx.dtype ? mine : mine.to(ctx.dtype);
+  return mine.dtype() == ctx.dtype ? mine : ops::cast_to(mine, ctx.dtype);
 }
 
 Tensor MoEAllGatherTokenDispatcher::combine_backward(const Tensor& dy, DispatchCtx& ctx) {
@@ -112,7 +112,7 @@ Tensor MoEAllGatherTokenDispatcher::dispatch_backward(const Tensor& dx, const st
   std::vector<double> dp(static_cast<size_t>(G * T * E), 0.0);
   for (size_t i = 0; i < ctx.idx.size(); ++i) dp[static_cast<size_t>(ctx.idx[i] * E + ctx.idx_expert[i])] += dpermuted_probs[i];
   *dprobs = to_host_f64(reduce_scatter(g, to_device_f32(dp, {G * T, E}, dx.device())));
-  return d.dtype() == ctx.dtype ? d : d.to(ctx.dtype);
+  return d.dtype() == ctx.dtype ? d : ops::cast_to(d, ctx.dtype);
 }
 
 // ---- alltoall ----
