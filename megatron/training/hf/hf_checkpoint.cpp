@@ -117,7 +117,14 @@ void read_moe_config(const Cfg& c, HFModelSpec& s) {
                  " is not supported (HF jitters the experts' input too; Megatron's --moe-input-jitter-eps only the "
                  "router's)");
   } else {
-    s.num_moe_experts = c.req_int("num_experts");
+    // Qwen3MoeConfig's expert count: `num_experts` (transformers 4) or `num_local_experts`, the
+    // name transformers 5 writes (its attribute map makes the two one attribute).
+    const bool has_old = j.contains("num_experts") && !j["num_experts"].is_null();
+    const bool has_new = j.contains("num_local_experts") && !j["num_local_experts"].is_null();
+    if (has_old && has_new && j["num_experts"] != j["num_local_experts"])
+      user_error(path, ": num_experts ", j["num_experts"].dump(), " and num_local_experts ",
+                 j["num_local_experts"].dump(), " differ (they name the same count; keep one)");
+    s.num_moe_experts = c.req_int(has_new && !has_old ? "num_local_experts" : "num_experts");
     s.moe_ffn_hidden_size = c.req_int("moe_intermediate_size");
     s.moe_router_pre_softmax = !c.opt_bool("norm_topk_prob", false);
     s.qk_layernorm = true;

@@ -233,10 +233,25 @@ def generate(name, cfg, out, seed):
                  f"{sorted(set(hub) - set(grads))} got no gradient")
     save_file({"logits": logits.detach().contiguous()}, os.path.join(d, "logits.safetensors"))
     save_file(grads, os.path.join(d, "grads.safetensors"))
+    # The same model in float64: the reference both float32 implementations are measured against
+    # (the C++ test bounds our float32 error by a multiple of transformers' own float32 error, so
+    # the tolerance follows from the model's conditioning instead of being guessed). Stored as
+    # float32: that rounding (6e-8 relative) is far below the float32 errors it measures (>= 1e-7).
+    model64 = load(d).double()
+    logits64 = model64(input_ids=tokens).logits
+    loss64 = torch.nn.functional.cross_entropy(logits64.reshape(-1, logits64.shape[-1]), labels.reshape(-1))
+    loss64.backward()
+    grads64 = {}
+    for pn, p in model64.named_parameters():
+        grads64.update(back[pn](p.grad.detach()))
+    if set(grads64) != set(hub):
+        sys.exit(f"{name}: the float64 model's parameters do not map onto the Hub tensors as the float32 one's")
+    save_file({"logits": logits64.detach().float().contiguous()}, os.path.join(d, "logits64.safetensors"))
+    save_file({k: v.float().contiguous() for k, v in grads64.items()}, os.path.join(d, "grads64.safetensors"))
     with open(os.path.join(d, "inputs.json"), "w") as f:
         json.dump({"tokens": tokens.tolist(), "labels": labels.tolist()}, f)
     with open(os.path.join(d, "loss.json"), "w") as f:
-        json.dump({"loss": loss.item()}, f)
+        json.dump({"loss": loss.item(), "loss64": loss64.item()}, f)
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__, "seed": seed,
                    "min_topk_margin": min(margins), "routers_checked": len(margins)}, f, indent=1)

@@ -41,6 +41,14 @@ const std::string kDir = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/hf
 // 1e-3 >> these errors, so both sides route every token to the same experts. 1e-5 relative to
 // the largest magnitude is the project's CPU-vs-reference bound (as tests/reference/hf/).
 constexpr double kTol = 1e-5;
+// Where the fixture also holds the float64 run of the same transformers model (logits64 /
+// grads64.safetensors), a tensor may miss kTol against transformers' float32 values and still
+// pass if our float32 error against the float64 truth is within kNoise times transformers' own
+// float32 error (plus kTol): both are float32 implementations of one computation, so their errors
+// are of one size; what a wrong formula gives is orders of magnitude more. The first fixtures
+// showed why this is needed: Qwen3-MoE's gradients (qk-norm, un-renormalized softmax routing,
+// three layers of backward) differ from transformers' float32 ones by up to 4.5e-5.
+constexpr double kNoise = 4.0;
 
 std::string tmp_dir(const std::string& name) {
   auto d = fs::temp_directory_path() / ("megatron_hfmoe_" + name + "_" + std::to_string(::getpid()));
@@ -248,17 +256,32 @@ void compare_with_transformers(const std::string& name) {
   std::map<std::string, Tensor> grads;
   for (auto& p : model.parameters()) grads[p.name] = p.main_grad.to(DType::kFloat32);
   auto ref = testing::read_safetensors_f32(dir + "/grads.safetensors");
+  const bool has64 = fs::exists(dir + "/grads64.safetensors");
+  std::map<std::string, Tensor> ref64;
+  if (has64) ref64 = testing::read_safetensors_f32(dir + "/grads64.safetensors");
   auto hf_grads = megatron_to_hf(grads, spec);
   EXPECT_EQ(hf_grads.size(), ref.size()) << name << ": every HF weight has a gradient";
-  double worst = 0;
+  double worst = 0, worst64 = 0, worst_hf64 = 0;
   for (const auto& [n, g] : hf_grads) {
     ASSERT_TRUE(ref.count(n)) << name << ": no reference gradient for " << n;
     const double e = testing::max_rel_error(g, ref[n]);
     worst = std::max(worst, e);
-    EXPECT_LE(e, kTol) << name << " gradient of " << n;
+    if (e <= kTol) continue;
+    ASSERT_TRUE(has64) << name << " gradient of " << n << ": " << e << " > " << kTol
+                       << " against transformers' float32 and the fixture has no float64 run (regenerate it)";
+    ASSERT_TRUE(ref64.count(n)) << name << ": no float64 reference gradient for " << n;
+    const double ours64 = testing::max_rel_error(g, ref64[n]), hf64 = testing::max_rel_error(ref[n], ref64[n]);
+    worst64 = std::max(worst64, ours64);
+    worst_hf64 = std::max(worst_hf64, hf64);
+    EXPECT_LE(ours64, kNoise * hf64 + kTol)
+        << name << " gradient of " << n << ": ours vs float64 " << ours64 << ", transformers float32 vs float64 " << hf64;
   }
-  std::printf("%s vs transformers: logits %.2e, mean loss %.8f vs %.8f, worst gradient %.2e (%zu tensors)\n",
+  std::printf("%s vs transformers: logits %.2e, mean loss %.8f vs %.8f, worst gradient %.2e (%zu tensors)",
               name.c_str(), logits_err, mean, want, worst, hf_grads.size());
+  if (worst64 > 0)
+    std::printf("; over %.0e: ours vs float64 up to %.2e, transformers' float32 vs float64 up to %.2e", kTol, worst64,
+                worst_hf64);
+  std::printf("\n");
 }
 
 TEST(HFMoE, MixtralEqualsMixtralForCausalLM) { compare_with_transformers("mixtral_tiny"); }
