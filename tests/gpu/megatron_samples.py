@@ -15,7 +15,8 @@ the two lists can be diffed. Run on the GPU machine (torch + numpy), Megatron-LM
       Runs PRETRAIN_GPT_PY as __main__ with ARGS (under torchrun, as pretrain_gpt.py itself),
       GPTDataset.__getitem__ wrapped to print the line of every sample the data loader fetches
       (stderr, one write per line; DataLoader workers are forked and inherit the wrapper). The
-      samples are returned unchanged.
+      samples are returned unchanged. Also installs shim_distopt_load_without_apex_or_te (below):
+      test harness only, no Megatron-LM file is changed.
 
 Line: SAMPLE <split> <idx> tokens=<...> labels=<...> loss_mask_zero=<positions|-> position_ids=<arange|...>
 """
@@ -49,6 +50,49 @@ def wrap_getitem():
     GPTDataset.__getitem__ = getitem
 
 
+def shim_distopt_load_without_apex_or_te():
+    """Lets Megatron-LM's DistributedOptimizer load a checkpoint when neither Transformer Engine
+    nor Apex is installed (the oracle's machine). Test harness only, a no-op when
+    distrib_optimizer.HAVE_APEX_OR_TE is True.
+
+    Why: at load time, sharded_state_dict(is_loading=True) calls state_dict() before any step,
+    and its non-Apex/TE branch reads the step from the torch optimizer's per-param state, which
+    is still empty then (`steps = [s["step"] ... for s in state.values()]`, `assert len(steps) ==
+    1` fails). The TE/Apex branch handles an empty state (no step found). This wrapper returns,
+    for an empty state only, what state_dict() builds there, with step 0.0 in every param group
+    (what torch's fresh Adam counts, and what the non-Apex load_state_dict() needs: it reads
+    g["step"] of every group into a float tensor; None would fail there). That state dict is only
+    the template of the load: dist_checkpointing.load returns the checkpoint's common state
+    merged with the loaded tensors (serialization.py load: merge(common_state_dict, ...)), and
+    checkpointing.py load_checkpoint then calls optimizer.load_state_dict(state_dict['optimizer'])
+    with the checkpoint's param groups, whose "step" (written by every saver: Megatron's own
+    non-Apex state_dict() and megatron.cpp's writer) becomes each param's torch "step" in
+    DistributedOptimizer.load_state_dict. With a non-empty state (every save) Megatron's own
+    state_dict() runs unchanged."""
+    from megatron.core.optimizer import distrib_optimizer as do
+
+    if do.HAVE_APEX_OR_TE:
+        return
+    orig = do.DistributedOptimizer.state_dict
+
+    def state_dict(self):
+        if len(self.optimizer.state) > 0:
+            return orig(self)
+        inner = self.optimizer.state_dict()
+        assert not inner["state"], "shim_distopt_load_without_apex_or_te: acts on an empty optimizer state only"
+        out = {"optimizer": {k: v for k, v in inner.items() if k != "state"}}
+        for group in out["optimizer"]["param_groups"]:
+            del group["params"]
+            group["step"] = 0.0
+        if self.grad_scaler:
+            out["grad_scaler"] = self.grad_scaler.state_dict()
+        os.write(2, b"megatron_samples.py: DistributedOptimizer.state_dict() of an empty state (load template, "
+                    b"step 0.0; the checkpoint's step replaces it)\n")
+        return out
+
+    do.DistributedOptimizer.state_dict = state_dict
+
+
 def dataset(a):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
@@ -76,6 +120,7 @@ def main():
         sys.argv = [script] + sys.argv[3:]
         sys.path.insert(0, os.path.dirname(script))
         wrap_getitem()
+        shim_distopt_load_without_apex_or_te()
         runpy.run_path(script, run_name="__main__")
         return
     p = argparse.ArgumentParser()
