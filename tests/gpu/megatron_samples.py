@@ -18,6 +18,11 @@ the two lists can be diffed. Run on the GPU machine (torch + numpy), Megatron-LM
       samples are returned unchanged. Also installs shim_distopt_load_without_apex_or_te (below):
       test harness only, no Megatron-LM file is changed.
 
+  megatron_samples.py self-test
+      Checks shim_distopt_load_without_apex_or_te on stand-ins of Megatron-LM's module (CPU, no
+      torch): a no-op with Transformer Engine / Apex, the load template on an empty state, refused
+      on an inconsistent one, Megatron's own state_dict() on a non-empty state.
+
 Line: SAMPLE <split> <idx> tokens=<...> labels=<...> loss_mask_zero=<positions|-> position_ids=<arange|...>
 """
 import argparse
@@ -93,6 +98,65 @@ def shim_distopt_load_without_apex_or_te():
     do.DistributedOptimizer.state_dict = state_dict
 
 
+def self_test():
+    """shim_distopt_load_without_apex_or_te on stand-ins of megatron.core.optimizer.distrib_optimizer
+    (the attributes it uses: HAVE_APEX_OR_TE, DistributedOptimizer.state_dict, .optimizer with
+    torch's .state / .state_dict(), .grad_scaler)."""
+    import types
+
+    names = ["megatron", "megatron.core", "megatron.core.optimizer", "megatron.core.optimizer.distrib_optimizer"]
+    saved = {n: sys.modules.get(n) for n in names}
+    for n in names:
+        sys.modules[n] = types.ModuleType(n)
+    for parent, child in zip(names, names[1:]):
+        setattr(sys.modules[parent], child.rsplit(".", 1)[1], sys.modules[child])
+    do = sys.modules[names[-1]]
+    try:
+        class Torch:  # torch.optim.AdamW's state / state_dict() of two groups over params 0, 1, 2
+            def __init__(self, state, listed=None):
+                self.state, self.listed = state, state if listed is None else listed
+
+            def state_dict(self):
+                return {"state": dict(self.listed), "param_groups": [{"lr": 1e-3, "params": [0, 1]},
+                                                                      {"lr": 1e-3, "params": [2]}]}
+
+        class Scaler:
+            def state_dict(self):
+                return {"scale": 1.0}
+
+        class DistributedOptimizer:
+            grad_scaler = None
+
+            def state_dict(self):
+                return "megatron"
+
+        do.DistributedOptimizer, do.HAVE_APEX_OR_TE = DistributedOptimizer, True
+        shim_distopt_load_without_apex_or_te()
+        o = DistributedOptimizer()
+        o.optimizer = Torch({})
+        assert o.state_dict() == "megatron", "must be a no-op with TE / Apex"
+        do.HAVE_APEX_OR_TE = False
+        shim_distopt_load_without_apex_or_te()
+        assert o.state_dict() == {"optimizer": {"param_groups": [{"lr": 1e-3, "step": 0.0}, {"lr": 1e-3, "step": 0.0}]}}
+        o.grad_scaler = Scaler()
+        assert o.state_dict()["grad_scaler"] == {"scale": 1.0}
+        o.optimizer = Torch({0: {"step": 5.0}})
+        assert o.state_dict() == "megatron", "a non-empty state must reach Megatron's own state_dict()"
+        o.optimizer = Torch({}, listed={0: {"step": 5.0}})
+        try:
+            o.state_dict()
+            raise SystemExit("FAIL: an inconsistent state was accepted")
+        except AssertionError:
+            pass
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    print("OK: shim_distopt_load_without_apex_or_te (no-op with TE/Apex, load template, Megatron's own otherwise)")
+
+
 def dataset(a):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
@@ -122,6 +186,9 @@ def main():
         wrap_getitem()
         shim_distopt_load_without_apex_or_te()
         runpy.run_path(script, run_name="__main__")
+        return
+    if sys.argv[1:] == ["self-test"]:
+        self_test()
         return
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["dataset"])
