@@ -34,6 +34,7 @@ import json
 import os
 import pickle
 import pickletools
+import re
 import struct
 import sys
 import types
@@ -466,7 +467,7 @@ def object_diffs(a, b, path=''):
             out.append(f'{path}[{k!r}]: only in the first')
         for t, k in sorted(kb - ka, key=str):
             out.append(f'{path}[{k!r}]: only in the second')
-        in_group = path.endswith(']') and '.param_groups[' in path.rsplit("['", 1)[0] + '.'
+        in_group = re.search(r"\['param_groups'\]\[\d+\]$", path) is not None
         for t, k in sorted(ka & kb, key=str):
             if in_group and k in PARAM_GROUP_IDS and a[k] != b[k]:
                 out.append(f'{path}[{k!r}]: {a[k]!r} vs {b[k]!r} (an identifier Megatron matches groups by)')
