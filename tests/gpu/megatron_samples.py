@@ -97,6 +97,40 @@ def shim_distopt_load_without_apex_or_te():
 
     do.DistributedOptimizer.state_dict = state_dict
 
+    # Second gap of the same path (found by the oracle's first run with this shim): after the
+    # non-Apex load_state_dict() has made every param's torch "step" a tensor,
+    # load_parameter_state_from_fully_reshardable() skips "step" when it builds each param's
+    # source tensors, but _set_main_param_and_optimizer_states() then indexes the sources by every
+    # tensor of the param's torch state, "step" included (KeyError: 'step'). The step is already
+    # in place (set from the checkpoint's param groups), so the wrapper marks it as "nothing to
+    # copy" (a non-tensor, which that function skips); every other state key is copied unchanged.
+    orig_set = do.DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_main_param_and_optimizer_states(self, model_param, tensors):
+        if "step" not in tensors:
+            tensors = dict(tensors, step=None)
+        return orig_set(self, model_param, tensors)
+
+    do.DistributedOptimizer._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
+
+    # Third gap (found by the oracle's next run: Megatron's own distributed-optimizer resume
+    # drifted from iteration 7 on, 4.5e-4 -> 2e-2, while its loaded tensors were bitwise the
+    # saved ones): the non-Apex load_state_dict() gives every param's torch state the SAME step
+    # tensor (`step = torch.tensor(...)`, then `s["step"] = step` for all), torch's load keeps it
+    # shared (it does not copy "step" tensors), and torch.optim.Adam then increments it in place
+    # once per param per step: after one step the bias corrections use 5 + n_params instead of
+    # 6. The wrapper gives each param its own copy after the load (same value).
+    orig_load = do.DistributedOptimizer.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        out = orig_load(self, state_dict)
+        for st in self.optimizer.state.values():
+            if "step" in st and hasattr(st["step"], "clone"):
+                st["step"] = st["step"].clone()
+        return out
+
+    do.DistributedOptimizer.load_state_dict = load_state_dict
+
 
 def self_test():
     """shim_distopt_load_without_apex_or_te on stand-ins of megatron.core.optimizer.distrib_optimizer
@@ -120,6 +154,13 @@ def self_test():
                 return {"state": dict(self.listed), "param_groups": [{"lr": 1e-3, "params": [0, 1]},
                                                                       {"lr": 1e-3, "params": [2]}]}
 
+        class Step:  # a tensor's clone() and identity, for the step-sharing check
+            def __init__(self, v):
+                self.v = v
+
+            def clone(self):
+                return Step(self.v)
+
         class Scaler:
             def state_dict(self):
                 return {"scale": 1.0}
@@ -129,6 +170,13 @@ def self_test():
 
             def state_dict(self):
                 return "megatron"
+
+            def _set_main_param_and_optimizer_states(self, model_param, tensors):
+                return tensors
+
+            def load_state_dict(self, state_dict):  # Megatron's non-Apex load: one shared step
+                shared = Step(state_dict["step"])
+                self.optimizer.state = {0: {"step": shared}, 1: {"step": shared}}
 
         do.DistributedOptimizer, do.HAVE_APEX_OR_TE = DistributedOptimizer, True
         shim_distopt_load_without_apex_or_te()
@@ -142,6 +190,12 @@ def self_test():
         assert o.state_dict()["grad_scaler"] == {"scale": 1.0}
         o.optimizer = Torch({0: {"step": 5.0}})
         assert o.state_dict() == "megatron", "a non-empty state must reach Megatron's own state_dict()"
+        assert o._set_main_param_and_optimizer_states(None, {"param": 1}) == {"param": 1, "step": None}, \
+            "the sources without 'step' must get a non-tensor 'step' (skipped by Megatron's copy loop)"
+        assert o._set_main_param_and_optimizer_states(None, {"param": 1, "step": 2}) == {"param": 1, "step": 2}
+        o.load_state_dict({"step": 5.0})
+        a, b = o.optimizer.state[0]["step"], o.optimizer.state[1]["step"]
+        assert a is not b and a.v == b.v == 5.0, "every param must own its step after the load (same value)"
         o.optimizer = Torch({}, listed={0: {"step": 5.0}})
         try:
             o.state_dict()
