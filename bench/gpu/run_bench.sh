@@ -83,7 +83,7 @@ case $SUITE in
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 300 "$BIN/gpu_bench" mem > "$O/gpu_bench_mem.log" 2>&1
     rows "bench/gpu/run_bench.sh kernels-mem BIN_DIR" bench-lines "$O/gpu_bench_mem.log" ;;
   moe)
-    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 200 "$BIN/gpu_bench" moe > "$O/gpu_bench_moe.log" 2>&1
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 300 "$BIN/gpu_bench" moe > "$O/gpu_bench_moe.log" 2>&1
     echo "== gpu_bench moe rc=$?"; cat "$O/gpu_bench_moe.log"
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 120 python3 "$HERE/moe_peers.py" > "$O/moe_peers.log" 2>&1
     echo "== moe_peers.py rc=$?"; cat "$O/moe_peers.log"
