@@ -120,9 +120,9 @@ def hub_weights(kind, cfg, gen):
     return w
 
 
-def load(d):
+def load(d, **kwargs):
     model, info = AutoModelForCausalLM.from_pretrained(
-        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **kwargs)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
         sys.exit(f"{d}: transformers did not load the Hub-layout weights cleanly: {bad}")
@@ -237,7 +237,9 @@ def generate(name, cfg, out, seed):
     # (the C++ test bounds our float32 error by a multiple of transformers' own float32 error, so
     # the tolerance follows from the model's conditioning instead of being guessed). Stored as
     # float32: that rounding (6e-8 relative) is far below the float32 errors it measures (>= 1e-7).
-    model64 = load(d).double()
+    # experts_implementation="eager" (the per-expert loop): transformers 5's default grouped_mm
+    # backend (torch._grouped_mm) has no float64 kernel.
+    model64 = load(d, experts_implementation="eager").double()
     logits64 = model64(input_ids=tokens).logits
     loss64 = torch.nn.functional.cross_entropy(logits64.reshape(-1, logits64.shape[-1]), labels.reshape(-1))
     loss64.backward()
