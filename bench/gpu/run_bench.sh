@@ -28,9 +28,9 @@
 #   ckptio         bench/checkpoint/device_ckpt_bench.sh (our save/load beside dd)
 #   preprocess DIR bench/preprocess/device_bench.sh DIR (ours vs Megatron's preprocess_data.py)
 #
-# Environment: OUT (default /tmp/out), RESULTS, BENCH_COMMIT (default: BIN_DIR/commit.txt, else
-# `git rev-parse --short HEAD`), BENCH_MACHINE (default: from nvidia-smi), KPROF (a
-# MEGATRON_KERNEL_PROFILE window for gpt2/ll4). Logs: $OUT/<suite>/<name>.log.
+# Environment: OUT (default /tmp/out), RESULTS, BENCH_COMMIT (default: BIN_DIR/commit.txt, which the
+# build writes (tools/dev/write_commit.cmake), else `git rev-parse --short HEAD`), BENCH_MACHINE
+# (default: from nvidia-smi), KPROF (a MEGATRON_KERNEL_PROFILE window for gpt2/ll4). Logs: $OUT/<suite>/<name>.log.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 SUITE=${1:?usage: run_bench.sh SUITE BIN_DIR [ARGS...]}; BIN=$(cd "${2:?usage: run_bench.sh SUITE BIN_DIR [ARGS...]}" && pwd); shift 2
