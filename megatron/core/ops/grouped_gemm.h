@@ -61,9 +61,9 @@ inline GroupedGemmMode parse_grouped_gemm_mode(const char* v) {
 /// forward + dgrad rates follow by taking a third (its FLOP share) of the loop's time as wgrad:
 ///   Qwen3-30B-A3B shape, 128 experts x 256 rows, hidden 2048, ffn 768: 0.8-1.6 GFLOP per expert
 ///   GEMM; grouped 5.03 ms vs loop 7.61 ms (forward + dgrad: ~250 vs ~120 TFLOP/s, grouped 2x;
-///   the loop spends ~10 us per GEMM, launch plus a GEMM of 24-32 output tiles on 132 SMs).
+///   the loop spends ~10 us per GEMM, launch plus a GEMM of 12-32 output tiles on 132 SMs).
 ///   Mixtral-8x7B shape, 8 experts x 1024 rows, hidden 4096, ffn 14336: 120-240 GFLOP per expert
-///   GEMM; grouped 27.5 ms vs loop 15.0 ms (forward + dgrad: ~255 vs ~580 TFLOP/s, loop 2.2x:
+///   GEMM; grouped 27.5 ms vs loop 15.0 ms (forward + dgrad: ~257 vs ~580 TFLOP/s, loop 2.2x:
 ///   each cuBLASLt GEMM fills the GPU by itself, the grouped kernel stays at ~250 TFLOP/s).
 /// 10 GFLOP lies between the two points (geometric mean of 1.6 and 120: 14 GFLOP) and above the
 /// crossover of the model loop = 8 us + f / 580 TFLOP/s, grouped = f / 250 TFLOP/s (f = 3.5
