@@ -248,6 +248,22 @@ td::PyValue* megatron_param_groups(td::PickleDoc& d, const json& args, double st
   return groups;
 }
 
+// Whether Megatron builds a second optimizer for the routed experts (optimizer/__init__.py
+// get_megatron_optimizer: the params with allreduce False). tensor_parallel/layers.py marks the
+// experts' weights so only when they use the expert process groups: --num-experts with
+// --expert-model-parallel-size > 1 or --expert-tensor-parallel-size != --tensor-model-parallel-size
+// (as pretrain.cpp's expert buffers). Otherwise the experts are in the dense optimizer's groups
+// (is_expert_parallel false) and the ChainedOptimizer of one optimizer saves that optimizer's
+// state_dict() alone (optimizer.py ChainedOptimizer.state_dict / load_state_dict).
+bool megatron_expert_optimizer(const json& args) {
+  auto num = [&](const char* k, int64_t dflt) {
+    return args.contains(k) && args[k].is_number() ? args[k].get<int64_t>() : dflt;
+  };
+  if (num("num_experts", 0) <= 0) return false;
+  const int64_t tp = num("tensor_model_parallel_size", 1);
+  return num("expert_model_parallel_size", 1) > 1 || num("expert_tensor_parallel_size", tp) != tp;
+}
+
 }  // namespace
 
 std::string torch_dist_model_key(const std::string& key) {
@@ -333,8 +349,9 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
         const json& oc = it.value();
         const double step = oc.value("step", 0);
         (*step_value)[0] = static_cast<float>(step);
-        // One optimizer's state_dict(); MoE models have two (ChainedOptimizer.state_dict: dense,
-        // expert-parallel), saved as {0: dense, 1: experts} (its sharded_state_dict's int keys).
+        // One optimizer's state_dict(); MoE models whose routed experts are on the expert process
+        // groups have two (ChainedOptimizer.state_dict: dense, expert-parallel), saved as
+        // {0: dense, 1: experts} (its sharded_state_dict's int keys).
         auto one = [&](bool expert) -> const td::PyValue* {
           td::PyValue* torch_sd = d.dict();
           if (distributed_optimizer) {
@@ -363,8 +380,7 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
           }
           return mopt;
         };
-        const bool moe = args.contains("num_experts") && args["num_experts"].is_number() && args["num_experts"].get<int64_t>() > 0;
-        if (moe) {
+        if (megatron_expert_optimizer(args)) {
           td::PyValue* chained = d.dict();
           chained->dict.emplace_back(d.integer(0), one(false));
           chained->dict.emplace_back(d.integer(1), one(true));
@@ -372,10 +388,14 @@ void save_torch_dist_checkpoint(const dist_checkpointing::ShardedStateDict& sd, 
         } else {
           root->dict.emplace_back(d.str("optimizer"), one(false));
         }
-      } else if (k == "content_metadata" && !distributed_optimizer && it.value().is_object()) {
-        // Megatron records the distributed optimizer's sharding type only when it has one.
+      } else if (k == "content_metadata" && it.value().is_object()) {
+        // Megatron records the distributed optimizer's sharding type only when it has one, and
+        // with fully_reshardable its distrib_optim_fully_reshardable_mem_efficient flag
+        // (checkpointing.py _build_sharded_state_dict_metadata; megatron.cpp has no such mode).
         json cm = it.value();
-        cm.erase("distrib_optim_sharding_type");
+        if (!distributed_optimizer) cm.erase("distrib_optim_sharding_type");
+        else if (cm.value("distrib_optim_sharding_type", "") == "fully_reshardable")
+          cm["distrib_optim_fully_reshardable_mem_efficient"] = false;
         root->dict.emplace_back(d.str(k), td::json_to_py(cm, d));
       } else {
         root->dict.emplace_back(d.str(k), td::json_to_py(it.value(), d));

@@ -28,7 +28,9 @@
 #  (d) the samples: every Megatron run goes through tests/gpu/megatron_samples.py, which prints
 #      each sample Megatron's GPTDataset.__getitem__ returns to the data loader, our runs set
 #      MEGATRON_DUMP_SAMPLES=1; train samples 0..39 are compared field by field, and with
-#      megatron_samples.py's standalone build of the dataset.
+#      megatron_samples.py's standalone build of the dataset. megatron_samples.py also lets
+#      Megatron's DistributedOptimizer load without Transformer Engine / Apex (a test-harness shim
+#      of its state_dict() on the empty pre-load state, docstring there; no Megatron file changed);
 #  (e) bf16 (LEGS bf16): Megatron trains with --bf16 (bf16 weights, fp32 main params and Adam state in
 #      the optimizer) TP1, once with its non-distributed optimizer (main params saved as
 #      optimizer.state.fp32_param.*) and once with --use-distributed-optimizer

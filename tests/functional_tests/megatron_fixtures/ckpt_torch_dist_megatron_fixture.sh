@@ -11,6 +11,11 @@
 #     tests/gpu/torch_dist_oracle_report.py (fp32: 1e-5 relative at iteration 6, 1e-4 after; bf16:
 #     2e-3 / 1e-2, derived there), load_balancing_loss included for MoE; MoE also continues with
 #     --expert-model-parallel-size 2 (2 ranks, mpirun) against the same log.
+#  megatron_gpt_bf16_distopt_tp1 has check 1 only: Megatron-LM could not continue its own
+#  distributed-optimizer checkpoint when it was written (no Transformer Engine / Apex: its
+#  DistributedOptimizer.state_dict() asserts on the empty optimizer state at load time; the oracle
+#  now runs Megatron through tests/gpu/megatron_samples.py's shim for that), so that fixture has
+#  no megatron_iterations_6_10.log (tests/reference/torch_dist/README.md).
 # Registered by tests/CMakeLists.txt only for the fixtures that exist. Args: bin dir, source dir,
 # fixture name.
 set -euo pipefail
@@ -33,15 +38,21 @@ case $NAME in
   megatron_gpt_moe_tp1) FLAGS=("${TD_MOE[@]}"); KIND="cmp" ;;
   *) echo "error: unknown fixture '$NAME' (megatron_gpt_bf16_tp1, megatron_gpt_bf16_distopt_tp1, megatron_gpt_moe_tp1)"; exit 2 ;;
 esac
-[[ -f $FX/iter_0000005/.metadata && -f $FX/megatron_iterations_6_10.log ]] ||
-  { echo "error: $FX is incomplete (needs iter_0000005/.metadata and megatron_iterations_6_10.log)"; exit 1; }
+CONTINUE=1
+[[ $NAME == megatron_gpt_bf16_distopt_tp1 && ! -f $FX/megatron_iterations_6_10.log ]] && CONTINUE=0
+[[ -f $FX/iter_0000005/.metadata && ( $CONTINUE == 0 || -s $FX/megatron_iterations_6_10.log ) ]] ||
+  { echo "error: $FX is incomplete (needs iter_0000005/.metadata and a non-empty megatron_iterations_6_10.log)"; exit 1; }
 export OMP_NUM_THREADS=1 MEGATRON_DEVICE=cpu
 fail() { for f in "$OUT"/*.log; do echo "== $f"; grep -m3 -i error "$f" || tail -3 "$f"; done; echo "FAIL: $*"; exit 1; }
 
 "$BIN/pretrain_gpt" "${COMMON[@]}" "${FLAGS[@]}" --load "$FX" --train-iters 5 --save-interval 3 --save "$OUT/resave" \
   > "$OUT/resave.log" 2>&1 || fail "$NAME: loading Megatron's checkpoint and saving it again"
 python3 "$REF/dcp_stdlib.py" values "$FX/iter_0000005" "$OUT/resave/iter_0000005" || fail "$NAME: tensors differ after load + save"
-python3 "$REF/dcp_stdlib.py" keys "$FX/iter_0000005" "$OUT/resave/iter_0000005" || fail "$NAME: our save's keys differ from Megatron's"
+python3 "$REF/dcp_stdlib.py" keys "$FX/iter_0000005" "$OUT/resave/iter_0000005" || fail "$NAME: our save's keys or objects differ from Megatron's"
+if [[ $CONTINUE == 0 ]]; then
+  echo "$NAME: exact load + save and keys / objects checked; no Megatron continuation to compare with (no megatron_iterations_6_10.log)"
+  exit 0
+fi
 
 "$BIN/pretrain_gpt" "${COMMON[@]}" "${FLAGS[@]}" --load "$FX" > "$OUT/tp1.log" 2>&1 || fail "$NAME: continuing to iteration 10"
 printf '%s\t%s\t%s\t%s\n' "$KIND" "$NAME: Megatron's continuation vs ours (TP1)" "$FX/megatron_iterations_6_10.log" "$OUT/tp1.log" > "$OUT/legs.tsv"

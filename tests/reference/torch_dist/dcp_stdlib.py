@@ -15,7 +15,9 @@ like torch's, zipfile for torch.save archives. Used by tests/functional_tests/ck
       layer norms under Transformer Engine's fused names with --te-names).
   dcp_stdlib.py keys REF_DIR DCP_DIR
       Checks two torch_dist checkpoints hold the same tensors (key, dtype, global shape) and
-      objects, RNG / rerun-state objects aside (our writer against Megatron-LM's own checkpoints).
+      objects, RNG / rerun-state objects aside (our writer against Megatron-LM's own checkpoints),
+      and that the objects are alike inside (same_objects: the common state's dict keys, list
+      lengths, leaf kinds, the optimizer param groups' identifier values Megatron matches by).
   dcp_stdlib.py values REF_DIR DCP_DIR
       Checks that every tensor of the torch_dist checkpoint REF_DIR is in DCP_DIR with the same
       dtype, shape and bytes (exactly), the main params matched across the two optimizer layouts
@@ -32,6 +34,7 @@ import json
 import os
 import pickle
 import pickletools
+import re
 import struct
 import sys
 import types
@@ -250,7 +253,34 @@ def torch_load_bytes(data):
             dtype = {v: k for k, v in STORAGE.items()}[pid[1].__name__]
             return (dtype, z.read(prefix + 'data/' + pid[2]))
 
+        def find_class(self, module, name):
+            if module.split('.')[0] == 'megatron' and module not in sys.modules:
+                return _foreign(module, name)
+            return super().find_class(module, name)
+
     return U(io.BytesIO(pkl)).load()
+
+
+_FOREIGN = {}
+
+
+class _Foreign:
+    """Stand-in for a class of Megatron-LM's own in its common state (the enums in args and in
+    rerun_state_machine: AttnBackend, RerunMode, ...): keeps the constructor arguments / state."""
+    def __init__(self, *args):
+        self.args = args
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __repr__(self):
+        return f'{type(self).__module__}.{type(self).__name__}{self.args}'
+
+
+def _foreign(module, name):
+    if (module, name) not in _FOREIGN:
+        _FOREIGN[module, name] = type(name, (_Foreign,), {'__module__': module, '__qualname__': name})
+    return _FOREIGN[module, name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,7 +406,98 @@ def same_keys(ref_dir, dcp_dir):
         return out
     a, b = entries(ref_dir), entries(dcp_dir)
     assert a == b, f'only in {ref_dir}: {sorted(a - b)[:8]}; only in {dcp_dir}: {sorted(b - a)[:8]}'
-    print(f'OK: the same {len(a)} entries (key, dtype, shape)')
+    diffs = same_objects(ref_dir, dcp_dir)
+    for line in diffs[:20]:
+        print(f'object differs: {line}')
+    assert not diffs, f'{len(diffs)} difference(s) inside the objects of {ref_dir} and {dcp_dir}'
+    n = sum(1 for e in a if e[1] == 'bytes')
+    print(f'OK: the same {len(a)} entries (key, dtype, shape), the {n} objects alike inside')
+
+
+def read_objects(d, skip=()):
+    """The objects (BytesStorageMetadata entries) of torch_dist checkpoint d whose keys do not
+    start with one of `skip`: {key: value}, each read with torch_load_bytes (the common_state
+    object, the None _extra_state objects, ...)."""
+    md = pickle.loads(open(os.path.join(d, '.metadata'), 'rb').read())
+    out = {}
+    for idx, info in md.storage_data.items():
+        if isinstance(md.state_dict_metadata.get(idx.fqn), BytesStorageMetadata) and not idx.fqn.startswith(skip):
+            with open(os.path.join(d, info.relative_path), 'rb') as f:
+                f.seek(info.offset)
+                out[idx.fqn] = torch_load_bytes(f.read(info.length))
+    return out
+
+
+# Megatron-LM matches a saved optimizer param group to its own by these entries' values
+# (optimizer.py param_group_identifier_keys, _filter_and_reorder_param_groups).
+PARAM_GROUP_IDS = ('end_wd', 'max_lr', 'min_lr', 'optimizer', 'start_wd', 'wd_mult', 'lr_mult',
+                   'is_expert_parallel', 'is_decoupled_lr')
+# The args Megatron-LM's load reads from the checkpoint's Namespace without a default
+# (checkpointing.py check_checkpoint_args, with --vocab-file / Megatron's legacy format).
+CHECKED_ARGS = ('num_layers', 'hidden_size', 'num_attention_heads', 'max_position_embeddings',
+                'make_vocab_size_divisible_by', 'tokenizer_type', 'tensor_model_parallel_size',
+                'pipeline_model_parallel_size')
+
+
+def object_diffs(a, b, path=''):
+    """Where two unpickled objects differ in structure: dict keys (their Python type too: the
+    ChainedOptimizer's int keys), list / tuple lengths, the kind of each leaf (a number, bool, str,
+    None, a tensor's dtype and shape, a class by name), and the values of the param groups'
+    identifier entries (PARAM_GROUP_IDS, under a 'param_groups' list). An argparse.Namespace is
+    compared on CHECKED_ARGS only. Returns a list of 'path: what' lines."""
+    def kind(v):
+        if v is None or isinstance(v, (bool, str)):
+            return type(v).__name__
+        if isinstance(v, (int, float)):
+            return 'number'
+        if isinstance(v, Tensor):
+            return f'tensor {v.dtype} {list(v.shape)}'
+        if isinstance(v, (dict, list, tuple, Namespace)):
+            return type(v).__name__
+        return f'{type(v).__module__}.{type(v).__qualname__}'
+    if kind(a) != kind(b):
+        return [f'{path or "/"}: {kind(a)} vs {kind(b)}']
+    out = []
+    if isinstance(a, Namespace):
+        for k in CHECKED_ARGS:
+            out += object_diffs(getattr(a, k, '<missing>'), getattr(b, k, '<missing>'), f'{path}.{k}')
+    elif isinstance(a, dict):
+        ka, kb = {(type(k).__name__, k) for k in a}, {(type(k).__name__, k) for k in b}
+        for t, k in sorted(ka - kb, key=str):
+            out.append(f'{path}[{k!r}]: only in the first')
+        for t, k in sorted(kb - ka, key=str):
+            out.append(f'{path}[{k!r}]: only in the second')
+        in_group = re.search(r"\['param_groups'\]\[\d+\]$", path) is not None
+        for t, k in sorted(ka & kb, key=str):
+            if in_group and k in PARAM_GROUP_IDS and a[k] != b[k]:
+                out.append(f'{path}[{k!r}]: {a[k]!r} vs {b[k]!r} (an identifier Megatron matches groups by)')
+            out += object_diffs(a[k], b[k], f'{path}[{k!r}]')
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f'{path}: {len(a)} vs {len(b)} items']
+        for i, (x, y) in enumerate(zip(a, b)):
+            out += object_diffs(x, y, f'{path}[{i}]')
+    return out
+
+
+def same_objects(ref_dir, dcp_dir):
+    """The objects of two torch_dist checkpoints have the same inner structure (object_diffs),
+    the common state's entries that only one writer has aside: megatron.cpp's own
+    (megatron_cpp_*) and Megatron-LM's rerun_state_machine, which its load reads only when
+    present (checkpointing.py load_checkpoint). RNG / rerun-state objects are skipped as in
+    same_keys. Returns the difference lines."""
+    skip = ('rng_state/', 'rerun_state_machine_state/', 'megatron_cpp.')
+    a, b = (read_objects(d, skip) for d in (ref_dir, dcp_dir))
+
+    def common(v):
+        v = v[0] if isinstance(v, list) and len(v) == 1 else v
+        assert isinstance(v, dict), type(v)
+        return {k: x for k, x in v.items() if not (isinstance(k, str) and k.startswith(('megatron_cpp', 'rerun_state_machine')))}
+    out = []
+    for k in sorted(set(a) & set(b)):
+        x, y = (common(a[k]), common(b[k])) if k.startswith('common_state/') else (a[k], b[k])
+        out += object_diffs(x, y, k)
+    return out
 
 
 def same_values(ref_dir, dcp_dir):
