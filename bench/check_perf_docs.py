@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Check that every number in docs/performance.md's tables is a row of bench/results.csv.
 
+(--doc docs/moe.md checks that page the same way: ctest docs.moe_perf_tables_match_results.)
+
 Each Markdown table in the doc must be preceded (blank lines allowed) by one marker comment:
 
   <!-- perf-table commits=83d2530,cfbf136 cols=2-4,6 -->

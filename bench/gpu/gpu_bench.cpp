@@ -23,6 +23,7 @@
 #include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/moe/moe_layer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
+#include "bench/gpu/moe_layer_leg.h"
 
 using namespace megatron;
 namespace cu = megatron::ops::cuda;
@@ -175,109 +176,98 @@ void bench_decode() {
     report_bw(nm, t, 2.0 * B * QKV * 2);
   }
 }
-// MoE layer (docs/moe.md "Performance"): E experts of ffn F (SwiGLU), top-k, T tokens, bf16, EP1.
-// (1) the routed experts' six GEMMs (fc1/fc2 forward, dgrad, wgrad into fp32 main grads) over a
-// balanced split (T k / E rows each) through grouped_linear_* -- grouped cuBLAS and the
-// per-expert loop (MEGATRON_MOE_GROUPED_GEMM=0) -- beside the same six GEMMs as ONE dense GEMM of
-// T k rows (same FLOPs); (2) the whole MoELayer forward + backward (router, permute, experts,
-// unpermute, aux loss) and the Experts module alone on the counts the router produced: the
-// difference is the router + permute + unpermute + aux-loss share.
-void bench_moe(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K) {
-  using namespace megatron::transformer;
-  using namespace megatron::transformer::moe;
+// Which path the grouped GEMM op took per GEMM kind since the last call (the counters reset):
+// "fwd grouped, dgrad grouped, wgrad loop" ("grouped+loop" when the calls of a kind differed).
+std::string grouped_paths() {
+  const cu::GroupedGemmPathCounts c = cu::grouped_gemm_path_counts(true);
+  std::string s;
+  const char* kinds[3] = {"fwd", "dgrad", "wgrad"};
+  for (int k = 0; k < 3; ++k) {
+    if (c.grouped[k] + c.loop[k] == 0) continue;
+    s += std::string(s.empty() ? "" : ", ") + kinds[k] + " " +
+         (c.grouped[k] && c.loop[k] ? "grouped+loop" : c.grouped[k] ? "grouped" : "loop");
+  }
+  return s.empty() ? "none" : s;
+}
+void report_paths(const std::string& name) {
+  std::printf("%s paths: %s\n", name.c_str(), grouped_paths().c_str());
+  std::fflush(stdout);
+}
+
+// MoE expert GEMMs (docs/moe.md "Performance"): E experts of ffn F (SwiGLU), top-k, T tokens,
+// bf16, EP1: the routed experts' six GEMMs (fc1/fc2 forward, dgrad, wgrad into fp32 main grads)
+// over a balanced split (T k / E rows each) through grouped_linear_* with
+// MEGATRON_MOE_GROUPED_GEMM=1 (grouped cuBLAS where cuBLAS takes the types), =0 (per-expert loop)
+// and =auto (the per-call rule of ops/grouped_gemm.h, the default that training runs), each followed by a line
+// naming the path each GEMM kind took; beside the same six GEMMs as ONE dense GEMM of T k rows
+// (same FLOPs).
+void bench_moe_gemms(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K) {
   const int64_t R = T * K, n = R / E;
   std::vector<int64_t> counts(E, n);
   counts[0] += R - n * E;
   const double flops = 2.0 * R * H * (2 * F) * 3 + 2.0 * R * F * H * 3;  // fc1 + fc2, fwd + dgrad + wgrad
   char nm[200];
-  {
-    Tensor x = rnd({R, H}, DType::kBFloat16), f1 = rnd({R, 2 * F}, DType::kBFloat16, 0.1f),
-           a = rnd({R, F}, DType::kBFloat16), y = rnd({R, H}, DType::kBFloat16, 0.1f);
-    std::vector<Tensor> w1, w2, g1, g2;
-    for (int64_t e = 0; e < E; ++e) {
-      w1.push_back(rnd({2 * F, H}, DType::kBFloat16, 0.02f));
-      w2.push_back(rnd({H, F}, DType::kBFloat16, 0.02f));
-      g1.push_back(Tensor::zeros({2 * F, H}, DType::kFloat32, Device::cuda()));
-      g2.push_back(Tensor::zeros({H, F}, DType::kFloat32, Device::cuda()));
-    }
-    Tensor dx = Tensor::empty({R, H}, DType::kBFloat16, Device::cuda()), da = Tensor::empty({R, F}, DType::kBFloat16, Device::cuda());
-    auto experts_gemms = [&] {
-      cu::grouped_linear_forward(x, w1, counts, f1);
-      cu::grouped_linear_forward(a, w2, counts, y);
-      cu::grouped_linear_backward(y, a, w2, counts, &da, &g2, true);
-      cu::grouped_linear_backward(f1, x, w1, counts, &dx, &g1, true);
-    };
-    for (const char* mode : {"1", "0"}) {
-      setenv("MEGATRON_MOE_GROUPED_GEMM", mode, 1);
-      float t = time_ms(experts_gemms);
-      std::snprintf(nm, sizeof nm, "moe %s expert gemms %s E=%ld rows=%ld fwd+bwd", tag,
-                    mode[0] == '1' ? "grouped" : "loop", (long)E, (long)n);
-      report_flops(nm, t, flops);
-    }
-    unsetenv("MEGATRON_MOE_GROUPED_GEMM");
-    // The same FLOPs as one expert of T k rows (dense rate at the expert's shapes).
-    Tensor w1d = w1[0], w2d = w2[0];
-    float t = time_ms([&] {
-      cu::linear_forward(x, w1d, nullptr, f1);
-      cu::linear_forward(a, w2d, nullptr, y);
-      cu::linear_backward(y, a, w2d, &da, &g2[0], nullptr, true);
-      cu::linear_backward(f1, x, w1d, &dx, &g1[0], nullptr, true);
-    });
-    std::snprintf(nm, sizeof nm, "moe %s dense gemms same flops rows=%ld fwd+bwd", tag, (long)R);
-    report_flops(nm, t, flops);
+  Tensor x = rnd({R, H}, DType::kBFloat16), f1 = rnd({R, 2 * F}, DType::kBFloat16, 0.1f),
+         a = rnd({R, F}, DType::kBFloat16), y = rnd({R, H}, DType::kBFloat16, 0.1f);
+  std::vector<Tensor> w1, w2, g1, g2;
+  for (int64_t e = 0; e < E; ++e) {
+    w1.push_back(rnd({2 * F, H}, DType::kBFloat16, 0.02f));
+    w2.push_back(rnd({H, F}, DType::kBFloat16, 0.02f));
+    g1.push_back(Tensor::zeros({2 * F, H}, DType::kFloat32, Device::cuda()));
+    g2.push_back(Tensor::zeros({H, F}, DType::kFloat32, Device::cuda()));
   }
-  // (2) the layer (errors reported, not fatal: the kernel figures above stand on their own).
+  Tensor dx = Tensor::empty({R, H}, DType::kBFloat16, Device::cuda()), da = Tensor::empty({R, F}, DType::kBFloat16, Device::cuda());
+  auto experts_gemms = [&] {
+    cu::grouped_linear_forward(x, w1, counts, f1);
+    cu::grouped_linear_forward(a, w2, counts, y);
+    cu::grouped_linear_backward(y, a, w2, counts, &da, &g2, true);
+    cu::grouped_linear_backward(f1, x, w1, counts, &dx, &g1, true);
+  };
+  for (const char* mode : {"1", "0", "auto"}) {
+    setenv("MEGATRON_MOE_GROUPED_GEMM", mode, 1);
+    grouped_paths();  // reset the counters
+    float t = time_ms(experts_gemms);
+    std::snprintf(nm, sizeof nm, "moe %s expert gemms %s E=%ld rows=%ld fwd+bwd", tag,
+                  mode[0] == '1' ? "grouped" : mode[0] == '0' ? "loop" : "auto", (long)E, (long)n);
+    report_flops(nm, t, flops);
+    report_paths(nm);
+  }
+  unsetenv("MEGATRON_MOE_GROUPED_GEMM");
+  // The same FLOPs as one expert of T k rows (dense rate at the expert's shapes).
+  Tensor w1d = w1[0], w2d = w2[0];
+  float t = time_ms([&] {
+    cu::linear_forward(x, w1d, nullptr, f1);
+    cu::linear_forward(a, w2d, nullptr, y);
+    cu::linear_backward(y, a, w2d, &da, &g2[0], nullptr, true);
+    cu::linear_backward(f1, x, w1d, &dx, &g1[0], nullptr, true);
+  });
+  std::snprintf(nm, sizeof nm, "moe %s dense gemms same flops rows=%ld fwd+bwd", tag, (long)R);
+  report_flops(nm, t, flops);
+}
+
+// The MoE layer (bench/gpu/moe_layer_leg.h, bf16, the default grouped-GEMM rule): MoELayer
+// forward + backward (router, permute, experts, unpermute, aux loss) and the Experts module alone
+// on the counts the router produced; the difference is the router + permute + unpermute + aux
+// share. Errors are reported, not fatal (the kernel figures stand on their own).
+void bench_moe_layer(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K) {
+  const double flops = 2.0 * T * K * H * (2 * F) * 3 + 2.0 * T * K * F * H * 3;
+  char nm[200];
   try {
-  TransformerConfig c;
-  c.num_layers = 1;
-  c.hidden_size = H;
-  c.ffn_hidden_size = F;
-  c.num_attention_heads = 32;
-  c.add_bias_linear = false;
-  c.gated_linear_unit = true;
-  c.hidden_dropout = c.attention_dropout = 0;
-  c.num_moe_experts = E;
-  c.moe_ffn_hidden_size = F;
-  c.moe_router_topk = K;
-  c.moe_aux_loss_coeff = {1e-2};
-  c.moe_grouped_gemm = true;
-  c.params_dtype = DType::kBFloat16;
-  c.validate();
-  tensor_parallel::TPContext tp{comm::make_single_rank_group()};
-  ParamRegistry reg, ereg;
-  MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single());
-  Experts experts(ereg, "decoder.layers.0.mlp.experts", c, 0, E, 0, 1);
-  for (ParamRegistry* r : {&reg, &ereg})
-    for (size_t i = 0; i < r->params().size(); ++i) {
-      Parameter& p = r->params()[i];
-      p.data = rnd(r->local_shape(i), DType::kBFloat16, 0.02f);
-      p.main_grad = Tensor::zeros(r->local_shape(i), DType::kFloat32, Device::cuda());
-    }
-  MoEAuxLossAutoScaler::set_loss_scale(1.0);
-  Tensor x = rnd({T, 1, H}, DType::kBFloat16), dy = rnd({T, 1, H}, DType::kBFloat16, 0.1f);
-  std::vector<int64_t> seen;
-  float tl = time_ms([&] {
-    ForwardContext fc;
-    MoELayerCtx ctx;
-    MoEMetricsTracker::get().clear();
-    layer.forward(x, fc, ctx);
-    layer.backward(dy, ctx);
-    seen = ctx.experts.tokens_per_expert;
-  }, 2, 5);
-  Tensor xe = rnd({R, H}, DType::kBFloat16), pe = rnd({R}, DType::kFloat32, 0.3f),
-         dye = rnd({R, H}, DType::kBFloat16, 0.1f);
-  float te = time_ms([&] {
-    ExpertsCtx ectx;
-    std::vector<double> dprobs;
-    experts.forward(xe, seen, pe, ectx);
-    experts.backward(dye, ectx, &dprobs);
-  }, 2, 5);
-  std::snprintf(nm, sizeof nm, "moe %s layer fwd+bwd T=%ld", tag, (long)T);
-  report_flops(nm, tl, flops);
-  std::snprintf(nm, sizeof nm, "moe %s experts module fwd+bwd T=%ld", tag, (long)T);
-  report_flops(nm, te, flops);
-  std::printf("%-62s %9.1f %%\n", (std::string("moe ") + tag + " router+permute+unpermute+aux share").c_str(),
-              100.0 * (tl - te) / tl);
+    grouped_paths();  // reset the counters
+    megatron::bench::MoELayerLegResult r = megatron::bench::moe_layer_leg(
+        T, H, F, E, K, DType::kBFloat16, Device::cuda(),
+        [](const Shape& s, DType dt, float std) { return rnd(s, dt, std); },
+        [](const std::function<void()>& fn) { return static_cast<double>(time_ms(fn, 2, 5)); });
+    int64_t lo = r.tokens_per_expert.front(), hi = lo;
+    for (int64_t c : r.tokens_per_expert) lo = std::min(lo, c), hi = std::max(hi, c);
+    std::snprintf(nm, sizeof nm, "moe %s layer fwd+bwd T=%ld", tag, (long)T);
+    report_flops(nm, r.layer_ms, flops);
+    std::snprintf(nm, sizeof nm, "moe %s experts module fwd+bwd T=%ld", tag, (long)T);
+    report_flops(nm, r.experts_ms, flops);
+    std::printf("moe %s layer + experts module paths: %s; routed rows per expert %ld..%ld\n", tag,
+                grouped_paths().c_str(), (long)lo, (long)hi);
+    std::printf("%-62s %9.1f %%\n", (std::string("moe ") + tag + " router+permute+unpermute+aux share").c_str(),
+                100.0 * (r.layer_ms - r.experts_ms) / r.layer_ms);
   } catch (const std::exception& e) {
     std::printf("moe %s layer: FAILED: %s\n", tag, e.what());
   }
@@ -387,8 +377,17 @@ int main(int argc, char** argv) {
   }
   if (only.empty() || only == "decode") bench_decode();
   if (only == "moe") {  // not in the default run: bench/gpu/moe_bench.sh
-    bench_moe("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
-    bench_moe("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
+    bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
+    bench_moe_gemms("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
+    // Between the two shapes, for the grouped-vs-loop threshold (ops/grouped_gemm.h): Mixtral at
+    // 256 rows per expert (30-60 GFLOP per expert GEMM), DeepSeek-V2-Lite-shaped (64 experts,
+    // hidden 2048, ffn 1408, top-6: 384 rows, 2.2-4.4 GFLOP) and Qwen3 at 1024 rows (3.2-6.4 GFLOP).
+    bench_moe_gemms("mixtral-8x7b", 1024, 4096, 14336, 8, 2);
+    bench_moe_gemms("deepseek-v2-lite", 4096, 2048, 1408, 64, 6);
+    bench_moe_gemms("qwen3-30b-a3b", 16384, 2048, 768, 128, 8);
+    // The layer legs last: a failing one cannot hide kernel figures.
+    bench_moe_layer("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
+    bench_moe_layer("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
   }
   return 0;
 }

@@ -28,9 +28,9 @@
 #   ckptio         bench/checkpoint/device_ckpt_bench.sh (our save/load beside dd)
 #   preprocess DIR bench/preprocess/device_bench.sh DIR (ours vs Megatron's preprocess_data.py)
 #
-# Environment: OUT (default /tmp/out), RESULTS, BENCH_COMMIT (default: BIN_DIR/commit.txt, else
-# `git rev-parse --short HEAD`), BENCH_MACHINE (default: from nvidia-smi), KPROF (a
-# MEGATRON_KERNEL_PROFILE window for gpt2/ll4). Logs: $OUT/<suite>/<name>.log.
+# Environment: OUT (default /tmp/out), RESULTS, BENCH_COMMIT (default: BIN_DIR/commit.txt, which the
+# build writes (tools/dev/write_commit.cmake), else `git rev-parse --short HEAD`), BENCH_MACHINE
+# (default: from nvidia-smi), KPROF (a MEGATRON_KERNEL_PROFILE window for gpt2/ll4). Logs: $OUT/<suite>/<name>.log.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 SUITE=${1:?usage: run_bench.sh SUITE BIN_DIR [ARGS...]}; BIN=$(cd "${2:?usage: run_bench.sh SUITE BIN_DIR [ARGS...]}" && pwd); shift 2
@@ -83,7 +83,7 @@ case $SUITE in
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 300 "$BIN/gpu_bench" mem > "$O/gpu_bench_mem.log" 2>&1
     rows "bench/gpu/run_bench.sh kernels-mem BIN_DIR" bench-lines "$O/gpu_bench_mem.log" ;;
   moe)
-    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 200 "$BIN/gpu_bench" moe > "$O/gpu_bench_moe.log" 2>&1
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 300 "$BIN/gpu_bench" moe > "$O/gpu_bench_moe.log" 2>&1
     echo "== gpu_bench moe rc=$?"; cat "$O/gpu_bench_moe.log"
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 120 python3 "$HERE/moe_peers.py" > "$O/moe_peers.log" 2>&1
     echo "== moe_peers.py rc=$?"; cat "$O/moe_peers.log"

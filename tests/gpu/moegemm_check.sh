@@ -5,7 +5,8 @@
 #
 # What: a tiny bf16 MoE GPT (2 MoE layers, 16 SwiGLU experts top-4, aux + z loss; 16 experts over
 # 256 routed rows per micro-batch leave some experts without tokens) trained 10 iterations on the
-# GPU three ways: the grouped cuBLAS GEMM (default), the per-expert cuBLASLt loop
+# GPU three ways: the grouped cuBLAS GEMM (forced: MEGATRON_MOE_GROUPED_GEMM=1; the default rule
+# would pick it here too, small experts), the per-expert cuBLASLt loop
 # (MEGATRON_MOE_GROUPED_GEMM=0) and the CPU reference (fp32 math on bf16 values).
 # The grouped and loop runs differ only in the GEMMs' summation order (fp32 accumulation, then the
 # same bf16 rounding: a last-bit flip in some outputs), so iteration 1's lm loss agrees to 1e-3
@@ -53,7 +54,7 @@ print('%s %s vs %s: lm loss relative difference iteration 1 %.2e, worst %.2e (lo
 sys.exit(0 if ok else 1)
 PY
 }
-run grouped cuda || exit 1
+run grouped cuda MEGATRON_MOE_GROUPED_GEMM=1 || exit 1
 run loop cuda MEGATRON_MOE_GROUPED_GEMM=0 && compare grouped loop
 run cpu cpu OMP_NUM_THREADS=8 && compare grouped cpu
 grep -h "elapsed time per iteration" "$OUTD/grouped.log" | tail -1 | sed 's/^/INFO grouped: /'

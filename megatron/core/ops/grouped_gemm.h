@@ -2,6 +2,7 @@
 // (grouped_linear_forward / grouped_linear_backward, op_table.h).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "megatron/core/tensor/tensor.h"
@@ -32,6 +33,58 @@ inline void check_grouped_forward(const Tensor& x, const std::vector<Tensor>& ws
   check_grouped_linear("grouped_linear_forward", x, ws, counts);
   MEGATRON_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == ws.front().size(0))
       << "grouped_linear_forward: y " << y.str();
+}
+
+/// How the CUDA backend runs one grouped GEMM call (one GEMM kind of all local experts).
+enum class GroupedGemmPath {
+  kGrouped,  ///< one cublasGemmGroupedBatchedEx_64 call, one group per expert with rows
+  kLoop,     ///< the per-expert loop of cuBLASLt GEMMs (linear_forward / linear_backward)
+};
+
+/// MEGATRON_MOE_GROUPED_GEMM (docs/environment.md): unset or "auto" -> the per-call rule of
+/// choose_grouped_gemm_path, "1" -> grouped wherever cuBLAS takes the types, "0" -> the loop.
+enum class GroupedGemmMode { kAuto, kGrouped, kLoop };
+
+/// Parses the value of MEGATRON_MOE_GROUPED_GEMM (nullptr = unset). Throws UserError naming the
+/// variable for any other value.
+inline GroupedGemmMode parse_grouped_gemm_mode(const char* v) {
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return GroupedGemmMode::kAuto;
+  if (std::strcmp(v, "1") == 0) return GroupedGemmMode::kGrouped;
+  if (std::strcmp(v, "0") == 0) return GroupedGemmMode::kLoop;
+  user_error("MEGATRON_MOE_GROUPED_GEMM=", v, ": expected auto, 1 (grouped cuBLAS) or 0 (per-expert loop)");
+}
+
+/// Auto rule's threshold: the largest mean per-expert GEMM, in FLOPs (2 m n k summed over the
+/// experts with rows, divided by their number), that still goes to the grouped kernel. From the
+/// first H200 run of bench/gpu/moe_bench.sh (d1cba35; docs/moe.md "Kernels" and "Performance"),
+/// six expert GEMMs fwd + bwd, where the wgrad loops on both paths (see below), so that the
+/// forward + dgrad rates follow by taking a third (its FLOP share) of the loop's time as wgrad:
+///   Qwen3-30B-A3B shape, 128 experts x 256 rows, hidden 2048, ffn 768: 0.8-1.6 GFLOP per expert
+///   GEMM; grouped 5.03 ms vs loop 7.61 ms (forward + dgrad: ~250 vs ~120 TFLOP/s, grouped 2x;
+///   the loop spends ~10 us per GEMM, launch plus a GEMM of 12-32 output tiles on 132 SMs).
+///   Mixtral-8x7B shape, 8 experts x 1024 rows, hidden 4096, ffn 14336: 120-240 GFLOP per expert
+///   GEMM; grouped 27.5 ms vs loop 15.0 ms (forward + dgrad: ~257 vs ~580 TFLOP/s, loop 2.2x:
+///   each cuBLASLt GEMM fills the GPU by itself, the grouped kernel stays at ~250 TFLOP/s).
+/// 10 GFLOP lies between the two points (geometric mean of 1.6 and 120: 14 GFLOP) and above the
+/// crossover of the model loop = 8 us + f / 580 TFLOP/s, grouped = f / 250 TFLOP/s (f = 3.5
+/// GFLOP), which the loop's lower rate on small GEMMs moves up. A shape between the two points
+/// (gpu_bench moe's sweep) would place it better.
+inline constexpr double kGroupedGemmMaxMeanFlops = 1e10;
+
+/// The path of one grouped call: `groups` experts with rows, `total_flops` = Σ 2 m n k over them,
+/// inputs of dtype `in` and output (C) of dtype `out`. Always the loop when fewer than 2 experts
+/// have rows, for float32 inputs (they stay true fp32 on cuBLASLt) and when out != in: cuBLAS's
+/// grouped GEMM has no bf16/fp16 -> fp32 entry (its type table; the H200 run's cuBLAS refused the
+/// wgrad into the fp32 main grads with status 15), so the wgrad always loops. Otherwise kGrouped
+/// and kLoop force their path, and kAuto takes grouped when total_flops / groups is below
+/// kGroupedGemmMaxMeanFlops.
+inline GroupedGemmPath choose_grouped_gemm_path(GroupedGemmMode mode, DType in, DType out, int64_t groups,
+                                                double total_flops) {
+  if (groups < 2 || mode == GroupedGemmMode::kLoop) return GroupedGemmPath::kLoop;
+  if ((in != DType::kBFloat16 && in != DType::kFloat16) || out != in) return GroupedGemmPath::kLoop;
+  if (mode == GroupedGemmMode::kGrouped) return GroupedGemmPath::kGrouped;
+  return total_flops / static_cast<double>(groups) < kGroupedGemmMaxMeanFlops ? GroupedGemmPath::kGrouped
+                                                                              : GroupedGemmPath::kLoop;
 }
 
 /// Calls fn(e, first_row, rows) for every expert e with rows = counts[e] > 0, first_row being the

@@ -10,7 +10,9 @@
 #include <cstring>
 #include <random>
 
+#include "megatron/core/ops/grouped_gemm.h"
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/utils/errors.h"
 
 namespace megatron {
 namespace {
@@ -292,6 +294,47 @@ TEST(GroupedLinear, RejectsCountsThatDoNotCoverTheRows) {
   std::vector<Tensor> w = {randn({kOut, kIn}, 1.0f, 6), randn({kOut, kIn}, 1.0f, 7)};
   EXPECT_ANY_THROW(ops::grouped_linear_forward(x, w, {1, 2}, y));      // 3 of 4 rows
   EXPECT_ANY_THROW(ops::grouped_linear_forward(x, w, {4}, y));         // one count, two weights
+}
+
+// The CUDA path rule (ops/grouped_gemm.h) against the first H200 measurements it was written from
+// (docs/moe.md "Kernels"): at each measured shape the rule must pick the path that was faster
+// there, for every forward / dgrad GEMM kind; the wgrad into fp32 main grads, float32 models and a
+// single expert with rows always loop (cuBLAS has no grouped bf16 -> fp32 GEMM; fp32 stays on
+// cuBLASLt); MEGATRON_MOE_GROUPED_GEMM=1 / 0 force a path, any other value is refused by name.
+TEST(GroupedGemmRule, PicksTheFasterMeasuredPath) {
+  using M = ops::GroupedGemmMode;
+  using P = ops::GroupedGemmPath;
+  const DType bf = DType::kBFloat16;
+  struct Shape3 {
+    int64_t experts, rows, hidden, ffn;
+    P faster;  // measured, forward + dgrad
+  };
+  // Qwen3-30B-A3B: grouped 5.03 ms vs loop 7.61 ms; Mixtral-8x7B: grouped 27.5 ms vs loop 15.0 ms.
+  for (const Shape3& c : {Shape3{128, 256, 2048, 768, P::kGrouped}, Shape3{8, 1024, 4096, 14336, P::kLoop}}) {
+    const double e = static_cast<double>(c.experts), r = static_cast<double>(c.rows);
+    const double fc1 = 2.0 * r * (2.0 * c.ffn) * c.hidden, fc2 = 2.0 * r * c.hidden * c.ffn;  // same for dgrad
+    for (double per_expert : {fc1, fc2}) {
+      EXPECT_EQ(ops::choose_grouped_gemm_path(M::kAuto, bf, bf, c.experts, e * per_expert), c.faster)
+          << c.experts << " experts, " << per_expert << " FLOP each";
+      EXPECT_EQ(ops::choose_grouped_gemm_path(M::kAuto, bf, DType::kFloat32, c.experts, e * per_expert), P::kLoop);
+      EXPECT_EQ(ops::choose_grouped_gemm_path(M::kGrouped, bf, bf, c.experts, e * per_expert), P::kGrouped);
+      EXPECT_EQ(ops::choose_grouped_gemm_path(M::kGrouped, bf, DType::kFloat32, c.experts, e * per_expert), P::kLoop);
+      EXPECT_EQ(ops::choose_grouped_gemm_path(M::kLoop, bf, bf, c.experts, e * per_expert), P::kLoop);
+    }
+  }
+  EXPECT_EQ(ops::choose_grouped_gemm_path(M::kGrouped, DType::kFloat32, DType::kFloat32, 8, 8e6), P::kLoop);
+  EXPECT_EQ(ops::choose_grouped_gemm_path(M::kGrouped, bf, bf, 1, 1e6), P::kLoop);
+  EXPECT_EQ(ops::choose_grouped_gemm_path(M::kAuto, DType::kFloat16, DType::kFloat16, 4, 4e6), P::kGrouped);
+  EXPECT_EQ(ops::parse_grouped_gemm_mode(nullptr), M::kAuto);
+  EXPECT_EQ(ops::parse_grouped_gemm_mode("auto"), M::kAuto);
+  EXPECT_EQ(ops::parse_grouped_gemm_mode("1"), M::kGrouped);
+  EXPECT_EQ(ops::parse_grouped_gemm_mode("0"), M::kLoop);
+  try {
+    ops::parse_grouped_gemm_mode("yes");
+    ADD_FAILURE() << "MEGATRON_MOE_GROUPED_GEMM=yes accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("MEGATRON_MOE_GROUPED_GEMM=yes"), std::string::npos) << e.what();
+  }
 }
 
 // Products of two floats are exact in float64 and the reference sums j ascending like this loop:

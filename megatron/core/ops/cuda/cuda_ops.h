@@ -22,6 +22,17 @@ namespace megatron::ops::cuda {
 #undef MEGATRON_OP
 #undef MEGATRON_OP_DEFAULT
 
+/// Calls of grouped_linear_forward / grouped_linear_backward per GEMM kind (index 0 forward, 1 dgrad,
+/// 2 wgrad) by the path they took (ops/grouped_gemm.h choose_grouped_gemm_path: one grouped cuBLAS
+/// call, or the per-expert cuBLASLt loop, which includes calls cuBLAS refused).
+struct GroupedGemmPathCounts {
+  int64_t grouped[3] = {0, 0, 0};
+  int64_t loop[3] = {0, 0, 0};
+};
+/// The counts since the process started or the last reset (grouped_gemm.cu); reset: zero them
+/// after reading. bench/gpu/gpu_bench prints which path each MoE figure used.
+GroupedGemmPathCounts grouped_gemm_path_counts(bool reset);
+
 /// Bias gradient of a linear layer: dbias[f] (+)= Σ_rows dy[rows, f], summed in fp32 in a fixed
 /// order (not rounded; fp32 or dy-typed dbias), one 16-byte-load pass over dy (gelu_bgrad.cu).
 /// bf16/fp16 dy, f % 8 == 0, 16-byte aligned; false (nothing written) otherwise. linear_backward

@@ -1,16 +1,21 @@
 // Grouped GEMM of the routed experts on CUDA (op_table.h grouped_linear_forward / _backward;
-// docs/moe.md "Kernels"): all local experts' GEMMs of one kind (fc forward, dgrad or wgrad) in ONE
-// cublasGemmGroupedBatchedEx_64 call (bf16/fp16 in, fp32 compute; one group per expert with
-// tokens, since every expert has its own row count), instead of one cuBLASLt launch per expert.
-// Row-major products are issued as their column-major transposes (as gemm.cu does). Where cuBLAS
-// refuses the combination (status NOT_SUPPORTED / INVALID_VALUE, e.g. a float32 input), where only
-// one expert has tokens, or with MEGATRON_MOE_GROUPED_GEMM=0 (A/B runs), the same work runs as the
-// per-expert loop of linear_forward / linear_backward on cuBLASLt. Everything runs on current_stream().
+// docs/moe.md "Kernels"): all local experts' GEMMs of one kind (fc forward, dgrad or wgrad) either
+// in ONE cublasGemmGroupedBatchedEx_64 call (bf16/fp16 in and out, fp32 compute; one group per
+// expert with tokens, since every expert has its own row count) or as the per-expert loop of
+// linear_forward / linear_backward on cuBLASLt. The path is chosen per call by
+// choose_grouped_gemm_path (grouped_gemm.h, where the measurements behind the rule are): grouped
+// when the mean per-expert GEMM is small (below 10 GFLOP: many small experts, where the loop's
+// per-GEMM cost dominates), the loop for large experts (each cuBLASLt GEMM fills the GPU and runs
+// at twice the grouped kernel's rate), for the wgrad into fp32 main grads (cuBLAS's grouped GEMM
+// has no bf16 -> fp32 entry), for float32 and for a single expert with tokens.
+// MEGATRON_MOE_GROUPED_GEMM=1 / 0 forces either path (A/B runs, bench/gpu/gpu_bench moe); a type
+// pair cuBLAS still refuses falls back to the loop with a one-time stderr line. Row-major products
+// are issued as their column-major transposes (as gemm.cu does). Everything runs on current_stream().
 #include <cublas_v2.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -53,21 +58,16 @@ struct Problem {
   int64_t ldc;
 };
 
-// MEGATRON_MOE_GROUPED_GEMM=0 selects the per-expert loop (read at every call so one process,
-// e.g. bench/gpu/moe_bench, can time both).
-bool grouped_enabled() {
-  const char* v = std::getenv("MEGATRON_MOE_GROUPED_GEMM");
-  return !(v && std::strcmp(v, "0") == 0);
-}
+// Calls per GEMM kind (0 forward, 1 dgrad, 2 wgrad) and path, for grouped_gemm_path_counts.
+std::atomic<int64_t> g_grouped_calls[3], g_loop_calls[3];
 
 std::mutex g_unsupported_mu;
 std::set<std::tuple<int, int>> g_unsupported;  // (input dtype, output dtype) cuBLAS refused
 
-// Runs `ps` as one cublasGemmGroupedBatchedEx_64 call (alpha 1, the given beta). Returns false
-// (nothing launched) when the grouped path does not apply; the caller then loops.
-bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
-  if (ps.size() < 2 || !grouped_enabled()) return false;
-  if (ab != DType::kBFloat16 && ab != DType::kFloat16) return false;  // fp32 stays true fp32 (cuBLASLt)
+// One cublasGemmGroupedBatchedEx_64 call of `ps` (alpha 1, the given beta; at least 2 problems,
+// bf16/fp16 inputs). Returns false, launching nothing, when cuBLAS refuses the type pair (then
+// remembered: later calls of that pair loop without asking).
+bool run_grouped_cublas(const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
   const std::tuple<int, int> combo{(int)ab, (int)ct};
   {
     std::lock_guard<std::mutex> g(g_unsupported_mu);
@@ -108,6 +108,20 @@ bool run_grouped(const std::vector<Problem>& ps, DType ab, DType ct, float beta)
   return true;
 }
 
+// Runs `ps` (GEMM kind `kind`, 0 forward, 1 dgrad, 2 wgrad) as one cublasGemmGroupedBatchedEx_64
+// call (alpha 1, the given beta) when choose_grouped_gemm_path picks the grouped path and cuBLAS
+// takes the types. Returns false (nothing launched) otherwise; the caller then loops.
+bool run_grouped(int kind, const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
+  double flops = 0;
+  for (const Problem& p : ps) flops += 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  // MEGATRON_MOE_GROUPED_GEMM is read at every call so that one process (gpu_bench moe) can time both paths.
+  const GroupedGemmPath path = choose_grouped_gemm_path(parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM")),
+                                                        ab, ct, static_cast<int64_t>(ps.size()), flops);
+  const bool ran = path == GroupedGemmPath::kGrouped && run_grouped_cublas(ps, ab, ct, beta);
+  (ran ? g_grouped_calls : g_loop_calls)[kind].fetch_add(1, std::memory_order_relaxed);
+  return ran;
+}
+
 const char* at(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.data_ptr()) + row * t.size(1) * static_cast<int64_t>(dtype_size(t.dtype()));
 }
@@ -124,7 +138,7 @@ void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, cons
   for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
   });
-  if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(ps, x.dtype(), y.dtype(), 0.0f)) return;
+  if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(0, ps, x.dtype(), y.dtype(), 0.0f)) return;
   per_expert_forward(x, ws, counts, y, linear_forward);
 }
 
@@ -142,7 +156,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
     for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
       ps.push_back({false, false, in, n, out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
     });
-    if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(ps, dy.dtype(), dx->dtype(), 0.0f)))
+    if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(1, ps, dy.dtype(), dx->dtype(), 0.0f)))
       for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
         Tensor dxe = dx->narrow0(off, n);
         linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], &dxe, nullptr, nullptr, accumulate);
@@ -161,10 +175,19 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
   for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     ps.push_back({false, true, in, out, n, at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
   });
-  if (nonempty && same_type && run_grouped(ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
+  if (nonempty && same_type && run_grouped(2, ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
   for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
     linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], nullptr, &(*dws)[e], nullptr, accumulate);
   });
+}
+
+GroupedGemmPathCounts grouped_gemm_path_counts(bool reset) {
+  GroupedGemmPathCounts c;
+  for (int k = 0; k < 3; ++k) {
+    c.grouped[k] = reset ? g_grouped_calls[k].exchange(0) : g_grouped_calls[k].load();
+    c.loop[k] = reset ? g_loop_calls[k].exchange(0) : g_loop_calls[k].load();
+  }
+  return c;
 }
 
 }  // namespace megatron::ops::cuda

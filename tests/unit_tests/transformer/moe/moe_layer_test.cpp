@@ -10,6 +10,7 @@
 #include <random>
 
 #include "test_utils/dist_test_util.h"
+#include "bench/gpu/moe_layer_leg.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"
@@ -534,6 +535,36 @@ TEST(DistMoE, ExpertParallelTimesExpertTensorParallel) {
   const int n = testing::dist_world()->size();
   if (n % 4 != 0) GTEST_SKIP() << "EP2 x expert-TP2 needs 4 ranks";
   for (const char* d : {"allgather", "alltoall"}) check_expert_parallel(n / 2, 2, d, false);
+}
+
+// gpu_bench moe's layer leg (bench/gpu/moe_layer_leg.h) on the CPU at a tiny shape, through the
+// same code the GPU runs: the Experts module must receive the router's counts (E of them, summing
+// to T k: no token dropping without a capacity factor), and both timed bodies run to the end. The
+// first GPU run failed here ("experts: 0 counts": the counts were read after MoELayer::backward,
+// which resets the forward context). Timer: one call, 1 ms reported.
+TEST(MoELayerLeg, TheExpertsModuleRunsOnTheRoutersCounts) {
+  const int64_t T = 24, H = 16, F = 8, E = 4, K = 2;
+  std::mt19937 rng(7);
+  auto rnd = [&](const Shape& s, DType dt, float std) {
+    std::normal_distribution<float> d(0.0f, std);
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (float& x : v) x = d(rng);
+    return Tensor::from_vector(v, s).to(dt);
+  };
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    int calls = 0;
+    bench::MoELayerLegResult r = bench::moe_layer_leg(T, H, F, E, K, dt, Device::cpu(), rnd, [&](const std::function<void()>& fn) {
+      fn();
+      ++calls;
+      return 1.0;
+    });
+    ASSERT_EQ(static_cast<int64_t>(r.tokens_per_expert.size()), E) << dtype_name(dt);
+    EXPECT_EQ(std::accumulate(r.tokens_per_expert.begin(), r.tokens_per_expert.end(), int64_t{0}), T * K);
+    for (int64_t c : r.tokens_per_expert) EXPECT_GE(c, 0);
+    EXPECT_EQ(calls, 2);
+    EXPECT_EQ(r.layer_ms, 1.0);
+    EXPECT_EQ(r.experts_ms, 1.0);
+  }
 }
 
 }  // namespace
