@@ -455,8 +455,14 @@ TEST_P(Flavours, PipelinedGreedyLoopEqualsPerOpPath) {
 // other value is refused with a line naming the variable.
 TEST(Inference, DecodeGraphEnvironmentSwitch) {
   auto model = tiny_model("llama_tiny");
-  struct Restore {
-    ~Restore() { unsetenv("MEGATRON_DECODE_CUDA_GRAPH"); }
+  struct Restore {  // the caller's value (if any) back at the end
+    const char* v = std::getenv("MEGATRON_DECODE_CUDA_GRAPH");
+    std::string saved = v ? v : "";
+    bool had = v != nullptr;
+    ~Restore() {
+      if (had) setenv("MEGATRON_DECODE_CUDA_GRAPH", saved.c_str(), 1);
+      else unsetenv("MEGATRON_DECODE_CUDA_GRAPH");
+    }
   } restore;
   setenv("MEGATRON_DECODE_CUDA_GRAPH", "1", 1);
   EXPECT_FALSE(TextGenerator(*model, nullptr, 1).decode_pipeline());
