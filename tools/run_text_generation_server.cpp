@@ -280,7 +280,9 @@ int run(int argc, char** argv) {
 
   inf::TextGenerator generator(model, ps::get_tensor_model_parallel_group(), static_cast<uint64_t>(args.seed));
   if (generator.decode_graph_mode() == inf::DecodeGraphMode::kGraph && args.tensor_model_parallel_size == 1)
-    say("decode steps: CUDA graph per batch size (docs/inference.md; MEGATRON_DECODE_CUDA_GRAPH=0 runs them op by op)");
+    say(std::string("decode steps: CUDA graph per batch size") +
+        (generator.decode_pipeline() ? ", greedy steps pipelined" : "") +
+        " (docs/inference.md; MEGATRON_DECODE_CUDA_GRAPH=1: a graph launch per step, 0: op by op)");
   inf::GenerationLimits limits;
   limits.max_position_embeddings = *args.max_position_embeddings;
   limits.max_tokens_to_oom = tg.max_tokens_to_oom;

@@ -6,14 +6,17 @@
 #      bf16) to a scratch dir, measures its decode at batch 1 and 32 and records the greedy
 #      continuations (with the raw logits' top-2 margins) of the oracle prompts;
 #   2. meanwhile (other CPU cores) our convert_checkpoint imports that HF model (--loader hf);
-#   3. our server loads the import (--load) and runs the same decode measurements and prompts, twice:
-#      with the decode step as a CUDA graph (the default) and op by op (MEGATRON_DECODE_CUDA_GRAPH=0,
-#      rows marked "op by op"; its greedy tokens must equal the graph run's).
+#   3. our server loads the import (--load) and runs the same decode measurements and prompts, three
+#      times: with the decode step as a CUDA graph and the greedy loop pipelined (the default, "ours"),
+#      with one graph launch per step (MEGATRON_DECODE_CUDA_GRAPH=1, rows marked "per-step graph";
+#      GRAPH1=0 skips this run) and op by op (MEGATRON_DECODE_CUDA_GRAPH=0, rows marked "op by op");
+#      their greedy tokens must be equal.
 # Builds nothing. Needs python3 with torch + transformers (+ safetensors) and a CUDA build's bin/.
 #
 #   bash bench/gpu/generate_bench.sh BIN_DIR [OUT_DIR]          (from the repository root)
 #   env: NUM_LAYERS (default 32), WORK (scratch, default /tmp/generate_bench_work; deleted at the
 #        end: ~2 x 16 GB), PORT (5123), COMMIT (for the results rows; default git rev-parse),
+#        GRAPH1=0: no per-step-graph run (MEGATRON_DECODE_CUDA_GRAPH=1),
 #        HF_COMPILE=1: also transformers' default static-cache mode on CUDA, the decode step
 #        torch.compile'd (phase 3b; its compilation takes minutes: beyond the ~4 minutes otherwise)
 # The transformers peer of the default run is eager (generation_config.disable_compile = True).
@@ -31,8 +34,9 @@
 # Output: OUT_DIR/gpu_bench_decode.log (gpu_bench decode: the step's GEMMs at m = 1 and 32 in GB/s
 # of weights, the decode attention, the argmax), OUT_DIR/generate_bench.json, OUT_DIR/results_rows.csv (bench/append_result.py rows, ours
 # as value, transformers as peer), OUT_DIR/kernel_profile.txt (our decode steps at batch 1 and 32,
-# CUPTI, from two extra untimed requests of the graph run; kernel_profile_eager.txt: the same of the
-# op-by-op run), OUT_DIR/ours.json / ours_eager.json (the two server runs), logs (server.log,
+# CUPTI, from two extra untimed requests of the default run; kernel_profile_graph1.txt and
+# kernel_profile_eager.txt: the same of the per-step-graph and op-by-op runs), OUT_DIR/ours.json /
+# ours_graph1.json / ours_eager.json (the server runs), logs (server.log, server_graph1.log,
 # server_eager.log). If the import fails, ours runs on its own random init
 # (perf only, no oracle) and says so.
 set -euo pipefail
@@ -179,15 +183,18 @@ if ((${#IMPORT_FLAGS[@]} > 0)); then
   MODEL=("${IMPORT_FLAGS[@]}" --bf16 --tokenizer-type NullTokenizer --vocab-size 128256)
 fi
 echo "our model flags: ${MODEL[*]}"
-# Two server runs on the same checkpoint: MODE graph (the default: the decode step replays a CUDA
-# graph, docs/inference.md "CUDA graph of the decode step"), then MODE eager
-# (MEGATRON_DECODE_CUDA_GRAPH=0: op by op, the comparison), each with the same requests: timings,
-# the greedy oracle prompts (the two runs' tokens must be equal: the modes give the same bits) and
-# the two profiled requests.
+# Server runs on the same checkpoint: MODE graph (the default: the decode step replays a CUDA
+# graph and the greedy loop is pipelined, docs/inference.md "Pipelined decode"), MODE graph1
+# (MEGATRON_DECODE_CUDA_GRAPH=1: one graph launch per step, after the previous step's ids were
+# read) and MODE eager (MEGATRON_DECODE_CUDA_GRAPH=0: op by op), each with the same requests:
+# timings, the greedy oracle prompts (the runs' tokens must be equal: the modes give the same bits)
+# and the two profiled requests.
 ours_server() {
   local mode=$1 log="$OUT/server.log" json="$OUT/ours.json" vars=(MEGATRON_GENERATE_PROFILE=16,17)
   if [[ $mode == eager ]]; then
     log="$OUT/server_eager.log" json="$OUT/ours_eager.json" vars=(MEGATRON_GENERATE_PROFILE=16,17 MEGATRON_DECODE_CUDA_GRAPH=0)
+  elif [[ $mode == graph1 ]]; then
+    log="$OUT/server_graph1.log" json="$OUT/ours_graph1.json" vars=(MEGATRON_GENERATE_PROFILE=16,17 MEGATRON_DECODE_CUDA_GRAPH=1)
   fi
   # Requests 16 and 17 (see the client below) record a kernel profile of their decode steps.
   env "${vars[@]}" MEGATRON_TEXT_GENERATION_HOST=127.0.0.1 "$BIN/run_text_generation_server" "${MODEL[@]}" "${LOAD[@]}" \
@@ -234,11 +241,17 @@ PY
   phase "ours done ($mode decode)"
 }
 ours_server graph
+rm -f "$OUT/ours_graph1.json"
+if [[ "${GRAPH1:-1}" != 0 ]]; then ours_server graph1; fi
 ours_server eager
 grep -E "^text generation:" "$OUT/server.log" || true  # a graph capture failure would be noted here
 grep -E "^generate call|kernel profile \|" "$OUT/server.log" > "$OUT/kernel_profile.txt" || true
 grep -E "^generate call|kernel profile \|" "$OUT/server_eager.log" > "$OUT/kernel_profile_eager.txt" || true
-echo "kernel profile, decode step as a CUDA graph:"; cat "$OUT/kernel_profile.txt"
+echo "kernel profile, decode step as a CUDA graph, greedy loop pipelined:"; cat "$OUT/kernel_profile.txt"
+if [[ -f "$OUT/server_graph1.log" && -f "$OUT/ours_graph1.json" ]]; then
+  grep -E "^generate call|kernel profile \|" "$OUT/server_graph1.log" > "$OUT/kernel_profile_graph1.txt" || true
+  echo "kernel profile, one graph launch per step (MEGATRON_DECODE_CUDA_GRAPH=1):"; cat "$OUT/kernel_profile_graph1.txt"
+fi
 echo "kernel profile, op by op (MEGATRON_DECODE_CUDA_GRAPH=0):"; cat "$OUT/kernel_profile_eager.txt"
 
 # ---- 3b. optional (HF_COMPILE=1): transformers' default static-cache mode, the decode step compiled ----
@@ -279,6 +292,11 @@ out, layers, commit, repo = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv
 hf, ours = json.load(open(f"{out}/hf.json")), json.load(open(f"{out}/ours.json"))
 eager = json.load(open(f"{out}/ours_eager.json"))
 E = {int(k): v for k, v in eager["tok_s"].items()}
+try:
+    graph1 = json.load(open(f"{out}/ours_graph1.json"))
+    G1 = {int(k): v for k, v in graph1["tok_s"].items()}
+except FileNotFoundError:
+    graph1, G1 = None, {}
 H = {int(k): v for k, v in hf["tok_s"].items()}
 try:
     HC = {int(k): v for k, v in json.load(open(f"{out}/hf_compiled.json"))["tok_s"].items()}
@@ -298,9 +316,15 @@ res = {"shape": shape, "weight_bytes": wb, "hbm_bound_tok_s_batch1": bound_all,
        "ours_loaded_transformers_weights": ours["loaded_hf_weights"],
        "ours_eager_decode_tok_s": E, "ours_eager_decode_ms_per_step": {b: 1e3 * b / E[b] for b in E},
        "graph_speedup_vs_eager_decode": {b: O[b] / E[b] for b in (1, 32)},
-       "graph_greedy_tokens_equal_eager": ours["greedy_tokens"] == eager["greedy_tokens"]}
+       "graph_greedy_tokens_equal_eager": ours["greedy_tokens"] == eager["greedy_tokens"],
+       "ours_graph1_tok_s": G1, "ours_graph1_ms_per_step": {b: 1e3 * b / G1[b] for b in G1},
+       "pipelined_speedup_vs_graph1": {b: O[b] / G1[b] for b in G1},
+       "pipelined_greedy_tokens_equal_graph1": None if graph1 is None else ours["greedy_tokens"] == graph1["greedy_tokens"]}
 lines = [f"CUDA graph decode vs op by op (MEGATRON_DECODE_CUDA_GRAPH=0): greedy oracle tokens "
          f"{'EQUAL' if res['graph_greedy_tokens_equal_eager'] else 'DIFFER (a bug: the modes must agree bit for bit)'}"]
+if graph1 is not None:
+    lines.append(f"pipelined vs per-step graph (MEGATRON_DECODE_CUDA_GRAPH=1): greedy oracle tokens "
+                 f"{'EQUAL' if res['pipelined_greedy_tokens_equal_graph1'] else 'DIFFER (a bug: the modes must agree bit for bit)'}")
 if ours["loaded_hf_weights"]:
     res["greedy"] = []
     for i, (o, mine) in enumerate(zip(hf["oracle"], ours["greedy_tokens"])):
@@ -325,6 +349,9 @@ for b in (1, 32):
 for b in (1, 32):
     print(f"batch {b}: ours op by op (MEGATRON_DECODE_CUDA_GRAPH=0) {E[b]:.1f} tok/s ({1e3 * b / E[b]:.2f} ms/step); "
           f"graph {O[b] / E[b]:.3f}x of that")
+for b in G1:
+    print(f"batch {b}: ours per-step graph (MEGATRON_DECODE_CUDA_GRAPH=1) {G1[b]:.1f} tok/s ({1e3 * b / G1[b]:.2f} ms/step); "
+          f"pipelined {O[b] / G1[b]:.3f}x of that")
 for b in HC:
     print(f"batch {b}: transformers torch.compile {HC[b]:.1f} tok/s ({1e3 * b / HC[b]:.2f} ms/step): ours {O[b] / HC[b]:.2f}x")
 print(f"batch 1: {1e3 / O[1]:.2f} ms/token = {O[1] / bound_all:.1%} of the HBM bound {1e3 / bound_all:.2f} ms "
@@ -351,6 +378,11 @@ for b in (1, 32):
     row(f"{shape} bf16 decode batch {b} tokens/s, op by op (MEGATRON_DECODE_CUDA_GRAPH=0)", E[b], "tokens/s", H[b])
     row(f"{shape} bf16 decode batch {b} ms/step, op by op (MEGATRON_DECODE_CUDA_GRAPH=0)", 1e3 * b / E[b], "ms",
         1e3 * b / H[b])
+    if b in G1:
+        row(f"{shape} bf16 decode batch {b} tokens/s, per-step graph (MEGATRON_DECODE_CUDA_GRAPH=1)", G1[b], "tokens/s",
+            H[b])
+        row(f"{shape} bf16 decode batch {b} ms/step, per-step graph (MEGATRON_DECODE_CUDA_GRAPH=1)", 1e3 * b / G1[b],
+            "ms", 1e3 * b / H[b])
 if HC:
     for b in HC:
         row(f"{shape} bf16 decode batch {b} tokens/s (peer: transformers torch.compile)", O[b], "tokens/s", HC[b],

@@ -1599,13 +1599,21 @@ std::unique_ptr<models::gpt::GPTModel> decode_model(bool llama, uint64_t seed) {
 // chunking is derived from the device count exactly as from the host one, test_decode checks
 // that kernel for equality), and cuBLASLt's plans are those of the eager warm-up step. Batch 1 and
 // batch 4 with prompt lengths 5, 17, 9, 30; greedy with the device argmax and greedy with
-// log-probs (the logits path); a second call reuses the captured graph.
+// log-probs (the logits path); a second call reuses the captured graph. The device-argmax cases
+// run the pipelined loop (the default: the self-fed kFed graph, step t + 1 launched before step
+// t's ids are read, docs/inference.md "Pipelined decode") and the per-step graph
+// (set_decode_pipeline(false), MEGATRON_DECODE_CUDA_GRAPH=1); vocab_size 500 of 512 rows, so the
+// device clamp of the fed ids is exercised where an argmax lands in the padding. Batch 1 also
+// stops early on a termination id taken from the per-op tokens (the step launched ahead is
+// discarded; the next request on the same generators must be unaffected).
 void test_decode_generate() {
   for (bool llama : {true, false}) {
     auto model = decode_model(llama, 5);
-    inference::TextGenerator eager(*model, nullptr, 3), graph(*model, nullptr, 3);
+    inference::TextGenerator eager(*model, nullptr, 3), graph(*model, nullptr, 3), stepwise(*model, nullptr, 3);
     eager.set_decode_graph_mode(inference::DecodeGraphMode::kEager);
     graph.set_decode_graph_mode(inference::DecodeGraphMode::kGraph);
+    stepwise.set_decode_graph_mode(inference::DecodeGraphMode::kGraph);
+    stepwise.set_decode_pipeline(false);
     const char* name = llama ? "llama" : "gpt2";
     std::mt19937 g(11);
     for (int round = 0; round < 2; ++round)
@@ -1630,10 +1638,11 @@ void test_decode_generate() {
             check_true(std::string("decode graph generate ") + name + ": per-op path twice, same log-probs (bits)",
                        a2.log_probs == a.log_probs && a2.tokens == a.tokens);
           }
-          const int64_t before = graph.graph_replays();
+          const int64_t before = graph.graph_replays(), ahead_before = graph.pipelined_steps();
           auto f = graph.generate(rows, lengths, gp);
           const int64_t L = static_cast<int64_t>(rows[0].size());
           const int64_t min_len = *std::min_element(lengths.begin(), lengths.end());
+          const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
           // Decode steps min_len+1 .. L-1; the first one of a new (batch, output) is the eager warm-up.
           const int64_t steps = L - 1 - min_len;
           std::string what = std::string(name) + " batch " + std::to_string(lens.size()) +
@@ -1644,6 +1653,36 @@ void test_decode_generate() {
           check_true("decode graph generate " + what + ": replayed",
                      round == 0 ? replays == steps - 1 : replays == steps,
                      std::to_string(replays) + " replays of " + std::to_string(steps) + " decode steps");
+          if (logprobs) continue;
+          // Pipelined: one step launched ahead in every iteration from the first decode step at
+          // or past the longest prompt to position L - 2.
+          const int64_t ahead = graph.pipelined_steps() - ahead_before;
+          const int64_t want = std::max<int64_t>(0, L - 2 - std::max(max_len, min_len + 1) + 1);
+          check_true("decode graph generate " + what + ": pipelined steps", ahead == want,
+                     std::to_string(ahead) + " launched ahead, expected " + std::to_string(want));
+          const int64_t sb = stepwise.graph_replays();
+          auto w = stepwise.generate(rows, lengths, gp);
+          check_true("decode graph generate " + what + ": per-step graph tokens == eager",
+                     a.tokens == w.tokens && a.lengths == w.lengths && w.log_probs.empty());
+          check_true("decode graph generate " + what + ": per-step graph replayed, none ahead",
+                     stepwise.graph_replays() - sb == (round == 0 ? steps - 1 : steps) && stepwise.pipelined_steps() == 0);
+          if (lens.size() != 1) continue;
+          // Early stop: the termination id generated 6 tokens after the prompt (or earlier).
+          inference::GenerationParams gs = gp;
+          gs.use_eod_token_for_early_termination = true;
+          gs.termination_id = a.tokens[0][lengths[0] + 5];
+          auto as = eager.generate(rows, lengths, gs);
+          const int64_t ahead_stop = graph.pipelined_steps();
+          auto fs = graph.generate(rows, lengths, gs);
+          check_true("decode graph generate " + what + ": early stop, pipelined tokens == eager",
+                     as.tokens == fs.tokens && as.lengths == fs.lengths && fs.log_probs.empty() &&
+                         static_cast<int64_t>(as.tokens[0].size()) <= lengths[0] + 6,
+                     std::to_string(as.tokens[0].size()) + " tokens");
+          const int64_t last = static_cast<int64_t>(as.tokens[0].size()) - 1;  // the step that stopped
+          const int64_t want_stop = std::max<int64_t>(0, std::min(last, L - 2) - (min_len + 1) + 1);
+          check_true("decode graph generate " + what + ": early stop, steps launched ahead (the last discarded)",
+                     graph.pipelined_steps() - ahead_stop == want_stop,
+                     std::to_string(graph.pipelined_steps() - ahead_stop) + ", expected " + std::to_string(want_stop));
         }
   }
 }

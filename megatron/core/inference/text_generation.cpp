@@ -8,10 +8,10 @@
 #include <string>
 
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/decode_feed.h"
 #include "megatron/core/ops/device.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/inference_context.h"
-#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/kernel_profile.h"
 
@@ -94,26 +94,56 @@ void broadcast_i64(std::vector<int64_t>& v, comm::ProcessGroup& tp, Device dev) 
   std::copy_n(h.data<int64_t>(), v.size(), v.begin());
 }
 
+/// What a decode step in the fixed buffers outputs (the index of its graph in DecodeStep).
+enum StepKind : int {
+  kLogits = 0,  // the last logits as float32 (sampling, log-probs)
+  kArgmax = 1,  // the greedy argmax ids
+  kFed = 2,     // the argmax ids, and the next step's inputs on the device (ops::decode_feed)
+};
+
 /// The decode step of one batch size in fixed device memory (DecodeGraphMode::kDeviceInputs and
-/// kGraph): its KV cache, the step's inputs and outputs, and the captured graphs (one per output:
-/// [0] the last logits as float32, [1] the greedy argmax). Nothing here is reallocated while the
-/// graphs live, so their baked-in addresses stay valid.
+/// kGraph): its KV cache, the step's inputs and outputs, and the captured graphs (one per
+/// StepKind). Nothing here is reallocated while the graphs live, so their baked-in addresses
+/// stay valid.
 struct DecodeStep {
   int64_t b = 0, capacity = 0;  // batch size, KV cache length
   std::unique_ptr<transformer::InferenceContext> ctx;
   Tensor inputs;         // int64 [2b + 2]: token ids | positions | {offset, offset + 1}
   Tensor ids, pos;       // views [1, b] (sequence-first) of inputs
+  Tensor ids_flat;       // view [b] of the token ids (kFed writes them)
+  Tensor advance;        // view [b + 2] of inputs: positions | {offset, offset + 1} (kFed adds 1)
   Tensor positions;      // view [2] of inputs (InferenceContext::set_device_positions)
-  Tensor logits;         // float32 [b, V]: output [0]
-  Tensor next_ids;       // int64 [b]: output [1]
-  void* graph[2] = {nullptr, nullptr};
-  bool warm[2] = {false, false};  // ran once eagerly (cuBLASLt plans cached; capture may follow)
+  Tensor logits;         // float32 [b, V]: output of kLogits
+  Tensor next_ids;       // int64 [b]: output of kArgmax and kFed
+  int64_t fed_max_id = -1;  // the clamp bound baked into graph[kFed]
+  ops::HostReadback readback[2];  // kFed: the ids of steps of even / odd position
+  void* graph[3] = {nullptr, nullptr, nullptr};
+  bool warm[3] = {false, false, false};  // ran once eagerly (cuBLASLt plans cached; capture may follow)
   bool unsupported = false;       // its first device-input step threw: kEager for this entry
   uint64_t last_use = 0;
   ~DecodeStep() {
     for (void* g : graph) ops::graph_destroy(g);
   }
 };
+
+/// Uploads the inputs of the decode step at `offset` into st.inputs: tokens[:, offset], the
+/// positions and {offset, offset + 1}, with one staged (pinned, stream-ordered) copy. UserError for
+/// a token id outside [0, V).
+void upload_inputs(DecodeStep& st, const std::vector<std::vector<int64_t>>& tokens, int64_t offset, int64_t V) {
+  const int64_t b = st.b;
+  std::vector<int64_t> host(static_cast<size_t>(2 * b + 2));
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t t = tokens[i][offset];
+    if (t < 0 || t >= V)
+      user_error("GPTModel.forward: token id value ", t, " at flat index ", i, " is outside [0, ", V,
+                 "); check --vocab-size / --max-position-embeddings against the data");
+    host[i] = t;
+    host[b + i] = offset;
+  }
+  host[2 * b] = offset;
+  host[2 * b + 1] = offset + 1;
+  st.inputs.copy_(Tensor::from_vector_i64(host, {2 * b + 2}));  // pinned staging, stream-ordered
+}
 
 /// One line on stderr per generator and reason (a capture failure, an unsupported model).
 void note(bool& once, const std::string& line) {
@@ -177,6 +207,8 @@ struct TextGenerator::DecodeState {
     e->inputs = Tensor::zeros({2 * b + 2}, DType::kInt64, dev);
     e->ids = e->inputs.flat_slice(0, {1, b});
     e->pos = e->inputs.flat_slice(b, {1, b});
+    e->ids_flat = e->inputs.flat_slice(0, {b});
+    e->advance = e->inputs.flat_slice(b, {b + 2});
     e->positions = e->inputs.flat_slice(2 * b, {2});
     e->logits = Tensor::empty({b, vocab}, DType::kFloat32, dev);
     e->next_ids = Tensor::empty({b}, DType::kInt64, dev);
@@ -191,32 +223,29 @@ struct TextGenerator::DecodeState {
   }
 
   /// One decode step (the token of every sequence at position `offset`) in st's fixed buffers:
-  /// the outputs land in st.next_ids (greedy) or st.logits. Replays st's graph when captured;
-  /// else launches the step eagerly and then (capture) captures it for the next steps. Returns
-  /// false, with st.unsupported set and a note, when the first fixed-address step threw (e.g. a
-  /// model whose attention the device-count kernel does not take): the caller then runs the step
-  /// per op, which rewrites whatever the failed attempt wrote. UserError for a token id outside
-  /// the vocabulary or a position beyond --max-position-embeddings (checked here on the host).
+  /// the outputs land in st.next_ids (kArgmax, kFed) or st.logits (kLogits); kFed also writes
+  /// the next step's inputs (the clamped ids, the positions + 1; `max_id` is the clamp bound).
+  /// `upload`: the inputs come from tokens[:, offset] (else they are already on the device, from
+  /// the previous kFed step). Replays st's graph when captured; else launches the step eagerly
+  /// and then (capture) captures it for the next steps. Returns false, with st.unsupported set
+  /// and a note, when the first fixed-address step threw (e.g. a model whose attention the
+  /// device-count kernel does not take): the caller then runs the step per op, which rewrites
+  /// whatever the failed attempt wrote. UserError for a token id outside the vocabulary or a
+  /// position beyond --max-position-embeddings (checked here on the host).
   bool run(DecodeStep& st, models::gpt::GPTModel& model, const std::vector<std::vector<int64_t>>& tokens,
-           int64_t offset, bool greedy, bool capture, int64_t& replays) {
+           int64_t offset, StepKind kind, bool upload, int64_t max_id, bool capture, int64_t& replays) {
     const int64_t b = st.b, V = model.padded_vocab_size();
     MEGATRON_CHECK(offset + 1 <= st.capacity) << "decode step at " << offset << " past the KV cache " << st.capacity;
     if (model.learned_positions() && offset + 1 > model.max_sequence_length())
       user_error("GPTModel.forward: positions up to ", offset + 1, " exceed --max-position-embeddings ",
                  model.max_sequence_length());
-    std::vector<int64_t> host(static_cast<size_t>(2 * b + 2));
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t t = tokens[i][offset];
-      if (t < 0 || t >= V)
-        user_error("GPTModel.forward: token id value ", t, " at flat index ", i, " is outside [0, ", V,
-                   "); check --vocab-size / --max-position-embeddings against the data");
-      host[i] = t;
-      host[b + i] = offset;
+    if (kind == kFed && st.fed_max_id != max_id) {  // another tokenizer size: capture again
+      ops::graph_destroy(st.graph[kFed]);
+      st.graph[kFed] = nullptr;
+      st.fed_max_id = max_id;
     }
-    host[2 * b] = offset;
-    host[2 * b + 1] = offset + 1;
-    st.inputs.copy_(Tensor::from_vector_i64(host, {2 * b + 2}));  // pinned staging, stream-ordered
-    const int g = greedy ? 1 : 0;
+    if (upload) upload_inputs(st, tokens, offset, V);
+    const int g = kind;
     if (st.graph[g]) {
       ops::graph_launch(st.graph[g]);
       ++replays;
@@ -225,9 +254,10 @@ struct TextGenerator::DecodeState {
     auto body = [&] {
       Tensor lg = model.forward_logits_device(st.ids, st.pos, st.ctx.get());
       Tensor last = lg.view({b, lg.size(2)});
-      if (greedy) ops::argmax_last_dim(last, st.next_ids);
+      if (kind != kLogits) ops::argmax_last_dim(last, st.next_ids);
       else if (last.dtype() == DType::kFloat32) st.logits.copy_(last);
       else ops::cast(last, st.logits);
+      if (kind == kFed) ops::decode_feed(st.next_ids, max_id, st.ids_flat, st.advance);
     };
     struct HostPositions {  // the prefill of the next call uses sequence_len_offset again
       transformer::InferenceContext& c;
@@ -265,13 +295,26 @@ TextGenerator::TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm:
       tp_(tp_group ? std::move(tp_group) : comm::make_single_rank_group()),
       rng_(seed),
       decode_(std::make_unique<DecodeState>()) {
-  if (model_.device().is_cuda() && env_switch("MEGATRON_DECODE_CUDA_GRAPH", true)) mode_ = DecodeGraphMode::kGraph;
+  // MEGATRON_DECODE_CUDA_GRAPH: 0 op by op, 1 graph per step, 2 or unset graph + pipelined loop.
+  const char* v = std::getenv("MEGATRON_DECODE_CUDA_GRAPH");
+  const std::string env = v ? v : "";
+  if (!env.empty() && env != "0" && env != "1" && env != "2")
+    user_error("MEGATRON_DECODE_CUDA_GRAPH=", env,
+               ": expected 0 (decode steps op by op), 1 (a CUDA graph launched per step) or 2 (the graph with "
+               "the pipelined greedy loop); unset it for the default (2)");
+  if (model_.device().is_cuda() && env != "0") mode_ = DecodeGraphMode::kGraph;
+  pipeline_ = env != "1";
 }
 
 TextGenerator::~TextGenerator() = default;
 
 void TextGenerator::set_decode_graph_mode(DecodeGraphMode mode) {
   mode_ = mode;
+  decode_ = std::make_unique<DecodeState>();
+}
+
+void TextGenerator::set_decode_pipeline(bool on) {
+  pipeline_ = on;
   decode_ = std::make_unique<DecodeState>();
 }
 
@@ -344,18 +387,49 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   // Greedy without log-probs on one rank: the argmax runs where the logits are (see below).
   const bool device_greedy = tp.size() == 1 && gp.top_k == 1 && gp.top_p == 0.0 && !gp.return_output_log_probs &&
                              !gp.prevent_newline_after_colon;
+  // The pipelined greedy loop (docs/inference.md "Pipelined decode"): every fixed-address step
+  // is kFed (it also writes the next step's inputs on the device) and its ids come back through
+  // an asynchronous readback; once every row is past its prompt (ctx >= max_len: the next
+  // step's inputs are exactly the clamped samples) step ctx + 1 is launched before the host
+  // reads step ctx's ids. A step launched past the end of the generation is discarded: its
+  // cache row is beyond the result, and the next call uploads its inputs and resets the cache.
+  const bool pipelined = step && device_greedy && pipeline_;
+  const StepKind kind = !device_greedy ? kLogits : pipelined ? kFed : kArgmax;
+  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+  const int64_t padded_vocab = model_.padded_vocab_size();
+  const int64_t max_id = clamp_sample(padded_vocab, padded_vocab, gp.vocab_size);
+  int64_t ahead = -1;  // the step (its ctx) launched ahead, its ids not read yet
   int64_t prev = 0, ctx = min_len;
   // Kernel profile of the decode steps 2.. (the prefill and the first decode step are not recorded).
   std::unique_ptr<profiling::KernelProfiler> prof = profile_call(call) ? profiling::make_kernel_profiler() : nullptr;
   bool profiling_on = false;
+  auto before_launch = [&](int64_t s) {
+    if (prof && s == min_len + 2 && !profiling_on) profiling_on = prof->start(2);
+  };
   for (; ctx < L; ++ctx) {
-    if (prof && ctx == min_len + 2) profiling_on = prof->start(2);
     Tensor logits;  // [s, b, V/TP] of the per-op path (the prefill, kEager)
-    // A decode step in the fixed buffers (replayed as a graph once captured), else per op.
-    const bool fixed = step && prev > 0 && !step->unsupported &&
-                       decode_->run(*step, model_, out.tokens, prev, device_greedy, capture, graph_replays_);
-    if (!fixed) logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
+    bool fixed = ahead == ctx;  // launched in the previous iteration
+    if (!fixed) {
+      before_launch(ctx);
+      // A decode step in the fixed buffers (replayed as a graph once captured), else per op.
+      fixed = step && prev > 0 && !step->unsupported &&
+              decode_->run(*step, model_, out.tokens, prev, kind, true, max_id, capture, graph_replays_);
+      if (!fixed) logits = model_.forward_logits(columns(out.tokens, prev, ctx), &ictx);
+      if (fixed && pipelined) step->readback[ctx % 2].start(step->next_ids);
+    }
     ictx.sequence_len_offset += ctx - prev;
+    // Not ahead of a step whose position check throws: the per-step path throws there only if
+    // the generation gets that far.
+    const bool positions_ok = !model_.learned_positions() || ctx + 1 <= model_.max_sequence_length();
+    if (fixed && pipelined && ctx >= max_len && ctx + 1 < L && positions_ok) {
+      // Step ctx + 1 (offset ctx) from the inputs step ctx wrote on the device.
+      before_launch(ctx + 1);
+      MEGATRON_CHECK(decode_->run(*step, model_, out.tokens, ctx, kFed, false, max_id, capture, graph_replays_))
+          << "the self-fed decode step failed after its warm-up";
+      step->readback[(ctx + 1) % 2].start(step->next_ids);
+      ahead = ctx + 1;
+      ++pipelined_steps_;
+    }
     std::vector<int64_t> sample;
     std::vector<float> last;  // host logits [b, V] (not filled by the device greedy path)
     int64_t V = 0;
@@ -363,10 +437,15 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
       // argmax on the device: b token ids come back instead of b x V float logits (the one host
       // round trip of a greedy step, docs/inference.md#performance).
       const int64_t vl = fixed ? step->logits.size(1) : logits.size(2);
-      Tensor idx = fixed ? step->next_ids : Tensor::empty({b}, DType::kInt64, dev);
-      if (!fixed) ops::argmax_last_dim(logits.narrow0(logits.size(0) - 1, 1).view({b, vl}), idx);
-      Tensor h = idx.to(Device::cpu());
-      sample.assign(h.data<int64_t>(), h.data<int64_t>() + b);
+      if (fixed && pipelined) {
+        const auto* h = static_cast<const int64_t*>(step->readback[ctx % 2].wait());
+        sample.assign(h, h + b);
+      } else {
+        Tensor idx = fixed ? step->next_ids : Tensor::empty({b}, DType::kInt64, dev);
+        if (!fixed) ops::argmax_last_dim(logits.narrow0(logits.size(0) - 1, 1).view({b, vl}), idx);
+        Tensor h = idx.to(Device::cpu());
+        sample.assign(h.data<int64_t>(), h.data<int64_t>() + b);
+      }
       for (int64_t i = 0; i < b; ++i) {
         sample[i] = clamp_sample(sample[i], vl, gp.vocab_size);
         (void)rng_.uniform();  // one draw per row, as sample_row's callers (sampling.h)
@@ -438,9 +517,10 @@ GenerationOutput TextGenerator::generate(const std::vector<std::vector<int64_t>>
   }
   if (ctx == L) --ctx;  // the loop ran to the end: the last position written is L - 1
   if (profiling_on) {
-    const std::string text = profiling::format_summary(prof->stop(ctx - min_len, tp.rank()));
+    const int64_t last_step = std::max(ctx, ahead) - min_len;  // a discarded step launched ahead included
+    const std::string text = profiling::format_summary(prof->stop(last_step, tp.rank()));
     std::fprintf(stderr, "generate call %lld: batch %lld, decode steps 2-%lld of a %lld-token cache\n%s",
-                 static_cast<long long>(call), static_cast<long long>(b), static_cast<long long>(ctx - min_len),
+                 static_cast<long long>(call), static_cast<long long>(b), static_cast<long long>(last_step),
                  static_cast<long long>(L), text.c_str());
     std::fflush(stderr);
   }

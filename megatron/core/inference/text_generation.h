@@ -42,6 +42,10 @@ enum class DecodeGraphMode {
   /// private compute stream and replayed every step (CUDA, one TP rank; the default there).
   kGraph,
 };
+// With kDeviceInputs and kGraph the greedy device-argmax steps are also pipelined by default
+// (TextGenerator::set_decode_pipeline, docs/inference.md "Pipelined decode"): the step feeds its
+// own clamped argmax and the advanced positions to the next step on the device, and once every
+// row is past its prompt the host launches step t+1 before it reads step t's ids.
 
 /// Megatron's generate() arguments (api.py / generation.py names).
 struct GenerationParams {
@@ -81,6 +85,8 @@ class TextGenerator {
   /// seed (pretrain's --seed).
   /// The decode mode is kGraph for a model on a CUDA device unless the environment variable
   /// MEGATRON_DECODE_CUDA_GRAPH is 0 (then and on the CPU kEager); TP > 1 always runs kEager.
+  /// MEGATRON_DECODE_CUDA_GRAPH=1 turns the pipelined loop off (per-step graph launches), 2 or
+  /// unset leaves it on; any other value throws UserError naming the variable.
   TextGenerator(models::gpt::GPTModel& model, std::shared_ptr<comm::ProcessGroup> tp_group, uint64_t seed);
   ~TextGenerator();
 
@@ -91,6 +97,15 @@ class TextGenerator {
   DecodeGraphMode decode_graph_mode() const { return mode_; }
   /// Decode steps of this generator so far that replayed a captured graph (tests, benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
+  /// Turns the pipelined greedy loop on (the default) or off (every step's ids read before the
+  /// next step is launched, the inputs uploaded per step); it applies with kDeviceInputs and
+  /// kGraph on one TP rank to greedy generation without log-probs (top_k 1, top_p 0, no
+  /// prevent_newline_after_colon). Same tokens and lengths either way. Drops the kept steps.
+  void set_decode_pipeline(bool on);
+  bool decode_pipeline() const { return pipeline_; }
+  /// Decode steps of this generator so far launched before the previous step's ids were read
+  /// (self-fed on the device; a step launched past the end of a generation is counted too).
+  int64_t pipelined_steps() const { return pipelined_steps_; }
 
   /// Generates (tokens_to_generate > 0) or scores (0) a batch. tokens [b][L] right-padded rows of one
   /// length L (pad_prompts), lengths [b] the prompt lengths (1 <= length <= L). Collective over the
@@ -116,6 +131,8 @@ class TextGenerator {
   struct DecodeState;  // text_generation.cpp: the private stream and the per-batch-size steps
   std::unique_ptr<DecodeState> decode_;
   int64_t graph_replays_ = 0;
+  bool pipeline_ = true;
+  int64_t pipelined_steps_ = 0;
 };
 
 /// Megatron's _tokenize_prompts_and_batch padding: every row extended with `pad_id` to

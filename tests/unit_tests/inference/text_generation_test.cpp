@@ -369,5 +369,113 @@ TEST_P(Flavours, FixedAddressDecodeStepEqualsPerOpPath) {
   EXPECT_EQ(fixed.graph_replays(), 0);  // no capture on the CPU
 }
 
+// The pipelined greedy loop (TextGenerator::set_decode_pipeline, docs/inference.md "Pipelined
+// decode"): with kDeviceInputs on the CPU every fixed-address step is the self-feeding kFed step
+// (ops::decode_feed writes the next step's clamped ids and positions + 1 into the input buffer)
+// and, once every row is past its prompt, step t + 1 runs before the host reads step t's ids
+// (ops::HostReadback). Its tokens and lengths must be the per-op path's, bit for bit (the same ops
+// on the same rows; the device feed is the host's clamp_sample), and so must the non-pipelined
+// fixed-address loop's: batch 1, batch 4 of equal prompt lengths (pipelined from the first decode
+// step), batch 4 of different lengths (per-step uploads until the longest prompt, then
+// pipelined), each to the token budget and stopped by a termination token that every row hits
+// mid-way (the step launched past the end is discarded); the generators are reused across the
+// cases, so each request also checks that the previous one (possibly ended with a discarded
+// step) left nothing behind. With vocab_size 128 (< the model's 256 rows) about half the argmaxes
+// land above it and are clamped to 127 (on the device by the feed, on the host by clamp_sample).
+TEST_P(Flavours, PipelinedGreedyLoopEqualsPerOpPath) {
+  auto model = tiny_model(GetParam());
+  TextGenerator eager(*model, nullptr, 11), piped(*model, nullptr, 11), stepwise(*model, nullptr, 11);
+  ASSERT_TRUE(piped.decode_pipeline());  // the default
+  piped.set_decode_graph_mode(inference::DecodeGraphMode::kDeviceInputs);
+  stepwise.set_decode_graph_mode(inference::DecodeGraphMode::kDeviceInputs);
+  stepwise.set_decode_pipeline(false);
+  uint32_t seed = 40;
+  int64_t clamped = 0;  // generated 127s of the vocab_size 128 cases
+  for (const std::vector<int>& lens : {std::vector<int>{6}, std::vector<int>{7, 7, 7, 7}, std::vector<int>{3, 9, 6, 4}})
+    for (int64_t vocab_size : {int64_t{256}, int64_t{128}}) {
+      GenerationParams gp = greedy(24, false);
+      gp.vocab_size = vocab_size;
+      std::vector<int64_t> lengths;
+      std::vector<std::vector<int64_t>> rows;
+      inference::GenerationOutput budget;
+      // A termination id that every row generates (after its prompt), the latest first hit as
+      // early as possible: the generation then ends there, before the budget. The prompts are
+      // those of the first seed (of 100) that has one.
+      int64_t stop_id = -1, stop_at = INT64_MAX;
+      for (int tries = 0; tries < 100 && (rows.empty() || stop_at >= static_cast<int64_t>(rows[0].size()) - 2);
+           ++tries) {
+        stop_at = INT64_MAX;
+        rows = inference::pad_prompts(random_prompts(lens, seed++), gp.tokens_to_generate, 255, &lengths);
+        budget = eager.generate(rows, lengths, gp);
+        for (int64_t t = 0; t < 256; ++t) {
+          int64_t last_hit = 0;
+          for (size_t i = 0; i < rows.size() && last_hit < INT64_MAX; ++i) {
+            int64_t hit = INT64_MAX;
+            for (int64_t j = lengths[i]; j < static_cast<int64_t>(budget.tokens[i].size()) && hit == INT64_MAX; ++j)
+              if (budget.tokens[i][j] == t) hit = j;
+            last_hit = std::max(last_hit, hit);
+          }
+          if (last_hit < stop_at) stop_at = last_hit, stop_id = t;
+        }
+      }
+      const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+      ASSERT_LT(stop_at, static_cast<int64_t>(rows[0].size()) - 2) << "no termination id ends this case early";
+      for (bool stop : {false, true}) {
+        gp.use_eod_token_for_early_termination = stop;
+        gp.termination_id = stop ? stop_id : -1;
+        const auto a = stop ? eager.generate(rows, lengths, gp) : budget;
+        const int64_t ahead_before = piped.pipelined_steps();
+        const auto p = piped.generate(rows, lengths, gp);
+        const auto w = stepwise.generate(rows, lengths, gp);
+        const std::string what = "batch " + std::to_string(lens.size()) + " from length " + std::to_string(lens[0]) +
+                                 ", vocab_size " + std::to_string(vocab_size) +
+                                 (stop ? ", stop id " + std::to_string(stop_id) : ", to the budget");
+        EXPECT_EQ(a.tokens, p.tokens) << what;
+        EXPECT_EQ(a.lengths, p.lengths) << what;
+        EXPECT_TRUE(p.log_probs.empty()) << what;
+        EXPECT_EQ(a.tokens, w.tokens) << what;
+        EXPECT_EQ(a.lengths, w.lengths) << what;
+        if (stop) EXPECT_EQ(static_cast<int64_t>(a.tokens[0].size()), stop_at + 1) << what;
+        if (vocab_size == 128 && !stop)
+          for (size_t i = 0; i < rows.size(); ++i)
+            clamped += std::count(a.tokens[i].begin() + lengths[i], a.tokens[i].end(), int64_t{127});
+        // Steps launched ahead: one in every iteration ctx from the first decode step at or past
+        // the longest prompt to the last one, if ctx + 1 is a position (the one launched in the
+        // iteration that stops is discarded).
+        const int64_t L = static_cast<int64_t>(rows[0].size()), last = static_cast<int64_t>(a.tokens[0].size()) - 1;
+        const int64_t c0 = std::max(max_len, *std::min_element(lengths.begin(), lengths.end()) + 1);
+        EXPECT_EQ(piped.pipelined_steps() - ahead_before, std::max<int64_t>(0, std::min(last, L - 2) - c0 + 1)) << what;
+      }
+    }
+  EXPECT_GT(clamped, 0);
+  EXPECT_EQ(stepwise.pipelined_steps(), 0);
+}
+
+// MEGATRON_DECODE_CUDA_GRAPH: 1 turns the pipelined loop off, 2 (and unset) leave it on, any
+// other value is refused with a line naming the variable.
+TEST(Inference, DecodeGraphEnvironmentSwitch) {
+  auto model = tiny_model("llama_tiny");
+  struct Restore {  // the caller's value (if any) back at the end
+    const char* v = std::getenv("MEGATRON_DECODE_CUDA_GRAPH");
+    std::string saved = v ? v : "";
+    bool had = v != nullptr;
+    ~Restore() {
+      if (had) setenv("MEGATRON_DECODE_CUDA_GRAPH", saved.c_str(), 1);
+      else unsetenv("MEGATRON_DECODE_CUDA_GRAPH");
+    }
+  } restore;
+  setenv("MEGATRON_DECODE_CUDA_GRAPH", "1", 1);
+  EXPECT_FALSE(TextGenerator(*model, nullptr, 1).decode_pipeline());
+  setenv("MEGATRON_DECODE_CUDA_GRAPH", "2", 1);
+  EXPECT_TRUE(TextGenerator(*model, nullptr, 1).decode_pipeline());
+  setenv("MEGATRON_DECODE_CUDA_GRAPH", "3", 1);
+  try {
+    TextGenerator g(*model, nullptr, 1);
+    ADD_FAILURE() << "MEGATRON_DECODE_CUDA_GRAPH=3 accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("MEGATRON_DECODE_CUDA_GRAPH=3: expected 0"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace megatron
