@@ -15,7 +15,7 @@
 #
 #   bash bench/gpu/generate_bench.sh BIN_DIR [OUT_DIR]          (from the repository root)
 #   env: NUM_LAYERS (default 32), WORK (scratch, default /tmp/generate_bench_work; deleted at the
-#        end: ~2 x 16 GB), PORT (5123), COMMIT (for the results rows; default git rev-parse),
+#        end: ~2 x 16 GB), PORT (5123), COMMIT (for the results rows; default BIN_DIR/commit.txt, else git rev-parse),
 #        GRAPH1=0: no per-step-graph run (MEGATRON_DECODE_CUDA_GRAPH=1),
 #        HF_COMPILE=1: also transformers' default static-cache mode on CUDA, the decode step
 #        torch.compile'd (phase 3b; its compilation takes minutes: beyond the ~4 minutes otherwise)
@@ -48,6 +48,9 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/generate_bench_work}
 PORT=${PORT:-5123}
 NUM_LAYERS=${NUM_LAYERS:-32}
+# The commit the binaries were built from (BIN_DIR/commit.txt, written by every build); the GPU
+# machine's copy of the tree may carry a stale git HEAD, so git is only the fallback.
+if [ -z "${COMMIT:-}" ] && [ -f "$BIN/commit.txt" ]; then COMMIT=$(cut -c1-7 "$BIN/commit.txt"); fi
 COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 T0=$(date +%s)
 phase() { echo "[generate_bench +$(($(date +%s) - T0)) s] $*"; }
