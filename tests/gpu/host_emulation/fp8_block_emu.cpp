@@ -23,21 +23,7 @@
 
 #include "megatron/core/tensor/dtype.h"
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __restrict__
-#define __shared__ static
-
-struct Dim3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-thread_local Dim3 threadIdx, blockIdx;
-thread_local std::barrier<>* g_bar = nullptr;
-inline void __syncthreads() { g_bar->arrive_and_wait(); }
-enum { __NV_SATFINITE = 1, __NV_E4M3 = 0, __NV_E5M2 = 1 };
+#include "cuda_host_shim.h"
 inline uint8_t __nv_cvt_float_to_fp8(float v, int, int fmt) {
   return fmt == __NV_E4M3 ? megatron::float_to_e4m3_bits(v) : megatron::float_to_e5m2_bits(v);
 }

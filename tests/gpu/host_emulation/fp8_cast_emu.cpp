@@ -21,24 +21,9 @@
 
 #include "megatron/core/tensor/dtype.h"
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __restrict__
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
+#include "cuda_host_shim.h"
 
-struct Dim3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-thread_local Dim3 threadIdx, blockIdx;
 Dim3 gridDim, blockDim;
-thread_local std::barrier<>* g_bar = nullptr;
-inline void __syncthreads() {
-  if (g_bar) g_bar->arrive_and_wait();
-}
 struct alignas(8) uint2 {
   uint32_t x, y;
 };
@@ -57,7 +42,6 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   for (int n = 0; n < 4; ++n) r |= (uint32_t)b[(s >> (4 * n)) & 7] << (8 * n);
   return r;
 }
-enum { __NV_SATFINITE = 1, __NV_E4M3 = 0, __NV_E5M2 = 1 };
 inline uint8_t cvt(float v, int fmt) { return fmt == __NV_E4M3 ? megatron::float_to_e4m3_bits(v) : megatron::float_to_e5m2_bits(v); }
 inline uint16_t __nv_cvt_float2_to_fp8x2(float2 v, int, int fmt) {
   return (uint16_t)(cvt(v.x, fmt) | (cvt(v.y, fmt) << 8));

@@ -11,16 +11,7 @@
 #include <thread>
 #include <vector>
 
-#define __global__
-#define __restrict__
-#define __shared__ static
-
-struct Dim3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-thread_local Dim3 threadIdx, blockIdx;
-thread_local std::barrier<>* g_bar = nullptr;
-inline void __syncthreads() { g_bar->arrive_and_wait(); }
+#include "cuda_host_shim.h"
 
 namespace emu {
 #include "kernels.inc"
