@@ -17,7 +17,7 @@
 #     3..), the saving and the speed-up. Iteration 1's loss must be bit-identical (its forward
 #     uses only deterministic kernels); later losses differ run to run in this mode (atomics in the
 #     norm/embedding/attention backward), so they are INFO.
-#  2. Bitwise, --deterministic-mode (every reduction in a fixed order): LLaMA shape gbs 1 (5
+#  2. Bitwise, --deterministic-mode (every reduction in a fixed order): LLaMA shape gbs 1 (4
 #     iterations) and GPT-2 124M (8 iterations, final parameters dumped with MEGATRON_DUMP_PARAMS
 #     and compared by sha256): every logged loss and grad norm identical between 0 and 1.
 #  3. The full-wait paths (checkpoint save, evaluation, --log-params-norm): a tiny GPT with
@@ -95,11 +95,12 @@ else
 fi
 
 # ---- 1. speed ---------------------------------------------------------------------------------
-speed() {  # label ms0 ms1
-  result "$1 overlap0 $2 ms/iter"
-  result "$1 overlap1 $3 ms/iter"
-  result "$1 saving $(awk -v a="$2" -v b="$3" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }') ms/iter"
-  result "$1 speedup $(ratio "$2" "$3") x"
+speed() {  # label ms0 ms1 -> RESULT <label>_overlap0|_overlap1|_saving|_speedup <value> <unit>
+  local l=${1// /_}
+  result "${l}_overlap0 $2 ms/iter"
+  result "${l}_overlap1 $3 ms/iter"
+  result "${l}_saving $(awk -v a="$2" -v b="$3" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }') ms/iter"
+  result "${l}_speedup $(ratio "$2" "$3") x"
 }
 first_loss_same() {  # A B label
   local a b
@@ -120,11 +121,11 @@ first_loss_same gpt2_0 gpt2_1 "gpt2 mbs64"
 info "after the speed runs: $(( $(date +%s) - T0 )) s"
 
 # ---- 2. bitwise, deterministic mode -------------------------------------------------------------
-for ov in 0 1; do run ll_det_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 5 --deterministic-mode; done
-same_values ll_det_0 ll_det_1 "ll4 gbs1 --deterministic-mode" 10
+for ov in 0 1; do run ll_det_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 4 --deterministic-mode; done
+same_values ll_det_0 ll_det_1 "ll4 gbs1 --deterministic-mode" 8
 info "ll4 gbs1 --deterministic-mode ms/iter: 0 $(ms_of "$O/ll_det_0.log"), 1 $(ms_of "$O/ll_det_1.log")"
 for ov in 0 1; do
-  MEGATRON_DUMP_PARAMS="$TMP/dump_$ov" run gpt2_det_$ov $ov 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+  EXTRA_ENV="MEGATRON_DUMP_PARAMS=$TMP/dump_$ov" run gpt2_det_$ov $ov 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
   sha256sum "$TMP/dump_$ov"/params_pp0.bin 2>/dev/null | cut -d' ' -f1 > "$O/gpt2_det_$ov.params_sha256"
 done
 same_values gpt2_det_0 gpt2_det_1 "gpt2 mbs64 --deterministic-mode" 16
@@ -151,8 +152,8 @@ fi
 rm -rf "$TMP"/ckpt*
 
 # ---- 4. serialized launches vs normal, overlap on ------------------------------------------------
-run tiny_normal 1 40 "${TINY[@]}"
-EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" run tiny_blocking 1 60 "${TINY[@]}"
+run tiny_normal 1 40 "${TINY[@]}" --eval-interval 10 --eval-iters 2
+EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" run tiny_blocking 1 60 "${TINY[@]}" --eval-interval 10 --eval-iters 2
 same_values tiny_normal tiny_blocking "tiny GPT overlap on, CUDA_LAUNCH_BLOCKING=1 vs normal" 60
 
 # ---- 5. the switch ---------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ else fail "MEGATRON_OPTIM_OVERLAP=2: rc $rc, no clear error ($O/bad_value.log)";
 # ---- optional: the compute stream's priority (only if time is left) ------------------------------
 if [ $(( $(date +%s) - T0 )) -lt 115 ]; then
   EXTRA_ENV="MEGATRON_OPTIM_OVERLAP_PRIORITY=0" run ll_gbs1_1_noprio 1 60 "${LL[@]}" --global-batch-size 1 --train-iters 15
-  result "ll4 gbs1 overlap1 legacy-priority-compute-stream $(ms_of "$O/ll_gbs1_1_noprio.log") ms/iter"
+  result "ll4_gbs1_overlap1_legacy_compute_stream $(ms_of "$O/ll_gbs1_1_noprio.log") ms/iter"
 else
   info "skipped the MEGATRON_OPTIM_OVERLAP_PRIORITY=0 run (time budget: $(( $(date +%s) - T0 )) s used)"
 fi
