@@ -193,6 +193,17 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
 
 GPTModel::~GPTModel() = default;
 
+std::vector<size_t> GPTModel::forward_stage_of_params() const {
+  const size_t L = layer_params_.size();
+  std::vector<size_t> stage(registry_.params().size(), 0);  // embedding_params_: stage 0
+  for (size_t l = 0; l < L; ++l)
+    for (size_t i : layer_params_[l]) stage[i] = 1 + l;
+  for (size_t i : final_norm_params_) stage[i] = L + 1;
+  for (size_t i : output_params_) stage[i] = L + 2;
+  for (size_t i : mtp_params_) stage[i] = L + 2;
+  return stage;
+}
+
 std::vector<Parameter>& GPTModel::parameters() { return registry_.params(); }
 Tensor& GPTModel::param_buffer() { return buffers_->param_data(); }
 Tensor& GPTModel::grad_buffer() { return buffers_->grad_data(); }
@@ -276,6 +287,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     }
     // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training;
     // with CP the global positions of this rank's chunks, fc.rotary_position_ids).
+    wait_for_stage(0);
     h = embedding_->forward(ids, position_ids, fc, st.embedding);
   } else {
     MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) * sp_factor == s && input_tensor_.size(1) == b &&
@@ -284,13 +296,14 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     h = input_tensor_;
     input_tensor_ = Tensor();
   }
-  h = decoder_->forward(h, fc, st.decoder);
+  h = decoder_->forward(h, fc, st.decoder, [this](size_t i) { wait_for_stage(1 + i); });
   st.has_forward = true;
   if (!parallel_.post_process) {
     rng_offset_ = fc.rng_offset;
     return h;
   }
 
+  wait_for_stage(layer_params_.size() + 2);  // the output layer (and the MTP modules after it)
   Tensor loss_sb = head_forward(h, to_seq_first(batch.labels, device_), training, /*allow_fused=*/true, st.head);
   // MTP (Megatron's self.mtp + process_mtp_loss) in training forwards only: evaluation would
   // compute the same main loss and discard the MTP losses (Megatron logs them only in training).
@@ -418,6 +431,7 @@ Tensor GPTModel::forward_logits_device(const Tensor& ids_sb, const Tensor& posit
 void GPTModel::backward(const Tensor& dloss) {
   State& st = *state_;
   if (!st.has_forward) user_error("GPTModel.backward called without a preceding forward");
+  wait_for_stage(num_forward_stages());
   Tensor dh;
   if (parallel_.post_process) {
     const int64_t s = st.head.labels.size(0), b = st.head.labels.size(1);
