@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# --fp8-output-proj with tensor parallelism (docs/fp8.md "FP8 output layer"): pretrain_gpt on the CPU
+# (emulated FP8 GEMMs), tiny GPT (tied embedding and output weights), 6 iterations, as one rank and
+# as TP2 under mpirun, both with the flag. The output layer is column-parallel: each rank quantizes
+# its vocab shard of the weight and of dlogits. Checks (the arguments of dist_fp8_amax.sh, which
+# checks the same without the flag):
+#  1. Every step both TP ranks hold bitwise the same FP8 state, the output layer's three roles
+#     included (27 roles: 2 layers x 4 linears + the output layer, x 3): its weight and dlogits amaxes
+#     are MAX-reduced over TP like every role's (without the reduction each shard has its own).
+#  2. Step 1: the output layer's weight role (the max over the shards' maxes is the full table's max;
+#     the initial weights are the single rank's) equals the single-rank run bitwise.
+#  3. Losses of iterations 1-2 within 2e-6 relative of the single-rank run: iteration 1 quantizes
+#     with the initial scales (1) on both layouts, the split GEMMs differ by fp32 summation order only
+#     (a few 1e-7 relative; a value straddling an FP8 rounding midpoint flips one element by one
+#     step, moving the mean loss by ~1e-7); iteration 2's weights come from Adam's first step
+#     (lr * sign(g)) and its scales from check 2's equal or ulp-close amaxes.
+BIN=$1 SRC=$2
+source "$SRC/tests/functional_tests/dist_common.inc"
+export MEGATRON_DEVICE=cpu
+ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
+  --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
+  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
+  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
+  --log-interval 1 --eval-iters 0 --distributed-backend nccl
+  --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max --fp8-output-proj)
+mkdir -p "$LOGDIR/f1" "$LOGDIR/f2"
+MEGATRON_DUMP_FP8_STATE="$LOGDIR/f1" timeout 120 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$LOGDIR/single.log" 2>&1 ||
+  { tail -30 "$LOGDIR/single.log"; fail "single rank"; }
+timeout 120 "${MPIRUN[@]}" -np 2 -x MEGATRON_DEVICE -x MEGATRON_DUMP_FP8_STATE="$LOGDIR/f2" "$BIN/pretrain_gpt" \
+  "${ARGS[@]}" --tensor-model-parallel-size 2 > "$LOGDIR/tp2.log" 2>&1 || { tail -30 "$LOGDIR/tp2.log"; fail "TP2"; }
+n=$(grep -c '^step 6 ' "$LOGDIR/f2/fp8_state_rank0.txt" 2>/dev/null || true)
+[[ "$n" == 27 ]] || fail "expected 27 FP8 roles at step 6 (2 layers x 4 linears + output layer, x 3), found '$n'"
+grep -q '^step 6 output_layer ' "$LOGDIR/f2/fp8_state_rank0.txt" || fail "no output_layer roles in the FP8 state dump"
+cmp -s "$LOGDIR/f2/fp8_state_rank0.txt" "$LOGDIR/f2/fp8_state_rank1.txt" ||
+  fail "FP8 state of TP rank 1 differs from rank 0: $(diff "$LOGDIR/f2/fp8_state_rank0.txt" "$LOGDIR/f2/fp8_state_rank1.txt" | head -4)"
+echo "OK: TP2 ranks hold bitwise equal FP8 state (output layer included) at every step"
+a=$(grep -E '^step 1 output_layer 1 ' "$LOGDIR/f1/fp8_state_rank0.txt"); b=$(grep -E '^step 1 output_layer 1 ' "$LOGDIR/f2/fp8_state_rank0.txt")
+[[ -n "$a" && "$a" == "$b" ]] || fail "step-1 output-layer weight state: single '$a' vs TP2 '$b'"
+echo "OK: TP2 step-1 output-layer weight amax/scale equals the single-rank run bitwise"
+python3 - "$LOGDIR/single.log" "$LOGDIR/tp2.log" <<'PY' || fail "TP2 losses differ from the single-rank run"
+import re, sys
+def losses(p):
+    return {int(m.group(1)): float(m.group(2)) for m in
+            (re.search(r'\] iteration +(\d+)/ +\d+ \|.*lm loss: ([0-9.E+-]+) ', l) for l in open(p)) if m}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+if sorted(a) != list(range(1, 7)) or sorted(b) != sorted(a):
+    sys.exit(f"iterations: single {sorted(a)} TP2 {sorted(b)}")
+for it in a:
+    rel = abs(a[it] - b[it]) / abs(a[it])
+    print(f"iteration {it}: single {a[it]:.6e} TP2 {b[it]:.6e} rel {rel:.1e}" + (" (bound 2e-06)" if it <= 2 else ""))
+    if it <= 2 and rel > 2e-6: sys.exit(1)
+for name, l in (("single", a), ("TP2", b)):
+    if not all(v == v and v < 1e30 for v in l.values()) or not l[6] < l[1]:
+        sys.exit(f"{name}: did not train ({l})")
+PY
+echo "OK: --fp8-output-proj TP2 losses of iterations 1-2 equal the single-rank run within 2e-6; both train"
