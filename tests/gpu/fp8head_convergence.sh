@@ -59,16 +59,14 @@ M=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 512 -
    --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 16 --global-batch-size 16 --train-iters 300
    --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 30 --weight-decay 0.1 --clip-grad 1.0
    --adam-beta2 0.95 --bf16 --seed 1234 --data-path "$W/corpus_text_document" --split 98,2,0
-   --tokenizer-type NullTokenizer --vocab-size 32000 --data-cache-path "$W/cache" --log-interval 10
+   --tokenizer-type NullTokenizer --vocab-size 32000 --log-interval 10
    --eval-interval 300 --eval-iters 20)
 FP8=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
-# The dataset index cache is built once (a first run of 0 iterations would also do; the three runs
-# below would otherwise race on it).
-timeout 60 "$BIN/pretrain_gpt" "${M[@]}" --train-iters 1 --eval-iters 1 --eval-interval 1 > "$O/conv_warm.log" 2>&1 ||
-  fail "dataset cache run ($O/conv_warm.log)"
-timeout 130 "$BIN/pretrain_gpt" "${M[@]}" > "$O/conv_bf16.log" 2>&1 & p0=$!
-timeout 130 "$BIN/pretrain_gpt" "${M[@]}" "${FP8[@]}" > "$O/conv_fp8.log" 2>&1 & p1=$!
-timeout 130 "$BIN/pretrain_gpt" "${M[@]}" "${FP8[@]}" --fp8-output-proj > "$O/conv_fp8_head.log" 2>&1 & p2=$!
+# Each run builds its dataset index cache in a folder of its own (no race between the three).
+timeout 130 "$BIN/pretrain_gpt" "${M[@]}" --data-cache-path "$W/cache_bf16" > "$O/conv_bf16.log" 2>&1 & p0=$!
+timeout 130 "$BIN/pretrain_gpt" "${M[@]}" "${FP8[@]}" --data-cache-path "$W/cache_fp8" > "$O/conv_fp8.log" 2>&1 & p1=$!
+timeout 130 "$BIN/pretrain_gpt" "${M[@]}" "${FP8[@]}" --fp8-output-proj --data-cache-path "$W/cache_head" \
+  > "$O/conv_fp8_head.log" 2>&1 & p2=$!
 wait $p0; r0=$?; wait $p1; r1=$?; wait $p2; r2=$?
 for x in "bf16 $r0" "fp8 $r1" "fp8_head $r2"; do
   set -- $x; [ "$2" = 0 ] || fail "conv run $1 rc $2 ($O/conv_$1.log: $(grep -m1 -iE 'error|what' "$O/conv_$1.log"))"
