@@ -17,13 +17,8 @@
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 export MEGATRON_DEVICE=cpu
-ARGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
-  --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 64
-  --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
-  --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --seed 1234
-  --mock-data --tokenizer-type NullTokenizer --vocab-size 128 --data-cache-path "$LOGDIR/cache"
-  --log-interval 1 --eval-iters 0 --distributed-backend nccl
-  --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max --fp8-output-proj)
+fp8_tiny_gpt_args  # ARGS (dist_common.inc)
+ARGS+=(--fp8-output-proj)
 mkdir -p "$LOGDIR/f1" "$LOGDIR/f2"
 MEGATRON_DUMP_FP8_STATE="$LOGDIR/f1" timeout 120 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$LOGDIR/single.log" 2>&1 ||
   { tail -30 "$LOGDIR/single.log"; fail "single rank"; }
