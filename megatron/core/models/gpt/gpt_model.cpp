@@ -133,6 +133,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       copy.shared = true;
       copy.init_key = "embedding.word_embeddings.weight";
     }
+    // --fp8-output-proj: the output layer's GEMMs through the FP8 linear with roles of its own,
+    // registered after the decoder's (docs/fp8.md "FP8 output layer"). Tied, the FP8 casts are
+    // copies of the word embedding for the GEMMs; the embedding lookup reads the table itself.
+    if (fp8_state_ && config_.fp8->output_proj) output_layer_->enable_fp8(fp8_state_, "output_layer");
   }
 
   // --fp8-param-gather: the weights of the FP8 GEMMs become FP8 primary weights (fp8/fp8_param.h),
@@ -141,7 +145,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (fp8_state_ && config_.fp8->param_gather && parallel_.allocate_main_grads) {
     for (auto& p : registry_.params()) {
       int base = -1;
-      if (p.name.ends_with(".weight")) base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
+      // The output layer's weight stays in the model dtype (cast per step by the weight cache).
+      if (p.name.ends_with(".weight") && !p.name.starts_with("output_layer"))
+        base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
       fp8_weights.push_back(base >= 0);
       if (base >= 0) {
         p.fp8_state = fp8_state_;
@@ -328,9 +334,12 @@ Tensor GPTModel::head_forward(const Tensor& h, const Tensor& labels, bool traini
   // gradient softmax - onehot; backward applies dloss to the output layer's small operands
   // instead of to the [n, V] tensor (one read of the logits fewer). Not for fp16 logits (their
   // gradient keeps the loss-scaled dloss factor inside the fp16 range, as in the unfused path),
-  // nor for eval forwards (the logits stay readable through last_logits()).
+  // nor for eval forwards (the logits stay readable through last_logits()), nor for an FP8 output
+  // layer (its grad-output quantization needs dlogits itself: a per-token dloss cannot be moved to
+  // the other FP8 operand, whose scale is the forward input's).
   const auto& olc = hd.output_layer;
-  hd.ce_fused = allow_fused && training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
+  const bool fp8_head = fp8_state_ && config_.fp8->output_proj;
+  hd.ce_fused = allow_fused && training && !fp8_head && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
                 hd.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
                 !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
                 olc.input.numel() == n * olc.input.size(-1);
