@@ -5,6 +5,7 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/parallel_state.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::transformer::moe {
@@ -74,13 +75,9 @@ double TopKRouter::aux_coeff(const std::string& type) const {
   return 0.0;
 }
 
-void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
-                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
-                         bool grad_enabled) {
-  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
-  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
-  ctx.T = T;
-  ctx.E = E;
+Tensor TopKRouter::jittered_input(const Tensor& x, bool training, uint64_t seed, uint64_t offset,
+                                  RouterCtx& ctx) const {
+  const int64_t h = config_.hidden_size, T = x.numel() / h;
   // Input jitter (Megatron's apply_input_jitter: x * U(1 - eps, 1 + eps), a fresh draw per call).
   Tensor in = x.view({T, h});
   ctx.jitter.clear();
@@ -94,6 +91,29 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     in = ops::cast_to(to_device_f32(xv, {T, h}, x.device()), x.dtype());
   }
   ctx.input = in;
+  return in;
+}
+
+Tensor TopKRouter::gating_logits(const Tensor& in, RouterCtx& ctx) const {
+  const int64_t E = *config_.num_moe_experts, T = in.size(0);
+  const bool f32 = config_.moe_router_dtype == "fp32" && in.dtype() != DType::kFloat32;
+  Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
+  Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
+  Tensor lg = Tensor::empty({T, E}, xi.dtype(), in.device());
+  ops::linear_forward(xi, wi, nullptr, lg);
+  ctx.logits_dtype = xi.dtype();
+  return lg;
+}
+
+void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
+                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
+                         bool grad_enabled) {
+  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
+  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
+  ctx.T = T;
+  ctx.E = E;
+  ctx.device = false;
+  Tensor in = jittered_input(x, training, seed, offset, ctx);
   // Gating: logits = x W^T in the router dtype (Megatron's router_gating_linear).
   const std::string& rd = config_.moe_router_dtype;
   std::vector<double> logits;
@@ -108,13 +128,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
       }
     ctx.logits_dtype = DType::kFloat64;
   } else {
-    const bool f32 = rd == "fp32" && in.dtype() != DType::kFloat32;
-    Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
-    Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
-    Tensor lg = Tensor::empty({T, E}, xi.dtype(), x.device());
-    ops::linear_forward(xi, wi, nullptr, lg);
-    logits = to_host_f64(lg);
-    ctx.logits_dtype = xi.dtype();
+    logits = to_host_f64(gating_logits(in, ctx));
   }
   const double scale = MoEAuxLossAutoScaler::loss_scale();
   const double tp_cp = static_cast<double>(groups_.tp_cp->size());
@@ -221,6 +235,150 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     for (size_t i = 0; i < routing_map.size(); ++i) local_tokens_per_expert_[i % static_cast<size_t>(E)] += routing_map[i];
 }
 
+namespace {
+// d input = d jittered input * jitter (Megatron's apply_input_jitter backward).
+Tensor jitter_backward(const Tensor& dx, const RouterCtx& ctx) {
+  if (ctx.jitter.empty()) return dx;
+  std::vector<double> d = to_host_f64(dx);
+  for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
+  return ops::cast_to(to_device_f32(d, dx.shape(), dx.device()), dx.dtype());
+}
+}  // namespace
+
+bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", true); }
+
+bool TopKRouter::device_routing_supported(const Tensor& x) const {
+  return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
+         config_.moe_router_group_topk <= 0 && !config_.moe_expert_capacity_factor && *config_.num_moe_experts <= 1024;
+}
+
+namespace {
+int64_t score_function_id(const std::string& f) { return f == "softmax" ? 0 : f == "sigmoid" ? 1 : 2; }
+}  // namespace
+
+bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed,
+                                uint64_t offset, RouterCtx& ctx, bool grad_enabled) {
+  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
+  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
+  const TopKOptions o = topk_options();
+  const int64_t k = o.topk;
+  const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
+  const bool aux = training && grad_enabled && (c_aux > 0 || c_seq > 0 || c_glob > 0);
+  const bool z = training && grad_enabled && config_.moe_z_loss_coeff.has_value();
+  const bool bias_counts = training && grad_enabled && config_.moe_router_enable_expert_bias;
+  ctx.T = T;
+  ctx.E = E;
+  ctx.bsz = bsz;
+  Tensor in = jittered_input(x, training, seed, offset, ctx);
+  ctx.logits = gating_logits(in, ctx);
+  ctx.topk_idx = Tensor::empty({T, k}, DType::kInt64, x.device());
+  ctx.topk_probs = Tensor::empty({T, k}, DType::kFloat32, x.device());
+  Tensor bias;
+  if (config_.moe_router_enable_expert_bias) bias = expert_bias_.to(x.device());
+  Tensor stats;
+  if (aux || z || bias_counts) stats = Tensor::empty({2 * bsz * E + E + 1}, DType::kFloat64, x.device());
+  if (!ops::moe_router_forward(ctx.logits, bias.defined() ? &bias : nullptr, k, score_function_id(o.score_function),
+                               o.use_pre_softmax, o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f, bsz,
+                               ctx.topk_idx, ctx.topk_probs, stats.defined() ? &stats : nullptr))
+    return false;
+  ctx.device = true;
+  ctx.aux_coef = Tensor();
+  ctx.z_coef = 0;
+  if (!stats.defined()) return true;
+  Tensor sh = stats.to(Device::cpu());  // the one statistics copy of this forward
+  const double* st = sh.data<double>();
+  const int64_t BE = bsz * E;
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double tp_cp = static_cast<double>(groups_.tp_cp->size());
+  const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
+  // z-loss as forward(): mean_t lse_t^2 * coeff; d/dlogit_e = coeff * 2 lse_t softmax_e / T * mult.
+  if (z) {
+    const double coeff = *config_.moe_z_loss_coeff / tp_cp;
+    const double mult = scale * (config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0);
+    ctx.z_coef = coeff * 2.0 / static_cast<double>(T) * mult;
+    if (coeff > 0)
+      MoEMetricsTracker::get().record("z_loss", st[2 * BE + E] / static_cast<double>(T), layer_number_, num_layers,
+                                      nullptr, false, groups_.tp_dp_cp.get());
+  }
+  if (aux) {
+    // The [bsz, E] column sums of the aux scores and of their top-k map, summed over b for the
+    // per-expert losses. The losses and their per-column gradient as forward() computes them.
+    std::vector<double> coef(static_cast<size_t>(BE), 0.0), colsum(static_cast<size_t>(E), 0.0);
+    for (int64_t c = 0; c < BE; ++c) colsum[static_cast<size_t>(c % E)] += st[c];
+    auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
+      tpe.assign(static_cast<size_t>(cols), 0.0);
+      for (int64_t c = 0; c < BE; ++c) tpe[static_cast<size_t>(c % cols)] += st[BE + c];
+      if (g.size() > 1) {
+        Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
+        g.all_reduce(t);
+        tpe = to_host_f64(t);
+      }
+    };
+    auto loss_of = [&](const std::vector<double>& sums, const std::vector<double>& tpe, double total, double c) {
+      double acc = 0;
+      for (size_t i = 0; i < tpe.size(); ++i) acc += sums[i] * tpe[i];
+      return acc * (static_cast<double>(E) * c / (static_cast<double>(k) * total * total));
+    };
+    const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
+    if (c_aux > 0) {
+      std::vector<double> tpe;
+      count(*groups_.tp_cp, E, tpe);
+      const double total = static_cast<double>(T) * tp_cp;
+      const double loss = loss_of(colsum, tpe, total, c_aux);
+      const double f = static_cast<double>(E) * c_aux / (static_cast<double>(k) * total * total);
+      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += tpe[static_cast<size_t>(c % E)] * f * scale * per_token;
+      MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
+                                      groups_.tp_cp.get(), true);
+    }
+    if (c_seq > 0) {
+      std::vector<double> tpe;
+      count(*groups_.tp_cp, BE, tpe);
+      const double total = static_cast<double>(seq_length) * tp_cp;
+      const std::vector<double> sums(st, st + BE);
+      const double loss = loss_of(sums, tpe, total, c_seq) / static_cast<double>(bsz);
+      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(k) * total * total) / static_cast<double>(bsz);
+      const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
+      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += tpe[static_cast<size_t>(c)] * f * scale * per_token_seq;
+      MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
+                                      groups_.tp_cp.get(), true);
+    }
+    if (c_glob > 0) {
+      std::vector<double> tpe;
+      count(*groups_.tp_dp_cp, E, tpe);
+      for (int64_t e = 0; e < E; ++e) global_tokens_per_expert_[static_cast<size_t>(e)] += tpe[static_cast<size_t>(e)];
+      ga_steps_ += 1;
+      std::vector<double> avg(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) avg[static_cast<size_t>(e)] = global_tokens_per_expert_[static_cast<size_t>(e)] / ga_steps_;
+      const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
+      const double loss = loss_of(colsum, avg, total, c_glob);
+      const double f = static_cast<double>(E) * c_glob / (static_cast<double>(k) * total * total);
+      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += avg[static_cast<size_t>(c % E)] * f * scale * per_token;
+      MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
+                                      groups_.tp_dp_cp.get(), false);
+    }
+    ctx.aux_coef = to_device_f32(coef, {BE}, x.device());
+  }
+  // Expert-bias token counts (Megatron's _apply_expert_bias, on the routing map).
+  if (bias_counts)
+    for (int64_t e = 0; e < E; ++e) local_tokens_per_expert_[static_cast<size_t>(e)] += st[2 * BE + e];
+  return true;
+}
+
+Tensor TopKRouter::backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx) {
+  MEGATRON_CHECK(ctx.device) << "TopKRouter::backward_device after a host forward";
+  const TopKOptions o = topk_options();
+  Tensor dl = Tensor::empty({ctx.T, ctx.E}, DType::kFloat32, ctx.logits.device());
+  MEGATRON_CHECK(ops::moe_router_backward(ctx.logits, ctx.topk_idx, dprobs, row_of, score_function_id(o.score_function),
+                                          o.use_pre_softmax,
+                                          o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f, ctx.bsz,
+                                          ctx.aux_coef.defined() ? &ctx.aux_coef : nullptr,
+                                          static_cast<float>(ctx.z_coef), dl))
+      << "moe_router_backward declined after moe_router_forward ran";
+  Tensor dx = gating_backward(dl, ctx);
+  ctx.logits = ctx.topk_idx = ctx.topk_probs = ctx.aux_coef = Tensor();
+  return dx;
+}
+
 Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
   TopKOptions o = topk_options();
   std::vector<double> dl = topk_routing_backward(dprobs, o, ctx.topk);
@@ -246,21 +404,21 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
     ops::add_(weight_.grad(), dw);
     dx = ops::cast_to(to_device_f32(dxv, {T, h}, in.device()), in.dtype());
   } else {
-    const DType ld = ctx.logits_dtype;
-    Tensor dlt = to_device_f32(dl, {T, E}, in.device());
-    if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
-    Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
-    Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);
-    Tensor dxi = Tensor::empty({T, h}, ld, in.device());
-    ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
-    dx = ld == in.dtype() ? dxi : ops::cast_to(dxi, in.dtype());
+    return gating_backward(to_device_f32(dl, {T, E}, in.device()), ctx);
   }
-  if (!ctx.jitter.empty()) {
-    std::vector<double> d = to_host_f64(dx);
-    for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
-    dx = ops::cast_to(to_device_f32(d, {T, h}, in.device()), in.dtype());
-  }
-  return dx;
+  return jitter_backward(dx, ctx);
+}
+
+Tensor TopKRouter::gating_backward(Tensor dlt, RouterCtx& ctx) {
+  const int64_t T = ctx.T, h = config_.hidden_size;
+  const Tensor& in = ctx.input;
+  const DType ld = ctx.logits_dtype;
+  if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
+  Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
+  Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);
+  Tensor dxi = Tensor::empty({T, h}, ld, in.device());
+  ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
+  return jitter_backward(ld == in.dtype() ? dxi : ops::cast_to(dxi, in.dtype()), ctx);
 }
 
 void TopKRouter::reset_global_aux_loss_tracker() {
