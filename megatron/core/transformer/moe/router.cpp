@@ -1,6 +1,7 @@
 #include "megatron/core/transformer/moe/router.h"
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "megatron/core/ops/ops.h"
@@ -105,6 +106,67 @@ Tensor TopKRouter::gating_logits(const Tensor& in, RouterCtx& ctx) const {
   return lg;
 }
 
+std::vector<double> TopKRouter::aux_losses(
+    int64_t T, int64_t seq_length, int64_t bsz, const std::function<std::vector<double>(int64_t)>& map_counts,
+    const std::function<double(const std::vector<double>&, double, double)>& loss_of) {
+  const int64_t E = *config_.num_moe_experts, k = config_.moe_router_topk;
+  const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double tp_cp = static_cast<double>(groups_.tp_cp->size());
+  const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
+  std::vector<double> coef(static_cast<size_t>(bsz * E), 0.0);
+  auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
+    tpe = map_counts(cols);  // all-reduced over g
+    if (g.size() > 1) {
+      Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
+      g.all_reduce(t);
+      tpe = to_host_f64(t);
+    }
+  };
+  const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
+  const auto n = static_cast<size_t>(bsz * E), ue = static_cast<size_t>(E);
+  if (c_aux > 0) {
+    std::vector<double> tpe;
+    count(*groups_.tp_cp, E, tpe);
+    const double total = static_cast<double>(T) * tp_cp;
+    const double loss = loss_of(tpe, total, c_aux);
+    const double f = static_cast<double>(E) * c_aux / (static_cast<double>(k) * total * total);
+    for (size_t c = 0; c < n; ++c) coef[c] += tpe[c % ue] * f * scale * per_token;
+    MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
+                                    groups_.tp_cp.get(), true);
+  }
+  if (c_seq > 0) {
+    // scores.reshape(seq_length, -1): column b * E + e is expert e of sequence b.
+    std::vector<double> tpe;
+    count(*groups_.tp_cp, bsz * E, tpe);
+    const double total = static_cast<double>(seq_length) * tp_cp;
+    // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
+    // sequences of their own aux loss, divided by bsz.
+    const double loss = loss_of(tpe, total, c_seq) / static_cast<double>(bsz);
+    const double f =
+        static_cast<double>(E) * c_seq / (static_cast<double>(k) * total * total) / static_cast<double>(bsz);
+    const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
+    for (size_t c = 0; c < n; ++c) coef[c] += tpe[c] * f * scale * per_token_seq;
+    MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
+                                    groups_.tp_cp.get(), true);
+  }
+  if (c_glob > 0) {
+    std::vector<double> tpe;
+    count(*groups_.tp_dp_cp, E, tpe);
+    for (size_t e = 0; e < ue; ++e) global_tokens_per_expert_[e] += tpe[e];
+    ga_steps_ += 1;
+    std::vector<double> avg(ue);
+    for (size_t e = 0; e < ue; ++e) avg[e] = global_tokens_per_expert_[e] / ga_steps_;
+    const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
+    const double loss = loss_of(avg, total, c_glob);
+    const double f = static_cast<double>(E) * c_glob / (static_cast<double>(k) * total * total);
+    for (size_t c = 0; c < n; ++c) coef[c] += avg[c % ue] * f * scale * per_token;
+    MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
+                                    groups_.tp_dp_cp.get(), false);
+  }
+  return coef;
+}
+
 void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
                          std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
                          bool grad_enabled) {
@@ -171,62 +233,19 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     std::vector<double> scores;
     std::vector<uint8_t> amap;
     compute_routing_scores_for_aux_loss(logits, T, E, o.topk, o.score_function, scores, amap);
-    std::vector<double> dscores(static_cast<size_t>(T * E), 0.0);
-    auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
-      // routing_map.sum(0) of the [rows, cols] view, all-reduced over g.
-      tpe.assign(static_cast<size_t>(cols), 0.0);
-      for (size_t i = 0; i < amap.size(); ++i) tpe[i % static_cast<size_t>(cols)] += amap[i];
-      if (g.size() > 1) {
-        Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
-        g.all_reduce(t);
-        tpe = to_host_f64(t);
-      }
-    };
-    const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
-    if (c_aux > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, E, tpe);
-      const double total = static_cast<double>(T) * tp_cp;
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_aux);
-      const double f = static_cast<double>(E) * c_aux / (static_cast<double>(o.topk) * total * total);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += tpe[static_cast<size_t>(e)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_seq > 0) {
-      // scores.reshape(seq_length, -1): column b * E + e is expert e of sequence b.
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, bsz * E, tpe);
-      const double total = static_cast<double>(seq_length) * tp_cp;
-      // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
-      // sequences of their own aux loss, divided by bsz.
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_seq) / static_cast<double>(bsz);
-      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(o.topk) * total * total) /
-                       static_cast<double>(bsz);
-      const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e)
-          dscores[static_cast<size_t>(t * E + e)] +=
-              tpe[static_cast<size_t>((t % bsz) * E + e)] * f * scale * per_token_seq;
-      MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_glob > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_dp_cp, E, tpe);
-      for (int64_t e = 0; e < E; ++e) global_tokens_per_expert_[static_cast<size_t>(e)] += tpe[static_cast<size_t>(e)];
-      ga_steps_ += 1;
-      std::vector<double> avg(static_cast<size_t>(E));
-      for (int64_t e = 0; e < E; ++e) avg[static_cast<size_t>(e)] = global_tokens_per_expert_[static_cast<size_t>(e)] / ga_steps_;
-      const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
-      const double loss = switch_load_balancing_loss(scores, avg, total, o.topk, E, c_glob);
-      const double f = static_cast<double>(E) * c_glob / (static_cast<double>(o.topk) * total * total);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += avg[static_cast<size_t>(e)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
-                                      groups_.tp_dp_cp.get(), false);
-    }
+    const std::vector<double> coef = aux_losses(
+        T, seq_length, bsz,
+        [&](int64_t cols) {  // routing_map.sum(0) of the [rows, cols] view
+          std::vector<double> tpe(static_cast<size_t>(cols), 0.0);
+          for (size_t i = 0; i < amap.size(); ++i) tpe[i % static_cast<size_t>(cols)] += amap[i];
+          return tpe;
+        },
+        [&](const std::vector<double>& tpe, double total, double coeff) {
+          return switch_load_balancing_loss(scores, tpe, total, o.topk, E, coeff);
+        });
+    std::vector<double> dscores(static_cast<size_t>(T * E));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] = coef[static_cast<size_t>((t % bsz) * E + e)];
     const std::vector<double> dl = aux_scores_backward(logits, scores, dscores, T, E, o.score_function);
     for (size_t i = 0; i < dl.size(); ++i) ctx.daux_logits[i] += dl[i];
   }
@@ -301,61 +320,21 @@ bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz
                                       nullptr, false, groups_.tp_dp_cp.get());
   }
   if (aux) {
-    // The [bsz, E] column sums of the aux scores and of their top-k map, summed over b for the
-    // per-expert losses. The losses and their per-column gradient as forward() computes them.
-    std::vector<double> coef(static_cast<size_t>(BE), 0.0), colsum(static_cast<size_t>(E), 0.0);
-    for (int64_t c = 0; c < BE; ++c) colsum[static_cast<size_t>(c % E)] += st[c];
-    auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
-      tpe.assign(static_cast<size_t>(cols), 0.0);
-      for (int64_t c = 0; c < BE; ++c) tpe[static_cast<size_t>(c % cols)] += st[BE + c];
-      if (g.size() > 1) {
-        Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
-        g.all_reduce(t);
-        tpe = to_host_f64(t);
-      }
+    // The [bsz, E] column sums of the aux scores and of their top-k map (stats), folded to the
+    // [rows, cols] view each loss takes (cols = E or bsz E).
+    auto fold = [&](const double* v, int64_t cols) {
+      std::vector<double> r(static_cast<size_t>(cols), 0.0);
+      for (int64_t c = 0; c < BE; ++c) r[static_cast<size_t>(c % cols)] += v[c];
+      return r;
     };
-    auto loss_of = [&](const std::vector<double>& sums, const std::vector<double>& tpe, double total, double c) {
-      double acc = 0;
-      for (size_t i = 0; i < tpe.size(); ++i) acc += sums[i] * tpe[i];
-      return acc * (static_cast<double>(E) * c / (static_cast<double>(k) * total * total));
-    };
-    const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
-    if (c_aux > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, E, tpe);
-      const double total = static_cast<double>(T) * tp_cp;
-      const double loss = loss_of(colsum, tpe, total, c_aux);
-      const double f = static_cast<double>(E) * c_aux / (static_cast<double>(k) * total * total);
-      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += tpe[static_cast<size_t>(c % E)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_seq > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, BE, tpe);
-      const double total = static_cast<double>(seq_length) * tp_cp;
-      const std::vector<double> sums(st, st + BE);
-      const double loss = loss_of(sums, tpe, total, c_seq) / static_cast<double>(bsz);
-      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(k) * total * total) / static_cast<double>(bsz);
-      const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
-      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += tpe[static_cast<size_t>(c)] * f * scale * per_token_seq;
-      MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_glob > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_dp_cp, E, tpe);
-      for (int64_t e = 0; e < E; ++e) global_tokens_per_expert_[static_cast<size_t>(e)] += tpe[static_cast<size_t>(e)];
-      ga_steps_ += 1;
-      std::vector<double> avg(static_cast<size_t>(E));
-      for (int64_t e = 0; e < E; ++e) avg[static_cast<size_t>(e)] = global_tokens_per_expert_[static_cast<size_t>(e)] / ga_steps_;
-      const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
-      const double loss = loss_of(colsum, avg, total, c_glob);
-      const double f = static_cast<double>(E) * c_glob / (static_cast<double>(k) * total * total);
-      for (int64_t c = 0; c < BE; ++c) coef[static_cast<size_t>(c)] += avg[static_cast<size_t>(c % E)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
-                                      groups_.tp_dp_cp.get(), false);
-    }
+    const std::vector<double> coef = aux_losses(
+        T, seq_length, bsz, [&](int64_t cols) { return fold(st + BE, cols); },
+        [&](const std::vector<double>& tpe, double total, double coeff) {
+          const std::vector<double> sums = fold(st, static_cast<int64_t>(tpe.size()));
+          double acc = 0;
+          for (size_t i = 0; i < tpe.size(); ++i) acc += sums[i] * tpe[i];
+          return acc * (static_cast<double>(E) * coeff / (static_cast<double>(k) * total * total));
+        });
     ctx.aux_coef = to_device_f32(coef, {BE}, x.device());
   }
   // Expert-bias token counts (Megatron's _apply_expert_bias, on the routing map).

@@ -6,6 +6,7 @@
 // (times MoEAuxLossAutoScaler::loss_scale()) flows into the logits in backward.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,15 @@ class TopKRouter {
  private:
   double aux_coeff(const std::string& type) const;
   TopKOptions topk_options() const;  // the routing options of the config (expert_bias unset)
+  /// The aux losses of forward() / forward_device() (Megatron's _apply_aux_loss,
+  /// _apply_seq_aux_loss, _apply_global_aux_loss): per enabled type the aux top-k map's token
+  /// counts (map_counts(cols): local column sums of the [T E / cols, cols] view; all-reduced over
+  /// the type's group here), its loss loss_of(tpe, total_tokens, coeff) (recorded in the metrics
+  /// tracker) and its gradient w.r.t. the aux scores, constant per column: returns coef [bsz E]
+  /// with d loss / d score[t, e] = coef[(t % bsz) E + e] (times the aux-loss backward scale).
+  std::vector<double> aux_losses(int64_t T, int64_t seq_length, int64_t bsz,
+                                 const std::function<std::vector<double>(int64_t)>& map_counts,
+                                 const std::function<double(const std::vector<double>&, double, double)>& loss_of);
   Tensor jittered_input(const Tensor& x, bool training, uint64_t seed, uint64_t offset, RouterCtx& ctx) const;
   Tensor gating_logits(const Tensor& in, RouterCtx& ctx) const;  // x W^T (not fp64)
   Tensor gating_backward(Tensor dl, RouterCtx& ctx);  // dl float32 [T, E] on the device -> dx
