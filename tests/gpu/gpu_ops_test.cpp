@@ -2036,7 +2036,9 @@ void test_router_layer() {
 //    "ties" cases) toward the lower expert index on both sides. The only allowed difference is a
 //    NEAR tie: two float64 keys (logits, pre-softmax / sigmoid scores + bias) within 1e-5
 //    relative but not equal, which float32 may order either way; such tokens are counted, must
-//    be <= 1% of the tokens, and are left out of the value comparisons below.
+//    be <= 1% of the tokens, and are left out of the value comparisons below. Group-limited
+//    routing ranks groups by float32 sums of their top keys in the host's order (key descending,
+//    index ascending), so equal-valued groups tie exactly on both sides too.
 //  * probs: float32 math on the same inputs; a softmax / normalization of E terms is within
 //    ~(E + 8) u relative (u = 2^-24; E <= 256: 1.6e-5 worst case; rel-norm tol 2e-5); bf16 logits
 //    round the probs to bf16 on both sides (one rounding may differ near a boundary: tol 1e-2).
@@ -2071,6 +2073,7 @@ void test_router() {
     double scaling;
     int64_t B;
     DType dt;
+    int64_t groups = 0, group_topk = 0;  // group-limited routing when group_topk > 0
   };
   const int64_t big = g_small ? 256 : 4096;
   std::vector<Case> cases = {
@@ -2086,6 +2089,10 @@ void test_router() {
       {"E=64 k=6 sqrtsoftplus bsz=4 bf16", 1000, 64, 6, "sqrtsoftplus", false, true, false, 0, 4, DType::kBFloat16},
       {"E=256 k=8 sigmoid+bias (DeepSeek-V3)", big, 256, 8, "sigmoid", false, true, false, 2.5, 1, DType::kFloat32},
       {"E=40 k=1 sigmoid", 333, 40, 1, "sigmoid", false, false, false, 0, 1, DType::kFloat32},
+      {"E=256 k=8 groups 8 top 4 sigmoid+bias (DeepSeek-V3)", big, 256, 8, "sigmoid", false, true, false, 2.5, 1,
+       DType::kFloat32, 8, 4},
+      {"E=12 k=4 groups 4 top 2 ties", 301, 12, 4, "softmax", false, false, true, 0, 1, DType::kFloat32, 4, 2},
+      {"E=16 k=3 groups 4 top 3 pre-softmax bf16", 500, 16, 3, "softmax", true, false, false, 0, 2, DType::kBFloat16, 4, 3},
   };
   for (const Case& c : cases) {
     const int64_t T = c.T, E = c.E, k = c.k, B = c.B, N = T * k;
@@ -2110,6 +2117,8 @@ void test_router() {
     o.topk = k;
     o.use_pre_softmax = c.pre;
     o.score_function = c.sf;
+    o.num_groups = c.groups;
+    o.group_topk = c.group_topk;
     if (c.scaling) o.scaling_factor = c.scaling;
     VD bias_d(bias_v.begin(), bias_v.end());
     if (c.bias) o.expert_bias = &bias_d;
@@ -2127,8 +2136,8 @@ void test_router() {
     Tensor idx = Tensor::empty({T, k}, DType::kInt64, Device::cuda()), tp = poisoned({T, k}, DType::kFloat32);
     Tensor stats = Tensor::empty({2 * B * E + E + 1}, DType::kFloat64, Device::cuda());
     const std::string tag = std::string("router ") + c.name;
-    if (!cu::moe_router_forward(L, c.bias ? &bias : nullptr, k, sf, c.pre, c.scaling ? (float)c.scaling : 1.0f, B, idx, tp,
-                                &stats)) {
+    if (!cu::moe_router_forward(L, c.bias ? &bias : nullptr, k, sf, c.pre, c.scaling ? (float)c.scaling : 1.0f, c.groups,
+                                c.group_topk, B, idx, tp, &stats)) {
       check_true(tag + " forward", false, "declined");
       continue;
     }

@@ -518,11 +518,14 @@ MEGATRON_OP(void, kv_cache_write,
 /// score of expert e at column b E + e; [bsz E, 2 bsz E) the count of that function's top-k map
 /// likewise; [2 bsz E, 2 bsz E + E) the tokens routed to e; [2 bsz E + E] Σ_t logsumexp(logits[t])²
 /// (the z-loss's sum). The sums run in float64 in a fixed order (bitwise reproducible). Returns
-/// false when not fused (CPU; E > 1024; k > E).
+/// false when not fused (CPU; E > 1024; k > E; groups that do not divide E or cannot hold k).
 MEGATRON_OP(bool, moe_router_forward,
             (const Tensor& logits, const Tensor* expert_bias, int64_t topk, int64_t score_function, bool pre_softmax,
-             float scaling, int64_t bsz, Tensor& topk_idx, Tensor& topk_probs, Tensor* stats),
-            (logits, expert_bias, topk, score_function, pre_softmax, scaling, bsz, topk_idx, topk_probs, stats), logits)
+             float scaling, int64_t num_groups, int64_t group_topk, int64_t bsz, Tensor& topk_idx, Tensor& topk_probs,
+             Tensor* stats),
+            (logits, expert_bias, topk, score_function, pre_softmax, scaling, num_groups, group_topk, bsz, topk_idx,
+             topk_probs, stats),
+            logits)
 /// Megatron's permute() row map from the top-k choices topk_idx int64 [T, k] of E experts: rows
 /// expert-major, tokens ascending within an expert (the stable argsort of routing_map.T), by a
 /// per-expert block scan (deterministic). Writes row_token int64 [T k] (token of every permuted

@@ -5,8 +5,8 @@
 
 namespace megatron::ops::cpu {
 
-bool moe_router_forward(const Tensor&, const Tensor*, int64_t, int64_t, bool, float, int64_t, Tensor&, Tensor&,
-                        Tensor*) {
+bool moe_router_forward(const Tensor&, const Tensor*, int64_t, int64_t, bool, float, int64_t, int64_t, int64_t, Tensor&,
+                        Tensor&, Tensor*) {
   return false;
 }
 bool moe_permute_map(const Tensor&, const Tensor&, int64_t, Tensor&, Tensor&, Tensor&, Tensor&) { return false; }

@@ -88,15 +88,16 @@ __device__ __forceinline__ void row_lse(const L* x, int E, int lane, float& m, f
 template <class L>
 __global__ void __launch_bounds__(kWarps * 32)
     router_fwd_kernel(const L* __restrict__ logits, const float* __restrict__ bias, int T, int E, int k, int sf,
-                      bool pre, float scale, int64_t* __restrict__ tidx, float* __restrict__ tprob,
+                      bool pre, float scale, int G, int gtopk, int64_t* __restrict__ tidx, float* __restrict__ tprob,
                       float* __restrict__ aux_scores, uint8_t* __restrict__ aux_map, float* __restrict__ lse_out) {
   extern __shared__ float sh[];
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kWarps + w;
   if (t >= T) return;  // whole warps only; no block barrier below
-  float* s = sh + (size_t)w * 3 * E;
+  float* s = sh + (size_t)w * (3 * E + G);
   float* key = s + E;
   int* sel = reinterpret_cast<int*>(key + E);
+  float* gs = reinterpret_cast<float*>(sel + E);  // [G] group scores (group-limited routing)
   const L* x = logits + (int64_t)t * E;
   float m, sum;
   row_lse(x, E, lane, m, sum);
@@ -112,6 +113,36 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   __syncwarp();
+  if (gtopk > 0) {
+    // Megatron's group_limited_topk: a group's score is the sum of its top (k / group_topk) keys;
+    // the group_topk best groups (ties: lower group index) stay, the other experts' keys become
+    // -inf (as the host's masked_fill), then the top-k below.
+    const int per = E / G, take = k / gtopk;
+    for (int g = lane; g < G; g += 32) {
+      float acc = 0.f, pv = INFINITY;
+      int pi = -1;
+      for (int r = 0; r < take; ++r) {  // the next key after (pv, pi) in (key desc, index asc) order
+        float bv = NAN;
+        int bi = -1;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float v = key[e];
+          if ((v < pv || (v == pv && e > pi)) && key_better(v, e, bv, bi)) bv = v, bi = e;
+        }
+        acc += bv;
+        pv = bv, pi = bi;
+      }
+      gs[g] = clean_key(acc);
+    }
+    __syncwarp();
+    for (int j = 0; j < gtopk; ++j) {
+      const int b = warp_argmax(gs, G, lane);
+      if (lane == 0) gs[b] = NAN;  // chosen
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!isnan(gs[e / per])) key[e] = -INFINITY;
+    __syncwarp();
+  }
   for (int j = 0; j < k; ++j) {
     const int b = warp_argmax(key, E, lane);
     if (lane == 0) {
@@ -358,11 +389,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 bool moe_router_forward(const Tensor& logits, const Tensor* expert_bias, int64_t topk, int64_t score_function,
-                        bool pre_softmax, float scaling, int64_t bsz, Tensor& topk_idx, Tensor& topk_probs,
-                        Tensor* stats) {
+                        bool pre_softmax, float scaling, int64_t num_groups, int64_t group_topk, int64_t bsz,
+                        Tensor& topk_idx, Tensor& topk_probs, Tensor* stats) {
   check_cuda(logits, "moe_router_forward");
   const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = topk;
+  const int64_t G = group_topk > 0 ? num_groups : 0;
   if (E > kMaxExperts || k < 1 || k > E) return false;
+  if (G > 0 && (E % G != 0 || group_topk > G || k % group_topk != 0 || k / group_topk > E / G ||
+                k > group_topk * (E / G) || (size_t)kWarps * (3 * E + G) * sizeof(float) > 48 * 1024))
+    return false;
   MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && topk_idx.numel() == T * k &&
                  topk_probs.dtype() == DType::kFloat32 && topk_probs.numel() == T * k && bsz >= 1 && T % bsz == 0 &&
                  score_function >= 0 && score_function <= 2 &&
@@ -380,13 +415,14 @@ bool moe_router_forward(const Tensor& logits, const Tensor* expert_bias, int64_t
     aux_map = Tensor::empty({T, E}, DType::kUInt8, logits.device());
     lse = Tensor::empty({T}, DType::kFloat32, logits.device());
   }
-  const size_t shm = (size_t)kWarps * 3 * E * sizeof(float);
+  const size_t shm = (size_t)kWarps * (3 * E + G) * sizeof(float);
   const unsigned blocks = (unsigned)((T + kWarps - 1) / kWarps);
   MCU_FLOAT_SWITCH(logits.dtype(), L,
                    router_fwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
                        static_cast<const L*>(logits.data_ptr()),
                        expert_bias ? static_cast<const float*>(expert_bias->data_ptr()) : nullptr, (int)T, (int)E,
-                       (int)k, (int)score_function, pre_softmax, scaling, static_cast<int64_t*>(topk_idx.data_ptr()),
+                       (int)k, (int)score_function, pre_softmax, scaling, (int)G, (int)group_topk,
+                       static_cast<int64_t*>(topk_idx.data_ptr()),
                        static_cast<float*>(topk_probs.data_ptr()),
                        stats ? static_cast<float*>(aux_scores.data_ptr()) : nullptr,
                        stats ? static_cast<uint8_t*>(aux_map.data_ptr()) : nullptr,

@@ -268,7 +268,7 @@ bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER
 
 bool TopKRouter::device_routing_supported(const Tensor& x) const {
   return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
-         config_.moe_router_group_topk <= 0 && !config_.moe_expert_capacity_factor && *config_.num_moe_experts <= 1024;
+         !config_.moe_expert_capacity_factor && *config_.num_moe_experts <= 1024;
 }
 
 namespace {
@@ -297,8 +297,9 @@ bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz
   Tensor stats;
   if (aux || z || bias_counts) stats = Tensor::empty({2 * bsz * E + E + 1}, DType::kFloat64, x.device());
   if (!ops::moe_router_forward(ctx.logits, bias.defined() ? &bias : nullptr, k, score_function_id(o.score_function),
-                               o.use_pre_softmax, o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f, bsz,
-                               ctx.topk_idx, ctx.topk_probs, stats.defined() ? &stats : nullptr))
+                               o.use_pre_softmax, o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f,
+                               o.num_groups, o.group_topk, bsz, ctx.topk_idx, ctx.topk_probs,
+                               stats.defined() ? &stats : nullptr))
     return false;
   ctx.device = true;
   ctx.aux_coef = Tensor();

@@ -78,7 +78,8 @@ class TopKRouter {
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
 
   /// True when forward_device can route x: x on CUDA, moe_device_router_enabled(), the router
-  /// dtype not fp64, no group-limited routing, no capacity / token dropping, E <= 1024. Otherwise
+  /// dtype not fp64, no capacity / token dropping, E <= 1024 (the op may still decline a group-limited
+  /// shape whose shared memory is too large: forward_device then returns false). Otherwise
   /// (and on the CPU) the host float64 forward runs (docs/moe.md "Kernels").
   bool device_routing_supported(const Tensor& x) const;
   /// forward() on the device (ops::moe_router_forward): the same routing, aux losses, z-loss,

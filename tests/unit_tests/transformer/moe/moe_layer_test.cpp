@@ -284,7 +284,7 @@ TEST(MoEDeviceRouter, EnvironmentSwitchAndCpuKeepsTheHostPath) {
   Tensor x = Tensor::from_vector(std::vector<float>(static_cast<size_t>(6 * c.hidden_size), 0.5f), {6, c.hidden_size});
   EXPECT_FALSE(layer.router().device_routing_supported(x));
   Tensor idx = Tensor::empty({6, 2}, DType::kInt64), probs = Tensor::empty({6, 2}, DType::kFloat32);
-  EXPECT_FALSE(ops::moe_router_forward(x, nullptr, 2, 0, false, 1.0f, 1, idx, probs, nullptr));
+  EXPECT_FALSE(ops::moe_router_forward(x, nullptr, 2, 0, false, 1.0f, 0, 0, 1, idx, probs, nullptr));
   if (old) setenv("MEGATRON_MOE_DEVICE_ROUTER", saved.c_str(), 1); else unsetenv("MEGATRON_MOE_DEVICE_ROUTER");
 }
 
