@@ -28,6 +28,7 @@
 #include "megatron/core/inference/text_generation.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/device.h"
+#include "bench/gpu/moe_layer_leg.h"
 #include "megatron/core/transformer/moe/moe_layer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 
@@ -1955,23 +1956,12 @@ void test_router_layer() {
       {"sigmoid+bias E=32 k=4 global_aux+z", 32, 4, "sigmoid", {"global_aux_loss"}, {1e-2}, true}};
   for (const Case& cs : cases) {
     const int64_t s = 128, b = 2, H = 64, F = 48;
-    TransformerConfig c;
-    c.num_layers = 1;
-    c.hidden_size = H;
-    c.ffn_hidden_size = F;
-    c.num_attention_heads = 1;
-    c.add_bias_linear = false;
-    c.gated_linear_unit = true;
-    c.hidden_dropout = c.attention_dropout = 0;
-    c.num_moe_experts = cs.E;
-    c.moe_ffn_hidden_size = F;
-    c.moe_router_topk = cs.k;
+    TransformerConfig c = megatron::bench::moe_leg_config(H, F, cs.E, cs.k, DType::kFloat32);
     c.moe_router_score_function = cs.sf;
     c.moe_router_load_balancing_type = cs.lb;
     c.moe_aux_loss_coeff = cs.coeff;
     c.moe_z_loss_coeff = 1e-3;
     c.moe_router_enable_expert_bias = cs.bias;
-    c.params_dtype = DType::kFloat32;
     c.validate();
     tensor_parallel::TPContext tp{comm::make_single_rank_group()};
     ParamRegistry reg;
