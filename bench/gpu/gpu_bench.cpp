@@ -376,6 +376,10 @@ int main(int argc, char** argv) {
     }
   }
   if (only.empty() || only == "decode") bench_decode();
+  if (only == "moe_layer") {  // the two layer legs alone (tests/gpu/moerouter_check.sh)
+    bench_moe_layer("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
+    bench_moe_layer("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
+  }
   if (only == "moe") {  // not in the default run: bench/gpu/moe_bench.sh
     bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
     bench_moe_gemms("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);

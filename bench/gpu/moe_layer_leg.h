@@ -26,17 +26,11 @@ struct MoELayerLegResult {
   std::vector<int64_t> tokens_per_expert;
 };
 
-/// Runs the leg. T tokens (sequence T, micro-batch 1), hidden H, expert ffn F, E experts, top-K;
-/// params, activations and gradients of dtype `dt` on `dev`, fp32 main grads. rnd(shape, dtype,
-/// std) returns a random tensor on `dev` (the caller's generator); time(fn) runs fn (warm-up and
-/// repetitions as it likes) and returns its time in ms. The counts are taken from the layer's
-/// forward context before backward (MoELayer::backward resets it). Throws what the layer throws.
-inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t E, int64_t K, DType dt, Device dev,
-                                       const std::function<Tensor(const Shape&, DType, float)>& rnd,
-                                       const std::function<double(const std::function<void()>&)>& time) {
-  using namespace megatron::transformer;
-  using namespace megatron::transformer::moe;
-  TransformerConfig c;
+/// The leg's layer config: one layer, hidden H, E SwiGLU experts of ffn F, top-K, no biases, no
+/// dropout, aux loss 1e-2, --moe-grouped-gemm names, parameters of dtype dt (validated; throws
+/// what TransformerConfig::validate throws).
+inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64_t E, int64_t K, DType dt) {
+  transformer::TransformerConfig c;
   c.num_layers = 1;
   c.hidden_size = H;
   c.ffn_hidden_size = F;
@@ -51,6 +45,20 @@ inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t 
   c.moe_grouped_gemm = true;
   c.params_dtype = dt;
   c.validate();
+  return c;
+}
+
+/// Runs the leg. T tokens (sequence T, micro-batch 1), hidden H, expert ffn F, E experts, top-K;
+/// params, activations and gradients of dtype `dt` on `dev`, fp32 main grads. rnd(shape, dtype,
+/// std) returns a random tensor on `dev` (the caller's generator); time(fn) runs fn (warm-up and
+/// repetitions as it likes) and returns its time in ms. The counts are taken from the layer's
+/// forward context before backward (MoELayer::backward resets it). Throws what the layer throws.
+inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t E, int64_t K, DType dt, Device dev,
+                                       const std::function<Tensor(const Shape&, DType, float)>& rnd,
+                                       const std::function<double(const std::function<void()>&)>& time) {
+  using namespace megatron::transformer;
+  using namespace megatron::transformer::moe;
+  const TransformerConfig c = moe_leg_config(H, F, E, K, dt);
   tensor_parallel::TPContext tp{comm::make_single_rank_group()};
   ParamRegistry reg, ereg;
   MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single());

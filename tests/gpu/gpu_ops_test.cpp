@@ -9,6 +9,7 @@
 // compute-sanitizer; --only: run the named groups, e.g. attention,elementwise; attn_generic = the
 // generic attention kernels and the CPU-equal dropout stream)
 // Exit status 0 iff every check passed.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,9 @@
 #include "megatron/core/inference/text_generation.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/device.h"
+#include "bench/gpu/moe_layer_leg.h"
+#include "megatron/core/transformer/moe/moe_layer.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 
 using namespace megatron;
 namespace cu = megatron::ops::cuda;
@@ -1963,6 +1967,314 @@ void test_moe() {
   }
 }
 
+
+// MoELayer forward + backward with the device router (MEGATRON_MOE_DEVICE_ROUTER=1) against the
+// host router (=0) on the same parameters and input (bounds in the header of test_router).
+void test_router_layer() {
+  using namespace megatron::transformer;
+  using namespace megatron::transformer::moe;
+  struct Case {
+    const char* name;
+    int64_t E, k;
+    std::string sf;
+    std::vector<std::string> lb;
+    std::vector<double> coeff;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {"softmax E=8 k=2 aux+seq_aux+z", 8, 2, "softmax", {"aux_loss", "seq_aux_loss"}, {1e-2, 1e-3}, false},
+      {"sigmoid+bias E=32 k=4 global_aux+z", 32, 4, "sigmoid", {"global_aux_loss"}, {1e-2}, true}};
+  for (const Case& cs : cases) {
+    const int64_t s = 128, b = 2, H = 64, F = 48;
+    TransformerConfig c = megatron::bench::moe_leg_config(H, F, cs.E, cs.k, DType::kFloat32);
+    c.moe_router_score_function = cs.sf;
+    c.moe_router_load_balancing_type = cs.lb;
+    c.moe_aux_loss_coeff = cs.coeff;
+    c.moe_z_loss_coeff = 1e-3;
+    c.moe_router_enable_expert_bias = cs.bias;
+    c.validate();
+    tensor_parallel::TPContext tp{comm::make_single_rank_group()};
+    ParamRegistry reg;
+    MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single());
+    for (size_t i = 0; i < reg.params().size(); ++i) {
+      Parameter& p = reg.params()[i];
+      const Shape sh = reg.local_shape(i);
+      int64_t n = 1;
+      for (int64_t d : sh) n *= d;
+      p.data = dev(randn(n, p.name.find("router") != std::string::npos ? 0.3f : 0.05f), sh, DType::kFloat32);
+      p.main_grad = Tensor::zeros(sh, DType::kFloat32, Device::cuda());
+    }
+    if (cs.bias) {
+      const V bv = randn(cs.E, 0.02f);
+      std::copy(bv.begin(), bv.end(), layer.router().expert_bias().data<float>());
+    }
+    MoEAuxLossAutoScaler::set_loss_scale(1.0);
+    const Tensor x = dev(randn(s * b * H), {s, b, H}, DType::kFloat32), dy = dev(randn(s * b * H, 0.1f), {s, b, H}, DType::kFloat32);
+    std::vector<V> res[2];
+    std::vector<double> metrics[2], bias_counts[2];
+    for (int dv = 0; dv < 2; ++dv) {
+      setenv("MEGATRON_MOE_DEVICE_ROUTER", dv ? "1" : "0", 1);
+      MoEMetricsTracker::get().clear();
+      ForwardContext fc;
+      MoELayerCtx ctx;
+      Tensor out = layer.forward(x, fc, ctx);
+      const bool device_ran = ctx.router.device;
+      Tensor dx = layer.backward(dy, ctx);
+      if (dv) check_true(std::string("router layer ") + cs.name + " took the device path", device_ran);
+      res[dv].push_back(host(out));
+      res[dv].push_back(host(dx));
+      for (Parameter& p : reg.params()) {
+        res[dv].push_back(host(p.main_grad));
+        cu::fill(p.main_grad, 0.0f);
+      }
+      for (auto& [name, e] : MoEMetricsTracker::get().entries())
+        for (double v : e.values) metrics[dv].push_back(v);
+      bias_counts[dv] = layer.router().local_tokens_per_expert();
+      if (cs.bias) std::fill(layer.router().local_tokens_per_expert().begin(), layer.router().local_tokens_per_expert().end(), 0.0);
+      layer.router().reset_global_aux_loss_tracker();
+    }
+    unsetenv("MEGATRON_MOE_DEVICE_ROUTER");
+    const char* what[] = {"output", "d input"};
+    for (size_t i = 0; i < res[0].size(); ++i)
+      check(std::string("router layer ") + cs.name + " " + (i < 2 ? what[i] : reg.params()[i - 2].name.c_str()),
+            res[1][i], to_d(res[0][i]), 1e-4);
+    double merr = metrics[0].size() == metrics[1].size() && !metrics[0].empty() ? 0 : 1;
+    for (size_t i = 0; i < metrics[0].size() && i < metrics[1].size(); ++i)
+      merr = std::max(merr, std::fabs(metrics[1][i] - metrics[0][i]) / std::max(std::fabs(metrics[0][i]), 1e-30));
+    check_true(std::string("router layer ") + cs.name + " tracked aux / z losses", merr <= 1e-5,
+               "max rel diff " + std::to_string(merr) + " over " + std::to_string(metrics[0].size()) + " values");
+    check_true(std::string("router layer ") + cs.name + " expert-bias token counts", bias_counts[0] == bias_counts[1]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// MoE device router and permutation (moe_router_forward / moe_permute_map / moe_unpermute /
+// moe_router_backward; docs/moe.md "Kernels") against the host float64 router of
+// megatron/core/transformer/moe/moe_utils.h on the same logits (float32 values, or bf16 ones).
+// Rules and bounds:
+//  * Selected experts and their order: identical, with ties (duplicated logits, forced in the
+//    "ties" cases) toward the lower expert index on both sides. The only allowed difference is a
+//    NEAR tie: two float64 keys (logits, pre-softmax / sigmoid scores + bias) within 1e-5
+//    relative but not equal, which float32 may order either way; such tokens are counted, must
+//    be <= 1% of the tokens, and are left out of the value comparisons below. Group-limited
+//    routing ranks groups by float32 sums of their top keys in the host's order (key descending,
+//    index ascending), so equal-valued groups tie exactly on both sides too.
+//  * probs: float32 math on the same inputs; a softmax / normalization of E terms is within
+//    ~(E + 8) u relative (u = 2^-24; E <= 256: 1.6e-5 worst case; rel-norm tol 2e-5); bf16 logits
+//    round the probs to bf16 on both sides (one rounding may differ near a boundary: tol 1e-2).
+//  * stats: column sums of float32 aux scores in float64 (tol 2e-5 as the probs), the counts of
+//    the aux top-k map and of the routing map exactly (up to the near-tie tokens), Σ lse² tol 1e-5.
+//  * permutation: row map, counts and permuted probs exactly (Megatron's order, from the
+//    device's own choice); unpermute float32 sums of k rows vs float64 (tol 1e-5; bf16 out 1e-2),
+//    and bitwise equal over two runs (no atomics).
+//  * backward: float32 recomputation, E-term sums: rel-norm tol 2e-5 vs float64.
+// Then a whole MoELayer (router + dispatch + experts + combine, aux + seq aux + z loss) forward
+// and backward with MEGATRON_MOE_DEVICE_ROUTER=1 against =0 (the host path): same routing, output /
+// input gradient / router and expert gradients within 1e-4 rel-norm (float32 model: the only
+// difference is float32 vs float64 routing math, ~1e-6, amplified by the GEMMs' float32 sums),
+// the tracked load_balancing / seq / z losses within 1e-5 relative.
+bool near_tie_row(const double* key, int64_t E, int64_t k) {
+  std::vector<double> v(key, key + E);
+  std::sort(v.begin(), v.end(), std::greater<double>());
+  for (int64_t j = 0; j + 1 < E && j <= k; ++j) {
+    const double a = v[j], b = v[j + 1], m = std::max(std::fabs(a), std::fabs(b));
+    if (a != b && a - b <= 1e-5 * m) return true;
+  }
+  return false;
+}
+
+void test_router() {
+  using namespace megatron::transformer::moe;
+  struct Case {
+    const char* name;
+    int64_t T, E, k;
+    std::string sf;
+    bool pre, bias, ties;
+    double scaling;
+    int64_t B;
+    DType dt;
+    int64_t groups = 0, group_topk = 0;  // group-limited routing when group_topk > 0
+  };
+  const int64_t big = g_small ? 256 : 4096;
+  std::vector<Case> cases = {
+      {"mixtral T=4096 E=8 k=2 bf16", big, 8, 2, "softmax", false, false, false, 0, 1, DType::kBFloat16},
+      {"mixtral T=4096 E=8 k=2 fp32", big, 8, 2, "softmax", false, false, false, 0, 1, DType::kFloat32},
+      {"qwen3 T=4096 E=128 k=8 fp32", big, 128, 8, "softmax", false, false, false, 0, 1, DType::kFloat32},
+      {"qwen3 pre-softmax bsz=2 fp32", big, 128, 8, "softmax", true, false, false, 0, 2, DType::kFloat32},
+      {"E=3 k=1 pre-softmax ties", 301, 3, 1, "softmax", true, false, true, 0, 1, DType::kFloat32},
+      {"E=3 k=2 ties", 301, 3, 2, "softmax", false, false, true, 0, 1, DType::kFloat32},
+      {"E=3 k=3 ties bsz=7", 301, 3, 3, "softmax", false, false, true, 0, 7, DType::kFloat32},
+      {"E=3 k=2 sigmoid+bias ties", 301, 3, 2, "sigmoid", false, true, true, 0, 1, DType::kFloat32},
+      {"E=16 k=4 sigmoid+bias scale 2.5 bsz=2", 998, 16, 4, "sigmoid", false, true, false, 2.5, 2, DType::kFloat32},
+      {"E=64 k=6 sqrtsoftplus bsz=4 bf16", 1000, 64, 6, "sqrtsoftplus", false, true, false, 0, 4, DType::kBFloat16},
+      {"E=256 k=8 sigmoid+bias (DeepSeek-V3)", big, 256, 8, "sigmoid", false, true, false, 2.5, 1, DType::kFloat32},
+      {"E=40 k=1 sigmoid", 333, 40, 1, "sigmoid", false, false, false, 0, 1, DType::kFloat32},
+      {"E=256 k=8 groups 8 top 4 sigmoid+bias (DeepSeek-V3)", big, 256, 8, "sigmoid", false, true, false, 2.5, 1,
+       DType::kFloat32, 8, 4},
+      {"E=12 k=4 groups 4 top 2 ties", 301, 12, 4, "softmax", false, false, true, 0, 1, DType::kFloat32, 4, 2},
+      {"E=16 k=3 groups 4 top 3 pre-softmax bf16", 500, 16, 3, "softmax", true, false, false, 0, 2, DType::kBFloat16, 4, 3},
+  };
+  for (const Case& c : cases) {
+    const int64_t T = c.T, E = c.E, k = c.k, B = c.B, N = T * k;
+    V lg = rounded(randn(T * E, 2.0f), c.dt);
+    if (c.ties) {
+      std::uniform_int_distribution<int64_t> pick(0, E - 1);
+      for (int64_t t = 0; t < T; ++t) {  // duplicate one logit onto another (often the top)
+        const int64_t a = pick(g_rng), b = pick(g_rng);
+        if (t % 3 == 0) {
+          float mx = lg[t * E];
+          for (int64_t e = 1; e < E; ++e) mx = std::max(mx, lg[t * E + e]);
+          lg[t * E + a] = lg[t * E + b] = mx;
+        } else {
+          lg[t * E + a] = lg[t * E + b];
+        }
+      }
+      for (int64_t e = 0; e < E; ++e) lg[5 * E + e] = 0.25f;  // a token with all experts tied
+    }
+    // A constant bias keeps the forced ties tied (the bias still enters the selection keys).
+    V bias_v = !c.bias ? V() : c.ties ? V(E, 0.01f) : randn(E, 0.05f);
+    TopKOptions o;
+    o.topk = k;
+    o.use_pre_softmax = c.pre;
+    o.score_function = c.sf;
+    o.num_groups = c.groups;
+    o.group_topk = c.group_topk;
+    if (c.scaling) o.scaling_factor = c.scaling;
+    VD bias_d(bias_v.begin(), bias_v.end());
+    if (c.bias) o.expert_bias = &bias_d;
+    const VD lgd(lg.begin(), lg.end());
+    VD hp;
+    std::vector<uint8_t> hmap;
+    TopKState hs;
+    topk_routing_with_score_function(lgd, T, E, o, hp, hmap, hs);
+    if (c.dt != DType::kFloat32)
+      for (double& p : hp) p = round_to(static_cast<float>(p), c.dt);
+    else
+      for (double& p : hp) p = static_cast<float>(p);
+    const int64_t sf = c.sf == "softmax" ? 0 : c.sf == "sigmoid" ? 1 : 2;
+    Tensor L = dev(lg, {T, E}, c.dt), bias = c.bias ? dev(bias_v, {E}, DType::kFloat32) : Tensor();
+    Tensor idx = Tensor::empty({T, k}, DType::kInt64, Device::cuda()), tp = poisoned({T, k}, DType::kFloat32);
+    Tensor stats = Tensor::empty({2 * B * E + E + 1}, DType::kFloat64, Device::cuda());
+    const std::string tag = std::string("router ") + c.name;
+    if (!cu::moe_router_forward(L, c.bias ? &bias : nullptr, k, sf, c.pre, c.scaling ? (float)c.scaling : 1.0f, c.groups,
+                                c.group_topk, B, idx, tp, &stats)) {
+      check_true(tag + " forward", false, "declined");
+      continue;
+    }
+    Tensor idx_h = idx.to(Device::cpu()), st_h = stats.to(Device::cpu());
+    const int64_t* di = idx_h.data<int64_t>();
+    const V dp = host(tp);
+    // Selection keys of the host (float64) for the near-tie rule.
+    VD key(T * E);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        const double s = hs.scores[t * E + e];
+        key[t * E + e] = sf == 0 ? (c.pre ? s : lgd[t * E + e]) : s + (c.bias ? bias_d[e] : 0.0);
+      }
+    std::vector<char> skip(T, 0);
+    int64_t exact_bad = 0, near = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      bool same = true;
+      for (int64_t j = 0; j < k; ++j) same = same && di[t * k + j] == hs.top_indices[t * k + j];
+      if (same) continue;
+      if (near_tie_row(&key[t * E], E, k)) {
+        skip[t] = 1;
+        ++near;
+      } else {
+        ++exact_bad;
+      }
+    }
+    check_true(tag + " selection", exact_bad == 0 && near * 100 <= T,
+               std::to_string(exact_bad) + " tokens differ, " + std::to_string(near) + " near-tie tokens");
+    // probs, by expert, on the tokens that agree.
+    V gp;
+    VD rp;
+    for (int64_t t = 0; t < T; ++t)
+      if (!skip[t])
+        for (int64_t j = 0; j < k; ++j) gp.push_back(dp[t * k + j]), rp.push_back(hp[t * E + di[t * k + j]]);
+    check(tag + " probs", gp, rp, c.dt == DType::kFloat32 ? 2e-5 : 1e-2);
+    // statistics
+    VD ascores;
+    std::vector<uint8_t> amap;
+    compute_routing_scores_for_aux_loss(lgd, T, E, k, c.sf, ascores, amap);
+    int64_t aux_near = 0;
+    for (int64_t t = 0; t < T; ++t) aux_near += near_tie_row(&ascores[t * E], E, k) ? 1 : 0;
+    VD rsum(B * E, 0.0);
+    std::vector<double> rcnt(B * E, 0.0), route(E, 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        rsum[(t % B) * E + e] += ascores[t * E + e];
+        rcnt[(t % B) * E + e] += amap[t * E + e];
+      }
+    for (int64_t i = 0; i < N; ++i) route[di[i]] += 1;  // the device's own choice (near ties)
+    const double* sv = st_h.data<double>();
+    check(tag + " aux score column sums", V(sv, sv + B * E), rsum, 2e-5);
+    double cnt_diff = 0, route_diff = 0;
+    for (int64_t i = 0; i < B * E; ++i) cnt_diff += std::fabs(sv[B * E + i] - rcnt[i]);
+    for (int64_t e = 0; e < E; ++e) route_diff += std::fabs(sv[2 * B * E + e] - route[e]);
+    check_true(tag + " aux map / routing counts", cnt_diff <= 2.0 * aux_near && route_diff == 0,
+               "aux count |diff| " + std::to_string(cnt_diff) + " (near-tie tokens " + std::to_string(aux_near) +
+                   "), routing |diff| " + std::to_string(route_diff));
+    VD dz;
+    const double zsum = z_loss(lgd, T, E, 1.0, nullptr) * (double)T;
+    check(tag + " sum lse^2", V{(float)sv[2 * B * E + E]}, VD{zsum}, 1e-5);
+    // permutation (from the device's choice)
+    Tensor row_token = Tensor::empty({N}, DType::kInt64, Device::cuda()),
+           row_of = Tensor::empty({T, k}, DType::kInt64, Device::cuda()), pp = poisoned({N}, DType::kFloat32),
+           counts = Tensor::empty({E}, DType::kInt64, Device::cuda());
+    check_true(tag + " permute_map ran", cu::moe_permute_map(idx, tp, E, row_token, row_of, pp, counts));
+    std::vector<uint8_t> dmap(T * E, 0);
+    for (int64_t i = 0; i < N; ++i) dmap[(i / k) * E + di[i]] = 1;
+    std::vector<int64_t> rtpe;
+    const std::vector<int64_t> ridx = permute_indices(dmap, T, E, 0, E, &rtpe);
+    Tensor rt_h = row_token.to(Device::cpu()), ro_h = row_of.to(Device::cpu()), c_h = counts.to(Device::cpu());
+    const V ppv = host(pp);
+    bool perm_ok = std::equal(ridx.begin(), ridx.end(), rt_h.data<int64_t>()) &&
+                   std::equal(rtpe.begin(), rtpe.end(), c_h.data<int64_t>());
+    const int64_t* ro = ro_h.data<int64_t>();
+    for (int64_t i = 0; i < N && perm_ok; ++i)
+      perm_ok = rt_h.data<int64_t>()[ro[i]] == i / k && ppv[ro[i]] == dp[i];
+    check_true(tag + " permuted order, counts, row map, permuted probs", perm_ok);
+    // unpermute
+    for (DType rd : {DType::kFloat32, DType::kBFloat16}) {
+      const int64_t h = 72;
+      const V rows = rounded(randn(N * h), rd);
+      Tensor R = dev(rows, {N, h}, rd), out = poisoned({T, h}, rd), out2 = poisoned({T, h}, rd);
+      cu::moe_unpermute(R, row_of, out);
+      cu::moe_unpermute(R, row_of, out2);
+      VD ref(T * h, 0.0);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j)
+          for (int64_t q = 0; q < h; ++q) ref[t * h + q] += rows[ro[t * k + j] * h + q];
+      const V o1 = host(out), o2 = host(out2);
+      check(tag + " unpermute " + dn(rd), o1, ref, rd == DType::kFloat32 ? 1e-5 : 1e-2);
+      check_true(tag + " unpermute " + dn(rd) + " bitwise reproducible", o1 == o2);
+    }
+    // backward: routing + aux-score gradient + z-loss
+    const V dperm = randn(N, 0.3f), coef = randn(B * E, 0.01f);
+    const float zc = 0.003f;
+    Tensor Dp = dev(dperm, {N}, DType::kFloat32), C = dev(coef, {B * E}, DType::kFloat32),
+           dl = poisoned({T, E}, DType::kFloat32);
+    cu::moe_router_backward(L, idx, Dp, row_of, sf, c.pre, c.scaling ? (float)c.scaling : 1.0f, B, &C, zc, dl);
+    VD dprobs(T * E, 0.0), dscores(T * E);
+    for (int64_t i = 0; i < N; ++i) dprobs[(i / k) * E + di[i]] = dperm[ro[i]];
+    VD ref = topk_routing_backward(dprobs, o, hs);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) dscores[t * E + e] = coef[(t % B) * E + e];
+    const VD da = aux_scores_backward(lgd, ascores, dscores, T, E, c.sf);
+    z_loss(lgd, T, E, zc * (double)T / 2.0, &dz);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += da[i] + dz[i];
+    const V dlv = host(dl);
+    V g;
+    VD r;
+    for (int64_t t = 0; t < T; ++t)
+      if (!skip[t])
+        for (int64_t e = 0; e < E; ++e) g.push_back(dlv[t * E + e]), r.push_back(ref[t * E + e]);
+    check(tag + " backward dlogits", g, r, 2e-5);
+  }
+  test_router_layer();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1980,7 +2292,7 @@ int main(int argc, char** argv) {
       {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
-      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}, {"moe", test_moe}};
+      {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}, {"moe", test_moe}, {"router", test_router}};
   for (auto& [name, fn] : groups) {
     if (!g_only.empty() && g_only.find(name) == std::string::npos) continue;
     try {

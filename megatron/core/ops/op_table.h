@@ -498,3 +498,58 @@ MEGATRON_OP(void, row_dot_f64, (const Tensor& a, const Tensor& b, Tensor& out), 
 MEGATRON_OP(void, kv_cache_write,
             (const Tensor& k, const Tensor& v, const Tensor& offset, Tensor& k_cache, Tensor& v_cache),
             (k, v, offset, k_cache, v_cache), k)
+
+// ------------------------------------------------------------------------------------------
+// MoE router and token permutation on the device (moerouter block; docs/moe.md "Kernels").
+// Fusions only the CUDA backend has: the CPU reference returns false (nothing written) and the
+// caller runs the host float64 router and permutation of megatron/core/transformer/moe/
+// (moe_utils.h), which is also the reference the CUDA kernels are tested against
+// (gpu_ops_test --only moe_router). Token t is row t of [T, E]; sequence b of token t is t % bsz.
+// ------------------------------------------------------------------------------------------
+
+/// Megatron's topk_routing_with_score_function (moe_utils.py; the host version is moe_utils.h's)
+/// per token in float32: logits [T, E] (float32 / bfloat16 / float16); score_function 0 softmax,
+/// 1 sigmoid, 2 sqrtsoftplus; pre_softmax (softmax only); scaling = --moe-router-topk-scaling-factor
+/// (1 if unset); expert_bias float32 [E] (sigmoid / sqrtsoftplus; added to the scores for the
+/// selection only) or nullptr. Writes topk_idx int64 [T, k] (best first; ties toward the lower
+/// expert index, as the host's stable sort) and topk_probs float32 [T, k] (the routing probs,
+/// rounded to the logits' dtype as probs.type_as(logits)). stats (nullptr: none) float64
+/// [2 bsz E + E + 1]: [0, bsz E) Σ over the tokens of sequence b of compute_routing_scores_for_aux_loss's
+/// score of expert e at column b E + e; [bsz E, 2 bsz E) the count of that function's top-k map
+/// likewise; [2 bsz E, 2 bsz E + E) the tokens routed to e; [2 bsz E + E] Σ_t logsumexp(logits[t])²
+/// (the z-loss's sum). The sums run in float64 in a fixed order (bitwise reproducible). Returns
+/// false when not fused (CPU; E > 1024; k > E; groups that do not divide E or cannot hold k).
+MEGATRON_OP(bool, moe_router_forward,
+            (const Tensor& logits, const Tensor* expert_bias, int64_t topk, int64_t score_function, bool pre_softmax,
+             float scaling, int64_t num_groups, int64_t group_topk, int64_t bsz, Tensor& topk_idx, Tensor& topk_probs,
+             Tensor* stats),
+            (logits, expert_bias, topk, score_function, pre_softmax, scaling, num_groups, group_topk, bsz, topk_idx,
+             topk_probs, stats),
+            logits)
+/// Megatron's permute() row map from the top-k choices topk_idx int64 [T, k] of E experts: rows
+/// expert-major, tokens ascending within an expert (the stable argsort of routing_map.T), by a
+/// per-expert block scan (deterministic). Writes row_token int64 [T k] (token of every permuted
+/// row), row_of int64 [T, k] (the permuted row of choice (t, j)), permuted_probs float32 [T k]
+/// (topk_probs float32 [T, k] moved to their rows) and counts int64 [E] (rows per expert).
+/// Returns false when not fused (CPU; E > 65535).
+MEGATRON_OP(bool, moe_permute_map,
+            (const Tensor& topk_idx, const Tensor& topk_probs, int64_t num_experts, Tensor& row_token, Tensor& row_of,
+             Tensor& permuted_probs, Tensor& counts),
+            (topk_idx, topk_probs, num_experts, row_token, row_of, permuted_probs, counts), topk_idx)
+/// Unpermute: out[t] = Σ_j rows[row_of[t, j]] for j = 0 … k−1 in that order, in float32, rounded
+/// once to out's dtype (no atomics: deterministic). rows [N, h], row_of int64 [T, k], out [T, h].
+/// Returns false when not fused (CPU).
+MEGATRON_OP(bool, moe_unpermute, (const Tensor& rows, const Tensor& row_of, Tensor& out), (rows, row_of, out), rows)
+/// Backward of moe_router_forward plus the aux losses and the z-loss, per token in float32:
+/// dlogits float32 [T, E] = d/dlogits of Σ_j dprobs[row_of[t, j]] · topk_probs[t, j] (dprobs
+/// float32 [T k], the gradient of the permuted probs; topk_idx the forward's choice; same
+/// score_function / pre_softmax / scaling), + the backward of the aux-loss scores with their
+/// gradient aux_coef[(t % bsz) E + e] (float32 [bsz E], constant per column as in Megatron's
+/// switch_load_balancing_loss_func; nullptr: none), + z_coef · lse_t · softmax(logits[t]) (z_coef
+/// = 2 coeff / T times the loss scale; 0: none). Returns false when not fused (CPU; E > 1024).
+MEGATRON_OP(bool, moe_router_backward,
+            (const Tensor& logits, const Tensor& topk_idx, const Tensor& dprobs, const Tensor& row_of,
+             int64_t score_function, bool pre_softmax, float scaling, int64_t bsz, const Tensor* aux_coef,
+             float z_coef, Tensor& dlogits),
+            (logits, topk_idx, dprobs, row_of, score_function, pre_softmax, scaling, bsz, aux_coef, z_coef, dlogits),
+            logits)

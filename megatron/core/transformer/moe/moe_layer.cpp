@@ -44,11 +44,17 @@ Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) cons
   std::vector<double> probs;
   std::vector<uint8_t> map;
   const bool jitter = fc.training && config_.moe_input_jitter_eps && *config_.moe_input_jitter_eps > 0;
-  router_->forward(tokens, s, b, fc.training, fc.seed, jitter ? fc.next_offset() : 0, probs, map, ctx.router,
-                   fc.grad_enabled);
+  const uint64_t offset = jitter ? fc.next_offset() : 0;
   std::vector<int64_t> tpe;
-  Tensor pprobs;
-  Tensor expert_in = dispatcher_->dispatch(tokens, probs, map, &tpe, &pprobs, ctx.dispatch);
+  Tensor pprobs, expert_in;
+  // The device router and permutation where they apply (docs/moe.md "Kernels"), else the host's.
+  if (dispatcher_->device_dispatch_supported() && router_->device_routing_supported(tokens) &&
+      router_->forward_device(tokens, s, b, fc.training, fc.seed, offset, ctx.router, fc.grad_enabled)) {
+    expert_in = dispatcher_->dispatch_device(tokens, ctx.router, &tpe, &pprobs, ctx.dispatch);
+  } else {
+    router_->forward(tokens, s, b, fc.training, fc.seed, offset, probs, map, ctx.router, fc.grad_enabled);
+    expert_in = dispatcher_->dispatch(tokens, probs, map, &tpe, &pprobs, ctx.dispatch);
+  }
   Tensor expert_out = experts_->forward(expert_in, tpe, pprobs, ctx.experts);
   Tensor out = dispatcher_->combine(expert_out, ctx.dispatch).view(x.shape());
   if (shared_) ops::add_(out, shared_->forward(x, ctx.shared));
@@ -68,7 +74,8 @@ Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
   Tensor d_expert_in = experts_->backward(d_expert_out, ctx.experts, &dpp);
   std::vector<double> dprobs;
   Tensor dx = dispatcher_->dispatch_backward(d_expert_in, dpp, ctx.dispatch, &dprobs);
-  ops::add_(dx, router_->backward(dprobs, ctx.router));
+  ops::add_(dx, ctx.dispatch.device ? router_->backward_device(ctx.dispatch.dpermuted_probs, ctx.dispatch.row_of, ctx.router)
+                                     : router_->backward(dprobs, ctx.router));
   dx = dx.view(ctx.shape);
   if (shared_) ops::add_(dx, shared_->backward(dy, ctx.shared));
   ctx.experts = ExpertsCtx();

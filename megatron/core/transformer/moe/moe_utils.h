@@ -4,9 +4,10 @@
 // unpermute index maps, a variable-size all-to-all over comm::ProcessGroup, the aux-loss backward
 // scale (MoEAuxLossAutoScaler) and the per-layer MoE metrics tracker.
 //
-// The routing math runs on the host in float64 on [num_tokens, num_experts] matrices (small: the
-// router's logits); results are rounded to the model dtype where Megatron's are (probs.type_as(
-// logits)). Row-major [T, E] vectors throughout; token t is row t of the flattened [s * b] tokens
+// The routing math here runs on the host in float64 on [num_tokens, num_experts] matrices (small:
+// the router's logits); results are rounded to the model dtype where Megatron's are (probs.type_as(
+// logits)). It is the CPU path and the reference of the CUDA device router (ops moe_router_forward
+// etc., used by TopKRouter::forward_device; docs/moe.md "Kernels"). Row-major [T, E] vectors throughout; token t is row t of the flattened [s * b] tokens
 // (sequence-first, as Megatron's hidden_states.view(-1, h)).
 #pragma once
 

@@ -1,10 +1,12 @@
 #include "megatron/core/transformer/moe/router.h"
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/parallel_state.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::transformer::moe {
@@ -74,13 +76,9 @@ double TopKRouter::aux_coeff(const std::string& type) const {
   return 0.0;
 }
 
-void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
-                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
-                         bool grad_enabled) {
-  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
-  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
-  ctx.T = T;
-  ctx.E = E;
+Tensor TopKRouter::jittered_input(const Tensor& x, bool training, uint64_t seed, uint64_t offset,
+                                  RouterCtx& ctx) const {
+  const int64_t h = config_.hidden_size, T = x.numel() / h;
   // Input jitter (Megatron's apply_input_jitter: x * U(1 - eps, 1 + eps), a fresh draw per call).
   Tensor in = x.view({T, h});
   ctx.jitter.clear();
@@ -94,6 +92,90 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     in = ops::cast_to(to_device_f32(xv, {T, h}, x.device()), x.dtype());
   }
   ctx.input = in;
+  return in;
+}
+
+Tensor TopKRouter::gating_logits(const Tensor& in, RouterCtx& ctx) const {
+  const int64_t E = *config_.num_moe_experts, T = in.size(0);
+  const bool f32 = config_.moe_router_dtype == "fp32" && in.dtype() != DType::kFloat32;
+  Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
+  Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
+  Tensor lg = Tensor::empty({T, E}, xi.dtype(), in.device());
+  ops::linear_forward(xi, wi, nullptr, lg);
+  ctx.logits_dtype = xi.dtype();
+  return lg;
+}
+
+std::vector<double> TopKRouter::aux_losses(
+    int64_t T, int64_t seq_length, int64_t bsz, const std::function<std::vector<double>(int64_t)>& map_counts,
+    const std::function<double(const std::vector<double>&, double, double)>& loss_of) {
+  const int64_t E = *config_.num_moe_experts, k = config_.moe_router_topk;
+  const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double tp_cp = static_cast<double>(groups_.tp_cp->size());
+  const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
+  std::vector<double> coef(static_cast<size_t>(bsz * E), 0.0);
+  auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
+    tpe = map_counts(cols);  // all-reduced over g
+    if (g.size() > 1) {
+      Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
+      g.all_reduce(t);
+      tpe = to_host_f64(t);
+    }
+  };
+  const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
+  const auto n = static_cast<size_t>(bsz * E), ue = static_cast<size_t>(E);
+  if (c_aux > 0) {
+    std::vector<double> tpe;
+    count(*groups_.tp_cp, E, tpe);
+    const double total = static_cast<double>(T) * tp_cp;
+    const double loss = loss_of(tpe, total, c_aux);
+    const double f = static_cast<double>(E) * c_aux / (static_cast<double>(k) * total * total);
+    for (size_t c = 0; c < n; ++c) coef[c] += tpe[c % ue] * f * scale * per_token;
+    MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
+                                    groups_.tp_cp.get(), true);
+  }
+  if (c_seq > 0) {
+    // scores.reshape(seq_length, -1): column b * E + e is expert e of sequence b.
+    std::vector<double> tpe;
+    count(*groups_.tp_cp, bsz * E, tpe);
+    const double total = static_cast<double>(seq_length) * tp_cp;
+    // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
+    // sequences of their own aux loss, divided by bsz.
+    const double loss = loss_of(tpe, total, c_seq) / static_cast<double>(bsz);
+    const double f =
+        static_cast<double>(E) * c_seq / (static_cast<double>(k) * total * total) / static_cast<double>(bsz);
+    const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
+    for (size_t c = 0; c < n; ++c) coef[c] += tpe[c] * f * scale * per_token_seq;
+    MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
+                                    groups_.tp_cp.get(), true);
+  }
+  if (c_glob > 0) {
+    std::vector<double> tpe;
+    count(*groups_.tp_dp_cp, E, tpe);
+    for (size_t e = 0; e < ue; ++e) global_tokens_per_expert_[e] += tpe[e];
+    ga_steps_ += 1;
+    std::vector<double> avg(ue);
+    for (size_t e = 0; e < ue; ++e) avg[e] = global_tokens_per_expert_[e] / ga_steps_;
+    const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
+    const double loss = loss_of(avg, total, c_glob);
+    const double f = static_cast<double>(E) * c_glob / (static_cast<double>(k) * total * total);
+    for (size_t c = 0; c < n; ++c) coef[c] += avg[c % ue] * f * scale * per_token;
+    MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
+                                    groups_.tp_dp_cp.get(), false);
+  }
+  return coef;
+}
+
+void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
+                         std::vector<double>& probs, std::vector<uint8_t>& routing_map, RouterCtx& ctx,
+                         bool grad_enabled) {
+  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
+  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
+  ctx.T = T;
+  ctx.E = E;
+  ctx.device = false;
+  Tensor in = jittered_input(x, training, seed, offset, ctx);
   // Gating: logits = x W^T in the router dtype (Megatron's router_gating_linear).
   const std::string& rd = config_.moe_router_dtype;
   std::vector<double> logits;
@@ -108,13 +190,7 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
       }
     ctx.logits_dtype = DType::kFloat64;
   } else {
-    const bool f32 = rd == "fp32" && in.dtype() != DType::kFloat32;
-    Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
-    Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
-    Tensor lg = Tensor::empty({T, E}, xi.dtype(), x.device());
-    ops::linear_forward(xi, wi, nullptr, lg);
-    logits = to_host_f64(lg);
-    ctx.logits_dtype = xi.dtype();
+    logits = to_host_f64(gating_logits(in, ctx));
   }
   const double scale = MoEAuxLossAutoScaler::loss_scale();
   const double tp_cp = static_cast<double>(groups_.tp_cp->size());
@@ -157,68 +233,130 @@ void TopKRouter::forward(const Tensor& x, int64_t seq_length, int64_t bsz, bool 
     std::vector<double> scores;
     std::vector<uint8_t> amap;
     compute_routing_scores_for_aux_loss(logits, T, E, o.topk, o.score_function, scores, amap);
-    std::vector<double> dscores(static_cast<size_t>(T * E), 0.0);
-    auto count = [&](comm::ProcessGroup& g, int64_t cols, std::vector<double>& tpe) {
-      // routing_map.sum(0) of the [rows, cols] view, all-reduced over g.
-      tpe.assign(static_cast<size_t>(cols), 0.0);
-      for (size_t i = 0; i < amap.size(); ++i) tpe[i % static_cast<size_t>(cols)] += amap[i];
-      if (g.size() > 1) {
-        Tensor t = to_device_f32(tpe, {cols}, weight_.data().device());
-        g.all_reduce(t);
-        tpe = to_host_f64(t);
-      }
-    };
-    const double per_token = config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0;
-    if (c_aux > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, E, tpe);
-      const double total = static_cast<double>(T) * tp_cp;
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_aux);
-      const double f = static_cast<double>(E) * c_aux / (static_cast<double>(o.topk) * total * total);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += tpe[static_cast<size_t>(e)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("load_balancing_loss", loss / c_aux, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_seq > 0) {
-      // scores.reshape(seq_length, -1): column b * E + e is expert e of sequence b.
-      std::vector<double> tpe;
-      count(*groups_.tp_cp, bsz * E, tpe);
-      const double total = static_cast<double>(seq_length) * tp_cp;
-      // num_experts = E (not bsz * E), as Megatron's _apply_seq_aux_loss: the sum over the
-      // sequences of their own aux loss, divided by bsz.
-      const double loss = switch_load_balancing_loss(scores, tpe, total, o.topk, E, c_seq) / static_cast<double>(bsz);
-      const double f = static_cast<double>(E) * c_seq / (static_cast<double>(o.topk) * total * total) /
-                       static_cast<double>(bsz);
-      const double per_token_seq = config_.calculate_per_token_loss ? static_cast<double>(seq_length * bsz) * tp_cp : 1.0;
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e)
-          dscores[static_cast<size_t>(t * E + e)] +=
-              tpe[static_cast<size_t>((t % bsz) * E + e)] * f * scale * per_token_seq;
-      MoEMetricsTracker::get().record("seq_load_balancing_loss", loss / c_seq, layer_number_, num_layers,
-                                      groups_.tp_cp.get(), true);
-    }
-    if (c_glob > 0) {
-      std::vector<double> tpe;
-      count(*groups_.tp_dp_cp, E, tpe);
-      for (int64_t e = 0; e < E; ++e) global_tokens_per_expert_[static_cast<size_t>(e)] += tpe[static_cast<size_t>(e)];
-      ga_steps_ += 1;
-      std::vector<double> avg(static_cast<size_t>(E));
-      for (int64_t e = 0; e < E; ++e) avg[static_cast<size_t>(e)] = global_tokens_per_expert_[static_cast<size_t>(e)] / ga_steps_;
-      const double total = static_cast<double>(T) * static_cast<double>(groups_.tp_dp_cp->size());
-      const double loss = switch_load_balancing_loss(scores, avg, total, o.topk, E, c_glob);
-      const double f = static_cast<double>(E) * c_glob / (static_cast<double>(o.topk) * total * total);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] += avg[static_cast<size_t>(e)] * f * scale * per_token;
-      MoEMetricsTracker::get().record("global_load_balancing_loss", loss / c_glob, layer_number_, num_layers,
-                                      groups_.tp_dp_cp.get(), false);
-    }
+    const std::vector<double> coef = aux_losses(
+        T, seq_length, bsz,
+        [&](int64_t cols) {  // routing_map.sum(0) of the [rows, cols] view
+          std::vector<double> tpe(static_cast<size_t>(cols), 0.0);
+          for (size_t i = 0; i < amap.size(); ++i) tpe[i % static_cast<size_t>(cols)] += amap[i];
+          return tpe;
+        },
+        [&](const std::vector<double>& tpe, double total, double coeff) {
+          return switch_load_balancing_loss(scores, tpe, total, o.topk, E, coeff);
+        });
+    std::vector<double> dscores(static_cast<size_t>(T * E));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) dscores[static_cast<size_t>(t * E + e)] = coef[static_cast<size_t>((t % bsz) * E + e)];
     const std::vector<double> dl = aux_scores_backward(logits, scores, dscores, T, E, o.score_function);
     for (size_t i = 0; i < dl.size(); ++i) ctx.daux_logits[i] += dl[i];
   }
   // Expert-bias token counts (Megatron's _apply_expert_bias, on the final routing map).
   if (training && grad_enabled && config_.moe_router_enable_expert_bias)
     for (size_t i = 0; i < routing_map.size(); ++i) local_tokens_per_expert_[i % static_cast<size_t>(E)] += routing_map[i];
+}
+
+namespace {
+// d input = d jittered input * jitter (Megatron's apply_input_jitter backward).
+Tensor jitter_backward(const Tensor& dx, const RouterCtx& ctx) {
+  if (ctx.jitter.empty()) return dx;
+  std::vector<double> d = to_host_f64(dx);
+  for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
+  return ops::cast_to(to_device_f32(d, dx.shape(), dx.device()), dx.dtype());
+}
+}  // namespace
+
+bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", true); }
+
+bool TopKRouter::device_routing_supported(const Tensor& x) const {
+  return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
+         !config_.moe_expert_capacity_factor && *config_.num_moe_experts <= 1024;
+}
+
+namespace {
+int64_t score_function_id(const std::string& f) { return f == "softmax" ? 0 : f == "sigmoid" ? 1 : 2; }
+}  // namespace
+
+bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed,
+                                uint64_t offset, RouterCtx& ctx, bool grad_enabled) {
+  const int64_t E = *config_.num_moe_experts, h = config_.hidden_size, T = x.numel() / h;
+  MEGATRON_CHECK(T == seq_length * bsz) << "router: " << T << " tokens for [" << seq_length << ", " << bsz << "]";
+  const TopKOptions o = topk_options();
+  const int64_t k = o.topk;
+  const double c_aux = aux_coeff("aux_loss"), c_seq = aux_coeff("seq_aux_loss"), c_glob = aux_coeff("global_aux_loss");
+  const bool aux = training && grad_enabled && (c_aux > 0 || c_seq > 0 || c_glob > 0);
+  const bool z = training && grad_enabled && config_.moe_z_loss_coeff.has_value();
+  const bool bias_counts = training && grad_enabled && config_.moe_router_enable_expert_bias;
+  ctx.T = T;
+  ctx.E = E;
+  ctx.bsz = bsz;
+  Tensor in = jittered_input(x, training, seed, offset, ctx);
+  ctx.logits = gating_logits(in, ctx);
+  ctx.topk_idx = Tensor::empty({T, k}, DType::kInt64, x.device());
+  ctx.topk_probs = Tensor::empty({T, k}, DType::kFloat32, x.device());
+  Tensor bias;
+  if (config_.moe_router_enable_expert_bias) bias = expert_bias_.to(x.device());
+  Tensor stats;
+  if (aux || z || bias_counts) stats = Tensor::empty({2 * bsz * E + E + 1}, DType::kFloat64, x.device());
+  if (!ops::moe_router_forward(ctx.logits, bias.defined() ? &bias : nullptr, k, score_function_id(o.score_function),
+                               o.use_pre_softmax, o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f,
+                               o.num_groups, o.group_topk, bsz, ctx.topk_idx, ctx.topk_probs,
+                               stats.defined() ? &stats : nullptr))
+    return false;
+  ctx.device = true;
+  ctx.aux_coef = Tensor();
+  ctx.z_coef = 0;
+  if (!stats.defined()) return true;
+  Tensor sh = stats.to(Device::cpu());  // the one statistics copy of this forward
+  const double* st = sh.data<double>();
+  const int64_t BE = bsz * E;
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double tp_cp = static_cast<double>(groups_.tp_cp->size());
+  const int64_t num_layers = config_.num_layers + config_.mtp_num_layers;
+  // z-loss as forward(): mean_t lse_t^2 * coeff; d/dlogit_e = coeff * 2 lse_t softmax_e / T * mult.
+  if (z) {
+    const double coeff = *config_.moe_z_loss_coeff / tp_cp;
+    const double mult = scale * (config_.calculate_per_token_loss ? static_cast<double>(T) * tp_cp : 1.0);
+    ctx.z_coef = coeff * 2.0 / static_cast<double>(T) * mult;
+    if (coeff > 0)
+      MoEMetricsTracker::get().record("z_loss", st[2 * BE + E] / static_cast<double>(T), layer_number_, num_layers,
+                                      nullptr, false, groups_.tp_dp_cp.get());
+  }
+  if (aux) {
+    // The [bsz, E] column sums of the aux scores and of their top-k map (stats), folded to the
+    // [rows, cols] view each loss takes (cols = E or bsz E).
+    auto fold = [&](const double* v, int64_t cols) {
+      std::vector<double> r(static_cast<size_t>(cols), 0.0);
+      for (int64_t c = 0; c < BE; ++c) r[static_cast<size_t>(c % cols)] += v[c];
+      return r;
+    };
+    const std::vector<double> coef = aux_losses(
+        T, seq_length, bsz, [&](int64_t cols) { return fold(st + BE, cols); },
+        [&](const std::vector<double>& tpe, double total, double coeff) {
+          const std::vector<double> sums = fold(st, static_cast<int64_t>(tpe.size()));
+          double acc = 0;
+          for (size_t i = 0; i < tpe.size(); ++i) acc += sums[i] * tpe[i];
+          return acc * (static_cast<double>(E) * coeff / (static_cast<double>(k) * total * total));
+        });
+    ctx.aux_coef = to_device_f32(coef, {BE}, x.device());
+  }
+  // Expert-bias token counts (Megatron's _apply_expert_bias, on the routing map).
+  if (bias_counts)
+    for (int64_t e = 0; e < E; ++e) local_tokens_per_expert_[static_cast<size_t>(e)] += st[2 * BE + e];
+  return true;
+}
+
+Tensor TopKRouter::backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx) {
+  MEGATRON_CHECK(ctx.device) << "TopKRouter::backward_device after a host forward";
+  const TopKOptions o = topk_options();
+  Tensor dl = Tensor::empty({ctx.T, ctx.E}, DType::kFloat32, ctx.logits.device());
+  MEGATRON_CHECK(ops::moe_router_backward(ctx.logits, ctx.topk_idx, dprobs, row_of, score_function_id(o.score_function),
+                                          o.use_pre_softmax,
+                                          o.scaling_factor ? static_cast<float>(*o.scaling_factor) : 1.0f, ctx.bsz,
+                                          ctx.aux_coef.defined() ? &ctx.aux_coef : nullptr,
+                                          static_cast<float>(ctx.z_coef), dl))
+      << "moe_router_backward declined after moe_router_forward ran";
+  Tensor dx = gating_backward(dl, ctx);
+  ctx.logits = ctx.topk_idx = ctx.topk_probs = ctx.aux_coef = Tensor();
+  return dx;
 }
 
 Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
@@ -246,21 +384,21 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, RouterCtx& ctx) {
     ops::add_(weight_.grad(), dw);
     dx = ops::cast_to(to_device_f32(dxv, {T, h}, in.device()), in.dtype());
   } else {
-    const DType ld = ctx.logits_dtype;
-    Tensor dlt = to_device_f32(dl, {T, E}, in.device());
-    if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
-    Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
-    Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);
-    Tensor dxi = Tensor::empty({T, h}, ld, in.device());
-    ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
-    dx = ld == in.dtype() ? dxi : ops::cast_to(dxi, in.dtype());
+    return gating_backward(to_device_f32(dl, {T, E}, in.device()), ctx);
   }
-  if (!ctx.jitter.empty()) {
-    std::vector<double> d = to_host_f64(dx);
-    for (size_t i = 0; i < d.size(); ++i) d[i] *= ctx.jitter[i];
-    dx = ops::cast_to(to_device_f32(d, {T, h}, in.device()), in.dtype());
-  }
-  return dx;
+  return jitter_backward(dx, ctx);
+}
+
+Tensor TopKRouter::gating_backward(Tensor dlt, RouterCtx& ctx) {
+  const int64_t T = ctx.T, h = config_.hidden_size;
+  const Tensor& in = ctx.input;
+  const DType ld = ctx.logits_dtype;
+  if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
+  Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
+  Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);
+  Tensor dxi = Tensor::empty({T, h}, ld, in.device());
+  ops::linear_backward(dlt, xi, wi, &dxi, &weight_.grad(), nullptr, true);
+  return jitter_backward(ld == in.dtype() ? dxi : ops::cast_to(dxi, in.dtype()), ctx);
 }
 
 void TopKRouter::reset_global_aux_loss_tracker() {

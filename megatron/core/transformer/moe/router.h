@@ -6,6 +6,7 @@
 // (times MoEAuxLossAutoScaler::loss_scale()) flows into the logits in backward.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,7 +44,20 @@ struct RouterCtx {
   TopKState topk;
   std::vector<double> daux_logits;  // gradient of the aux losses and z-loss w.r.t. the logits [T, E]
   DType logits_dtype = DType::kFloat32;
+  // The device router (TopKRouter::forward_device; the fields above except input / jitter /
+  // logits_dtype unused): logits [T, E] on the device, the top-k choice int64 [T, k] and probs
+  // float32 [T, k], the aux losses' per-column score gradient float32 [bsz E] (undefined: none)
+  // and the z-loss factor for moe_router_backward.
+  bool device = false;
+  int64_t bsz = 1;
+  Tensor logits, topk_idx, topk_probs, aux_coef;
+  double z_coef = 0;
 };
+
+/// MEGATRON_MOE_DEVICE_ROUTER: "1" or unset (the device router and permutation where
+/// TopKRouter::device_routing_supported holds) or "0" (the host float64 router, for A/B); any
+/// other value is a UserError naming the variable.
+bool moe_device_router_enabled();
 
 class TopKRouter {
  public:
@@ -62,6 +76,23 @@ class TopKRouter {
                bool grad_enabled = true);
   /// dprobs [T, E] (host) -> dx [T, h] (x's dtype); accumulates the router weight's gradient.
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
+
+  /// True when forward_device can route x: x on CUDA, moe_device_router_enabled(), the router
+  /// dtype not fp64, no capacity / token dropping, E <= 1024 (the op may still decline a group-limited
+  /// shape whose shared memory is too large: forward_device then returns false). Otherwise
+  /// (and on the CPU) the host float64 forward runs (docs/moe.md "Kernels").
+  bool device_routing_supported(const Tensor& x) const;
+  /// forward() on the device (ops::moe_router_forward): the same routing, aux losses, z-loss,
+  /// metric records and expert-bias counts, computed in float32 with float64 column sums; the
+  /// choice stays on the device in ctx (ctx.device = true; no host probs / routing map). One
+  /// device -> host copy of the statistics (2 bsz E + E + 1 doubles) when the aux losses, z-loss
+  /// or expert-bias counts apply. Returns false (nothing done) where the op declines.
+  bool forward_device(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
+                      RouterCtx& ctx, bool grad_enabled = true);
+  /// backward() of forward_device: dprobs float32 [T k] (the gradient of the permuted probs, on
+  /// the device), row_of int64 [T, k] (the permuted row of each choice, ops::moe_permute_map) ->
+  /// dx [T, h]; accumulates the router weight's gradient.
+  Tensor backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx);
 
   /// Megatron's reset_global_aux_loss_tracker (once per global batch).
   void reset_global_aux_loss_tracker();
@@ -84,6 +115,18 @@ class TopKRouter {
  private:
   double aux_coeff(const std::string& type) const;
   TopKOptions topk_options() const;  // the routing options of the config (expert_bias unset)
+  /// The aux losses of forward() / forward_device() (Megatron's _apply_aux_loss,
+  /// _apply_seq_aux_loss, _apply_global_aux_loss): per enabled type the aux top-k map's token
+  /// counts (map_counts(cols): local column sums of the [T E / cols, cols] view; all-reduced over
+  /// the type's group here), its loss loss_of(tpe, total_tokens, coeff) (recorded in the metrics
+  /// tracker) and its gradient w.r.t. the aux scores, constant per column: returns coef [bsz E]
+  /// with d loss / d score[t, e] = coef[(t % bsz) E + e] (times the aux-loss backward scale).
+  std::vector<double> aux_losses(int64_t T, int64_t seq_length, int64_t bsz,
+                                 const std::function<std::vector<double>(int64_t)>& map_counts,
+                                 const std::function<double(const std::vector<double>&, double, double)>& loss_of);
+  Tensor jittered_input(const Tensor& x, bool training, uint64_t seed, uint64_t offset, RouterCtx& ctx) const;
+  Tensor gating_logits(const Tensor& in, RouterCtx& ctx) const;  // x W^T (not fp64)
+  Tensor gating_backward(Tensor dl, RouterCtx& ctx);  // dl float32 [T, E] on the device -> dx
   const TransformerConfig& config_;
   int64_t layer_number_;
   MoEGroups groups_;

@@ -59,6 +59,52 @@ TokenDispatcher::TokenDispatcher(const TransformerConfig& config, const MoEGroup
       << "tp_ep group of " << groups.tp_ep->size() << " ranks for EP " << ep << " x expert-TP " << groups.expt_tp->size();
 }
 
+// ---- device permutation (one rank) ----
+
+Tensor TokenDispatcher::dispatch_device(const Tensor& tokens, const RouterCtx& router,
+                                        std::vector<int64_t>* tokens_per_expert, Tensor* permuted_probs,
+                                        DispatchCtx& ctx) {
+  MEGATRON_CHECK(device_dispatch_supported() && router.device)
+      << "dispatch_device with an expert-TP x EP group of " << groups_.tp_ep->size();
+  init_ctx(tokens, ctx);
+  MEGATRON_CHECK(L_ == ctx.E) << "dispatch_device: " << L_ << " local experts of " << ctx.E;
+  const int64_t N = router.topk_idx.numel();
+  const Device dev = tokens.device();
+  ctx.device = true;
+  ctx.row_token = Tensor::empty({N}, DType::kInt64, dev);
+  ctx.row_of = Tensor::empty(router.topk_idx.shape(), DType::kInt64, dev);
+  *permuted_probs = Tensor::empty({N}, DType::kFloat32, dev);
+  Tensor counts = Tensor::empty({ctx.E}, DType::kInt64, dev);
+  MEGATRON_CHECK(ops::moe_permute_map(router.topk_idx, router.topk_probs, ctx.E, ctx.row_token, ctx.row_of,
+                                      *permuted_probs, counts))
+      << "moe_permute_map declined";
+  Tensor ch = counts.to(Device::cpu());  // the grouped GEMM's sizes: the one sync of the dispatch
+  tokens_per_expert->assign(ch.data<int64_t>(), ch.data<int64_t>() + ctx.E);
+  Tensor out = Tensor::empty({N, ctx.h}, tokens.dtype(), dev);
+  if (N > 0) ops::embedding_forward(ctx.row_token, tokens.view({ctx.T, ctx.h}), out);
+  return out;
+}
+
+Tensor TokenDispatcher::combine_device(const Tensor& expert_output, DispatchCtx& ctx) const {
+  Tensor out = Tensor::empty({ctx.T, ctx.h}, ctx.dtype, expert_output.device());
+  MEGATRON_CHECK(ops::moe_unpermute(expert_output, ctx.row_of, out)) << "moe_unpermute declined";
+  return out;
+}
+
+Tensor TokenDispatcher::combine_backward_device(const Tensor& dy, DispatchCtx& ctx) const {
+  const int64_t N = ctx.row_token.numel();
+  Tensor out = Tensor::empty({N, ctx.h}, dy.dtype(), dy.device());
+  if (N > 0) ops::embedding_forward(ctx.row_token, dy.view({ctx.T, ctx.h}), out);
+  return out;
+}
+
+Tensor TokenDispatcher::dispatch_backward_device(const Tensor& dx, const std::vector<double>& dpermuted_probs,
+                                                 DispatchCtx& ctx) const {
+  Tensor d = combine_device(dx, ctx);
+  ctx.dpermuted_probs = to_device_f32(dpermuted_probs, {static_cast<int64_t>(dpermuted_probs.size())}, dx.device());
+  return d;
+}
+
 // ---- allgather ----
 
 Tensor MoEAllGatherTokenDispatcher::dispatch(const Tensor& tokens, const std::vector<double>& probs,
@@ -67,6 +113,7 @@ Tensor MoEAllGatherTokenDispatcher::dispatch(const Tensor& tokens, const std::ve
                                              DispatchCtx& ctx) {
   comm::ProcessGroup& g = *groups_.tp_ep;
   init_ctx(tokens, ctx);
+  ctx.device = false;
   const int64_t T = ctx.T, E = ctx.E, G = g.size();
   Tensor all_tokens = gather(g, tokens.view({T, ctx.h}));
   // probs and the routing map travel together as float32 [T, 2E].
@@ -92,6 +139,7 @@ Tensor MoEAllGatherTokenDispatcher::dispatch(const Tensor& tokens, const std::ve
 }
 
 Tensor MoEAllGatherTokenDispatcher::combine(const Tensor& expert_output, DispatchCtx& ctx) {
+  if (ctx.device) return combine_device(expert_output, ctx);
   comm::ProcessGroup& g = *groups_.tp_ep;
   // Unpermute into all gathered tokens (fp32 sums), then reduce-scatter back to this rank's tokens.
   Tensor un = scatter_add_rows(expert_output, ctx.idx, g.size() * ctx.T, DType::kFloat32);
@@ -100,12 +148,17 @@ Tensor MoEAllGatherTokenDispatcher::combine(const Tensor& expert_output, Dispatc
 }
 
 Tensor MoEAllGatherTokenDispatcher::combine_backward(const Tensor& dy, DispatchCtx& ctx) {
+  if (ctx.device) return combine_backward_device(dy, ctx);
   Tensor all = gather(*groups_.tp_ep, dy.view({ctx.T, ctx.h}));
   return gather_rows(all, ctx.idx);
 }
 
 Tensor MoEAllGatherTokenDispatcher::dispatch_backward(const Tensor& dx, const std::vector<double>& dpermuted_probs,
                                                       DispatchCtx& ctx, std::vector<double>* dprobs) {
+  if (ctx.device) {
+    dprobs->clear();  // the gradient stays on the device: ctx.dpermuted_probs
+    return dispatch_backward_device(dx, dpermuted_probs, ctx);
+  }
   comm::ProcessGroup& g = *groups_.tp_ep;
   const int64_t G = g.size(), T = ctx.T, E = ctx.E;
   Tensor d = reduce_scatter(g, scatter_add_rows(dx, ctx.idx, G * T, DType::kFloat32));
@@ -123,6 +176,7 @@ Tensor MoEAlltoAllTokenDispatcher::dispatch(const Tensor& tokens, const std::vec
                                             DispatchCtx& ctx) {
   comm::ProcessGroup& g = *groups_.tp_ep;
   init_ctx(tokens, ctx);
+  ctx.device = false;
   const int64_t T = ctx.T, E = ctx.E, G = g.size(), etp = groups_.expt_tp->size(), L = L_;
   // Permute local tokens by expert (Megatron's dispatch_preprocess permute()).
   std::vector<int64_t> cnt;
@@ -175,6 +229,7 @@ Tensor MoEAlltoAllTokenDispatcher::dispatch(const Tensor& tokens, const std::vec
 }
 
 Tensor MoEAlltoAllTokenDispatcher::combine(const Tensor& expert_output, DispatchCtx& ctx) {
+  if (ctx.device) return combine_device(expert_output, ctx);
   comm::ProcessGroup& g = *groups_.tp_ep;
   Tensor recv_layout = scatter_add_rows(expert_output, ctx.order, ctx.n_recv, expert_output.dtype());
   Tensor back = all_to_all(g, recv_layout, ctx.in_splits, ctx.out_splits);  // send-buffer layout
@@ -184,6 +239,7 @@ Tensor MoEAlltoAllTokenDispatcher::combine(const Tensor& expert_output, Dispatch
 }
 
 Tensor MoEAlltoAllTokenDispatcher::combine_backward(const Tensor& dy, DispatchCtx& ctx) {
+  if (ctx.device) return combine_backward_device(dy, ctx);
   Tensor rows = gather_rows(dy.view({ctx.T, ctx.h}), ctx.idx);
   Tensor recv = all_to_all(*groups_.tp_ep, gather_rows(rows, ctx.send_index), ctx.out_splits, ctx.in_splits);
   return gather_rows(recv, ctx.order);
@@ -191,6 +247,10 @@ Tensor MoEAlltoAllTokenDispatcher::combine_backward(const Tensor& dy, DispatchCt
 
 Tensor MoEAlltoAllTokenDispatcher::dispatch_backward(const Tensor& dx, const std::vector<double>& dpermuted_probs,
                                                      DispatchCtx& ctx, std::vector<double>* dprobs) {
+  if (ctx.device) {
+    dprobs->clear();  // the gradient stays on the device: ctx.dpermuted_probs
+    return dispatch_backward_device(dx, dpermuted_probs, ctx);
+  }
   comm::ProcessGroup& g = *groups_.tp_ep;
   Tensor recv_layout = scatter_add_rows(dx, ctx.order, ctx.n_recv, dx.dtype());
   Tensor back = all_to_all(g, recv_layout, ctx.in_splits, ctx.out_splits);

@@ -27,6 +27,11 @@ struct DispatchCtx {
   std::vector<int64_t> in_splits, out_splits;
   std::vector<int64_t> order;        // expert-input row -> received row
   int64_t n_local = 0, n_recv = 0;
+  // The device permutation (TokenDispatcher::dispatch_device; one rank of expert-TP x EP): the
+  // token of every permuted row int64 [N], the permuted row of every choice int64 [T, k], and
+  // (after dispatch_backward) the gradient of the permuted probs float32 [N].
+  bool device = false;
+  Tensor row_token, row_of, dpermuted_probs;
 };
 
 class TokenDispatcher {
@@ -44,12 +49,26 @@ class TokenDispatcher {
   /// d expert input [N, h] and d permuted probs [N] -> d tokens [T, h]; *dprobs [T, E] (host).
   virtual Tensor dispatch_backward(const Tensor& dx, const std::vector<double>& dpermuted_probs, DispatchCtx& ctx,
                                    std::vector<double>* dprobs) = 0;
+  /// True when dispatch_device applies: this rank is the whole expert-TP x EP group.
+  bool device_dispatch_supported() const { return groups_.tp_ep->size() == 1; }
+  /// dispatch() for a device router's choice (router.ctx.device): permutes on the device
+  /// (ops::moe_permute_map + a row gather; Megatron's permute() order, expert-major, tokens
+  /// ascending), ctx.device = true, and combine / combine_backward / dispatch_backward then run on
+  /// the device (ops::moe_unpermute: each token sums its k rows in choice order). The one
+  /// device -> host copy is the E row counts (*tokens_per_expert, for the grouped GEMM's sizes).
+  /// Throws unless device_dispatch_supported().
+  Tensor dispatch_device(const Tensor& tokens, const RouterCtx& router, std::vector<int64_t>* tokens_per_expert,
+                         Tensor* permuted_probs, DispatchCtx& ctx);
   int64_t num_local_experts() const { return L_; }
   int64_t first_local_expert() const { return e0_; }
 
  protected:
   /// Fills the shape fields of ctx from the tokens [T, h].
   void init_ctx(const Tensor& tokens, DispatchCtx& ctx) const;
+  /// The device forms of combine, combine_backward and dispatch_backward (ctx.device).
+  Tensor combine_device(const Tensor& expert_output, DispatchCtx& ctx) const;
+  Tensor combine_backward_device(const Tensor& dy, DispatchCtx& ctx) const;
+  Tensor dispatch_backward_device(const Tensor& dx, const std::vector<double>& dpermuted_probs, DispatchCtx& ctx) const;
   const TransformerConfig& config_;
   MoEGroups groups_;
   int64_t L_ = 0, e0_ = 0;

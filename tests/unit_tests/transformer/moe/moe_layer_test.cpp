@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -258,6 +259,35 @@ double max_abs(const Tensor& a) {
 // the sum of the experts' weight gradients the MLP's weight gradient, and the router gradient 0
 // (the probs' sum does not depend on the logits). fp32 throughout; 1e-5 relative to the largest
 // value (different summation orders only).
+TEST(MoEDeviceRouter, EnvironmentSwitchAndCpuKeepsTheHostPath) {
+  // MEGATRON_MOE_DEVICE_ROUTER: unset / "1" on, "0" off, anything else refused by name.
+  const char* old = std::getenv("MEGATRON_MOE_DEVICE_ROUTER");
+  const std::string saved = old ? old : "";
+  unsetenv("MEGATRON_MOE_DEVICE_ROUTER");
+  EXPECT_TRUE(moe_device_router_enabled());
+  setenv("MEGATRON_MOE_DEVICE_ROUTER", "0", 1);
+  EXPECT_FALSE(moe_device_router_enabled());
+  setenv("MEGATRON_MOE_DEVICE_ROUTER", "yes", 1);
+  try {
+    moe_device_router_enabled();
+    ADD_FAILURE() << "MEGATRON_MOE_DEVICE_ROUTER=yes accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("MEGATRON_MOE_DEVICE_ROUTER"), std::string::npos) << e.what();
+  }
+  setenv("MEGATRON_MOE_DEVICE_ROUTER", "1", 1);
+  // On the CPU the host float64 router runs whatever the switch says (the ops decline there too).
+  TransformerConfig c = moe_config(4, 2, true);
+  tensor_parallel::TPContext tp{comm::make_single_rank_group()};
+  ParamRegistry reg;
+  MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single());
+  allocate(reg, 3);
+  Tensor x = Tensor::from_vector(std::vector<float>(static_cast<size_t>(6 * c.hidden_size), 0.5f), {6, c.hidden_size});
+  EXPECT_FALSE(layer.router().device_routing_supported(x));
+  Tensor idx = Tensor::empty({6, 2}, DType::kInt64), probs = Tensor::empty({6, 2}, DType::kFloat32);
+  EXPECT_FALSE(ops::moe_router_forward(x, nullptr, 2, 0, false, 1.0f, 0, 0, 1, idx, probs, nullptr));
+  if (old) setenv("MEGATRON_MOE_DEVICE_ROUTER", saved.c_str(), 1); else unsetenv("MEGATRON_MOE_DEVICE_ROUTER");
+}
+
 TEST(MoELayerTest, EqualsDenseMlpWhenExpertsAreIdentical) {
   for (bool swiglu : {false, true})
     for (const char* disp : {"allgather", "alltoall"}) {

@@ -1,0 +1,520 @@
+// MoE router and token permutation on the device (op_table.h, moerouter block; docs/moe.md
+// "Kernels"). The host float64 router of megatron/core/transformer/moe/moe_utils.cpp is the
+// reference (gpu_ops_test --only moe_router):
+//  * moe_router_forward: one warp per token (4 per block); the row's scores and selection keys
+//    in shared memory; the top-k by k warp arg-max rounds (larger key wins, ties the lower expert
+//    index: the host's stable sort); scores in float32 with expf / logf (no fast math), as
+//    Megatron computes them (torch.softmax(..., dtype=float32), torch.sigmoid(logits.float())).
+//    The statistics: one block per column (fixed-order float64 block sums, so reproducible).
+//  * moe_permute_map: one block per expert scans the tokens in order (ballot + warp prefix sums),
+//    giving each (token, choice) its rank inside the expert; a second kernel adds the expert's
+//    offset (prefix sum of the counts) and writes the row map and the permuted probabilities.
+//  * moe_unpermute: one block per token sums its k rows in choice order in float32.
+//  * moe_router_backward: one warp per token, the same recomputed scores as the forward.
+#include "megatron/core/ops/cuda/cuda_common.cuh"
+#include "megatron/core/ops/cuda/cuda_ops.h"
+
+namespace megatron::ops::cuda {
+using namespace detail;
+namespace {
+
+constexpr int kWarps = 4;       // tokens per block in the per-token kernels
+constexpr int kMaxExperts = 1024;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// a beats b: larger key, or equal key and lower index; NaN keys (taken) never win. Keys are
+// stored through clean_key, so a NaN score competes as -inf and the k <= E rounds always find one.
+__device__ __forceinline__ float clean_key(float v) { return isnan(v) ? -INFINITY : v; }
+__device__ __forceinline__ bool key_better(float va, int ia, float vb, int ib) {
+  if (isnan(va)) return false;
+  if (isnan(vb) || ib < 0) return true;
+  return va > vb || (va == vb && ia < ib);
+}
+// Arg-max of key[0..E) over the warp (every lane gets the result); -1 if all are taken.
+__device__ __forceinline__ int warp_argmax(const float* key, int E, int lane) {
+  float bv = NAN;
+  int bi = -1;
+  for (int e = lane; e < E; e += 32)
+    if (key_better(key[e], e, bv, bi)) bv = key[e], bi = e;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi >= 0 && key_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  return bi;
+}
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// Score of a logit for score function 1 (sigmoid) / 2 (sqrtsoftplus).
+__device__ __forceinline__ float score_of(int sf, float x) { return sf == 1 ? sigmoidf_(x) : sqrtf(softplusf_(x)); }
+// Its derivative from the logit (aux-loss scores) ...
+__device__ __forceinline__ float score_grad_x(int sf, float x) {
+  if (sf == 1) {
+    const float s = sigmoidf_(x);
+    return s * (1.0f - s);
+  }
+  const float r = sqrtf(softplusf_(x));
+  return r > 0 ? sigmoidf_(x) / (2.0f * r) : 0.0f;
+}
+// ... and from the score itself (routing probs; the host's topk_routing_backward).
+__device__ __forceinline__ float score_grad_s(int sf, float s) {
+  if (sf == 1) return s * (1.0f - s);
+  return s > 0 ? -expm1f(-s * s) / (2.0f * s) : 0.0f;
+}
+template <class L>
+__device__ __forceinline__ float round_to(float p) {
+  return to_f(from_f<L>(p));
+}
+
+// Row max and Σ exp(x - max) of logits row x over the warp.
+template <class L>
+__device__ __forceinline__ void row_lse(const L* x, int E, int lane, float& m, float& sum) {
+  m = -INFINITY;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, to_f(x[e]));
+  m = warp_max(m);
+  sum = 0.f;
+  for (int e = lane; e < E; e += 32) sum += expf(to_f(x[e]) - m);
+  sum = warp_sum(sum);
+}
+
+// Shared memory per warp: s[E] scores, key[E] selection keys, sel[E] chosen experts (int).
+template <class L>
+__global__ void __launch_bounds__(kWarps * 32)
+    router_fwd_kernel(const L* __restrict__ logits, const float* __restrict__ bias, int T, int E, int k, int sf,
+                      bool pre, float scale, int G, int gtopk, int64_t* __restrict__ tidx, float* __restrict__ tprob,
+                      float* __restrict__ aux_scores, uint8_t* __restrict__ aux_map, float* __restrict__ lse_out) {
+  extern __shared__ float sh[];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kWarps + w;
+  if (t >= T) return;  // whole warps only; no block barrier below
+  float* s = sh + (size_t)w * (3 * E + G);
+  float* key = s + E;
+  int* sel = reinterpret_cast<int*>(key + E);
+  float* gs = reinterpret_cast<float*>(sel + E);  // [G] group scores (group-limited routing)
+  const L* x = logits + (int64_t)t * E;
+  float m, sum;
+  row_lse(x, E, lane, m, sum);
+  if (lse_out && lane == 0) lse_out[t] = m + logf(sum);
+  for (int e = lane; e < E; e += 32) {
+    const float xe = to_f(x[e]);
+    if (sf == 0) {
+      s[e] = expf(xe - m) / sum;
+      key[e] = clean_key(pre ? s[e] : xe);
+    } else {
+      s[e] = score_of(sf, xe);
+      key[e] = clean_key(bias ? s[e] + bias[e] : s[e]);
+    }
+  }
+  __syncwarp();
+  if (gtopk > 0) {
+    // Megatron's group_limited_topk: a group's score is the sum of its top (k / group_topk) keys;
+    // the group_topk best groups (ties: lower group index) stay, the other experts' keys become
+    // -inf (as the host's masked_fill), then the top-k below.
+    const int per = E / G, take = k / gtopk;
+    for (int g = lane; g < G; g += 32) {
+      float acc = 0.f, pv = INFINITY;
+      int pi = -1;
+      for (int r = 0; r < take; ++r) {  // the next key after (pv, pi) in (key desc, index asc) order
+        float bv = NAN;
+        int bi = -1;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float v = key[e];
+          if ((v < pv || (v == pv && e > pi)) && key_better(v, e, bv, bi)) bv = v, bi = e;
+        }
+        acc += bv;
+        pv = bv, pi = bi;
+      }
+      gs[g] = clean_key(acc);
+    }
+    __syncwarp();
+    for (int j = 0; j < gtopk; ++j) {
+      const int b = warp_argmax(gs, G, lane);
+      if (lane == 0) gs[b] = NAN;  // chosen
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!isnan(gs[e / per])) key[e] = -INFINITY;
+    __syncwarp();
+  }
+  for (int j = 0; j < k; ++j) {
+    const int b = warp_argmax(key, E, lane);
+    if (lane == 0) {
+      sel[j] = b;
+      key[b] = NAN;
+    }
+    __syncwarp();
+  }
+  // Probabilities of the chosen experts (as the host's topk_routing_with_score_function).
+  if (sf == 0 && !pre) {
+    const float mx = to_f(x[sel[0]]);  // the largest chosen logit
+    float den = 0.f;
+    for (int j = lane; j < k; j += 32) den += expf(to_f(x[sel[j]]) - mx);
+    den = warp_sum(den);
+    for (int j = lane; j < k; j += 32)
+      tprob[(int64_t)t * k + j] = round_to<L>(expf(to_f(x[sel[j]]) - mx) / den * scale);
+  } else if (sf == 0) {
+    for (int j = lane; j < k; j += 32) tprob[(int64_t)t * k + j] = round_to<L>(s[sel[j]] * scale);
+  } else {
+    float ssum = 0.f;
+    for (int j = lane; j < k; j += 32) ssum += s[sel[j]];
+    ssum = warp_sum(ssum);
+    for (int j = lane; j < k; j += 32) {
+      const float p = k > 1 ? s[sel[j]] / (ssum + 1e-20f) : s[sel[j]];
+      tprob[(int64_t)t * k + j] = round_to<L>(p * scale);
+    }
+  }
+  for (int j = lane; j < k; j += 32) tidx[(int64_t)t * k + j] = sel[j];
+  if (!aux_scores) return;
+  // compute_routing_scores_for_aux_loss: softmax, or the scores normalized per token; its top-k map.
+  __syncwarp();
+  float nsum = 0.f;
+  if (sf != 0) {
+    for (int e = lane; e < E; e += 32) nsum += s[e];
+    nsum = warp_sum(nsum);
+  }
+  for (int e = lane; e < E; e += 32) {
+    const float a = sf == 0 ? s[e] : s[e] / (nsum + 1e-20f);
+    aux_scores[(int64_t)t * E + e] = a;
+    key[e] = clean_key(a);
+    aux_map[(int64_t)t * E + e] = 0;
+  }
+  __syncwarp();
+  for (int j = 0; j < k; ++j) {
+    const int b = warp_argmax(key, E, lane);
+    if (lane == 0) {
+      key[b] = NAN;
+      aux_map[(int64_t)t * E + b] = 1;
+    }
+    __syncwarp();
+  }
+}
+
+// Fixed-order float64 block sum (blockDim.x = 256).
+__device__ __forceinline__ double block_sum(double v, double* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) red[wid] = v;
+  __syncthreads();
+  double r = 0;
+  if (threadIdx.x == 0)
+    for (int i = 0; i < (int)blockDim.x / 32; ++i) r += red[i];
+  return r;  // valid in thread 0
+}
+
+// Blocks [0, B E): column sums of the aux scores / map of sequence b = c / E; [B E, B E + E):
+// tokens routed to e; the last: Σ lse². stats layout of moe_router_forward.
+__global__ void router_stats_kernel(const float* __restrict__ aux_scores, const uint8_t* __restrict__ aux_map,
+                                    const int64_t* __restrict__ tidx, const float* __restrict__ lse, int T, int E, int k,
+                                    int B, double* __restrict__ stats) {
+  __shared__ double red[32];
+  const int c = blockIdx.x, BE = B * E;
+  double a = 0, n = 0;
+  if (c < BE) {
+    const int b = c / E, e = c % E;
+    if (aux_scores)
+      for (int t = b + B * (int)threadIdx.x; t < T; t += B * (int)blockDim.x) {
+        a += aux_scores[(int64_t)t * E + e];
+        n += aux_map[(int64_t)t * E + e];
+      }
+    a = block_sum(a, red);
+    n = block_sum(n, red);
+    if (threadIdx.x == 0) stats[c] = a, stats[BE + c] = n;
+  } else if (c < BE + E) {
+    const int e = c - BE;
+    for (int64_t i = threadIdx.x; i < (int64_t)T * k; i += blockDim.x) n += tidx[i] == e ? 1.0 : 0.0;
+    n = block_sum(n, red);
+    if (threadIdx.x == 0) stats[2 * BE + e] = n;
+  } else {
+    if (lse)
+      for (int t = threadIdx.x; t < T; t += blockDim.x) a += (double)lse[t] * (double)lse[t];
+    a = block_sum(a, red);
+    if (threadIdx.x == 0) stats[2 * BE + E] = a;
+  }
+}
+
+// One block (1024 threads) per expert e: scans tokens in order; rank_out[t k + j] = the rank of
+// token t among the tokens choosing e (for the j with topk_idx[t, j] == e); counts[e].
+__global__ void __launch_bounds__(1024)
+    permute_rank_kernel(const int64_t* __restrict__ tidx, int T, int k, int64_t* __restrict__ rank_out,
+                        int64_t* __restrict__ counts) {
+  __shared__ int warp_tot[32];
+  __shared__ int64_t base;
+  const int e = blockIdx.x, lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+  if (threadIdx.x == 0) base = 0;
+  __syncthreads();
+  for (int t0 = 0; t0 < T; t0 += blockDim.x) {
+    const int t = t0 + threadIdx.x;
+    int jj = -1;
+    if (t < T)
+      for (int j = 0; j < k; ++j)
+        if (tidx[(int64_t)t * k + j] == e) jj = j;
+    const unsigned bal = __ballot_sync(0xffffffffu, jj >= 0);
+    const int before = __popc(bal & ((1u << lane) - 1u));
+    if (lane == 0) warp_tot[wid] = __popc(bal);
+    __syncthreads();
+    int off = 0, tot = 0;
+    for (int i = 0; i < nw; ++i) {
+      if (i < wid) off += warp_tot[i];
+      tot += warp_tot[i];
+    }
+    if (jj >= 0) rank_out[(int64_t)t * k + jj] = base + off + before;
+    __syncthreads();
+    if (threadIdx.x == 0) base += tot;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) counts[e] = base;
+}
+
+// row = offset[e] + rank; the row map and the permuted probabilities.
+__global__ void permute_scatter_kernel(const int64_t* __restrict__ tidx, const float* __restrict__ tprob,
+                                       const int64_t* __restrict__ counts, int E, int k, int64_t n,
+                                       int64_t* __restrict__ row_token, int64_t* __restrict__ row_of,
+                                       float* __restrict__ pprobs) {
+  extern __shared__ int64_t offs[];
+  if (threadIdx.x == 0) {
+    int64_t acc = 0;
+    for (int e = 0; e < E; ++e) offs[e] = acc, acc += counts[e];
+  }
+  __syncthreads();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = offs[tidx[i]] + row_of[i];  // row_of holds the rank here
+    row_of[i] = row;
+    row_token[row] = i / k;
+    pprobs[row] = tprob[i];
+  }
+}
+
+template <class X, class O>
+__global__ void unpermute_kernel(const X* __restrict__ rows, const int64_t* __restrict__ row_of, int k, int64_t h,
+                                 O* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += to_f(rows[row_of[t * k + j] * h + c]);
+    out[t * h + c] = from_f<O>(acc);
+  }
+}
+
+// Shared memory per warp: s[E] scores (routing), d[E] dlogits accumulator, sel[k] (int).
+template <class L>
+__global__ void __launch_bounds__(kWarps * 32)
+    router_bwd_kernel(const L* __restrict__ logits, const int64_t* __restrict__ tidx, const float* __restrict__ dprobs,
+                      const int64_t* __restrict__ row_of, int T, int E, int k, int sf, bool pre, float scale, int B,
+                      const float* __restrict__ aux_coef, float z_coef, float* __restrict__ dlogits) {
+  extern __shared__ float sh[];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kWarps + w;
+  if (t >= T) return;
+  float* sm = sh + (size_t)w * 3 * E;  // softmax of the row
+  float* d = sm + E;
+  float* dp = d + E;                    // dp[j] = d prob_j * scale (k <= E)
+  const L* x = logits + (int64_t)t * E;
+  float m, sum;
+  row_lse(x, E, lane, m, sum);
+  const float lse = m + logf(sum);
+  for (int e = lane; e < E; e += 32) {
+    sm[e] = expf(to_f(x[e]) - m) / sum;
+    d[e] = 0.f;
+  }
+  for (int j = lane; j < k; j += 32) dp[j] = dprobs[row_of[(int64_t)t * k + j]] * scale;
+  __syncwarp();
+  const int64_t* sel = tidx + (int64_t)t * k;
+  if (sf == 0 && !pre) {
+    // p = softmax(x[sel]): dx[sel_j] = p_j (dp_j - <p, dp>).
+    const float mx = to_f(x[sel[0]]);
+    float den = 0.f;
+    for (int j = lane; j < k; j += 32) den += expf(to_f(x[sel[j]]) - mx);
+    den = warp_sum(den);
+    float dot = 0.f;
+    for (int j = lane; j < k; j += 32) dot += expf(to_f(x[sel[j]]) - mx) / den * dp[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < k; j += 32) {
+      const float p = expf(to_f(x[sel[j]]) - mx) / den;
+      d[sel[j]] += p * (dp[j] - dot);  // distinct experts: no two lanes write one entry
+    }
+  } else if (sf == 0) {
+    // p = softmax(x)[sel]: dx_e = s_e (dtmp_e - Σ_j s_sel_j dp_j).
+    float dot = 0.f;
+    for (int j = lane; j < k; j += 32) dot += sm[sel[j]] * dp[j];
+    dot = warp_sum(dot);
+    for (int e = lane; e < E; e += 32) d[e] -= sm[e] * dot;
+    __syncwarp();
+    for (int j = lane; j < k; j += 32) d[sel[j]] += sm[sel[j]] * dp[j];
+  } else {
+    float D = 0.f, dot = 0.f;
+    for (int j = lane; j < k; j += 32) {
+      const float sc = score_of(sf, to_f(x[sel[j]]));
+      D += sc;
+      dot += dp[j] * sc;
+    }
+    D = warp_sum(D) + 1e-20f;
+    dot = warp_sum(dot);
+    for (int j = lane; j < k; j += 32) {
+      const float sc = score_of(sf, to_f(x[sel[j]]));
+      const float ds = k > 1 ? dp[j] / D - dot / (D * D) : dp[j];
+      d[sel[j]] += ds * score_grad_s(sf, sc);
+    }
+  }
+  __syncwarp();
+  if (aux_coef) {
+    const float* c = aux_coef + (int64_t)(t % B) * E;
+    if (sf == 0) {
+      float dot = 0.f;
+      for (int e = lane; e < E; e += 32) dot += sm[e] * c[e];
+      dot = warp_sum(dot);
+      for (int e = lane; e < E; e += 32) d[e] += sm[e] * (c[e] - dot);
+    } else {
+      float D = 0.f, dot = 0.f;
+      for (int e = lane; e < E; e += 32) {
+        const float r = score_of(sf, to_f(x[e]));
+        D += r;
+        dot += c[e] * r;
+      }
+      D = warp_sum(D) + 1e-20f;
+      dot = warp_sum(dot);
+      for (int e = lane; e < E; e += 32) d[e] += (c[e] / D - dot / (D * D)) * score_grad_x(sf, to_f(x[e]));
+    }
+  }
+  for (int e = lane; e < E; e += 32) dlogits[(int64_t)t * E + e] = d[e] + z_coef * lse * sm[e];
+}
+
+}  // namespace
+
+bool moe_router_forward(const Tensor& logits, const Tensor* expert_bias, int64_t topk, int64_t score_function,
+                        bool pre_softmax, float scaling, int64_t num_groups, int64_t group_topk, int64_t bsz,
+                        Tensor& topk_idx, Tensor& topk_probs, Tensor* stats) {
+  check_cuda(logits, "moe_router_forward");
+  const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = topk;
+  const int64_t G = group_topk > 0 ? num_groups : 0;
+  if (E > kMaxExperts || k < 1 || k > E) return false;
+  if (G > 0 && (E % G != 0 || group_topk > G || k % group_topk != 0 || k / group_topk > E / G ||
+                k > group_topk * (E / G) || (size_t)kWarps * (3 * E + G) * sizeof(float) > 48 * 1024))
+    return false;
+  MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && topk_idx.numel() == T * k &&
+                 topk_probs.dtype() == DType::kFloat32 && topk_probs.numel() == T * k && bsz >= 1 && T % bsz == 0 &&
+                 score_function >= 0 && score_function <= 2 &&
+                 (!expert_bias || (expert_bias->dtype() == DType::kFloat32 && expert_bias->numel() == E &&
+                                   expert_bias->is_cuda())) &&
+                 (!stats || (stats->dtype() == DType::kFloat64 && stats->numel() == 2 * bsz * E + E + 1)))
+      << "moe_router_forward: logits " << logits.str() << " topk " << k << " idx " << topk_idx.str() << " probs "
+      << topk_probs.str() << " bsz " << bsz;
+  if (T == 0) return true;
+  MEGATRON_CHECK(T * E < (1ll << 31)) << "moe_router_forward: " << T << " x " << E;
+  cudaStream_t st = megatron::cuda::current_stream();
+  Tensor aux_scores, aux_map, lse;
+  if (stats) {
+    aux_scores = Tensor::empty({T, E}, DType::kFloat32, logits.device());
+    aux_map = Tensor::empty({T, E}, DType::kUInt8, logits.device());
+    lse = Tensor::empty({T}, DType::kFloat32, logits.device());
+  }
+  const size_t shm = (size_t)kWarps * (3 * E + G) * sizeof(float);
+  const unsigned blocks = (unsigned)((T + kWarps - 1) / kWarps);
+  MCU_FLOAT_SWITCH(logits.dtype(), L,
+                   router_fwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
+                       static_cast<const L*>(logits.data_ptr()),
+                       expert_bias ? static_cast<const float*>(expert_bias->data_ptr()) : nullptr, (int)T, (int)E,
+                       (int)k, (int)score_function, pre_softmax, scaling, (int)G, (int)group_topk,
+                       static_cast<int64_t*>(topk_idx.data_ptr()),
+                       static_cast<float*>(topk_probs.data_ptr()),
+                       stats ? static_cast<float*>(aux_scores.data_ptr()) : nullptr,
+                       stats ? static_cast<uint8_t*>(aux_map.data_ptr()) : nullptr,
+                       stats ? static_cast<float*>(lse.data_ptr()) : nullptr));
+  CUDA_CHECK_LAUNCH();
+  if (stats) {
+    router_stats_kernel<<<(unsigned)(bsz * E + E + 1), 256, 0, st>>>(
+        static_cast<const float*>(aux_scores.data_ptr()), static_cast<const uint8_t*>(aux_map.data_ptr()),
+        static_cast<const int64_t*>(topk_idx.data_ptr()), static_cast<const float*>(lse.data_ptr()), (int)T, (int)E,
+        (int)k, (int)bsz, static_cast<double*>(stats->data_ptr()));
+    CUDA_CHECK_LAUNCH();
+  }
+  return true;
+}
+
+bool moe_permute_map(const Tensor& topk_idx, const Tensor& topk_probs, int64_t num_experts, Tensor& row_token,
+                     Tensor& row_of, Tensor& permuted_probs, Tensor& counts) {
+  check_cuda(topk_idx, "moe_permute_map");
+  const int64_t E = num_experts, n = topk_idx.numel(), k = topk_idx.dim() == 2 ? topk_idx.size(1) : 0;
+  if (E > 65535) return false;
+  MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && k > 0 && topk_probs.dtype() == DType::kFloat32 &&
+                 topk_probs.numel() == n && row_token.dtype() == DType::kInt64 && row_token.numel() == n &&
+                 row_of.dtype() == DType::kInt64 && row_of.numel() == n &&
+                 permuted_probs.dtype() == DType::kFloat32 && permuted_probs.numel() == n &&
+                 counts.dtype() == DType::kInt64 && counts.numel() == E)
+      << "moe_permute_map: topk_idx " << topk_idx.str() << " probs " << topk_probs.str() << " E " << E;
+  const int64_t T = n / k;
+  MEGATRON_CHECK(n < (1ll << 31)) << "moe_permute_map: " << n << " choices";
+  cudaStream_t st = megatron::cuda::current_stream();
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(counts.data_ptr(), 0, (size_t)E * sizeof(int64_t), st));
+    return true;
+  }
+  permute_rank_kernel<<<(unsigned)E, 1024, 0, st>>>(static_cast<const int64_t*>(topk_idx.data_ptr()), (int)T, (int)k,
+                                                    static_cast<int64_t*>(row_of.data_ptr()),
+                                                    static_cast<int64_t*>(counts.data_ptr()));
+  CUDA_CHECK_LAUNCH();
+  permute_scatter_kernel<<<grid_for(n, 256), 256, (size_t)E * sizeof(int64_t), st>>>(
+      static_cast<const int64_t*>(topk_idx.data_ptr()), static_cast<const float*>(topk_probs.data_ptr()),
+      static_cast<const int64_t*>(counts.data_ptr()), (int)E, (int)k, n, static_cast<int64_t*>(row_token.data_ptr()),
+      static_cast<int64_t*>(row_of.data_ptr()), static_cast<float*>(permuted_probs.data_ptr()));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool moe_unpermute(const Tensor& rows, const Tensor& row_of, Tensor& out) {
+  check_cuda(rows, "moe_unpermute");
+  const int64_t h = out.dim() ? out.size(-1) : 0, T = h ? out.numel() / h : 0;
+  const int64_t k = T ? row_of.numel() / T : 0;
+  MEGATRON_CHECK(row_of.dtype() == DType::kInt64 && row_of.numel() == T * k && rows.size(-1) == h && out.is_cuda() &&
+                 row_of.is_cuda())
+      << "moe_unpermute: rows " << rows.str() << " row_of " << row_of.str() << " out " << out.str();
+  if (T == 0 || h == 0) return true;
+  MEGATRON_CHECK(T < (1ll << 31)) << "moe_unpermute: " << T << " tokens";
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_FLOAT_SWITCH(rows.dtype(), X,
+                   MCU_FLOAT_SWITCH(out.dtype(), O,
+                                    unpermute_kernel<X, O><<<(unsigned)T, 256, 0, st>>>(
+                                        static_cast<const X*>(rows.data_ptr()),
+                                        static_cast<const int64_t*>(row_of.data_ptr()), (int)k, h,
+                                        static_cast<O*>(out.data_ptr()))));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+bool moe_router_backward(const Tensor& logits, const Tensor& topk_idx, const Tensor& dprobs, const Tensor& row_of,
+                         int64_t score_function, bool pre_softmax, float scaling, int64_t bsz, const Tensor* aux_coef,
+                         float z_coef, Tensor& dlogits) {
+  check_cuda(logits, "moe_router_backward");
+  const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = T ? topk_idx.numel() / T : 0;
+  if (E > kMaxExperts) return false;
+  MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && k >= 1 && k <= E && topk_idx.numel() == T * k &&
+                 dprobs.dtype() == DType::kFloat32 && dprobs.numel() == T * k && row_of.dtype() == DType::kInt64 &&
+                 row_of.numel() == T * k && dlogits.dtype() == DType::kFloat32 && dlogits.numel() == T * E &&
+                 bsz >= 1 && T % bsz == 0 && score_function >= 0 && score_function <= 2 &&
+                 (!aux_coef || (aux_coef->dtype() == DType::kFloat32 && aux_coef->numel() == bsz * E)))
+      << "moe_router_backward: logits " << logits.str() << " topk_idx " << topk_idx.str() << " dprobs "
+      << dprobs.str() << " dlogits " << dlogits.str();
+  if (T == 0) return true;
+  MEGATRON_CHECK(T * E < (1ll << 31)) << "moe_router_backward: " << T << " x " << E;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const size_t shm = (size_t)kWarps * 3 * E * sizeof(float);
+  const unsigned blocks = (unsigned)((T + kWarps - 1) / kWarps);
+  MCU_FLOAT_SWITCH(logits.dtype(), L,
+                   router_bwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
+                       static_cast<const L*>(logits.data_ptr()), static_cast<const int64_t*>(topk_idx.data_ptr()),
+                       static_cast<const float*>(dprobs.data_ptr()), static_cast<const int64_t*>(row_of.data_ptr()),
+                       (int)T, (int)E, (int)k, (int)score_function, pre_softmax, scaling, (int)bsz,
+                       aux_coef ? static_cast<const float*>(aux_coef->data_ptr()) : nullptr, z_coef,
+                       static_cast<float*>(dlogits.data_ptr())));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace megatron::ops::cuda
