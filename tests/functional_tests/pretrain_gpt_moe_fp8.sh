@@ -2,9 +2,9 @@
 # FP8 routed experts in pretrain_gpt on the CPU (the FP8 emulation; docs/moe.md "FP8 experts"): the
 # tiny MoE GPT of moe_common.inc (2 MoE layers, 4 SwiGLU experts top-2, a shared expert, aux + z
 # loss) in bf16 and with --fp8-format hybrid (delayed scaling, history 4, max), 12 iterations:
-#  * the FP8 run's lm loss stays within 2% relative of the bf16 run's at every iteration and falls
+#  * the FP8 run's lm loss stays within 0.5% relative of the bf16 run's at every iteration and falls
 #    (bound: the FP8 quantization of all GEMM operands -- 2^-4 relative rounding for E4M3, 2^-3 for
-#    E5M2 gradients -- moves this model's loss by ~1e-3 relative per step over 12 Adam steps; a wrong
+#    E5M2 gradients -- moved this model's loss by at most 8.4e-4 relative over 12 Adam steps; a wrong
 #    expert scale, a dropped expert or a missing quantization moves it by far more or to NaN);
 #  * the checkpoint holds every expert GEMM's FP8 state under its global expert index
 #    (decoder.layers.N.mlp.experts.local_experts.E.linear_fc1._extra_state.fp8.*) and the shared
@@ -41,9 +41,9 @@ def parse(p):
 b, f = parse(sys.argv[1]), parse(sys.argv[2])
 if sorted(b) != list(range(1, 13)) or sorted(f) != sorted(b): sys.exit('iterations %s vs %s' % (sorted(b), sorted(f)))
 rel = max(abs(f[i] - b[i]) / b[i] for i in b)
-print('fp8 vs bf16: worst lm loss relative difference %.2e over 12 iterations (bound 2e-2); fp8 %.4f -> %.4f, bf16 %.4f -> %.4f'
+print('fp8 vs bf16: worst lm loss relative difference %.2e over 12 iterations (bound 5e-3); fp8 %.4f -> %.4f, bf16 %.4f -> %.4f'
       % (rel, f[1], f[12], b[1], b[12]))
-sys.exit(0 if rel <= 2e-2 and f[12] < f[1] - 0.1 else 1)
+sys.exit(0 if rel <= 5e-3 and f[12] < f[1] - 0.1 else 1)
 EOF
 
 run save env -- "${FP8[@]}" --save "$LOGDIR/ck" --save-interval 100 --exit-interval 6
@@ -71,15 +71,33 @@ for e in 0 1 2 3; do
     fail "EP2 checkpoint lacks expert $e's FP8 state"
 done
 # EP2 -> EP1: iteration 7's forward runs on the same weights, tokens and restored scales as EP2's
-# own iteration 7, so its loss agrees within the EP layouts' bf16 reordering (bound 1e-3 relative);
-# with fresh scales (1) the 0.02-std weights would fall into E4M3's subnormals (steps of 2^-9) and
-# move the loss by more (RESHARD_COUNTERFACTUAL below measures it with --finetune's fresh state).
-run ep2_to_ep1 env -- "${FP8[@]}" --load "$LOGDIR/ck_ep2"
-python3 - "$(loss "$LOGDIR/ep2.log" 7)" "$(loss "$LOGDIR/ep2_to_ep1.log" 7)" <<'PY' || fail "EP2 -> EP1: iteration 7 off EP2's"
-import sys
+# own iteration 7, so its loss agrees within the EP layouts' reordering (bound 2e-5 relative;
+# measured 0). The restored histories are checked directly (MEGATRON_DUMP_FP8_STATE after the first
+# resumed step): every expert GEMM's history entries of iterations 5 and 6 (entries 1, 2 of
+# [current, t-2, t-1, t]) equal the straight EP2 run's after iteration 7 bit for bit, where fresh
+# state would hold zeros. (Iteration 7's own amax differs: TE's positional amax reduction spans the
+# EP ranks under EP2, docs/moe.md "FP8 experts".)
+mkdir -p "$LOGDIR/dump_ep2" "$LOGDIR/dump_ep1"
+MEGATRON_DUMP_FP8_STATE=$LOGDIR/dump_ep2 run ep2_dump "${MPIRUN[@]}" -np 2 -x MEGATRON_DUMP_FP8_STATE -- "${FP8[@]}" \
+  --expert-model-parallel-size 2 --exit-interval 7
+MEGATRON_DUMP_FP8_STATE=$LOGDIR/dump_ep1 run ep2_to_ep1 env -- "${FP8[@]}" --load "$LOGDIR/ck_ep2" --exit-interval 7
+python3 - "$(loss "$LOGDIR/ep2.log" 7)" "$(loss "$LOGDIR/ep2_to_ep1.log" 7)" "$LOGDIR/dump_ep2" "$LOGDIR/dump_ep1" <<'PY' \
+  || fail "EP2 -> EP1: FP8 state not restored"
+import glob, sys
 a, b = map(float, sys.argv[1:3])
-print('EP2 -> EP1 iteration 7: %.6f vs EP2 %.6f (relative %.1e, bound 1e-3)' % (b, a, abs(a - b) / a))
-sys.exit(0 if abs(a - b) <= 1e-3 * a else 1)
+print('EP2 -> EP1 iteration 7: %.6f vs EP2 %.6f (relative %.1e, bound 2e-5)' % (b, a, abs(a - b) / a))
+def read(d, step):
+    st = {}
+    for f in glob.glob(d + '/fp8_state_rank*.txt'):
+        for line in open(f):
+            w = line.split()
+            if int(w[1]) == step and '.mlp.experts.' in w[2]: st[(w[2], w[3])] = w[5:9]
+    return st
+ep2, ep1 = read(sys.argv[3], 7), read(sys.argv[4], 1)
+if len(ep1) != 2 * 4 * 2 * 3 or set(ep1) != set(ep2): sys.exit('expert FP8 states: %d vs %d' % (len(ep1), len(ep2)))
+bad = [k for k in ep1 if ep1[k][1:3] != ep2[k][1:3] or float.fromhex(ep1[k][1]) == 0]
+print('EP2 -> EP1: %d expert GEMM roles, restored history entries equal EP2\'s: %s' % (len(ep1), 'yes' if not bad else bad[:3]))
+sys.exit(0 if abs(a - b) <= 2e-5 * a and not bad else 1)
 PY
 echo "EP2: resume bit for bit; its checkpoint (every expert's FP8 state) loads on one rank"
-echo "OK: FP8 experts train within 2% of bf16; checkpoint resume exact (EP1, EP2); EP2 -> EP1 load"
+echo "OK: FP8 experts train within 0.5% of bf16; checkpoint resume exact (EP1, EP2); EP2 -> EP1 load"
