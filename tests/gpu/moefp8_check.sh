@@ -26,6 +26,8 @@ BIN=${1:?usage: tests/gpu/moefp8_check.sh BIN_DIR [LOGDIR]}
 BIN=$(cd "$BIN" && pwd)
 OUTD=${2:-${OUT:-/tmp/out}/moefp8}
 mkdir -p "$OUTD"
+CACHE=$(mktemp -d)  # mock-data index files: not logs, kept out of LOGDIR
+trap 'rm -rf "$CACHE"' EXIT
 source "$(dirname "$0")/cuda_libs.sh"
 status=0
 run() {  # run NAME DEVICE TIMEOUT ARGS...
@@ -74,7 +76,7 @@ PY
 TINY=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
   --attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 4 --global-batch-size 8 --train-iters 10
   --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --weight-decay 0.1
-  --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 256 --data-cache-path "$OUTD/cache"
+  --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 256 --data-cache-path "$CACHE"
   --log-interval 1 --eval-iters 0 --bf16 --disable-bias-linear --swiglu --num-experts 16 --moe-router-topk 4
   --moe-ffn-hidden-size 96 --moe-grouped-gemm --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3
   --fp8-format hybrid --fp8-amax-history-len 16 --fp8-amax-compute-algo max)
@@ -88,7 +90,7 @@ MIXTRAL=(--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-attenti
   --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-router-load-balancing-type aux_loss
   --moe-aux-loss-coeff 1e-2 --micro-batch-size 1 --global-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5
   --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --train-iters 10 --eval-iters 0
-  --seed 1234 --mock-data --tokenizer-type NullTokenizer --data-cache-path "$OUTD/cache")
+  --seed 1234 --mock-data --tokenizer-type NullTokenizer --data-cache-path "$CACHE")
 FP8=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
 if run mixtral_bf16 cuda 120 "${MIXTRAL[@]}" && run mixtral_fp8 cuda 120 "${MIXTRAL[@]}" "${FP8[@]}"; then
   read -r bms btf < <(speed mixtral_bf16)

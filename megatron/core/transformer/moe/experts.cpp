@@ -107,36 +107,29 @@ void activation_backward(const TransformerConfig& c, const Tensor& dact, const T
   }
 }
 
-// FP8 row padding per expert (TE's Fp8Padding / Fp8Unpadding as TEGroupedMLP applies them):
-// expert i's counts[i] rows of x go to the start of its padded[i]-row block, the rest is zero.
-Tensor pad_rows(const Tensor& x, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
-  int64_t np = 0;
-  for (int64_t n : padded) np += n;
-  Shape s = x.shape();
-  s[0] = np;
-  Tensor y = Tensor::zeros(s, x.dtype(), x.device());
-  int64_t o = 0, op = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > 0) y.narrow0(op, counts[i]).copy_(x.narrow0(o, counts[i]));
-    o += counts[i];
-    op += padded[i];
+// FP8 row padding per expert (TE's Fp8Padding / Fp8Unpadding as TEGroupedMLP applies them): expert
+// i's n[i] rows move from the start of its src_rows[i]-row block of src to the start of its
+// dst_rows[i]-row block of the result; every other row of the result is zero.
+Tensor regroup_rows(const Tensor& src, const std::vector<int64_t>& n, const std::vector<int64_t>& src_rows,
+                    const std::vector<int64_t>& dst_rows) {
+  int64_t total = 0;
+  for (int64_t r : dst_rows) total += r;
+  Shape s = src.shape();
+  s[0] = total;
+  Tensor dst = Tensor::zeros(s, src.dtype(), src.device());
+  int64_t o = 0, od = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (n[i] > 0) dst.narrow0(od, n[i]).copy_(src.narrow0(o, n[i]));
+    o += src_rows[i];
+    od += dst_rows[i];
   }
-  return y;
+  return dst;
 }
-// The inverse: the first counts[i] rows of every padded[i]-row block.
+Tensor pad_rows(const Tensor& x, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
+  return regroup_rows(x, counts, counts, padded);
+}
 Tensor unpad_rows(const Tensor& y, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
-  int64_t n = 0;
-  for (int64_t c : counts) n += c;
-  Shape s = y.shape();
-  s[0] = n;
-  Tensor x = Tensor::empty(s, y.dtype(), y.device());
-  int64_t o = 0, op = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > 0) x.narrow0(o, counts[i]).copy_(y.narrow0(op, counts[i]));
-    o += counts[i];
-    op += padded[i];
-  }
-  return x;
+  return regroup_rows(y, counts, padded, counts);
 }
 }  // namespace
 
