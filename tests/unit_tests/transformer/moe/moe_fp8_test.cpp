@@ -28,6 +28,7 @@
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/transformer_config.h"
+#include "training/arguments_test_util.h"
 
 namespace megatron::transformer::moe {
 namespace {
@@ -465,6 +466,32 @@ TEST(MoEFp8Experts, ExpertWithoutTokensKeepsItsScalesAndRecordsItsWeight) {
     EXPECT_EQ(reg.params()[2].main_grad.to_float_vector(), grad_before) << "no gradient for an empty expert";
     EXPECT_NE(l.st->host_scale(ex.fp8_base_fc1(0) + fp8::kInput), s_in) << "expert 0 followed its larger inputs";
     for (float v : l.st->host_meta(b + fp8::kInput).amax_history) EXPECT_TRUE(std::isfinite(v));
+  }
+}
+
+// Flags: --fp8-format with --num-experts trains (it was refused before FP8 experts existed); the
+// combinations not implemented stop with one line naming the flags.
+TEST(MoEFp8Experts, FlagCombinations) {
+  using training::test::args_error;
+  using training::test::with;
+  const std::vector<std::string> moe = with(training::test::tiny_gpt_flags("1e-3"),
+                                            {"--num-experts", "4", "--disable-bias-linear", "--bf16"});
+  EXPECT_EQ(args_error(with(moe, {"--fp8-format", "hybrid"}), true), "");
+  EXPECT_EQ(args_error(with(moe, {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"}), true), "");
+  EXPECT_EQ(args_error(with(moe, {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}), true), "");
+  EXPECT_EQ(args_error(with(moe, {"--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer"}), true),
+            "--fp8-param-gather with --num-experts is not implemented in megatron.cpp yet (FP8 expert weights are "
+            "cast from the model dtype every step); drop --fp8-param-gather");
+  training::Arguments a = training::parse_args(with(moe, {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                                                          "--expert-tensor-parallel-size", "2"}));
+  a.world_size = 2;
+  try {
+    training::validate_args(a);
+    ADD_FAILURE() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--fp8-recipe tensorwise with --num-experts needs --expert-tensor-parallel-size 1 (Transformer "
+              "Engine's GroupedLinear has no current scaling under expert tensor parallelism)");
   }
 }
 
