@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FP8 routed experts on one H200 (docs/moe.md "FP8 experts"; issue 22), < 150 s.
-#   tests/gpu/moefp8_check.sh BIN_DIR [LOGDIR]   (a CUDA build's bin with pretrain_gpt; LOGDIR
+#   tests/gpu/moefp8_check.sh BIN_DIR [LOGDIR]   (a CUDA build's bin with pretrain_gpt, gpu_bench; LOGDIR
 #   default ${OUT:-/tmp/out}/moefp8). RESULT / PASS / FAIL lines; exit 1 on any FAIL.
 #
 # 1. Correctness, small: a tiny bf16 MoE GPT (2 MoE layers, 16 SwiGLU experts top-4 over 256
@@ -13,7 +13,8 @@
 #    (bf16 GPU vs CPU: within 2e-2 over 10 Adam steps). PASS: iteration 1 within 2e-3 relative, every
 #    iteration within 2e-2. A lost or misplaced padding row, an expert's wrong scale, an empty expert
 #    breaking its amax (NaN / inf scale) move the losses far more or make them NaN.
-# 2. Speed + loss, Mixtral shape: a 2-layer Mixtral-8x7B-shaped pretrain_gpt (bench/gpu/run_bench.sh
+# 2. Speed + loss, Mixtral shape: the MoE layer alone (gpu_bench moe_fp8: layer and Experts module
+#    fwd + bwd, bf16 vs FP8, RESULT ms and speed-ups), and a 2-layer Mixtral-8x7B-shaped pretrain_gpt (bench/gpu/run_bench.sh
 #    moe's config: hidden 4096, ffn 14336, 8 experts top-2, seq 4096, gbs 1, mock data), 10
 #    iterations in bf16 and with --fp8-format hybrid --fp8-amax-history-len 1024
 #    --fp8-amax-compute-algo max. RESULT lines: ms/iter and TFLOP/s/GPU (mean of iterations 3-10)
@@ -83,7 +84,29 @@ TINY=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 -
 run tiny_fp8_cuda cuda 60 "${TINY[@]}" && OMP_NUM_THREADS=8 run tiny_fp8_cpu cpu 90 "${TINY[@]}" &&
   compare tiny_fp8_cuda tiny_fp8_cpu 2e-3 2e-2 10
 
-# ---- 2. Mixtral-shaped, bf16 vs FP8
+# ---- 2a. the Mixtral-shaped MoE layer alone (gpu_bench moe_fp8: MoELayer fwd + bwd and the Experts
+# module alone on the router's counts, 4096 tokens top-2, bf16 vs FP8 experts; each call casts the
+# weights, as one micro-batch per step). RESULT: ms of both, the experts module's and the layer's
+# FP8 speed-up (the prediction in docs/moe.md "FP8 experts").
+if CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 90 "$BIN/gpu_bench" moe_fp8 >"$OUTD/gpu_bench_moe_fp8.log" 2>&1; then
+  python3 - "$OUTD/gpu_bench_moe_fp8.log" <<'PY' || status=1
+import re, sys
+t = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'moe (mixtral-8x7b(?:-fp8)?) (layer|experts module) fwd\+bwd T=\d+ +([0-9.]+) ms', line)
+    if m: t[(m.group(1).endswith('fp8'), m.group(2))] = float(m.group(3))
+    if 'FAILED' in line: print('FAIL gpu_bench moe_fp8: ' + line.strip()); sys.exit(1)
+if len(t) != 4: print('FAIL gpu_bench moe_fp8: figures %s' % t); sys.exit(1)
+for part, key in (('experts', 'experts module'), ('layer', 'layer')):
+    print('RESULT moefp8_mixtral_%s_bf16 %.3f ms' % (part, t[(False, key)]))
+    print('RESULT moefp8_mixtral_%s_fp8 %.3f ms' % (part, t[(True, key)]))
+    print('RESULT moefp8_mixtral_%s_speedup %.3f x' % (part, t[(False, key)] / t[(True, key)]))
+PY
+else
+  echo "FAIL gpu_bench moe_fp8 exited with an error (see $OUTD/gpu_bench_moe_fp8.log)"; tail -5 "$OUTD/gpu_bench_moe_fp8.log"; status=1
+fi
+
+# ---- 2b. Mixtral-shaped pretrain_gpt, bf16 vs FP8
 MIXTRAL=(--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention
   --num-query-groups 8 --kv-channels 128 --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope
   --rotary-base 1000000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear

@@ -25,6 +25,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/gpu/moe_layer_leg.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/transformer_config.h"
@@ -493,6 +494,27 @@ TEST(MoEFp8Experts, FlagCombinations) {
               "--fp8-recipe tensorwise with --num-experts needs --expert-tensor-parallel-size 1 (Transformer "
               "Engine's GroupedLinear has no current scaling under expert tensor parallelism)");
   }
+}
+
+// The FP8 leg of `gpu_bench moe_fp8` (bench/gpu/moe_layer_leg.h with an FP8 config) runs the same
+// code on the CPU: the MoE layer and the Experts module with FP8 experts, on the router's counts.
+TEST(MoEFp8Experts, LayerLegRunsWithFp8Experts) {
+  std::mt19937 rng(3);
+  auto rnd = [&](const Shape& s, DType dt, float std) { return randn(rng, s, std).to(dt); };
+  fp8::Fp8Config f8;
+  int calls = 0;
+  bench::MoELayerLegResult r = bench::moe_layer_leg(24, 16, 8, 4, 2, DType::kBFloat16, Device::cpu(), rnd,
+                                                    [&](const std::function<void()>& fn) {
+                                                      fn();
+                                                      ++calls;
+                                                      return 1.0;
+                                                    },
+                                                    &f8);
+  ASSERT_EQ(r.tokens_per_expert.size(), 4u);
+  int64_t total = 0;
+  for (int64_t n : r.tokens_per_expert) total += n;
+  EXPECT_EQ(total, 24 * 2);
+  EXPECT_EQ(calls, 2);
 }
 
 }  // namespace
