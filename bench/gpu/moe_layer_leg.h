@@ -31,18 +31,11 @@ struct MoELayerLegResult {
   std::vector<int64_t> tokens_per_expert;
 };
 
-/// Runs the leg. T tokens (sequence T, micro-batch 1), hidden H, expert ffn F, E experts, top-K;
-/// params, activations and gradients of dtype `dt` on `dev`, fp32 main grads. rnd(shape, dtype,
-/// std) returns a random tensor on `dev` (the caller's generator); time(fn) runs fn (warm-up and
-/// repetitions as it likes) and returns its time in ms. The counts are taken from the layer's
-/// forward context before backward (MoELayer::backward resets it). Throws what the layer throws.
-inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t E, int64_t K, DType dt, Device dev,
-                                       const std::function<Tensor(const Shape&, DType, float)>& rnd,
-                                       const std::function<double(const std::function<void()>&)>& time,
-                                       const fp8::Fp8Config* fp8 = nullptr) {
-  using namespace megatron::transformer;
-  using namespace megatron::transformer::moe;
-  TransformerConfig c;
+/// The leg's one-layer MoE config (validated): hidden H, E SwiGLU experts of ffn F, top-K, aux loss
+/// 1e-2, no bias, no dropout, --moe-grouped-gemm naming, parameters in `dt`, FP8 experts with `fp8`.
+inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64_t E, int64_t K, DType dt,
+                                                     const fp8::Fp8Config* fp8 = nullptr) {
+  transformer::TransformerConfig c;
   c.num_layers = 1;
   c.hidden_size = H;
   c.ffn_hidden_size = F;
@@ -58,6 +51,21 @@ inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t 
   c.params_dtype = dt;
   if (fp8) c.fp8 = *fp8;
   c.validate();
+  return c;
+}
+
+/// Runs the leg. T tokens (sequence T, micro-batch 1), hidden H, expert ffn F, E experts, top-K;
+/// params, activations and gradients of dtype `dt` on `dev`, fp32 main grads. rnd(shape, dtype,
+/// std) returns a random tensor on `dev` (the caller's generator); time(fn) runs fn (warm-up and
+/// repetitions as it likes) and returns its time in ms. The counts are taken from the layer's
+/// forward context before backward (MoELayer::backward resets it). Throws what the layer throws.
+inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t E, int64_t K, DType dt, Device dev,
+                                       const std::function<Tensor(const Shape&, DType, float)>& rnd,
+                                       const std::function<double(const std::function<void()>&)>& time,
+                                       const fp8::Fp8Config* fp8 = nullptr) {
+  using namespace megatron::transformer;
+  using namespace megatron::transformer::moe;
+  TransformerConfig c = moe_leg_config(H, F, E, K, dt, fp8);
   tensor_parallel::TPContext tp{comm::make_single_rank_group()};
   std::shared_ptr<fp8::Fp8State> st1, st2;
   if (fp8) {

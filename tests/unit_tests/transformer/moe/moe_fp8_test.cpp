@@ -141,22 +141,9 @@ double dsilu(double g) {
 constexpr int64_t H = 32, F = 16, L = 3;
 
 TransformerConfig expert_config() {
-  TransformerConfig c;
-  c.num_layers = 1;
-  c.hidden_size = H;
-  c.ffn_hidden_size = F;
-  c.num_attention_heads = 1;
-  c.add_bias_linear = false;
-  c.gated_linear_unit = true;
-  c.hidden_dropout = c.attention_dropout = 0;
-  c.num_moe_experts = L;
-  c.moe_ffn_hidden_size = F;
-  c.moe_router_topk = 2;
-  c.moe_aux_loss_coeff = {1e-2};
-  c.params_dtype = DType::kFloat32;
-  fp8::Fp8Config f;  // hybrid, delayed, history 1
-  c.fp8 = f;
-  c.validate();
+  const fp8::Fp8Config f;  // hybrid, delayed, history 1
+  TransformerConfig c = bench::moe_leg_config(H, F, L, 2, DType::kFloat32, &f);
+  c.moe_grouped_gemm = false;  // SequentialMLP parameter names (Layer::w)
   return c;
 }
 
