@@ -695,6 +695,7 @@ void bind_all(Binder& b, Arguments& a) {
   b.str("--fp8-amax-compute-algo", ARG(a.fp8_amax_compute_algo), {"most_recent", "max"});
   b.flag("--fp8-param-gather", ARG(a.fp8_param_gather), true);
   b.flag("--no-fp8-wgrad", ARG(a.fp8_wgrad), false);
+  b.flag("--fp8-output-proj", ARG(a.fp8_output_proj), true);
 
   // ---- parallelism ----
   b.num("--tensor-model-parallel-size", ARG(a.tensor_model_parallel_size), 1);
@@ -1179,6 +1180,10 @@ void validate_args(Arguments& a) {
   } else if (a.fp8_param_gather) {
     fail("--fp8-param-gather needs --fp8-format");
   }
+  // --fp8-output-proj: Megatron runs it under --fp8-recipe mxfp8 only; here with delayed /
+  // tensorwise / blockwise (docs/fp8.md "FP8 output layer"). Without --fp8-format it would be a no-op.
+  if (a.fp8_output_proj && !a.fp8)
+    fail("--fp8-output-proj needs --fp8-format (it runs the output layer's GEMMs with the FP8 recipe)");
 
   // Activation recomputation (Megatron's validate_args + TransformerConfig.__post_init__).
   if (a.recompute_activations) a.recompute_granularity = "selective";

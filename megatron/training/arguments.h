@@ -133,6 +133,7 @@ struct Arguments {
   std::string fp8_amax_compute_algo = "most_recent";
   bool fp8_wgrad = true;
   bool fp8_param_gather = false;
+  bool fp8_output_proj = false;  // --fp8-output-proj (docs/fp8.md "FP8 output layer")
 
   // ---- Mixture of Experts (Megatron's MoE flags; docs/moe.md) ----
   std::optional<int64_t> num_experts;                 // --num-experts (0 -> None)

@@ -20,6 +20,7 @@ std::optional<fp8::Fp8Config> fp8_config_from_args(const Arguments& a) {
   f.amax_compute_algo = fp8::parse_amax_compute_algo(a.fp8_amax_compute_algo);
   f.wgrad = a.fp8_wgrad;
   f.param_gather = a.fp8_param_gather;
+  f.output_proj = a.fp8_output_proj;
   // TE's Float8BlockScaling: power-of-2 scales unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1.
   f.block_pow2_scales = !env_switch("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", false);
   return f;

@@ -10,10 +10,12 @@
 #include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/ops/device.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/moe/router.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/kernel_profile.h"
 #include "megatron/training/checkpoint_args.h"
@@ -54,6 +56,49 @@ std::string setup_timers_string(const std::vector<std::pair<std::string, double>
   }
   return any ? out : std::string();
 }
+
+// MEGATRON_OPTIM_OVERLAP=0|1 (default 1; other values: UserError): the optimizer step overlapped
+// with the next forward (optimizer/step_overlap.h, docs/architecture.md "Optimizer step
+// overlap"). Returns why it does not apply to this run ("" when it does): it covers Adam with
+// the non-distributed optimizer on one CUDA device per rank and one model chunk (no pipeline
+// parallelism), without --fp8-param-gather; every other run keeps the serial step.
+std::string optim_overlap_unsupported(const Arguments& args, const ModelAndOptimizer& mo, const Device& device) {
+  if (!env_switch("MEGATRON_OPTIM_OVERLAP", true)) return "MEGATRON_OPTIM_OVERLAP=0";
+  if (!device.is_cuda()) return "not on a CUDA device";
+  if (args.skip_train || !mo.optimizer) return "no training";
+  if (args.optimizer != "adam") return "--optimizer " + args.optimizer;
+  if (args.use_distributed_optimizer) return "--use-distributed-optimizer";
+  if (mo.model.size() != 1 || args.pipeline_model_parallel_size > 1) return "pipeline parallelism";
+  if (args.fp8_param_gather) return "--fp8-param-gather";
+  for (const auto& p : mo.optimizer->params())
+    if (!p.param.is_cuda()) return "a parameter off the GPU";
+  return "";
+}
+
+// While alive (and `on`): the calling thread's compute stream is a new high-priority stream that
+// is ordered with the legacy default stream, so the forward's pending blocks are scheduled before
+// the overlapped optimizer step's (whose side stream has the least priority); the previous
+// compute stream is restored and the stream destroyed at the end. MEGATRON_OPTIM_OVERLAP_PRIORITY=0
+// keeps the legacy stream (the A/B measurement of the priority).
+class HighPriorityComputeStream {
+ public:
+  explicit HighPriorityComputeStream(bool on) {
+    if (!on) return;
+    stream_ = ops::stream_create(/*blocking=*/true, /*high_priority=*/true);
+    prev_ = ops::compute_stream_exchange(stream_);
+  }
+  ~HighPriorityComputeStream() {
+    if (!stream_) return;
+    ops::compute_stream_exchange(prev_);
+    ops::compute_stream_destroy(stream_);
+  }
+  HighPriorityComputeStream(const HighPriorityComputeStream&) = delete;
+  HighPriorityComputeStream& operator=(const HighPriorityComputeStream&) = delete;
+
+ private:
+  void* stream_ = nullptr;
+  void* prev_ = nullptr;
+};
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -392,10 +437,31 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   GPTTrainable trainable(model);
   // MTP sits on the last chunk of the last stage; its metrics are averaged over DP x CP.
   trainable.set_mtp(chunks.back().get(), ps::get_data_parallel_group(/*with_context_parallel=*/true));
-  hooks.zero_grad = [&ddp_ptrs, &trainable] {
-    for (auto* d : ddp_ptrs) d->zero_grad_buffer();
+  hooks.zero_grad = [&ddp_ptrs, &trainable, &opt] {
+    // The overlapped optimizer step has queued the zeroing of every grad buffer on its stream.
+    const bool zeroed = opt.take_zeroed_grads();
+    for (auto* d : ddp_ptrs) d->zero_grad_buffer(/*zero_data=*/!zeroed);
     trainable.begin_step();
   };
+  // The optimizer step overlapped with the next forward: Adam per forward stage on a side
+  // stream, each stage's forward waits for its update (GPTModel's param-wait hook), the grad
+  // buffers are zeroed on that stream after the update.
+  const std::string no_overlap = optim_overlap_unsupported(args, mo, device);
+  if (no_overlap.empty()) {
+    std::vector<Tensor> grad_buffers;
+    for (auto* d : ddp_ptrs)
+      if (d->grad_buffer().defined()) grad_buffers.push_back(d->grad_buffer());
+    // optimizer_params(model.parameters()): the optimizer's params are the model's, in order.
+    std::vector<size_t> stage = model.forward_stage_of_params();
+    MEGATRON_CHECK(stage.size() == opt.params().size()) << stage.size() << " stages, " << opt.params().size() << " params";
+    opt.enable_step_overlap(std::move(stage), model.num_forward_stages(), std::move(grad_buffers));
+    model.set_param_wait_hook([&opt](size_t s) { opt.wait_for_params(s); });
+    say(" > optimizer step overlapped with the next forward (MEGATRON_OPTIM_OVERLAP=1): " +
+        std::to_string(model.num_forward_stages()) + " chunks on a side stream");
+  } else if (device.is_cuda()) {
+    say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");
+  }
+  HighPriorityComputeStream compute_stream(no_overlap.empty() && env_switch("MEGATRON_OPTIM_OVERLAP_PRIORITY", true));
   // Megatron's finalize_model_grads reads the model's config: the norms marked their
   // sequence-parallel parameters, the tying comes from the TransformerConfig.
   distributed::FinalizeGroups fg;

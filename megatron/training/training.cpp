@@ -200,6 +200,10 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
     r.lm_loss.loss_sum += sum;
   }
   timers_("forward-backward", 1).stop();
+  // The overlapped optimizer step of the previous iteration: every forward stage and the
+  // backward waited for their part already (GPTModel's param-wait hook), so this queues nothing
+  // on the hot path; it covers models whose forward has no such hook.
+  optimizer_.finish_optimizer_step();
   r.mtp = model_.take_mtp_metrics();
   // finalize_model_grads: with --calculate-per-token-loss every grad is divided by the global
   // number of tokens (all-reduced over DP×CP; single rank here).
@@ -213,7 +217,10 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   if (l1_barrier) hooks_.barrier();
   timers_("optimizer", 1).start();
   const optimizer::StepResult s = optimizer_.step();
-  if (hooks_.after_optimizer_step) hooks_.after_optimizer_step();
+  if (hooks_.after_optimizer_step) {
+    optimizer_.finish_optimizer_step();  // e.g. the distributed optimizer's param all-gather reads the params
+    hooks_.after_optimizer_step();
+  }
   timers_("optimizer", 1).stop();
   r.skipped = !s.update_successful;
   r.grad_norm = s.grad_norm;
@@ -226,6 +233,7 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
 }
 
 std::optional<double> Trainer::evaluate(BatchIterator& data) {
+  optimizer_.finish_optimizer_step();  // an overlapped step in flight: evaluation reads every param
   LossReport total;
   bool any = false;
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
@@ -491,6 +499,7 @@ void Trainer::append_to_progress_log(const std::string& text) {
 }
 
 void Trainer::save_checkpoint_and_time(int64_t iteration) {
+  optimizer_.finish_optimizer_step();  // the checkpoint reads params and optimizer state
   hooks_.save_checkpoint(iteration);
   if (!args_.log_progress || !args_.save) return;
   // Megatron's compute_throughputs_and_append_to_progress_log: this job's throughput since it
@@ -602,6 +611,9 @@ bool Trainer::train(BatchIterator& train_data, BatchIterator* valid_data) {
     }
   }
   timers_("interval-time", 0).stop();
+  // The last overlapped optimizer step: done before anything after training reads the params
+  // (final evaluation, parameter dumps) or frees them.
+  optimizer_.finish_optimizer_step();
   // The run ended inside the --profile window: the kernel profile covers what ran.
   if (profiling && hooks_.profile_stop && state_.iteration > start_iteration) hooks_.profile_stop(state_.iteration);
   if (hooks_.flush) hooks_.flush();

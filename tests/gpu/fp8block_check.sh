@@ -83,16 +83,7 @@ SMB=(--num-layers 2 --hidden-size 256 --ffn-hidden-size 768 --num-attention-head
      --train-iters 20 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1
      --clip-grad 1.0 --bf16 --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 4096
      --data-cache-path "$O/cache" --log-interval 1 --eval-iters 0 --fp8-format hybrid --fp8-recipe blockwise)
-timeout 40 "$BIN/pretrain_gpt" "${SMB[@]}" > "$O/small_gpu.log" 2>&1 || fail "small blockwise GPU run rc $? ($O/small_gpu.log)"
-MEGATRON_DEVICE=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-12} timeout 100 "$BIN/pretrain_gpt" "${SMB[@]}" > "$O/small_cpu.log" 2>&1 ||
-  fail "small blockwise CPU-emulation run rc $? ($O/small_cpu.log)"
-lm_losses "$O/small_gpu.log" > "$O/small_gpu.loss"; lm_losses "$O/small_cpu.log" > "$O/small_cpu.loss"
-paste "$O/small_gpu.loss" "$O/small_cpu.loss" | awk '
-  {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m){m=r; at=NR}; n++; first=(n==1?$1" vs "$2:first); last=$1" vs "$2}
-  END {if(n<20){printf "FAIL small LLaMA blockwise: %d of 20 loss lines\n", n; exit 1}
-       printf "%s small LLaMA blockwise 20 steps, GPU vs CPU emulation: max rel loss diff %.2e at iteration %d (tol 2e-2); first %s, last %s\n", (m<=2e-2?"PASS":"FAIL"), m, at, first, last; exit (m<=2e-2?0:1)}' |
-  tee -a "$O/summary.txt"
-[ "${PIPESTATUS[1]}" = 0 ] || status=1
+gc_gpu_vs_cpu_losses "LLaMA blockwise" 20 2e-2 "${SMB[@]}"
 info "total $(( $(date +%s) - T0 )) s; logs in $O; rows for bench/results.csv in $ROWS"
 echo "fp8block_check: status $status" | tee -a "$O/summary.txt"
 exit $status

@@ -1351,7 +1351,7 @@ void test_adam() {
     ops::AdamParams ap;
     ap.step = 11;
     ap.decoupled = dec;
-    std::vector<Tensor> P, G, M, Vt, MP, P2, M2, V2, MP2;
+    std::vector<Tensor> P, G, M, Vt, MP, P2, M2, V2, MP2, P3, M3, V3, MP3;
     std::vector<V> hp, hg, hm, hv;
     std::vector<ops::AdamTensor> ts;
     for (const auto& tc : tcs) {
@@ -1371,9 +1371,13 @@ void test_adam() {
       P2.push_back(view(hp.back()));
       M2.push_back(view(hm.back()));
       V2.push_back(view(hv.back()));
+      P3.push_back(view(hp.back()));
+      M3.push_back(view(hm.back()));
+      V3.push_back(view(hv.back()));
       const DType md = tc.kind == 1 ? DType::kBFloat16 : DType::kFloat16;
       MP.push_back(tc.kind ? poisoned({tc.n}, md) : Tensor());
       MP2.push_back(tc.kind ? poisoned({tc.n}, md) : Tensor());
+      MP3.push_back(tc.kind ? poisoned({tc.n}, md) : Tensor());
     }
     for (size_t k = 0; k < tcs.size(); ++k) {
       ops::AdamTensor t;
@@ -1418,6 +1422,32 @@ void test_adam() {
       if (tcs[k].kind) {
         const V bm = host(MP2[k]);
         check(std::string(nm) + " vs adam_step per tensor model param", host(MP[k]), VD(bm.begin(), bm.end()), 1e-6);
+      }
+    }
+    // The tensor table in a caller's workspace (AdamParams::table_workspace, the overlapped
+    // optimizer step's launches): the same launches, so the same bits (tolerance 0).
+    std::vector<ops::AdamTensor> ts3 = ts;
+    for (size_t k = 0; k < tcs.size(); ++k) {
+      ts3[k].param = &P3[k];
+      ts3[k].exp_avg = &M3[k];
+      ts3[k].exp_avg_sq = &V3[k];
+      ts3[k].model_param = tcs[k].kind ? &MP3[k] : nullptr;
+    }
+    Tensor ws = Tensor::empty({static_cast<int64_t>(tcs.size()) * ops::kAdamTableBytesPerTensor}, DType::kUInt8,
+                              P3[0].device());
+    ops::AdamParams a3 = ap;
+    a3.table_workspace = &ws;
+    cu::adam_step_multi(ts3, a3);
+    for (size_t k = 0; k < tcs.size(); ++k) {
+      const std::string nm = std::string("adam_step_multi table workspace ") + (dec ? "adamw" : "L2") + " n=" +
+                             std::to_string(tcs[k].n);
+      const V a = host(P[k]), am = host(M[k]), av = host(Vt[k]);
+      check(nm + " param", host(P3[k]), VD(a.begin(), a.end()), 0.0);
+      check(nm + " exp_avg", host(M3[k]), VD(am.begin(), am.end()), 0.0);
+      check(nm + " exp_avg_sq", host(V3[k]), VD(av.begin(), av.end()), 0.0);
+      if (tcs[k].kind) {
+        const V bm = host(MP[k]);
+        check(nm + " model param", host(MP3[k]), VD(bm.begin(), bm.end()), 0.0);
       }
     }
   }

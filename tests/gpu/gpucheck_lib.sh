@@ -148,3 +148,21 @@ gc_dev_drivers() {
     [ $rc = 0 ] || { echo "FAIL dev driver $d exit $rc ($O/dev_$d.log)"; status=1; }
   done
 }
+
+# gc_gpu_vs_cpu_losses NAME N TOL ARGS...: trains ARGS (a small fp8 model) on the GPU and in the CPU
+# emulation (MEGATRON_DEVICE=cpu; GPU timeout ${GC_GPU_TIMEOUT:-40} s, CPU ${GC_CPU_TIMEOUT:-100} s) ->
+# $O/small_{gpu,cpu}.log, and prints PASS iff N losses were logged and every iteration's loss is within
+# TOL relative (FAIL and status=1 otherwise).
+gc_gpu_vs_cpu_losses() {
+  local name=$1 n=$2 tol=$3; shift 3
+  timeout "${GC_GPU_TIMEOUT:-40}" "$BIN/pretrain_gpt" "$@" > "$O/small_gpu.log" 2>&1 || fail "small $name GPU run rc $? ($O/small_gpu.log)"
+  MEGATRON_DEVICE=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-12} timeout "${GC_CPU_TIMEOUT:-100}" "$BIN/pretrain_gpt" "$@" \
+    > "$O/small_cpu.log" 2>&1 || fail "small $name CPU-emulation run rc $? ($O/small_cpu.log)"
+  lm_losses "$O/small_gpu.log" > "$O/small_gpu.loss"; lm_losses "$O/small_cpu.log" > "$O/small_cpu.loss"
+  paste "$O/small_gpu.loss" "$O/small_cpu.loss" | awk -v name="$name" -v want="$n" -v tol="$tol" '
+    {d=($1-$2); if(d<0)d=-d; r=d/($2>0?$2:1); if(r>m){m=r; at=NR}; k++; first=(k==1?$1" vs "$2:first); last=$1" vs "$2}
+    END {if(k<want){printf "FAIL small %s: %d of %d loss lines\n", name, k, want; exit 1}
+         printf "%s small %s %d steps, GPU vs CPU emulation: max rel loss diff %.2e at iteration %d (tol %s); first %s, last %s\n", (m<=tol?"PASS":"FAIL"), name, want, m, at, tol, first, last; exit (m<=tol?0:1)}' |
+    tee -a "$O/summary.txt"
+  [ "${PIPESTATUS[1]}" = 0 ] || status=1
+}

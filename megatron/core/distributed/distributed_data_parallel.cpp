@@ -83,13 +83,13 @@ DistributedDataParallel::~DistributedDataParallel() {
   }
 }
 
-void DistributedDataParallel::zero_grad_buffer() {
+void DistributedDataParallel::zero_grad_buffer(bool zero_data) {
   for (size_t k = 0; k < buckets_.size(); ++k) {
     if (state_[k]->grad_work) state_[k]->grad_work->wait();
     state_[k]->grad_work.reset();
     state_[k]->ready = 0;
   }
-  buffers_.grad_data().zero_();
+  if (zero_data) buffers_.grad_data().zero_();
 }
 
 void DistributedDataParallel::register_grad_ready(size_t i) {

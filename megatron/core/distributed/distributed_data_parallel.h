@@ -89,8 +89,10 @@ class DistributedDataParallel {
   Tensor& param_buffer() { return buffers_.param_data(); }
   ParamAndGradBuffer& buffers() { return buffers_; }
 
-  /// Zeros the grad buffer and resets the per-iteration bucket state.
-  void zero_grad_buffer();
+  /// Zeros the grad buffer and resets the per-iteration bucket state. `zero_data` false: the
+  /// bucket state only (the overlapped optimizer step has already queued the zeroing of the
+  /// buffer, MegatronOptimizer::take_zeroed_grads).
+  void zero_grad_buffer(bool zero_data = true);
   /// Overlap: parameter `param_index`'s gradient is complete; launches its bucket when full
   /// (ignored for a parameter this DDP's buffer does not hold).
   void register_grad_ready(size_t param_index);

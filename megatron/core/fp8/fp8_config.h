@@ -24,6 +24,10 @@ struct Fp8Config {
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::kMostRecent;  // --fp8-amax-compute-algo
   bool wgrad = true;                // false with --no-fp8-wgrad
   bool param_gather = false;        // --fp8-param-gather
+  /// --fp8-output-proj: the output layer's (LM head's) three GEMMs in FP8 too, with roles of its
+  /// own ("output_layer") and the same recipe as the layers' linears. Megatron accepts the flag with
+  /// --fp8-recipe mxfp8 only (Blackwell); here with the Hopper recipes (docs/fp8.md "FP8 output layer").
+  bool output_proj = false;
   /// Blockwise recipe: scales rounded down to powers of 2 (TE's power_2_scale, default on;
   /// NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 turns it off, as in TE).
   bool block_pow2_scales = true;

@@ -24,7 +24,7 @@ uint64_t profiler_range_start(const char* name) { return nvtxRangeStartA(name); 
 void profiler_range_end(uint64_t handle) {
   if (handle) nvtxRangeEnd(handle);
 }
-// compute_stream_* and graph_*: defined in ops/cuda/step_graph.cpp.
+// compute_stream_*, stream_create, event_* and graph_*: defined in ops/cuda/step_graph.cpp.
 #else
 bool cuda_available() { return false; }
 unsigned long long host_sync_count() { return 0; }
@@ -37,6 +37,14 @@ void profiler_range_end(uint64_t) {}
 void* compute_stream_create() { return nullptr; }
 void compute_stream_destroy(void*) {}
 void* compute_stream_exchange(void*) { return nullptr; }
+void* stream_create(bool, bool) { return nullptr; }
+void* compute_stream() { return nullptr; }
+void* event_create() { return nullptr; }
+void event_destroy(void*) {}
+void event_record(void*, void*) { MEGATRON_CHECK(false) << "ops::event_record: this build has no CUDA backend"; }
+void stream_wait_event(void*, void*) {
+  MEGATRON_CHECK(false) << "ops::stream_wait_event: this build has no CUDA backend";
+}
 void* graph_capture(const std::function<void()>&, std::string* error) {
   if (error) *error = "this build has no CUDA backend";
   return nullptr;

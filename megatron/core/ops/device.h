@@ -43,6 +43,29 @@ void compute_stream_destroy(void* stream);
 /// returns the previous one. No-op returning nullptr without the CUDA backend.
 void* compute_stream_exchange(void* stream);
 
+// ---- Streams and events of the overlapped optimizer step (optimizer/step_overlap.h). Handles
+// are opaque (cudaStream_t / cudaEvent_t in CUDA builds); a nullptr stream is the legacy default
+// stream.
+
+/// A new CUDA stream with the device's greatest priority (`high_priority`: its pending blocks are
+/// scheduled before those of lower-priority streams) or its least; `blocking` = ordered with the
+/// legacy default stream (cudaStreamDefault), else cudaStreamNonBlocking. Destroy it with
+/// compute_stream_destroy. nullptr without the CUDA backend.
+void* stream_create(bool blocking, bool high_priority);
+/// The calling thread's compute stream (nullptr: the legacy default stream; always nullptr
+/// without the CUDA backend).
+void* compute_stream();
+/// A new event without timing (cudaEventDisableTiming); nullptr without the CUDA backend.
+void* event_create();
+/// Destroys an event of event_create (nullptr ignored; pending work still completes).
+void event_destroy(void* event);
+/// Records `event` at the current end of `stream` (cudaEventRecord). InternalError on a CUDA
+/// error or without the CUDA backend.
+void event_record(void* event, void* stream);
+/// Makes later work on `stream` wait until `event` has completed (cudaStreamWaitEvent; no host
+/// synchronization). InternalError on a CUDA error or without the CUDA backend.
+void stream_wait_event(void* stream, void* event);
+
 /// Captures the work `fn` issues on the calling thread's compute stream (which must not be the
 /// legacy stream) into a CUDA graph (cudaStreamCaptureModeThreadLocal: this thread's unsafe calls,
 /// e.g. a synchronization, fail the capture) and instantiates it. Nothing runs during the

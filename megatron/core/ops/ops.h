@@ -75,7 +75,16 @@ struct AdamParams {
   /// bit for bit the result of scaling the gradient in place first, as Megatron's
   /// clip_grad_by_total_norm_fp32 does, without the extra pass). The gradient is not modified.
   float grad_scale = 1.0f;
+  /// adam_step_multi on CUDA: device memory (uint8, at least kAdamTableBytesPerTensor bytes per
+  /// tensor of the call) for the multi-tensor launch's tensor table, filled through the staged
+  /// host-to-device copy on the current stream and reused by every launch of the call (they are
+  /// stream-ordered); nullptr: a stream-ordered allocation per launch. The overlapped optimizer
+  /// step passes one so its stream allocates nothing. Ignored by the CPU reference.
+  Tensor* table_workspace = nullptr;
 };
+
+/// Bytes of AdamParams::table_workspace needed per tensor of an adam_step_multi call.
+constexpr int64_t kAdamTableBytesPerTensor = 128;
 
 /// One tensor of adam_step_multi: fp32 master param, grad, exp_avg, exp_avg_sq (all on one
 /// device, equal numel), the optional model param written from the updated param (bf16/fp16/fp32),

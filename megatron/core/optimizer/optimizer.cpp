@@ -124,10 +124,13 @@ double MegatronOptimizer::chained_norm(bool main_params) const {
 std::vector<Tensor> MegatronOptimizer::all_main_grads() const { return grads_; }
 
 void MegatronOptimizer::zero_grad() {
+  finish_optimizer_step();
+  grads_zeroed_ = false;
   for (auto& p : params_) p.main_grad.zero_();
 }
 
 void MegatronOptimizer::scale_gradients(double f) {
+  finish_optimizer_step();
   const float c = static_cast<float>(f);
   for (auto& p : params_) ops::scale_(p.main_grad, c);
 }
@@ -155,7 +158,32 @@ double MegatronOptimizer::logged_lr() const {
   return groups_.empty() ? 0.0 : groups_.front().lr;
 }
 
-double MegatronOptimizer::params_norm() const { return chained_norm(/*main_params=*/true); }
+double MegatronOptimizer::params_norm() const {
+  finish_optimizer_step();
+  return chained_norm(/*main_params=*/true);
+}
+
+void MegatronOptimizer::enable_step_overlap(std::vector<size_t> chunk_of_param, size_t num_chunks,
+                                            std::vector<Tensor> zero_after, std::unique_ptr<StepStreamBackend> backend) {
+  MEGATRON_CHECK(!overlap_) << "enable_step_overlap called twice";
+  MEGATRON_CHECK(config_.optimizer == "adam") << "the overlapped optimizer step is implemented for Adam only";
+  MEGATRON_CHECK(chunk_of_param.size() == params_.size())
+      << chunk_of_param.size() << " chunk indices for " << params_.size() << " params";
+  for (size_t c : chunk_of_param) MEGATRON_CHECK(c < num_chunks) << "chunk " << c << " of " << num_chunks;
+  const Device dev = main_params_.empty() ? Device::cpu() : main_params_.front().device();
+  for (const Tensor& t : main_params_)
+    MEGATRON_CHECK(t.device() == dev) << "the overlapped optimizer step needs every main param on one device";
+  MEGATRON_CHECK(backend || dev.is_cuda()) << "the overlapped optimizer step needs the params on a CUDA device";
+  for (const Tensor& z : zero_after) MEGATRON_CHECK(z.defined() && z.device() == dev) << "zero_after " << z.str();
+  overlap_ = std::make_unique<OptimizerStepOverlap>(num_chunks, backend ? std::move(backend) : cuda_step_stream_backend());
+  chunk_of_param_ = std::move(chunk_of_param);
+  zero_after_ = std::move(zero_after);
+  // Allocated here, on the compute stream, before any step: the side stream allocates nothing
+  // (a stream-ordered block freed there could otherwise be handed to the compute stream with a
+  // dependency on the side stream inserted by the pool).
+  adam_table_ = Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>(params_.size()) * ops::kAdamTableBytesPerTensor)},
+                              DType::kUInt8, dev);
+}
 
 void MegatronOptimizer::sgd_update(size_t i, const ParamGroup& grp) {
   // torch.optim.SGD (dampening 0, no Nesterov), composed from ops that run on the CPU and on the
@@ -179,12 +207,43 @@ void MegatronOptimizer::sgd_update(size_t i, const ParamGroup& grp) {
   if (separate_main_[i]) ops::cast(mp, params_[i].param);  // main -> bf16/fp16 model param
 }
 
+namespace {
+// One tensor of an overlapped chunk, held by value (handles that share the optimizer's storage),
+// so a deferred run of the chunk's closure (StepStreamBackend::run_on_side) still finds it.
+struct OwnedAdamTensor {
+  Tensor param, grad, exp_avg, exp_avg_sq, model_param;
+  float lr = 0.0f, weight_decay = 0.0f;
+  static OwnedAdamTensor of(const ops::AdamTensor& t) {
+    return {*t.param, *t.grad, *t.exp_avg, *t.exp_avg_sq, t.model_param ? *t.model_param : Tensor(), t.lr,
+            t.weight_decay};
+  }
+  // ops::adam_step_multi over `ts` (in order).
+  static void step(std::vector<OwnedAdamTensor>& ts, const ops::AdamParams& ap) {
+    std::vector<ops::AdamTensor> v;
+    for (auto& o : ts) {
+      ops::AdamTensor t;
+      t.param = &o.param;
+      t.grad = &o.grad;
+      t.exp_avg = &o.exp_avg;
+      t.exp_avg_sq = &o.exp_avg_sq;
+      t.model_param = o.model_param.defined() ? &o.model_param : nullptr;
+      t.lr = o.lr;
+      t.weight_decay = o.weight_decay;
+      v.push_back(t);
+    }
+    ops::adam_step_multi(v, ap);
+  }
+};
+}  // namespace
+
 void MegatronOptimizer::release_main_grad_copies() {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].main_grad.dtype() != DType::kFloat32) grads_[i] = Tensor();
 }
 
 StepResult MegatronOptimizer::step() {
+  finish_optimizer_step();
+  grads_zeroed_ = false;
   copy_model_grads_to_main_grads();
   StepResult r = step_on_main_grads();
   release_main_grad_copies();
@@ -249,6 +308,8 @@ StepResult MegatronOptimizer::step_on_main_grads() {
   ap.decoupled = config_.decoupled_weight_decay;
   ap.grad_scale = fused_clip;
   std::vector<ops::AdamTensor> host, device;
+  // Overlapped (enable_step_overlap): the same tensors, one list per chunk (group order within it).
+  std::vector<std::vector<OwnedAdamTensor>> chunks(overlap_ ? overlap_->num_chunks() : 0);
   for (const auto& grp : groups_)
     for (size_t i : grp.params) {
       ops::AdamTensor t;
@@ -259,8 +320,31 @@ StepResult MegatronOptimizer::step_on_main_grads() {
       t.model_param = separate_main_[i] ? &params_[i].param : nullptr;
       t.lr = static_cast<float>(grp.lr);
       t.weight_decay = static_cast<float>(grp.weight_decay);
-      (main_params_[i].is_cpu() ? host : device).push_back(t);
+      if (overlap_) chunks[chunk_of_param_[i]].push_back(OwnedAdamTensor::of(t));
+      else (main_params_[i].is_cpu() ? host : device).push_back(t);
     }
+  if (overlap_) {
+    // Queued on the side stream, after everything the compute stream has queued (grads, norm).
+    // The closures own their tensor lists and hyper-parameters (a backend may run them later);
+    // the tensors they point at are this optimizer's members.
+    ap.table_workspace = &adam_table_;
+    overlap_->begin();
+    for (size_t k = 0; k < chunks.size(); ++k)
+      overlap_->run_chunk(k, [ts = std::move(chunks[k]), ap]() mutable {
+        if (!ts.empty()) OwnedAdamTensor::step(ts, ap);
+      });
+    // Then the grad buffers' zeroing, and the fp32 copies of bf16/fp16 grads are freed on the
+    // stream that read them (the copies are handed to the closure, so a deferred run still has them).
+    std::vector<Tensor> copies;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].main_grad.dtype() != DType::kFloat32) copies.push_back(std::move(grads_[i]));
+    overlap_->end([zero = zero_after_, copies = std::move(copies)]() mutable {
+      for (Tensor& z : zero) z.zero_();
+      copies.clear();
+    });
+    grads_zeroed_ = !zero_after_.empty();
+    return r;
+  }
   ops::adam_step_multi(device, ap);
   ops::adam_step_multi(host, ap);
   return r;

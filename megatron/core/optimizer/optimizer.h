@@ -21,6 +21,7 @@
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer_config.h"
+#include "megatron/core/optimizer/step_overlap.h"
 #include "megatron/core/optimizer_param_scheduler.h"
 #include "megatron/core/tensor/tensor.h"
 
@@ -84,8 +85,45 @@ class MegatronOptimizer {
   /// Without this call every param is dense.
   void set_expert_grad_stats(std::shared_ptr<comm::ProcessGroup> expert_group, int expert_tp_rank);
 
-  /// One optimizer step as described above.
+  /// One optimizer step as described above. With the step overlap enabled (below) the Adam
+  /// update is only queued on the side stream when step() returns; a step still in flight is
+  /// finished first.
   StepResult step();
+
+  // ---- The step overlapped with the next forward (optimizer/step_overlap.h, docs/architecture.md
+  // "Optimizer step overlap"; MEGATRON_OPTIM_OVERLAP in pretrain_gpt).
+
+  /// Enables it: the Adam update of param i (this optimizer's order) runs in chunk
+  /// chunk_of_param[i] (< num_chunks: the forward stage that first reads it,
+  /// GPTModel::forward_stage_of_params), chunks in increasing order, on the backend's side stream
+  /// (nullptr: cuda_step_stream_backend()); then every tensor of `zero_after` is zeroed on that
+  /// stream (the DDP gradient buffers: take_zeroed_grads() tells the next zero_grad that its
+  /// memset is done). The kernels and their per-element arithmetic are those of the serial step,
+  /// so every result is bit-identical. Only for Adam with every main param on one device (CUDA
+  /// unless a backend is given); InternalError otherwise or when called twice.
+  void enable_step_overlap(std::vector<size_t> chunk_of_param, size_t num_chunks, std::vector<Tensor> zero_after,
+                           std::unique_ptr<StepStreamBackend> backend = nullptr);
+  bool step_overlap_enabled() const { return overlap_ != nullptr; }
+  /// The compute stream waits for the update of the params of chunk `chunk` (and of every chunk
+  /// before it); chunk >= the number of chunks: finish_optimizer_step(). No-op without a step in
+  /// flight. The hot path: one call per forward stage (GPTModel::set_param_wait_hook).
+  void wait_for_params(size_t chunk) const {
+    if (overlap_) overlap_->wait(chunk);
+  }
+  /// The compute stream waits for the whole step in flight (no-op if none): the safe default
+  /// before anything else reads or writes parameters, optimizer state or gradients (zero_grad,
+  /// params_norm, the state accessors below call it themselves; checkpoint saves, evaluation
+  /// and the end of training call it in the training loop).
+  void finish_optimizer_step() const {
+    if (overlap_) overlap_->finish();
+  }
+  /// True once after a step whose side stream zeroed the `zero_after` tensors (then false until
+  /// the next such step): the caller's grad zeroing may skip its memset.
+  bool take_zeroed_grads() {
+    const bool z = grads_zeroed_;
+    grads_zeroed_ = false;
+    return z;
+  }
   /// Sets every group's lr and weight decay from the scheduler's current step (Megatron's
   /// OptimizerParamScheduler.step body): lr = get_lr(max_lr, min_lr) * lr_mult, wd = get_wd() * wd_mult.
   void apply_schedule(const OptimizerParamScheduler& sched);
@@ -107,14 +145,27 @@ class MegatronOptimizer {
   /// --use-checkpoint-opt_param-scheduler); apply_schedule() then uses them.
   std::vector<ParamGroup>& mutable_param_groups() { return groups_; }
   const std::vector<OptimizerParam>& params() const { return params_; }
-  /// fp32 master copy of param i (the param itself when it is float32).
-  const Tensor& main_param(size_t i) const { return main_params_[i]; }
-  const Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
-  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+  /// fp32 master copy of param i (the param itself when it is float32). The state accessors
+  /// finish a step in flight first (finish_optimizer_step).
+  const Tensor& main_param(size_t i) const {
+    finish_optimizer_step();
+    return main_params_[i];
+  }
+  const Tensor& exp_avg(size_t i) const {
+    finish_optimizer_step();
+    return exp_avg_[i];
+  }
+  const Tensor& exp_avg_sq(size_t i) const {
+    finish_optimizer_step();
+    return exp_avg_sq_[i];
+  }
   /// SGD's momentum buffer of param i (torch.optim.SGD state "momentum_buffer"): fp32, numel of
   /// the param, on its device; undefined for Adam and with --sgd-momentum 0. Allocated (zeros) at
   /// construction so a checkpoint load can fill it; it holds state once step_count() > 0.
-  const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
+  const Tensor& momentum_buffer(size_t i) const {
+    finish_optimizer_step();
+    return momentum_[i];
+  }
   int64_t step_count() const { return step_; }
   /// Restores the step counter (Adam bias correction) from a checkpoint.
   void set_step_count(int64_t step) { step_ = step; }
@@ -146,6 +197,12 @@ class MegatronOptimizer {
   std::shared_ptr<comm::ProcessGroup> expert_group_;  // null: no expert-parallel params
   int expert_tp_rank_ = 0;
   int64_t step_ = 0;
+  // The overlapped step (enable_step_overlap).
+  std::unique_ptr<OptimizerStepOverlap> overlap_;
+  std::vector<size_t> chunk_of_param_;
+  std::vector<Tensor> zero_after_;
+  Tensor adam_table_;  // ops::AdamParams::table_workspace of the side stream's launches
+  bool grads_zeroed_ = false;
 };
 
 /// Megatron's no-weight-decay rule: 1-D params and names ending in ".bias".

@@ -28,28 +28,36 @@ std::vector<std::pair<size_t, size_t>> TransformerBlock::recompute_ranges() cons
   return r;
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const {
+Tensor TransformerBlock::forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx,
+                                 const std::function<void(size_t)>& before_layer) const {
   ctx.layers.assign(layers_.size(), TransformerLayerCtx{});
   ctx.chunks.clear();
   const auto ranges = recompute_ranges();
   Tensor h = x;
   size_t next = 0;
+  auto layer_forward = [&](size_t i) {
+    if (before_layer) before_layer(i);
+    return layers_[i]->forward(h, fc, ctx.layers[i]);
+  };
   for (const auto& [b, e] : ranges) {
-    for (; next < b; ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);
+    for (; next < b; ++next) h = layer_forward(next);
     RecomputeChunk chunk{b, e, h, fc};
     // As Megatron's CheckpointFunction.forward: no autograd state (grad_enabled false) now, the
     // replay in backward runs with the saved context (grad_enabled as the caller's).
     const bool grad_enabled = fc.grad_enabled;
     fc.grad_enabled = false;
     for (; next < e; ++next) {
-      h = layers_[next]->forward(h, fc, ctx.layers[next]);
+      h = layer_forward(next);
       ctx.layers[next] = {};  // dropped; rebuilt in backward
     }
     fc.grad_enabled = grad_enabled;
     ctx.chunks.push_back(std::move(chunk));
   }
-  for (; next < layers_.size(); ++next) h = layers_[next]->forward(h, fc, ctx.layers[next]);
-  if (final_layernorm_) h = final_layernorm_->forward(h, ctx.final_layernorm);
+  for (; next < layers_.size(); ++next) h = layer_forward(next);
+  if (final_layernorm_) {
+    if (before_layer) before_layer(layers_.size());
+    h = final_layernorm_->forward(h, ctx.final_layernorm);
+  }
   return h;
 }
 

@@ -34,7 +34,12 @@ class TransformerBlock {
   TransformerBlock(ParamRegistry& reg, const TransformerConfig& config, const tensor_parallel::TPContext& tp,
                    int64_t layer_offset, int64_t num_local_layers, bool post_process,
                    std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
-  Tensor forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx) const;
+  /// `before_layer` (optional) is called with the local layer index before that layer's forward
+  /// first reads its parameters, and with num_layers() before final_layernorm (Megatron's
+  /// forward pre-hooks; the overlapped optimizer step waits there for the layer's update). Not
+  /// called again by the recomputation replay in backward.
+  Tensor forward(const Tensor& x, ForwardContext& fc, TransformerBlockCtx& ctx,
+                 const std::function<void(size_t)>& before_layer = nullptr) const;
   /// `layer_done` (optional) is called with the local layer index as soon as that layer's
   /// parameter gradients are complete (for --overlap-grad-reduce), last layer first.
   Tensor backward(const Tensor& dy, TransformerBlockCtx& ctx,

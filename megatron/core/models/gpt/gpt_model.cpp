@@ -133,6 +133,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
       copy.shared = true;
       copy.init_key = "embedding.word_embeddings.weight";
     }
+    // --fp8-output-proj: the output layer's GEMMs through the FP8 linear with roles of its own,
+    // registered after the decoder's (docs/fp8.md "FP8 output layer"). Tied, the FP8 casts are
+    // copies of the word embedding for the GEMMs; the embedding lookup reads the table itself.
+    if (fp8_state_ && config_.fp8->output_proj) output_layer_->enable_fp8(fp8_state_, "output_layer");
   }
 
   // --fp8-param-gather: the weights of the FP8 GEMMs become FP8 primary weights (fp8/fp8_param.h),
@@ -141,7 +145,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
   if (fp8_state_ && config_.fp8->param_gather && parallel_.allocate_main_grads) {
     for (auto& p : registry_.params()) {
       int base = -1;
-      if (p.name.ends_with(".weight")) base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
+      // The output layer's weight stays in the model dtype (cast per step by the weight cache).
+      if (p.name.ends_with(".weight") && !p.name.starts_with("output_layer"))
+        base = fp8_state_->find_linear(p.name.substr(0, p.name.size() - 7));
       fp8_weights.push_back(base >= 0);
       if (base >= 0) {
         p.fp8_state = fp8_state_;
@@ -192,6 +198,17 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t padded_vocab_size, i
 }
 
 GPTModel::~GPTModel() = default;
+
+std::vector<size_t> GPTModel::forward_stage_of_params() const {
+  const size_t L = layer_params_.size();
+  std::vector<size_t> stage(registry_.params().size(), 0);  // embedding_params_: stage 0
+  for (size_t l = 0; l < L; ++l)
+    for (size_t i : layer_params_[l]) stage[i] = 1 + l;
+  for (size_t i : final_norm_params_) stage[i] = L + 1;
+  for (size_t i : output_params_) stage[i] = L + 2;
+  for (size_t i : mtp_params_) stage[i] = L + 2;
+  return stage;
+}
 
 std::vector<Parameter>& GPTModel::parameters() { return registry_.params(); }
 Tensor& GPTModel::param_buffer() { return buffers_->param_data(); }
@@ -276,6 +293,7 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     }
     // RoPE uses positions 0..s-1 (Megatron's rotary embedding ignores position_ids in training;
     // with CP the global positions of this rank's chunks, fc.rotary_position_ids).
+    wait_for_stage(0);
     h = embedding_->forward(ids, position_ids, fc, st.embedding);
   } else {
     MEGATRON_CHECK(input_tensor_.dim() == 3 && input_tensor_.size(0) * sp_factor == s && input_tensor_.size(1) == b &&
@@ -284,13 +302,14 @@ Tensor GPTModel::forward(const datasets::GPTBatch& batch, bool training) {
     h = input_tensor_;
     input_tensor_ = Tensor();
   }
-  h = decoder_->forward(h, fc, st.decoder);
+  h = decoder_->forward(h, fc, st.decoder, [this](size_t i) { wait_for_stage(1 + i); });
   st.has_forward = true;
   if (!parallel_.post_process) {
     rng_offset_ = fc.rng_offset;
     return h;
   }
 
+  wait_for_stage(layer_params_.size() + 2);  // the output layer (and the MTP modules after it)
   Tensor loss_sb = head_forward(h, to_seq_first(batch.labels, device_), training, /*allow_fused=*/true, st.head);
   // MTP (Megatron's self.mtp + process_mtp_loss) in training forwards only: evaluation would
   // compute the same main loss and discard the MTP losses (Megatron logs them only in training).
@@ -315,9 +334,12 @@ Tensor GPTModel::head_forward(const Tensor& h, const Tensor& labels, bool traini
   // gradient softmax - onehot; backward applies dloss to the output layer's small operands
   // instead of to the [n, V] tensor (one read of the logits fewer). Not for fp16 logits (their
   // gradient keeps the loss-scaled dloss factor inside the fp16 range, as in the unfused path),
-  // nor for eval forwards (the logits stay readable through last_logits()).
+  // nor for eval forwards (the logits stay readable through last_logits()), nor for an FP8 output
+  // layer (its grad-output quantization needs dlogits itself: a per-token dloss cannot be moved to
+  // the other FP8 operand, whose scale is the forward input's).
   const auto& olc = hd.output_layer;
-  hd.ce_fused = allow_fused && training && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
+  const bool fp8_head = fp8_state_ && config_.fp8->output_proj;
+  hd.ce_fused = allow_fused && training && !fp8_head && parallel_.tp_group->size() == 1 && ce_fused_enabled() &&
                 hd.logits.dtype() != DType::kFloat16 && olc.input.defined() && !olc.regather &&
                 !olc.fp8_input_t.defined() && olc.input.dim() > 0 &&
                 olc.input.numel() == n * olc.input.size(-1);
@@ -418,6 +440,7 @@ Tensor GPTModel::forward_logits_device(const Tensor& ids_sb, const Tensor& posit
 void GPTModel::backward(const Tensor& dloss) {
   State& st = *state_;
   if (!st.has_forward) user_error("GPTModel.backward called without a preceding forward");
+  wait_for_stage(num_forward_stages());
   Tensor dh;
   if (parallel_.post_process) {
     const int64_t s = st.head.labels.size(0), b = st.head.labels.size(1);

@@ -197,6 +197,22 @@ class GPTModel {
   using GradReadyHook = std::function<void(const std::vector<size_t>& param_indices)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
 
+  /// The forward stages of this chunk, in the order a forward first reads their parameters:
+  /// 0 the embedding, 1 + i local decoder layer i, L + 1 the final norm, L + 2 the output layer
+  /// and the MTP modules (which run after it), L = this chunk's decoder layers; so
+  /// num_forward_stages() = L + 3 (a stage may hold no parameter on a pipeline stage).
+  size_t num_forward_stages() const { return layer_params_.size() + 3; }
+  /// The forward stage (as above) of every parameter, in registration order (as parameters()).
+  std::vector<size_t> forward_stage_of_params() const;
+  /// Called with stage s before a forward() first reads the parameters of forward stage s
+  /// (stages in increasing order, each once per forward; a stage this chunk does not run is
+  /// skipped), and with num_forward_stages() when backward() starts, before it reads or
+  /// accumulates into any parameter or gradient. Megatron's forward pre-hooks (the overlapped
+  /// optimizer step, optimizer/step_overlap.h, makes the compute stream wait there for the
+  /// update of those parameters). Empty function = none (default).
+  using ParamWaitHook = std::function<void(size_t stage)>;
+  void set_param_wait_hook(ParamWaitHook hook) { param_wait_hook_ = std::move(hook); }
+
   const TransformerConfig& config() const { return config_; }
   /// FP8 state of this model's FP8 linear layers (nullptr without --fp8-format): call its
   /// reduce_and_update() once per training step, save/restore it with checkpoints.
@@ -254,6 +270,10 @@ class GPTModel {
   std::map<int64_t, std::unique_ptr<State>> stashed_;
   uint64_t rng_offset_ = 0;       // dropout stream position
   GradReadyHook grad_ready_hook_;
+  ParamWaitHook param_wait_hook_;
+  void wait_for_stage(size_t stage) const {
+    if (param_wait_hook_) param_wait_hook_(stage);
+  }
   // Registration indices per local decoder layer, of output layer (+ final norm), of embedding.
   std::vector<std::vector<size_t>> layer_params_;
   std::vector<size_t> output_params_, final_norm_params_, embedding_params_, mtp_params_;

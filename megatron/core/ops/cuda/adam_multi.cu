@@ -32,6 +32,7 @@ struct Desc {
   int vec;
   int pad;
 };
+static_assert(sizeof(Desc) <= kAdamTableBytesPerTensor, "AdamParams::table_workspace sizing (ops.h)");
 
 template <class M>
 __global__ void __launch_bounds__(kThreads) adam_multi_kernel(const Desc* __restrict__ ds, int nt, float b1, float b2,
@@ -128,11 +129,23 @@ void adam_step_multi(const std::vector<AdamTensor>& ts, const AdamParams& p) {
     }
     if (ds.empty()) continue;
     MEGATRON_CHECK(blocks < (int64_t{1} << 31)) << "adam_step_multi: " << blocks << " blocks";
-    // The table: a host tensor copied with the staged (asynchronous) H2D path; the device copy is
-    // freed stream-ordered after the kernel.
-    Tensor host = Tensor::empty({static_cast<int64_t>(ds.size() * sizeof(Desc))}, DType::kUInt8);
+    // The table: a host tensor copied with the staged (asynchronous) H2D path, into the caller's
+    // workspace (reused by every launch: the copy for the next launch is queued behind this
+    // kernel on the same stream) or into a device copy freed stream-ordered after the kernel.
+    const int64_t bytes = static_cast<int64_t>(ds.size() * sizeof(Desc));
+    Tensor host = Tensor::empty({bytes}, DType::kUInt8);
     std::memcpy(host.data_ptr(), ds.data(), ds.size() * sizeof(Desc));
-    Tensor table = host.to(dev);
+    Tensor table;
+    if (p.table_workspace) {
+      const Tensor& w = *p.table_workspace;
+      MEGATRON_CHECK(w.is_cuda() && w.device() == dev && w.dtype() == DType::kUInt8 &&
+                     w.numel() >= static_cast<int64_t>(ts.size()) * kAdamTableBytesPerTensor)
+          << "adam_step_multi: table workspace " << w.str() << " for " << ts.size() << " tensors on " << dev.str();
+      table = w.flat_slice(0, {bytes});
+      table.copy_(host);
+    } else {
+      table = host.to(dev);
+    }
     const Desc* dt = static_cast<const Desc*>(table.data_ptr());
     const int nt = static_cast<int>(ds.size());
     switch (kind) {

@@ -1,5 +1,6 @@
 // CUDA graphs of a step (ops/device.h; the CPU build's stubs are in ops/device.cpp): the compute
-// stream to capture on, stream capture, launch.
+// stream to capture on, stream capture, launch; and the streams and events of the overlapped
+// optimizer step (optimizer/step_overlap.h).
 // Used by text generation's decode step (megatron/core/inference/text_generation.cpp,
 // docs/inference.md "CUDA graph of the decode step").
 #include <cuda_runtime.h>
@@ -27,6 +28,35 @@ void* compute_stream_exchange(void* stream) {
   cudaStream_t prev = megatron::cuda::current_stream();
   megatron::cuda::set_current_stream(static_cast<cudaStream_t>(stream));
   return prev;
+}
+
+void* stream_create(bool blocking, bool high_priority) {
+  int least = 0, greatest = 0;  // numerically: least >= greatest (lower = higher priority)
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithPriority(&s, blocking ? cudaStreamDefault : cudaStreamNonBlocking,
+                                          high_priority ? greatest : least));
+  return s;
+}
+
+void* compute_stream() { return megatron::cuda::current_stream(); }
+
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void event_destroy(void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void event_record(void* event, void* stream) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void stream_wait_event(void* stream, void* event) {
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
 }
 
 void* graph_capture(const std::function<void()>& fn, std::string* error) {
