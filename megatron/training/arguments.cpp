@@ -960,7 +960,12 @@ void validate_moe_args(Arguments& a) {
     fail("--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall (or flex)");
   if (a.moe_router_enable_expert_bias && a.moe_router_score_function == "softmax")
     fail("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
-  if (a.fp8) fail("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
+  if (a.fp8 && a.fp8_param_gather)
+    fail("--fp8-param-gather with --num-experts is not implemented in megatron.cpp yet (FP8 expert weights are cast "
+         "from the model dtype every step); drop --fp8-param-gather");
+  if (a.fp8 && a.fp8_recipe == "tensorwise" && etp > 1)
+    fail("--fp8-recipe tensorwise with --num-experts needs --expert-tensor-parallel-size 1 (Transformer Engine's "
+         "GroupedLinear has no current scaling under expert tensor parallelism)");
   if (a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
     fail("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's MoELayer rule)");
   if (a.context_parallel_size > 1 && ep > 1)

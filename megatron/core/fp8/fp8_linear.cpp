@@ -434,6 +434,17 @@ void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, 
   backward_cpu(st, base, dy, x, w, dx, dw, dbias, accumulate);
 }
 
+void cast_weight(Fp8State& st, int base, const Tensor& w) {
+  MEGATRON_CHECK(w.dim() == 2 && base >= 0 && base + kNumRoles <= st.num_roles())
+      << "fp8::cast_weight: w " << w.str() << " base " << base;
+  if (is_blockwise(st)) return;
+  if (w.is_cpu()) {
+    weight_cpu(st, base, w, st.recording());
+  } else {
+    weight_fp8(st, base, w, st.recording(), /*need_q=*/true, /*need_q_t=*/false);
+  }
+}
+
 Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma,
                      Tensor& rstd) {
   if (!fused_input_ok(st, x) || x.dim() < 1) return {};

@@ -49,6 +49,13 @@ void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, 
                      Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t = nullptr,
                      const Fp8Input* dyq = nullptr);
 
+/// The weight cast of a training forward without its GEMM, for a grouped layer's GEMM that has no
+/// rows this call (an expert without tokens): Transformer Engine's GroupedLinear casts the weight of
+/// every GEMM (get_weight_workspace for each one, whatever m_splits says), so that weight's amax is
+/// recorded (while st.recording()) and its cast cached exactly as a forward with rows would. The
+/// blockwise recipe records nothing and caches per GEMM call, so there this does nothing.
+void cast_weight(Fp8State& st, int base, const Tensor& w);
+
 /// Whether the fused quantization is on: MEGATRON_FP8_FUSE unset or 1 (default); 0 turns it off
 /// (every input quantized by a separate pass, as before; for A/B comparisons -- the FP8 bytes,
 /// amaxes and losses are the same either way). Read once.
