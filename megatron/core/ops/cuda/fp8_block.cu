@@ -1,20 +1,30 @@
 // Blockwise FP8 quantization (op fp8_block_quantize of op_table.h; --fp8-recipe blockwise,
 // docs/fp8.md "Blockwise recipe"): Transformer Engine's Float8BlockScaling quantizers.
 //
-// One block of 256 threads per 128 x 128 tile of x: the tile is staged in shared memory as
-// float32 ([128][129], padded against bank conflicts), then
-//   * 1 x 128: each warp takes rows of the tile (q: amax over the row's 128 columns) and, for q_t,
-//     columns of the tile (amax over the column's 128 rows: TE's columnwise quantization, written
-//     transposed); lane l handles elements l, l + 32, l + 64, l + 96, so the shared-memory reads of
-//     both passes are conflict-free and each warp store writes 32 contiguous bytes;
-//   * 128 x 128: one amax for the whole tile (block reduction), q and q_t written from the tile.
+// block_quantize_tile_kernel (the default): one block of 256 threads per 128 x 128 tile of x, read
+// once from global memory with 16-byte loads (whole tiles, 16-byte aligned: every tile when R and C
+// are multiples of 128) into shared memory in x's own type ([128][128 + 16 B pad]); from that one
+// copy
+//   * q, 1 x 128 (or the 128 x 128 block's one scale): 16 threads per row, 8 elements each (one
+//     16-byte shared load for bf16), the row amax by a 16-lane shuffle, 8 FP8 bytes stored per
+//     thread (a row = 128 contiguous bytes);
+//   * q_t, 128 x 1 column tiles written transposed (TE's columnwise quantization): a thread per
+//     column and half tile (64 rows, conflict-free shared reads), the two halves' amaxes combined
+//     through shared memory, 4 x 16 FP8 bytes stored per thread;
+//   * 128 x 128: one block amax, then the same two stores.
+// Partial tiles (R or C not a multiple of 128) take scalar loads / byte stores in the same kernel.
+// block_quantize_kernel: the first, untuned version (float tile, scalar loads, byte stores), kept
+// for one A/B measurement (MEGATRON_FP8_BLOCK_QUANT=legacy; docs/performance.md "Session 9:
+// blockwise") and to be removed after it.
 // The scale math is TE's compute_scale_from_amax (epsilon 0; the power-of-2 rounding clears the
 // mantissa bits), bit for bit the CPU reference's (ops/cpu/fp8.cpp): IEEE division and
-// multiplication (__fdiv_rn / __fmul_rn) and the saturating RNE cast of fp8_cast.cu.
-// Not tuned (scalar loads, byte stores): a first version, bandwidth is printed by fp8_gpu_test.
+// multiplication (__fdiv_rn / __fmul_rn) and the saturating RNE cast of fp8_cast.cu; both kernels
+// take the same amaxes (max is exact in any order) and so write the same bits.
 #include <cuda_fp8.h>
 
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -119,16 +129,183 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <class T, int kFmt, bool k2D>
-void launch(dim3 grid, cudaStream_t stream, const T* x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s,
-            int64_t s_ld, uint8_t* qt, float* st, int64_t st_ld) {
-  static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(block_quantize_kernel<T, kFmt, k2D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)kSmem));
-    return true;
+// MEGATRON_FP8_BLOCK_QUANT=legacy: the first kernel (read once per process).
+bool legacy_kernel() {
+  static const bool v = [] {
+    const char* e = std::getenv("MEGATRON_FP8_BLOCK_QUANT");
+    return e && std::strcmp(e, "legacy") == 0;
   }();
-  (void)attr;
-  block_quantize_kernel<T, kFmt, k2D><<<grid, kThreads, kSmem, stream>>>(x, R, C, pow2, q, s, s_ld, qt, st, st_ld);
+  return v;
+}
+
+// ---- the tiled kernel (see the top of the file)
+template <class T>
+__host__ __device__ constexpr int tile_ld() {
+  return kB + 16 / (int)sizeof(T);  // row pitch in elements: 16 bytes of padding, rows stay 16-byte aligned
+}
+template <class T>
+constexpr size_t tile_smem() {
+  return sizeof(T) * kB * tile_ld<T>();
+}
+
+// Max over the 16 lanes of a half warp (lanes l and l ^ 1, 2, 4, 8); called by all 32 lanes.
+__device__ __forceinline__ float group16_max(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// p[0..8) of the shared tile as float; bf16 (the only 2-byte T of the dispatch) as one 16-byte load.
+template <class T>
+__device__ __forceinline__ void tile_load8(const T* p, float* v) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "bf16 or fp32 input");
+  if constexpr (sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = __uint_as_float(w[j] << 16);  // bf16 -> fp32 is exact: the bits shifted up
+      v[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_f(p[j]);
+  }
+}
+
+// `vec`: every tile full and x, q, q_t 16-byte aligned (R, C multiples of 128): 16-byte loads,
+// 8- / 16-byte stores. Otherwise scalar loads (zeros beyond the edge) and byte stores.
+template <class T, int kFmt, bool k2D>
+__global__ void __launch_bounds__(kThreads)
+    block_quantize_tile_kernel(const T* __restrict__ x, int64_t R, int64_t C, bool pow2, bool vec,
+                               uint8_t* __restrict__ q, float* __restrict__ s, int64_t s_ld, uint8_t* __restrict__ qt,
+                               float* __restrict__ st, int64_t st_ld) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kLdT = tile_ld<T>(), kV = 16 / (int)sizeof(T), kPerRow = kB / kV;
+  T* tile = reinterpret_cast<T*>(smem_raw);
+  __shared__ float colred[2][kB];
+  __shared__ float red[kThreads / 32];
+  const int64_t r0 = (int64_t)blockIdx.y * kB, c0 = (int64_t)blockIdx.x * kB;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nr = R - r0 < kB ? (int)(R - r0) : kB, nc = C - c0 < kB ? (int)(C - c0) : kB;
+  if (vec) {
+    constexpr int kIt = kB * kPerRow / kThreads;
+    uint4 buf[kIt];
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int e = tid + i * kThreads, rr = e / kPerRow, cc = (e % kPerRow) * kV;
+      buf[i] = *reinterpret_cast<const uint4*>(x + (r0 + rr) * C + c0 + cc);
+    }
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const int e = tid + i * kThreads, rr = e / kPerRow, cc = (e % kPerRow) * kV;
+      *reinterpret_cast<uint4*>(tile + rr * kLdT + cc) = buf[i];
+    }
+  } else {
+    for (int i = tid; i < kB * kB; i += kThreads) {
+      const int rr = i >> 7, cc = i & 127;
+      tile[rr * kLdT + cc] = (rr < nr && cc < nc) ? x[(r0 + rr) * C + c0 + cc] : T{};
+    }
+  }
+  __syncthreads();
+  const float fmax = kFmt == 0 ? 448.0f : 57344.0f;
+  float sc_blk = 1.0f;  // 128 x 128: the tile's scale
+  if (k2D) {
+    float a = 0.0f;
+    for (int i = tid; i < kB * kB; i += kThreads) a = fmaxf(a, fabsf(to_f(tile[(i >> 7) * kLdT + (i & 127)])));
+    a = warp_max(a);
+    if (lane == 0) red[warp] = a;
+    __syncthreads();
+    a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) a = fmaxf(a, red[w]);
+    sc_blk = block_scale(a, fmax, pow2);
+    if (tid == 0) {
+      if (q) s[(r0 / kB) * s_ld + c0 / kB] = 1.0f / sc_blk;
+      if (qt) st[(c0 / kB) * st_ld + r0 / kB] = 1.0f / sc_blk;
+    }
+  }
+  if (q) {
+    const int g = tid & 15;  // 16 threads per row, elements 8g .. 8g + 7
+    for (int rr = tid >> 4; rr < kB; rr += kThreads / 16) {
+      float v[8];
+      tile_load8(tile + rr * kLdT + 8 * g, v);
+      float sc = sc_blk;
+      if (!k2D) {
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaxf(a, fabsf(v[j]));  // 0 beyond nc
+        sc = block_scale(group16_max(a), fmax, pow2);
+        if (g == 0 && rr < nr) s[(c0 / kB) * s_ld + r0 + rr] = 1.0f / sc;
+      }
+      if (rr < nr) {
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j >> 2] |= (uint32_t)cvt<kFmt>(__fmul_rn(v[j], sc)) << (8 * (j & 3));
+        uint8_t* dst = q + (r0 + rr) * C + c0 + 8 * g;
+        if (vec) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        } else {
+          for (int j = 0; j < 8; ++j)
+            if (8 * g + j < nc) dst[j] = (uint8_t)(w[j >> 2] >> (8 * (j & 3)));
+        }
+      }
+    }
+  }
+  if (qt) {
+    const int cc = (warp & 3) * 32 + lane, h = warp >> 2;  // column cc, rows 64h .. 64h + 63
+    const T* col = tile + h * 64 * kLdT + cc;
+    float sc = sc_blk;
+    if (!k2D) {
+      float a = 0.0f;
+#pragma unroll 16
+      for (int i = 0; i < 64; ++i) a = fmaxf(a, fabsf(to_f(col[i * kLdT])));  // 0 beyond nr
+      colred[h][cc] = a;
+      __syncthreads();
+      sc = block_scale(fmaxf(colred[0][cc], colred[1][cc]), fmax, pow2);
+      if (h == 0 && cc < nc) st[(r0 / kB) * st_ld + c0 + cc] = 1.0f / sc;
+    }
+    if (cc < nc) {
+      uint8_t* dst = qt + (c0 + cc) * R + r0 + 64 * h;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          w[j >> 2] |= (uint32_t)cvt<kFmt>(__fmul_rn(to_f(col[(16 * b + j) * kLdT]), sc)) << (8 * (j & 3));
+        if (vec) {
+          *reinterpret_cast<uint4*>(dst + 16 * b) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+          for (int j = 0; j < 16; ++j)
+            if (64 * h + 16 * b + j < nr) dst[16 * b + j] = (uint8_t)(w[j >> 2] >> (8 * (j & 3)));
+        }
+      }
+    }
+  }
+}
+
+template <class T, int kFmt, bool k2D>
+void launch(dim3 grid, cudaStream_t stream, const T* x, int64_t R, int64_t C, bool pow2, bool vec, uint8_t* q,
+            float* s, int64_t s_ld, uint8_t* qt, float* st, int64_t st_ld) {
+  if (legacy_kernel()) {
+    static const bool attr = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(block_quantize_kernel<T, kFmt, k2D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+      return true;
+    }();
+    (void)attr;
+    block_quantize_kernel<T, kFmt, k2D><<<grid, kThreads, kSmem, stream>>>(x, R, C, pow2, q, s, s_ld, qt, st, st_ld);
+  } else {
+    constexpr size_t smem = tile_smem<T>();
+    static const bool attr = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(block_quantize_tile_kernel<T, kFmt, k2D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      return true;
+    }();
+    (void)attr;
+    block_quantize_tile_kernel<T, kFmt, k2D>
+        <<<grid, kThreads, smem, stream>>>(x, R, C, pow2, vec, q, s, s_ld, qt, st, st_ld);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -155,9 +332,10 @@ void fp8_block_quantize(const Tensor& x, bool block_2d, bool pow2_scales, Tensor
       << "fp8_block_quantize: x " << x.str() << (q ? " q " + q->str() + " s " + s->str() : "")
       << (q_t ? " q_t " + q_t->str() + " s_t " + s_t->str() : "");
   cudaStream_t stream = megatron::cuda::current_stream();
-  // Padding entries of the scale tensors stay 0 (as the CPU reference writes them).
-  if (q) CUDA_CHECK(cudaMemsetAsync(s->data_ptr(), 0, s->numel() * 4, stream));
-  if (q_t) CUDA_CHECK(cudaMemsetAsync(s_t->data_ptr(), 0, s_t->numel() * 4, stream));
+  // Padding entries of the scale tensors are 0 (as the CPU reference writes them); without padding
+  // (the row count of s / s_t a multiple of 4) the kernel writes every entry.
+  if (q && (block_2d ? cb : R) % 4 != 0) CUDA_CHECK(cudaMemsetAsync(s->data_ptr(), 0, s->numel() * 4, stream));
+  if (q_t && (block_2d ? rb : C) % 4 != 0) CUDA_CHECK(cudaMemsetAsync(s_t->data_ptr(), 0, s_t->numel() * 4, stream));
   uint8_t* qp = q ? static_cast<uint8_t*>(q->data_ptr()) : nullptr;
   uint8_t* qtp = q_t ? static_cast<uint8_t*>(q_t->data_ptr()) : nullptr;
   float* sp = q ? static_cast<float*>(s->data_ptr()) : nullptr;
@@ -165,14 +343,16 @@ void fp8_block_quantize(const Tensor& x, bool block_2d, bool pow2_scales, Tensor
   const int64_t s_ld = q ? s->size(1) : 0, st_ld = q_t ? s_t->size(1) : 0;
   const dim3 grid((unsigned)cb, (unsigned)rb);
   const bool e4 = qd == DType::kFloat8E4M3;
+  const bool vec = R % kB == 0 && C % kB == 0 && aligned16(x.data_ptr()) && (!qp || aligned16(qp)) &&
+                   (!qtp || aligned16(qtp));
   MCU_F32_BF16_SWITCH(x.dtype(), T, {
     const T* xp = static_cast<const T*>(x.data_ptr());
     if (block_2d) {
-      if (e4) launch<T, 0, true>(grid, stream, xp, R, C, pow2_scales, qp, sp, s_ld, qtp, stp, st_ld);
-      else launch<T, 1, true>(grid, stream, xp, R, C, pow2_scales, qp, sp, s_ld, qtp, stp, st_ld);
+      if (e4) launch<T, 0, true>(grid, stream, xp, R, C, pow2_scales, vec, qp, sp, s_ld, qtp, stp, st_ld);
+      else launch<T, 1, true>(grid, stream, xp, R, C, pow2_scales, vec, qp, sp, s_ld, qtp, stp, st_ld);
     } else {
-      if (e4) launch<T, 0, false>(grid, stream, xp, R, C, pow2_scales, qp, sp, s_ld, qtp, stp, st_ld);
-      else launch<T, 1, false>(grid, stream, xp, R, C, pow2_scales, qp, sp, s_ld, qtp, stp, st_ld);
+      if (e4) launch<T, 0, false>(grid, stream, xp, R, C, pow2_scales, vec, qp, sp, s_ld, qtp, stp, st_ld);
+      else launch<T, 1, false>(grid, stream, xp, R, C, pow2_scales, vec, qp, sp, s_ld, qtp, stp, st_ld);
     }
   });
 }
