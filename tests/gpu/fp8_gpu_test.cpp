@@ -909,7 +909,10 @@ void test_blockwise() {
                   {130, 200, true, true, DType::kBFloat16, DType::kFloat8E4M3, false},
                   {257, 131, false, false, DType::kFloat32, DType::kFloat8E5M2, false},
                   {257, 131, true, false, DType::kFloat32, DType::kFloat8E4M3, false},
+                  {256, 512, false, false, DType::kFloat32, DType::kFloat8E4M3, false},  // whole tiles, fp32 in
+                  {256, 512, true, true, DType::kFloat32, DType::kFloat8E5M2, false},
                   {8192, 4096, false, true, DType::kBFloat16, DType::kFloat8E5M2, true},
+                  {8192, 6144, false, true, DType::kBFloat16, DType::kFloat8E4M3, true},
                   {4096, 14336, true, true, DType::kBFloat16, DType::kFloat8E4M3, true}};
   for (const Q& c : qs) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -936,6 +939,12 @@ void test_blockwise() {
     bad += row_mismatches(g2.q, bytes(h.q));
     char d[200];
     std::snprintf(d, sizeof d, "%lld byte / %lld scale_inv mismatches", (long long)bad, (long long)bad_s);
+    // Columnwise only (the backward's copy of x).
+    BlockOut g3 = block_out(c.r, c.c, c.two_d, c.q, Device::cuda());
+    cu::fp8_block_quantize(x, c.two_d, c.pow2, nullptr, nullptr, &g3.qt, &g3.st);
+    bad += row_mismatches(g3.qt, bytes(h.qt));
+    const std::vector<float> g3st = host(g3.st);
+    for (size_t i = 0; i < hst.size(); ++i) bad_s += hst[i] != g3st[i];
     if (c.timed) {
       const double ms = time_ms([&] { cu::fp8_block_quantize(x, c.two_d, c.pow2, &g.q, &g.s, &g.qt, &g.st); }, 10, 2);
       const double by = (double)c.r * c.c * (dtype_size(c.in) + 2);
@@ -1037,6 +1046,17 @@ void test_blockwise() {
                   dtype_name(c.a), c.a2 ? "(2d)" : "", dtype_name(c.b), c.b2 ? "(2d)" : "", dtype_name(c.c),
                   (long long)c.m, (long long)c.n, (long long)c.k);
     report(name, worst <= tol && worst_bug > 10 * tol, d);
+    // The heuristic's other algorithms (MEGATRON_FP8_BLOCK_WGRAD_ALGO, the timing sweep below):
+    // same operands and bound.
+    for (int algo = 1; algo < 8; ++algo) {
+      Tensor ca = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
+      if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, c.a2, B.q, B.s, c.b2, ca, c.beta, algo)) break;
+      const std::vector<float> ga = host(ca);
+      const std::vector<double> gad(ga.begin(), ga.end());
+      const double w = max_err(da, db, &gad);
+      std::snprintf(d, sizeof d, "max |err| / sum|ab| = %.3g (tol %.3g)", w, tol);
+      report(std::string(name) + " algo " + std::to_string(algo), w <= tol, d);
+    }
   }
 
   // 3. fp8::linear, blockwise recipe: CUDA vs the CPU emulation (same quantized operands; the
@@ -1048,23 +1068,61 @@ void test_blockwise() {
     linear_vs_cpu(cfg, 256, 256, 384, std::string("fp8::linear blockwise ") + (fmt == fp8::Fp8Format::kHybrid ? "hybrid" : "e4m3"));
   }
 
-  // 4. Timing: block-scaled vs per-tensor FP8 GEMM on LLaMA-3-8B shapes (8192 tokens).
-  struct S { const char* name; int64_t m, n, k; bool b2; };
-  const S ss[] = {{"qkv fwd", 8192, 6144, 4096, true}, {"fc1 fwd", 8192, 28672, 4096, true},
-                  {"fc2 fwd", 8192, 4096, 14336, true}, {"fc1 wgrad", 28672, 4096, 8192, false}};
+  // 4. Timing on LLaMA-3-8B shapes (8192 tokens). Quantize kernels (GB/s = bytes read + written):
+  // rows only (forward x), columns only (backward x), both (dy), 128 x 128 with transpose (W).
+  {
+    struct T { const char* what; int64_t r, c; bool two_d, row, col; };
+    const T ts[] = {{"x rows", 8192, 4096, false, true, false},     {"x cols", 8192, 4096, false, false, true},
+                    {"dy rows+cols", 8192, 4096, false, true, true}, {"x rows", 8192, 14336, false, true, false},
+                    {"x cols", 8192, 14336, false, false, true},    {"dy rows+cols", 8192, 28672, false, true, true},
+                    {"W 128x128+T", 4096, 14336, true, true, true},  {"W 128x128+T", 28672, 4096, true, true, true}};
+    for (const T& c : ts) {
+      Tensor x = Tensor::empty({c.r, c.c}, DType::kBFloat16, Device::cuda());
+      ops::fill(x, 0.37f);
+      BlockOut g = block_out(c.r, c.c, c.two_d, DType::kFloat8E4M3, Device::cuda());
+      const double ms = time_ms([&] {
+        cu::fp8_block_quantize(x, c.two_d, true, c.row ? &g.q : nullptr, c.row ? &g.s : nullptr, c.col ? &g.qt : nullptr,
+                               c.col ? &g.st : nullptr);
+      }, 20, 3);
+      const double by = (double)c.r * c.c * (2 + (c.row ? 1 : 0) + (c.col ? 1 : 0));
+      std::printf("time fp8_block_quantize %-13s %6lldx%-6lld %7.3f ms %6.0f GB/s\n", c.what, (long long)c.r,
+                  (long long)c.c, ms, by / ms / 1e6);
+    }
+  }
+  // Block-scaled GEMMs, each of the heuristic's algorithms (algo 0 = what training runs, except
+  // MEGATRON_FP8_BLOCK_WGRAD_ALGO for the wgrad), next to the per-tensor FP8 GEMM with and without
+  // fast accumulation (block-scaled GEMMs never use it). The wgrad as training runs it: fp32 out,
+  // beta 1 (accumulating into the fp32 gradient).
+  struct S { const char* name; int64_t m, n, k; bool b2; bool wgrad; };
+  const S ss[] = {{"qkv fwd", 8192, 6144, 4096, true, false},     {"fc1 fwd", 8192, 28672, 4096, true, false},
+                  {"fc2 fwd", 8192, 4096, 14336, true, false},    {"fc1 dgrad", 8192, 4096, 28672, true, false},
+                  {"qkv wgrad", 6144, 4096, 8192, false, true},   {"proj wgrad", 4096, 4096, 8192, false, true},
+                  {"fc1 wgrad", 28672, 4096, 8192, false, true},  {"fc2 wgrad", 4096, 14336, 8192, false, true}};
   for (const S& c : ss) {
     BlockOut A = block_out(c.m, c.k, false, DType::kFloat8E4M3, Device::cuda());
     BlockOut B = block_out(c.n, c.k, c.b2, DType::kFloat8E4M3, Device::cuda());
     A.q.zero_(); B.q.zero_();
     ops::fill(A.s, 1.0f);  // device tensors: Tensor::fill_ is host-only
     ops::fill(B.s, 1.0f);
-    Tensor cd = Tensor::empty({c.m, c.n}, DType::kBFloat16, Device::cuda());
+    const DType ct = c.wgrad ? DType::kFloat32 : DType::kBFloat16;
+    const float beta = c.wgrad ? 1.0f : 0.0f;
+    Tensor cd = Tensor::zeros({c.m, c.n}, ct, Device::cuda());
     Tensor one = dev_scalar(1.0f);
-    const double tb = time_ms([&] { cu::fp8_block_gemm_tn(A.q, A.s, false, B.q, B.s, c.b2, cd, 0.0f); }, 20, 3);
-    const double tt = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, 0.0f, true); }, 20, 3);
     const double fl = 2.0 * c.m * c.n * c.k;
-    std::printf("time block-scaled %-10s m%-6lld n%-6lld k%-6lld %7.3f ms %6.0f TFLOP/s | per-tensor fp8 %7.3f ms %6.0f TFLOP/s\n",
-                c.name, (long long)c.m, (long long)c.n, (long long)c.k, tb, fl / tb / 1e9, tt, fl / tt / 1e9);
+    const double tt = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, beta, true); }, 20, 3);
+    const double ts = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, beta, false); }, 20, 3);
+    double best = 1e30;
+    int best_i = -1;
+    for (int algo = 0; algo < 8; ++algo) {
+      if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo)) break;
+      const double tb = time_ms([&] { cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo); }, 10, 2);
+      if (tb < best) best = tb, best_i = algo;
+      std::printf("time block-scaled %-10s m%-6lld n%-6lld k%-6lld %s algo %d %7.3f ms %6.0f TFLOP/s | per-tensor fp8 "
+                  "fast-accum %6.0f, split-accum %6.0f TFLOP/s\n",
+                  c.name, (long long)c.m, (long long)c.n, (long long)c.k, dtype_name(ct), algo, tb, fl / tb / 1e9,
+                  fl / tt / 1e9, fl / ts / 1e9);
+    }
+    std::printf("best block-scaled %-10s algo %d %6.0f TFLOP/s\n", c.name, best_i, fl / best / 1e9);
   }
 }
 }  // namespace
