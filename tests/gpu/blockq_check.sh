@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Blockwise FP8 speed work of session 9 on one H200 (docs/performance.md "Session 9: blockwise";
+# issue 21). Budget < 150 s.
+#   tests/gpu/blockq_check.sh BIN_DIR LOGDIR    (BIN_DIR holds pretrain_gpt and fp8_gpu_test)
+# Logs go to LOGDIR/blockq/. Steps:
+#  1. fp8_gpu_test --groups blockwise: the tiled quantize kernel bit-exact vs the CPU reference
+#     (rows, columns, both; partial and whole tiles; bf16 and fp32 in), the block-scaled GEMMs and
+#     every cuBLASLt algorithm the heuristic offers vs float64 (PASS/FAIL lines), then the kernel
+#     GB/s and per-algorithm GEMM TFLOP/s lines; once more with MEGATRON_FP8_BLOCK_QUANT=legacy
+#     (the session-7 kernel) for the GB/s A/B.
+#  2. Speed, LLaMA-3-8B-shaped 4 layers, seq 8192: bf16, fp8 hybrid delayed (history 1024, max),
+#     blockwise at global batch 1 (6 iterations) and 8 (8 micro-batches, 4 iterations); mean ms/iter
+#     over iterations 3..; at gbs 8 also blockwise with the legacy quantize kernel and with the
+#     fastest fc1-wgrad algorithm of step 1 when that is not the heuristic's first
+#     (MEGATRON_FP8_BLOCK_WGRAD_ALGO). RESULT lines; reported, not asserted.
+#  3. Numerics, small LLaMA (dimensions multiples of 128), 20 steps blockwise: the tiled kernel
+#     writes the same bits as the legacy one, so the losses must be identical to the legacy run's
+#     (or, if the GPU run is not reproducible, within twice the run-to-run noise of two default runs).
+# RESULT <name> <value> <unit> per figure; PASS/FAIL per check; exit status non-zero iff a FAIL.
+set -u
+BIN="${1:?usage: blockq_check.sh BIN_DIR LOGDIR}"
+OUT="${2:?usage: blockq_check.sh BIN_DIR LOGDIR}"
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"
+gc_check_init blockq name,driver_version
+result() { echo "RESULT $1 $2 $3" | tee -a "$O/summary.txt"; }
+
+# ---- 1. kernels -------------------------------------------------------------------------------
+gpu_test() {  # name [env...]
+  local n=$1; shift
+  env "$@" timeout 60 "$BIN/fp8_gpu_test" --no-timing --groups blockwise > "$O/fp8_gpu_test_$n.log" 2>&1
+  local rc=$?
+  grep -E "^(FAIL|time|best)" "$O/fp8_gpu_test_$n.log" | sed "s/^/  [$n] /"
+  if [ $rc = 0 ]; then pass "fp8_gpu_test blockwise $n ($(tail -1 "$O/fp8_gpu_test_$n.log"))"
+  else fail "fp8_gpu_test blockwise $n rc $rc ($(grep -m2 -E 'FAIL|exception' "$O/fp8_gpu_test_$n.log" | tr '\n' ' '))"; fi
+}
+gpu_test tiled
+gpu_test legacy MEGATRON_FP8_BLOCK_QUANT=legacy
+for n in tiled legacy; do
+  # "time fp8_block_quantize x rows  8192x4096  0.123 ms 2900 GB/s"
+  grep "^time fp8_block_quantize" "$O/fp8_gpu_test_$n.log" | awk -v n=$n '{
+    w = ""; for (i = 3; i < NF - 4; ++i) w = w (w == "" ? "" : "_") $i; gsub(/[+]/, "", w);
+    printf "RESULT quantize_%s_%s_%s %s GB/s\n", n, w, $(NF - 4), $(NF - 1) }' | tee -a "$O/summary.txt"
+done
+# "best block-scaled fc1 wgrad  algo 2   1400 TFLOP/s"; algo 0's rate from its "time" line.
+grep "^best block-scaled" "$O/fp8_gpu_test_tiled.log" | awk '{ w = $3 "_" $4; printf "RESULT gemm_best_%s_algo%s %s TFLOP/s\n", w, $6, $(NF - 1) }' |
+  tee -a "$O/summary.txt"
+grep "^time block-scaled .* algo 0 " "$O/fp8_gpu_test_tiled.log" | awk '{ for (i = 1; i <= NF; ++i) if ($i == "TFLOP/s") { v = $(i - 1); break }
+  printf "RESULT gemm_algo0_%s_%s %s TFLOP/s\n", $3, $4, v }' | tee -a "$O/summary.txt"
+BEST=$(awk '/^best block-scaled fc1 +wgrad/ { print $6 }' "$O/fp8_gpu_test_tiled.log")
+
+# ---- 2. speed ---------------------------------------------------------------------------------
+fp8_llama_args  # LL, FP8
+declare -A MS
+run_speed() {  # name gbs iters [env...] -- flags...
+  local name=$1 gbs=$2 it=$3; shift 3
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  env "${envs[@]}" timeout 60 "$BIN/pretrain_gpt" "${LL[@]}" --global-batch-size "$gbs" --train-iters "$it" "$@" \
+    > "$O/$name.log" 2>&1
+  local rc=$?
+  MS[$name]=$(ms_of "$O/$name.log")
+  if [ $rc != 0 ] || [ "${MS[$name]}" = NA ]; then
+    fail "$name: rc $rc ($O/$name.log: $(grep -m1 -iE 'error|what' "$O/$name.log"))"; MS[$name]=NA
+  fi
+  result "ll4_${name}_ms_per_iter" "${MS[$name]}" ms
+  [ "${name%%_*}" != bf16 ] && result "ll4_${name}_vs_bf16" "$(ratio "${MS[bf16_gbs$gbs]}" "${MS[$name]}")" x
+  info "$name ${envs[*]}: iteration 3 $(grep -m1 -oE 'iteration +3/.*lm loss: [0-9.E+-]+' "$O/$name.log" | grep -oE 'lm loss: [0-9.E+-]+')"
+}
+for gbs in 1 8; do
+  it=$([ $gbs = 1 ] && echo 6 || echo 4)
+  run_speed bf16_gbs$gbs $gbs $it --
+  run_speed delayed_gbs$gbs $gbs $it -- "${FP8[@]}"
+  run_speed blockwise_gbs$gbs $gbs $it -- "${FP8[@]}" --fp8-recipe blockwise
+done
+run_speed blockwise-legacyquant_gbs8 8 4 MEGATRON_FP8_BLOCK_QUANT=legacy -- "${FP8[@]}" --fp8-recipe blockwise
+if [ -n "$BEST" ] && [ "$BEST" != 0 ]; then
+  run_speed blockwise-wgradalgo${BEST}_gbs8 8 4 MEGATRON_FP8_BLOCK_WGRAD_ALGO=$BEST -- "${FP8[@]}" --fp8-recipe blockwise
+else
+  info "fc1 wgrad: the heuristic's first algorithm is the fastest (best '$BEST'); no MEGATRON_FP8_BLOCK_WGRAD_ALGO run"
+fi
+
+# ---- 3. numerics: tiled == legacy quantize kernel ---------------------------------------------
+SMB=(--num-layers 2 --hidden-size 256 --ffn-hidden-size 768 --num-attention-heads 4 --group-query-attention
+     --num-query-groups 2 --kv-channels 64 --seq-length 256 --max-position-embeddings 256
+     --position-embedding-type rope --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights
+     --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 4
+     --train-iters 20 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1
+     --clip-grad 1.0 --bf16 --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 4096
+     --data-cache-path "$O/cache" --log-interval 1 --eval-iters 0 --fp8-format hybrid --fp8-recipe blockwise)
+small() {  # name [env...]
+  local n=$1; shift
+  env "$@" timeout 30 "$BIN/pretrain_gpt" "${SMB[@]}" > "$O/small_$n.log" 2>&1 || fail "small blockwise $n rc $? ($O/small_$n.log)"
+  lm_losses "$O/small_$n.log" > "$O/small_$n.loss"
+}
+small tiled1
+small tiled2
+small legacy MEGATRON_FP8_BLOCK_QUANT=legacy
+N=$(wc -l < "$O/small_tiled1.loss")
+NOISE=$(cmp_losses "$O/small_tiled1.loss" "$O/small_tiled2.loss"); DIFF=$(cmp_losses "$O/small_tiled1.loss" "$O/small_legacy.loss")
+if [ "$N" -lt 20 ] || [ "$(wc -l < "$O/small_legacy.loss")" != "$N" ]; then
+  fail "small blockwise runs: expected 20 losses, got $N / $(wc -l < "$O/small_legacy.loss") ($O/small_*.log)"
+elif cmp -s "$O/small_tiled1.loss" "$O/small_legacy.loss"; then
+  pass "small LLaMA blockwise, tiled vs legacy quantize kernel: all $N losses identical ($(head -1 "$O/small_tiled1.loss") -> $(tail -1 "$O/small_tiled1.loss"))"
+elif awk -v d="$DIFF" -v z="$NOISE" 'BEGIN { exit !(z > 0 && d <= 2 * z) }'; then
+  pass "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF within the run-to-run noise $NOISE (the GPU run is not reproducible)"
+else
+  fail "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF over $N losses; run-to-run noise $NOISE"
+fi
+info "total $(( $(date +%s) - T0 )) s; logs in $O"
+echo "blockq_check: status $status" | tee -a "$O/summary.txt"
+exit $status
