@@ -13,9 +13,10 @@
 #     over iterations 3..; at gbs 8 also blockwise with the legacy quantize kernel and with the
 #     fastest fc1-wgrad algorithm of step 1 when that is not the heuristic's first
 #     (MEGATRON_FP8_BLOCK_WGRAD_ALGO). RESULT lines; reported, not asserted.
-#  3. Numerics, small LLaMA (dimensions multiples of 128), 20 steps blockwise: the tiled kernel
-#     writes the same bits as the legacy one, so the losses must be identical to the legacy run's
-#     (or, if the GPU run is not reproducible, within twice the run-to-run noise of two default runs).
+#  3. Numerics, fp8_llama_args' small LLaMA (dimensions multiples of 128), 30 steps blockwise: the
+#     tiled kernel writes the same bits as the legacy one, so the 33 logged losses must be identical
+#     to the legacy run's (or, if the GPU run is not reproducible, within twice the run-to-run noise
+#     of two tiled runs).
 # RESULT <name> <value> <unit> per figure; PASS/FAIL per check; exit status non-zero iff a FAIL.
 set -u
 BIN="${1:?usage: blockq_check.sh BIN_DIR LOGDIR}"
@@ -81,29 +82,16 @@ else
 fi
 
 # ---- 3. numerics: tiled == legacy quantize kernel ---------------------------------------------
-SMB=(--num-layers 2 --hidden-size 256 --ffn-hidden-size 768 --num-attention-heads 4 --group-query-attention
-     --num-query-groups 2 --kv-channels 64 --seq-length 256 --max-position-embeddings 256
-     --position-embedding-type rope --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights
-     --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 4
-     --train-iters 20 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1
-     --clip-grad 1.0 --bf16 --seed 1234 --mock-data --tokenizer-type NullTokenizer --vocab-size 4096
-     --data-cache-path "$O/cache" --log-interval 1 --eval-iters 0 --fp8-format hybrid --fp8-recipe blockwise)
-small() {  # name [env...]
-  local n=$1; shift
-  env "$@" timeout 30 "$BIN/pretrain_gpt" "${SMB[@]}" > "$O/small_$n.log" 2>&1 || fail "small blockwise $n rc $? ($O/small_$n.log)"
-  lm_losses "$O/small_$n.log" > "$O/small_$n.loss"
-}
-small tiled1
-small tiled2
-small legacy MEGATRON_FP8_BLOCK_QUANT=legacy
-N=$(wc -l < "$O/small_tiled1.loss")
-NOISE=$(cmp_losses "$O/small_tiled1.loss" "$O/small_tiled2.loss"); DIFF=$(cmp_losses "$O/small_tiled1.loss" "$O/small_legacy.loss")
-if [ "$N" -lt 20 ] || [ "$(wc -l < "$O/small_legacy.loss")" != "$N" ]; then
-  fail "small blockwise runs: expected 20 losses, got $N / $(wc -l < "$O/small_legacy.loss") ($O/small_*.log)"
+SM+=(--fp8-recipe blockwise)  # fp8_llama_args' small LLaMA: every GEMM dimension a multiple of 128
+small_fp8_run tiled1 MEGATRON_FP8_BLOCK_QUANT=tiled
+small_fp8_run tiled2 MEGATRON_FP8_BLOCK_QUANT=tiled
+small_fp8_run legacy MEGATRON_FP8_BLOCK_QUANT=legacy
+if ! small_fp8_stats tiled1 tiled2 legacy; then  # -> N NOISE DIFF FIRST LAST
+  fail "small blockwise runs: expected 30 training + 3 validation losses, got $(wc -l < "$O/small_tiled1.loss") / $N ($O/small_*.log)"
 elif cmp -s "$O/small_tiled1.loss" "$O/small_legacy.loss"; then
-  pass "small LLaMA blockwise, tiled vs legacy quantize kernel: all $N losses identical ($(head -1 "$O/small_tiled1.loss") -> $(tail -1 "$O/small_tiled1.loss"))"
+  pass "small LLaMA blockwise, tiled vs legacy quantize kernel: all $N logged losses identical ($FIRST -> $LAST; run-to-run max rel diff $NOISE)"
 elif awk -v d="$DIFF" -v z="$NOISE" 'BEGIN { exit !(z > 0 && d <= 2 * z) }'; then
-  pass "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF within the run-to-run noise $NOISE (the GPU run is not reproducible)"
+  pass "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF over $N losses, within twice the run-to-run noise $NOISE (the GPU run is not reproducible)"
 else
   fail "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF over $N losses; run-to-run noise $NOISE"
 fi

@@ -1048,7 +1048,7 @@ void test_blockwise() {
     report(name, worst <= tol && worst_bug > 10 * tol, d);
     // The heuristic's other algorithms (MEGATRON_FP8_BLOCK_WGRAD_ALGO, the timing sweep below):
     // same operands and bound.
-    for (int algo = 1; algo < 8; ++algo) {
+    for (int algo = 1; algo < 16; ++algo) {
       Tensor ca = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
       if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, c.a2, B.q, B.s, c.b2, ca, c.beta, algo)) break;
       const std::vector<float> ga = host(ca);
@@ -1113,7 +1113,7 @@ void test_blockwise() {
     const double ts = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, beta, false); }, 20, 3);
     double best = 1e30;
     int best_i = -1;
-    for (int algo = 0; algo < 8; ++algo) {
+    for (int algo = 0; algo < 16; ++algo) {
       if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo)) break;
       const double tb = time_ms([&] { cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo); }, 10, 2);
       if (tb < best) best = tb, best_i = algo;

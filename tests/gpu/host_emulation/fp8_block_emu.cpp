@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "megatron/core/tensor/dtype.h"
+#include "megatron/core/utils/errors.h"
 
 #include "cuda_host_shim.h"
 inline uint8_t __nv_cvt_float_to_fp8(float v, int, int fmt) {

@@ -28,6 +28,7 @@
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/utils/errors.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -129,11 +130,14 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// MEGATRON_FP8_BLOCK_QUANT=legacy: the first kernel (read once per process).
+// MEGATRON_FP8_BLOCK_QUANT: unset or "tiled" (default), "legacy" for the first kernel; read once.
 bool legacy_kernel() {
   static const bool v = [] {
     const char* e = std::getenv("MEGATRON_FP8_BLOCK_QUANT");
-    return e && std::strcmp(e, "legacy") == 0;
+    if (!e || !*e || std::strcmp(e, "tiled") == 0) return false;
+    if (std::strcmp(e, "legacy") == 0) return true;
+    user_error("MEGATRON_FP8_BLOCK_QUANT='", e, "': expected tiled (the default) or legacy");
+    return false;
   }();
   return v;
 }

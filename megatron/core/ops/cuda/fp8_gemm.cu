@@ -141,13 +141,13 @@ bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tenso
 // dequantization factor per 128 consecutive k of a row) or BLK128x128_32F, the scale pointers being
 // the scale_inv tensors of fp8_block_quantize (TE's GEMM_READY layouts, which TE hands to cuBLASLt
 // as they are). Same column-major mapping as above: cuBLASLt's A is our b, its B our a. No fast
-// accumulation (TE's Float8BlockScaling requires split accumulation for all three GEMMs). Up to 8
+// accumulation (TE's Float8BlockScaling requires split accumulation for all three GEMMs). Up to 16
 // of the heuristic's algorithms are kept per problem: the first runs, except for the
 // 1 x 128 x 1 x 128 wgrad where MEGATRON_FP8_BLOCK_WGRAD_ALGO may pick another
 // (fp8_gpu_test --groups blockwise times each; docs/performance.md "Session 9: blockwise").
 namespace {
 using BlockKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, int, int, int>;
-constexpr int kMaxBlockAlgos = 8;
+constexpr int kMaxBlockAlgos = 16;
 struct BlockPlan {
   Plan plan;
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's, best first; empty: unsupported
