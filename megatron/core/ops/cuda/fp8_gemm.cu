@@ -212,7 +212,8 @@ BlockPlan& block_plan(lt::DeviceContext& s, int dev, const Tensor& a, const Tens
   int found = 0;
   const cublasStatus_t st = lt::pick_algorithms(s, p, al_a, al_b, al_c, kMaxBlockAlgos, res, found);
   if (st == CUBLAS_STATUS_SUCCESS)
-    for (int i = 0; i < found; ++i) bp.algos.push_back(res[i].algo);
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) bp.algos.push_back(res[i].algo);
   return g_block_plans.emplace(key, std::move(bp)).first->second;
 }
 
