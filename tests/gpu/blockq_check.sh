@@ -46,7 +46,7 @@ grep "^best block-scaled" "$O/fp8_gpu_test_tiled.log" | awk '{ w = $3 "_" $4; pr
   tee -a "$O/summary.txt"
 grep "^time block-scaled .* algo 0 " "$O/fp8_gpu_test_tiled.log" | awk '{ for (i = 1; i <= NF; ++i) if ($i == "TFLOP/s") { v = $(i - 1); break }
   printf "RESULT gemm_algo0_%s_%s %s TFLOP/s\n", $3, $4, v }' | tee -a "$O/summary.txt"
-BEST=$(awk '/^best block-scaled fc1 +wgrad/ { print $6 }' "$O/fp8_gpu_test_tiled.log")
+BEST=$(awk '/^best block-scaled fc1 +wgrad +algo / { print $6 }' "$O/fp8_gpu_test_tiled.log")
 
 # ---- 2. speed ---------------------------------------------------------------------------------
 fp8_llama_args  # LL, FP8
