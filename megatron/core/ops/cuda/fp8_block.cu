@@ -50,6 +50,18 @@ __device__ __forceinline__ float block_scale(float amax, float fmax, bool pow2) 
   return s;
 }
 
+// Max of `a` over the block's kThreads threads (called by all of them; one barrier).
+__device__ __forceinline__ float block_max(float a) {
+  __shared__ float red[kThreads / 32];
+  a = warp_max(a);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
+  __syncthreads();
+  a = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) a = fmaxf(a, red[w]);
+  return a;
+}
+
 template <class T, int kFmt, bool k2D>
 __global__ void __launch_bounds__(kThreads)
     block_quantize_kernel(const T* __restrict__ x, int64_t R, int64_t C, bool pow2, uint8_t* __restrict__ q,
@@ -66,16 +78,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float fmax = kFmt == 0 ? 448.0f : 57344.0f;
   if (k2D) {
-    __shared__ float red[kThreads / 32];
     float a = 0.0f;
     for (int i = tid; i < kB * kB; i += kThreads) a = fmaxf(a, fabsf(tile[(i >> 7) * kLd + (i & 127)]));
-    a = warp_max(a);
-    if (lane == 0) red[warp] = a;
-    __syncthreads();
-    a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) a = fmaxf(a, red[w]);
-    const float sc = block_scale(a, fmax, pow2);
+    const float sc = block_scale(block_max(a), fmax, pow2);
     if (tid == 0) {
       if (q) s[(r0 / kB) * s_ld + c0 / kB] = 1.0f / sc;
       if (qt) st[(c0 / kB) * st_ld + r0 / kB] = 1.0f / sc;
@@ -188,7 +193,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kLdT = tile_ld<T>(), kV = 16 / (int)sizeof(T), kPerRow = kB / kV;
   T* tile = reinterpret_cast<T*>(smem_raw);
   __shared__ float colred[2][kB];
-  __shared__ float red[kThreads / 32];
   const int64_t r0 = (int64_t)blockIdx.y * kB, c0 = (int64_t)blockIdx.x * kB;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nr = R - r0 < kB ? (int)(R - r0) : kB, nc = C - c0 < kB ? (int)(C - c0) : kB;
@@ -217,13 +221,7 @@ __global__ void __launch_bounds__(kThreads)
   if (k2D) {
     float a = 0.0f;
     for (int i = tid; i < kB * kB; i += kThreads) a = fmaxf(a, fabsf(to_f(tile[(i >> 7) * kLdT + (i & 127)])));
-    a = warp_max(a);
-    if (lane == 0) red[warp] = a;
-    __syncthreads();
-    a = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) a = fmaxf(a, red[w]);
-    sc_blk = block_scale(a, fmax, pow2);
+    sc_blk = block_scale(block_max(a), fmax, pow2);
     if (tid == 0) {
       if (q) s[(r0 / kB) * s_ld + c0 / kB] = 1.0f / sc_blk;
       if (qt) st[(c0 / kB) * st_ld + r0 / kB] = 1.0f / sc_blk;
