@@ -902,7 +902,86 @@ std::vector<double> block_dequant(const Tensor& q, const Tensor& s, bool two_d, 
   return out;
 }
 
+// Blockwise fused producers (fp8_block_rmsnorm_quantize after rmsnorm_rstd, fp8_block_swiglu_quantize,
+// fp8_block_swiglu_backward_quantize) against the unfused path -- rmsnorm_forward / swiglu_forward /
+// swiglu_backward writing the model dtype, then fp8_block_quantize (1 x 128 q + s, 128 x 1 q_t + s_t)
+// -- bit-exact bytes of both copies and every scale_inv bit (padding included); partial tiles,
+// fp32 and power-of-2 scales, fp32 activations, and the LLaMA-3-8B shapes with both paths' times.
+// What MEGATRON_FP8_BLOCK_FUSED=0 vs 1 must leave unchanged (identical losses).
+void test_blockwise_fused() {
+  struct S { int which; int64_t rows, cols; bool pow2; DType dt; bool big; };  // which: 0 norm, 1 swiglu, 2 swiglu bwd
+  const S shapes[] = {{0, 272, 264, true, DType::kBFloat16, false},  {0, 384, 256, false, DType::kFloat32, false},
+                      {1, 272, 264, false, DType::kBFloat16, false}, {1, 256, 384, true, DType::kFloat32, false},
+                      {2, 272, 272, true, DType::kBFloat16, false},  {2, 256, 512, false, DType::kBFloat16, false},
+                      {0, 8192, 4096, true, DType::kBFloat16, true}, {1, 8192, 14336, true, DType::kBFloat16, true},
+                      {2, 8192, 28672, true, DType::kBFloat16, true}};
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const S& sh : shapes) {
+    const int64_t R = sh.rows, C = sh.cols;  // C: the quantized tensor's columns
+    const int64_t in_cols = sh.which == 1 ? 2 * C : C;
+    const DType qd = sh.which == 2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+    std::vector<float> xv(R * in_cols), gv(C), dv(R * (C / 2));
+    fast_fill(xv, 4.0f);
+    fast_fill(dv, 4e-3f);
+    for (auto& v : gv) v = 0.1f * nd(g_rng);
+    // One tiny row tile and one huge element: scales differ by tile, one saturates nothing.
+    for (int64_t c = 0; c < std::min<int64_t>(in_cols, 128); ++c) xv[5 * in_cols + c] *= 1e-6f;
+    xv[(R / 2) * in_cols + 3] = 1e4f;
+    Tensor x = Tensor::from_vector(xv, {R, in_cols}).to(sh.dt).to(Device::cuda());
+    Tensor gamma = Tensor::from_vector(gv, {C}).to(sh.dt).to(Device::cuda());
+    Tensor dy = Tensor::from_vector(dv, {R, C / 2}).to(sh.dt).to(Device::cuda());
+    BlockOut u = block_out(R, C, false, qd, Device::cuda()), f = block_out(R, C, false, qd, Device::cuda());
+    Tensor y = Tensor::empty({R, C}, sh.dt, Device::cuda());
+    Tensor rstd_u = Tensor::empty({R}, DType::kFloat32, Device::cuda()), rstd_f = Tensor::empty({R}, DType::kFloat32, Device::cuda());
+    auto unfused = [&] {
+      if (sh.which == 0) cu::rmsnorm_forward(x, gamma, 1e-5f, true, y, rstd_u);
+      else if (sh.which == 1) cu::swiglu_forward(x, y);
+      else cu::swiglu_backward(dy, x, y);
+      cu::fp8_block_quantize(y, false, sh.pow2, &u.q, &u.s, &u.qt, &u.st);
+    };
+    bool launched = true;
+    auto fused = [&] {
+      if (sh.which == 0) {
+        cu::rmsnorm_rstd(x, gamma, 1e-5f, rstd_f);
+        launched = cu::fp8_block_rmsnorm_quantize(x, gamma, rstd_f, true, sh.dt, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      } else if (sh.which == 1) {
+        launched = cu::fp8_block_swiglu_quantize(x, sh.dt, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      } else {
+        launched = cu::fp8_block_swiglu_backward_quantize(dy, x, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      }
+    };
+    unfused();
+    fused();
+    const int64_t bad = row_mismatches(f.q, bytes(u.q)) + row_mismatches(f.qt, bytes(u.qt));
+    int64_t bad_s = 0;
+    for (auto [a, b] : {std::pair<const Tensor*, const Tensor*>{&u.s, &f.s}, {&u.st, &f.st}}) {
+      const std::vector<float> ha = host(*a), hb = host(*b);
+      for (size_t i = 0; i < ha.size(); ++i) bad_s += std::memcmp(&ha[i], &hb[i], 4) != 0;
+    }
+    std::string t;
+    if (sh.big) {
+      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
+      char b[160];
+      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+      t = b;
+    }
+    char d[300];
+    std::snprintf(d, sizeof d, "%lld byte / %lld scale_inv mismatches%s", (long long)bad, (long long)bad_s, t.c_str());
+    static const char* names[] = {"rmsnorm", "swiglu", "swiglu_bwd"};
+    char name[160];
+    std::snprintf(name, sizeof name, "fp8_block %s+quantize fused vs unfused %s %lldx%lld%s", names[sh.which],
+                  dtype_name(sh.dt), (long long)R, (long long)C, sh.pow2 ? "" : " fp32-scales");
+    report(name, launched && bad == 0 && bad_s == 0, d);
+  }
+}
+
 void test_blockwise() {
+  // 0. The fused producers (MEGATRON_FP8_BLOCK_FUSED) against producer + quantize.
+  try {
+    test_blockwise_fused();
+  } catch (const std::exception& e) {
+    report("fp8_block fused producers", false, std::string("exception: ") + e.what());
+  }
   // 1. Quantize: CUDA vs CPU reference, bit-exact.
   struct Q { int64_t r, c; bool two_d, pow2; DType in, q; bool timed; };
   const Q qs[] = {{130, 200, false, true, DType::kBFloat16, DType::kFloat8E4M3, false},
