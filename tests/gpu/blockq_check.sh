@@ -13,10 +13,17 @@
 #     over iterations 3..; at gbs 8 also blockwise with the legacy quantize kernel and with the
 #     fastest fc1-wgrad algorithm of step 1 when that is not the heuristic's first
 #     (MEGATRON_FP8_BLOCK_WGRAD_ALGO). RESULT lines; reported, not asserted.
+#     Fused producers A/B: blockwise at gbs 1 and 8 again with MEGATRON_FP8_BLOCK_FUSED=0 (RMSNorm /
+#     SwiGLU / SwiGLU backward write bf16 and quantize in a separate pass; linear_proj/fc2 re-quantize
+#     x in backward): RESULT fused-vs-unfused speed; the fused kernels write the same FP8 bytes and
+#     scales, so every logged loss must be identical (PASS); where only the first one is (the forward
+#     is bitwise reproducible, the default backward's atomic reductions are not), PASS with the later
+#     losses' max rel diff, which the deterministic small A/B of step 3 then checks bitwise.
 #  3. Numerics, fp8_llama_args' small LLaMA (dimensions multiples of 128), 30 steps blockwise: the
 #     tiled kernel writes the same bits as the legacy one, so the 33 logged losses must be identical
 #     to the legacy run's (or, if the GPU run is not reproducible, within twice the run-to-run noise
-#     of two tiled runs).
+#     of two tiled runs). Fused producers: the same small LLaMA with --deterministic-mode,
+#     MEGATRON_FP8_BLOCK_FUSED=1 vs 0: all 33 losses identical (the whole step, backward included).
 # RESULT <name> <value> <unit> per figure; PASS/FAIL per check; exit status non-zero iff a FAIL.
 set -u
 BIN="${1:?usage: blockq_check.sh BIN_DIR LOGDIR}"
@@ -73,6 +80,24 @@ for gbs in 1 8; do
   run_speed delayed_gbs$gbs $gbs $it -- "${FP8[@]}"
   run_speed blockwise_gbs$gbs $gbs $it -- "${FP8[@]}" --fp8-recipe blockwise
 done
+# Fused producers A/B (MEGATRON_FP8_BLOCK_FUSED=0: the unfused path) and its losses.
+for gbs in 1 8; do
+  it=$([ $gbs = 1 ] && echo 6 || echo 4)
+  run_speed blockwise-unfused_gbs$gbs $gbs $it MEGATRON_FP8_BLOCK_FUSED=0 -- "${FP8[@]}" --fp8-recipe blockwise
+  result "ll4_blockwise_fused_vs_unfused_gbs$gbs" "$(ratio "${MS[blockwise-unfused_gbs$gbs]}" "${MS[blockwise_gbs$gbs]}")" x
+  lm_losses "$O/blockwise_gbs$gbs.log" > "$O/ab_fused_gbs$gbs.loss"
+  lm_losses "$O/blockwise-unfused_gbs$gbs.log" > "$O/ab_unfused_gbs$gbs.loss"
+  n=$(wc -l < "$O/ab_fused_gbs$gbs.loss")
+  if [ "$n" != "$it" ] || [ "$(wc -l < "$O/ab_unfused_gbs$gbs.loss")" != "$it" ]; then
+    fail "blockwise fused vs unfused gbs $gbs: expected $it losses each, got $n / $(wc -l < "$O/ab_unfused_gbs$gbs.loss")"
+  elif cmp -s "$O/ab_fused_gbs$gbs.loss" "$O/ab_unfused_gbs$gbs.loss"; then
+    pass "LLaMA-8B-shaped blockwise gbs $gbs, MEGATRON_FP8_BLOCK_FUSED=1 vs 0: all $it losses identical ($(head -1 "$O/ab_fused_gbs$gbs.loss") -> $(tail -1 "$O/ab_fused_gbs$gbs.loss"))"
+  elif [ "$(head -1 "$O/ab_fused_gbs$gbs.loss")" = "$(head -1 "$O/ab_unfused_gbs$gbs.loss")" ]; then
+    pass "LLaMA-8B-shaped blockwise gbs $gbs, fused vs unfused: iteration-1 loss identical ($(head -1 "$O/ab_fused_gbs$gbs.loss")); later losses max rel diff $(cmp_losses "$O/ab_fused_gbs$gbs.loss" "$O/ab_unfused_gbs$gbs.loss") (default backward not bitwise reproducible; step 3's deterministic A/B checks it)"
+  else
+    fail "LLaMA-8B-shaped blockwise gbs $gbs, fused vs unfused: iteration-1 loss $(head -1 "$O/ab_fused_gbs$gbs.loss") vs $(head -1 "$O/ab_unfused_gbs$gbs.loss") (the forward must be bit-identical)"
+  fi
+done
 run_speed blockwise-legacyquant_gbs8 8 4 MEGATRON_FP8_BLOCK_QUANT=legacy -- "${FP8[@]}" --fp8-recipe blockwise
 if [ -n "$BEST" ] && [ "$BEST" != 0 ]; then
   run_speed blockwise-wgradalgo${BEST}_gbs8 8 4 MEGATRON_FP8_BLOCK_WGRAD_ALGO=$BEST -- "${FP8[@]}" --fp8-recipe blockwise
@@ -93,6 +118,18 @@ elif awk -v d="$DIFF" -v z="$NOISE" 'BEGIN { exit !(z > 0 && d <= 2 * z) }'; the
   pass "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF over $N losses, within twice the run-to-run noise $NOISE (the GPU run is not reproducible)"
 else
   fail "small LLaMA blockwise, tiled vs legacy: max rel diff $DIFF over $N losses; run-to-run noise $NOISE"
+fi
+# Fused producers, deterministic mode: the whole step bitwise.
+SM+=(--deterministic-mode)
+small_fp8_run detfused MEGATRON_FP8_BLOCK_FUSED=1
+small_fp8_run detunfused MEGATRON_FP8_BLOCK_FUSED=0
+N=$(wc -l < "$O/small_detunfused.loss")
+if [ "$N" -lt 33 ] || [ "$(wc -l < "$O/small_detfused.loss")" != "$N" ]; then
+  fail "small blockwise deterministic runs: expected 33 losses, got $(wc -l < "$O/small_detfused.loss") / $N ($O/small_det*.log)"
+elif cmp -s "$O/small_detfused.loss" "$O/small_detunfused.loss"; then
+  pass "small LLaMA blockwise --deterministic-mode, MEGATRON_FP8_BLOCK_FUSED=1 vs 0: all $N logged losses identical ($(head -1 "$O/small_detfused.loss") -> $(tail -1 "$O/small_detfused.loss"))"
+else
+  fail "small LLaMA blockwise --deterministic-mode, fused vs unfused: max rel diff $(cmp_losses "$O/small_detfused.loss" "$O/small_detunfused.loss") over $N losses (must be identical)"
 fi
 # ---- 4. the legacy kernel's GB/s (same test, MEGATRON_FP8_BLOCK_QUANT=legacy), if time is left ------
 if [ $(( $(date +%s) - T0 )) -lt 105 ]; then
