@@ -32,29 +32,8 @@ inline uint8_t __nv_cvt_float_to_fp8(float v, int, int fmt) {
 }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
-inline uint32_t __float_as_uint(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-struct uint2 {
-  uint32_t x, y;
-};
-struct alignas(16) uint4 {
-  uint32_t x, y, z, w;
-};
-inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
-inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 using std::isinf;
 using std::isnan;
-struct bf16_t {
-  uint16_t b;
-};
 
 // One exchange buffer and barrier per warp of the running block.
 struct Warp {
@@ -76,8 +55,6 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 namespace megatron::ops::cuda {
 namespace {
 constexpr int kB = 128, kLd = 129, kThreads = 256;
-inline float to_f(float x) { return x; }
-inline float to_f(bf16_t x) { return __uint_as_float((uint32_t)x.b << 16); }
 inline float warp_max(float v) {
   Warp& w = g_warps[threadIdx.x >> 5];
   w.v[threadIdx.x & 31] = v;
@@ -93,14 +70,12 @@ inline float warp_max(float v) {
 
 using namespace megatron::ops::cuda;
 
-// Runs one kernel over the grid; `tiled`: block_quantize_tile_kernel (with the host's `vec` rule:
-// whole tiles), else the legacy block_quantize_kernel.
-template <class T, int kFmt, bool k2D>
-void run_kernel(bool tiled, const std::vector<T>& x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s,
-                int64_t s_ld, uint8_t* qt, float* st, int64_t st_ld) {
+// Runs kern() as every thread of every block of the grid over x [R, C], with the shared memory
+// of both kernels (T: the tiled kernel's tile type).
+template <class T, class F>
+void run_blocks(int64_t R, int64_t C, F kern) {
   std::vector<float> smem(kB * kLd);
   std::vector<uint4> smem_t(tile_smem<T>() / sizeof(uint4) + 1);
-  const bool vec = R % kB == 0 && C % kB == 0;
   const unsigned gx = (unsigned)((C + kB - 1) / kB), gy = (unsigned)((R + kB - 1) / kB);
   for (unsigned by = 0; by < gy; ++by)
     for (unsigned bx = 0; bx < gx; ++bx) {
@@ -116,11 +91,25 @@ void run_kernel(bool tiled, const std::vector<T>& x, int64_t R, int64_t C, bool 
           threadIdx = {(unsigned)t, 0, 0};
           blockIdx = {bx, by, 0};
           g_bar = &bar;
-          if (tiled) block_quantize_tile_kernel<T, kFmt, k2D>(x.data(), R, C, pow2, vec, q, s, s_ld, qt, st, st_ld);
-          else block_quantize_kernel<T, kFmt, k2D>(x.data(), R, C, pow2, q, s, s_ld, qt, st, st_ld);
+          kern();
         });
       for (auto& t : th) t.join();
     }
+}
+
+// Runs one kernel over the grid; `tiled`: block_quantize_tile_kernel (with the host's `vec` rule:
+// whole tiles), else the legacy block_quantize_kernel.
+template <class T, int kFmt, bool k2D>
+void run_kernel(bool tiled, const std::vector<T>& x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s,
+                int64_t s_ld, uint8_t* qt, float* st, int64_t st_ld) {
+  const bool vec = R % kB == 0 && C % kB == 0;
+  run_blocks<T>(R, C, [&] {
+    if (tiled)
+      block_quantize_tile_kernel<RawTile<T>, T, kFmt, k2D>(RawTile<T>{x.data()}, R, C, pow2, vec, q, s, s_ld, qt, st,
+                                                           st_ld);
+    else
+      block_quantize_kernel<T, kFmt, k2D>(x.data(), R, C, pow2, q, s, s_ld, qt, st, st_ld);
+  });
 }
 
 // The plain loop: TE's compute_scale_from_amax (epsilon 0) per block, sat-RNE casts.
@@ -189,8 +178,65 @@ void check(bool tiled, int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
   if (!ok) ++g_fail;
 }
 
+// The fused sources (the blockwise fused producers): the tiled kernel filling its tile from
+// RmsnormSrc (zero-centred gamma; which 0) or SwigluSrc (which 1) of fp8_sources.cuh, bf16 in and
+// out, against the plain loop on the producer's bf16 output computed here from its formula
+// (y = bf16(x * rstd * (gamma + 1)), y = bf16(silu(g) * u)): q + scale_inv and q_t + scale_inv.
+template <int kFmt>
+void check_fused(int which, int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const int64_t in_cols = which ? 2 * C : C;
+  std::vector<bf16_t> x(R * in_cols), gamma(C);
+  std::vector<float> rstd(R), y(R * C);
+  for (int64_t i = 0; i < R * in_cols; ++i) x[i] = from_f<bf16_t>(nd(rng) * std::ldexp(1.0f, (int)((i / 41) % 12) - 6));
+  for (auto& g : gamma) g = from_f<bf16_t>(0.1f * nd(rng));
+  for (int64_t r = 0; r < R; ++r) rstd[r] = 0.5f + 0.01f * (float)(r % 17);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      float v;
+      if (which == 0) {
+        v = to_f(x[r * C + c]) * rstd[r] * (to_f(gamma[c]) + 1.0f);
+      } else {
+        const float g = to_f(x[r * 2 * C + c]), u = to_f(x[r * 2 * C + C + c]);
+        v = g / (1.0f + expf(-g)) * u;
+      }
+      y[r * C + c] = to_f(from_f<bf16_t>(v));
+    }
+  const int64_t cb = (C + 127) / 128, rb = (R + 127) / 128;
+  auto rnd4 = [](int64_t a) { return (a + 3) / 4 * 4; };
+  const int64_t s_ld = rnd4(R), st_ld = rnd4(C);
+  std::vector<uint8_t> q(R * C, 0xAA), qt(R * C, 0xAA), rq(R * C), rqt(R * C);
+  std::vector<float> s(cb * s_ld, 0.0f), st(rb * st_ld, 0.0f), rs(s.size(), 0.0f), rst(st.size(), 0.0f);
+  const bool vec = R % kB == 0 && C % kB == 0;
+  run_blocks<bf16_t>(R, C, [&] {
+    if (which == 0)
+      block_quantize_tile_kernel<RmsnormSrc<bf16_t, bf16_t, bf16_t>, bf16_t, kFmt, false>(
+          RmsnormSrc<bf16_t, bf16_t, bf16_t>{x.data(), gamma.data(), rstd.data(), C, 1.0f}, R, C, pow2, vec, q.data(),
+          s.data(), s_ld, qt.data(), st.data(), st_ld);
+    else
+      block_quantize_tile_kernel<SwigluSrc<bf16_t, bf16_t>, bf16_t, kFmt, false>(
+          SwigluSrc<bf16_t, bf16_t>{x.data(), C}, R, C, pow2, vec, q.data(), s.data(), s_ld, qt.data(), st.data(),
+          st_ld);
+  });
+  ref_blocks(y, R, C, 1, 128, kFmt == 0, pow2, rq, rs, 1, s_ld, false);
+  ref_blocks(y, R, C, 128, 1, kFmt == 0, pow2, rqt, rst, st_ld, 1, true);
+  long long bad = 0, bad_s = 0;
+  for (int64_t i = 0; i < R * C; ++i) bad += (q[i] != rq[i]) + (qt[i] != rqt[i]);
+  for (size_t i = 0; i < s.size(); ++i) bad_s += s[i] != rs[i];
+  for (size_t i = 0; i < st.size(); ++i) bad_s += st[i] != rst[i];
+  const bool ok = bad == 0 && bad_s == 0;
+  std::printf("%s block_quantize_tile_kernel fused %s %s %lldx%lld%s: %lld byte / %lld scale_inv mismatches\n",
+              ok ? "ok  " : "FAIL", which ? "swiglu" : "rmsnorm", kFmt == 0 ? "e4m3" : "e5m2", (long long)R,
+              (long long)C, pow2 ? "" : " fp32-scales", bad, bad_s);
+  if (!ok) ++g_fail;
+}
+
 int main() {
   std::mt19937 rng(11);
+  check_fused<0>(0, 130, 200, true, rng);  // partial tiles
+  check_fused<0>(1, 130, 200, false, rng);
+  check_fused<1>(0, 256, 384, false, rng);  // whole tiles
+  check_fused<0>(1, 256, 384, true, rng);
   for (bool tiled : {true, false}) {
     check<bf16_t, 0, false>(tiled, 130, 200, true, rng);  // partial tiles
     check<bf16_t, 1, false>(tiled, 257, 131, true, rng);
