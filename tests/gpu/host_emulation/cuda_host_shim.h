@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "megatron/core/tensor/dtype.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -37,16 +39,8 @@ struct alignas(16) uint4 {
 };
 inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
-inline uint32_t __float_as_uint(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline uint32_t __float_as_uint(float f) { return megatron::float_bits(f); }
+inline float __uint_as_float(uint32_t u) { return megatron::bits_float(u); }
 
 // bf16 as its bits; cuda_common.cuh's conversions and 8-value loads (scalar here).
 struct bf16_t {

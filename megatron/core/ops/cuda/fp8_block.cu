@@ -230,18 +230,24 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nr = R - r0 < kB ? (int)(R - r0) : kB, nc = C - c0 < kB ? (int)(C - c0) : kB;
   if constexpr (!kRawTile<Src>) {
-    // 16 chunks of 8 per row; all of a chunk is inside or outside the tensor (C % 8 == 0).
+    // 16 chunks of 8 per row; all of a chunk is inside or outside the tensor (C % 8 == 0). Every
+    // load of the thread's 8 chunks is issued before the first shared store.
+    constexpr int kCh = kB * kB / 8 / kThreads;
+    float f[kCh][8];
 #pragma unroll
-    for (int i = 0; i < kB * kB / 8 / kThreads; ++i) {
+    for (int i = 0; i < kCh; ++i) {
       const int e = tid + i * kThreads, rr = e >> 4, cc = (e & 15) * 8;
-      float f[8];
       if (rr < nr && cc < nc) {
-        src.load8(r0 + rr, c0 + cc, f);
+        src.load8(r0 + rr, c0 + cc, f[i]);
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+        for (int j = 0; j < 8; ++j) f[i][j] = 0.0f;
       }
-      tile_store8(tile + rr * kLdT + cc, f);
+    }
+#pragma unroll
+    for (int i = 0; i < kCh; ++i) {
+      const int e = tid + i * kThreads;
+      tile_store8(tile + (e >> 4) * kLdT + (e & 15) * 8, f[i]);
     }
   } else if (vec) {
     const T* x = src.x;
