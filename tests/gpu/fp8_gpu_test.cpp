@@ -975,10 +975,90 @@ void test_blockwise_fused() {
   }
 }
 
+// The blockwise transport through fp8::linear: the fused producers' Fp8Input (q + s for the
+// forward / dgrad, q_t + s_t for the wgrad), the SwiGLU backward's dyq and linear_proj's kept
+// columnwise copy (keep_x_t + keep_x_st) give bit-identical y, dx and dw to the unfused calls (the
+// producer's bf16 output, quantized inside fp8::linear): same FP8 operands, same GEMMs.
+// Needs MEGATRON_FP8_BLOCK_FUSED unset or 1 (else the producers return nothing: FAIL).
+void test_blockwise_fused_linear() {
+  fp8::Fp8Config cfg;
+  cfg.recipe = fp8::Fp8Recipe::kBlockwise;
+  fp8::Fp8State st(cfg, Device::cuda());
+  const int bq = st.register_linear("qkv"), b1 = st.register_linear("fc1"), b2 = st.register_linear("fc2");
+  const int64_t N = 256, h = 256, f = 384, out = 512;
+  std::vector<float> xv(N * h), gv(h), wv(out * h), w1v(2 * f * h), w2v(h * f), dyv(N * out), fv(N * 2 * f), dav(N * f);
+  fast_fill(xv, 4.0f);
+  fast_fill(fv, 4.0f);
+  fast_fill(gv, 0.2f);
+  fast_fill(wv, 0.05f);
+  fast_fill(w1v, 0.05f);
+  fast_fill(w2v, 0.05f);
+  fast_fill(dyv, 1e-3f);
+  fast_fill(dav, 1e-3f);
+  auto dev = [](const std::vector<float>& v, Shape s) { return Tensor::from_vector(v, s).to(DType::kBFloat16).to(Device::cuda()); };
+  Tensor x = dev(xv, {N, h}), gamma = dev(gv, {h}), w = dev(wv, {out, h}), w1 = dev(w1v, {2 * f, h}), w2 = dev(w2v, {h, f});
+  Tensor dy = dev(dyv, {N, out}), fc1o = dev(fv, {N, 2 * f}), dact = dev(dav, {N, f}), dy2 = dev(dyv, {N, h});
+  auto bf = [](Shape s) { return Tensor::empty(s, DType::kBFloat16, Device::cuda()); };
+  auto f32 = [](Shape s) { return Tensor::zeros(s, DType::kFloat32, Device::cuda()); };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const std::vector<float> ha = host(a), hb = host(b);
+    int64_t bad = 0;
+    for (size_t i = 0; i < ha.size(); ++i) bad += std::memcmp(&ha[i], &hb[i], 4) != 0;
+    return bad;
+  };
+  char d[200];
+  // RMSNorm -> linear (forward, dgrad, wgrad from q_t + s_t).
+  Tensor rstd = Tensor::empty({N}, DType::kFloat32, Device::cuda()), rstd_u = Tensor::empty({N}, DType::kFloat32, Device::cuda());
+  const fp8::Fp8Input xq = fp8::rmsnorm_fp8(st, bq, x, gamma, 1e-5f, true, rstd);
+  Tensor xn = bf({N, h});
+  ops::rmsnorm_forward(x, gamma, 1e-5f, true, xn, rstd_u);
+  Tensor yf = bf({N, out}), yu = bf({N, out}), dxf = bf({N, h}), dxu = bf({N, h}), dwf = f32({out, h}), dwu = f32({out, h});
+  if (xq.defined()) {
+    fp8::linear_forward(st, bq, Tensor(), w, nullptr, yf, &xq);
+    fp8::linear_backward(st, bq, dy, Tensor(), w, &dxf, &dwf, nullptr, true, &xq.q_t, nullptr, &xq.s_t);
+  }
+  fp8::linear_forward(st, bq, xn, w, nullptr, yu);
+  fp8::linear_backward(st, bq, dy, xn, w, &dxu, &dwu, nullptr, true);
+  int64_t by = same(yf, yu), bx = same(dxf, dxu), bw = same(dwf, dwu);
+  std::snprintf(d, sizeof d, "%lld y / %lld dx / %lld dw mismatches", (long long)by, (long long)bx, (long long)bw);
+  report("fp8::linear blockwise rmsnorm_fp8 input == unfused", xq.defined() && by + bx + bw == 0, d);
+  // SwiGLU -> fc2 (forward; wgrad from q_t + s_t) and linear_proj-style keep_x_t + keep_x_st.
+  const fp8::Fp8Input aq = fp8::swiglu_fp8(st, b2, fc1o);
+  Tensor act = bf({N, f});
+  ops::swiglu_forward(fc1o, act);
+  Tensor y2f = bf({N, h}), y2u = bf({N, h}), y2k = bf({N, h}), dw2f = f32({h, f}), dw2u = f32({h, f}), dw2k = f32({h, f});
+  Tensor kt, kst;
+  if (aq.defined()) {
+    fp8::linear_forward(st, b2, Tensor(), w2, nullptr, y2f, &aq);
+    fp8::linear_backward(st, b2, dy2, Tensor(), w2, nullptr, &dw2f, nullptr, true, &aq.q_t, nullptr, &aq.s_t);
+  }
+  fp8::linear_forward(st, b2, act, w2, nullptr, y2u);
+  fp8::linear_backward(st, b2, dy2, act, w2, nullptr, &dw2u, nullptr, true);
+  fp8::linear_forward(st, b2, act, w2, nullptr, y2k, nullptr, &kt, nullptr, &kst);
+  fp8::linear_backward(st, b2, dy2, Tensor(), w2, nullptr, &dw2k, nullptr, true, &kt, nullptr, &kst);
+  by = same(y2f, y2u) + same(y2k, y2u);
+  bw = same(dw2f, dw2u) + same(dw2k, dw2u);
+  std::snprintf(d, sizeof d, "%lld y / %lld dw mismatches; kept columnwise copy %s", (long long)by, (long long)bw,
+                kt.defined() && kst.defined() ? "made" : "MISSING");
+  report("fp8::linear blockwise swiglu_fp8 input and keep_x_t == unfused", aq.defined() && kt.defined() && by + bw == 0, d);
+  // SwiGLU backward -> fc1's dgrad and wgrad from the fused dyq.
+  const fp8::Fp8Input gq = fp8::swiglu_backward_fp8(st, b1, dact, fc1o);
+  Tensor dfc1 = bf({N, 2 * f});
+  ops::swiglu_backward(dact, fc1o, dfc1);
+  Tensor dx1f = bf({N, h}), dx1u = bf({N, h}), dw1f = f32({2 * f, h}), dw1u = f32({2 * f, h});
+  if (gq.defined()) fp8::linear_backward(st, b1, Tensor(), x, w1, &dx1f, &dw1f, nullptr, true, nullptr, &gq);
+  fp8::linear_backward(st, b1, dfc1, x, w1, &dx1u, &dw1u, nullptr, true);
+  bx = same(dx1f, dx1u);
+  bw = same(dw1f, dw1u);
+  std::snprintf(d, sizeof d, "%lld dx / %lld dw mismatches", (long long)bx, (long long)bw);
+  report("fp8::linear blockwise swiglu_backward_fp8 dyq == unfused", gq.defined() && bx + bw == 0, d);
+}
+
 void test_blockwise() {
   // 0. The fused producers (MEGATRON_FP8_BLOCK_FUSED) against producer + quantize.
   try {
     test_blockwise_fused();
+    test_blockwise_fused_linear();
   } catch (const std::exception& e) {
     report("fp8_block fused producers", false, std::string("exception: ") + e.what());
   }
