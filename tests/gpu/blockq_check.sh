@@ -26,6 +26,9 @@
 #     MEGATRON_FP8_BLOCK_FUSED=1 vs 0: all 33 losses identical (the whole step, backward included).
 # RESULT <name> <value> <unit> per figure; PASS/FAIL per check; exit status non-zero iff a FAIL.
 set -u
+# The new kernels are opt-in until this check has passed (docs/environment.md): select them here;
+# the A/B runs below override these per run (`env VAR=...`).
+export MEGATRON_FP8_BLOCK_QUANT=${MEGATRON_FP8_BLOCK_QUANT:-tiled} MEGATRON_FP8_BLOCK_FUSED=${MEGATRON_FP8_BLOCK_FUSED:-1}
 BIN="${1:?usage: blockq_check.sh BIN_DIR LOGDIR}"
 OUT="${2:?usage: blockq_check.sh BIN_DIR LOGDIR}"
 . "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the Session 9 "optoverlap" change (issue 21): the optimizer step overlapped with
 # the next forward (megatron/core/optimizer/step_overlap.h; docs/performance.md "Session 9:
-# optimizer overlap"). MEGATRON_OPTIM_OVERLAP=1 (default) runs Adam per forward stage on a
+# optimizer overlap"). MEGATRON_OPTIM_OVERLAP=1 (opt-in until this check has passed) runs Adam per forward stage on a
 # low-priority side stream (the compute stream becomes a high-priority stream), each stage's
 # forward waits for its update, and the grad buffers are zeroed on the side stream;
 # MEGATRON_OPTIM_OVERLAP=0 is the serial step. Same kernels, same per-element arithmetic: results

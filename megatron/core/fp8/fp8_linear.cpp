@@ -18,8 +18,9 @@ bool fusion_enabled() {
 }
 
 bool block_fusion_enabled() {
-  // 0: the blockwise recipe's producers write their bf16 output, quantized by a separate pass (A/B).
-  static const bool on = env_switch("MEGATRON_FP8_BLOCK_FUSED", true);
+  // 0 (default until tests/gpu/blockq_check.sh has passed on a GPU; session 9 had none): the
+  // blockwise recipe's producers write their bf16 output, quantized by a separate pass; 1: fused.
+  static const bool on = env_switch("MEGATRON_FP8_BLOCK_FUSED", false);
   return on;
 }
 

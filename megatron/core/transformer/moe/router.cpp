@@ -264,7 +264,9 @@ Tensor jitter_backward(const Tensor& dx, const RouterCtx& ctx) {
 }
 }  // namespace
 
-bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", true); }
+// Default 0 (the host float64 router) until tests/gpu/moerouter_check.sh has passed on a GPU
+// (session 9, which wrote the device router, had none); 1 selects the device router.
+bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", false); }
 
 bool TopKRouter::device_routing_supported(const Tensor& x) const {
   return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
