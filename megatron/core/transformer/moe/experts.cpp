@@ -1,5 +1,6 @@
 #include "megatron/core/transformer/moe/experts.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/core/ops/ops.h"
@@ -35,7 +36,9 @@ ParamRef add_expert_param(ParamRegistry& reg, const std::string& name, Shape glo
 
 Experts::Experts(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t first_expert,
                  int64_t num_local_experts, int etp_rank, int etp_size)
-    : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size) {
+    : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size),
+      recompute_act_(config.moe_grouped_gemm && config.recompute_granularity == RecomputeGranularity::kSelective &&
+                     std::count(config.recompute_modules.begin(), config.recompute_modules.end(), "moe_act") > 0) {
   MEGATRON_CHECK(!config.add_bias_linear) << "MoE experts with bias";
   const int64_t fc1_rows = config.gated_linear_unit ? 2 * config.moe_ffn_hidden_size : config.moe_ffn_hidden_size;
   const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
@@ -96,7 +99,17 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   // so per row the same as per expert), the probs scale, fc2 grouped.
   Tensor f1 = Tensor::empty({N, fc1_local}, x.dtype(), x.device());
   ops::grouped_linear_forward(x, weights_of(fc1_), tokens_per_expert, f1);
-  Tensor act = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  Tensor act = activation(f1);
+  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+  ops::scale_rows(act, probs, scaled);
+  ops::grouped_linear_forward(scaled, weights_of(fc2_), tokens_per_expert, y);
+  ctx.fc1_out = f1;
+  if (!recompute_act_) ctx.act = act;  // --recompute-modules moe_act: rebuilt from f1 in backward
+  return y;
+}
+
+Tensor Experts::activation(const Tensor& f1) const {
+  Tensor act = Tensor::empty({f1.size(0), ffn_local_}, f1.dtype(), f1.device());
   if (config_.gated_linear_unit) {
     ops::swiglu_forward(f1, act);
   } else if (config_.squared_relu) {
@@ -104,12 +117,7 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   } else {
     ops::gelu_forward(f1, act, false);
   }
-  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
-  ops::scale_rows(act, probs, scaled);
-  ops::grouped_linear_forward(scaled, weights_of(fc2_), tokens_per_expert, y);
-  ctx.fc1_out = f1;
-  ctx.act = act;
-  return y;
+  return act;
 }
 
 Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const {
@@ -117,8 +125,9 @@ Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>*
   dprobs->assign(static_cast<size_t>(N), 0.0);
   if (N == 0) return Tensor::zeros({N, h}, dy.dtype(), dy.device());
   Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());  // every row written by the dgrad
-  const Tensor& act = ctx.act;
   const Tensor& f1 = ctx.fc1_out;
+  // moe_act: the same activation op on the same fc1 output as the forward, so bitwise its act.
+  const Tensor act = ctx.act.defined() ? ctx.act : activation(f1);
   Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
   ops::scale_rows(act, ctx.probs, scaled);  // recomputed (cheaper to keep than the fc2 input)
   Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());

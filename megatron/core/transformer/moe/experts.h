@@ -26,7 +26,7 @@ struct ExpertsCtx {
   std::vector<int64_t> tokens_per_expert;
   Tensor input;                  // [N, h] permuted rows
   Tensor fc1_out;                // [N, fc1_local] (all local experts, expert-major)
-  Tensor act;                    // [N, ffn_local] activation before the probs scale
+  Tensor act;                    // [N, ffn_local] activation before the probs scale (undefined: moe_act recompute)
   Tensor probs;                  // float32 [N]
 };
 
@@ -40,12 +40,17 @@ class Experts {
   /// [N, h] partial over expert-TP (x's dtype).
   Tensor forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs, ExpertsCtx& ctx) const;
   /// dy [N, h] -> dx [N, h]; *dprobs = d loss / d probs [N] (host); accumulates weight gradients.
+  /// With --recompute-granularity selective --recompute-modules moe_act (TEGroupedMLP's
+  /// activation_recompute; needs --moe-grouped-gemm, checked by the arguments) the forward keeps
+  /// fc1's output only and this re-applies the activation to it (the probs scale is always redone).
   Tensor backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const;
   int64_t num_local_experts() const { return static_cast<int64_t>(fc1_.size()); }
 
  private:
+  Tensor activation(const Tensor& f1) const;  // SwiGLU / squared ReLU / GeLU of fc1's output [N, ffn_local]
   const TransformerConfig& config_;
   int64_t ffn_local_;
+  bool recompute_act_;  // --recompute-modules moe_act
   std::vector<ParamRef> fc1_, fc2_;
 };
 
