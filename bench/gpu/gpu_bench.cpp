@@ -249,7 +249,8 @@ void bench_moe_gemms(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E
 // forward + backward (router, permute, experts, unpermute, aux loss) and the Experts module alone
 // on the counts the router produced; the difference is the router + permute + unpermute + aux
 // share. Errors are reported, not fatal (the kernel figures stand on their own).
-void bench_moe_layer(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K) {
+void bench_moe_layer(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K,
+                     const megatron::fp8::Fp8Config* fp8 = nullptr) {
   const double flops = 2.0 * T * K * H * (2 * F) * 3 + 2.0 * T * K * F * H * 3;
   char nm[200];
   try {
@@ -257,7 +258,7 @@ void bench_moe_layer(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E
     megatron::bench::MoELayerLegResult r = megatron::bench::moe_layer_leg(
         T, H, F, E, K, DType::kBFloat16, Device::cuda(),
         [](const Shape& s, DType dt, float std) { return rnd(s, dt, std); },
-        [](const std::function<void()>& fn) { return static_cast<double>(time_ms(fn, 2, 5)); });
+        [](const std::function<void()>& fn) { return static_cast<double>(time_ms(fn, 2, 5)); }, fp8);
     int64_t lo = r.tokens_per_expert.front(), hi = lo;
     for (int64_t c : r.tokens_per_expert) lo = std::min(lo, c), hi = std::max(hi, c);
     std::snprintf(nm, sizeof nm, "moe %s layer fwd+bwd T=%ld", tag, (long)T);
@@ -379,6 +380,11 @@ int main(int argc, char** argv) {
   if (only == "moe_layer") {  // the two layer legs alone (tests/gpu/moerouter_check.sh)
     bench_moe_layer("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
     bench_moe_layer("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
+  }
+  if (only == "moe_fp8") {  // tests/gpu/moefp8_check.sh: the Mixtral-shaped layer, bf16 and FP8 experts
+    megatron::fp8::Fp8Config f8;  // hybrid, delayed (Megatron's defaults)
+    bench_moe_layer("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
+    bench_moe_layer("mixtral-8x7b-fp8", 4096, 4096, 14336, 8, 2, &f8);
   }
   if (only == "moe") {  // not in the default run: bench/gpu/moe_bench.sh
     bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);

@@ -3,14 +3,19 @@
 // tests/unit_tests/transformer/moe/moe_layer_test.cpp): one MoELayer (E experts of ffn F, SwiGLU,
 // top-K, aux loss 1e-2, EP1, TP1) forward + backward on T tokens, then the Experts module alone on
 // the token counts that layer's router produced. The difference of the two times is the router +
-// permute + unpermute + aux-loss share.
+// permute + unpermute + aux-loss share. With `fp8` the routed experts' GEMMs run in FP8 (docs/moe.md
+// "FP8 experts"; the layer and the Experts module each with an FP8 state of its own, no step
+// boundary: every call casts the weights, as one micro-batch per step does).
 #pragma once
+
+#include <memory>
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/moe/moe_layer.h"
@@ -26,10 +31,10 @@ struct MoELayerLegResult {
   std::vector<int64_t> tokens_per_expert;
 };
 
-/// The leg's layer config: one layer, hidden H, E SwiGLU experts of ffn F, top-K, no biases, no
-/// dropout, aux loss 1e-2, --moe-grouped-gemm names, parameters of dtype dt (validated; throws
-/// what TransformerConfig::validate throws).
-inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64_t E, int64_t K, DType dt) {
+/// The leg's one-layer MoE config (validated): hidden H, E SwiGLU experts of ffn F, top-K, aux loss
+/// 1e-2, no bias, no dropout, --moe-grouped-gemm naming, parameters in `dt`, FP8 experts with `fp8`.
+inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64_t E, int64_t K, DType dt,
+                                                     const fp8::Fp8Config* fp8 = nullptr) {
   transformer::TransformerConfig c;
   c.num_layers = 1;
   c.hidden_size = H;
@@ -44,6 +49,7 @@ inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64
   c.moe_aux_loss_coeff = {1e-2};
   c.moe_grouped_gemm = true;
   c.params_dtype = dt;
+  if (fp8) c.fp8 = *fp8;
   c.validate();
   return c;
 }
@@ -55,14 +61,20 @@ inline transformer::TransformerConfig moe_leg_config(int64_t H, int64_t F, int64
 /// forward context before backward (MoELayer::backward resets it). Throws what the layer throws.
 inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t E, int64_t K, DType dt, Device dev,
                                        const std::function<Tensor(const Shape&, DType, float)>& rnd,
-                                       const std::function<double(const std::function<void()>&)>& time) {
+                                       const std::function<double(const std::function<void()>&)>& time,
+                                       const fp8::Fp8Config* fp8 = nullptr) {
   using namespace megatron::transformer;
   using namespace megatron::transformer::moe;
-  const TransformerConfig c = moe_leg_config(H, F, E, K, dt);
+  TransformerConfig c = moe_leg_config(H, F, E, K, dt, fp8);
   tensor_parallel::TPContext tp{comm::make_single_rank_group()};
+  std::shared_ptr<fp8::Fp8State> st1, st2;
+  if (fp8) {
+    st1 = std::make_shared<fp8::Fp8State>(*fp8, dev);
+    st2 = std::make_shared<fp8::Fp8State>(*fp8, dev);
+  }
   ParamRegistry reg, ereg;
-  MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single());
-  Experts experts(ereg, "decoder.layers.0.mlp.experts", c, 0, E, 0, 1);
+  MoELayer layer(reg, "decoder.layers.0.mlp", c, 1, tp, MoEGroups::single(), st1);
+  Experts experts(ereg, "decoder.layers.0.mlp.experts", c, 0, E, 0, 1, st2);
   for (ParamRegistry* r : {&reg, &ereg})
     for (size_t i = 0; i < r->params().size(); ++i) {
       Parameter& p = r->params()[i];
@@ -77,7 +89,9 @@ inline MoELayerLegResult moe_layer_leg(int64_t T, int64_t H, int64_t F, int64_t 
     MoELayerCtx ctx;
     MoEMetricsTracker::get().clear();
     layer.forward(x, fc, ctx);
-    res.tokens_per_expert = ctx.experts.tokens_per_expert;  // backward clears ctx.experts
+    // backward clears ctx.experts; FP8 on a GPU: the router's counts, not the padded ones
+    res.tokens_per_expert = ctx.experts.unpadded_tokens_per_expert.empty() ? ctx.experts.tokens_per_expert
+                                                                           : ctx.experts.unpadded_tokens_per_expert;
     layer.backward(dy, ctx);
   });
   int64_t R = 0;

@@ -960,7 +960,12 @@ void validate_moe_args(Arguments& a) {
     fail("--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall (or flex)");
   if (a.moe_router_enable_expert_bias && a.moe_router_score_function == "softmax")
     fail("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
-  if (a.fp8) fail("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
+  if (a.fp8 && a.fp8_param_gather)
+    fail("--fp8-param-gather with --num-experts is not implemented in megatron.cpp yet (FP8 expert weights are cast "
+         "from the model dtype every step); drop --fp8-param-gather");
+  if (a.fp8 && a.fp8_recipe == "tensorwise" && etp > 1)
+    fail("--fp8-recipe tensorwise with --num-experts needs --expert-tensor-parallel-size 1 (Transformer Engine's "
+         "GroupedLinear has no current scaling under expert tensor parallelism)");
   if (a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
     fail("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's MoELayer rule)");
   if (a.context_parallel_size > 1 && ep > 1)
@@ -1219,8 +1224,8 @@ void validate_args(Arguments& a) {
       if (a.fp8 && m == "moe_act" && a.fp8_recipe == "delayed")
         fail("Delayed scaling does not support moe_act and layernorm recompute for fp8 (--recompute-modules moe_act "
              "with --fp8-recipe delayed)");
-      if (a.fp8 && (m == "moe_act" || m == "shared_experts"))  // the replay's amax/transpose handling is not done
-        fail("--recompute-modules " + m + " with --fp8-format is not implemented in megatron.cpp yet; drop one");
+      if (a.fp8 && m == "moe_act")  // Megatron: fc2 then saves its bf16 input (set_save_original_input)
+        fail("--recompute-modules moe_act with --fp8-format is not implemented in megatron.cpp yet; drop one");
       if (m != "core_attn" && m != "moe" && m != "moe_act" && m != "shared_experts")
         fail("--recompute-modules " + m + " is not implemented in megatron.cpp yet (selective recomputation of "
              "core_attn, moe, moe_act and shared_experts only); use --recompute-granularity full, or drop " + m);

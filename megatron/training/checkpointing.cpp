@@ -87,6 +87,7 @@ ParallelRanks checkpoint_ranks() {
   r.dp_rank = ps::get_data_parallel_rank(/*with_context_parallel=*/true);
   r.dp_size = ps::get_data_parallel_world_size(/*with_context_parallel=*/true);
   r.edp_rank = ps::get_expert_data_parallel_rank();
+  r.etp_rank = ps::get_expert_tensor_parallel_rank();
   return r;
 }
 
@@ -527,14 +528,16 @@ namespace {
 
 // FP8 amax histories and scales of every model chunk as named extra tensors: identical on all
 // ranks of the amax group (TP x DP x CP: amaxes are max-reduced every step), so only TP rank 0 of
-// DP rank 0 writes them (one copy per pipeline stage).
+// DP rank 0 writes them (one copy per pipeline stage). A routed expert's state (keyed by its global
+// expert index) is written by expert-TP rank 0 of expert-DP rank 0 among the ranks holding it.
 std::vector<ShardedTensor> fp8_state_tensors(const std::vector<models::gpt::GPTModel*>& chunks,
                                              const ParallelRanks& ranks) {
   std::vector<ShardedTensor> out;
   const int replica = (ranks.tp_rank != 0 || ranks.dp_rank != 0) ? 1 : 0;
+  const int expert_replica = (ranks.etp_rank != 0 || ranks.edp_rank != 0) ? 1 : 0;
   for (const auto* m : chunks)
     if (auto* f8 = m->fp8_state())
-      for (auto& t : f8->checkpoint_tensors(replica)) out.push_back(std::move(t));
+      for (auto& t : f8->checkpoint_tensors(replica, expert_replica)) out.push_back(std::move(t));
   return out;
 }
 

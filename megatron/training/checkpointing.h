@@ -81,6 +81,9 @@ struct ParallelRanks {
   /// Expert-data-parallel rank (expt-dp): the replica index of the expert-parallel parameters
   /// (Parameter::allreduce false), whose expert-TP rank/size come from the parameter itself.
   int edp_rank = 0;
+  /// Expert-tensor-parallel rank (expt-tp): with edp_rank, which copy of a routed expert's FP8
+  /// state is the one written (fp8::Fp8State::checkpoint_tensors' expert replica).
+  int etp_rank = 0;
 };
 
 /// This rank's position from parallel_state (initialize_model_parallel must have run); DP is

@@ -55,8 +55,6 @@ bad 'Delayed scaling does not support moe_act and layernorm recompute for fp8' "
   --moe-grouped-gemm --fp8-format hybrid --fp8-recipe delayed
 bad 'recompute-modules moe_act with --fp8-format is not implemented' "${SEL[@]}" moe_act --moe-grouped-gemm \
   --fp8-format hybrid --fp8-recipe tensorwise
-bad 'recompute-modules shared_experts with --fp8-format is not implemented' "${SEL[@]}" shared_experts \
-  --fp8-format hybrid
 echo "PASS argument checks"
 run nojitter_ref env --
 run nojitter_uniform1 env -- "${UNIFORM1[@]}"

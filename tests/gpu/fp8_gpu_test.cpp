@@ -902,14 +902,176 @@ std::vector<double> block_dequant(const Tensor& q, const Tensor& s, bool two_d, 
   return out;
 }
 
+// Blockwise fused producers (fp8_block_rmsnorm_quantize after rmsnorm_rstd, fp8_block_swiglu_quantize,
+// fp8_block_swiglu_backward_quantize) against the unfused path -- rmsnorm_forward / swiglu_forward /
+// swiglu_backward writing the model dtype, then fp8_block_quantize (1 x 128 q + s, 128 x 1 q_t + s_t)
+// -- bit-exact bytes of both copies and every scale_inv bit (padding included); partial tiles,
+// fp32 and power-of-2 scales, fp32 activations, and the LLaMA-3-8B shapes with both paths' times.
+// What MEGATRON_FP8_BLOCK_FUSED=0 vs 1 must leave unchanged (identical losses).
+void test_blockwise_fused() {
+  struct S { int which; int64_t rows, cols; bool pow2; DType dt; bool big; };  // which: 0 norm, 1 swiglu, 2 swiglu bwd
+  const S shapes[] = {{0, 272, 264, true, DType::kBFloat16, false},  {0, 384, 256, false, DType::kFloat32, false},
+                      {1, 272, 264, false, DType::kBFloat16, false}, {1, 256, 384, true, DType::kFloat32, false},
+                      {2, 272, 272, true, DType::kBFloat16, false},  {2, 256, 512, false, DType::kBFloat16, false},
+                      {0, 8192, 4096, true, DType::kBFloat16, true}, {1, 8192, 14336, true, DType::kBFloat16, true},
+                      {2, 8192, 28672, true, DType::kBFloat16, true}};
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const S& sh : shapes) {
+    const int64_t R = sh.rows, C = sh.cols;  // C: the quantized tensor's columns
+    const int64_t in_cols = sh.which == 1 ? 2 * C : C;
+    const DType qd = sh.which == 2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+    std::vector<float> xv(R * in_cols), gv(C), dv(R * (C / 2));
+    fast_fill(xv, 4.0f);
+    fast_fill(dv, 4e-3f);
+    for (auto& v : gv) v = 0.1f * nd(g_rng);
+    // One tiny row tile and one huge element: scales differ by tile, one saturates nothing.
+    for (int64_t c = 0; c < std::min<int64_t>(in_cols, 128); ++c) xv[5 * in_cols + c] *= 1e-6f;
+    xv[(R / 2) * in_cols + 3] = 1e4f;
+    Tensor x = Tensor::from_vector(xv, {R, in_cols}).to(sh.dt).to(Device::cuda());
+    Tensor gamma = Tensor::from_vector(gv, {C}).to(sh.dt).to(Device::cuda());
+    Tensor dy = Tensor::from_vector(dv, {R, C / 2}).to(sh.dt).to(Device::cuda());
+    BlockOut u = block_out(R, C, false, qd, Device::cuda()), f = block_out(R, C, false, qd, Device::cuda());
+    Tensor y = Tensor::empty({R, C}, sh.dt, Device::cuda());
+    Tensor rstd_u = Tensor::empty({R}, DType::kFloat32, Device::cuda()), rstd_f = Tensor::empty({R}, DType::kFloat32, Device::cuda());
+    auto unfused = [&] {
+      if (sh.which == 0) cu::rmsnorm_forward(x, gamma, 1e-5f, true, y, rstd_u);
+      else if (sh.which == 1) cu::swiglu_forward(x, y);
+      else cu::swiglu_backward(dy, x, y);
+      cu::fp8_block_quantize(y, false, sh.pow2, &u.q, &u.s, &u.qt, &u.st);
+    };
+    bool launched = true;
+    auto fused = [&] {
+      if (sh.which == 0) {
+        cu::rmsnorm_rstd(x, gamma, 1e-5f, rstd_f);
+        launched = cu::fp8_block_rmsnorm_quantize(x, gamma, rstd_f, true, sh.dt, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      } else if (sh.which == 1) {
+        launched = cu::fp8_block_swiglu_quantize(x, sh.dt, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      } else {
+        launched = cu::fp8_block_swiglu_backward_quantize(dy, x, sh.pow2, &f.q, &f.s, &f.qt, &f.st);
+      }
+    };
+    unfused();
+    fused();
+    const int64_t bad = row_mismatches(f.q, bytes(u.q)) + row_mismatches(f.qt, bytes(u.qt));
+    int64_t bad_s = 0;
+    for (auto [a, b] : {std::pair<const Tensor*, const Tensor*>{&u.s, &f.s}, {&u.st, &f.st}}) {
+      const std::vector<float> ha = host(*a), hb = host(*b);
+      for (size_t i = 0; i < ha.size(); ++i) bad_s += std::memcmp(&ha[i], &hb[i], 4) != 0;
+    }
+    std::string t;
+    if (sh.big) {
+      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
+      char b[160];
+      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+      t = b;
+    }
+    char d[300];
+    std::snprintf(d, sizeof d, "%lld byte / %lld scale_inv mismatches%s", (long long)bad, (long long)bad_s, t.c_str());
+    static const char* names[] = {"rmsnorm", "swiglu", "swiglu_bwd"};
+    char name[160];
+    std::snprintf(name, sizeof name, "fp8_block %s+quantize fused vs unfused %s %lldx%lld%s", names[sh.which],
+                  dtype_name(sh.dt), (long long)R, (long long)C, sh.pow2 ? "" : " fp32-scales");
+    report(name, launched && bad == 0 && bad_s == 0, d);
+  }
+}
+
+// The blockwise transport through fp8::linear: the fused producers' Fp8Input (q + s for the
+// forward / dgrad, q_t + s_t for the wgrad), the SwiGLU backward's dyq and linear_proj's kept
+// columnwise copy (keep_x_t + keep_x_st) give bit-identical y, dx and dw to the unfused calls (the
+// producer's bf16 output, quantized inside fp8::linear): same FP8 operands, same GEMMs.
+// Needs MEGATRON_FP8_BLOCK_FUSED unset or 1 (else the producers return nothing: FAIL).
+void test_blockwise_fused_linear() {
+  fp8::Fp8Config cfg;
+  cfg.recipe = fp8::Fp8Recipe::kBlockwise;
+  fp8::Fp8State st(cfg, Device::cuda());
+  const int bq = st.register_linear("qkv"), b1 = st.register_linear("fc1"), b2 = st.register_linear("fc2");
+  const int64_t N = 256, h = 256, f = 384, out = 512;
+  std::vector<float> xv(N * h), gv(h), wv(out * h), w1v(2 * f * h), w2v(h * f), dyv(N * out), fv(N * 2 * f), dav(N * f);
+  fast_fill(xv, 4.0f);
+  fast_fill(fv, 4.0f);
+  fast_fill(gv, 0.2f);
+  fast_fill(wv, 0.05f);
+  fast_fill(w1v, 0.05f);
+  fast_fill(w2v, 0.05f);
+  fast_fill(dyv, 1e-3f);
+  fast_fill(dav, 1e-3f);
+  auto dev = [](const std::vector<float>& v, Shape s) { return Tensor::from_vector(v, s).to(DType::kBFloat16).to(Device::cuda()); };
+  Tensor x = dev(xv, {N, h}), gamma = dev(gv, {h}), w = dev(wv, {out, h}), w1 = dev(w1v, {2 * f, h}), w2 = dev(w2v, {h, f});
+  Tensor dy = dev(dyv, {N, out}), fc1o = dev(fv, {N, 2 * f}), dact = dev(dav, {N, f}), dy2 = dev(dyv, {N, h});
+  auto bf = [](Shape s) { return Tensor::empty(s, DType::kBFloat16, Device::cuda()); };
+  auto f32 = [](Shape s) { return Tensor::zeros(s, DType::kFloat32, Device::cuda()); };
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const std::vector<float> ha = host(a), hb = host(b);
+    int64_t bad = 0;
+    for (size_t i = 0; i < ha.size(); ++i) bad += std::memcmp(&ha[i], &hb[i], 4) != 0;
+    return bad;
+  };
+  char d[200];
+  // RMSNorm -> linear (forward, dgrad, wgrad from q_t + s_t).
+  Tensor rstd = Tensor::empty({N}, DType::kFloat32, Device::cuda()), rstd_u = Tensor::empty({N}, DType::kFloat32, Device::cuda());
+  const fp8::Fp8Input xq = fp8::rmsnorm_fp8(st, bq, x, gamma, 1e-5f, true, rstd);
+  Tensor xn = bf({N, h});
+  ops::rmsnorm_forward(x, gamma, 1e-5f, true, xn, rstd_u);
+  Tensor yf = bf({N, out}), yu = bf({N, out}), dxf = bf({N, h}), dxu = bf({N, h}), dwf = f32({out, h}), dwu = f32({out, h});
+  if (xq.defined()) {
+    fp8::linear_forward(st, bq, Tensor(), w, nullptr, yf, &xq);
+    fp8::linear_backward(st, bq, dy, Tensor(), w, &dxf, &dwf, nullptr, true, &xq.q_t, nullptr, &xq.s_t);
+  }
+  fp8::linear_forward(st, bq, xn, w, nullptr, yu);
+  fp8::linear_backward(st, bq, dy, xn, w, &dxu, &dwu, nullptr, true);
+  int64_t by = same(yf, yu), bx = same(dxf, dxu), bw = same(dwf, dwu);
+  std::snprintf(d, sizeof d, "%lld y / %lld dx / %lld dw mismatches", (long long)by, (long long)bx, (long long)bw);
+  report("fp8::linear blockwise rmsnorm_fp8 input == unfused", xq.defined() && by + bx + bw == 0, d);
+  // SwiGLU -> fc2 (forward; wgrad from q_t + s_t) and linear_proj-style keep_x_t + keep_x_st.
+  const fp8::Fp8Input aq = fp8::swiglu_fp8(st, b2, fc1o);
+  Tensor act = bf({N, f});
+  ops::swiglu_forward(fc1o, act);
+  Tensor y2f = bf({N, h}), y2u = bf({N, h}), y2k = bf({N, h}), dw2f = f32({h, f}), dw2u = f32({h, f}), dw2k = f32({h, f});
+  Tensor kt, kst;
+  if (aq.defined()) {
+    fp8::linear_forward(st, b2, Tensor(), w2, nullptr, y2f, &aq);
+    fp8::linear_backward(st, b2, dy2, Tensor(), w2, nullptr, &dw2f, nullptr, true, &aq.q_t, nullptr, &aq.s_t);
+  }
+  fp8::linear_forward(st, b2, act, w2, nullptr, y2u);
+  fp8::linear_backward(st, b2, dy2, act, w2, nullptr, &dw2u, nullptr, true);
+  fp8::linear_forward(st, b2, act, w2, nullptr, y2k, nullptr, &kt, nullptr, &kst);
+  fp8::linear_backward(st, b2, dy2, Tensor(), w2, nullptr, &dw2k, nullptr, true, &kt, nullptr, &kst);
+  by = same(y2f, y2u) + same(y2k, y2u);
+  bw = same(dw2f, dw2u) + same(dw2k, dw2u);
+  std::snprintf(d, sizeof d, "%lld y / %lld dw mismatches; kept columnwise copy %s", (long long)by, (long long)bw,
+                kt.defined() && kst.defined() ? "made" : "MISSING");
+  report("fp8::linear blockwise swiglu_fp8 input and keep_x_t == unfused", aq.defined() && kt.defined() && by + bw == 0, d);
+  // SwiGLU backward -> fc1's dgrad and wgrad from the fused dyq.
+  const fp8::Fp8Input gq = fp8::swiglu_backward_fp8(st, b1, dact, fc1o);
+  Tensor dfc1 = bf({N, 2 * f});
+  ops::swiglu_backward(dact, fc1o, dfc1);
+  Tensor dx1f = bf({N, h}), dx1u = bf({N, h}), dw1f = f32({2 * f, h}), dw1u = f32({2 * f, h});
+  if (gq.defined()) fp8::linear_backward(st, b1, Tensor(), x, w1, &dx1f, &dw1f, nullptr, true, nullptr, &gq);
+  fp8::linear_backward(st, b1, dfc1, x, w1, &dx1u, &dw1u, nullptr, true);
+  bx = same(dx1f, dx1u);
+  bw = same(dw1f, dw1u);
+  std::snprintf(d, sizeof d, "%lld dx / %lld dw mismatches", (long long)bx, (long long)bw);
+  report("fp8::linear blockwise swiglu_backward_fp8 dyq == unfused", gq.defined() && bx + bw == 0, d);
+}
+
 void test_blockwise() {
+  // 0. The fused producers (MEGATRON_FP8_BLOCK_FUSED) against producer + quantize.
+  try {
+    test_blockwise_fused();
+    test_blockwise_fused_linear();
+  } catch (const std::exception& e) {
+    report("fp8_block fused producers", false, std::string("exception: ") + e.what());
+  }
   // 1. Quantize: CUDA vs CPU reference, bit-exact.
   struct Q { int64_t r, c; bool two_d, pow2; DType in, q; bool timed; };
   const Q qs[] = {{130, 200, false, true, DType::kBFloat16, DType::kFloat8E4M3, false},
                   {130, 200, true, true, DType::kBFloat16, DType::kFloat8E4M3, false},
                   {257, 131, false, false, DType::kFloat32, DType::kFloat8E5M2, false},
                   {257, 131, true, false, DType::kFloat32, DType::kFloat8E4M3, false},
+                  {256, 512, false, false, DType::kFloat32, DType::kFloat8E4M3, false},  // whole tiles, fp32 in
+                  {256, 512, true, true, DType::kFloat32, DType::kFloat8E5M2, false},
                   {8192, 4096, false, true, DType::kBFloat16, DType::kFloat8E5M2, true},
+                  {8192, 6144, false, true, DType::kBFloat16, DType::kFloat8E4M3, true},
                   {4096, 14336, true, true, DType::kBFloat16, DType::kFloat8E4M3, true}};
   for (const Q& c : qs) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -936,6 +1098,12 @@ void test_blockwise() {
     bad += row_mismatches(g2.q, bytes(h.q));
     char d[200];
     std::snprintf(d, sizeof d, "%lld byte / %lld scale_inv mismatches", (long long)bad, (long long)bad_s);
+    // Columnwise only (the backward's copy of x).
+    BlockOut g3 = block_out(c.r, c.c, c.two_d, c.q, Device::cuda());
+    cu::fp8_block_quantize(x, c.two_d, c.pow2, nullptr, nullptr, &g3.qt, &g3.st);
+    bad += row_mismatches(g3.qt, bytes(h.qt));
+    const std::vector<float> g3st = host(g3.st);
+    for (size_t i = 0; i < hst.size(); ++i) bad_s += hst[i] != g3st[i];
     if (c.timed) {
       const double ms = time_ms([&] { cu::fp8_block_quantize(x, c.two_d, c.pow2, &g.q, &g.s, &g.qt, &g.st); }, 10, 2);
       const double by = (double)c.r * c.c * (dtype_size(c.in) + 2);
@@ -1037,6 +1205,17 @@ void test_blockwise() {
                   dtype_name(c.a), c.a2 ? "(2d)" : "", dtype_name(c.b), c.b2 ? "(2d)" : "", dtype_name(c.c),
                   (long long)c.m, (long long)c.n, (long long)c.k);
     report(name, worst <= tol && worst_bug > 10 * tol, d);
+    // The heuristic's other algorithms (MEGATRON_FP8_BLOCK_WGRAD_ALGO, the timing sweep below):
+    // same operands and bound.
+    for (int algo = 1; algo < 16; ++algo) {
+      Tensor ca = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
+      if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, c.a2, B.q, B.s, c.b2, ca, c.beta, algo)) break;
+      const std::vector<float> ga = host(ca);
+      const std::vector<double> gad(ga.begin(), ga.end());
+      const double w = max_err(da, db, &gad);
+      std::snprintf(d, sizeof d, "max |err| / sum|ab| = %.3g (tol %.3g)", w, tol);
+      report(std::string(name) + " algo " + std::to_string(algo), w <= tol, d);
+    }
   }
 
   // 3. fp8::linear, blockwise recipe: CUDA vs the CPU emulation (same quantized operands; the
@@ -1048,23 +1227,65 @@ void test_blockwise() {
     linear_vs_cpu(cfg, 256, 256, 384, std::string("fp8::linear blockwise ") + (fmt == fp8::Fp8Format::kHybrid ? "hybrid" : "e4m3"));
   }
 
-  // 4. Timing: block-scaled vs per-tensor FP8 GEMM on LLaMA-3-8B shapes (8192 tokens).
-  struct S { const char* name; int64_t m, n, k; bool b2; };
-  const S ss[] = {{"qkv fwd", 8192, 6144, 4096, true}, {"fc1 fwd", 8192, 28672, 4096, true},
-                  {"fc2 fwd", 8192, 4096, 14336, true}, {"fc1 wgrad", 28672, 4096, 8192, false}};
+  // 4. Timing on LLaMA-3-8B shapes (8192 tokens). Quantize kernels (GB/s = bytes read + written):
+  // rows only (forward x), columns only (backward x), both (dy), 128 x 128 with transpose (W).
+  {
+    struct T { const char* what; int64_t r, c; bool two_d, row, col; };
+    const T ts[] = {{"x rows", 8192, 4096, false, true, false},     {"x cols", 8192, 4096, false, false, true},
+                    {"dy rows+cols", 8192, 4096, false, true, true}, {"x rows", 8192, 14336, false, true, false},
+                    {"x cols", 8192, 14336, false, false, true},    {"dy rows+cols", 8192, 28672, false, true, true},
+                    {"W 128x128+T", 4096, 14336, true, true, true},  {"W 128x128+T", 28672, 4096, true, true, true}};
+    for (const T& c : ts) {
+      Tensor x = Tensor::empty({c.r, c.c}, DType::kBFloat16, Device::cuda());
+      ops::fill(x, 0.37f);
+      BlockOut g = block_out(c.r, c.c, c.two_d, DType::kFloat8E4M3, Device::cuda());
+      const double ms = time_ms([&] {
+        cu::fp8_block_quantize(x, c.two_d, true, c.row ? &g.q : nullptr, c.row ? &g.s : nullptr, c.col ? &g.qt : nullptr,
+                               c.col ? &g.st : nullptr);
+      }, 20, 3);
+      const double by = (double)c.r * c.c * (2 + (c.row ? 1 : 0) + (c.col ? 1 : 0));
+      std::printf("time fp8_block_quantize %-13s %6lldx%-6lld %7.3f ms %6.0f GB/s\n", c.what, (long long)c.r,
+                  (long long)c.c, ms, by / ms / 1e6);
+    }
+  }
+  // Block-scaled GEMMs, each of the heuristic's algorithms (algo 0 = what training runs, except
+  // MEGATRON_FP8_BLOCK_WGRAD_ALGO for the wgrad), next to the per-tensor FP8 GEMM with and without
+  // fast accumulation (block-scaled GEMMs never use it). The wgrad as training runs it: fp32 out,
+  // beta 1 (accumulating into the fp32 gradient).
+  struct S { const char* name; int64_t m, n, k; bool b2; bool wgrad; };
+  const S ss[] = {{"qkv fwd", 8192, 6144, 4096, true, false},     {"fc1 fwd", 8192, 28672, 4096, true, false},
+                  {"fc2 fwd", 8192, 4096, 14336, true, false},    {"fc1 dgrad", 8192, 4096, 28672, true, false},
+                  {"qkv wgrad", 6144, 4096, 8192, false, true},   {"proj wgrad", 4096, 4096, 8192, false, true},
+                  {"fc1 wgrad", 28672, 4096, 8192, false, true},  {"fc2 wgrad", 4096, 14336, 8192, false, true},
+                  // The operands in the other order (dW^T = x^T dy): FP8 GEMMs on Hopper take only the
+                  // TN form into a column-major D, so this order would need a transpose of the fp32
+                  // dW (~0.25 ms at fc1's shape); timed to see whether cuBLASLt is faster this way.
+                  {"fc1 wgradT", 4096, 28672, 8192, false, true}};
   for (const S& c : ss) {
     BlockOut A = block_out(c.m, c.k, false, DType::kFloat8E4M3, Device::cuda());
     BlockOut B = block_out(c.n, c.k, c.b2, DType::kFloat8E4M3, Device::cuda());
     A.q.zero_(); B.q.zero_();
     ops::fill(A.s, 1.0f);  // device tensors: Tensor::fill_ is host-only
     ops::fill(B.s, 1.0f);
-    Tensor cd = Tensor::empty({c.m, c.n}, DType::kBFloat16, Device::cuda());
+    const DType ct = c.wgrad ? DType::kFloat32 : DType::kBFloat16;
+    const float beta = c.wgrad ? 1.0f : 0.0f;
+    Tensor cd = Tensor::zeros({c.m, c.n}, ct, Device::cuda());
     Tensor one = dev_scalar(1.0f);
-    const double tb = time_ms([&] { cu::fp8_block_gemm_tn(A.q, A.s, false, B.q, B.s, c.b2, cd, 0.0f); }, 20, 3);
-    const double tt = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, 0.0f, true); }, 20, 3);
     const double fl = 2.0 * c.m * c.n * c.k;
-    std::printf("time block-scaled %-10s m%-6lld n%-6lld k%-6lld %7.3f ms %6.0f TFLOP/s | per-tensor fp8 %7.3f ms %6.0f TFLOP/s\n",
-                c.name, (long long)c.m, (long long)c.n, (long long)c.k, tb, fl / tb / 1e9, tt, fl / tt / 1e9);
+    const double tt = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, beta, true); }, 20, 3);
+    const double ts = time_ms([&] { cu::fp8_gemm_tn(A.q, fp(one), B.q, fp(one), cd, beta, false); }, 20, 3);
+    double best = 1e30;
+    int best_i = -1;
+    for (int algo = 0; algo < 16; ++algo) {
+      if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo)) break;
+      const double tb = time_ms([&] { cu::fp8_block_gemm_tn_algo(A.q, A.s, false, B.q, B.s, c.b2, cd, beta, algo); }, 10, 2);
+      if (tb < best) best = tb, best_i = algo;
+      std::printf("time block-scaled %-10s m%-6lld n%-6lld k%-6lld %s algo %d %7.3f ms %6.0f TFLOP/s | per-tensor fp8 "
+                  "fast-accum %6.0f, split-accum %6.0f TFLOP/s\n",
+                  c.name, (long long)c.m, (long long)c.n, (long long)c.k, dtype_name(ct), algo, tb, fl / tb / 1e9,
+                  fl / tt / 1e9, fl / ts / 1e9);
+    }
+    std::printf("best block-scaled %-10s algo %d %6.0f TFLOP/s\n", c.name, best_i, fl / best / 1e9);
   }
 }
 }  // namespace

@@ -12,8 +12,13 @@ namespace megatron::fp8 {
 /// consuming linear's input-role scale (E4M3), bit-identical to quantizing the bf16 tensor the
 /// producer would have written; the producer also recorded that tensor's amax. `shape` is the
 /// logical input shape [..., in] (no bf16 tensor of that shape exists).
+/// Blockwise recipe (--fp8-recipe blockwise): q holds 1 x 128 tiles along `in` with scale_inv s
+/// [ceil(in/128), round4(rows)], q_t the 128 x 1 column tiles along the rows (TE's columnwise copy)
+/// with s_t [ceil(rows/128), round4(in)] (ops::fp8_block_quantize's layouts); s, s_t are undefined
+/// for the other recipes (their scale is the role's).
 struct Fp8Input {
   Tensor q, q_t;
+  Tensor s, s_t;
   Shape shape;
   DType dtype = DType::kBFloat16;  // the dtype the unfused producer would have written
   bool defined() const { return q.defined(); }

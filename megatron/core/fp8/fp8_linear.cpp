@@ -17,9 +17,18 @@ bool fusion_enabled() {
   return on;
 }
 
+bool block_fusion_enabled() {
+  // 0: the blockwise recipe's producers write their bf16 output, quantized by a separate pass (A/B).
+  static const bool on = env_switch("MEGATRON_FP8_BLOCK_FUSED", true);
+  return on;
+}
+
 bool fused_input_ok(const Fp8State& st, const Tensor& like) {
-  // The fused producers exist for the FP8-GEMM recipe of device tensors only.
-  return !like.is_cpu() && st.config().recipe == Fp8Recipe::kDelayed && st.config().wgrad && fusion_enabled();
+  // The fused producers exist for the FP8-GEMM recipes of device tensors only: delayed scaling
+  // (the scale is known before the producer runs) and blockwise (every scale is the block's own).
+  const Fp8Recipe r = st.config().recipe;
+  const bool recipe_ok = r == Fp8Recipe::kDelayed || (r == Fp8Recipe::kBlockwise && block_fusion_enabled());
+  return !like.is_cpu() && recipe_ok && st.config().wgrad && fusion_enabled();
 }
 
 namespace {
@@ -153,12 +162,26 @@ Fp8State::WeightCache weight_block_fp8(Fp8State& st, int base, const Tensor& w, 
   return r;
 }
 
+// `pre`: x quantized by its producer (both copies); else x is quantized here, with its columnwise
+// copy also written into *keep_x_t / *keep_x_st for the wgrad when both are given and
+// fused_input_ok (one read of x instead of a second one in backward).
 void forward_block(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                   const Tensor* residual) {
-  const Shape xs = rows_cols(x);
+                   const Tensor* residual, const Fp8Input* pre, Tensor* keep_x_t, Tensor* keep_x_st) {
+  const Shape xs = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(x);
   const int64_t out = w.size(0);
   BlockQ xq;
-  block_quantize_1d(st, st.dtype(base + kInput), x.view(xs), &xq, nullptr);
+  if (pre) {
+    MEGATRON_CHECK(pre->s.defined() && pre->q.dtype() == st.dtype(base + kInput))
+        << "fp8::linear_forward: blockwise input " << pre->q.str() << " without its scales";
+    xq = {pre->q, pre->s};
+  } else if (keep_x_t && keep_x_st && fused_input_ok(st, x)) {
+    BlockQ xc;
+    block_quantize_1d(st, st.dtype(base + kInput), x.view(xs), &xq, &xc);
+    *keep_x_t = xc.q;
+    *keep_x_st = xc.s;
+  } else {
+    block_quantize_1d(st, st.dtype(base + kInput), x.view(xs), &xq, nullptr);
+  }
   const Fp8State::WeightCache wq = weight_block_fp8(st, base, w, st.recording());
   Tensor y2 = y.view({xs[0], out});
   ops::fp8_block_gemm_tn(xq.q, xq.s, false, wq.q, wq.s, true, y2, 0.0f);
@@ -166,15 +189,24 @@ void forward_block(Fp8State& st, int base, const Tensor& x, const Tensor& w, con
   if (residual) ops::add_(y, *residual);
 }
 
+// `pre`: dy quantized by its producer (both copies); x_t / x_st: x's columnwise copy from the
+// forward (Fp8Input::q_t / s_t or keep_x_t / keep_x_st), else x is quantized here.
 void backward_block(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                    Tensor* dw, Tensor* dbias, bool accumulate) {
-  const Shape ds = rows_cols(dy);
+                    Tensor* dw, Tensor* dbias, bool accumulate, const Fp8Input* pre, const Tensor* x_t,
+                    const Tensor* x_st) {
+  const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);
   const int64_t N = ds[0], in = w.size(1);
   const bool fp8_wgrad = dw && st.config().wgrad;
   // dy once for both GEMMs: 1 x 128 tiles along out (dgrad) and 128 x 1 along the tokens (wgrad).
   BlockQ dyr, dyc;
-  if (dx || fp8_wgrad)
+  if (pre) {
+    MEGATRON_CHECK(pre->s.defined() && pre->s_t.defined() && pre->q.dtype() == st.dtype(base + kGradOutput))
+        << "fp8::linear_backward: blockwise dyq " << pre->q.str() << " without its scales";
+    dyr = {pre->q, pre->s};
+    dyc = {pre->q_t, pre->s_t};
+  } else if (dx || fp8_wgrad) {
     block_quantize_1d(st, st.dtype(base + kGradOutput), dy.view(ds), dx ? &dyr : nullptr, fp8_wgrad ? &dyc : nullptr);
+  }
   if (dx) {
     const Fp8State::WeightCache wq = weight_block_fp8(st, base, w, /*record=*/false);
     Tensor dx2 = dx->view({N, in});
@@ -183,7 +215,15 @@ void backward_block(Fp8State& st, int base, const Tensor& dy, const Tensor& x, c
   if (dw) {
     if (fp8_wgrad) {
       BlockQ xc;
-      block_quantize_1d(st, st.dtype(base + kInput), x.view(rows_cols(x)), nullptr, &xc);
+      if (x_t && x_t->defined() && x_st && x_st->defined()) {
+        MEGATRON_CHECK(x_t->dim() == 2 && x_t->size(0) == in && x_t->size(1) == N &&
+                       x_t->dtype() == st.dtype(base + kInput))
+            << "fp8::linear_backward: x_t " << x_t->str() << " for dy " << dy.str() << " w " << w.str();
+        xc = {*x_t, *x_st};  // the forward's columnwise copy: the same bytes as quantizing x again
+      } else {
+        MEGATRON_CHECK(x.defined()) << "fp8::linear_backward: blockwise wgrad without x or its columnwise copy";
+        block_quantize_1d(st, st.dtype(base + kInput), x.view(rows_cols(x)), nullptr, &xc);
+      }
       ops::fp8_block_gemm_tn(dyc.q, dyc.s, false, xc.q, xc.s, false, *dw, accumulate ? 1.0f : 0.0f);
     } else {
       ops::linear_backward(dy, x, w, nullptr, dw, nullptr, accumulate);
@@ -262,10 +302,9 @@ WeightOperands weight_fp8(Fp8State& st, int base, const Tensor& w, bool record, 
 }
 
 void forward_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                  const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual) {
+                  const Fp8Input* pre, Tensor* keep_x_t, const Tensor* residual, Tensor* keep_x_st) {
   if (is_blockwise(st)) {
-    MEGATRON_CHECK(!pre) << "fp8::linear_forward: no fused producer input with the blockwise recipe";
-    forward_block(st, base, x, w, bias, y, residual);
+    forward_block(st, base, x, w, bias, y, residual, pre, keep_x_t, keep_x_st);
     return;
   }
   const bool rec = st.recording();
@@ -301,10 +340,9 @@ void forward_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& w, const
 }
 
 void backward_fp8(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
-                   Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre) {
+                   Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* pre, const Tensor* x_st) {
   if (is_blockwise(st)) {
-    MEGATRON_CHECK(!pre && x.defined()) << "fp8::linear_backward: the blockwise recipe quantizes dy and x itself";
-    backward_block(st, base, dy, x, w, dx, dw, dbias, accumulate);
+    backward_block(st, base, dy, x, w, dx, dw, dbias, accumulate, pre, x_t, x_st);
     return;
   }
   const Shape ds = pre ? Shape{pre->q.size(0), pre->q.size(1)} : rows_cols(dy);  // [N, out]
@@ -402,7 +440,7 @@ Tensor block_quantize_dequantize_cpu(const Fp8State& st, int r, const Tensor& x,
 }
 
 void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                    const Fp8Input* xq, Tensor* keep_x_t, const Tensor* residual) {
+                    const Fp8Input* xq, Tensor* keep_x_t, const Tensor* residual, Tensor* keep_x_st) {
   const int64_t in = xq ? xq->shape.back() : x.size(-1);
   MEGATRON_CHECK(w.dim() == 2 && in == w.size(1) && y.size(-1) == w.size(0) && base >= 0 &&
                  base + kNumRoles <= st.num_roles() && (!xq || (xq->defined() && !xq->q.is_cpu())) &&
@@ -410,14 +448,15 @@ void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, co
       << "fp8::linear_forward: x " << x.str() << " w " << w.str() << " y " << y.str() << " base " << base;
   // Device tensors take the FP8-GEMM recipe, host tensors its emulation (fp8_linear.h).
   if (xq || !x.is_cpu()) {
-    forward_fp8(st, base, x, w, bias, y, xq, keep_x_t, residual);
+    forward_fp8(st, base, x, w, bias, y, xq, keep_x_t, residual, keep_x_st);
     return;
   }
   forward_cpu(st, base, x, w, bias, y, residual);
 }
 
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
-                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* dyq) {
+                     Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t, const Fp8Input* dyq,
+                     const Tensor* x_st) {
   const bool have_t = x_t && x_t->defined();
   const int64_t dy_out = dyq ? dyq->shape.back() : dy.size(-1);
   MEGATRON_CHECK(w.dim() == 2 && dy_out == w.size(0) && (x.defined() ? x.size(-1) == w.size(1) : have_t) &&
@@ -428,11 +467,38 @@ void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, 
   MEGATRON_CHECK(x.defined() || (!dbias && (!dw || st.config().wgrad)))
       << "fp8::linear_backward: the bf16 input is needed (bias or --no-fp8-wgrad) but was not kept";
   if (dyq || !dy.is_cpu()) {
-    backward_fp8(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq);
+    backward_fp8(st, base, dy, x, w, dx, dw, dbias, accumulate, x_t, dyq, x_st);
     return;
   }
   backward_cpu(st, base, dy, x, w, dx, dw, dbias, accumulate);
 }
+
+void cast_weight(Fp8State& st, int base, const Tensor& w) {
+  MEGATRON_CHECK(w.dim() == 2 && base >= 0 && base + kNumRoles <= st.num_roles())
+      << "fp8::cast_weight: w " << w.str() << " base " << base;
+  if (is_blockwise(st)) return;
+  if (w.is_cpu()) {
+    weight_cpu(st, base, w, st.recording());
+  } else {
+    weight_fp8(st, base, w, st.recording(), /*need_q=*/true, /*need_q_t=*/false);
+  }
+}
+
+namespace {
+// The buffers of a fused producer's [rows, cols] output quantized for role r: q, q_t and, for the
+// blockwise recipe, their scale_inv tensors (Fp8Input's layouts), on like's device.
+Fp8Input fused_buffers(const Fp8State& st, int r, int64_t rows, int64_t cols, const Tensor& like) {
+  const DType dt = st.dtype(r);
+  Fp8Input o;
+  o.q = Tensor::empty({rows, cols}, dt, like.device());
+  o.q_t = Tensor::empty({cols, rows}, dt, like.device());
+  if (is_blockwise(st)) {
+    o.s = Tensor::empty({ceil128(cols), round4(rows)}, DType::kFloat32, like.device());
+    o.s_t = Tensor::empty({ceil128(rows), round4(cols)}, DType::kFloat32, like.device());
+  }
+  return o;
+}
+}  // namespace
 
 Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps, bool zero_centered_gamma,
                      Tensor& rstd) {
@@ -441,13 +507,16 @@ Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamm
   if (rows == 0 || rows % 16 != 0 || h % 16 != 0) return {};
   auto f32_bf16 = [](DType t) { return t == DType::kBFloat16 || t == DType::kFloat32; };
   if (!f32_bf16(x.dtype()) || !f32_bf16(gamma.dtype())) return {};  // the fused kernel's types
-  const DType dt = st.dtype(base + kInput);
-  Fp8Input r;
+  Fp8Input r = fused_buffers(st, base + kInput, rows, h, x);
   r.shape = x.shape();
   r.dtype = x.dtype();
-  r.q = Tensor::empty({rows, h}, dt, x.device());
-  r.q_t = Tensor::empty({h, rows}, dt, x.device());
   ops::rmsnorm_rstd(x, gamma, eps, rstd);
+  if (is_blockwise(st)) {
+    if (!ops::fp8_block_rmsnorm_quantize(x, gamma, rstd, zero_centered_gamma, x.dtype(),
+                                         st.config().block_pow2_scales, &r.q, &r.s, &r.q_t, &r.s_t))
+      return {};
+    return r;
+  }
   float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
   if (!ops::fp8_rmsnorm_quantize(x, gamma, rstd, zero_centered_gamma, x.dtype(), fptr(st.scale(base + kInput)),
                                        amax, &r.q, &r.q_t))
@@ -459,13 +528,16 @@ Fp8Input swiglu_fp8(Fp8State& st, int base, const Tensor& fc1_out) {
   if (!fused_input_ok(st, fc1_out) || fc1_out.dim() < 1 || fc1_out.size(-1) % 2 != 0) return {};
   const int64_t f = fc1_out.size(-1) / 2, rows = f ? fc1_out.numel() / (2 * f) : 0;
   if (rows == 0 || rows % 16 != 0 || f % 16 != 0) return {};
-  const DType dt = st.dtype(base + kInput);
-  Fp8Input r;
+  Fp8Input r = fused_buffers(st, base + kInput, rows, f, fc1_out);
   r.shape = fc1_out.shape();
   r.shape.back() = f;
   r.dtype = fc1_out.dtype();
-  r.q = Tensor::empty({rows, f}, dt, fc1_out.device());
-  r.q_t = Tensor::empty({f, rows}, dt, fc1_out.device());
+  if (is_blockwise(st)) {
+    if (!ops::fp8_block_swiglu_quantize(fc1_out, fc1_out.dtype(), st.config().block_pow2_scales, &r.q, &r.s, &r.q_t,
+                                        &r.s_t))
+      return {};
+    return r;
+  }
   float* amax = st.recording() ? fptr(st.amax(base + kInput)) : nullptr;
   if (!ops::fp8_swiglu_quantize(fc1_out, fc1_out.dtype(), fptr(st.scale(base + kInput)), amax, &r.q, &r.q_t))
     return {};
@@ -478,12 +550,15 @@ Fp8Input swiglu_backward_fp8(Fp8State& st, int base, const Tensor& dact, const T
     return {};
   const int64_t two_f = fc1_out.size(-1), rows = two_f ? fc1_out.numel() / two_f : 0;
   if (rows == 0 || rows % 16 != 0 || two_f % 32 != 0 || dact.numel() * 2 != fc1_out.numel()) return {};
-  const DType dt = st.dtype(base + kGradOutput);
-  Fp8Input r;
+  Fp8Input r = fused_buffers(st, base + kGradOutput, rows, two_f, fc1_out);
   r.shape = fc1_out.shape();
   r.dtype = dact.dtype();
-  r.q = Tensor::empty({rows, two_f}, dt, fc1_out.device());
-  r.q_t = Tensor::empty({two_f, rows}, dt, fc1_out.device());
+  if (is_blockwise(st)) {
+    if (!ops::fp8_block_swiglu_backward_quantize(dact, fc1_out, st.config().block_pow2_scales, &r.q, &r.s, &r.q_t,
+                                                 &r.s_t))
+      return {};
+    return r;
+  }
   float* amax = st.recording() ? fptr(st.amax(base + kGradOutput)) : nullptr;
   if (!ops::fp8_swiglu_backward_quantize(dact, fc1_out, fptr(st.scale(base + kGradOutput)), amax, &r.q, &r.q_t))
     return {};

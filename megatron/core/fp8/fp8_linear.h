@@ -36,8 +36,12 @@ namespace megatron::fp8 {
 /// `residual` (y's shape and dtype): y = x w^T (+ bias) + residual; on CUDA without a bias added in
 /// the FP8 GEMM's epilogue (one rounding of y, as the bf16 path's fused residual) where cuBLASLt
 /// has the variant, else (and on the CPU) a separate add after the GEMM.
+/// Blockwise recipe: xq carries its scale_inv tensors (Fp8Input::s, s_t); keep_x_t gets x's
+/// columnwise copy (128 x 1 tiles, [in, rows]) and `keep_x_st` its scale_inv -- kept only when
+/// both are given.
 void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
-                    const Fp8Input* xq = nullptr, Tensor* keep_x_t = nullptr, const Tensor* residual = nullptr);
+                    const Fp8Input* xq = nullptr, Tensor* keep_x_t = nullptr, const Tensor* residual = nullptr,
+                    Tensor* keep_x_st = nullptr);
 
 /// Backward of linear_forward (x, w: the forward's inputs). dx overwritten (skipped if nullptr);
 /// dw, dbias (+)= per `accumulate` (skipped if nullptr). `x_t`: x's FP8 transpose from the forward
@@ -45,23 +49,40 @@ void linear_forward(Fp8State& st, int base, const Tensor& x, const Tensor& w, co
 /// then be undefined when there is no bias and the wgrad is FP8).
 /// `dyq`: dy already quantized (grad-output role, both layouts) by the kernel that produced it
 /// (swiglu_backward_fp8; dy may then be undefined: no bias, FP8 wgrad).
+/// Blockwise recipe: x_t is x's columnwise copy and `x_st` its scale_inv (used only when both are
+/// defined); dyq carries its scale_inv tensors.
 void linear_backward(Fp8State& st, int base, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx,
                      Tensor* dw, Tensor* dbias, bool accumulate, const Tensor* x_t = nullptr,
-                     const Fp8Input* dyq = nullptr);
+                     const Fp8Input* dyq = nullptr, const Tensor* x_st = nullptr);
+
+/// The weight cast of a training forward without its GEMM, for a grouped layer's GEMM that has no
+/// rows this call (an expert without tokens): Transformer Engine's GroupedLinear casts the weight of
+/// every GEMM (get_weight_workspace for each one, whatever m_splits says), so that weight's amax is
+/// recorded (while st.recording()) and its cast cached exactly as a forward with rows would. The
+/// blockwise recipe records nothing and caches per GEMM call, so there this does nothing.
+void cast_weight(Fp8State& st, int base, const Tensor& w);
 
 /// Whether the fused quantization is on: MEGATRON_FP8_FUSE unset or 1 (default); 0 turns it off
 /// (every input quantized by a separate pass, as before; for A/B comparisons -- the FP8 bytes,
 /// amaxes and losses are the same either way). Read once.
 bool fusion_enabled();
 
+/// Whether the blockwise recipe's producers are fused: MEGATRON_FP8_BLOCK_FUSED unset or 1
+/// (default); 0 keeps their bf16 outputs and quantizes them in a separate pass (A/B; the FP8 bytes,
+/// scales and losses are the same either way; fusion_enabled() must also hold). Other values: a
+/// UserError naming the variable. Read once.
+bool block_fusion_enabled();
+
 /// Whether an input of the FP8 linear layers of `st` living where `like` lives may be quantized
-/// by its producer: CUDA, the delayed recipe (the scale is known before the producer runs), FP8
-/// wgrad (the transpose replaces the bf16 input in backward), fusion_enabled().
+/// by its producer: CUDA, the delayed recipe (the scale is known before the producer runs) or the
+/// blockwise recipe with block_fusion_enabled() (every scale is its block's own), FP8 wgrad (the
+/// transpose / columnwise copy replaces the bf16 input in backward), fusion_enabled().
 bool fused_input_ok(const Fp8State& st, const Tensor& like);
 
 /// RMSNorm forward fused with the quantization of its output for the linear at `base`:
 /// rstd [rows] as ops::rmsnorm_forward writes it, and the Fp8Input of the normalized x (in x's
-/// dtype before quantizing, as the unfused path), recording its amax while st.recording().
+/// dtype before quantizing, as the unfused path), recording its amax while st.recording()
+/// (blockwise: 1 x 128 q + s and 128 x 1 q_t + s_t, nothing recorded).
 /// Returns an undefined Fp8Input (nothing computed) when not fused_input_ok or the shapes do not
 /// fit the fused kernel (rows or h not multiples of 16); the caller then runs the unfused path.
 Fp8Input rmsnorm_fp8(Fp8State& st, int base, const Tensor& x, const Tensor& gamma, float eps,

@@ -100,10 +100,11 @@ void Fp8State::invalidate_weight_cache() {
     if (!c.primary) c.valid = false;
 }
 
-int Fp8State::register_linear(const std::string& prefix) {
+int Fp8State::register_linear(const std::string& prefix, bool expert) {
   MEGATRON_CHECK(!d_amax_.defined()) << "Fp8State::register_linear(" << prefix << ") after the first use";
   const int base = static_cast<int>(metas_.size());
   names_.push_back(prefix);
+  expert_.push_back(expert);
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // input
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, false));  // weight
   metas_.emplace_back(cfg_.amax_history_len, fp8_dtype_for(cfg_.format, true));   // grad-output
@@ -256,7 +257,7 @@ void Fp8State::reduce_and_update(comm::ProcessGroup* group) {
   invalidate_weight_cache();
 }
 
-std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id) const {
+std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int replica_id, int expert_replica_id) const {
   using dist_checkpointing::ShardedTensor;
   sync_host();
   std::vector<ShardedTensor> out;
@@ -270,9 +271,10 @@ std::vector<dist_checkpointing::ShardedTensor> Fp8State::checkpoint_tensors(int 
       si[j] = m.scale_inv;
     }
     const std::string k = names_[l] + "._extra_state.fp8.";
-    out.push_back(ShardedTensor::from_tensor(k + "amax_history", Tensor::from_vector(hist, {H, kNumRoles}), replica_id));
-    out.push_back(ShardedTensor::from_tensor(k + "scale", Tensor::from_vector(sc, {kNumRoles}), replica_id));
-    out.push_back(ShardedTensor::from_tensor(k + "scale_inv", Tensor::from_vector(si, {kNumRoles}), replica_id));
+    const int rep = expert_[l] && expert_replica_id >= 0 ? expert_replica_id : replica_id;
+    out.push_back(ShardedTensor::from_tensor(k + "amax_history", Tensor::from_vector(hist, {H, kNumRoles}), rep));
+    out.push_back(ShardedTensor::from_tensor(k + "scale", Tensor::from_vector(sc, {kNumRoles}), rep));
+    out.push_back(ShardedTensor::from_tensor(k + "scale_inv", Tensor::from_vector(si, {kNumRoles}), rep));
   }
   return out;
 }

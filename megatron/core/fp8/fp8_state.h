@@ -41,8 +41,10 @@ class Fp8State {
   Fp8State(const Fp8Config& cfg, Device device);
 
   /// Registers a linear layer named `prefix` (e.g. "decoder.layers.0.self_attention.linear_qkv");
-  /// returns its base role index. Must be called before the first forward.
-  int register_linear(const std::string& prefix);
+  /// returns its base role index. Must be called before the first forward. `expert`: a routed
+  /// expert's linear (MoE), held by the expert-parallel ranks of its expert only, so its checkpoint
+  /// copy is marked by the expert replica id (checkpoint_tensors).
+  int register_linear(const std::string& prefix, bool expert = false);
   /// The base role index of the linear registered as `prefix`, or -1.
   int find_linear(const std::string& prefix) const;
 
@@ -84,8 +86,9 @@ class Fp8State {
 
   /// Checkpoint tensors (host copies, float32), per linear `<prefix>._extra_state.fp8.amax_history`
   /// [H, 3] (TE's layout: one column per role), `.scale` [3], `.scale_inv` [3]. replica_id marks
-  /// all but one copy of the (amax-group-replicated) state.
-  std::vector<dist_checkpointing::ShardedTensor> checkpoint_tensors(int replica_id = 0) const;
+  /// all but one copy of the (amax-group-replicated) state; `expert_replica_id` (>= 0) replaces it
+  /// for the linears registered as `expert` (one writer among the ranks holding that expert).
+  std::vector<dist_checkpointing::ShardedTensor> checkpoint_tensors(int replica_id = 0, int expert_replica_id = -1) const;
   /// Restores from tensors produced by checkpoint_tensors() and filled by a load (same keys);
   /// tensors whose key is not listed in `loaded_keys` are skipped (an older checkpoint without
   /// FP8 state keeps the fresh state). Copies the scales to the device.
@@ -184,6 +187,7 @@ class Fp8State {
   int64_t hist_pos_ = 0;
   mutable bool host_stale_ = false;
   std::vector<std::string> names_;
+  std::vector<bool> expert_;  // per linear: registered as a routed expert's
   Tensor d_amax_, d_scale_, d_scale_inv_, d_cur_;  // float32 [R] on device_
   Tensor d_param_si_;  // float32, one slot per linear: FP8 parameters' scale_inv
   bool recording_ = true;

@@ -444,6 +444,23 @@ MEGATRON_OP(void, argmax_last_dim, (const Tensor& x, Tensor& idx), (x, idx), x)
 MEGATRON_OP(void, fp8_block_quantize,
             (const Tensor& x, bool block_2d, bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t, Tensor* s_t),
             (x, block_2d, pow2_scales, q, s, q_t, s_t), x)
+/// The blockwise analogues of fp8_swiglu_quantize / fp8_swiglu_backward_quantize / fp8_rmsnorm_quantize:
+/// the producer's output v (bit for bit what swiglu_forward into act_dtype, swiglu_backward into dy's
+/// dtype, or rmsnorm_forward into out_dtype writes; same inputs and conditions as those ops) is
+/// quantized as fp8_block_quantize(v, block_2d=false, pow2_scales, q, s, q_t, s_t) would (the same
+/// bytes and scale_inv, the same layouts; both q and q_t required), without writing v. Returns false
+/// (nothing written) when not fused (CPU; last dim % 8, alignment, dtypes): the caller then runs the
+/// producer + fp8_block_quantize.
+MEGATRON_OP(bool, fp8_block_swiglu_quantize,
+            (const Tensor& x, DType act_dtype, bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t, Tensor* s_t),
+            (x, act_dtype, pow2_scales, q, s, q_t, s_t), x)
+MEGATRON_OP(bool, fp8_block_swiglu_backward_quantize,
+            (const Tensor& dy, const Tensor& x, bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t, Tensor* s_t),
+            (dy, x, pow2_scales, q, s, q_t, s_t), dy)
+MEGATRON_OP(bool, fp8_block_rmsnorm_quantize,
+            (const Tensor& x, const Tensor& gamma, const Tensor& rstd, bool zero_centered_gamma, DType out_dtype,
+             bool pow2_scales, Tensor* q, Tensor* s, Tensor* q_t, Tensor* s_t),
+            (x, gamma, rstd, zero_centered_gamma, out_dtype, pow2_scales, q, s, q_t, s_t), x)
 /// Block-scaled FP8 GEMM, "TN" layout: C[m, n] = sum_k A~[m, k] B~[n, k] + beta * C, where A~ is A
 /// dequantized with its scale_inv tensor a_s (1 x 128 tiles along k, or 128 x 128 blocks when
 /// a_2d; layouts of fp8_block_quantize's s) and B~ likewise. Not both 2d. A, B float8_e4m3/e5m2

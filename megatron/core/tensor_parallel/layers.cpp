@@ -57,6 +57,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
   ctx.input = x;
   ctx.fp8_input_t = Tensor();
+  ctx.fp8_input_st = Tensor();
   const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
   Tensor y = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
   if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, xin, weight_.data(), bias_.defined() ? &bias_.data() : nullptr, y);
@@ -70,6 +71,7 @@ Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, LinearCtx& ctx, 
     ctx.regather = tp_.sequence_parallel && tp_.size() > 1;
     ctx.input = x;
     ctx.fp8_input_t = Tensor();
+    ctx.fp8_input_st = Tensor();
     const Tensor xin = ctx.regather ? gather_along_first_dim(x, *tp_.group) : x;
     Tensor pre = Tensor::empty(with_last(xin, out_local_), xin.dtype(), xin.device());
     act = Tensor::empty(pre.shape(), xin.dtype(), xin.device());
@@ -99,6 +101,7 @@ Tensor ColumnParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx
   ctx.input = Tensor();
   ctx.input_shape = xq.shape;
   ctx.fp8_input_t = xq.q_t;
+  ctx.fp8_input_st = xq.s_t;
   Tensor y = Tensor::empty(with_last_shape(xq.shape, out_local_), xq.dtype, xq.q.device());
   fp8::linear_forward(*fp8_, fp8_base_, Tensor(), weight_.data(), nullptr, y, &xq);
   return y;
@@ -109,7 +112,8 @@ Tensor ColumnParallelLinear::backward_fp8(const fp8::Fp8Input& dyq, const Linear
   Tensor dx;
   if (need_dx) dx = Tensor::empty(ctx.in_shape(), dyq.dtype, dyq.q.device());
   fp8::linear_backward(*fp8_, fp8_base_, Tensor(), ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                       nullptr, /*accumulate=*/true, &ctx.fp8_input_t, &dyq);
+                       nullptr, /*accumulate=*/true, &ctx.fp8_input_t, &dyq,
+                       &ctx.fp8_input_st);
   if (need_dx && tp_.size() > 1) {
     if (tp_.sequence_parallel) return reduce_scatter_along_first_dim(dx, *tp_.group);
     tp_.group->all_reduce(dx);
@@ -125,7 +129,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearCtx& ctx, bo
   Tensor* db = bias_.defined() && !bias_grad_done ? &bias_.grad() : nullptr;
   if (fp8_)
     fp8::linear_backward(*fp8_, fp8_base_, dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db,
-                         /*accumulate=*/true, &ctx.fp8_input_t);
+                         /*accumulate=*/true, &ctx.fp8_input_t, nullptr, &ctx.fp8_input_st);
   else
     ops::linear_backward(dy, input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(), db, /*accumulate=*/true);
   if (need_dx && tp_.size() > 1) {
@@ -145,6 +149,7 @@ RowParallelLinear::RowParallelLinear(ParamRegistry& reg, const std::string& pref
 Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   ctx.input = x;
   ctx.fp8_input_t = Tensor();
+  ctx.fp8_input_st = Tensor();
   Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
   // Without TP there is no reduction between the GEMM and the bias: the bias goes into the
   // GEMM (the cuBLASLt BIAS epilogue on CUDA) instead of a separate pass over y.
@@ -152,7 +157,8 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearCtx& ctx) const {
   const Tensor* b = bias_in_gemm ? &bias_.data() : nullptr;
   // FP8: the input's quantize also writes its transpose, kept for this micro-batch's wgrad GEMM
   // (one read of x instead of a second one in backward; where fp8::fused_input_ok).
-  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), b, y, nullptr, &ctx.fp8_input_t);
+  if (fp8_) fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), b, y, nullptr, &ctx.fp8_input_t, nullptr,
+                                &ctx.fp8_input_st);
   else ops::linear_forward(x, weight_.data(), b, y);
   if (bias_in_gemm) return y;
   return finish_forward(std::move(y));
@@ -180,6 +186,7 @@ Tensor RowParallelLinear::forward_fp8(const fp8::Fp8Input& xq, LinearCtx& ctx, c
   ctx.input = Tensor();
   ctx.input_shape = xq.shape;
   ctx.fp8_input_t = xq.q_t;
+  ctx.fp8_input_st = xq.s_t;
   Tensor y = Tensor::empty(with_last_shape(xq.shape, out_), xq.dtype, xq.q.device());
   if (residual && tp_.size() == 1) {
     // The residual in the FP8 GEMM's epilogue (where fused), as forward_add.
@@ -198,8 +205,10 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Ten
     // it otherwise), as in bf16 below.
     ctx.input = x;
     ctx.fp8_input_t = Tensor();
+    ctx.fp8_input_st = Tensor();
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
-    fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y, nullptr, &ctx.fp8_input_t, &residual);
+    fp8::linear_forward(*fp8_, fp8_base_, x, weight_.data(), nullptr, y, nullptr, &ctx.fp8_input_t, &residual,
+                        &ctx.fp8_input_st);
     return y;
   }
   if (tp_.size() == 1 && !fp8_) {
@@ -207,6 +216,7 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, LinearCtx& ctx, const Ten
     // the backend fuses it, else forward()'s GEMM (bias inside it) + add_.
     ctx.input = x;
     ctx.fp8_input_t = Tensor();
+    ctx.fp8_input_st = Tensor();
     Tensor y = Tensor::empty(with_last(x, out_), x.dtype(), x.device());
     const Tensor* b = bias_.defined() ? &bias_.data() : nullptr;
     if (!ops::linear_forward_residual(x, weight_.data(), b, residual, y)) {
@@ -228,7 +238,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, const LinearCtx& ctx, bo
   if (need_dx) dx = Tensor::empty(ctx.in_shape(), dy.dtype(), dy.device());
   if (fp8_)
     fp8::linear_backward(*fp8_, fp8_base_, dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
-                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true, &ctx.fp8_input_t);
+                         bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true, &ctx.fp8_input_t, nullptr,
+                         &ctx.fp8_input_st);
   else
     ops::linear_backward(dy, ctx.input, weight_.data(), need_dx ? &dx : nullptr, &weight_.grad(),
                          bias_.defined() ? &bias_.grad() : nullptr, /*accumulate=*/true);

@@ -34,6 +34,7 @@ struct LinearCtx {
   // quantize) for the wgrad GEMM. With a fused producer `input` stays undefined (no bf16 copy
   // exists) and input_shape holds its shape.
   Tensor fp8_input_t;
+  Tensor fp8_input_st;  // blockwise recipe: fp8_input_t's scale_inv (fp8::Fp8Input::s_t); else undefined
   Shape input_shape;
   Shape in_shape() const { return input.defined() ? input.shape() : input_shape; }
 };

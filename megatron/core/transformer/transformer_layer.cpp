@@ -42,7 +42,7 @@ TransformerLayer::TransformerLayer(ParamRegistry& reg, const std::string& prefix
   }
   if (layer >= 0 && config.is_moe_layer(layer)) {
     moe_ = std::make_unique<moe::MoELayer>(reg, prefix + ".mlp", config, router_layer_number, tp,
-                                           moe::default_moe_groups(tp));
+                                           moe::default_moe_groups(tp), fp8);
   } else {
     mlp_ = std::make_unique<MLP>(reg, prefix + ".mlp", config, tp, fp8);
   }

@@ -24,16 +24,9 @@
 #include "cuda_host_shim.h"
 
 Dim3 gridDim, blockDim;
-struct alignas(8) uint2 {
-  uint32_t x, y;
-};
-struct alignas(16) uint4 {
-  uint32_t x, y, z, w;
-};
 struct float2 {
   float x, y;
 };
-inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   uint8_t b[8];
@@ -46,37 +39,11 @@ inline uint8_t cvt(float v, int fmt) { return fmt == __NV_E4M3 ? megatron::float
 inline uint16_t __nv_cvt_float2_to_fp8x2(float2 v, int, int fmt) {
   return (uint16_t)(cvt(v.x, fmt) | (cvt(v.y, fmt) << 8));
 }
-struct bf16_t {
-  uint16_t b;
-};
 
 namespace megatron::ops::cuda {
 namespace {
 constexpr int kThreads = 256;
 constexpr int kTile = 64;
-inline float to_f(float x) { return x; }
-inline float to_f(bf16_t x) {
-  uint32_t u = (uint32_t)x.b << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <class T>
-inline void ld8(const T* p, int64_t i, int64_t n, bool vec, float (&f)[8]) {
-  for (int j = 0; j < 8; ++j) f[j] = (i + j < n) ? to_f(p[i + j]) : 0.0f;
-  (void)vec;
-}
-template <class T>
-inline T from_f(float x);
-template <>
-inline float from_f<float>(float x) { return x; }
-template <>
-inline bf16_t from_f<bf16_t>(float x) {  // round to nearest even (finite inputs), as __float2bfloat16_rn
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{(uint16_t)(u >> 16)};
-}
 template <int kFmt>
 inline uint8_t to_fp8(float v) { return cvt(v, kFmt == 0 ? __NV_E4M3 : __NV_E5M2); }
 inline float abs_max(float a, float v) {

@@ -9,5 +9,5 @@ W="${1:-$(mktemp -d /tmp/fp8_param_emu.XXXXXX)}"
 mkdir -p "$W"
 awk '/^namespace \{/{p=1} p; /^}  \/\/ namespace$/{p=0}' "$HERE/../../../megatron/core/ops/cuda/fp8_param.cu" > "$W/kernels.inc"
 grep -q transpose_bytes_kernel "$W/kernels.inc" || { echo "kernel source not found"; exit 1; }
-g++ -std=c++20 -O1 -pthread -I"$W" -o "$W/emu" "$HERE/fp8_param_emu.cpp"
+g++ -std=c++20 -O1 -pthread -I"$W" -I"$HERE/../../.." -o "$W/emu" "$HERE/fp8_param_emu.cpp"
 "$W/emu"

@@ -66,6 +66,18 @@ bool fp8_rmsnorm_quantize(const Tensor&, const Tensor&, const Tensor&, bool, DTy
   return false;
 }
 
+// The blockwise fused producers run on CUDA only (the caller falls back to producer + quantize).
+bool fp8_block_swiglu_quantize(const Tensor&, DType, bool, Tensor*, Tensor*, Tensor*, Tensor*) { return false; }
+
+bool fp8_block_swiglu_backward_quantize(const Tensor&, const Tensor&, bool, Tensor*, Tensor*, Tensor*, Tensor*) {
+  return false;
+}
+
+bool fp8_block_rmsnorm_quantize(const Tensor&, const Tensor&, const Tensor&, bool, DType, bool, Tensor*, Tensor*,
+                                Tensor*, Tensor*) {
+  return false;
+}
+
 void fp8_transpose(const Tensor& q, Tensor& q_t) {
   MEGATRON_CHECK(q.is_cpu() && q_t.is_cpu() && q.dim() == 2 && dtype_size(q.dtype()) == 1 &&
                  q_t.dtype() == q.dtype() && q_t.dim() == 2 && q_t.size(0) == q.size(1) && q_t.size(1) == q.size(0))

@@ -60,5 +60,9 @@ inline int pointer_alignment(const void* p) {
 /// within the workspace and the given A/B/C(=D) alignments in bytes, and stores it in p.algo.
 /// Returns the heuristic's status; `found` is the number of algorithms returned (0 or 1).
 cublasStatus_t pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c, int& found);
+/// As pick_algorithm, but up to `max_algos` of the heuristic's algorithms, best first, into `out`
+/// (p.algo is left alone). Returns the heuristic's status.
+cublasStatus_t pick_algorithms(const DeviceContext& ctx, const Plan& p, int align_a, int align_b, int align_c,
+                               int max_algos, cublasLtMatmulHeuristicResult_t* out, int& found);
 
 }  // namespace megatron::ops::cuda::lt

@@ -48,6 +48,14 @@ bool bias_grad_colsum(const Tensor& dy, Tensor& dbias, bool accumulate);
 bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor* dbias,
                                  bool accumulate);
 
+/// fp8_block_gemm_tn (op_table.h) with the `algo`-th (0 = best) of up to 16 algorithms cuBLASLt's
+/// heuristic returns for the problem, for the timing sweep of fp8_gpu_test --groups blockwise
+/// (fp8_gemm.cu; MEGATRON_FP8_BLOCK_WGRAD_ALGO picks one for training's 1 x 128 x 1 x 128 GEMMs).
+/// Returns false, launching nothing, when the heuristic offers fewer algorithms (or cuBLAS < 12.9);
+/// same arguments and errors as fp8_block_gemm_tn otherwise.
+bool fp8_block_gemm_tn_algo(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
+                            bool b_2d, Tensor& c, float beta, int algo);
+
 /// Free memory of the current device in bytes (cudaMemGetInfo); ops::device_free_bytes (device.h).
 int64_t device_free_bytes();
 

@@ -9,9 +9,11 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
@@ -139,14 +141,38 @@ bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tenso
 // dequantization factor per 128 consecutive k of a row) or BLK128x128_32F, the scale pointers being
 // the scale_inv tensors of fp8_block_quantize (TE's GEMM_READY layouts, which TE hands to cuBLASLt
 // as they are). Same column-major mapping as above: cuBLASLt's A is our b, its B our a. No fast
-// accumulation (TE's Float8BlockScaling requires split accumulation for all three GEMMs).
+// accumulation (TE's Float8BlockScaling requires split accumulation for all three GEMMs). Up to 16
+// of the heuristic's algorithms are kept per problem: the first runs, except for the
+// 1 x 128 x 1 x 128 wgrad where MEGATRON_FP8_BLOCK_WGRAD_ALGO may pick another
+// (fp8_gpu_test --groups blockwise times each; docs/performance.md "Session 9: blockwise").
 namespace {
 using BlockKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, int, int, int>;
-std::map<BlockKey, CachedPlan> g_block_plans;  // under g_plans_mu
-}  // namespace
+constexpr int kMaxBlockAlgos = 16;
+struct BlockPlan {
+  Plan plan;
+  std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's, best first; empty: unsupported
+};
+std::map<BlockKey, BlockPlan> g_block_plans;  // under g_plans_mu
 
-void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
-                       Tensor& c, float beta) {
+// MEGATRON_FP8_BLOCK_WGRAD_ALGO=i (default 0): the i-th of the heuristic's algorithms for the
+// 1 x 128 x 1 x 128 GEMMs (the wgrad), the first where it offers fewer. Read once per process: a
+// fixed choice, so a run is reproducible; another algorithm changes the summation order (the
+// per-128-k fp32 promotion keeps the difference within the bound of fp8_gpu_test's GEMM check).
+int wgrad_algo_index() {
+  static const int v = [] {
+    const char* e = std::getenv("MEGATRON_FP8_BLOCK_WGRAD_ALGO");
+    if (!e || !*e) return 0;
+    char* end = nullptr;
+    const long i = std::strtol(e, &end, 10);
+    if (*end || i < 0 || i >= kMaxBlockAlgos)
+      user_error("MEGATRON_FP8_BLOCK_WGRAD_ALGO='", e, "': expected an algorithm index 0..", kMaxBlockAlgos - 1);
+    return (int)i;
+  }();
+  return v;
+}
+
+void check_block_args(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
+                      const Tensor& c) {
   MEGATRON_CHECK(a.is_cuda() && b.is_cuda() && c.is_cuda() && a_s.is_cuda() && b_s.is_cuda() && a.dim() == 2 &&
                  b.dim() == 2 && c.dim() == 2 && a_s.dtype() == DType::kFloat32 && b_s.dtype() == DType::kFloat32)
       << "fp8_block_gemm_tn: a " << a.str() << " b " << b.str() << " c " << c.str();
@@ -155,52 +181,97 @@ void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tens
                  !(a.dtype() == DType::kFloat8E5M2 && b.dtype() == DType::kFloat8E5M2))
       << "fp8_block_gemm_tn: a " << a.str() << (a_2d ? " (2d)" : "") << " b " << b.str() << (b_2d ? " (2d)" : "")
       << "^T c " << c.str();
-  if (m == 0 || n == 0) return;
-  if (m % 128 != 0 || n % 128 != 0 || k % 128 != 0)
+  if (m != 0 && n != 0 && (m % 128 != 0 || n % 128 != 0 || k % 128 != 0))
     user_error("FP8 blockwise GEMM [", m, " x ", k, "] @ [", n, " x ", k, "]^T: --fp8-recipe blockwise on the GPU needs "
                "every GEMM dimension (tokens per micro-batch, hidden, FFN and QKV widths) divisible by 128");
+}
+
 #if CUBLAS_VERSION >= 120900
+// The cached plan of the problem (descriptors, scale modes, the heuristic's algorithms); caller
+// holds g_plans_mu. Same column-major mapping as above: cuBLASLt's A is our b, its B our a.
+BlockPlan& block_plan(lt::DeviceContext& s, int dev, const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b,
+                      const Tensor& b_s, bool b_2d, const Tensor& c, float beta) {
+  const int64_t M = b.size(0), N = a.size(0), K = a.size(1);
+  const int al_a = pointer_alignment(b.data_ptr()), al_b = pointer_alignment(a.data_ptr()),
+            al_c = pointer_alignment(c.data_ptr());
+  BlockKey key{dev, M, N, K, (int)b.dtype(), (int)a.dtype(), (int)c.dtype(), b_2d, a_2d, beta != 0.0f, al_a, al_b, al_c};
+  auto it = g_block_plans.find(key);
+  if (it != g_block_plans.end()) return it->second;
+  BlockPlan bp;
+  Plan& p = bp.plan;
+  make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, /*fast_accum=*/false);
+  const int32_t mode_a = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const int32_t mode_b = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const void* sa = b_s.data_ptr();
+  const void* sb = a_s.data_ptr();
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
+  FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
+  cublasLtMatmulHeuristicResult_t res[kMaxBlockAlgos] = {};
+  int found = 0;
+  const cublasStatus_t st = lt::pick_algorithms(s, p, al_a, al_b, al_c, kMaxBlockAlgos, res, found);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) bp.algos.push_back(res[i].algo);
+  return g_block_plans.emplace(key, std::move(bp)).first->second;
+}
+
+// Runs the GEMM with algorithm `algo` of the plan, or the heuristic's first for -1 (the default:
+// wgrad_algo_index() for 1 x 128 x 1 x 128); false when the plan has no algorithm `algo`.
+bool run_block_gemm(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
+                    Tensor& c, float beta, int algo) {
+  check_block_args(a, a_s, a_2d, b, b_s, b_2d, c);
+  if (a.size(0) == 0 || b.size(0) == 0) return true;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   lt::DeviceContext& s = lt::device_context(dev);
   std::lock_guard<std::mutex> g(g_plans_mu);
-  const int64_t M = n, N = m, K = k;
-  const int al_a = pointer_alignment(b.data_ptr()), al_b = pointer_alignment(a.data_ptr()),
-            al_c = pointer_alignment(c.data_ptr());
-  BlockKey key{dev, M, N, K, (int)b.dtype(), (int)a.dtype(), (int)c.dtype(), b_2d, a_2d, beta != 0.0f, al_a, al_b, al_c};
-  const void* sa = b_s.data_ptr();  // cuBLASLt's A = our b
-  const void* sb = a_s.data_ptr();
-  auto it = g_block_plans.find(key);
-  if (it == g_block_plans.end()) {
-    CachedPlan cp;
-    Plan& p = cp.plan;
-    make_tn_plan(p, b.dtype(), a.dtype(), c.dtype(), M, N, K, /*fast_accum=*/false);
-    const int32_t mode_a = b_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    const int32_t mode_b = a_2d ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
-    FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
-    int found = 0;
-    const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
-    cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
-    it = g_block_plans.emplace(key, cp).first;
-  }
-  if (!it->second.supported)
-    user_error("FP8 blockwise GEMM: cuBLASLt has no block-scaled algorithm for m=", m, " n=", n, " k=", k, " types ",
-               dtype_name(a.dtype()), (a_2d ? "(128x128)" : "(1x128)"), " x ", dtype_name(b.dtype()),
-               (b_2d ? "(128x128)" : "(1x128)"), " -> ", dtype_name(c.dtype()),
+  BlockPlan& bp = block_plan(s, dev, a, a_s, a_2d, b, b_s, b_2d, c, beta);
+  if (bp.algos.empty())
+    user_error("FP8 blockwise GEMM: cuBLASLt has no block-scaled algorithm for m=", a.size(0), " n=", b.size(0),
+               " k=", a.size(1), " types ", dtype_name(a.dtype()), (a_2d ? "(128x128)" : "(1x128)"), " x ",
+               dtype_name(b.dtype()), (b_2d ? "(128x128)" : "(1x128)"), " -> ", dtype_name(c.dtype()),
                " (needs a Hopper GPU and cuBLAS >= 12.9); use --fp8-recipe delayed or tensorwise");
-  Plan& p = it->second.plan;
+  if (algo < 0) {
+    algo = (!a_2d && !b_2d) ? wgrad_algo_index() : 0;
+    if (algo >= (int)bp.algos.size()) algo = 0;
+  }
+  if (algo >= (int)bp.algos.size()) return false;
+  Plan& p = bp.plan;
+  const void* sa = b_s.data_ptr();
+  const void* sb = a_s.data_ptr();
   FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(void*)));
   FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
   const float alpha = 1.0f;
   FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c.data_ptr(),
-                                  p.c, c.data_ptr(), p.c, &p.algo, s.workspace, lt::kWorkspaceBytes,
+                                  p.c, c.data_ptr(), p.c, &bp.algos[algo], s.workspace, lt::kWorkspaceBytes,
                                   megatron::cuda::current_stream()));
+  return true;
+}
+#endif
+}  // namespace
+
+void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
+                       Tensor& c, float beta) {
+#if CUBLAS_VERSION >= 120900
+  run_block_gemm(a, a_s, a_2d, b, b_s, b_2d, c, beta, -1);
 #else
-  (void)a_s; (void)b_s; (void)beta;
+  check_block_args(a, a_s, a_2d, b, b_s, b_2d, c);
+  (void)beta;
   user_error("--fp8-recipe blockwise needs cuBLAS >= 12.9 (block-scaled FP8 GEMMs); this build has an older one");
+#endif
+}
+
+bool fp8_block_gemm_tn_algo(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
+                            bool b_2d, Tensor& c, float beta, int algo) {
+  MEGATRON_CHECK(algo >= 0) << "fp8_block_gemm_tn_algo: algo " << algo;
+#if CUBLAS_VERSION >= 120900
+  return run_block_gemm(a, a_s, a_2d, b, b_s, b_2d, c, beta, algo);
+#else
+  check_block_args(a, a_s, a_2d, b, b_s, b_2d, c);
+  (void)beta;
+  return false;
 #endif
 }
 

@@ -38,8 +38,8 @@ lt::DeviceContext& lt::device_context(int dev) {
   return *c;
 }
 
-cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c,
-                                  int& found) {
+cublasStatus_t lt::pick_algorithms(const DeviceContext& ctx, const Plan& p, int align_a, int align_b, int align_c,
+                                   int max_algos, cublasLtMatmulHeuristicResult_t* out, int& found) {
   cublasLtMatmulPreference_t pref;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = kWorkspaceBytes;
@@ -49,10 +49,17 @@ cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4));
-  cublasLtMatmulHeuristicResult_t res{};
   found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.op, p.a, p.b, p.c, p.c, pref, max_algos, out, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  return st;
+}
+
+cublasStatus_t lt::pick_algorithm(const DeviceContext& ctx, Plan& p, int align_a, int align_b, int align_c,
+                                  int& found) {
+  cublasLtMatmulHeuristicResult_t res{};
+  const cublasStatus_t st = pick_algorithms(ctx, p, align_a, align_b, align_c, 1, &res, found);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0) p.algo = res.algo;
   return st;
 }

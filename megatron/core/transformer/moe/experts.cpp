@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "megatron/core/fp8/fp8_linear.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/utils/errors.h"
@@ -35,10 +37,11 @@ ParamRef add_expert_param(ParamRegistry& reg, const std::string& name, Shape glo
 }  // namespace
 
 Experts::Experts(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t first_expert,
-                 int64_t num_local_experts, int etp_rank, int etp_size)
+                 int64_t num_local_experts, int etp_rank, int etp_size, std::shared_ptr<fp8::Fp8State> fp8)
     : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size),
       recompute_act_(config.moe_grouped_gemm && config.recompute_granularity == RecomputeGranularity::kSelective &&
-                     std::count(config.recompute_modules.begin(), config.recompute_modules.end(), "moe_act") > 0) {
+                     std::count(config.recompute_modules.begin(), config.recompute_modules.end(), "moe_act") > 0),
+      fp8_(std::move(fp8)) {
   MEGATRON_CHECK(!config.add_bias_linear) << "MoE experts with bias";
   const int64_t fc1_rows = config.gated_linear_unit ? 2 * config.moe_ffn_hidden_size : config.moe_ffn_hidden_size;
   const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
@@ -64,6 +67,15 @@ Experts::Experts(ParamRegistry& reg, const std::string& prefix, const Transforme
       p.expert_index = first_expert + static_cast<int64_t>(i);  // checkpoint expert axis
       p.num_experts = config.num_moe_experts.value_or(0);
     }
+  // FP8: one FP8 meta per expert GEMM (TE GroupedLinear's per-GEMM quantizers), named by the
+  // SequentialMLP module path with the global expert index whatever the parameter naming, so the
+  // state follows its expert through EP resharding and --moe-grouped-gemm changes.
+  if (fp8_)
+    for (int64_t i = 0; i < num_local_experts; ++i) {
+      const std::string e = prefix + ".local_experts." + std::to_string(first_expert + i);
+      fp8_fc1_.push_back(fp8_->register_linear(e + ".linear_fc1", /*expert=*/true));
+      fp8_fc2_.push_back(fp8_->register_linear(e + ".linear_fc2", /*expert=*/true));
+    }
 }
 
 namespace {
@@ -79,6 +91,50 @@ std::vector<Tensor> grads_of(const std::vector<ParamRef>& refs) {
   for (const ParamRef& r : refs) g.push_back(r.grad());  // shares the main_grad storage
   return g;
 }
+
+void activation_forward(const TransformerConfig& c, const Tensor& f1, Tensor& act) {
+  if (c.gated_linear_unit) {
+    ops::swiglu_forward(f1, act);
+  } else if (c.squared_relu) {
+    ops::squared_relu_forward(f1, act);
+  } else {
+    ops::gelu_forward(f1, act, false);
+  }
+}
+void activation_backward(const TransformerConfig& c, const Tensor& dact, const Tensor& f1, Tensor& df1) {
+  if (c.gated_linear_unit) {
+    ops::swiglu_backward(dact, f1, df1);
+  } else if (c.squared_relu) {
+    ops::squared_relu_backward(dact, f1, df1);
+  } else {
+    ops::gelu_backward(dact, f1, df1, false);
+  }
+}
+
+// FP8 row padding per expert (TE's Fp8Padding / Fp8Unpadding as TEGroupedMLP applies them): expert
+// i's n[i] rows move from the start of its src_rows[i]-row block of src to the start of its
+// dst_rows[i]-row block of the result; every other row of the result is zero.
+Tensor regroup_rows(const Tensor& src, const std::vector<int64_t>& n, const std::vector<int64_t>& src_rows,
+                    const std::vector<int64_t>& dst_rows) {
+  int64_t total = 0;
+  for (int64_t r : dst_rows) total += r;
+  Shape s = src.shape();
+  s[0] = total;
+  Tensor dst = Tensor::zeros(s, src.dtype(), src.device());
+  int64_t o = 0, od = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (n[i] > 0) dst.narrow0(od, n[i]).copy_(src.narrow0(o, n[i]));
+    o += src_rows[i];
+    od += dst_rows[i];
+  }
+  return dst;
+}
+Tensor pad_rows(const Tensor& x, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
+  return regroup_rows(x, counts, counts, padded);
+}
+Tensor unpad_rows(const Tensor& y, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
+  return regroup_rows(y, counts, padded, counts);
+}
 }  // namespace
 
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs,
@@ -89,6 +145,7 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   for (int64_t n : tokens_per_expert) total += n;
   const int64_t N = x.size(0);
   MEGATRON_CHECK(total == N) << "experts: " << total << " of " << N << " rows assigned";
+  if (fp8_) return forward_fp8(x, tokens_per_expert, probs, ctx);
   ctx.tokens_per_expert = tokens_per_expert;
   ctx.input = x;
   ctx.probs = probs;
@@ -99,7 +156,8 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   // so per row the same as per expert), the probs scale, fc2 grouped.
   Tensor f1 = Tensor::empty({N, fc1_local}, x.dtype(), x.device());
   ops::grouped_linear_forward(x, weights_of(fc1_), tokens_per_expert, f1);
-  Tensor act = activation(f1);
+  Tensor act = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  activation_forward(config_, f1, act);
   Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
   ops::scale_rows(act, probs, scaled);
   ops::grouped_linear_forward(scaled, weights_of(fc2_), tokens_per_expert, y);
@@ -108,26 +166,19 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   return y;
 }
 
-Tensor Experts::activation(const Tensor& f1) const {
-  Tensor act = Tensor::empty({f1.size(0), ffn_local_}, f1.dtype(), f1.device());
-  if (config_.gated_linear_unit) {
-    ops::swiglu_forward(f1, act);
-  } else if (config_.squared_relu) {
-    ops::squared_relu_forward(f1, act);
-  } else {
-    ops::gelu_forward(f1, act, false);
-  }
-  return act;
-}
-
 Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const {
   const int64_t N = dy.size(0), h = config_.hidden_size;
   dprobs->assign(static_cast<size_t>(N), 0.0);
   if (N == 0) return Tensor::zeros({N, h}, dy.dtype(), dy.device());
+  if (fp8_) return backward_fp8(dy, ctx, dprobs);
   Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());  // every row written by the dgrad
   const Tensor& f1 = ctx.fc1_out;
   // moe_act: the same activation op on the same fc1 output as the forward, so bitwise its act.
-  const Tensor act = ctx.act.defined() ? ctx.act : activation(f1);
+  Tensor act = ctx.act;
+  if (!act.defined()) {
+    act = Tensor::empty({N, ffn_local_}, f1.dtype(), f1.device());
+    activation_forward(config_, f1, act);
+  }
   Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
   ops::scale_rows(act, ctx.probs, scaled);  // recomputed (cheaper to keep than the fc2 input)
   Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
@@ -138,15 +189,117 @@ Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>*
   Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
   ops::scale_rows(dscaled, ctx.probs, dact);
   Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
-  if (config_.gated_linear_unit) {
-    ops::swiglu_backward(dact, f1, df1);
-  } else if (config_.squared_relu) {
-    ops::squared_relu_backward(dact, f1, df1);
-  } else {
-    ops::gelu_backward(dact, f1, df1, false);
-  }
+  activation_backward(config_, dact, f1, df1);
   ops::grouped_linear_backward(df1, ctx.input, weights_of(fc1_), ctx.tokens_per_expert, &dx, &dw1, true);
   return dx;
+}
+
+// ---- FP8 (TEGroupedMLP over TE's GroupedLinear; docs/moe.md "FP8 experts") ----------------------
+// The per-expert loop of FP8 linears (fp8_linear.h) on row views of the padded rows.
+
+Tensor Experts::forward_fp8(const Tensor& x_in, const std::vector<int64_t>& counts, const Tensor& probs_in,
+                            ExpertsCtx& ctx) const {
+  fp8::Fp8State& st = *fp8_;
+  const int64_t L = num_local_experts(), h = config_.hidden_size;
+  const int64_t mult = x_in.is_cpu() ? fp8_host_row_multiple_
+                                     : (st.config().recipe == fp8::Fp8Recipe::kBlockwise ? 128 : 16);
+  std::vector<int64_t> padded(counts);
+  bool pad = false;
+  for (int64_t& n : padded) {
+    const int64_t r = (n + mult - 1) / mult * mult;
+    pad = pad || r != n;
+    n = r;
+  }
+  const Tensor x = pad ? pad_rows(x_in, counts, padded) : x_in;
+  const Tensor probs = pad ? pad_rows(probs_in, counts, padded) : probs_in;  // padding rows: prob 0
+  const int64_t N = x.size(0);
+  ctx.tokens_per_expert = padded;
+  ctx.unpadded_tokens_per_expert = pad ? counts : std::vector<int64_t>{};
+  ctx.input = x;
+  ctx.probs = probs;
+  ctx.fc1_input_t.assign(static_cast<size_t>(L), Tensor());
+  ctx.fc2_input_t.assign(static_cast<size_t>(L), Tensor());
+  const int64_t fc1_local = config_.gated_linear_unit ? 2 * ffn_local_ : ffn_local_;
+  Tensor f1 = Tensor::empty({N, fc1_local}, x.dtype(), x.device());
+  Tensor act = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  Tensor scaled = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({N, h}, x.dtype(), x.device());
+  // One linear of every local expert; an expert without rows only casts its weight (as TE).
+  auto linear = [&](const std::vector<ParamRef>& w, const std::vector<int>& base, const Tensor& in, Tensor& out,
+                    std::vector<Tensor>& keep_t) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t n = padded[static_cast<size_t>(i)];
+      const Tensor& wi = w[static_cast<size_t>(i)].data();
+      if (n == 0) {
+        fp8::cast_weight(st, base[static_cast<size_t>(i)], wi);
+        continue;
+      }
+      Tensor yi = out.narrow0(o, n);
+      fp8::linear_forward(st, base[static_cast<size_t>(i)], in.narrow0(o, n), wi, nullptr, yi, nullptr,
+                          &keep_t[static_cast<size_t>(i)]);
+      o += n;
+    }
+  };
+  linear(fc1_, fp8_fc1_, x, f1, ctx.fc1_input_t);
+  if (N > 0) {
+    activation_forward(config_, f1, act);
+    ops::scale_rows(act, probs, scaled);
+  }
+  linear(fc2_, fp8_fc2_, scaled, y, ctx.fc2_input_t);
+  ctx.fc1_out = f1;
+  ctx.act = act;
+  return pad ? unpad_rows(y, counts, padded) : y;
+}
+
+Tensor Experts::backward_fp8(const Tensor& dy_in, ExpertsCtx& ctx, std::vector<double>* dprobs) const {
+  fp8::Fp8State& st = *fp8_;
+  const int64_t L = num_local_experts(), h = config_.hidden_size;
+  const std::vector<int64_t>& padded = ctx.tokens_per_expert;
+  const bool pad = !ctx.unpadded_tokens_per_expert.empty();
+  const Tensor dy = pad ? pad_rows(dy_in, ctx.unpadded_tokens_per_expert, padded) : dy_in;
+  const int64_t N = dy.size(0);
+  const Tensor& act = ctx.act;
+  const Tensor& f1 = ctx.fc1_out;
+  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+  ops::scale_rows(act, ctx.probs, scaled);  // recomputed, as the bf16 path
+  Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+  Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());
+  // dgrad + wgrad of one linear of every local expert with rows (no rows: nothing to quantize, and
+  // the accumulated main_grad stays as it is).
+  auto linear = [&](const std::vector<ParamRef>& w, const std::vector<int>& base, const Tensor& d_out,
+                    const Tensor& in, Tensor& d_in, const std::vector<Tensor>& in_t) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const int64_t n = padded[k];
+      if (n == 0) continue;
+      Tensor di = d_in.narrow0(o, n);
+      Tensor dw = w[k].grad();
+      fp8::linear_backward(st, base[k], d_out.narrow0(o, n), in.narrow0(o, n), w[k].data(), &di, &dw, nullptr,
+                           /*accumulate=*/true, &in_t[k]);
+      o += n;
+    }
+  };
+  linear(fc2_, fp8_fc2_, dy, scaled, dscaled, ctx.fc2_input_t);
+  std::vector<double> dp = row_dot(dscaled, act);  // padding rows: 0, dropped below
+  Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
+  ops::scale_rows(dscaled, ctx.probs, dact);
+  Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
+  activation_backward(config_, dact, f1, df1);
+  linear(fc1_, fp8_fc1_, df1, ctx.input, dx, ctx.fc1_input_t);
+  if (!pad) {
+    *dprobs = std::move(dp);
+    return dx;
+  }
+  const std::vector<int64_t>& counts = ctx.unpadded_tokens_per_expert;
+  dprobs->clear();
+  int64_t op = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    dprobs->insert(dprobs->end(), dp.begin() + op, dp.begin() + op + counts[i]);
+    op += padded[i];
+  }
+  return unpad_rows(dx, counts, padded);
 }
 
 }  // namespace megatron::transformer::moe

@@ -262,7 +262,13 @@ void TransformerConfig::validate_moe() {
     user_error("--moe-router-dtype: invalid choice '", moe_router_dtype, "' (choose from fp32, fp64)");
   if (moe_input_jitter_eps && (*moe_input_jitter_eps < 0 || *moe_input_jitter_eps >= 1))
     user_error("--moe-input-jitter-eps must be in [0, 1), got ", *moe_input_jitter_eps);
-  if (fp8) user_error("--fp8-format with --num-experts is not implemented in megatron.cpp yet (FP8 expert GEMMs)");
+  if (fp8 && fp8->param_gather)
+    user_error("--fp8-param-gather with --num-experts is not implemented in megatron.cpp yet (FP8 expert weights "
+               "are cast from the model dtype every step); drop --fp8-param-gather");
+  if (fp8 && fp8->recipe == fp8::Fp8Recipe::kTensorwise &&
+      (expert_tensor_parallel_size > 0 ? expert_tensor_parallel_size : tensor_model_parallel_size) > 1)
+    user_error("--fp8-recipe tensorwise with --num-experts needs --expert-tensor-parallel-size 1 (Transformer "
+               "Engine's GroupedLinear has no current scaling under expert tensor parallelism)");
 }
 
 }  // namespace megatron::transformer

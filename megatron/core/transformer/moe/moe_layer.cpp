@@ -2,23 +2,25 @@
 
 #include <algorithm>
 
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::transformer::moe {
 
 MoELayer::MoELayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
-                   const tensor_parallel::TPContext& tp, const MoEGroups& groups)
-    : config_(config) {
+                   const tensor_parallel::TPContext& tp, const MoEGroups& groups, std::shared_ptr<fp8::Fp8State> fp8)
+    : config_(config), fp8_(std::move(fp8)) {
   MEGATRON_CHECK(config.num_moe_experts) << "MoELayer without num_moe_experts";
   if (tp.size() > 1 && !tp.sequence_parallel)
     user_error("MoE with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's rule for training)");
   router_ = std::make_unique<TopKRouter>(reg, prefix + ".router", config, layer_number, groups);
   dispatcher_ = make_token_dispatcher(config, groups);
   experts_ = std::make_unique<Experts>(reg, prefix + ".experts", config, dispatcher_->first_local_expert(),
-                                       dispatcher_->num_local_experts(), groups.expt_tp->rank(), groups.expt_tp->size());
+                                       dispatcher_->num_local_experts(), groups.expt_tp->rank(), groups.expt_tp->size(),
+                                       fp8_);
   if (config.moe_shared_expert_intermediate_size > 0)
-    shared_ = std::make_unique<SharedExpertMLP>(reg, prefix + ".shared_experts", config, tp);
+    shared_ = std::make_unique<SharedExpertMLP>(reg, prefix + ".shared_experts", config, tp, fp8_);
 }
 
 namespace {
@@ -78,6 +80,9 @@ Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) cons
 Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
   if (ctx.recompute) {  // replay with the saved jitter stream; its collectives run at the same point on every rank
     ForwardContext fc = ctx.fc;
+    // FP8: the first forward recorded the amaxes; the replay quantizes with the same scales and
+    // records none (TE's recompute phase under Megatron's te_checkpoint of the MoE layer).
+    fp8::ScopedNoAmaxRecording no_amax(fp8_.get());
     run(ctx.input, fc, ctx);
     ctx.input = Tensor();
   }
@@ -92,6 +97,7 @@ Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
                                      : router_->backward(dprobs, ctx.router));
   dx = dx.view(ctx.shape);
   if (shared_ && ctx.shared_input.defined()) {  // the same MLP forward on the same input: bitwise its activations
+    fp8::ScopedNoAmaxRecording no_amax(fp8_.get());  // FP8: the step's scales, no second amax (te_checkpoint)
     shared_->forward(ctx.shared_input, ctx.shared);
     ctx.shared_input = Tensor();
   }

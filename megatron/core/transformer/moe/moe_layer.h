@@ -32,9 +32,11 @@ struct MoELayerCtx {
 class MoELayer {
  public:
   /// layer_number: Megatron's 1-based layer number. groups: the MoE process groups (tp must be
-  /// the group of `tp`).
+  /// the group of `tp`). `fp8`: the model's FP8 state (nullptr: no FP8) for the routed and shared
+  /// experts' GEMMs (the router stays in the model dtype, as Megatron's).
   MoELayer(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t layer_number,
-           const tensor_parallel::TPContext& tp, const MoEGroups& groups);
+           const tensor_parallel::TPContext& tp, const MoEGroups& groups,
+           std::shared_ptr<fp8::Fp8State> fp8 = nullptr);
   /// x [s, b, h] -> [s, b, h] (x's dtype). With --recompute-granularity selective
   /// --recompute-modules moe in training (Megatron's moe_layer_recompute) only x and fc are kept:
   /// this forward runs with fc.grad_enabled false (no aux-loss records or token counts, as under
@@ -53,6 +55,7 @@ class MoELayer {
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<Experts> experts_;
   std::unique_ptr<SharedExpertMLP> shared_;
+  std::shared_ptr<fp8::Fp8State> fp8_;
 };
 
 }  // namespace megatron::transformer::moe
