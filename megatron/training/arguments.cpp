@@ -1204,8 +1204,9 @@ void validate_args(Arguments& a) {
   // Without --recompute-granularity, --recompute-method / --recompute-num-layers are ignored
   // (as in Megatron, whose TransformerBlock only checkpoints with granularity 'full').
   // --recompute-modules (Megatron's TransformerConfig.recompute_modules, read only with selective
-  // granularity; its choices and its moe_act rule). core_attn is what our attention always does
-  // (kSelectiveNote), moe checkpoints each MoE layer; the others are not implemented.
+  // granularity; its choices and its moe_act, shared_experts and FP8 rules). core_attn is what our
+  // attention always does (kSelectiveNote), moe checkpoints each MoE layer, moe_act the grouped
+  // experts' activation, shared_experts the shared expert; the others are not implemented.
   static const std::vector<std::string> kRecomputeModules = {"core_attn", "moe_act", "layernorm", "mla_up_proj",
                                                              "mlp", "moe", "shared_experts", "gdn_norm_out",
                                                              "gdp_in_proj", "gdp_qkv", "mhc"};
@@ -1218,9 +1219,16 @@ void validate_args(Arguments& a) {
       if (m == "moe_act" && !a.moe_grouped_gemm)
         fail("moe_act in recompute_modules is only supported with moe_grouped_gemm (--recompute-modules moe_act "
              "needs --moe-grouped-gemm)");
-      if (m != "core_attn" && m != "moe")
+      if (m == "shared_experts" && a.moe_shared_expert_intermediate_size && a.moe_shared_expert_overlap)
+        fail("shared_experts recompute cannot work with --moe-shared-expert-overlap.");
+      if (a.fp8 && m == "moe_act" && a.fp8_recipe == "delayed")
+        fail("Delayed scaling does not support moe_act and layernorm recompute for fp8 (--recompute-modules moe_act "
+             "with --fp8-recipe delayed)");
+      if (a.fp8 && m == "moe_act")  // Megatron: fc2 then saves its bf16 input (set_save_original_input)
+        fail("--recompute-modules moe_act with --fp8-format is not implemented in megatron.cpp yet; drop one");
+      if (m != "core_attn" && m != "moe" && m != "moe_act" && m != "shared_experts")
         fail("--recompute-modules " + m + " is not implemented in megatron.cpp yet (selective recomputation of "
-             "core_attn and moe only); use --recompute-granularity full, or drop " + m);
+             "core_attn, moe, moe_act and shared_experts only); use --recompute-granularity full, or drop " + m);
     }
   } else if (!a.recompute_modules.empty()) {
     a.notes.emplace_back("--recompute-modules", "Megatron reads it only with --recompute-granularity selective; no "

@@ -9,7 +9,8 @@
 #  * the checkpoint holds every expert GEMM's FP8 state under its global expert index
 #    (decoder.layers.N.mlp.experts.local_experts.E.linear_fc1._extra_state.fp8.*) and the shared
 #    expert's;
-#  * selective (moe) and full activation recomputation give the same losses bit for bit;
+#  * selective (moe, shared_experts) and full activation recomputation give the same losses bit
+#    for bit;
 #  * a resume from iteration 6 reproduces iterations 7-12 bit for bit (the restored scales and
 #    histories are the ones the straight run used; fresh ones would change the losses);
 #  * EP2 (mpirun, the experts over 2 ranks: each rank's FP8 state of its 2 experts) saves at
@@ -50,13 +51,14 @@ EOF
 # Activation recomputation (the MoE layer alone, and full layers) replays the experts' FP8 GEMMs
 # with the step's scales and cached weight casts: the same losses bit for bit.
 run fp8_rc_moe env -- "${FP8[@]}" --recompute-granularity selective --recompute-modules moe
+run fp8_rc_shared env -- "${FP8[@]}" --recompute-granularity selective --recompute-modules shared_experts
 run fp8_rc_full env -- "${FP8[@]}" --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
-for name in fp8_rc_moe fp8_rc_full; do
+for name in fp8_rc_moe fp8_rc_shared fp8_rc_full; do
   for it in 1 6 12; do
     [[ "$(loss "$LOGDIR/fp8.log" $it)" == "$(loss "$LOGDIR/$name.log" $it)" ]] || fail "$name: iteration $it differs"
   done
 done
-echo "recomputation (selective moe, full): the FP8 run's losses bit for bit"
+echo "recomputation (selective moe, shared_experts, full): the FP8 run's losses bit for bit"
 
 run save env -- "${FP8[@]}" --save "$LOGDIR/ck" --save-interval 100 --exit-interval 6
 run resume env -- "${FP8[@]}" --load "$LOGDIR/ck"

@@ -13,7 +13,9 @@
 # a 1-layer chunk), block 2, without jitter, and PP2 (one dense + one MoE layer per stage) under
 # mpirun; selective recomputation of the MoE layers (--recompute-granularity selective
 # --recompute-modules moe, and the deprecated --moe-layer-recompute, Megatron's moe_layer_recompute)
-# the same way.
+# the same way, and its finer modules with --moe-grouped-gemm: moe_act (the experts' activation
+# re-applied to the kept fc1 output) with shared_experts (the shared expert re-run from its input).
+# Megatron's refusals of moe_act / shared_experts combinations: one line each.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
@@ -39,6 +41,21 @@ run moe_layer_recompute env -- "${JITTER[@]}" --moe-layer-recompute
 grep -q 'WARNING: --moe-layer-recompute is deprecated' "$LOGDIR/moe_layer_recompute.log" \
   || fail "moe_layer_recompute: no deprecation warning"
 same ref moe_layer_recompute
+run grouped_ref env -- "${JITTER[@]}" --moe-grouped-gemm
+run selective_moe_act_shared env -- "${JITTER[@]}" --moe-grouped-gemm --recompute-granularity selective \
+  --recompute-modules moe_act shared_experts
+grep -q "recompute_modules \.* \['moe_act', 'shared_experts'\]" "$LOGDIR/selective_moe_act_shared.log" \
+  || fail "selective_moe_act_shared: arguments table lacks recompute_modules"
+same grouped_ref selective_moe_act_shared
+SEL=(--recompute-granularity selective --recompute-modules)
+bad 'moe_act in recompute_modules is only supported with moe_grouped_gemm' "${SEL[@]}" moe_act
+bad 'shared_experts recompute cannot work with --moe-shared-expert-overlap' "${SEL[@]}" shared_experts \
+  --moe-shared-expert-overlap --moe-token-dispatcher-type alltoall
+bad 'Delayed scaling does not support moe_act and layernorm recompute for fp8' "${SEL[@]}" moe_act \
+  --moe-grouped-gemm --fp8-format hybrid --fp8-recipe delayed
+bad 'recompute-modules moe_act with --fp8-format is not implemented' "${SEL[@]}" moe_act --moe-grouped-gemm \
+  --fp8-format hybrid --fp8-recipe tensorwise
+echo "PASS argument checks"
 run nojitter_ref env --
 run nojitter_uniform1 env -- "${UNIFORM1[@]}"
 same nojitter_ref nojitter_uniform1

@@ -111,8 +111,9 @@ struct TransformerConfig {
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
   int64_t recompute_num_layers = 0;
   /// --recompute-modules (Megatron's recompute_modules), read with kSelective only: "moe"
-  /// checkpoints each MoELayer (moe/moe_layer.h); "core_attn" is what our attention always does;
-  /// pretrain_gpt refuses the others.
+  /// checkpoints each MoELayer, "shared_experts" its shared expert (moe/moe_layer.h), "moe_act"
+  /// the grouped experts' activation (moe/experts.h); "core_attn" is what our attention always
+  /// does; pretrain_gpt refuses the others.
   std::vector<std::string> recompute_modules;
 
   // ---- precision ----

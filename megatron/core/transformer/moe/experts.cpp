@@ -1,5 +1,6 @@
 #include "megatron/core/transformer/moe/experts.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/core/fp8/fp8_linear.h"
@@ -37,7 +38,10 @@ ParamRef add_expert_param(ParamRegistry& reg, const std::string& name, Shape glo
 
 Experts::Experts(ParamRegistry& reg, const std::string& prefix, const TransformerConfig& config, int64_t first_expert,
                  int64_t num_local_experts, int etp_rank, int etp_size, std::shared_ptr<fp8::Fp8State> fp8)
-    : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size), fp8_(std::move(fp8)) {
+    : config_(config), ffn_local_(config.moe_ffn_hidden_size / etp_size),
+      recompute_act_(config.moe_grouped_gemm && config.recompute_granularity == RecomputeGranularity::kSelective &&
+                     std::count(config.recompute_modules.begin(), config.recompute_modules.end(), "moe_act") > 0),
+      fp8_(std::move(fp8)) {
   MEGATRON_CHECK(!config.add_bias_linear) << "MoE experts with bias";
   const int64_t fc1_rows = config.gated_linear_unit ? 2 * config.moe_ffn_hidden_size : config.moe_ffn_hidden_size;
   const float out_std = config.init_method_std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
@@ -158,7 +162,7 @@ Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& tokens_per_
   ops::scale_rows(act, probs, scaled);
   ops::grouped_linear_forward(scaled, weights_of(fc2_), tokens_per_expert, y);
   ctx.fc1_out = f1;
-  ctx.act = act;
+  if (!recompute_act_) ctx.act = act;  // --recompute-modules moe_act: rebuilt from f1 in backward
   return y;
 }
 
@@ -168,8 +172,13 @@ Tensor Experts::backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>*
   if (N == 0) return Tensor::zeros({N, h}, dy.dtype(), dy.device());
   if (fp8_) return backward_fp8(dy, ctx, dprobs);
   Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());  // every row written by the dgrad
-  const Tensor& act = ctx.act;
   const Tensor& f1 = ctx.fc1_out;
+  // moe_act: the same activation op on the same fc1 output as the forward, so bitwise its act.
+  Tensor act = ctx.act;
+  if (!act.defined()) {
+    act = Tensor::empty({N, ffn_local_}, f1.dtype(), f1.device());
+    activation_forward(config_, f1, act);
+  }
   Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
   ops::scale_rows(act, ctx.probs, scaled);  // recomputed (cheaper to keep than the fc2 input)
   Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());

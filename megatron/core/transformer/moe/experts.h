@@ -39,7 +39,7 @@ struct ExpertsCtx {
   std::vector<int64_t> tokens_per_expert;  // rows per local expert of the tensors below (FP8: padded)
   Tensor input;                  // [N, h] permuted rows
   Tensor fc1_out;                // [N, fc1_local] (all local experts, expert-major)
-  Tensor act;                    // [N, ffn_local] activation before the probs scale
+  Tensor act;                    // [N, ffn_local] activation before the probs scale (undefined: moe_act recompute)
   Tensor probs;                  // float32 [N]
   // FP8 only: the router's counts when the rows above are padded (empty: not padded), and per
   // expert the FP8 transposes of fc1's / fc2's inputs kept by the forward for the wgrad GEMMs
@@ -59,6 +59,9 @@ class Experts {
   /// [N, h] partial over expert-TP (x's dtype).
   Tensor forward(const Tensor& x, const std::vector<int64_t>& tokens_per_expert, const Tensor& probs, ExpertsCtx& ctx) const;
   /// dy [N, h] -> dx [N, h]; *dprobs = d loss / d probs [N] (host); accumulates weight gradients.
+  /// With --recompute-granularity selective --recompute-modules moe_act (TEGroupedMLP's
+  /// activation_recompute; needs --moe-grouped-gemm, checked by the arguments) the forward keeps
+  /// fc1's output only and this re-applies the activation to it (the probs scale is always redone).
   Tensor backward(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const;
   int64_t num_local_experts() const { return static_cast<int64_t>(fc1_.size()); }
   /// FP8: the Fp8State base index of local expert i's fc1 / fc2 (-1 without FP8).
@@ -74,6 +77,7 @@ class Experts {
   Tensor backward_fp8(const Tensor& dy, ExpertsCtx& ctx, std::vector<double>* dprobs) const;
   const TransformerConfig& config_;
   int64_t ffn_local_;
+  bool recompute_act_;  // --recompute-modules moe_act
   std::vector<ParamRef> fc1_, fc2_;
   std::shared_ptr<fp8::Fp8State> fp8_;
   std::vector<int> fp8_fc1_, fp8_fc2_;

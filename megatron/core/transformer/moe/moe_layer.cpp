@@ -23,10 +23,16 @@ MoELayer::MoELayer(ParamRegistry& reg, const std::string& prefix, const Transfor
     shared_ = std::make_unique<SharedExpertMLP>(reg, prefix + ".shared_experts", config, tp, fp8_);
 }
 
+namespace {
+// Whether --recompute-granularity selective --recompute-modules includes `module`.
+bool selective(const TransformerConfig& c, const char* module) {
+  return c.recompute_granularity == RecomputeGranularity::kSelective &&
+         std::count(c.recompute_modules.begin(), c.recompute_modules.end(), module) > 0;
+}
+}  // namespace
+
 Tensor MoELayer::forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const {
-  const auto& mods = config_.recompute_modules;
-  ctx.recompute = fc.training && config_.recompute_granularity == RecomputeGranularity::kSelective &&
-                  std::find(mods.begin(), mods.end(), "moe") != mods.end();
+  ctx.recompute = fc.training && selective(config_, "moe");
   if (!ctx.recompute) return run(x, fc, ctx);
   ctx.input = x;
   ctx.fc = fc;
@@ -59,7 +65,15 @@ Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) cons
   }
   Tensor expert_out = experts_->forward(expert_in, tpe, pprobs, ctx.experts);
   Tensor out = dispatcher_->combine(expert_out, ctx.dispatch).view(x.shape());
-  if (shared_) ops::add_(out, shared_->forward(x, ctx.shared));
+  if (shared_ && fc.training && selective(config_, "shared_experts")) {
+    // Megatron's shared_experts_recompute (tensor_parallel.checkpoint of the shared expert): only
+    // its input is kept, the MLP's activations are dropped here and rebuilt in backward.
+    MLPCtx dropped;
+    ops::add_(out, shared_->forward(x, dropped));
+    ctx.shared_input = x;
+  } else if (shared_) {
+    ops::add_(out, shared_->forward(x, ctx.shared));
+  }
   return out;
 }
 
@@ -82,6 +96,11 @@ Tensor MoELayer::backward(const Tensor& dy, MoELayerCtx& ctx) const {
   ops::add_(dx, ctx.dispatch.device ? router_->backward_device(ctx.dispatch.dpermuted_probs, ctx.dispatch.row_of, ctx.router)
                                      : router_->backward(dprobs, ctx.router));
   dx = dx.view(ctx.shape);
+  if (shared_ && ctx.shared_input.defined()) {  // the same MLP forward on the same input: bitwise its activations
+    fp8::ScopedNoAmaxRecording no_amax(fp8_.get());  // FP8: the step's scales, no second amax (te_checkpoint)
+    shared_->forward(ctx.shared_input, ctx.shared);
+    ctx.shared_input = Tensor();
+  }
   if (shared_) ops::add_(dx, shared_->backward(dy, ctx.shared));
   ctx.experts = ExpertsCtx();
   return dx;

@@ -25,6 +25,8 @@ struct MoELayerCtx {
   bool recompute = false;
   Tensor input;
   ForwardContext fc;
+  // --recompute-modules shared_experts: the shared expert's input (`shared` then filled in backward).
+  Tensor shared_input;
 };
 
 class MoELayer {
@@ -38,7 +40,9 @@ class MoELayer {
   /// x [s, b, h] -> [s, b, h] (x's dtype). With --recompute-granularity selective
   /// --recompute-modules moe in training (Megatron's moe_layer_recompute) only x and fc are kept:
   /// this forward runs with fc.grad_enabled false (no aux-loss records or token counts, as under
-  /// Megatron's checkpoint) and backward replays it with the saved context.
+  /// Megatron's checkpoint) and backward replays it with the saved context. With
+  /// --recompute-modules shared_experts in training (Megatron's shared_experts_recompute) the
+  /// shared expert keeps only its input and backward re-runs its forward; moe_act: experts.h.
   Tensor forward(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) const;
   /// dy [s, b, h] -> dx; accumulates every parameter gradient.
   Tensor backward(const Tensor& dy, MoELayerCtx& ctx) const;

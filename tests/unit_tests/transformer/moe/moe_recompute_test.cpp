@@ -5,7 +5,11 @@
 // torch.is_grad_enabled()); the replay in backward does them once, with the same jitter and
 // dropout streams. Everything must therefore be BITWISE equal to the run that kept activations:
 // the replay runs the same CPU kernels (deterministic) on the same inputs in the same order.
-// Selective recomputation of the MoE layers (--recompute-modules moe) works the same way.
+// Selective recomputation of the MoE layers (--recompute-modules moe) works the same way, and so
+// do its finer modules: moe_act (the grouped experts' activation, re-applied to the kept fc1
+// output in backward: TEGroupedMLP's activation_recompute) and shared_experts (the shared-expert
+// MLP re-run from its input in backward: MoELayer's shared_experts_recompute), whose saving is
+// checked exactly in tensor bytes held between forward and backward (memory_stats.h).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/tensor/memory_stats.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/moe/router.h"
 #include "test_utils/dist_test_util.h"
@@ -168,6 +173,84 @@ TEST(MoERecompute, MtpMoeLayerRecomputationIsBitwise) {
   sel.recompute_granularity = RecomputeGranularity::kSelective;
   sel.recompute_modules = {"moe"};
   expect_same(ref, step(sel), "mtp selective moe");
+}
+
+// The model above with --moe-grouped-gemm (moe_act needs it) and a shared expert of kShared.
+constexpr int64_t kShared = 48;
+TransformerConfig moe_shared_config() {
+  TransformerConfig c = moe_config(true, 0);
+  c.moe_grouped_gemm = true;
+  c.moe_shared_expert_intermediate_size = kShared;
+  return c;
+}
+
+// Tensor bytes that one training micro-batch's forward leaves allocated for its backward (the
+// stored activations, the loss), measured after a warm-up step so lazily built state does not count.
+int64_t stored_bytes(const TransformerConfig& c) {
+  GPTModel m(c, kV, kS, 31);
+  MoEAuxLossAutoScaler::set_loss_scale(1.0);
+  const datasets::GPTBatch b = testing::random_gpt_batch(100, kB, kS, kV);
+  int64_t stored = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t before = memory_stats(DeviceType::kCPU).allocated;
+    Tensor loss = m.forward(b, true);
+    stored = memory_stats(DeviceType::kCPU).allocated - before;
+    Tensor seed = Tensor::zeros(loss.shape(), DType::kFloat32);
+    seed.fill_(1.0f / static_cast<float>(loss.numel()));
+    m.backward(seed);
+  }
+  MoEMetricsTracker::get().clear();
+  return stored;
+}
+
+TEST(MoERecompute, SelectiveMoeActAndSharedExpertsAreBitwise) {
+  const TransformerConfig plain = moe_shared_config();
+  const StepResult ref = step(plain);
+  expect_counted_once(ref, 2);
+  for (const std::vector<std::string>& mods : std::vector<std::vector<std::string>>{
+           {"moe_act"}, {"shared_experts"}, {"core_attn", "moe_act", "shared_experts"}, {"moe", "moe_act", "shared_experts"}}) {
+    TransformerConfig sel = plain;
+    sel.recompute_granularity = RecomputeGranularity::kSelective;
+    sel.recompute_modules = mods;
+    std::string what = "selective";
+    for (const auto& m : mods) what += " " + m;
+    expect_same(ref, step(sel), what);
+  }
+  // The modules only act with selective granularity (Megatron reads them only then).
+  TransformerConfig none = plain;
+  none.recompute_modules = {"moe_act", "shared_experts"};
+  expect_same(ref, step(none), "no granularity");
+}
+
+// What the two modules stop storing, per MoE layer (2 here), fp32 (4 bytes), T = kB * kS tokens:
+//   moe_act: the experts' SwiGLU output [T * topk routed rows, moe_ffn_hidden_size] (fc1's output
+//            stays: the recompute's input; the probs-scaled fc2 input is never kept, experts.cpp);
+//   shared_experts: the shared MLP's fc1 output [T, 2 * kShared] (SwiGLU's [gate; up]) and its
+//            SwiGLU output [T, kShared] (fc2's input); its input is the layer's (kept either way).
+// Equality in bytes: the allocator counts exact storage sizes and nothing else changes.
+TEST(MoERecompute, SelectiveMoeActAndSharedExpertsStoreLess) {
+  const TransformerConfig plain = moe_shared_config();
+  const int64_t T = kB * kS, layers = 2, f = plain.moe_ffn_hidden_size;
+  const int64_t act_bytes = layers * T * kTopK * f * 4, shared_bytes = layers * T * 3 * kShared * 4;
+  const int64_t ref = stored_bytes(plain);
+  auto with = [&](std::vector<std::string> mods) {
+    TransformerConfig c = plain;
+    c.recompute_granularity = RecomputeGranularity::kSelective;
+    c.recompute_modules = std::move(mods);
+    return stored_bytes(c);
+  };
+  EXPECT_EQ(ref - with({"moe_act"}), act_bytes);
+  EXPECT_EQ(ref - with({"shared_experts"}), shared_bytes);
+  EXPECT_EQ(ref - with({"moe_act", "shared_experts"}), act_bytes + shared_bytes);
+  // SequentialMLP (no --moe-grouped-gemm): Megatron's moe_act is TEGroupedMLP's only; nothing changes.
+  TransformerConfig seq = plain;
+  seq.moe_grouped_gemm = false;
+  TransformerConfig seq_act = seq;
+  seq_act.recompute_granularity = RecomputeGranularity::kSelective;
+  seq_act.recompute_modules = {"moe_act"};
+  EXPECT_EQ(stored_bytes(seq), stored_bytes(seq_act));
+  std::printf("stored bytes per micro-batch: none %lld, moe_act -%lld, shared_experts -%lld\n",
+              static_cast<long long>(ref), static_cast<long long>(act_bytes), static_cast<long long>(shared_bytes));
 }
 
 }  // namespace
