@@ -9,7 +9,8 @@
 #   CP2 (EP1), EP2 x CP2 on 2 ranks (the EP group is the CP group, expert-DP 1), and EP2 x CP2 x DP2
 #   on 4 ranks with the alltoall dispatcher (expert-DP 2: the expert gradients summed over expt-dp
 #   and scaled 1/(DP x CP) as the dense ones), EP4 x CP2 x DP2, TP2 + SP x CP2 x EP2 (expert-TP1),
-#   EP2 x CP2 x DP2 with the distributed optimizer, PP2 x CP2 x EP2, EP2 x CP2 on the TCP backend,
+#   EP2 x CP2 x DP2 with the distributed optimizer, PP2 x CP2 x EP2, expert-TP2 x EP2 x CP2 (TP1),
+#   EP2 x CP2 on the TCP backend,
 # for --moe-router-load-balancing-type aux_loss, and EP2 x CP2 for seq_aux_loss, global_aux_loss and
 # --calculate-per-token-loss. Each CP rank routes its own tokens;
 # the aux loss takes its token counts summed over TP x CP (so it is the whole sequence's), each CP rank's
@@ -59,7 +60,8 @@ run ep2_cp2_dp2_a2a 4 load_balancing_loss --context-parallel-size 2 --expert-mod
 compare ep2_cp2_dp2_a2a single
 # EP4 over CP2 x DP2 (the EP group spans both CP groups, expert-DP 1); TP2 + SP x CP2 with expert-TP1
 # x EP2 (the aux losses' TP x CP group of 4 ranks, expert-DP 2); EP2 x CP2 x DP2 with the distributed
-# optimizer (the expert buffer sharded over expt-dp); PP2 x CP2 x EP2; EP2 x CP2 on the TCP backend.
+# optimizer (the expert buffer sharded over expt-dp); PP2 x CP2 x EP2; expert-TP2 x EP2 over CP2 x DP2
+# with TP1 (the experts split over ranks of different CP groups); EP2 x CP2 on the TCP backend.
 run ep4_cp2_dp2 4 load_balancing_loss --context-parallel-size 2 --expert-model-parallel-size 4
 compare ep4_cp2_dp2 single
 run tp2_sp_cp2_etp1_ep2 4 load_balancing_loss --tensor-model-parallel-size 2 --sequence-parallel \
@@ -71,6 +73,9 @@ compare ep2_cp2_dp2_distopt single
 run pp2_cp2_ep2 4 load_balancing_loss --pipeline-model-parallel-size 2 --context-parallel-size 2 \
   --expert-model-parallel-size 2
 compare pp2_cp2_ep2 single
+run etp2_ep2_cp2 4 load_balancing_loss --context-parallel-size 2 --expert-tensor-parallel-size 2 \
+  --expert-model-parallel-size 2
+compare etp2_ep2_cp2 single
 run ep2_cp2_tcp L2 load_balancing_loss --context-parallel-size 2 --expert-model-parallel-size 2
 compare ep2_cp2_tcp single
 
