@@ -968,8 +968,6 @@ void validate_moe_args(Arguments& a) {
          "GroupedLinear has no current scaling under expert tensor parallelism)");
   if (a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
     fail("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron's MoELayer rule)");
-  if (a.context_parallel_size > 1 && ep > 1)
-    fail("--expert-model-parallel-size > 1 with --context-parallel-size > 1 is not implemented in megatron.cpp yet");
 }
 
 void validate_args(Arguments& a) {

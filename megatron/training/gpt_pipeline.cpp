@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "megatron/core/parallel_state.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/utils/errors.h"
@@ -189,11 +190,11 @@ std::optional<LossReport> GPTPipeline::forward_backward(BatchIterator& data, boo
   d.seed_tokens.assign(static_cast<size_t>(d.M), 1.0);
   d.forward_only = forward_only;
   d.loss_scale = loss_scale;
-  // Megatron's forward_step: MoEAuxLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)
+  // Megatron's forward_step: MoEAuxLossAutoScaler.set_loss_scale(loss_scale x CP / num_microbatches)
   // (loss_scale alone with --calculate-per-token-loss), so the aux losses' gradients are scaled
   // like the main loss's.
-  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(d.per_token ? loss_scale
-                                                                     : loss_scale / static_cast<double>(d.M));
+  const int64_t cp = parallel_state::model_parallel_is_initialized() ? parallel_state::get_context_parallel_world_size() : 1;
+  transformer::moe::MoEAuxLossAutoScaler::set_step_loss_scale(loss_scale, d.M, d.per_token, cp);
   const int M = static_cast<int>(d.M);
   if (d.interleaved) {
     d.interleaved->run(d, M, static_cast<int>(d.chunks.size()), d.group_size, forward_only);

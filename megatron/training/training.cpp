@@ -132,9 +132,10 @@ TrainStepResult Trainer::train_step(BatchIterator& train_data) {
   }
   const double loss_scale = optimizer_.get_loss_scale();
   // MoE: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the aux losses' backward scale, as the
-  // main loss's: loss_scale / num_microbatches, or loss_scale with --calculate-per-token-loss).
-  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
-      args_.calculate_per_token_loss ? loss_scale : loss_scale / static_cast<double>(num_microbatches_));
+  // main loss's: loss_scale x CP / num_microbatches, or loss_scale with --calculate-per-token-loss).
+  transformer::moe::MoEAuxLossAutoScaler::set_step_loss_scale(loss_scale, num_microbatches_,
+                                                              args_.calculate_per_token_loss,
+                                                              args_.context_parallel_size);
   std::vector<std::pair<Tensor, Tensor>> deferred;  // (device loss, host mask) per micro-batch
   // Where the parameters live (the NaN message names the device, as Megatron's).
   const Device device = optimizer_.params().empty() ? Device::cpu() : optimizer_.params().front().param.device();

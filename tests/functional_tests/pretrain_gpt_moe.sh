@@ -10,7 +10,7 @@
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
 source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equal
-source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
+source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS, moe_summary, moe_equal
 ARGS=("${MOE_ARGS[@]}" --train-iters 4 --eval-interval 2 --moe-layer-freq '([0]+[1])')
 
 run() {  # run NAME LAUNCHER... -- EXTRA ARGS
@@ -24,35 +24,6 @@ run() {  # run NAME LAUNCHER... -- EXTRA ARGS
   [ "$name" = no_aux ] && return  # load_balancing_loss is 0 there, and a zero average is not printed
   moe_summary "$LOGDIR/$name.log" >"$LOGDIR/$name.moe" || fail "$name: MoE metrics missing from the iteration lines"
 }
-# moe_summary LOG: "ITERATION load_balancing_loss z_loss" per iteration line (Megatron's
-# track_moe_metrics names, in the loss-dict part of the line after lm loss); fails if a line lacks them.
-moe_summary() {
-  python3 - "$1" <<'EOF'
-import re, sys
-n = 0
-for line in open(sys.argv[1]):
-    if '] iteration ' not in line: continue
-    m = re.search(r'\] iteration +(\d+)/.*\| lm loss: [0-9.E+-]+ \| load_balancing_loss: ([0-9.E+-]+) \| '
-                  r'z_loss: ([0-9.E+-]+) \| loss scale:', line)
-    if not m: sys.exit('no load_balancing_loss / z_loss after lm loss in: ' + line.strip())
-    print(*m.groups()); n += 1
-if n < 4: sys.exit('only %d iteration lines' % n)
-EOF
-}
-# moe_equal REF GOT NAME: the MoE metrics of every iteration agree within 1e-5 relative (the same
-# per-layer means over the same global batch: Megatron sums them over PP and TP x CP, averages over
-# DP; fp32 reordering moves the 7th digit at most, as for lm loss above).
-moe_equal() {
-  python3 - "$1" "$2" "$3" <<'EOF'
-import sys
-a = [l.split() for l in open(sys.argv[1])]; b = [l.split() for l in open(sys.argv[2])]
-if len(a) != len(b) or not a: sys.exit('%s: %d vs %d MoE metric lines' % (sys.argv[3], len(a), len(b)))
-for x, y in zip(a, b):
-    if x[0] != y[0] or any(abs(float(p) - float(q)) > 1e-5 * abs(float(p)) for p, q in zip(x[1:], y[1:])):
-        sys.exit('%s: MoE metrics %s vs single-rank %s' % (sys.argv[3], y, x))
-EOF
-}
-
 run single env -- --tensorboard-dir "$LOGDIR/single.tb"
 # The metrics' scale at iteration 1 (router weights near 0, so nearly uniform probabilities over the
 # 4 experts): the Switch aux loss of uniform routing is 1 and the z-loss log(4)^2 = 1.922 (within 5%:
@@ -171,6 +142,4 @@ bad "--moe-enable-deepep is a Megatron-LM flag that megatron.cpp does not implem
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "needs --sequence-parallel" --tensor-model-parallel-size 2
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "world size (2) is not divisible by --expert-tensor-parallel-size (1) x --expert-model-parallel-size (4) x --pipeline-model-parallel-size (1)" \
   --expert-model-parallel-size 4 --expert-tensor-parallel-size 1
-BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "--expert-model-parallel-size > 1 with --context-parallel-size > 1" \
-  --expert-model-parallel-size 2 --context-parallel-size 2
 echo "bad MoE input: one clear line each"

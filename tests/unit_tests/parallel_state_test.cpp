@@ -104,6 +104,31 @@ TEST(ParallelStateLayout, ExpertGroupsEtp1Ep2) {
   EXPECT_EQ(L4.groups["tp-pp"].size(), 8u);
 }
 
+// MoE parallel folding with context parallelism (Megatron's initialize_model_parallel: the expert
+// rank generator has cp = 1 and expert-DP = world / (expert-TP x EP x PP), so the EP ranks are
+// taken from the dense CP x DP ranks). 8 ranks, CP2 DP4 (dense rank = cp + 2*dp), EP4 expert-TP1:
+// expert rank = ep + 4*edp, i.e. ep = rank % 4, edp = rank / 4, written out by hand. The EP group
+// {0,1,2,3} spans two CP groups ({0,1}, {2,3}) and two DP replicas; expt-dp pairs rank r with r + 4.
+TEST(ParallelStateLayout, ExpertGroupsFoldContextParallel) {
+  ps::ParallelConfig c;
+  c.context_parallel_size = 2;
+  c.expert_model_parallel_size = 4;
+  c.expert_tensor_parallel_size = 1;
+  auto L = ps::compute_group_layout(c, 8);
+  EXPECT_EQ(L.data_parallel_size, 4);
+  EXPECT_EQ(L.groups["cp"], (RankGroups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(L.groups["dp-cp"], (RankGroups{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  EXPECT_EQ(L.groups["ep"], (RankGroups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(L.groups["tp-ep"], L.groups["ep"]);
+  EXPECT_EQ(L.groups["expt-dp"], (RankGroups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(L.groups["tp-ep-pp"], L.groups["ep"]);
+  // EP2 x CP2 on 2 ranks: the EP group is the CP group, expert-DP 1.
+  c.expert_model_parallel_size = 2;
+  auto L2 = ps::compute_group_layout(c, 2);
+  EXPECT_EQ(L2.groups["ep"], L2.groups["cp"]);
+  EXPECT_EQ(L2.groups["expt-dp"], (RankGroups{{0}, {1}}));
+}
+
 TEST(ParallelStateLayout, MatchesMappingFormulaForManyLayouts) {
   const std::vector<std::string> kinds = {"tp", "cp", "dp", "dp-cp", "pp", "tp-pp", "tp-cp", "tp-dp", "tp-dp-cp"};
   for (bool tp_pp_dp : {false, true})

@@ -383,6 +383,12 @@ double g_aux_loss_scale = 1.0;
 }
 void MoEAuxLossAutoScaler::set_loss_scale(double scale) { g_aux_loss_scale = scale; }
 double MoEAuxLossAutoScaler::loss_scale() { return g_aux_loss_scale; }
+void MoEAuxLossAutoScaler::set_step_loss_scale(double loss_scale, int64_t num_microbatches, bool per_token_loss,
+                                               int64_t cp_size) {
+  MEGATRON_CHECK(num_microbatches > 0 && cp_size > 0) << num_microbatches << " micro-batches, CP " << cp_size;
+  g_aux_loss_scale = per_token_loss ? loss_scale
+                                    : loss_scale * static_cast<double>(cp_size) / static_cast<double>(num_microbatches);
+}
 
 MoEMetricsTracker& MoEMetricsTracker::get() {
   static MoEMetricsTracker t;

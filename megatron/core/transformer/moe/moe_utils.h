@@ -112,11 +112,18 @@ Tensor all_to_all(comm::ProcessGroup& group, const Tensor& input, const std::vec
                   const std::vector<int64_t>& in_splits);
 
 /// Megatron's MoEAuxLossAutoScaler.main_loss_backward_scale: the factor the aux losses' gradient is
-/// multiplied with (the main loss's backward scale: loss_scale / num_microbatches, or loss_scale
-/// with --calculate-per-token-loss; set by the pipeline schedule before each step).
+/// multiplied with (the main loss's backward scale: loss_scale x CP size / num_microbatches, or
+/// loss_scale with --calculate-per-token-loss; set by the pipeline schedule before each step).
 struct MoEAuxLossAutoScaler {
   static void set_loss_scale(double scale);
   static double loss_scale();
+  /// The scale Megatron's forward_step (megatron/core/pipeline_parallel/schedules.py) sets before
+  /// each step: `loss_scale` with per-token loss, else loss_scale x cp_size / num_microbatches.
+  /// The CP factor matches the main loss (which each CP rank multiplies by the CP size before the
+  /// gradients are averaged over DP x CP): each CP rank's aux loss covers only its own tokens'
+  /// probabilities against the CP-summed token counts, so the CP ranks' gradients sum to the
+  /// whole sequence's aux-loss gradient and the average over DP x CP must not halve it.
+  static void set_step_loss_scale(double loss_scale, int64_t num_microbatches, bool per_token_loss, int64_t cp_size);
 };
 
 /// Megatron's MoE metrics tracker (moe_logging.py get_moe_metrics_tracker): per name
