@@ -2,7 +2,8 @@
 # A checkpoint with FP8 state (FP8 routed experts and --fp8-output-proj: every FP8 linear's
 # _extra_state.fp8.*) loaded by a run without --fp8-format: the weights load, the run trains, and
 # it says once that the checkpoint's FP8 state is not used -- in megatron.cpp's own format as in
-# torch_dist (before, only torch_dist said so; the own format dropped it silently).
+# torch_dist (before, only torch_dist said so; the own format dropped it silently); and
+# convert_checkpoint's Hugging Face export says it leaves the FP8 state out (before: silently).
 # Args: bin dir, source dir.
 set -euo pipefail
 BIN=$1
@@ -30,4 +31,10 @@ for fmt in torch torch_dist; do
     > "$OUT/load8_$fmt.log" 2>&1 || fail "$fmt: FP8 reload"
   grep -qF "$MSG" "$OUT/load8_$fmt.log" && fail "$fmt: an FP8 run reports the FP8 state as unused"
   echo "OK: $fmt: FP8 checkpoint loads into a bf16 run, which reports the FP8 state unused"
+  # Hugging Face export of the FP8 checkpoint: the weights only, the dropped FP8 state said.
+  "$BIN/convert_checkpoint" --loader mcore --saver hf --load-dir "$OUT/$fmt" --save-dir "$OUT/hf_$fmt" \
+    > "$OUT/hf_$fmt.log" 2>&1 || fail "$fmt: HF export: $(tail -2 "$OUT/hf_$fmt.log")"
+  grep -q "FP8 state tensors .* are not exported" "$OUT/hf_$fmt.log" || fail "$fmt: HF export drops the FP8 state silently"
+  grep -aq "_extra_state" "$OUT/hf_$fmt/model.safetensors" && fail "$fmt: FP8 state in the HF checkpoint"
+  echo "OK: $fmt: HF export of the FP8 checkpoint says its FP8 state is not exported"
 done
