@@ -9,7 +9,7 @@
 
 #include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
-#include "megatron/core/fp8/fp8_env.h"
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/device.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
@@ -112,9 +112,9 @@ void check_env_switches() {
   (void)optim_overlap_switch();
   (void)optim_overlap_priority_switch();
   (void)transformer::moe::moe_device_router_enabled();
-  (void)fp8::block_fused_from_env();
-  (void)fp8::block_quant_legacy_from_env();
-  (void)fp8::block_wgrad_algo_from_env();
+  (void)ops::block_fused_from_env();
+  (void)ops::block_quant_legacy_from_env();
+  (void)ops::block_wgrad_algo_from_env();
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {

@@ -31,7 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "megatron/core/fp8/fp8_env.h"
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/fp8_sources.cuh"
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 // has passed on a GPU: the tiled kernel is checked only by the host emulation so far) for the
 // first kernel; read once.
 bool legacy_kernel() {
-  static const bool v = megatron::fp8::block_quant_legacy_from_env();
+  static const bool v = megatron::ops::block_quant_legacy_from_env();
   return v;
 }
 

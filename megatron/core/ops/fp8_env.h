@@ -6,7 +6,7 @@
 
 #include "megatron/core/utils/env.h"
 
-namespace megatron::fp8 {
+namespace megatron::ops {
 
 /// Number of cuBLASLt heuristic algorithms kept per block-scaled GEMM problem (ops/cuda/fp8_gemm.cu).
 inline constexpr int kMaxBlockAlgos = 16;
@@ -26,4 +26,4 @@ inline int block_wgrad_algo_from_env() { return env_int_in("MEGATRON_FP8_BLOCK_W
 /// (fp8_linear.h block_fusion_enabled(), which caches it). Other values: UserError. Not cached.
 inline bool block_fused_from_env() { return env_switch("MEGATRON_FP8_BLOCK_FUSED", false); }
 
-}  // namespace megatron::fp8
+}  // namespace megatron::ops
