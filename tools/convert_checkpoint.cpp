@@ -195,6 +195,21 @@ int mcore_to_hf(const Args& a) {
   if (mtp > 0)
     std::printf("note: the checkpoint's %lld multi-token-prediction tensors (mtp.layers.*) are not exported: the %s "
                 "Hugging Face layout has no MTP modules\n", static_cast<long long>(mtp), spec.model_type.c_str());
+  // FP8 training state (amax histories, scales of each FP8 linear: --fp8-format, FP8 experts,
+  // --fp8-output-proj) is not a weight: Hugging Face checkpoints hold the weights only.
+  size_t fp8_state = 0;
+  for (auto it = params.begin(); it != params.end();) {
+    if (it->first.find("._extra_state.fp8.") == std::string::npos) {
+      ++it;
+      continue;
+    }
+    ++fp8_state;
+    it = params.erase(it);
+  }
+  if (fp8_state > 0)
+    std::printf("note: the checkpoint's %zu FP8 state tensors (<linear>._extra_state.fp8.*: amax histories, scales) "
+                "are not exported: a Hugging Face checkpoint holds the weights only (an FP8 run loading the "
+                "converted model starts with fresh FP8 state)\n", fp8_state);
   auto hf_tensors = hf::megatron_to_hf(params, spec);
   hf::save_hf_checkpoint(a.save_dir, hf_tensors, spec, a.max_shard_mb << 20);
   std::printf("converted %s (%s, %zu tensors) to %s\n", dir.c_str(), spec.model_type.c_str(), hf_tensors.size(),

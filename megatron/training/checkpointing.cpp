@@ -470,8 +470,15 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
     }
   }
   if (want_rng) sd.objects.push_back({"rng_state", nullptr, {ranks.pp_size, ranks.tp_size}, {ranks.pp_rank, ranks.tp_rank}});
-  if (torch_dist && td_plan.fp8_state && st.extra.empty())
-    print0(world, "FP8 state (amax histories, scales) of the checkpoint is not used: this run does not train in FP8");
+  // A checkpoint with FP8 state loaded by a run without FP8 (either format): the state is dropped, said once.
+  if (st.extra.empty()) {
+    bool ckpt_fp8 = torch_dist && td_plan.fp8_state;
+    if (!torch_dist)
+      for (const auto& [key, stored] : dc::load_index(dir).tensors)
+        if (key.find("._extra_state.fp8.") != std::string::npos) { ckpt_fp8 = true; break; }
+    if (ckpt_fp8)
+      print0(world, "FP8 state (amax histories, scales) of the checkpoint is not used: this run does not train in FP8");
+  }
   if (!cfg.finetune && !st.extra.empty()) {
     const dc::CheckpointIndex idx = torch_dist ? dc::CheckpointIndex{} : dc::load_index(dir);
     for (const auto& t : st.extra) {

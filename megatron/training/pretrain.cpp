@@ -9,6 +9,7 @@
 
 #include "megatron/core/comm/init_process_group.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/device.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
@@ -63,8 +64,11 @@ std::string setup_timers_string(const std::vector<std::pair<std::string, double>
 // overlap"). Returns why it does not apply to this run ("" when it does): it covers Adam with
 // the non-distributed optimizer on one CUDA device per rank and one model chunk (no pipeline
 // parallelism), without --fp8-param-gather; every other run keeps the serial step.
+bool optim_overlap_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP", false); }
+bool optim_overlap_priority_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP_PRIORITY", true); }
+
 std::string optim_overlap_unsupported(const Arguments& args, const ModelAndOptimizer& mo, const Device& device) {
-  if (!env_switch("MEGATRON_OPTIM_OVERLAP", false)) return "MEGATRON_OPTIM_OVERLAP=0";
+  if (!optim_overlap_switch()) return "MEGATRON_OPTIM_OVERLAP=0";
   if (!device.is_cuda()) return "not on a CUDA device";
   if (args.skip_train || !mo.optimizer) return "no training";
   if (args.optimizer != "adam") return "--optimizer " + args.optimizer;
@@ -100,6 +104,18 @@ class HighPriorityComputeStream {
   void* stream_ = nullptr;
   void* prev_ = nullptr;
 };
+
+// The A/B and tuning switches that only some runs read (a CUDA kernel, a recipe, MoE layers, the
+// overlapped step), read once at start so a bad value stops every run with the one-line UserError
+// naming the variable, not only the runs that reach the code (docs/environment.md).
+void check_env_switches() {
+  (void)optim_overlap_switch();
+  (void)optim_overlap_priority_switch();
+  (void)transformer::moe::moe_device_router_enabled();
+  (void)ops::block_fused_from_env();
+  (void)ops::block_quant_legacy_from_env();
+  (void)ops::block_wgrad_algo_from_env();
+}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -384,6 +400,7 @@ DataIterators build_train_valid_test_data_iterators(const MegatronRuntime& rt, c
 int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_datasets_provider,
              const ModelProvider& model_provider, const GetBatch& get_batch) {
   const MegatronRuntime rt = initialize_megatron(argc, argv);
+  check_env_switches();
   const Arguments& args = rt.args;
   const Device device = rt.device;
   const std::shared_ptr<comm::ProcessGroup>& world = rt.world;
@@ -459,10 +476,11 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     model.set_param_wait_hook([&opt](size_t s) { opt.wait_for_params(s); });
     say(" > optimizer step overlapped with the next forward (MEGATRON_OPTIM_OVERLAP=1): " +
         std::to_string(model.num_forward_stages()) + " chunks on a side stream");
-  } else if (device.is_cuda()) {
+  } else if (device.is_cuda() || optim_overlap_switch()) {
+    // Also on the CPU when asked for: the switch does not apply there, and the run says so.
     say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");
   }
-  HighPriorityComputeStream compute_stream(no_overlap.empty() && env_switch("MEGATRON_OPTIM_OVERLAP_PRIORITY", true));
+  HighPriorityComputeStream compute_stream(no_overlap.empty() && optim_overlap_priority_switch());
   // Megatron's finalize_model_grads reads the model's config: the norms marked their
   // sequence-parallel parameters, the tying comes from the TransformerConfig.
   distributed::FinalizeGroups fg;

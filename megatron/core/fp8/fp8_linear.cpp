@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/ops/device.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/env.h"
@@ -20,7 +21,7 @@ bool fusion_enabled() {
 bool block_fusion_enabled() {
   // 0 (default until tests/gpu/blockq_check.sh has passed on a GPU; session 9 had none): the
   // blockwise recipe's producers write their bf16 output, quantized by a separate pass; 1: fused.
-  static const bool on = env_switch("MEGATRON_FP8_BLOCK_FUSED", false);
+  static const bool on = ops::block_fused_from_env();
   return on;
 }
 

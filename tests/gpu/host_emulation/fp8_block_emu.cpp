@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/tensor/dtype.h"
 #include "megatron/core/utils/errors.h"
 

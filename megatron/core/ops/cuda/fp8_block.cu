@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/fp8_sources.cuh"
@@ -145,13 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 // has passed on a GPU: the tiled kernel is checked only by the host emulation so far) for the
 // first kernel; read once.
 bool legacy_kernel() {
-  static const bool v = [] {
-    const char* e = std::getenv("MEGATRON_FP8_BLOCK_QUANT");
-    if (e && std::strcmp(e, "tiled") == 0) return false;
-    if (!e || !*e || std::strcmp(e, "legacy") == 0) return true;
-    user_error("MEGATRON_FP8_BLOCK_QUANT='", e, "': expected tiled or legacy (the default)");
-    return false;
-  }();
+  static const bool v = megatron::ops::block_quant_legacy_from_env();
   return v;
 }
 

@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
@@ -147,7 +148,7 @@ bool fp8_gemm_tn_residual(const Tensor& a, const float* a_scale_inv, const Tenso
 // (fp8_gpu_test --groups blockwise times each; docs/performance.md "Session 9: blockwise").
 namespace {
 using BlockKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, bool, bool, bool, int, int, int>;
-constexpr int kMaxBlockAlgos = 16;
+constexpr int kMaxBlockAlgos = megatron::ops::kMaxBlockAlgos;
 struct BlockPlan {
   Plan plan;
   std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's, best first; empty: unsupported
@@ -159,15 +160,7 @@ std::map<BlockKey, BlockPlan> g_block_plans;  // under g_plans_mu
 // fixed choice, so a run is reproducible; another algorithm changes the summation order (the
 // per-128-k fp32 promotion keeps the difference within the bound of fp8_gpu_test's GEMM check).
 int wgrad_algo_index() {
-  static const int v = [] {
-    const char* e = std::getenv("MEGATRON_FP8_BLOCK_WGRAD_ALGO");
-    if (!e || !*e) return 0;
-    char* end = nullptr;
-    const long i = std::strtol(e, &end, 10);
-    if (*end || i < 0 || i >= kMaxBlockAlgos)
-      user_error("MEGATRON_FP8_BLOCK_WGRAD_ALGO='", e, "': expected an algorithm index 0..", kMaxBlockAlgos - 1);
-    return (int)i;
-  }();
+  static const int v = megatron::ops::block_wgrad_algo_from_env();
   return v;
 }
 
