@@ -1,24 +1,14 @@
 // Host emulation of the kernels of megatron/core/ops/cuda/attention_generic.cu (see run.sh): each
 // warp's 32 lanes run as 32 threads in lockstep at every shuffle / __syncwarp (std::barrier).
 // Checked against a float64 reference written here from the attention formulas.
-#include <barrier>
 #include <thread>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <cstdio>
 #include <vector>
 #include <random>
 #include <algorithm>
 #include <functional>
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __restrict__
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local Dim3 threadIdx, blockIdx;
+#include "cuda_host_shim.h"  // CUDA keywords, threadIdx / blockIdx, bf16_t, to_f / from_f
 thread_local float* g_smem;
 struct WarpCtx { std::barrier<>* bar; float slots[32]; };
 thread_local WarpCtx* g_w;
@@ -29,14 +19,10 @@ inline float __shfl_sync(unsigned, float v, int src) {
 inline float __shfl_xor_sync(unsigned, float v, int m) { return __shfl_sync(0, v, g_lane ^ m); }
 inline void __syncwarp() { g_w->bar->arrive_and_wait(); }
 inline int min(int a, int b) { return a < b ? a : b; }
-struct bf16_t { uint16_t b; };
 namespace megatron::ops::cuda::detail {
 using ::bf16_t;
-inline float to_f(float x) { return x; }
-inline float to_f(bf16_t x) { uint32_t u = (uint32_t)x.b << 16; float f; std::memcpy(&f, &u, 4); return f; }
-template <class T> T from_f(float x);
-template <> inline float from_f<float>(float x) { return x; }
-template <> inline bf16_t from_f<bf16_t>(float x) { uint32_t u; std::memcpy(&u, &x, 4); u += 0x7fff + ((u >> 16) & 1); return bf16_t{(uint16_t)(u >> 16)}; }
+using ::to_f;
+using ::from_f;
 inline float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0, v, o); return v; }
 inline float warp_max(float v) { for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0, v, o)); return v; }
 }

@@ -1,5 +1,5 @@
 // Host stand-ins for the CUDA keywords and thread indices, shared by the host emulations of this
-// folder (fp8_block_emu.cpp, fp8_cast_emu.cpp, fp8_param_emu.cpp): a kernel cut out of a .cu
+// folder (fp8_block_emu.cpp, fp8_cast_emu.cpp, fp8_param_emu.cpp, attention_generic_emu.cpp): a kernel cut out of a .cu
 // compiles as C++, each block's threads run as std::threads with their own threadIdx / blockIdx,
 // and __syncthreads meets at the block's std::barrier (g_bar, set by the emulation's launcher;
 // a single-threaded launch leaves it null and __syncthreads does nothing). Also the vector types,

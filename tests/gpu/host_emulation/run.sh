@@ -16,5 +16,5 @@ mkdir -p "$W"
 awk '/^namespace \{/{p=1} /^Args make_args/{p=0} p' "$SRC/attention_generic.cu" |
   sed 's/extern __shared__ float smem\[\];/float* smem = g_smem;/' > "$W/kernels.inc"
 sed -n '/^namespace megatron/,$p' "$SRC/dropout_stream.cuh" > "$W/dstream.inc"
-g++ -std=c++20 -O1 -pthread -I"$W" -o "$W/emu" "$HERE/attention_generic_emu.cpp"
+g++ -std=c++20 -O1 -pthread -I"$W" -I"$HERE/../../.." -o "$W/emu" "$HERE/attention_generic_emu.cpp" "$HERE/../../../megatron/core/tensor/dtype.cpp"
 "$W/emu"
