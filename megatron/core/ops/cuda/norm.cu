@@ -441,7 +441,9 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
     return;
   }
   unsigned grid = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, (int64_t)sm_count() * 8));
-  if (vec && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
+  // The register kernel always writes y: statistics-only calls (rmsnorm_rstd, y undefined) take the
+  // general kernel below, which skips the store.
+  if (vec && has_y && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
       f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {
     MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
                           norm_fwd_reg_kernel<kLN, T, G><<<grid, kWarps * 32, 0, st>>>(
