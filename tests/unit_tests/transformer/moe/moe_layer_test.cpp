@@ -260,12 +260,12 @@ double max_abs(const Tensor& a) {
 // (the probs' sum does not depend on the logits). fp32 throughout; 1e-5 relative to the largest
 // value (different summation orders only).
 TEST(MoEDeviceRouter, EnvironmentSwitchAndCpuKeepsTheHostPath) {
-  // MEGATRON_MOE_DEVICE_ROUTER: unset / "0" off (the default until the GPU check has passed),
-  // "1" on, anything else refused by name.
+  // MEGATRON_MOE_DEVICE_ROUTER: unset / "1" on (the default since the GPU check passed), "0" off,
+  // anything else refused by name.
   const char* old = std::getenv("MEGATRON_MOE_DEVICE_ROUTER");
   const std::string saved = old ? old : "";
   unsetenv("MEGATRON_MOE_DEVICE_ROUTER");
-  EXPECT_FALSE(moe_device_router_enabled());
+  EXPECT_TRUE(moe_device_router_enabled());
   setenv("MEGATRON_MOE_DEVICE_ROUTER", "1", 1);
   EXPECT_TRUE(moe_device_router_enabled());
   setenv("MEGATRON_MOE_DEVICE_ROUTER", "0", 1);
