@@ -998,7 +998,8 @@ void test_blockwise_fused_linear() {
   fast_fill(dav, 1e-3f);
   auto dev = [](const std::vector<float>& v, Shape s) { return Tensor::from_vector(v, s).to(DType::kBFloat16).to(Device::cuda()); };
   Tensor x = dev(xv, {N, h}), gamma = dev(gv, {h}), w = dev(wv, {out, h}), w1 = dev(w1v, {2 * f, h}), w2 = dev(w2v, {h, f});
-  Tensor dy = dev(dyv, {N, out}), fc1o = dev(fv, {N, 2 * f}), dact = dev(dav, {N, f}), dy2 = dev(dyv, {N, h});
+  const std::vector<float> dy2v(dyv.begin(), dyv.begin() + N * h);  // fc2's output gradient [N, h]
+  Tensor dy = dev(dyv, {N, out}), fc1o = dev(fv, {N, 2 * f}), dact = dev(dav, {N, f}), dy2 = dev(dy2v, {N, h});
   auto bf = [](Shape s) { return Tensor::empty(s, DType::kBFloat16, Device::cuda()); };
   auto f32 = [](Shape s) { return Tensor::zeros(s, DType::kFloat32, Device::cuda()); };
   auto same = [](const Tensor& a, const Tensor& b) {
