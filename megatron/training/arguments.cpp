@@ -937,6 +937,10 @@ void validate_moe_args(Arguments& a) {
       a.moe_aux_loss_coeff.size() != a.moe_router_load_balancing_type.size())
     user_error("--moe-aux-loss-coeff must give one coefficient per --moe-router-load-balancing-type (",
                a.moe_router_load_balancing_type.size(), " types, ", a.moe_aux_loss_coeff.size(), " coefficients)");
+  // Megatron's grouped-GEMM experts refuse biases too ("bias not supported in Grouped GEMM yet");
+  // our routed experts (grouped or per-expert loop) have none.
+  if (a.add_bias_linear)
+    user_error("--num-experts: the routed experts have no bias linear layers; add --disable-bias-linear");
   if (a.moe_router_topk > *a.num_experts)
     user_error("--moe-router-topk (", a.moe_router_topk, ") must not exceed --num-experts (", *a.num_experts, ")");
   const int64_t ep = a.expert_model_parallel_size, etp = *a.expert_tensor_parallel_size;

@@ -137,6 +137,11 @@ bad "--num-experts (4) must be a multiple of --expert-model-parallel-size (3)" -
 bad "--moe-expert-capacity-factor must be > 0" --moe-expert-capacity-factor 0
 bad "invalid length of the layer pattern: 3, expected 2" --moe-layer-freq '[1]*3'
 bad "makes no layer a mixture-of-experts layer while --num-experts is 4" --moe-layer-freq '[0]*2'
+# Biases (Megatron's default) with experts: refused at argument time, naming the flag to add.
+WITH_BIAS=(); for x in "${ARGS[@]}"; do [ "$x" = --disable-bias-linear ] || WITH_BIAS+=("$x"); done
+if "$BIN/pretrain_gpt" "${WITH_BIAS[@]}" >"$LOGDIR/bad.log" 2>&1; then fail "accepted experts with bias"; fi
+grep -q -- "--num-experts: the routed experts have no bias linear layers; add --disable-bias-linear" "$LOGDIR/bad.log" ||
+  { cat "$LOGDIR/bad.log" >&2; fail "no clear line for experts with bias"; }
 bad "--moe-token-dispatcher-type flex" --moe-token-dispatcher-type flex
 bad "--moe-enable-deepep is a Megatron-LM flag that megatron.cpp does not implement" --moe-enable-deepep
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "needs --sequence-parallel" --tensor-model-parallel-size 2
