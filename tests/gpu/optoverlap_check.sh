@@ -12,8 +12,12 @@
 #  0. gpu_ops_test --only adam: adam_step_multi with AdamParams::table_workspace bit-identical to
 #     without (the side stream's launches allocate nothing).
 #  1. Speed, default kernels: LLaMA-3-8B-shaped 4 layers seq 8192 (gpucheck_lib.sh fp8_llama_args'
-#     LL) at gbs 1, 15 iterations, 0 vs 1: RESULT ms/iter (mean of iterations 3..), saving, speed-up;
-#     iteration 1's loss must be identical (its forward runs before any step).
+#     LL) at gbs 1, 15 iterations, 0 vs 1: RESULT ms/iter (mean of iterations 3-9), saving, speed-up;
+#     iteration 1's loss must be identical (its forward runs before any step). Iterations 10-13
+#     under the kernel profiler: RESULT ..._adam_kernels (Adam kernel time per step),
+#     ..._adam_alone (Adam time with no GEMM/attention kernel beside it: what stays on the
+#     critical path; the overlap works where overlap1's is well below overlap0's) and
+#     ..._gemm_kernels (GEMM time, which grows if Adam steals SMs from the GEMMs).
 #  2. Bitwise, --deterministic-mode, GPT-2 124M mbs 64 (tied embeddings; 8 iterations; lr warmup 5,
 #     so step 1 runs at lr 0 and iteration 3 is the first forward that sees an update):
 #       gpt2_det_0   serial step                         gpt2_det_0b  serial step again
@@ -148,14 +152,30 @@ else
 fi
 
 # ---- 1. speed -------------------------------------------------------------------------------------
-for ov in 0 1; do run ll_gbs1_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 15; done
-a=$(ms_of "$O/ll_gbs1_0.log"); b=$(ms_of "$O/ll_gbs1_1.log")
+# Iterations 3-9 timed, 10-13 under the kernel profiler (CUPTI; the per-category table in the log):
+# how long the Adam kernels ran, and how much of that with no GEMM/attention kernel beside them.
+gc_find_cupti
+for ov in 0 1; do
+  EXTRA_ENV="MEGATRON_KERNEL_PROFILE=10:13 MEGATRON_KERNEL_PROFILE_OUT=$TMP/prof_$ov" \
+    run ll_gbs1_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 15
+done
+a=$(ms_of "$O/ll_gbs1_0.log" 3 9); b=$(ms_of "$O/ll_gbs1_1.log" 3 9)
 result "ll4_gbs1_overlap0 $a ms/iter"
 result "ll4_gbs1_overlap1 $b ms/iter"
 result "ll4_gbs1_saving $(awk -v a="$a" -v b="$b" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }') ms/iter"
 result "ll4_gbs1_speedup $(ratio "$a" "$b") x"
 l0=$(lm_losses "$O/ll_gbs1_0.log" | head -1); l1=$(lm_losses "$O/ll_gbs1_1.log" | head -1)
 if [ -n "$l0" ] && [ "$l0" = "$l1" ]; then pass "ll4 gbs1: iteration-1 loss identical ($l0)"; else fail "ll4 gbs1: iteration-1 loss $l0 vs $l1"; fi
+# profile_row LOG CATEGORY -> "exclusive total" ms/step (kernel_profile.cpp format_summary), or "NA NA".
+profile_row() { awk -v c="$2" '$5 == "|" && $6 == c && $3 == "kernel" { print $7, $9; f = 1; exit } END { if (!f) print "NA NA" }' "$1"; }
+for ov in 0 1; do
+  read -r ax at < <(profile_row "$O/ll_gbs1_$ov.log" optimizer)
+  read -r gx gt < <(profile_row "$O/ll_gbs1_$ov.log" gemm)
+  result "ll4_gbs1_overlap${ov}_adam_kernels $at ms/step"
+  result "ll4_gbs1_overlap${ov}_adam_alone $ax ms/step"
+  result "ll4_gbs1_overlap${ov}_gemm_kernels $gt ms/step"
+  info "ll4 gbs1 overlap $ov profile (iterations 10-13): $(grep -m1 -o 'wall [0-9.]* ms/step | GPU busy [0-9.]* ms/step' "$O/ll_gbs1_$ov.log"); adam_alone = Adam time with no GEMM/attention kernel running (the Adam time left on the critical path)"
+done
 info "after the speed pair: $(( $(date +%s) - T0 )) s"
 
 # ---- 2. GPT-2, deterministic ------------------------------------------------------------------------
