@@ -22,7 +22,10 @@
 #     so step 1 runs at lr 0 and iteration 3 is the first forward that sees an update):
 #       gpt2_det_0   serial step                         gpt2_det_0b  serial step again
 #       gpt2_det_1   overlapped                          gpt2_det_1s  overlapped, CUDA_LAUNCH_BLOCKING=1
+#       gpt2_det_1w  overlapped, MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 (each forward stage waits for the
+#                    whole step)
 #       gpt2_det2_0 / gpt2_det2_1  serial / overlapped, 2 iterations (parameters after step 2)
+#     (1s, 1w and det2 run only when 1 differs from 0.)
 #     Every logged lm loss and grad norm and the final parameters (MEGATRON_DUMP_PARAMS, sha256)
 #     are compared. What the pattern means (printed as a VERDICT line):
 #       0 vs 0b differ                 --deterministic-mode is not bitwise at this shape: the
@@ -30,7 +33,8 @@
 #       0 = 0b, 1 = 0                  PASS: the overlap is bit-identical
 #       0 = 0b, 1 != 0, 1s = 0         timing-dependent: a race in the overlap (serialized
 #                                      launches hide it); det2 equal -> the step is right and a
-#                                      forward reads before its wait, det2 differ -> the step
+#                                      forward reads before its wait, det2 differ -> the step;
+#                                      1w = 0 -> the per-stage waits miss a read
 #       0 = 0b, 1 != 0, 1s != 0        a deterministic difference of the overlapped path (not a
 #                                      race: chunked launches, the compute stream, the zeroing)
 #  3. The same for LLaMA-4L gbs 1 (untied), 4 iterations (lr warmup 2): ll_det_0, ll_det_0b,
@@ -131,6 +135,8 @@ judge() {
       if [ -f "$O/${p}2_1.log" ] && same "${p}2_0" "${p}2_1"; then r2="the parameters after step 2 are identical: a forward reads parameters before its stage's wait"
       elif [ -f "$O/${p}2_1.log" ]; then r2="the parameters after step 2 already differ: the step itself (its inputs: grads, Adam state) races"
       else r2="no 2-iteration pair"; fi
+      if [ -f "$O/${p}_1w.log" ] && same "${p}_0" "${p}_1w"; then r2="$r2; with every stage waiting for the whole step (FULL_WAIT) identical: the per-stage waits miss something"
+      elif [ -f "$O/${p}_1w.log" ]; then r2="$r2; FULL_WAIT differs too: the race is not in the forward's per-stage waits"; fi
       verdict "$p: timing-dependent (serialized launches are identical): a race in the overlap; $r2"
     else
       verdict "$p: the overlapped path differs deterministically (also with CUDA_LAUNCH_BLOCKING=1: not a race): $(describe "${p}_0" "${p}_1s")"
@@ -186,6 +192,8 @@ check gpt2_det_0 gpt2_det_0b "gpt2 --deterministic-mode, serial run repeats bitw
 if ! check gpt2_det_0 gpt2_det_1 "gpt2 --deterministic-mode, overlapped = serial"; then
   EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" dumped_run gpt2_det_1s 1 90 "${GPT2[@]}" --train-iters 8 --deterministic-mode
   same gpt2_det_0 gpt2_det_1s; info "gpt2 overlapped with CUDA_LAUNCH_BLOCKING=1: $(describe gpt2_det_0 gpt2_det_1s)"
+  EXTRA_ENV="MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1" dumped_run gpt2_det_1w 1 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+  same gpt2_det_0 gpt2_det_1w; info "gpt2 overlapped, every forward stage waiting for the whole step (MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1): $(describe gpt2_det_0 gpt2_det_1w)"
   dumped_run gpt2_det2_0 0 60 "${GPT2[@]}" --train-iters 2 --deterministic-mode
   dumped_run gpt2_det2_1 1 60 "${GPT2[@]}" --train-iters 2 --deterministic-mode
   same gpt2_det2_0 gpt2_det2_1; info "gpt2 after 2 iterations: $(describe gpt2_det2_0 gpt2_det2_1)"
