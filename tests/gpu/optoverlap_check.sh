@@ -32,9 +32,10 @@
 #                                      overlap cannot be judged bitwise (the differences printed)
 #       0 = 0b, 1 = 0                  PASS: the overlap is bit-identical
 #       0 = 0b, 1 != 0, 1s = 0         timing-dependent: a race in the overlap (serialized
-#                                      launches hide it); det2 equal -> the step is right and a
-#                                      forward reads before its wait, det2 differ -> the step;
-#                                      1w = 0 -> the per-stage waits miss a read
+#                                      launches hide it); det2 equal -> the step computes the
+#                                      right values and something reads them too early, det2
+#                                      differ -> the step's inputs race; 1w = 0 -> a forward
+#                                      stage reads before its own wait
 #       0 = 0b, 1 != 0, 1s != 0        a deterministic difference of the overlapped path (not a
 #                                      race: chunked launches, the compute stream, the zeroing)
 #  3. The same for LLaMA-4L gbs 1 (untied), 4 iterations (lr warmup 2): ll_det_0, ll_det_0b,
@@ -132,11 +133,11 @@ judge() {
   elif [ -f "$O/${p}_1s.log" ]; then
     same "${p}_0" "${p}_1s"; r1s=$?
     if [ $r1s = 0 ]; then
-      if [ -f "$O/${p}2_1.log" ] && same "${p}2_0" "${p}2_1"; then r2="the parameters after step 2 are identical: a forward reads parameters before its stage's wait"
-      elif [ -f "$O/${p}2_1.log" ]; then r2="the parameters after step 2 already differ: the step itself (its inputs: grads, Adam state) races"
+      if [ -f "$O/${p}2_1.log" ] && same "${p}2_0" "${p}2_1"; then r2="the parameters after step 2 are identical (the step computes the right values: something reads them before they are ready)"
+      elif [ -f "$O/${p}2_1.log" ]; then r2="the parameters after step 2 already differ (the step itself reads racing inputs: grads, Adam state)"
       else r2="no 2-iteration pair"; fi
-      if [ -f "$O/${p}_1w.log" ] && same "${p}_0" "${p}_1w"; then r2="$r2; with every stage waiting for the whole step (FULL_WAIT) identical: the per-stage waits miss something"
-      elif [ -f "$O/${p}_1w.log" ]; then r2="$r2; FULL_WAIT differs too: the race is not in the forward's per-stage waits"; fi
+      if [ -f "$O/${p}_1w.log" ] && same "${p}_0" "${p}_1w"; then r2="$r2; FULL_WAIT (every stage waits for the whole step) identical: a forward stage reads before its own wait"
+      elif [ -f "$O/${p}_1w.log" ]; then r2="$r2; FULL_WAIT differs too: the race is outside the forward's per-stage waits (zeroing, staging, the step's inputs)"; fi
       verdict "$p: timing-dependent (serialized launches are identical): a race in the overlap; $r2"
     else
       verdict "$p: the overlapped path differs deterministically (also with CUDA_LAUNCH_BLOCKING=1: not a race): $(describe "${p}_0" "${p}_1s")"
