@@ -66,6 +66,11 @@ std::string setup_timers_string(const std::vector<std::pair<std::string, double>
 // parallelism), without --fp8-param-gather; every other run keeps the serial step.
 bool optim_overlap_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP", false); }
 bool optim_overlap_priority_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP_PRIORITY", true); }
+// MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 (diagnostic, default 0): with the overlap on, every forward
+// stage waits for the whole step instead of its own chunk (the step still runs on the side stream,
+// the forward overlaps none of it): tells a forward that reads before its stage's wait from any
+// other difference of the overlapped path (tests/gpu/optoverlap_check.sh).
+bool optim_overlap_full_wait_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP_FULL_WAIT", false); }
 
 std::string optim_overlap_unsupported(const Arguments& args, const ModelAndOptimizer& mo, const Device& device) {
   if (!optim_overlap_switch()) return "MEGATRON_OPTIM_OVERLAP=0";
@@ -111,6 +116,7 @@ class HighPriorityComputeStream {
 void check_env_switches() {
   (void)optim_overlap_switch();
   (void)optim_overlap_priority_switch();
+  (void)optim_overlap_full_wait_switch();
   (void)transformer::moe::moe_device_router_enabled();
   (void)ops::block_fused_from_env();
   (void)ops::block_quant_legacy_from_env();
@@ -473,9 +479,13 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     std::vector<size_t> stage = model.forward_stage_of_params();
     MEGATRON_CHECK(stage.size() == opt.params().size()) << stage.size() << " stages, " << opt.params().size() << " params";
     opt.enable_step_overlap(std::move(stage), model.num_forward_stages(), std::move(grad_buffers));
-    model.set_param_wait_hook([&opt](size_t s) { opt.wait_for_params(s); });
+    const bool full_wait = optim_overlap_full_wait_switch();
+    const size_t whole_step = std::numeric_limits<size_t>::max();  // wait_for_params: >= chunks = the whole step
+    model.set_param_wait_hook(
+        [&opt, full_wait, whole_step](size_t s) { opt.wait_for_params(full_wait ? whole_step : s); });
     say(" > optimizer step overlapped with the next forward (MEGATRON_OPTIM_OVERLAP=1): " +
-        std::to_string(model.num_forward_stages()) + " chunks on a side stream");
+        std::to_string(model.num_forward_stages()) + " chunks on a side stream" +
+        (full_wait ? " (MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1: every forward stage waits for the whole step)" : ""));
   } else if (device.is_cuda() || optim_overlap_switch()) {
     // Also on the CPU when asked for: the switch does not apply there, and the run says so.
     say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");

@@ -38,3 +38,13 @@ grep -q "optimizer step not overlapped with the next forward (not on a CUDA devi
 a=$(grep -o "lm loss: [0-9.E+-]*" "$OUT/serial.log"); b=$(grep -o "lm loss: [0-9.E+-]*" "$OUT/overlap.log")
 [[ -n "$a" && "$a" == "$b" ]] || fail "losses differ with MEGATRON_OPTIM_OVERLAP=1 on the CPU: '$a' vs '$b'"
 echo "OK: MEGATRON_OPTIM_OVERLAP=1 on the CPU reports that it does not apply; losses unchanged"
+# The overlap's diagnostic switch: refused by name like the others, accepted with 0/1.
+if env MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/err.log" 2>&1; then
+  fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2: the run trained"
+fi
+grep -q "^error: MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2: expected 0 (off) or 1 (on)" "$OUT/err.log" ||
+  fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2: no one-line error naming it: $(tail -2 "$OUT/err.log")"
+grep -q "iteration *1/" "$OUT/err.log" && fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2: an iteration ran before the refusal"
+MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/ok.log" 2>&1 ||
+  fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 refused: $(tail -2 "$OUT/ok.log")"
+echo "OK: MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2 refused by name, 1 accepted"

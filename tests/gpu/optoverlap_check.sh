@@ -1,43 +1,54 @@
 #!/usr/bin/env bash
-# GPU check of the Session 9 "optoverlap" change (issue 21): the optimizer step overlapped with
-# the next forward (megatron/core/optimizer/step_overlap.h; docs/performance.md "Session 9:
-# optimizer overlap"). MEGATRON_OPTIM_OVERLAP=1 (opt-in until this check has passed) runs Adam per forward stage on a
-# low-priority side stream (the compute stream becomes a high-priority stream), each stage's
-# forward waits for its update, and the grad buffers are zeroed on the side stream;
-# MEGATRON_OPTIM_OVERLAP=0 is the serial step. Same kernels, same per-element arithmetic: results
-# must be bit-identical.
+# GPU check of the optimizer step overlapped with the next forward (MEGATRON_OPTIM_OVERLAP=1,
+# default 0; megatron/core/optimizer/step_overlap.h; docs/performance.md "Session 9: optimizer
+# overlap"): Adam per forward stage on a low-priority side stream (the compute stream becomes a
+# high-priority stream), each stage's forward waits for its update, the grad buffers are zeroed
+# on the side stream. Same kernels, same per-element arithmetic: with --deterministic-mode every
+# logged value and the trained parameters must be bit-identical to the serial step.
 #   tests/gpu/optoverlap_check.sh BIN_DIR [LOGDIR]     (BIN_DIR holds pretrain_gpt, CUDA build)
-# Logs (small text files only) in LOGDIR (default ${OUT:-/tmp/out}/optoverlap); checkpoints and
-# parameter dumps go to /tmp/optoverlap_* and are deleted. Budget < 150 s on one H200.
+# Logs (small text files only) in LOGDIR (default ${OUT:-/tmp/out}/optoverlap); parameter dumps go
+# to /tmp/optoverlap_tmp (hashed, then deleted). Budget < 120 s on one H200 (session 10 measured
+# ~5 s per run of the models below).
 #  0. gpu_ops_test --only adam: adam_step_multi with AdamParams::table_workspace bit-identical to
-#     without (the launches of the side stream allocate nothing).
-#  1. Speed, default (non-deterministic) kernels, 0 vs 1 in this call: LLaMA-3-8B-shaped 4 layers
-#     seq 8192 (gpucheck_lib.sh fp8_llama_args' LL) at gbs 1 (15 iterations) and gbs 8 (5), GPT-2
-#     124M mbs 64 (gpt2perf_check.sh's flags, 20 iterations): RESULT ms/iter (mean of iterations
-#     3..), the saving and the speed-up. Iteration 1's loss must be bit-identical (its forward
-#     uses only deterministic kernels); later losses differ run to run in this mode (atomics in the
-#     norm/embedding/attention backward), so they are INFO.
-#  2. Bitwise, --deterministic-mode (every reduction in a fixed order): GPT-2 124M (8 iterations,
-#     final parameters dumped with MEGATRON_DUMP_PARAMS and compared by sha256) and, at the end if
-#     the time budget allows (or OPTOVERLAP_FULL=1), the LLaMA shape gbs 1 (4 iterations): every
-#     logged loss and grad norm identical between 0 and 1.
-#  3. The full-wait paths (checkpoint save, evaluation, --log-params-norm): a tiny GPT with
-#     --save/--save-interval 5, --eval-interval 4, --log-params-norm, deterministic, 0 vs 1:
-#     training/validation losses, grad norms, params norms identical; the saved checkpoint
-#     directories compared file by file (INFO: a file may hold a time stamp).
-#  4. No race visible to serialization: the tiny GPT with overlap on, CUDA_LAUNCH_BLOCKING=1
-#     (every launch synchronous) vs normal: identical logged values.
-#  5. MEGATRON_OPTIM_OVERLAP=2 is refused with a line naming the variable; each run's start-up
-#     line says whether the step is overlapped (and with 1 it must be).
-#  6. If time is left: the LLaMA deterministic pair (2.), and the overlapped LLaMA gbs 1 run with
-#     MEGATRON_OPTIM_OVERLAP_PRIORITY=0 (legacy compute stream: what the priority buys).
-# Every line that matters starts with RESULT/PASS/FAIL/INFO; exit status 1 iff a FAIL.
+#     without (the side stream's launches allocate nothing).
+#  1. Speed, default kernels: LLaMA-3-8B-shaped 4 layers seq 8192 (gpucheck_lib.sh fp8_llama_args'
+#     LL) at gbs 1, 15 iterations, 0 vs 1: RESULT ms/iter (mean of iterations 3-9), saving, speed-up;
+#     iteration 1's loss must be identical (its forward runs before any step). Iterations 10-13
+#     under the kernel profiler: RESULT ..._adam_kernels (Adam kernel time per step),
+#     ..._adam_alone (Adam time with no GEMM/attention kernel beside it: what stays on the
+#     critical path; the overlap works where overlap1's is well below overlap0's) and
+#     ..._gemm_kernels (GEMM time, which grows if Adam steals SMs from the GEMMs).
+#  2. Bitwise, --deterministic-mode, GPT-2 124M mbs 64 (tied embeddings; 8 iterations; lr warmup 5,
+#     so step 1 runs at lr 0 and iteration 3 is the first forward that sees an update):
+#       gpt2_det_0   serial step                         gpt2_det_0b  serial step again
+#       gpt2_det_1   overlapped                          gpt2_det_1s  overlapped, CUDA_LAUNCH_BLOCKING=1
+#       gpt2_det_1w  overlapped, MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 (each forward stage waits for the
+#                    whole step)
+#       gpt2_det2_0 / gpt2_det2_1  serial / overlapped, 2 iterations (parameters after step 2)
+#     (1s, 1w and det2 run only when 1 differs from 0.)
+#     Every logged lm loss and grad norm and the final parameters (MEGATRON_DUMP_PARAMS, sha256)
+#     are compared. What the pattern means (printed as a VERDICT line):
+#       0 vs 0b differ                 --deterministic-mode is not bitwise at this shape: the
+#                                      overlap cannot be judged bitwise (the differences printed)
+#       0 = 0b, 1 = 0                  PASS: the overlap is bit-identical
+#       0 = 0b, 1 != 0, 1s = 0         timing-dependent: a race in the overlap (serialized
+#                                      launches hide it); det2 equal -> the step computes the
+#                                      right values and something reads them too early, det2
+#                                      differ -> the step's inputs race; 1w = 0 -> a forward
+#                                      stage reads before its own wait
+#       0 = 0b, 1 != 0, 1s != 0        a deterministic difference of the overlapped path (not a
+#                                      race: chunked launches, the compute stream, the zeroing)
+#  3. The same for LLaMA-4L gbs 1 (untied), 4 iterations (lr warmup 2): ll_det_0, ll_det_0b,
+#     ll_det_1 (no parameter dump: 7.6 GB).
+#  4. MEGATRON_OPTIM_OVERLAP=2 is refused with a line naming the variable; each run's start-up line
+#     says whether the step is overlapped.
+# Every line that matters starts with RESULT/PASS/FAIL/INFO/VERDICT; exit status 1 iff a FAIL.
 set -u
 BIN="$(cd "${1:?usage: optoverlap_check.sh BIN_DIR [LOGDIR]}" && pwd)"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOGDIR="${2:-${OUT:-/tmp/out}/optoverlap}"
 mkdir -p "$LOGDIR" && LOGDIR="$(cd "$LOGDIR" && pwd)"
-# pass/fail/info, ms_of, ratio, lm_losses, fp8_llama_args, TINY_GPT; gc_check_init: $O, the CUDA
+# pass/fail/info, ms_of, ratio, lm_losses, cmp_losses, fp8_llama_args; gc_check_init: $O, the CUDA
 # libraries, T0, status, the summary and gpu.txt.
 . "$HERE/gpucheck_lib.sh"
 OUT="$(dirname "$LOGDIR")" gc_check_init "$(basename "$LOGDIR")"
@@ -46,6 +57,7 @@ TMP=/tmp/optoverlap_tmp
 rm -rf "$TMP" && mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 result() { echo "RESULT $*" | tee -a "$O/summary.txt"; }
+verdict() { echo "VERDICT $*" | tee -a "$O/summary.txt"; }
 
 fp8_llama_args  # LL (the LLaMA-3-8B-shaped 4-layer model, bf16, clip 1.0, mock data)
 for i in "${!LL[@]}"; do [ "${LL[$i]}" = "$O/cache" ] && LL[$i]="$TMP/cache"; done  # the mock-data cache outside the logs
@@ -54,8 +66,6 @@ GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 10
       --weight-decay 0.1 --clip-grad 1.0 --bf16 --log-throughput --micro-batch-size 64 --global-batch-size 64
       --mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0
       --data-cache-path "$TMP/cache")
-TINY=($TINY_GPT --mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234
-      --data-cache-path "$TMP/cache" --bf16 --deterministic-mode)
 
 # run NAME OVERLAP TIMEOUT ARGS... -> $O/NAME.log (env: MEGATRON_OPTIM_OVERLAP=OVERLAP, EXTRA_ENV);
 # checks the start-up line: "overlapped" with 1, "not overlapped (MEGATRON_OPTIM_OVERLAP=0)" with 0.
@@ -72,17 +82,68 @@ run() {
   fi
   return $rc
 }
-# values LOG: every logged lm loss (training and validation), grad norm and params norm, one a line.
-values() { grep -oE "(lm loss( value)?|grad norm|params norm): [0-9.E+-]+" "$1"; }
-# same_values A B WHAT MIN: PASS if the two logs' values are identical and at least MIN, else FAIL.
-same_values() {
-  local a=$1 b=$2 what=$3 min=$4 n
-  values "$O/$a.log" > "$O/$a.values"; values "$O/$b.log" > "$O/$b.values"
-  n=$(wc -l < "$O/$a.values")
-  if [ "$n" -ge "$min" ] && cmp -s "$O/$a.values" "$O/$b.values"; then
-    pass "$what: $n logged values (losses, grad norms) identical, $a vs $b"
+# dumped_run NAME OVERLAP TIMEOUT ARGS...: run with MEGATRON_DUMP_PARAMS into a fresh folder; the
+# dump's sha256 -> $O/NAME.params_sha256 (empty if missing), the dump deleted.
+dumped_run() {
+  local name=$1 d="$TMP/dump_$1"; shift
+  mkdir -p "$d"
+  EXTRA_ENV="${EXTRA_ENV:-} MEGATRON_DUMP_PARAMS=$d" run "$name" "$@"
+  sha256sum "$d/params_pp0.bin" 2>/dev/null | cut -d' ' -f1 > "$O/$name.params_sha256"
+  rm -rf "$d"
+}
+# values LOG: every logged lm loss and grad norm, one a line.
+values() { grep -oE "(lm loss|grad norm): [0-9.E+-]+" "$1"; }
+# same A B: 0 if the two runs' logged values (at least one) and parameter hashes (where both
+# dumped) are identical. Writes $O/A.values, $O/B.values.
+same() {
+  values "$O/$1.log" > "$O/$1.values"; values "$O/$2.log" > "$O/$2.values"
+  [ -s "$O/$1.values" ] && cmp -s "$O/$1.values" "$O/$2.values" || return 1
+  if [ -f "$O/$1.params_sha256" ] && [ -f "$O/$2.params_sha256" ]; then
+    [ -s "$O/$1.params_sha256" ] && cmp -s "$O/$1.params_sha256" "$O/$2.params_sha256" || return 1
+  fi
+  return 0
+}
+# describe A B: one line: how many values, the first differing line pair, the max relative loss
+# difference, whether the parameter hashes agree.
+describe() {
+  local n d p=""
+  n=$(wc -l < "$O/$1.values")
+  d=$(diff "$O/$1.values" "$O/$2.values" | grep -E '^[<>]' | head -2 | tr '\n' ' ')
+  lm_losses "$O/$1.log" > "$O/$1.losses"; lm_losses "$O/$2.log" > "$O/$2.losses"
+  if [ -f "$O/$1.params_sha256" ] && [ -f "$O/$2.params_sha256" ]; then
+    if [ -s "$O/$1.params_sha256" ] && cmp -s "$O/$1.params_sha256" "$O/$2.params_sha256"; then p="; parameters identical"
+    else p="; parameters differ or missing ($(head -c 12 "$O/$1.params_sha256") vs $(head -c 12 "$O/$2.params_sha256"))"; fi
+  fi
+  echo "$1 vs $2: $n values, max rel loss difference $(cmp_losses "$O/$1.losses" "$O/$2.losses")${d:+, first: $d}$p"
+}
+# check A B WHAT: PASS/FAIL line for "A and B identical"; returns same()'s status.
+check() {
+  if same "$1" "$2"; then pass "$3: $(describe "$1" "$2")"; return 0; fi
+  fail "$3: $(describe "$1" "$2")"; return 1
+}
+# judge PREFIX: the VERDICT of the PREFIX_0 / _0b / _1 [/ _1s, PREFIX2_0 / PREFIX2_1] runs (see above).
+judge() {
+  local p=$1 r01 rep r1s r2
+  same "${p}_0" "${p}_0b"; rep=$?
+  same "${p}_0" "${p}_1"; r01=$?
+  if [ $rep != 0 ]; then
+    verdict "$p: --deterministic-mode does not repeat bitwise at this shape ($(describe "${p}_0" "${p}_0b")); overlap: $(describe "${p}_0" "${p}_1")"
+  elif [ $r01 = 0 ]; then
+    verdict "$p: the overlapped step is bit-identical to the serial step (and the serial run repeats bitwise)"
+  elif [ -f "$O/${p}_1s.log" ]; then
+    same "${p}_0" "${p}_1s"; r1s=$?
+    if [ $r1s = 0 ]; then
+      if [ -f "$O/${p}2_1.log" ] && same "${p}2_0" "${p}2_1"; then r2="the parameters after step 2 are identical (the step computes the right values: something reads them before they are ready)"
+      elif [ -f "$O/${p}2_1.log" ]; then r2="the parameters after step 2 already differ (the step itself reads racing inputs: grads, Adam state)"
+      else r2="no 2-iteration pair"; fi
+      if [ -f "$O/${p}_1w.log" ] && same "${p}_0" "${p}_1w"; then r2="$r2; FULL_WAIT (every stage waits for the whole step) identical: a forward stage reads before its own wait"
+      elif [ -f "$O/${p}_1w.log" ]; then r2="$r2; FULL_WAIT differs too: the race is outside the forward's per-stage waits (zeroing, staging, the step's inputs)"; fi
+      verdict "$p: timing-dependent (serialized launches are identical): a race in the overlap; $r2"
+    else
+      verdict "$p: the overlapped path differs deterministically (also with CUDA_LAUNCH_BLOCKING=1: not a race): $(describe "${p}_0" "${p}_1s")"
+    fi
   else
-    fail "$what: $a vs $b differ or too few values ($n, want >= $min): $(diff "$O/$a.values" "$O/$b.values" | head -4 | tr '\n' ' ')"
+    verdict "$p: the overlapped step differs from a serial run that repeats bitwise (no serialized-launch run to tell a race from a deterministic difference)"
   fi
 }
 
@@ -97,88 +158,68 @@ else
   info "no $BIN/gpu_ops_test: skipped the adam op group"
 fi
 
-# ---- 1. speed ---------------------------------------------------------------------------------
-speed() {  # label ms0 ms1 -> RESULT <label>_overlap0|_overlap1|_saving|_speedup <value> <unit>
-  local l=${1// /_}
-  result "${l}_overlap0 $2 ms/iter"
-  result "${l}_overlap1 $3 ms/iter"
-  result "${l}_saving $(awk -v a="$2" -v b="$3" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }') ms/iter"
-  result "${l}_speedup $(ratio "$2" "$3") x"
-}
-first_loss_same() {  # A B label
-  local a b
-  a=$(lm_losses "$O/$1.log" | head -1); b=$(lm_losses "$O/$2.log" | head -1)
-  if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "$3: iteration-1 loss identical ($a)"; else fail "$3: iteration-1 loss $a vs $b"; fi
-  paste <(lm_losses "$O/$1.log") <(lm_losses "$O/$2.log") > "$O/$3.loss_pairs"
-  info "$3: max rel loss difference 0 vs 1 over all iterations $(cmp_losses <(cut -f1 "$O/$3.loss_pairs") <(cut -f2 "$O/$3.loss_pairs")) (non-deterministic kernels: run-to-run noise)"
-}
-for ov in 0 1; do run ll_gbs1_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 15; done
-speed "ll4 gbs1" "$(ms_of "$O/ll_gbs1_0.log")" "$(ms_of "$O/ll_gbs1_1.log")"
-first_loss_same ll_gbs1_0 ll_gbs1_1 "ll4 gbs1"
-for ov in 0 1; do run ll_gbs8_$ov $ov 90 "${LL[@]}" --global-batch-size 8 --train-iters 5; done
-speed "ll4 gbs8" "$(ms_of "$O/ll_gbs8_0.log")" "$(ms_of "$O/ll_gbs8_1.log")"
-first_loss_same ll_gbs8_0 ll_gbs8_1 "ll4 gbs8"
-for ov in 0 1; do run gpt2_$ov $ov 60 "${GPT2[@]}" --train-iters 20; done
-speed "gpt2 mbs64" "$(ms_of "$O/gpt2_0.log")" "$(ms_of "$O/gpt2_1.log")"
-first_loss_same gpt2_0 gpt2_1 "gpt2 mbs64"
-info "after the speed runs: $(( $(date +%s) - T0 )) s"
-
-# ---- 2. bitwise, deterministic mode -------------------------------------------------------------
+# ---- 1. speed -------------------------------------------------------------------------------------
+# Iterations 3-9 timed, 10-13 under the kernel profiler (CUPTI; the per-category table in the log):
+# how long the Adam kernels ran, and how much of that with no GEMM/attention kernel beside them.
+gc_find_cupti
 for ov in 0 1; do
-  EXTRA_ENV="MEGATRON_DUMP_PARAMS=$TMP/dump_$ov" run gpt2_det_$ov $ov 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
-  sha256sum "$TMP/dump_$ov"/params_pp0.bin 2>/dev/null | cut -d' ' -f1 > "$O/gpt2_det_$ov.params_sha256"
+  EXTRA_ENV="MEGATRON_KERNEL_PROFILE=10:13 MEGATRON_KERNEL_PROFILE_OUT=$TMP/prof_$ov" \
+    run ll_gbs1_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 15
 done
-same_values gpt2_det_0 gpt2_det_1 "gpt2 mbs64 --deterministic-mode" 16
-s0=$(cat "$O/gpt2_det_0.params_sha256"); s1=$(cat "$O/gpt2_det_1.params_sha256")
-if [ -n "$s0" ] && [ "$s0" = "$s1" ]; then pass "gpt2 --deterministic-mode: final parameters identical (sha256 ${s0:0:16}...)"
-else fail "gpt2 --deterministic-mode: final parameter dumps differ or missing ('${s0:0:16}' vs '${s1:0:16}')"; fi
-rm -rf "$TMP"/dump_*
-info "after the bitwise runs: $(( $(date +%s) - T0 )) s"
-
-# ---- 3. full-wait paths: save, evaluation, params norm -----------------------------------------
+a=$(ms_of "$O/ll_gbs1_0.log" 3 9); b=$(ms_of "$O/ll_gbs1_1.log" 3 9)
+result "ll4_gbs1_overlap0 $a ms/iter"
+result "ll4_gbs1_overlap1 $b ms/iter"
+result "ll4_gbs1_saving $(awk -v a="$a" -v b="$b" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }') ms/iter"
+result "ll4_gbs1_speedup $(ratio "$a" "$b") x"
+l0=$(lm_losses "$O/ll_gbs1_0.log" | head -1); l1=$(lm_losses "$O/ll_gbs1_1.log" | head -1)
+if [ -n "$l0" ] && [ "$l0" = "$l1" ]; then pass "ll4 gbs1: iteration-1 loss identical ($l0)"; else fail "ll4 gbs1: iteration-1 loss $l0 vs $l1"; fi
+# profile_row LOG CATEGORY -> "exclusive total" ms/step (kernel_profile.cpp format_summary), or "NA NA".
+profile_row() { awk -v c="$2" '$5 == "|" && $6 == c && $3 == "kernel" { print $7, $9; f = 1; exit } END { if (!f) print "NA NA" }' "$1"; }
 for ov in 0 1; do
-  rm -rf "$TMP/ckpt"
-  run tiny_paths_$ov $ov 40 "${TINY[@]}" --save "$TMP/ckpt" --save-interval 5 --eval-interval 4 --eval-iters 2 --log-params-norm
-  mv "$TMP/ckpt" "$TMP/ckpt_$ov" 2>/dev/null
+  read -r ax at < <(profile_row "$O/ll_gbs1_$ov.log" optimizer)
+  read -r gx gt < <(profile_row "$O/ll_gbs1_$ov.log" gemm)
+  result "ll4_gbs1_overlap${ov}_adam_kernels $at ms/step"
+  result "ll4_gbs1_overlap${ov}_adam_alone $ax ms/step"
+  result "ll4_gbs1_overlap${ov}_gemm_kernels $gt ms/step"
+  info "ll4 gbs1 overlap $ov profile (iterations 10-13): $(grep -m1 -o 'wall [0-9.]* ms/step | GPU busy [0-9.]* ms/step' "$O/ll_gbs1_$ov.log"); adam_alone = Adam time with no GEMM/attention kernel running (the Adam time left on the critical path)"
 done
-same_values tiny_paths_0 tiny_paths_1 "tiny GPT with --save, --eval-interval 4, --log-params-norm" 90
-grep -q "validation loss at" "$O/tiny_paths_1.log" || fail "tiny_paths_1: no validation line"
-grep -q "saved checkpoint\|saving checkpoint" "$O/tiny_paths_1.log" || fail "tiny_paths_1: no checkpoint-save line"
-if diff -rq "$TMP/ckpt_0" "$TMP/ckpt_1" > "$O/ckpt_diff.txt" 2>&1; then
-  info "tiny GPT checkpoints (6 saves): every file byte-identical between 0 and 1"
-else
-  info "tiny GPT checkpoints: $(wc -l < "$O/ckpt_diff.txt") files differ ($O/ckpt_diff.txt; time stamps or real differences: compare the tensors if any model/optimizer file is listed)"
+info "after the speed pair: $(( $(date +%s) - T0 )) s"
+
+# ---- 2. GPT-2, deterministic ------------------------------------------------------------------------
+dumped_run gpt2_det_0 0 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+dumped_run gpt2_det_0b 0 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+dumped_run gpt2_det_1 1 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+check gpt2_det_0 gpt2_det_0b "gpt2 --deterministic-mode, serial run repeats bitwise"
+if ! check gpt2_det_0 gpt2_det_1 "gpt2 --deterministic-mode, overlapped = serial"; then
+  EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" dumped_run gpt2_det_1s 1 90 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+  same gpt2_det_0 gpt2_det_1s; info "gpt2 overlapped with CUDA_LAUNCH_BLOCKING=1: $(describe gpt2_det_0 gpt2_det_1s)"
+  EXTRA_ENV="MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1" dumped_run gpt2_det_1w 1 60 "${GPT2[@]}" --train-iters 8 --deterministic-mode
+  same gpt2_det_0 gpt2_det_1w; info "gpt2 overlapped, every forward stage waiting for the whole step (MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1): $(describe gpt2_det_0 gpt2_det_1w)"
+  dumped_run gpt2_det2_0 0 60 "${GPT2[@]}" --train-iters 2 --deterministic-mode
+  dumped_run gpt2_det2_1 1 60 "${GPT2[@]}" --train-iters 2 --deterministic-mode
+  same gpt2_det2_0 gpt2_det2_1; info "gpt2 after 2 iterations: $(describe gpt2_det2_0 gpt2_det2_1)"
 fi
-rm -rf "$TMP"/ckpt*
+judge gpt2_det
+info "after the GPT-2 runs: $(( $(date +%s) - T0 )) s"
 
-# ---- 4. serialized launches vs normal, overlap on ------------------------------------------------
-run tiny_normal 1 40 "${TINY[@]}" --eval-interval 10 --eval-iters 2
-EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" run tiny_blocking 1 60 "${TINY[@]}" --eval-interval 10 --eval-iters 2
-same_values tiny_normal tiny_blocking "tiny GPT overlap on, CUDA_LAUNCH_BLOCKING=1 vs normal" 60
+# ---- 3. LLaMA-4L, deterministic ---------------------------------------------------------------------
+for r in 0:0 0b:0 1:1; do
+  run ll_det_${r%%:*} ${r#*:} 90 "${LL[@]}" --global-batch-size 1 --train-iters 4 --deterministic-mode
+done
+check ll_det_0 ll_det_0b "ll4 gbs1 --deterministic-mode, serial run repeats bitwise"
+if ! check ll_det_0 ll_det_1 "ll4 gbs1 --deterministic-mode, overlapped = serial" && [ $(( $(date +%s) - T0 )) -lt 95 ]; then
+  EXTRA_ENV="CUDA_LAUNCH_BLOCKING=1" run ll_det_1s 1 60 "${LL[@]}" --global-batch-size 1 --train-iters 4 --deterministic-mode
+  same ll_det_0 ll_det_1s; info "ll4 overlapped with CUDA_LAUNCH_BLOCKING=1: $(describe ll_det_0 ll_det_1s)"
+fi
+judge ll_det
 
-# ---- 5. the switch ---------------------------------------------------------------------------------
-MEGATRON_OPTIM_OVERLAP=2 timeout 40 "$BIN/pretrain_gpt" "${TINY[@]}" --train-iters 2 > "$O/bad_value.log" 2>&1
+# ---- 4. the switch ----------------------------------------------------------------------------------
+MEGATRON_OPTIM_OVERLAP=2 timeout 40 "$BIN/pretrain_gpt" "${GPT2[@]}" --train-iters 2 > "$O/bad_value.log" 2>&1
 rc=$?
 if [ $rc != 0 ] && grep -q "MEGATRON_OPTIM_OVERLAP=2: expected 0 (off) or 1 (on)" "$O/bad_value.log"; then
   pass "MEGATRON_OPTIM_OVERLAP=2 refused (rc $rc): $(grep -m1 -o 'MEGATRON_OPTIM_OVERLAP=2.*' "$O/bad_value.log")"
 else fail "MEGATRON_OPTIM_OVERLAP=2: rc $rc, no clear error ($O/bad_value.log)"; fi
 
-# ---- optional, if time is left (OPTOVERLAP_FULL=1: always) ----------------------------------------
-# The LLaMA shape's deterministic pair (two more ~20 s start-ups).
-if [ -n "${OPTOVERLAP_FULL:-}" ] || [ $(( $(date +%s) - T0 )) -lt 95 ]; then
-  for ov in 0 1; do run ll_det_$ov $ov 90 "${LL[@]}" --global-batch-size 1 --train-iters 4 --deterministic-mode; done
-  same_values ll_det_0 ll_det_1 "ll4 gbs1 --deterministic-mode" 8
-  info "ll4 gbs1 --deterministic-mode ms/iter: 0 $(ms_of "$O/ll_det_0.log"), 1 $(ms_of "$O/ll_det_1.log")"
-else
-  info "skipped the LLaMA-shape --deterministic-mode pair (time budget: $(( $(date +%s) - T0 )) s used; OPTOVERLAP_FULL=1 runs it)"
-fi
-# The compute stream's priority: overlap on with the legacy compute stream.
-if [ -n "${OPTOVERLAP_FULL:-}" ] || [ $(( $(date +%s) - T0 )) -lt 120 ]; then
-  EXTRA_ENV="MEGATRON_OPTIM_OVERLAP_PRIORITY=0" run ll_gbs1_1_noprio 1 60 "${LL[@]}" --global-batch-size 1 --train-iters 15
-  result "ll4_gbs1_overlap1_legacy_compute_stream $(ms_of "$O/ll_gbs1_1_noprio.log") ms/iter"
-else
-  info "skipped the MEGATRON_OPTIM_OVERLAP_PRIORITY=0 run (time budget: $(( $(date +%s) - T0 )) s used)"
-fi
 info "total $(( $(date +%s) - T0 )) s; logs in $O"
 echo "optoverlap_check: status $status" | tee -a "$O/summary.txt"
 exit $status

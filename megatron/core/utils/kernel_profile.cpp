@@ -59,7 +59,9 @@ Category categorize(ActivityKind kind, const std::string& raw) {
     if (has(n, a)) return Category::kAttention;
   for (const char* g : {"gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "matmul"})
     if (has(n, g)) return Category::kGemm;
-  for (const char* o : {"adam_kernel", "sgd_kernel", "reduce_stage1", "reduce_stage2", "multi_tensor"})
+  // adam_multi: the multi-tensor Adam (ops/cuda/adam_multi.cu), the step of every device run.
+  for (const char* o :
+       {"adam_kernel", "adam_multi_kernel", "sgd_kernel", "reduce_stage1", "reduce_stage2", "multi_tensor"})
     if (has(n, o)) return Category::kOptimizer;
   return Category::kOther;
 }

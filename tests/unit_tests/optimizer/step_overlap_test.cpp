@@ -29,10 +29,14 @@ namespace megatron::optimizer {
 namespace {
 
 // Events are named by creation order: OptimizerStepOverlap creates the chunk events 0..n-1, then
-// its start event (n) and its done event (n+1).
+// its start event (n) and its done event (n+1). `schedule_seed` != 0 (lazy only): besides what the
+// waits force, each backend call also runs 0-2 more queued side-stream items (drawn from the
+// seed): the side stream running ahead of the waits by a random amount, as a GPU may (between the
+// serial extreme, everything at once, and the lazy one, nothing before its wait).
 class FakeBackend final : public StepStreamBackend {
  public:
-  FakeBackend(bool lazy, std::vector<std::string>* log) : lazy_(lazy), log_(log) {}
+  FakeBackend(bool lazy, std::vector<std::string>* log, uint32_t schedule_seed = 0)
+      : lazy_(lazy), log_(log), rng_(schedule_seed), random_(schedule_seed != 0) {}
   ~FakeBackend() override { drain(); }
   void* side_stream() override { return &side_; }
   void* compute_stream() override { return &main_; }
@@ -65,6 +69,7 @@ class FakeBackend final : public StepStreamBackend {
   std::string name(void* s) const { return s == &side_ ? "side" : s == &main_ ? "main" : "?"; }
   void add(const std::string& s) {
     if (log_) log_->push_back(s);
+    if (random_) run_until(done_ + rng_() % 3);
   }
   void run_until(size_t n) {
     for (; done_ < n && done_ < queue_.size(); ++done_)
@@ -72,6 +77,8 @@ class FakeBackend final : public StepStreamBackend {
   }
   bool lazy_;
   std::vector<std::string>* log_;
+  std::mt19937 rng_;
+  bool random_;
   int main_ = 0, side_ = 0;
   std::vector<std::unique_ptr<int>> events_;
   std::map<void*, size_t> mark_;  // side event -> queue length when it was recorded
@@ -264,13 +271,14 @@ struct TrainResult {
   std::vector<std::vector<float>> params;
 };
 
-TrainResult train_tiny(const transformer::TransformerConfig& cfg, bool overlap, bool hook) {
+// schedule_seed: the fake's random run-ahead (0: lazy only).
+TrainResult train_tiny(const transformer::TransformerConfig& cfg, bool overlap, bool hook, uint32_t schedule_seed = 0) {
   models::gpt::GPTModel m(cfg, /*padded_vocab=*/64, /*max_seq=*/16, /*seed=*/1234);
   const bool bf16 = cfg.params_dtype == DType::kBFloat16;
   MegatronOptimizer opt(adam_config(bf16), optimizer_params(m.parameters()));
   if (overlap) {
     opt.enable_step_overlap(m.forward_stage_of_params(), m.num_forward_stages(), {m.grad_buffer()},
-                            std::make_unique<FakeBackend>(/*lazy=*/true, nullptr));
+                            std::make_unique<FakeBackend>(/*lazy=*/true, nullptr, schedule_seed));
     if (hook) m.set_param_wait_hook([&opt](size_t s) { opt.wait_for_params(s); });
   }
   std::mt19937 rng(5);
@@ -315,6 +323,13 @@ void expect_overlap_matches_serial(transformer::TransformerConfig cfg) {
   EXPECT_EQ(over.norms, serial.norms);
   ASSERT_EQ(over.params.size(), serial.params.size());
   for (size_t i = 0; i < serial.params.size(); ++i) EXPECT_EQ(over.params[i], serial.params[i]) << "param " << i;
+  // The side stream running ahead of the waits by random amounts (three schedules).
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const TrainResult ahead = train_tiny(cfg, true, true, seed);
+    EXPECT_EQ(ahead.losses, serial.losses) << "schedule " << seed;
+    EXPECT_EQ(ahead.norms, serial.norms) << "schedule " << seed;
+    EXPECT_EQ(ahead.params, serial.params) << "schedule " << seed;
+  }
   // The negative control: no waits in the forward/backward.
   const TrainResult unsynced = train_tiny(cfg, true, false);
   EXPECT_NE(unsynced.losses, serial.losses);

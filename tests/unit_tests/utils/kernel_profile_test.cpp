@@ -42,6 +42,10 @@ TEST(KernelProfileTest, CategorizeByName) {
   EXPECT_EQ(k("_Z16fa_fwd_v2_kernelILi128EEvPK6bf16_t"), Category::kAttention);
   EXPECT_EQ(k("_Z15fa_bwd_v2_kernelILi64EEvPKv"), Category::kAttention);
   EXPECT_EQ(k("_Z11adam_kernelIfEvPfPKfS0_S0_"), Category::kOptimizer);
+  // The multi-tensor Adam in its anonymous namespace (nvcc's mangling of adam_multi_kernel<bf16_t>).
+  EXPECT_EQ(k("_ZN8megatron3ops4cuda61_GLOBAL__N__5c1b4f2a_13_adam_multi_cu_8d4e6f01"
+              "17adam_multi_kernelI6bf16_tEEvPKNS2_4DescEifffffbf"),
+            Category::kOptimizer);
   EXPECT_EQ(k("_Z13reduce_stage1IfLi0EEvPKT_lbPd"), Category::kOptimizer);
   EXPECT_EQ(k("_Z15norm_fwd_kernelv"), Category::kOther);
   EXPECT_EQ(categorize(ActivityKind::kMemcpy, "[memcpy HtoD]"), Category::kMemcpy);
