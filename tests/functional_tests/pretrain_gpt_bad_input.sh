@@ -45,4 +45,9 @@ done
 expect "error: --tokenizer-model $TOK: a field of tokenizer.json or tokenizer_config.json is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with null); give a Hugging Face byte-level BPE tokenizer" \
   "${NOTOK[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOK"
 rm -rf "$TOK"
+# A checkpoint's metadata.json that parses but is not an object (a field of the wrong type): one line naming it.
+CK=$(mktemp -d); mkdir "$CK/iter_0000001"; echo 1 > "$CK/latest_checkpointed_iteration.txt"; echo '[]' > "$CK/iter_0000001/metadata.json"
+expect "error: $CK/iter_0000001/metadata.json: a field is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with array): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint" \
+  "${BASE[@]}" --load "$CK"
+rm -rf "$CK"
 exit $fail
