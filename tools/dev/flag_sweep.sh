@@ -8,6 +8,7 @@
 #   OK        trained (exit 0)
 # Exit status 1 if any case is INTERNAL or CRASH. FILTER (a grep -E regex) runs only matching cases.
 # JOBS=n runs n cases at a time (default 2; the tiny model trains in about a second).
+# INPUTS=0 leaves out the damaged-input-file cases (tokenizer.json, checkpoint files; see below).
 # CASES_FROM=file reads the case lines from that file instead of the list below (same format).
 # Cases marked "np2" run under mpirun -np 2 (skipped when mpirun is missing).
 set -uo pipefail
@@ -401,6 +402,33 @@ np2 --tensor-model-parallel-size 2 --hidden-size 65 --num-attention-heads 2 --kv
 np2 --tensor-model-parallel-size 2 --hidden-size 65 --num-attention-heads 2 --kv-channels 32
 EOF
 )
+
+# Input files (INPUTS=0 skips them): damaged tokenizer.json / checkpoint metadata.json / common.json
+# / .idx+.bin files, each made here under $TMP/in and passed with the flag that reads it.
+if [[ ${INPUTS:-1} != 0 && -z ${CASES_FROM:-} ]]; then
+  IN=$TMP/in; mkdir -p "$IN"
+  for t in '{}' '[]' '{"model": []}' '{"model": {"type": 5}}' \
+           '{"model": {"type": "BPE", "vocab": [], "merges": {}}, "pre_tokenizer": {"type": "ByteLevel"}}'; do
+    d=$(mktemp -d "$IN/tok.XXXX"); printf '%s' "$t" > "$d/tokenizer.json"
+    CASES+=$'\n'"--tokenizer-type HuggingFaceTokenizer --tokenizer-model $d"
+  done
+  # A real checkpoint of the base model, then copies with one file replaced.
+  (cd "$TMP" && "$BIN/pretrain_gpt" $BASE --save "$IN/ck" --save-interval 2 --data-cache-path "$IN/cache") >/dev/null 2>&1 ||
+    echo "flag_sweep: could not save the base checkpoint; the checkpoint cases will fail"
+  n=0
+  for spec in 'metadata.json:[]' 'metadata.json:{}' 'metadata.json:garbage' 'common.json:[]' \
+              'common.json:{"args": 5}' 'latest:abc' 'latest:7'; do
+    f=${spec%%:*} text=${spec#*:} n=$((n + 1)); d=$IN/ck$n; cp -r "$IN/ck" "$d"
+    if [[ $f == latest ]]; then printf '%s\n' "$text" > "$d/latest_checkpointed_iteration.txt"
+    else
+      printf '%s' "$text" > "$d/iter_0000002/$f"
+      # common.json without checksums (an older checkpoint's metadata.json) so that its fields are read.
+      [[ $f == common.json ]] &&
+        printf '%s' '{"sharded_backend":"megatron_cpp_safetensors","sharded_backend_version":1}' > "$d/iter_0000002/metadata.json"
+    fi
+    CASES+=$'\n'"--load $d --train-iters 4 --override-opt_param-scheduler"
+  done
+fi
 
 [[ -n ${CASES_FROM:-} ]] && CASES=$(eval "cat <<EOF
 $(cat "$CASES_FROM")
