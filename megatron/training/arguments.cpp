@@ -1132,6 +1132,11 @@ void validate_args(Arguments& a) {
            "recompute_num_layers must be 1 for MTP recompute)");
     if (a.recompute_granularity == "full" && a.recompute_method == "block")
       a.messages.push_back("WARNING: recompute_method == 'block' is not supported for MTP yet. Skipping recompute.");
+    // The MTP layer's eh_proj (ColumnParallelLinear 2h -> h) splits --hidden-size by TP; the
+    // decoder alone never does (its projections split heads and --ffn-hidden-size).
+    if (*a.hidden_size % a.tensor_model_parallel_size != 0)
+      user_error("--mtp-num-layers needs --hidden-size (", *a.hidden_size, ") divisible by --tensor-model-parallel-size (",
+                 a.tensor_model_parallel_size, "): the MTP eh_proj splits its hidden-size output by TP");
   }
 
   // Learning rate and weight decay.

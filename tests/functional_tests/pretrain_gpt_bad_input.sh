@@ -34,4 +34,20 @@ expect "error: argument --num-virtual-stages-per-pipeline-rank: invalid value -2
 expect "error: unknown flag --untie-embeddings; did you mean --untie-embeddings-and-output-weights?" "${BASE[@]}" --untie-embeddings
 # Device choice (docs/training.md "Device"): an unknown MEGATRON_DEVICE is refused.
 MEGATRON_DEVICE=tpu expect "error: MEGATRON_DEVICE=tpu: unknown device (use cpu or cuda, or leave it unset for GPU when present)" "${BASE[@]}"
+# Input files: a tokenizer.json without "model" (or with a mistyped field) is one user line naming
+# --tokenizer-model; it was "internal error: [json.exception.type_error.306] cannot use value() with null".
+TOK=$(mktemp -d); echo '{}' > "$TOK/tokenizer.json"
+NOTOK=(); skip=0; for x in "${BASE[@]}"; do  # BASE without its NullTokenizer pair
+  if [[ $skip -gt 0 ]]; then skip=$((skip - 1)); continue; fi
+  case $x in --tokenizer-type|--vocab-size) skip=1; continue ;; esac
+  NOTOK+=("$x")
+done
+expect "error: --tokenizer-model $TOK: a field of tokenizer.json or tokenizer_config.json is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with null); give a Hugging Face byte-level BPE tokenizer" \
+  "${NOTOK[@]}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOK"
+rm -rf "$TOK"
+# A checkpoint's metadata.json that parses but is not an object (a field of the wrong type): one line naming it.
+CK=$(mktemp -d); mkdir "$CK/iter_0000001"; echo 1 > "$CK/latest_checkpointed_iteration.txt"; echo '[]' > "$CK/iter_0000001/metadata.json"
+expect "error: $CK/iter_0000001/metadata.json: a field is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with array): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint" \
+  "${BASE[@]}" --load "$CK"
+rm -rf "$CK"
 exit $fail

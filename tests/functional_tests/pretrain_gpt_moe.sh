@@ -147,4 +147,8 @@ bad "--moe-enable-deepep is a Megatron-LM flag that megatron.cpp does not implem
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "needs --sequence-parallel" --tensor-model-parallel-size 2
 BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "world size (2) is not divisible by --expert-tensor-parallel-size (1) x --expert-model-parallel-size (4) x --pipeline-model-parallel-size (1)" \
   --expert-model-parallel-size 4 --expert-tensor-parallel-size 1
+# The shared expert's fc1 is split by TP: an indivisible size is refused naming the flag (the error
+# used to name decoder.layers.N.mlp.shared_experts.linear_fc1.weight only).
+BAD_LAUNCH="${MPIRUN[*]} -np 2" bad "error: --moe-shared-expert-intermediate-size (65) must be divisible by --tensor-model-parallel-size (2)" \
+  --tensor-model-parallel-size 2 --sequence-parallel --moe-shared-expert-intermediate-size 65
 echo "bad MoE input: one clear line each"

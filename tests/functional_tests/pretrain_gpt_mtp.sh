@@ -87,13 +87,18 @@ timeout 600 "${MPIRUN[@]}" -np 2 "$BIN/pretrain_gpt" "${PP[@]}" --train-iters 6 
   || dump "PP2 -> one rank resume differs"
 echo "PP2 checkpoint resumed on one rank: iterations 5, 6 equal the uninterrupted run"
 
-expect_error() {  # expect_error NAME PATTERN args...
+expect_error() {  # expect_error NAME PATTERN args... (one distinct "error:" line; ranks may each print it)
   local name=$1 pat=$2; shift 2
-  if "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" > "$OUT/err.log" 2>&1; then dump "$name accepted"; fi
-  [[ $(grep -c '^error: ' "$OUT/err.log") -eq 1 ]] && grep -q "^error: .*$pat" "$OUT/err.log" || dump "$name: no one-line error matching '$pat'"
+  if ${EXPECT_LAUNCH:-} "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" > "$OUT/err.log" 2>&1; then dump "$name accepted"; fi
+  [[ $(grep '^error: ' "$OUT/err.log" | sort -u | wc -l) -eq 1 ]] && grep -q "^error: .*$pat" "$OUT/err.log" || dump "$name: no one-line error matching '$pat'"
 }
 expect_error "learned absolute positions" "not supported with learned_absolute" --position-embedding-type learned_absolute
 expect_error "negative --mtp-num-layers" "mtp-num-layers.*must be >= 0" --mtp-num-layers -1
 expect_error "uniform recompute of 2 layers" "recompute-num-layers 1" --recompute-granularity full --recompute-method uniform --recompute-num-layers 2
 expect_error "--mtp-use-repeated-layer" "mtp-use-repeated-layer" --mtp-use-repeated-layer
+# eh_proj splits --hidden-size by TP (EXPECT_LAUNCH: two ranks, each printing the same line); this was an error
+# naming mtp.layers.0.eh_proj.weight.
+EXPECT_LAUNCH="${MPIRUN[*]} -np 2" expect_error "hidden size 33 with TP 2" \
+  "--mtp-num-layers needs --hidden-size (33) divisible by --tensor-model-parallel-size (2)" \
+  --hidden-size 33 --kv-channels 8 --tensor-model-parallel-size 2
 echo "refused MTP configurations: one error line each"

@@ -476,31 +476,37 @@ json read_marker(const std::string& dir) {
   } catch (const json::exception& e) {
     user_error(marker, ": not valid JSON (", e.what(), ")");
   }
-  std::string backend = m.value("sharded_backend", "");
-  if (backend != kShardedBackend) {
-    if (backend == "torch_dist" || backend == "zarr")
-      user_error(dir, ": written by Megatron-LM's '", backend, "' backend, which this program cannot read; "
-                 "export it from Megatron-LM to Hugging Face safetensors and import with convert_checkpoint");
-    user_error(marker, ": unknown sharded_backend '", backend, "' (expected ", kShardedBackend, ")");
-  }
-  if (m.value("sharded_backend_version", 0) > kShardedBackendVersion)
-    user_error(marker, ": sharded_backend_version ", m.value("sharded_backend_version", 0),
-               " is newer than this program supports (", kShardedBackendVersion, ")");
-  if (m.contains(kChecksumsKey) || m.contains(kSelfChecksumKey)) {
-    if (!m.contains(kSelfChecksumKey) || !m.contains(kChecksumsKey) || !m[kChecksumsKey].is_object() ||
-        !m[kSelfChecksumKey].is_string())
-      user_error(marker, ": incomplete checksum records (", kChecksumsKey, ", ", kSelfChecksumKey,
-                 "): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
-    const std::string got = marker_checksum(m), want = m[kSelfChecksumKey].get<std::string>();
-    if (got != want)
-      user_error(marker, ": crc32c ", got, " != stored ", want,
-                 ": the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
-  } else {
-    // Checkpoints written before the checksums existed: their files cannot be verified.
-    static std::set<std::string> warned;
-    if (warned.insert(dir).second)
-      std::fprintf(stderr, "WARNING: %s records no checksums (an older checkpoint): %s and %s are not verified\n",
-                   marker.c_str(), kCommonFile, kIndexFile);
+  // A field of the wrong type (an edited or foreign file) is bad input, not a bug: one line.
+  try {
+    std::string backend = m.value("sharded_backend", "");
+    if (backend != kShardedBackend) {
+      if (backend == "torch_dist" || backend == "zarr")
+        user_error(dir, ": written by Megatron-LM's '", backend, "' backend, which this program cannot read; "
+                   "export it from Megatron-LM to Hugging Face safetensors and import with convert_checkpoint");
+      user_error(marker, ": unknown sharded_backend '", backend, "' (expected ", kShardedBackend, ")");
+    }
+    if (m.value("sharded_backend_version", 0) > kShardedBackendVersion)
+      user_error(marker, ": sharded_backend_version ", m.value("sharded_backend_version", 0),
+                 " is newer than this program supports (", kShardedBackendVersion, ")");
+    if (m.contains(kChecksumsKey) || m.contains(kSelfChecksumKey)) {
+      if (!m.contains(kSelfChecksumKey) || !m.contains(kChecksumsKey) || !m[kChecksumsKey].is_object() ||
+          !m[kSelfChecksumKey].is_string())
+        user_error(marker, ": incomplete checksum records (", kChecksumsKey, ", ", kSelfChecksumKey,
+                   "): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
+      const std::string got = marker_checksum(m), want = m[kSelfChecksumKey].get<std::string>();
+      if (got != want)
+        user_error(marker, ": crc32c ", got, " != stored ", want,
+                   ": the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
+    } else {
+      // Checkpoints written before the checksums existed: their files cannot be verified.
+      static std::set<std::string> warned;
+      if (warned.insert(dir).second)
+        std::fprintf(stderr, "WARNING: %s records no checksums (an older checkpoint): %s and %s are not verified\n",
+                     marker.c_str(), kCommonFile, kIndexFile);
+    }
+  } catch (const json::exception& e) {
+    user_error(marker, ": a field is missing or of the wrong type (", e.what(),
+               "): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint");
   }
   return m;
 }

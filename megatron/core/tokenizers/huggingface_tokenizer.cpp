@@ -278,10 +278,7 @@ void load_vocab_merges(Loader& l, const fs::path& vocab_file, const fs::path& me
   l.spec.stages = {PreTokenizerPattern::kGpt2};
 }
 
-}  // namespace
-
-std::unique_ptr<MegatronTokenizer> make_huggingface_tokenizer(const TokenizerConfig& cfg) {
-  if (!cfg.tokenizer_model) user_error("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (folder or tokenizer.json)");
+std::unique_ptr<MegatronTokenizer> load_huggingface_tokenizer(const TokenizerConfig& cfg) {
   fs::path p = *cfg.tokenizer_model;
   if (!fs::exists(p)) user_error("--tokenizer-model ", p.string(), " does not exist");
   fs::path dir = fs::is_directory(p) ? p : p.parent_path();
@@ -384,6 +381,21 @@ std::unique_ptr<MegatronTokenizer> make_huggingface_tokenizer(const TokenizerCon
       {"include_special_tokens", cfg.tokenizer_hf_include_special_tokens ? "True" : "False"},
       {"use_gigatoken", "False"}};
   return std::make_unique<BpeTokenizer>(std::move(l.spec), std::move(info));
+}
+
+}  // namespace
+
+std::unique_ptr<MegatronTokenizer> make_huggingface_tokenizer(const TokenizerConfig& cfg) {
+  if (!cfg.tokenizer_model) user_error("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model (folder or tokenizer.json)");
+  // A field of tokenizer.json / tokenizer_config.json that is missing or of the wrong type makes
+  // nlohmann::json throw (e.g. "cannot use value() with null" for a file without "model"); that
+  // is bad input, not a bug, so it becomes one user error line naming the folder.
+  try {
+    return load_huggingface_tokenizer(cfg);
+  } catch (const json::exception& e) {
+    user_error("--tokenizer-model ", *cfg.tokenizer_model, ": a field of tokenizer.json or tokenizer_config.json is "
+               "missing or of the wrong type (", e.what(), "); give a Hugging Face byte-level BPE tokenizer");
+  }
 }
 
 std::unique_ptr<MegatronTokenizer> make_gpt2_bpe_tokenizer(const TokenizerConfig& cfg) {

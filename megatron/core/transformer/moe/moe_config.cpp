@@ -208,6 +208,11 @@ void TransformerConfig::validate_moe() {
                "add --disable-bias-linear");
   if (moe_shared_expert_intermediate_size < 0)
     user_error("--moe-shared-expert-intermediate-size must be positive, got ", moe_shared_expert_intermediate_size);
+  // The shared expert is a dense MLP on the tensor-parallel group (Megatron's SharedExpertMLP), its
+  // fc1 split by TP like --ffn-hidden-size; without this line the error named the parameter only.
+  if (moe_shared_expert_intermediate_size > 0 && moe_shared_expert_intermediate_size % tensor_model_parallel_size != 0)
+    user_error("--moe-shared-expert-intermediate-size (", moe_shared_expert_intermediate_size,
+               ") must be divisible by --tensor-model-parallel-size (", tensor_model_parallel_size, ")");
   if (moe_token_dispatcher_type != "allgather" && moe_token_dispatcher_type != "alltoall")
     user_error("--moe-token-dispatcher-type ", moe_token_dispatcher_type,
                " is not implemented in megatron.cpp (use allgather or alltoall)");
