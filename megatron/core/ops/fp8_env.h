@@ -30,8 +30,9 @@ inline void refuse_removed_block_quant_env() {
 /// algorithm of the 1x128 x 1x128 wgrad GEMM. Other values: UserError naming the variable. Not cached.
 inline int block_wgrad_algo_from_env() { return env_int_in("MEGATRON_FP8_BLOCK_WGRAD_ALGO", 0, kMaxBlockAlgos - 1, 0); }
 
-/// MEGATRON_FP8_BLOCK_FUSED=0|1 (default 0): the blockwise recipe's fused producers
-/// (fp8_linear.h block_fusion_enabled(), which caches it). Other values: UserError. Not cached.
-inline bool block_fused_from_env() { return env_switch("MEGATRON_FP8_BLOCK_FUSED", false); }
+/// MEGATRON_FP8_BLOCK_FUSED=0|1 (default 1): the blockwise recipe's fused producers
+/// (fp8_linear.h block_fusion_enabled(), which caches it); 0 keeps the unfused path for A/B runs.
+/// Other values: UserError naming the variable. Not cached.
+inline bool block_fused_from_env() { return env_switch("MEGATRON_FP8_BLOCK_FUSED", true); }
 
 }  // namespace megatron::ops
