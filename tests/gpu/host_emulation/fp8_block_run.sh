@@ -5,7 +5,7 @@
 # blockwise recipe. A development check of tiling, partial tiles, the warp reductions and the
 # scale layouts where no GPU is available, and the fused producers' source path (RMSNorm / SwiGLU
 # functors of fp8_sources.cuh filling the tile) against quantizing the producer's output; the GPU
-# is checked by fp8_gpu_test --groups blockwise. About 25 s on 2 cores.
+# is checked by fp8_gpu_test --groups blockwise. About 10 s on 2 cores.
 #   tests/gpu/host_emulation/fp8_block_run.sh [WORK_DIR]
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
