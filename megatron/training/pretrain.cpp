@@ -112,14 +112,15 @@ class HighPriorityComputeStream {
 
 // The A/B and tuning switches that only some runs read (a CUDA kernel, a recipe, MoE layers, the
 // overlapped step), read once at start so a bad value stops every run with the one-line UserError
-// naming the variable, not only the runs that reach the code (docs/environment.md).
+// naming the variable, not only the runs that reach the code (docs/environment.md); a removed
+// switch that is still set (MEGATRON_FP8_BLOCK_QUANT) is refused the same way.
 void check_env_switches() {
   (void)optim_overlap_switch();
   (void)optim_overlap_priority_switch();
   (void)optim_overlap_full_wait_switch();
   (void)transformer::moe::moe_device_router_enabled();
   (void)ops::block_fused_from_env();
-  (void)ops::block_quant_legacy_from_env();
+  ops::refuse_removed_block_quant_env();
   (void)ops::block_wgrad_algo_from_env();
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The A/B and tuning switches that only some runs read (docs/environment.md: MEGATRON_OPTIM_OVERLAP,
 # MEGATRON_OPTIM_OVERLAP_PRIORITY, MEGATRON_MOE_DEVICE_ROUTER, MEGATRON_FP8_BLOCK_FUSED,
-# MEGATRON_FP8_BLOCK_QUANT, MEGATRON_FP8_BLOCK_WGRAD_ALGO): a bad value stops every pretrain_gpt
-# run with one line naming the variable -- also a CPU run of a dense bf16 model, which reaches
-# none of the code that uses them (before, such runs trained and ignored the value);
+# MEGATRON_FP8_BLOCK_WGRAD_ALGO): a bad value stops every pretrain_gpt run with one line naming
+# the variable -- also a CPU run of a dense bf16 model, which reaches none of the code that uses
+# them (before, such runs trained and ignored the value); so does any value of the removed
+# MEGATRON_FP8_BLOCK_QUANT, with a line saying it was removed;
 # MEGATRON_OPTIM_OVERLAP=1 on the CPU says the overlap does not apply and changes no loss.
 # Args: bin dir, source dir.
 set -euo pipefail
@@ -17,20 +18,25 @@ ARGS=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --
       --mock-data --tokenizer-type NullTokenizer --vocab-size 64 --data-cache-path "$OUT/cache")
 fail() { echo "FAIL: $*"; exit 1; }
 for bad in MEGATRON_OPTIM_OVERLAP=2 MEGATRON_OPTIM_OVERLAP_PRIORITY=yes MEGATRON_MOE_DEVICE_ROUTER=on \
-           MEGATRON_FP8_BLOCK_FUSED=true MEGATRON_FP8_BLOCK_QUANT=fast MEGATRON_FP8_BLOCK_WGRAD_ALGO=16 \
-           MEGATRON_FP8_BLOCK_WGRAD_ALGO=3x MEGATRON_FP8_BLOCK_WGRAD_ALGO=-1; do
+           MEGATRON_FP8_BLOCK_FUSED=true MEGATRON_FP8_BLOCK_QUANT=fast MEGATRON_FP8_BLOCK_QUANT=tiled \
+           MEGATRON_FP8_BLOCK_QUANT=legacy MEGATRON_FP8_BLOCK_WGRAD_ALGO=16 MEGATRON_FP8_BLOCK_WGRAD_ALGO=3x \
+           MEGATRON_FP8_BLOCK_WGRAD_ALGO=-1; do
   name=${bad%%=*}
   if env "$bad" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/err.log" 2>&1; then fail "$bad: the run trained"; fi
   grep -q "^error: $name=" "$OUT/err.log" || fail "$bad: no one-line error naming $name: $(tail -2 "$OUT/err.log")"
   [[ $(grep -c '^error:' "$OUT/err.log") == 1 ]] || fail "$bad: more than one error line"
   grep -q "iteration *1/" "$OUT/err.log" && fail "$bad: an iteration ran before the refusal"
+  if [[ $name == MEGATRON_FP8_BLOCK_QUANT ]]; then
+    grep -q "^error: $bad: this switch was removed; the tiled blockwise quantize kernel is the only one" "$OUT/err.log" ||
+      fail "$bad: the error does not say the switch was removed: $(grep '^error:' "$OUT/err.log")"
+  fi
 done
-echo "OK: bad values of the six switches are refused by name before training"
-for good in MEGATRON_FP8_BLOCK_QUANT=tiled MEGATRON_FP8_BLOCK_QUANT=legacy MEGATRON_FP8_BLOCK_WGRAD_ALGO=15 \
-            MEGATRON_OPTIM_OVERLAP_PRIORITY=0 MEGATRON_FP8_BLOCK_FUSED=1; do
+echo "OK: bad values of the five switches, and any value of the removed MEGATRON_FP8_BLOCK_QUANT, are refused by name before training"
+for good in MEGATRON_FP8_BLOCK_QUANT= MEGATRON_FP8_BLOCK_WGRAD_ALGO=15 MEGATRON_OPTIM_OVERLAP_PRIORITY=0 \
+            MEGATRON_FP8_BLOCK_FUSED=1 MEGATRON_FP8_BLOCK_FUSED=0; do
   env "$good" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/ok.log" 2>&1 || fail "$good refused: $(tail -2 "$OUT/ok.log")"
 done
-echo "OK: the documented values are accepted"
+echo "OK: the documented values are accepted (an empty MEGATRON_FP8_BLOCK_QUANT counts as unset)"
 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/serial.log" 2>&1 || fail "serial run"
 MEGATRON_OPTIM_OVERLAP=1 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/overlap.log" 2>&1 || fail "MEGATRON_OPTIM_OVERLAP=1 run"
 grep -q "optimizer step not overlapped with the next forward (not on a CUDA device)" "$OUT/overlap.log" ||

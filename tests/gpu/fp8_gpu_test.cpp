@@ -980,7 +980,7 @@ void test_blockwise_fused() {
 // forward / dgrad, q_t + s_t for the wgrad), the SwiGLU backward's dyq and linear_proj's kept
 // columnwise copy (keep_x_t + keep_x_st) give bit-identical y, dx and dw to the unfused calls (the
 // producer's bf16 output, quantized inside fp8::linear): same FP8 operands, same GEMMs.
-// Needs MEGATRON_FP8_BLOCK_FUSED=1 (main() sets it when unset; with 0 the producers return nothing: FAIL).
+// Needs MEGATRON_FP8_BLOCK_FUSED unset or 1 (the default; with 0 the producers return nothing: FAIL).
 void test_blockwise_fused_linear() {
   fp8::Fp8Config cfg;
   cfg.recipe = fp8::Fp8Recipe::kBlockwise;
@@ -1296,9 +1296,8 @@ void test_blockwise() {
 // linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm param_gather
 // blockwise timing; default all, timing off with --no-timing).
 int main(int argc, char** argv) {
-  // The fused blockwise producers are opt-in (docs/environment.md); this test checks them unless
-  // the caller chose (MEGATRON_FP8_BLOCK_FUSED=0 makes test_blockwise_fused_linear FAIL by design).
-  setenv("MEGATRON_FP8_BLOCK_FUSED", "1", /*overwrite=*/0);
+  // The fused blockwise producers are on by default (docs/environment.md);
+  // MEGATRON_FP8_BLOCK_FUSED=0 makes test_blockwise_fused_linear FAIL by design.
   bool quick = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {

@@ -67,8 +67,8 @@ void cast_weight(Fp8State& st, int base, const Tensor& w);
 /// amaxes and losses are the same either way). Read once.
 bool fusion_enabled();
 
-/// Whether the blockwise recipe's producers are fused: MEGATRON_FP8_BLOCK_FUSED=1; 0 or unset
-/// (the default until tests/gpu/blockq_check.sh has passed on a GPU) keeps their bf16 outputs and quantizes them in a separate pass (A/B; the FP8 bytes,
+/// Whether the blockwise recipe's producers are fused: MEGATRON_FP8_BLOCK_FUSED unset or 1
+/// (default); 0 keeps their bf16 outputs and quantizes them in a separate pass (A/B; the FP8 bytes,
 /// scales and losses are the same either way; fusion_enabled() must also hold). Other values: a
 /// UserError naming the variable. Read once.
 bool block_fusion_enabled();

@@ -1,12 +1,12 @@
-// Host emulation of the blockwise FP8 quantize kernels of megatron/core/ops/cuda/fp8_block.cu (see
-// fp8_block_run.sh): the kernel source (cvt, block_scale, block_quantize_tile_kernel and the legacy
-// block_quantize_kernel) compiled as C++ with host stand-ins for the CUDA intrinsics; each block's
-// 256 threads run as std::threads meeting at a std::barrier at every __syncthreads, and each
-// warp's 32 threads exchange values through a per-warp buffer and barrier for warp_max and
-// __shfl_xor_sync (the kernels call them warp-uniformly). The tiled kernel runs both its paths:
-// whole 128 x 128 tiles (16-byte loads, 8- / 16-byte stores) and partial tiles (scalar). The FP8
-// conversions are the CPU emulation's float_to_e4m3_bits / float_to_e5m2_bits (bit-exact to CUDA's
-// cvt, fp8_gpu_test --groups casts). Checked against a plain loop of TE's blockwise recipe
+// Host emulation of the blockwise FP8 quantize kernel of megatron/core/ops/cuda/fp8_block.cu (see
+// fp8_block_run.sh): the kernel source (cvt, block_scale, block_quantize_tile_kernel) compiled as
+// C++ with host stand-ins for the CUDA intrinsics; each block's 256 threads run as std::threads
+// meeting at a std::barrier at every __syncthreads, and each warp's 32 threads exchange values
+// through a per-warp buffer and barrier for warp_max and __shfl_xor_sync (the kernel calls them
+// warp-uniformly). The kernel runs both its paths: whole 128 x 128 tiles (16-byte loads, 8- /
+// 16-byte stores) and partial tiles (scalar). The FP8 conversions are the CPU emulation's
+// float_to_e4m3_bits / float_to_e5m2_bits (bit-exact to CUDA's cvt, fp8_gpu_test --groups casts).
+// Checked against a plain loop of TE's blockwise recipe
 // (docs/fp8.md "Blockwise recipe"): bytes and scale_inv of q (1 x 128 or 128 x 128) and q_t
 // (128 x 1 column tiles written transposed, or the 128 x 128 blocks transposed), on shapes with
 // partial tiles, E4M3/E5M2, power-of-2 and fp32 scales. The GPU is checked by
@@ -23,7 +23,6 @@
 #include <thread>
 #include <vector>
 
-#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/tensor/dtype.h"
 #include "megatron/core/utils/errors.h"
 
@@ -42,8 +41,7 @@ struct Warp {
   float v[32];
 };
 Warp g_warps[8];
-float* g_tile = nullptr;           // the legacy kernel's dynamic shared memory
-unsigned char* g_smem = nullptr;   // the tiled kernel's
+unsigned char* g_smem = nullptr;  // the kernel's dynamic shared memory
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   Warp& w = g_warps[threadIdx.x >> 5];
   w.v[threadIdx.x & 31] = v;
@@ -55,7 +53,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 
 namespace megatron::ops::cuda {
 namespace {
-constexpr int kB = 128, kLd = 129, kThreads = 256;
+constexpr int kB = 128, kThreads = 256;
 inline float warp_max(float v) {
   Warp& w = g_warps[threadIdx.x >> 5];
   w.v[threadIdx.x & 31] = v;
@@ -65,17 +63,16 @@ inline float warp_max(float v) {
   w.bar->arrive_and_wait();
   return m;
 }
-#include "kernels.inc"  // fp8_block_run.sh turned the `extern __shared__` arrays into g_tile / g_smem
+#include "kernels.inc"  // fp8_block_run.sh turned the `extern __shared__` array into g_smem
 }  // namespace
 }  // namespace megatron::ops::cuda
 
 using namespace megatron::ops::cuda;
 
-// Runs kern() as every thread of every block of the grid over x [R, C], with the shared memory
-// of both kernels (T: the tiled kernel's tile type).
+// Runs kern() as every thread of every block of the grid over x [R, C], with the kernel's shared
+// memory (T: its tile type).
 template <class T, class F>
 void run_blocks(int64_t R, int64_t C, F kern) {
-  std::vector<float> smem(kB * kLd);
   std::vector<uint4> smem_t(tile_smem<T>() / sizeof(uint4) + 1);
   const unsigned gx = (unsigned)((C + kB - 1) / kB), gy = (unsigned)((R + kB - 1) / kB);
   for (unsigned by = 0; by < gy; ++by)
@@ -84,7 +81,6 @@ void run_blocks(int64_t R, int64_t C, F kern) {
       std::vector<std::unique_ptr<std::barrier<>>> wb;
       for (int w = 0; w < 8; ++w) wb.push_back(std::make_unique<std::barrier<>>(32));
       for (int w = 0; w < 8; ++w) g_warps[w].bar = wb[w].get();
-      g_tile = smem.data();
       g_smem = reinterpret_cast<unsigned char*>(smem_t.data());
       std::vector<std::thread> th;
       for (int t = 0; t < kThreads; ++t)
@@ -98,18 +94,15 @@ void run_blocks(int64_t R, int64_t C, F kern) {
     }
 }
 
-// Runs one kernel over the grid; `tiled`: block_quantize_tile_kernel (with the host's `vec` rule:
-// whole tiles), else the legacy block_quantize_kernel.
+// Runs block_quantize_tile_kernel on x itself (RawTile) over the grid, with the host's `vec` rule
+// (whole tiles: the 16-byte paths).
 template <class T, int kFmt, bool k2D>
-void run_kernel(bool tiled, const std::vector<T>& x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s,
-                int64_t s_ld, uint8_t* qt, float* st, int64_t st_ld) {
+void run_kernel(const std::vector<T>& x, int64_t R, int64_t C, bool pow2, uint8_t* q, float* s, int64_t s_ld,
+                uint8_t* qt, float* st, int64_t st_ld) {
   const bool vec = R % kB == 0 && C % kB == 0;
   run_blocks<T>(R, C, [&] {
-    if (tiled)
-      block_quantize_tile_kernel<RawTile<T>, T, kFmt, k2D>(RawTile<T>{x.data()}, R, C, pow2, vec, q, s, s_ld, qt, st,
-                                                           st_ld);
-    else
-      block_quantize_kernel<T, kFmt, k2D>(x.data(), R, C, pow2, q, s, s_ld, qt, st, st_ld);
+    block_quantize_tile_kernel<RawTile<T>, T, kFmt, k2D>(RawTile<T>{x.data()}, R, C, pow2, vec, q, s, s_ld, qt, st,
+                                                         st_ld);
   });
 }
 
@@ -138,7 +131,7 @@ void ref_blocks(const std::vector<float>& v, int64_t R, int64_t C, int64_t br, i
 
 int g_fail = 0;
 template <class T, int kFmt, bool k2D>
-void check(bool tiled, int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
+void check(int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> v(R * C);
   for (int64_t i = 0; i < R * C; ++i) v[i] = nd(rng) * std::ldexp(1.0f, (int)((i / 53) % 30) - 15);
@@ -159,7 +152,7 @@ void check(bool tiled, int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
   const int64_t st_rows = k2D ? cb : rb, st_ld = k2D ? rnd4(rb) : rnd4(C);
   std::vector<uint8_t> q(R * C, 0xAA), qt(R * C, 0xAA), rq(R * C), rqt(R * C);
   std::vector<float> s(s_rows * s_ld, 0.0f), st(st_rows * st_ld, 0.0f), rs(s.size(), 0.0f), rst(st.size(), 0.0f);
-  run_kernel<T, kFmt, k2D>(tiled, x, R, C, pow2, q.data(), s.data(), s_ld, qt.data(), st.data(), st_ld);
+  run_kernel<T, kFmt, k2D>(x, R, C, pow2, q.data(), s.data(), s_ld, qt.data(), st.data(), st_ld);
   const bool e4 = kFmt == 0;
   if (k2D) {
     ref_blocks(v, R, C, 128, 128, e4, pow2, rq, rs, s_ld, 1, false);
@@ -173,8 +166,8 @@ void check(bool tiled, int64_t R, int64_t C, bool pow2, std::mt19937& rng) {
   for (size_t i = 0; i < s.size(); ++i) bad_s += s[i] != rs[i];
   for (size_t i = 0; i < st.size(); ++i) bad_s += st[i] != rst[i];
   const bool ok = bad == 0 && bad_s == 0;
-  std::printf("%s %s %s %s %s %lldx%lld%s: %lld byte / %lld scale_inv mismatches\n", ok ? "ok  " : "FAIL",
-              tiled ? "block_quantize_tile_kernel" : "block_quantize_kernel", k2D ? "128x128" : "1x128", sizeof(T) == 2 ? "bf16" : "fp32", e4 ? "e4m3" : "e5m2",
+  std::printf("%s block_quantize_tile_kernel %s %s %s %lldx%lld%s: %lld byte / %lld scale_inv mismatches\n",
+              ok ? "ok  " : "FAIL", k2D ? "128x128" : "1x128", sizeof(T) == 2 ? "bf16" : "fp32", e4 ? "e4m3" : "e5m2",
               (long long)R, (long long)C, pow2 ? "" : " fp32-scales", bad, bad_s);
   if (!ok) ++g_fail;
 }
@@ -238,17 +231,15 @@ int main() {
   check_fused<0>(1, 130, 200, false, rng);
   check_fused<1>(0, 256, 384, false, rng);  // whole tiles
   check_fused<0>(1, 256, 384, true, rng);
-  for (bool tiled : {true, false}) {
-    check<bf16_t, 0, false>(tiled, 130, 200, true, rng);  // partial tiles
-    check<bf16_t, 1, false>(tiled, 257, 131, true, rng);
-    check<float, 0, false>(tiled, 128, 256, false, rng);  // whole tiles
-    check<bf16_t, 0, false>(tiled, 256, 384, true, rng);
-    check<bf16_t, 1, false>(tiled, 384, 128, false, rng);
-    check<bf16_t, 0, true>(tiled, 130, 200, true, rng);
-    check<float, 1, true>(tiled, 257, 131, false, rng);
-    check<bf16_t, 0, true>(tiled, 256, 384, true, rng);
-    check<float, 0, true>(tiled, 128, 256, false, rng);
-  }
+  check<bf16_t, 0, false>(130, 200, true, rng);  // partial tiles
+  check<bf16_t, 1, false>(257, 131, true, rng);
+  check<float, 0, false>(128, 256, false, rng);  // whole tiles
+  check<bf16_t, 0, false>(256, 384, true, rng);
+  check<bf16_t, 1, false>(384, 128, false, rng);
+  check<bf16_t, 0, true>(130, 200, true, rng);
+  check<float, 1, true>(257, 131, false, rng);
+  check<bf16_t, 0, true>(256, 384, true, rng);
+  check<float, 0, true>(128, 256, false, rng);
   std::printf("fp8_block_emu: %s\n", g_fail ? "FAILED" : "all ok");
   return g_fail ? 1 : 0;
 }

@@ -1,7 +1,7 @@
 // Blockwise FP8 quantization (op fp8_block_quantize of op_table.h; --fp8-recipe blockwise,
 // docs/fp8.md "Blockwise recipe"): Transformer Engine's Float8BlockScaling quantizers.
 //
-// block_quantize_tile_kernel (the default): one block of 256 threads per 128 x 128 tile of x, read
+// block_quantize_tile_kernel: one block of 256 threads per 128 x 128 tile of x, read
 // once from global memory with 16-byte loads (whole tiles, 16-byte aligned: every tile when R and C
 // are multiples of 128) into shared memory in x's own type ([128][128 + 16 B pad]); from that one
 // copy
@@ -18,20 +18,17 @@
 // in place of x: the tile is filled with the producer's output computed from its inputs and rounded
 // to the producer's output type (as delayed scaling's fused kernels of fp8_cast.cu do), so the bytes
 // and scales equal the producer + fp8_block_quantize's, and the bf16 output is never written.
-// block_quantize_kernel: the first, untuned version (float tile, scalar loads, byte stores), kept
-// for one A/B measurement (MEGATRON_FP8_BLOCK_QUANT=legacy; docs/performance.md "Session 9:
-// blockwise") and to be removed after it.
+// It is the only blockwise quantize kernel: session 9's first, untuned one (a float tile, scalar
+// loads, byte stores) wrote the same bits at 0.36-0.58x its bandwidth on the H200 and was removed
+// in session 10 with its switch MEGATRON_FP8_BLOCK_QUANT (docs/performance.md "Session 9: blockwise").
 // The scale math is TE's compute_scale_from_amax (epsilon 0; the power-of-2 rounding clears the
 // mantissa bits), bit for bit the CPU reference's (ops/cpu/fp8.cpp): IEEE division and
-// multiplication (__fdiv_rn / __fmul_rn) and the saturating RNE cast of fp8_cast.cu; both kernels
-// take the same amaxes (max is exact in any order) and so write the same bits.
+// multiplication (__fdiv_rn / __fmul_rn) and the saturating RNE cast of fp8_cast.cu; the amaxes are
+// exact in any order, so the bits do not depend on the kernel's reduction order.
 #include <cuda_fp8.h>
 
 #include <cfloat>
-#include <cstdlib>
-#include <cstring>
 
-#include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/fp8_sources.cuh"
@@ -41,8 +38,8 @@ namespace megatron::ops::cuda {
 using namespace detail;
 
 namespace {
-constexpr int kB = 128, kLd = 129, kThreads = 256;
-constexpr size_t kSmem = sizeof(float) * kB * kLd;
+constexpr int kB = 128, kThreads = 256;
+// ---- kernels (tests/gpu/host_emulation/fp8_block_run.sh compiles from here to "The outputs of one quantize call")
 
 template <int kFmt>
 __device__ __forceinline__ uint8_t cvt(float v) {
@@ -69,88 +66,6 @@ __device__ __forceinline__ float block_max(float a) {
   return a;
 }
 
-template <class T, int kFmt, bool k2D>
-__global__ void __launch_bounds__(kThreads)
-    block_quantize_kernel(const T* __restrict__ x, int64_t R, int64_t C, bool pow2, uint8_t* __restrict__ q,
-                          float* __restrict__ s, int64_t s_ld, uint8_t* __restrict__ qt, float* __restrict__ st,
-                          int64_t st_ld) {
-  extern __shared__ float tile[];
-  const int64_t r0 = (int64_t)blockIdx.y * kB, c0 = (int64_t)blockIdx.x * kB;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nr = R - r0 < kB ? (int)(R - r0) : kB, nc = C - c0 < kB ? (int)(C - c0) : kB;
-  for (int i = tid; i < kB * kB; i += kThreads) {
-    const int rr = i >> 7, cc = i & 127;
-    tile[rr * kLd + cc] = (rr < nr && cc < nc) ? to_f(x[(r0 + rr) * C + c0 + cc]) : 0.0f;
-  }
-  __syncthreads();
-  const float fmax = kFmt == 0 ? 448.0f : 57344.0f;
-  if (k2D) {
-    float a = 0.0f;
-    for (int i = tid; i < kB * kB; i += kThreads) a = fmaxf(a, fabsf(tile[(i >> 7) * kLd + (i & 127)]));
-    const float sc = block_scale(block_max(a), fmax, pow2);
-    if (tid == 0) {
-      if (q) s[(r0 / kB) * s_ld + c0 / kB] = 1.0f / sc;
-      if (qt) st[(c0 / kB) * st_ld + r0 / kB] = 1.0f / sc;
-    }
-    if (q)
-      for (int rr = warp; rr < nr; rr += kThreads / 32)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int cc = lane + 32 * j;
-          if (cc < nc) q[(r0 + rr) * C + c0 + cc] = cvt<kFmt>(__fmul_rn(tile[rr * kLd + cc], sc));
-        }
-    if (qt)
-      for (int cc = warp; cc < nc; cc += kThreads / 32)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int rr = lane + 32 * j;
-          if (rr < nr) qt[(c0 + cc) * R + r0 + rr] = cvt<kFmt>(__fmul_rn(tile[rr * kLd + cc], sc));
-        }
-    return;
-  }
-  if (q)
-    for (int rr = warp; rr < nr; rr += kThreads / 32) {
-      float v[4], a = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j] = tile[rr * kLd + lane + 32 * j];  // 0 beyond nc
-        a = fmaxf(a, fabsf(v[j]));
-      }
-      const float sc = block_scale(warp_max(a), fmax, pow2);
-      if (lane == 0) s[(c0 / kB) * s_ld + r0 + rr] = 1.0f / sc;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int cc = lane + 32 * j;
-        if (cc < nc) q[(r0 + rr) * C + c0 + cc] = cvt<kFmt>(__fmul_rn(v[j], sc));
-      }
-    }
-  if (qt)
-    for (int cc = warp; cc < nc; cc += kThreads / 32) {
-      float v[4], a = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j] = tile[(lane + 32 * j) * kLd + cc];  // 0 beyond nr
-        a = fmaxf(a, fabsf(v[j]));
-      }
-      const float sc = block_scale(warp_max(a), fmax, pow2);
-      if (lane == 0) st[(r0 / kB) * st_ld + c0 + cc] = 1.0f / sc;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int rr = lane + 32 * j;
-        if (rr < nr) qt[(c0 + cc) * R + r0 + rr] = cvt<kFmt>(__fmul_rn(v[j], sc));
-      }
-    }
-}
-
-// MEGATRON_FP8_BLOCK_QUANT: "tiled", or unset / "legacy" (the default until tests/gpu/blockq_check.sh
-// has passed on a GPU: the tiled kernel is checked only by the host emulation so far) for the
-// first kernel; read once.
-bool legacy_kernel() {
-  static const bool v = megatron::ops::block_quant_legacy_from_env();
-  return v;
-}
-
-// ---- the tiled kernel (see the top of the file)
 template <class T>
 __host__ __device__ constexpr int tile_ld() {
   return kB + 16 / (int)sizeof(T);  // row pitch in elements: 16 bytes of padding, rows stay 16-byte aligned
@@ -379,25 +294,10 @@ BlockOut block_outputs(const char* what, const Tensor& x, int64_t R, int64_t C, 
   return o;
 }
 
-// The tiled kernel for source `src` (tile type T) over x [R, C]; the legacy kernel instead for a
-// RawTile when MEGATRON_FP8_BLOCK_QUANT=legacy.
+// The tiled kernel for source `src` (tile type T) over x [R, C].
 template <class Src, class T, int kFmt, bool k2D>
 void launch_one(const Src& src, int64_t R, int64_t C, bool pow2, const BlockOut& o, cudaStream_t stream) {
   const dim3 grid((unsigned)ceil_div(C, kB), (unsigned)ceil_div(R, kB));
-  if constexpr (kRawTile<Src>) {
-    if (legacy_kernel()) {
-      static const bool attr = [] {
-        CUDA_CHECK(cudaFuncSetAttribute(block_quantize_kernel<T, kFmt, k2D>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
-        return true;
-      }();
-      (void)attr;
-      block_quantize_kernel<T, kFmt, k2D>
-          <<<grid, kThreads, kSmem, stream>>>(src.x, R, C, pow2, o.q, o.s, o.s_ld, o.qt, o.st, o.st_ld);
-      CUDA_CHECK(cudaGetLastError());
-      return;
-    }
-  }
   constexpr size_t smem = tile_smem<T>();
   static const bool attr = [] {
     CUDA_CHECK(cudaFuncSetAttribute(block_quantize_tile_kernel<Src, T, kFmt, k2D>,
