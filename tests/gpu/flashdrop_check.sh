@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Attention dropout inside the flash attention kernels on one H200 (docs/cuda.md "Attention",
+# docs/performance.md "Session 10: attention dropout"), < 120 s.
+#   tests/gpu/flashdrop_check.sh BIN_DIR [LOGDIR]   (a CUDA build's bin with gpu_ops_test, pretrain_gpt;
+#   LOGDIR default ${OUT:-/tmp/out}/flashdrop). RESULT / PASS / FAIL lines; exit 1 on any FAIL.
+#
+# 1. gpu_ops_test --only attn_dropout: the flash kernels' dropout masks (forward and backward) equal
+#    the SplitMix64 stream element for element (mask probe), their out/lse/dq/dk/dv match a float64
+#    reference and the generic kernels (causal, full, explicit mask, GQA, head dims 64/128, s not a
+#    multiple of the tile, p 0.1 and 0.5, flash v2 8 / 4 warps and v1), a different stream key differs.
+#    Then --only attn_generic (the generic kernels and the dispatch cases, which now send bf16 dropout
+#    to the flash kernels). PASS: every check passed.
+# 2. Speed, Mixtral-shaped 2-layer pretrain_gpt (tests/gpu/moefp8_check.sh section 2b's config, bf16,
+#    seq 4096, GQA 8, head dim 128, mock data, 8 iterations) with --attention-dropout 0.1 (Megatron's
+#    default; now the flash kernels with dropout; before: the generic kernel, 1579 ms/iter) vs 0
+#    (cuDNN). RESULT: mean ms/iter of iterations 3-8 of both, and their ratio.
+# 3. GPT-2 124M (bench/gpu/run_bench.sh's GPT2 shape at mbs 8, so that the generic run fits the
+#    budget) with Megatron's default dropouts (attention 0.1, hidden 0.1), 8 iterations, under
+#    MEGATRON_ATTENTION_BACKEND=generic vs auto (-> flash). RESULT: ms/iter of both, the speed-up.
+#    PASS: iteration-1 lm loss equal within 1e-3 relative (the same weights, data and dropout masks,
+#    different summation order and bf16 rounding of P and dS in the flash kernels: ~1e-4 relative at
+#    this scale; a different mask moves the first loss by ~1e-2), and the auto log names the flash
+#    kernels in its dropout note, the generic log the generic kernel.
+set -u
+BIN=${1:?usage: tests/gpu/flashdrop_check.sh BIN_DIR [LOGDIR]}
+BIN=$(cd "$BIN" && pwd)
+OUTD=${2:-${OUT:-/tmp/out}/flashdrop}
+mkdir -p "$OUTD"
+CACHE=$(mktemp -d)  # mock-data index files: not logs, kept out of LOGDIR
+trap 'rm -rf "$CACHE"' EXIT
+source "$(dirname "$0")/cuda_libs.sh"
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+status=0
+
+# ---- 1. kernel checks
+for grp in attn_dropout attn_generic; do
+  if timeout 60 "$BIN/gpu_ops_test" --only "$grp" >"$OUTD/gpu_ops_test_$grp.log" 2>&1; then
+    echo "PASS gpu_ops_test --only $grp: $(tail -1 "$OUTD/gpu_ops_test_$grp.log")"
+  else
+    echo "FAIL gpu_ops_test --only $grp (see $OUTD/gpu_ops_test_$grp.log)"; grep '^FAIL' "$OUTD/gpu_ops_test_$grp.log" | head -10
+    tail -1 "$OUTD/gpu_ops_test_$grp.log"; status=1
+  fi
+done
+
+run() {  # run NAME TIMEOUT ARGS... (env from the caller)
+  local name=$1 t=$2; shift 2
+  if ! timeout "$t" "$BIN/pretrain_gpt" "$@" >"$OUTD/$name.log" 2>&1; then
+    echo "FAIL $name exited with an error (see $OUTD/$name.log)"; tail -5 "$OUTD/$name.log"; status=1; return 1
+  fi
+}
+ms() {  # ms NAME -> mean ms/iter of iterations 3..
+  python3 - "$OUTD/$1.log" <<'PY'
+import re, sys
+ms = []
+for line in open(sys.argv[1]):
+    m = re.search(r'\] iteration +(\d+)/', line)
+    a = re.search(r'elapsed time per iteration \(ms\): ([0-9.]+)', line)
+    if m and a and int(m.group(1)) >= 3: ms.append(float(a.group(1)))
+print('%.2f' % (sum(ms) / len(ms)) if ms else 'nan')
+PY
+}
+ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print('%.3f' % (a / b) if b > 0 else 'nan')" "$1" "$2"; }
+
+# ---- 2. Mixtral-shaped 2 layers, dropout 0.1 (flash) vs 0 (cuDNN)
+MIXTRAL=(--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention
+  --num-query-groups 8 --kv-channels 128 --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope
+  --rotary-base 1000000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear
+  --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-router-load-balancing-type aux_loss
+  --moe-aux-loss-coeff 1e-2 --micro-batch-size 1 --global-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5
+  --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --train-iters 8 --eval-iters 0
+  --seed 1234 --mock-data --tokenizer-type NullTokenizer --data-cache-path "$CACHE")
+if run mixtral_drop01 45 "${MIXTRAL[@]}" --attention-dropout 0.1 && run mixtral_drop0 45 "${MIXTRAL[@]}" --attention-dropout 0.0; then
+  d1=$(ms mixtral_drop01); d0=$(ms mixtral_drop0)
+  echo "RESULT flashdrop_mixtral_2l_drop0.1_ms_per_iter $d1 ms"
+  echo "RESULT flashdrop_mixtral_2l_drop0_ms_per_iter $d0 ms"
+  echo "RESULT flashdrop_mixtral_2l_drop0.1_over_drop0 $(ratio "$d1" "$d0") x"
+  grep -h "^note: attention dropout" "$OUTD/mixtral_drop01.log" | sed 's/^/INFO mixtral dropout 0.1: /'
+fi
+
+# ---- 3. GPT-2 124M, Megatron's default dropouts, generic vs auto (flash)
+GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
+  --vocab-size 50257 --log-interval 1 --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 5
+  --weight-decay 0.1 --clip-grad 1.0 --bf16 --log-throughput --micro-batch-size 8 --global-batch-size 8
+  --attention-dropout 0.1 --hidden-dropout 0.1 --train-iters 8 --eval-iters 0 --seed 1234 --mock-data
+  --tokenizer-type NullTokenizer --data-cache-path "$CACHE")
+if MEGATRON_ATTENTION_BACKEND=generic run gpt2_generic 50 "${GPT2[@]}" && MEGATRON_ATTENTION_BACKEND=auto run gpt2_auto 40 "${GPT2[@]}"; then
+  g=$(ms gpt2_generic); a=$(ms gpt2_auto)
+  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_generic_ms_per_iter $g ms"
+  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_auto_ms_per_iter $a ms"
+  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_speedup $(ratio "$g" "$a") x"
+  python3 - "$OUTD/gpt2_auto.log" "$OUTD/gpt2_generic.log" <<'PY' || status=1
+import math, re, sys
+def first_loss(path):
+    for line in open(path):
+        m = re.search(r'\] iteration +1/.*lm loss: ([0-9.E+-]+|nan|inf)', line)
+        if m: return float(m.group(1))
+    return float('nan')
+def note(path):
+    return ''.join(l for l in open(path) if l.startswith('note: attention dropout'))
+a, g = first_loss(sys.argv[1]), first_loss(sys.argv[2])
+rel = abs(a - g) / abs(g) if math.isfinite(a) and math.isfinite(g) and g != 0 else float('inf')
+print('%s gpt2 dropout 0.1 iteration-1 lm loss flash (auto) %.6f vs generic %.6f: relative %.2e (bound 1e-3)'
+      % ('PASS' if rel <= 1e-3 else 'FAIL', a, g, rel))
+na, ng = note(sys.argv[1]), note(sys.argv[2])
+ok = 'flash attention kernels' in na and 'generic CUDA attention kernel' not in na and 'generic CUDA attention kernel' in ng
+print('%s dropout note: auto -> flash, generic -> generic (auto: %r; generic: %r)' % ('PASS' if ok else 'FAIL', na.strip(), ng.strip()))
+sys.exit(0 if rel <= 1e-3 and ok else 1)
+PY
+fi
+exit $status
