@@ -7,9 +7,11 @@
 // warp-collective instruction; __syncthreads meets at the block's barrier (cuda_host_shim.h).
 // Checked: (1) the dropout masks of the forward and the backward, read out exactly by a probe
 // (Q = 0, V and dO identities: out and dV are zero exactly where a probability was dropped), equal
-// the SplitMix64 stream (re-derived here) element for element; (2) out, lse, dq, dk, dv against a
-// float64 reference of FlashAttention-2's equations with the same keep-scales (bf16 1e-2 relative
-// norm error as gpu_ops_test: P and dS rounded to bf16 for the MMAs; lse 1e-3).
+// the SplitMix64 stream (re-derived here) element for element, and the zero patterns equal those of
+// the generic kernels of attention_generic.cu (emulated alongside); (2) out, lse, dq, dk, dv against
+// a float64 reference of FlashAttention-2's equations with the same keep-scales and against the
+// generic kernels on the same inputs (bf16 1e-2 relative norm error as gpu_ops_test: P and dS
+// rounded to bf16 for the MMAs, bf16 outputs; lse 1e-3).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -33,13 +35,16 @@ struct WarpCtx {
 thread_local WarpCtx* g_w;
 thread_local int g_lane;
 inline void warp_sync() { g_w->bar->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int m) {
+inline float __shfl_sync(unsigned, float v, int src) {
   g_w->f[g_lane] = v;
   warp_sync();
-  const float r = g_w->f[g_lane ^ m];
+  const float r = g_w->f[src];
   warp_sync();
   return r;
 }
+inline float __shfl_xor_sync(unsigned, float v, int m) { return __shfl_sync(0, v, g_lane ^ m); }
+inline void __syncwarp() { warp_sync(); }
+thread_local float* g_smem_f;  // the generic kernels' float shared memory
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 struct __nv_bfloat162 {
@@ -116,8 +121,18 @@ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0, v, o);
   return v;
 }
+inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0, v, o));
+  return v;
+}
 }  // namespace megatron::ops::cuda::detail
 #include "dstream.inc"
+// The generic kernels of attention_generic.cu (the same cut as run.sh), to compare against.
+namespace megatron::ops::cuda::generic_attention {
+using namespace megatron::ops::cuda::detail;
+#include "generic_kernels.inc"
+}  // namespace
+}  // namespace megatron::ops::cuda::generic_attention
 namespace megatron::ops::cuda {
 using namespace detail;
 #include "flash_kernels.inc"
@@ -145,6 +160,7 @@ void launch(unsigned gx, unsigned gy, int threads, size_t smem, const std::funct
           blockDim.x = threads;
           g_bar = &block_bar;
           g_smem = base;
+          g_smem_f = reinterpret_cast<float*>(base);
           g_w = &ctx[l / 32];
           g_lane = l % 32;
           kern();
@@ -232,6 +248,34 @@ void flash(int impl, const FaArgs& a, const std::vector<bf16_t>& Q, const std::v
   launch(1, 1, 256, 0, [&] { fa_dq_convert_kernel<D>(acc.data(), DQ.data(), a); });
 }
 
+// The generic kernels on the same inputs (attention_generic.cu's forward / backward launches).
+template <int D>
+void generic(const FaArgs& fa, const std::vector<bf16_t>& Q, const std::vector<bf16_t>& K, const std::vector<bf16_t>& V,
+             const std::vector<bf16_t>& DO, std::vector<bf16_t>& O, std::vector<float>& L, std::vector<bf16_t>& DQ,
+             std::vector<bf16_t>& DK, std::vector<bf16_t>& DV) {
+  namespace ga = megatron::ops::cuda::generic_attention;
+  ga::Args a{};
+  a.S = fa.S, a.SK = fa.SK, a.B = fa.B, a.NP = fa.NP, a.NG = fa.NG, a.D = D;
+  a.scale = fa.scale;
+  a.causal = fa.causal;
+  a.mask = fa.mask;
+  a.drop_p = fa.drop_p;
+  a.drop_scale = fa.drop_scale;
+  a.stream = fa.stream;
+  constexpr int N = D <= 64 ? 2 : 4;
+  const int64_t rows = (int64_t)a.B * a.NP * a.S, krows = (int64_t)a.B * a.NG * a.SK;
+  auto blocks = [](int64_t r) { return (unsigned)((r + ga::kWarps - 1) / ga::kWarps); };
+  std::vector<float> dvec(rows);
+  launch(blocks(rows), 1, ga::kWarps * 32, sizeof(float) * ga::kWarps * D,
+         [&] { ga::fwd_kernel<bf16_t, N>(Q.data(), K.data(), V.data(), O.data(), L.data(), a); });
+  launch(blocks(rows), 1, ga::kWarps * 32, sizeof(float) * ga::kWarps * 2 * D, [&] {
+    ga::bwd_dq_kernel<bf16_t, N>(DO.data(), Q.data(), K.data(), V.data(), O.data(), L.data(), dvec.data(), DQ.data(), a);
+  });
+  launch(blocks(krows), 1, ga::kWarps * 32, sizeof(float) * ga::kWarps * 2 * D, [&] {
+    ga::bwd_dkdv_kernel<bf16_t, N>(DO.data(), Q.data(), K.data(), V.data(), L.data(), dvec.data(), DK.data(), DV.data(), a);
+  });
+}
+
 template <int D>
 void run(int impl, int S, int SK, int B, int NP, int NG, bool causal, float drop, bool probe) {
   std::mt19937 rng(11);
@@ -307,6 +351,15 @@ void run(int impl, int S, int SK, int B, int NP, int NG, bool causal, float drop
           }
     check_count((base + " fwd mask == stream").c_str(), fbad);
     check_count((base + " bwd mask == stream").c_str(), bbad);
+    if (impl != 2) return;  // the generic kernels once per probe (slow to emulate: a warp per row)
+    std::vector<bf16_t> gO(q.size()), gDQ(q.size()), gDK(k.size()), gDV(k.size());
+    std::vector<float> gL(L.size());
+    generic<D>(a, Q, K, V, DO, gO, gL, gDQ, gDK, gDV);
+    int64_t gf = 0, gb = 0;
+    for (size_t i = 0; i < O.size(); ++i) gf += (to_f(O[i]) == 0.0f) != (to_f(gO[i]) == 0.0f);
+    for (size_t i = 0; i < DV.size(); ++i) gb += (to_f(DV[i]) == 0.0f) != (to_f(gDV[i]) == 0.0f);
+    check_count((base + " fwd zeros == generic's").c_str(), gf);
+    check_count((base + " bwd zeros == generic's").c_str(), gb);
     return;
   }
   std::vector<double> ro(q.size()), rl(L.size()), rdq(q.size(), 0), rdk(k.size(), 0), rdv(k.size(), 0), P(SK), F(SK),
@@ -358,6 +411,16 @@ void run(int impl, int S, int SK, int B, int NP, int NG, bool causal, float drop
   check((base + " dq").c_str(), tF(DQ), rdq, 1e-2);
   check((base + " dk").c_str(), tF(DK), rdk, 1e-2);
   check((base + " dv").c_str(), tF(DV), rdv, 1e-2);
+  // flash vs the generic kernels on the same inputs and stream key (both within 1e-2 of float64)
+  std::vector<bf16_t> gO(q.size()), gDQ(q.size()), gDK(k.size()), gDV(k.size());
+  std::vector<float> gL(L.size());
+  generic<D>(a, Q, K, V, DO, gO, gL, gDQ, gDK, gDV);
+  auto dd = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  check((base + " out == generic").c_str(), tF(O), dd(tF(gO)), 1e-2);
+  check((base + " lse == generic").c_str(), L, dd(gL), 1e-3);
+  check((base + " dq == generic").c_str(), tF(DQ), dd(tF(gDQ)), 1e-2);
+  check((base + " dk == generic").c_str(), tF(DK), dd(tF(gDK)), 1e-2);
+  check((base + " dv == generic").c_str(), tF(DV), dd(tF(gDV)), 1e-2);
 }
 
 int main() {

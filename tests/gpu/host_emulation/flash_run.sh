@@ -5,7 +5,8 @@
 # as C++ with the host stand-ins of flash_attention_emu.cpp (the PTX ISA's fragment layouts; each
 # warp's lanes are threads meeting at a std::barrier at every warp-collective instruction), and checked:
 # the forward's and backward's dropout masks equal the SplitMix64 stream element for element (probe),
-# and out/lse/dq/dk/dv match a float64 reference (bf16 1e-2, lse 1e-3). A development check of the
+# and those of the generic kernels (attention_generic.cu, emulated alongside), and out/lse/dq/dk/dv
+# match a float64 reference and the generic kernels (bf16 1e-2, lse 1e-3). A development check of the
 # kernel logic where no GPU is available; the GPU itself is checked by gpu_ops_test --only attn_dropout.
 #   tests/gpu/host_emulation/flash_run.sh [WORK_DIR]
 set -euo pipefail
@@ -21,5 +22,7 @@ awk '/^namespace \{/{p=1} /^FaArgs make_args/{p=0} !p{next}
      {print}' "$SRC/attention.cu" |
   sed 's/extern __shared__ __align__(16) unsigned char smem_raw\[\];/unsigned char* smem_raw = g_smem;/' > "$W/flash_kernels.inc"
 sed -n '/^namespace megatron/,$p' "$SRC/dropout_stream.cuh" > "$W/dstream.inc"
+awk '/^namespace \{/{p=1} /^Args make_args/{p=0} p' "$SRC/attention_generic.cu" |
+  sed 's/extern __shared__ float smem\[\];/float* smem = g_smem_f;/' > "$W/generic_kernels.inc"
 g++ -std=c++20 -O2 -fno-strict-aliasing -pthread -I"$W" -I"$HERE/../../.." -o "$W/emu" "$HERE/flash_attention_emu.cpp" "$HERE/../../../megatron/core/tensor/dtype.cpp"
 "$W/emu"
