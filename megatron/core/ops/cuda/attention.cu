@@ -846,10 +846,7 @@ void note_dropout_once(const AttentionParams& p, const Tensor& q, bool flash, co
                  "(not cuDNN, whose stream differs); MEGATRON_ATTENTION_BACKEND=generic selects the generic kernel\n",
                  p.dropout_p);
   else
-    std::fprintf(stderr,
-                 "note: attention dropout %g runs the generic CUDA attention kernel (%s); --attention-dropout 0 "
-                 "selects cuDNN\n",
-                 p.dropout_p, why);
+    std::fprintf(stderr, "note: attention dropout %g runs the generic CUDA attention kernel (%s)\n", p.dropout_p, why);
 }
 
 // The flash kernels take the call's head dim and dtype (bfloat16, 64 or 128).
