@@ -58,9 +58,10 @@ struct FaArgs {
 // Attention dropout keep-scale F of probability (bh, qi, kj): element e = (bh*S + qi)*SK + kj of
 // the counter-based stream, kept (1 / (1 - p)) iff its uniform >= p: the same element and test as
 // drop_factor() of attention_generic.cu and the CPU reference, so the masks are equal bit for bit.
-// The kernels split e = base + off with base = drop_base(bh, qi, kj) for a tile corner and a small
-// off inside the tile; uniform number e of the stream is dmix64(stream + e), and stream + base is
-// formed once per tile (drop_key), so keep_scale(drop_key(.., base), off) is element base + off.
+// The kernels split e = base + off, base the element of a tile corner (bh, qi, kj) and off a small
+// offset inside the tile: uniform number e of the stream is dmix64(stream + e), so with
+// key = drop_key(bh, qi, kj) = stream + base, formed once per tile, keep_scale(key, off) tests
+// element base + off (all sums mod 2^64, as in ddropout_uniform).
 __device__ __forceinline__ uint64_t drop_key(const FaArgs& a, int64_t bh, int qi, int kj) {
   return a.stream + (static_cast<uint64_t>(bh) * static_cast<uint64_t>(a.S) + static_cast<uint64_t>(qi)) *
                         static_cast<uint64_t>(a.SK) +
@@ -365,6 +366,22 @@ __device__ __forceinline__ void bwd_dq_accumulate(const float (&dp)[BM / 8][4], 
   }
 }
 
+// One element of the backward's Pᵀ / dSᵀ tiles, shared by both backward kernels: st = P (dV's
+// operand) and dp = P (dP − D) (dSᵀ unscaled) from the recomputed probability p, dp = dP on entry and
+// d = D of the element's query row. kDrop: st = P∘F and dp = P (F∘dP − D), F = keep_scale(key, off).
+template <bool kDrop>
+__device__ __forceinline__ void bwd_p_ds(float& st, float& dp, float p, float d, const FaArgs& a, uint64_t key,
+                                         uint64_t off) {
+  if constexpr (kDrop) {
+    const float f = keep_scale(a, key, off);
+    st = p * f;
+    dp = p * (dp * f - d);
+  } else {
+    st = p;
+    dp = p * (dp - d);
+  }
+}
+
 // The backward's end: this warp's key rows (from kr0 = k0 + n0) of dK (times the softmax scale)
 // and dV in bf16, layout [sk, b, ng, D], K/V group grp.
 template <int D>
@@ -471,14 +488,7 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
           float x = st[nt][e] * a.scale_log2;
           if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
           const float p = exp2f(x - sL[ql]);
-          if constexpr (kDrop) {
-            const float f = keep_scale(a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
-            st[nt][e] = p * f;
-            dp[nt][e] = p * (dp[nt][e] * f - sD[ql]);
-          } else {
-            st[nt][e] = p;
-            dp[nt][e] = p * (dp[nt][e] - sD[ql]);
-          }
+          bwd_p_ds<kDrop>(st[nt][e], dp[nt][e], p, sD[ql], a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
         }
       // dV += P^T dO ; dK += dS^T Q (k-dim = queries)
       bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
@@ -710,14 +720,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
         if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
         const float l = sL[ql];
         const float p = l == -INFINITY ? 0.0f : exp2f(x - l * kLog2e);
-        if constexpr (kDrop) {  // (P∘F)^T for dV; dS^T = P^T * (F∘dP^T - D)
-          const float f = keep_scale(a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
-          st[nt][e] = p * f;
-          dp[nt][e] = p * (dp[nt][e] * f - sD[ql]);
-        } else {
-          st[nt][e] = p;
-          dp[nt][e] = p * (dp[nt][e] - sD[ql]);
-        }
+        bwd_p_ds<kDrop>(st[nt][e], dp[nt][e], p, sD[ql], a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
       }
     bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
     bwd_dq_accumulate<D, LD, LDS, BM, kBNB, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
