@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Attention dropout inside the flash attention kernels on one H200 (docs/cuda.md "Attention",
 # docs/performance.md "Session 10: attention dropout"), < 120 s.
-#   tests/gpu/flashdrop_check.sh BIN_DIR [LOGDIR]   (a CUDA build's bin with gpu_ops_test, pretrain_gpt;
-#   LOGDIR default ${OUT:-/tmp/out}/flashdrop). RESULT / PASS / FAIL lines; exit 1 on any FAIL.
+#   tests/gpu/flashdrop_check.sh BIN_DIR LOGDIR   (a CUDA build's bin with gpu_ops_test, pretrain_gpt;
+#   logs under LOGDIR/flashdrop). RESULT / PASS / FAIL / INFO lines; exit 1 on any FAIL.
 #
 # 1. gpu_ops_test --only attn_dropout: the flash kernels' dropout masks (forward and backward) equal
 #    the SplitMix64 stream element for element (mask probe), their out/lse/dq/dk/dv match a float64
@@ -25,44 +25,30 @@
 #    default; now the flash kernels with dropout; before: the generic kernel, 1579 ms/iter) vs 0
 #    (cuDNN). RESULT: mean ms/iter of iterations 3-8 of both, and their ratio.
 set -u
-BIN=${1:?usage: tests/gpu/flashdrop_check.sh BIN_DIR [LOGDIR]}
-BIN=$(cd "$BIN" && pwd)
-OUTD=${2:-${OUT:-/tmp/out}/flashdrop}
-mkdir -p "$OUTD"
+BIN="${1:?usage: tests/gpu/flashdrop_check.sh BIN_DIR LOGDIR}"
+OUT="${2:-${OUT:-/tmp/out}}"
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"
+gc_check_init flashdrop name,driver_version  # O=$OUT/flashdrop, GPU 0, CUDA libraries, status=0
 CACHE=$(mktemp -d)  # mock-data index files: not logs, kept out of LOGDIR
 trap 'rm -rf "$CACHE"' EXIT
-source "$(dirname "$0")/cuda_libs.sh"
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-status=0
+result() { echo "RESULT $1 $2 $3" | tee -a "$O/summary.txt"; }
 
 # ---- 1. kernel checks
 for grp in attn_dropout attn_generic; do
-  if timeout 60 "$BIN/gpu_ops_test" --only "$grp" >"$OUTD/gpu_ops_test_$grp.log" 2>&1; then
-    echo "PASS gpu_ops_test --only $grp: $(tail -1 "$OUTD/gpu_ops_test_$grp.log")"
+  if timeout 60 "$BIN/gpu_ops_test" --only "$grp" >"$O/gpu_ops_test_$grp.log" 2>&1; then
+    pass "gpu_ops_test --only $grp: $(tail -1 "$O/gpu_ops_test_$grp.log")"
   else
-    echo "FAIL gpu_ops_test --only $grp (see $OUTD/gpu_ops_test_$grp.log)"; grep '^FAIL' "$OUTD/gpu_ops_test_$grp.log" | head -10
-    tail -1 "$OUTD/gpu_ops_test_$grp.log"; status=1
+    fail "gpu_ops_test --only $grp (see $O/gpu_ops_test_$grp.log): $(tail -1 "$O/gpu_ops_test_$grp.log")"
+    grep '^FAIL' "$O/gpu_ops_test_$grp.log" | head -10
   fi
 done
 
-run() {  # run NAME TIMEOUT ARGS... (env from the caller)
+run() {  # run NAME TIMEOUT ARGS... (environment from the caller) -> $O/NAME.log
   local name=$1 t=$2; shift 2
-  if ! timeout "$t" "$BIN/pretrain_gpt" "$@" >"$OUTD/$name.log" 2>&1; then
-    echo "FAIL $name exited with an error (see $OUTD/$name.log)"; tail -5 "$OUTD/$name.log"; status=1; return 1
+  if ! timeout "$t" "$BIN/pretrain_gpt" "$@" >"$O/$name.log" 2>&1; then
+    fail "$name exited with an error (see $O/$name.log)"; tail -5 "$O/$name.log"; return 1
   fi
 }
-ms() {  # ms NAME -> mean ms/iter of iterations 3..
-  python3 - "$OUTD/$1.log" <<'PY'
-import re, sys
-ms = []
-for line in open(sys.argv[1]):
-    m = re.search(r'\] iteration +(\d+)/', line)
-    a = re.search(r'elapsed time per iteration \(ms\): ([0-9.]+)', line)
-    if m and a and int(m.group(1)) >= 3: ms.append(float(a.group(1)))
-print('%.2f' % (sum(ms) / len(ms)) if ms else 'nan')
-PY
-}
-ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print('%.3f' % (a / b) if b > 0 else 'nan')" "$1" "$2"; }
 
 # ---- 2. GPT-2 124M, Megatron's default dropouts, generic vs auto (flash)
 GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024
@@ -71,11 +57,11 @@ GPT2=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 10
   --attention-dropout 0.1 --hidden-dropout 0.1 --train-iters 8 --eval-iters 0 --seed 1234 --mock-data
   --tokenizer-type NullTokenizer --data-cache-path "$CACHE")
 if MEGATRON_ATTENTION_BACKEND=generic run gpt2_generic 50 "${GPT2[@]}" && MEGATRON_ATTENTION_BACKEND=auto run gpt2_auto 40 "${GPT2[@]}"; then
-  g=$(ms gpt2_generic); a=$(ms gpt2_auto)
-  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_generic_ms_per_iter $g ms"
-  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_auto_ms_per_iter $a ms"
-  echo "RESULT flashdrop_gpt2_124m_mbs8_drop_speedup $(ratio "$g" "$a") x"
-  python3 - "$OUTD/gpt2_auto.log" "$OUTD/gpt2_generic.log" <<'PY' || status=1
+  g=$(ms_of "$O/gpt2_generic.log"); a=$(ms_of "$O/gpt2_auto.log")
+  result flashdrop_gpt2_124m_mbs8_drop_generic_ms_per_iter "$g" ms
+  result flashdrop_gpt2_124m_mbs8_drop_auto_ms_per_iter "$a" ms
+  result flashdrop_gpt2_124m_mbs8_drop_speedup "$(ratio "$g" "$a")" x
+  python3 - "$O/gpt2_auto.log" "$O/gpt2_generic.log" <<'PY' | tee -a "$O/summary.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 import math, re, sys
 def losses(path):
     it = {}
@@ -107,15 +93,22 @@ MIXTRAL=(--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-attenti
   --rotary-base 1000000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear
   --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-router-load-balancing-type aux_loss
   --moe-aux-loss-coeff 1e-2 --micro-batch-size 1 --global-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5
-  --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --train-iters 8 --eval-iters 0
+  --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --eval-iters 0
   --seed 1234 --mock-data --tokenizer-type NullTokenizer --data-cache-path "$CACHE")
-if run mixtral_drop01 45 "${MIXTRAL[@]}" --attention-dropout 0.1 && run mixtral_drop0 45 "${MIXTRAL[@]}" --attention-dropout 0.0; then
-  d1=$(ms mixtral_drop01); d0=$(ms mixtral_drop0)
-  echo "RESULT flashdrop_mixtral_2l_drop0.1_ms_per_iter $d1 ms"
-  echo "RESULT flashdrop_mixtral_2l_drop0_ms_per_iter $d0 ms"
-  echo "RESULT flashdrop_mixtral_2l_drop0.1_over_drop0 $(ratio "$d1" "$d0") x"
-  grep -h "^note: attention dropout" "$OUTD/mixtral_drop01.log" | sed 's/^/INFO mixtral dropout 0.1: /'
+if MEGATRON_ATTENTION_BACKEND=auto run mixtral_drop01 45 "${MIXTRAL[@]}" --train-iters 8 --attention-dropout 0.1 &&
+  MEGATRON_ATTENTION_BACKEND=auto run mixtral_drop0 45 "${MIXTRAL[@]}" --train-iters 8 --attention-dropout 0.0; then
+  d1=$(ms_of "$O/mixtral_drop01.log"); d0=$(ms_of "$O/mixtral_drop0.log")
+  result flashdrop_mixtral_2l_drop0.1_ms_per_iter "$d1" ms
+  result flashdrop_mixtral_2l_drop0_ms_per_iter "$d0" ms
+  result flashdrop_mixtral_2l_drop0.1_over_drop0 "$(ratio "$d1" "$d0")" x
+  info "mixtral dropout 0.1: $(grep -h '^note: attention dropout' "$O/mixtral_drop01.log")"
 fi
 
-echo "INFO flashdrop_check: $SECONDS s"
+# FLASHDROP_MIXTRAL_GENERIC=1 (off by default: ~30 s more): the old path (the generic kernel) in the
+# same binary, 4 iterations, for the before/after figure.
+if [ "${FLASHDROP_MIXTRAL_GENERIC:-0}" = 1 ] && MEGATRON_ATTENTION_BACKEND=generic run mixtral_drop01_generic 60 \
+  "${MIXTRAL[@]}" --train-iters 4 --attention-dropout 0.1; then
+  result flashdrop_mixtral_2l_drop0.1_generic_ms_per_iter "$(ms_of "$O/mixtral_drop01_generic.log")" ms
+fi
+info "flashdrop_check: $(( $(date +%s) - T0 )) s"
 exit $status
