@@ -957,49 +957,155 @@ void test_rope() {
     }
 }
 
+// Random attention inputs rounded to dt: q, dout [s, b, np, d], k, v [sk, b, ng, d] (standard
+// normal), and the explicit mask [b, s, sk] (30% masked, never the diagonal) when `with_mask`, else
+// all visible; drawn in that order from g_rng.
+struct AttnInputs {
+  V q, k, v, dout;
+  std::vector<uint8_t> mask;
+};
+AttnInputs attn_inputs(int S, int SK, int B, int NP, int NG, int D, DType dt, bool with_mask) {
+  AttnInputs in;
+  in.q = rounded(randn((int64_t)S * B * NP * D), dt);
+  in.k = rounded(randn((int64_t)SK * B * NG * D), dt);
+  in.v = rounded(randn((int64_t)SK * B * NG * D), dt);
+  in.dout = rounded(randn((int64_t)S * B * NP * D), dt);
+  in.mask.assign((size_t)B * S * SK, 0);
+  if (with_mask) {
+    std::bernoulli_distribution bm(0.3);
+    for (int bi = 0; bi < B; ++bi)
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < SK; ++j) in.mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
+  }
+  return in;
+}
+// The mask [b, s, sk] (true = masked) as the bool CUDA tensor [b, 1, s, sk] of AttentionParams.
+Tensor attn_mask_tensor(const std::vector<uint8_t>& mask, int B, int S, int SK) {
+  Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
+  std::memcpy(mh.data_ptr(), mask.data(), mask.size());
+  return mh.to(Device::cuda());
+}
+
+// The dropout keep-scale F of element idx of the SplitMix64 stream (Steele, Lea & Flood 2014)
+// re-derived from its definition (ops.h: keep iff uniform >= p, uniform = top 24 bits / 2^24, kept
+// elements scaled by 1 / (1 - p)), for the attention references.
+uint64_t ref_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double ref_keep_scale(uint64_t seed, uint64_t offset, uint64_t idx, float p) {
+  if (p <= 0.0f) return 1.0;
+  const uint64_t stream = ref_mix64(seed ^ ref_mix64(offset));
+  const float u = static_cast<float>(ref_mix64(stream + idx) >> 40) * (1.0f / 16777216.0f);
+  return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
+}
+
+// float64 softmax attention forward and backward written from the formulas (FlashAttention-2's
+// equations with dropout, Dao 2023): q, dout [s, b, np, d]; k, v [sk, b, ng, d]; mask [b, s, sk]
+// (true = masked) or null for p.causal / full; dropout keep-scales from ref_keep_scale. Returns
+// out, lse [b, np, s] (natural log), dq, dk, dv in the tensors' layouts.
+struct AttnRef {
+  VD o, lse, dq, dk, dv;
+};
+AttnRef attention_reference(const V& q, const V& k, const V& v, const V& dout, const std::vector<uint8_t>* mask, int S,
+                            int SK, int B, int NP, int NG, int D, const ops::AttentionParams& p) {
+  const int npg = NP / NG;
+  AttnRef r;
+  VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
+  ro.assign((size_t)S * B * NP * D, 0.0);
+  rl.assign((size_t)B * NP * S, 0.0);
+  rdq.assign(ro.size(), 0.0);
+  rdk.assign((size_t)SK * B * NG * D, 0.0);
+  rdv.assign(rdk.size(), 0.0);
+  auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
+  auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
+  std::vector<double> P(SK), F(SK), dP(SK);
+  for (int bi = 0; bi < B; ++bi)
+    for (int h = 0; h < NP; ++h) {
+      const int g = h / npg;
+      for (int i = 0; i < S; ++i) {
+        double m = -1e300;
+        for (int j = 0; j < SK; ++j) {
+          const bool vis = mask ? !(*mask)[((size_t)bi * S + i) * SK + j] : (!p.causal || j <= i);
+          double sc = -INFINITY;
+          if (vis) {
+            sc = 0;
+            for (int c = 0; c < D; ++c) sc += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
+            sc *= p.softmax_scale;
+          }
+          P[j] = sc;
+          m = std::max(m, sc);
+          F[j] = ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + h) * S + i) * SK + j, p.dropout_p);
+        }
+        double sum = 0;
+        for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
+        for (int j = 0; j < SK; ++j) P[j] /= sum;
+        rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
+        for (int c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int j = 0; j < SK; ++j) acc += P[j] * F[j] * v[ki_(j, bi, g, c)];
+          ro[qi_(i, bi, h, c)] = acc;
+        }
+        double dsum = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
+        for (int j = 0; j < SK; ++j) {
+          double acc = 0;
+          for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
+          dP[j] = acc * F[j];
+          dsum += dP[j] * P[j];
+        }
+        for (int j = 0; j < SK; ++j) {
+          const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
+          for (int c = 0; c < D; ++c) {
+            rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
+            rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
+            rdv[ki_(j, bi, g, c)] += P[j] * F[j] * dout[qi_(i, bi, h, c)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// The flash kernels' attention shapes (head dims 64/128; causal, full with s != sk, explicit mask with
+// s % 4 != 0 (the simple kernels), GQA and MHA), shared by test_attention and test_attention_dropout.
+struct FlashCase {
+  int S, SK, B, NP, NG, D;
+  bool causal, mask;
+};
+std::vector<FlashCase> flash_cases() {
+  if (g_small) return {{70, 70, 1, 2, 1, 64, true, false}};
+  return {{200, 200, 2, 4, 2, 64, true, false},
+          {128, 128, 1, 8, 2, 128, true, false},
+          {96, 160, 2, 2, 2, 128, false, false},
+          {130, 130, 1, 4, 1, 64, false, true},
+          {256, 256, 1, 4, 4, 128, true, false}};
+}
+
 void test_attention() {
-  struct Case {
-    int S, SK, B, NP, NG, D;
-    bool causal, mask;
-  };
-  std::vector<Case> cases = g_small ? std::vector<Case>{{70, 70, 1, 2, 1, 64, true, false}}
-                                    : std::vector<Case>{{200, 200, 2, 4, 2, 64, true, false},
-                                                        {128, 128, 1, 8, 2, 128, true, false},
-                                                        {96, 160, 2, 2, 2, 128, false, false},
-                                                        {130, 130, 1, 4, 1, 64, false, true},
-                                                        {256, 256, 1, 4, 4, 128, true, false}};
+  const std::vector<FlashCase> cases = flash_cases();
   // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple;
   // 0: cuDNN SDPA (MEGATRON_ATTENTION_BACKEND=cudnn; not for explicit masks); 4: cuDNN forward,
   // our backward from cuDNN's out and lse (the lse contract that ring attention relies on).
   const bool have_cudnn = cu::cudnn_sdpa::available();
   check_true("cuDNN SDPA available", have_cudnn, cu::cudnn_sdpa::last_error());
   for (int impl : {0, 5, 4, 2, 3, 1})
-  for (auto cs : cases) {
+  for (const FlashCase& cs : cases) {
     if ((impl == 0 || impl == 4 || impl == 5) && (cs.mask || !have_cudnn)) continue;
     cu::variants::forced().flash_v1 = impl == 1;
     cu::variants::forced().flash_small = impl == 3 ? 1 : 0;
     setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 || impl == 5 ? "cudnn" : "flash", 1);
     const DType dt = impl == 5 ? DType::kFloat16 : DType::kBFloat16;  // 5: cuDNN SDPA in fp16 (--fp16)
-    const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
-    V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
-      v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
-    std::vector<uint8_t> mask((size_t)B * S * SK, 0);
-    if (cs.mask) {
-      std::bernoulli_distribution bm(0.3);
-      for (int bi = 0; bi < B; ++bi)
-        for (int i = 0; i < S; ++i)
-          for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
-    }
+    const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+    const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+    const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+    const std::vector<uint8_t>& mask = in.mask;
     ops::AttentionParams p;
     p.softmax_scale = 1.0f / std::sqrt((float)D);
     p.causal = cs.causal;
-    Tensor Mt;
-    if (cs.mask) {
-      Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
-      std::memcpy(mh.data_ptr(), mask.data(), mask.size());
-      Mt = mh.to(Device::cuda());
-      p.attention_mask = &Mt;
-    }
+    Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+    if (cs.mask) p.attention_mask = &Mt;
     Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
     Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
     cu::attention_forward(Q, K, Vv, p, O, L);
@@ -1008,54 +1114,9 @@ void test_attention() {
     Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
     if (impl == 4) setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
     cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
-    // reference
-    VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
-        rdv(rdk.size(), 0.0);
-    auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
-    auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
-    std::vector<double> P(SK), dP(SK);
-    for (int bi = 0; bi < B; ++bi)
-      for (int h = 0; h < NP; ++h) {
-        const int g = h / npg;
-        for (int i = 0; i < S; ++i) {
-          double m = -1e300;
-          for (int j = 0; j < SK; ++j) {
-            bool vis = cs.mask ? !mask[((size_t)bi * S + i) * SK + j] : (!cs.causal || j <= i);
-            double s = -INFINITY;
-            if (vis) {
-              s = 0;
-              for (int c = 0; c < D; ++c) s += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
-              s *= p.softmax_scale;
-            }
-            P[j] = s;
-            m = std::max(m, s);
-          }
-          double sum = 0;
-          for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
-          for (int j = 0; j < SK; ++j) P[j] /= sum;
-          rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
-          for (int c = 0; c < D; ++c) {
-            double acc = 0;
-            for (int j = 0; j < SK; ++j) acc += P[j] * v[ki_(j, bi, g, c)];
-            ro[qi_(i, bi, h, c)] = acc;
-          }
-          double dsum = 0;
-          for (int j = 0; j < SK; ++j) {
-            double acc = 0;
-            for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
-            dP[j] = acc;
-            dsum += acc * P[j];
-          }
-          for (int j = 0; j < SK; ++j) {
-            double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
-            for (int c = 0; c < D; ++c) {
-              rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
-              rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
-              rdv[ki_(j, bi, g, c)] += P[j] * dout[qi_(i, bi, h, c)];
-            }
-          }
-        }
-      }
+    // reference (p.dropout_p = 0: every keep-scale 1)
+    const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
+    const VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
                   impl == 0 ? " cudnn" : impl == 5 ? " cudnn fp16" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
@@ -1157,91 +1218,11 @@ void test_attention_packed() {
 
 // Generic attention kernels (attention_generic.cu): odd head dims, float32 and bfloat16, GQA,
 // causal / full / explicit mask, attention dropout. Reference: float64 softmax attention written
-// here from the formulas (as in test_attention), with the dropout keep-scale F_ij of element
-// ((b*np + h)*s + i)*sk + j of the SplitMix64 stream (Steele, Lea & Flood 2014) re-derived here
-// from its definition (ops.h: keep iff uniform >= p, uniform = top 24 bits / 2^24).
+// here from the formulas (attention_reference), with the dropout keep-scale F_ij of element
+// ((b*np + h)*s + i)*sk + j of the SplitMix64 stream (ref_keep_scale).
 // Tolerances: float32 in/out 1e-5 (fp32 accumulation over <= 160 keys: ~1e-7 per op);
 // bfloat16 outputs 1e-2 (bf16 rounding of the outputs alone is ~2e-3); lse 1e-5 (fp32) / 1e-3
 // (bf16, as test_attention: the "auto" bf16 case may run cuDNN's tensor-core scores).
-uint64_t ref_mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-double ref_keep_scale(uint64_t seed, uint64_t offset, uint64_t idx, float p) {
-  if (p <= 0.0f) return 1.0;
-  const uint64_t stream = ref_mix64(seed ^ ref_mix64(offset));
-  const float u = static_cast<float>(ref_mix64(stream + idx) >> 40) * (1.0f / 16777216.0f);
-  return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
-}
-
-// float64 softmax attention forward and backward written from the formulas (FlashAttention-2's
-// equations with dropout, Dao 2023): q, dout [s, b, np, d]; k, v [sk, b, ng, d]; mask [b, s, sk]
-// (true = masked) or null for p.causal / full; dropout keep-scales from ref_keep_scale. Returns
-// out, lse [b, np, s] (natural log), dq, dk, dv in the tensors' layouts.
-struct AttnRef {
-  VD o, lse, dq, dk, dv;
-};
-AttnRef attention_reference(const V& q, const V& k, const V& v, const V& dout, const std::vector<uint8_t>* mask, int S,
-                            int SK, int B, int NP, int NG, int D, const ops::AttentionParams& p) {
-  const int npg = NP / NG;
-  AttnRef r;
-  VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
-  ro.assign((size_t)S * B * NP * D, 0.0);
-  rl.assign((size_t)B * NP * S, 0.0);
-  rdq.assign(ro.size(), 0.0);
-  rdk.assign((size_t)SK * B * NG * D, 0.0);
-  rdv.assign(rdk.size(), 0.0);
-  auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
-  auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
-  std::vector<double> P(SK), F(SK), dP(SK);
-  for (int bi = 0; bi < B; ++bi)
-    for (int h = 0; h < NP; ++h) {
-      const int g = h / npg;
-      for (int i = 0; i < S; ++i) {
-        double m = -1e300;
-        for (int j = 0; j < SK; ++j) {
-          const bool vis = mask ? !(*mask)[((size_t)bi * S + i) * SK + j] : (!p.causal || j <= i);
-          double sc = -INFINITY;
-          if (vis) {
-            sc = 0;
-            for (int c = 0; c < D; ++c) sc += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
-            sc *= p.softmax_scale;
-          }
-          P[j] = sc;
-          m = std::max(m, sc);
-          F[j] = ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + h) * S + i) * SK + j, p.dropout_p);
-        }
-        double sum = 0;
-        for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
-        for (int j = 0; j < SK; ++j) P[j] /= sum;
-        rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
-        for (int c = 0; c < D; ++c) {
-          double acc = 0;
-          for (int j = 0; j < SK; ++j) acc += P[j] * F[j] * v[ki_(j, bi, g, c)];
-          ro[qi_(i, bi, h, c)] = acc;
-        }
-        double dsum = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
-        for (int j = 0; j < SK; ++j) {
-          double acc = 0;
-          for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
-          dP[j] = acc * F[j];
-          dsum += dP[j] * P[j];
-        }
-        for (int j = 0; j < SK; ++j) {
-          const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
-          for (int c = 0; c < D; ++c) {
-            rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
-            rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
-            rdv[ki_(j, bi, g, c)] += P[j] * F[j] * dout[qi_(i, bi, h, c)];
-          }
-        }
-      }
-    }
-  return r;
-}
-
 void test_attention_generic() {
   struct Case {
     int S, SK, B, NP, NG, D;
@@ -1269,29 +1250,18 @@ void test_attention_generic() {
   for (const Case& cs : cases)
     for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       setenv("MEGATRON_ATTENTION_BACKEND", cs.backend, 1);
-      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
-      V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
-        v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
-      std::vector<uint8_t> mask((size_t)B * S * SK, 0);
-      if (cs.mask) {
-        std::bernoulli_distribution bm(0.3);
-        for (int bi = 0; bi < B; ++bi)
-          for (int i = 0; i < S; ++i)
-            for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
-      }
+      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+      const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+      const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+      const std::vector<uint8_t>& mask = in.mask;
       ops::AttentionParams p;
       p.softmax_scale = 1.0f / std::sqrt((float)D);
       p.causal = cs.causal;
       p.dropout_p = cs.drop;
       p.seed = 1234;
       p.offset = 77;
-      Tensor Mt;
-      if (cs.mask) {
-        Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
-        std::memcpy(mh.data_ptr(), mask.data(), mask.size());
-        Mt = mh.to(Device::cuda());
-        p.attention_mask = &Mt;
-      }
+      Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+      if (cs.mask) p.attention_mask = &Mt;
       Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
       Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
       cu::attention_forward(Q, K, Vv, p, O, L);
@@ -1336,7 +1306,7 @@ void test_attention_generic() {
 //    (the SplitMix64 stream re-derived here), for flash (v2 8 warps, v2 4 warps, v1) and generic.
 //    The dropped fraction of those draws is within 5 binomial sigma of p (with the mask equality
 //    this is the kernels' dropped fraction).
-// 2. Random inputs: flash with dropout vs the float64 reference (attention_reference, the same
+// 2. Random inputs (flash_cases() and s = 100 at d 128): flash with dropout vs the float64 reference (attention_reference, the same
 //    F), tolerances as test_attention (out/dq/dk/dv 1e-2: P and dS rounded to bf16 for the tensor
 //    cores, bf16 outputs; lse 1e-3, fp32 of bf16 scores), and flash vs generic on the same inputs and
 //    stream key, 1e-2 (both are within 1e-2 of the reference; they differ by bf16 rounding of P, dS
@@ -1416,42 +1386,23 @@ void test_attention_dropout() {
         }
       }
   // 2./3. random inputs
-  struct Case {
-    int S, SK, B, NP, NG, D;
-    bool causal, mask;
-  };
-  std::vector<Case> cases = g_small ? std::vector<Case>{{70, 70, 1, 2, 1, 64, true, false}}
-                                    : std::vector<Case>{{200, 200, 2, 4, 2, 64, true, false},
-                                                        {128, 128, 1, 8, 2, 128, true, false},
-                                                        {96, 160, 2, 2, 2, 128, false, false},
-                                                        {130, 130, 1, 4, 1, 64, false, true},
-                                                        {100, 100, 1, 4, 2, 128, false, false}};
-  for (const Case& cs : cases)
+  std::vector<FlashCase> cases = flash_cases();
+  if (!g_small) cases.push_back({100, 100, 1, 4, 2, 128, false, false});  // s % 64 != 0 at d 128, full
+  for (const FlashCase& cs : cases)
     for (float pdrop : {0.1f, 0.5f}) {
       const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
       const DType dt = DType::kBFloat16;
-      V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
-        v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
-      std::vector<uint8_t> mask((size_t)B * S * SK, 0);
-      if (cs.mask) {
-        std::bernoulli_distribution bm(0.3);
-        for (int bi = 0; bi < B; ++bi)
-          for (int i = 0; i < S; ++i)
-            for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
-      }
+      const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+      const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+      const std::vector<uint8_t>& mask = in.mask;
       ops::AttentionParams p;
       p.softmax_scale = 1.0f / std::sqrt((float)D);
       p.causal = cs.causal;
       p.dropout_p = pdrop;
       p.seed = 987;
       p.offset = 5;
-      Tensor Mt;
-      if (cs.mask) {
-        Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
-        std::memcpy(mh.data_ptr(), mask.data(), mask.size());
-        Mt = mh.to(Device::cuda());
-        p.attention_mask = &Mt;
-      }
+      Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+      if (cs.mask) p.attention_mask = &Mt;
       const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
       Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt),
              DO = dev(dout, {S, B, NP, D}, dt);
