@@ -7,7 +7,8 @@
 // bf16 tensor-core arithmetic (attention rounds P and dS to bf16 like FlashAttention does).
 // Usage: gpu_ops_test [--seed N] [--small] [--only GROUP,...]   (--small: tiny shapes, for
 // compute-sanitizer; --only: run the named groups, e.g. attention,elementwise; attn_generic = the
-// generic attention kernels and the CPU-equal dropout stream)
+// generic attention kernels and the CPU-equal dropout stream; attn_dropout = attention dropout in the
+// flash kernels against the stream, the float64 reference and the generic kernels)
 // Exit status 0 iff every check passed.
 #include <algorithm>
 #include <cmath>
@@ -956,49 +957,155 @@ void test_rope() {
     }
 }
 
+// Random attention inputs rounded to dt: q, dout [s, b, np, d], k, v [sk, b, ng, d] (standard
+// normal), and the explicit mask [b, s, sk] (30% masked, never the diagonal) when `with_mask`, else
+// all visible; drawn in that order from g_rng.
+struct AttnInputs {
+  V q, k, v, dout;
+  std::vector<uint8_t> mask;
+};
+AttnInputs attn_inputs(int S, int SK, int B, int NP, int NG, int D, DType dt, bool with_mask) {
+  AttnInputs in;
+  in.q = rounded(randn((int64_t)S * B * NP * D), dt);
+  in.k = rounded(randn((int64_t)SK * B * NG * D), dt);
+  in.v = rounded(randn((int64_t)SK * B * NG * D), dt);
+  in.dout = rounded(randn((int64_t)S * B * NP * D), dt);
+  in.mask.assign((size_t)B * S * SK, 0);
+  if (with_mask) {
+    std::bernoulli_distribution bm(0.3);
+    for (int bi = 0; bi < B; ++bi)
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < SK; ++j) in.mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
+  }
+  return in;
+}
+// The mask [b, s, sk] (true = masked) as the bool CUDA tensor [b, 1, s, sk] of AttentionParams.
+Tensor attn_mask_tensor(const std::vector<uint8_t>& mask, int B, int S, int SK) {
+  Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
+  std::memcpy(mh.data_ptr(), mask.data(), mask.size());
+  return mh.to(Device::cuda());
+}
+
+// The dropout keep-scale F of element idx of the SplitMix64 stream (Steele, Lea & Flood 2014)
+// re-derived from its definition (ops.h: keep iff uniform >= p, uniform = top 24 bits / 2^24, kept
+// elements scaled by 1 / (1 - p)), for the attention references.
+uint64_t ref_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double ref_keep_scale(uint64_t seed, uint64_t offset, uint64_t idx, float p) {
+  if (p <= 0.0f) return 1.0;
+  const uint64_t stream = ref_mix64(seed ^ ref_mix64(offset));
+  const float u = static_cast<float>(ref_mix64(stream + idx) >> 40) * (1.0f / 16777216.0f);
+  return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
+}
+
+// float64 softmax attention forward and backward written from the formulas (FlashAttention-2's
+// equations with dropout, Dao 2023): q, dout [s, b, np, d]; k, v [sk, b, ng, d]; mask [b, s, sk]
+// (true = masked) or null for p.causal / full; dropout keep-scales from ref_keep_scale. Returns
+// out, lse [b, np, s] (natural log), dq, dk, dv in the tensors' layouts.
+struct AttnRef {
+  VD o, lse, dq, dk, dv;
+};
+AttnRef attention_reference(const V& q, const V& k, const V& v, const V& dout, const std::vector<uint8_t>* mask, int S,
+                            int SK, int B, int NP, int NG, int D, const ops::AttentionParams& p) {
+  const int npg = NP / NG;
+  AttnRef r;
+  VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
+  ro.assign((size_t)S * B * NP * D, 0.0);
+  rl.assign((size_t)B * NP * S, 0.0);
+  rdq.assign(ro.size(), 0.0);
+  rdk.assign((size_t)SK * B * NG * D, 0.0);
+  rdv.assign(rdk.size(), 0.0);
+  auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
+  auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
+  std::vector<double> P(SK), F(SK), dP(SK);
+  for (int bi = 0; bi < B; ++bi)
+    for (int h = 0; h < NP; ++h) {
+      const int g = h / npg;
+      for (int i = 0; i < S; ++i) {
+        double m = -1e300;
+        for (int j = 0; j < SK; ++j) {
+          const bool vis = mask ? !(*mask)[((size_t)bi * S + i) * SK + j] : (!p.causal || j <= i);
+          double sc = -INFINITY;
+          if (vis) {
+            sc = 0;
+            for (int c = 0; c < D; ++c) sc += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
+            sc *= p.softmax_scale;
+          }
+          P[j] = sc;
+          m = std::max(m, sc);
+          F[j] = ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + h) * S + i) * SK + j, p.dropout_p);
+        }
+        double sum = 0;
+        for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
+        for (int j = 0; j < SK; ++j) P[j] /= sum;
+        rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
+        for (int c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int j = 0; j < SK; ++j) acc += P[j] * F[j] * v[ki_(j, bi, g, c)];
+          ro[qi_(i, bi, h, c)] = acc;
+        }
+        double dsum = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
+        for (int j = 0; j < SK; ++j) {
+          double acc = 0;
+          for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
+          dP[j] = acc * F[j];
+          dsum += dP[j] * P[j];
+        }
+        for (int j = 0; j < SK; ++j) {
+          const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
+          for (int c = 0; c < D; ++c) {
+            rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
+            rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
+            rdv[ki_(j, bi, g, c)] += P[j] * F[j] * dout[qi_(i, bi, h, c)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// The flash kernels' attention shapes (head dims 64/128; causal, full with s != sk, explicit mask with
+// s % 4 != 0 (the simple kernels), GQA and MHA), shared by test_attention and test_attention_dropout.
+struct FlashCase {
+  int S, SK, B, NP, NG, D;
+  bool causal, mask;
+};
+std::vector<FlashCase> flash_cases() {
+  if (g_small) return {{70, 70, 1, 2, 1, 64, true, false}};
+  return {{200, 200, 2, 4, 2, 64, true, false},
+          {128, 128, 1, 8, 2, 128, true, false},
+          {96, 160, 2, 2, 2, 128, false, false},
+          {130, 130, 1, 4, 1, 64, false, true},
+          {256, 256, 1, 4, 4, 128, true, false}};
+}
+
 void test_attention() {
-  struct Case {
-    int S, SK, B, NP, NG, D;
-    bool causal, mask;
-  };
-  std::vector<Case> cases = g_small ? std::vector<Case>{{70, 70, 1, 2, 1, 64, true, false}}
-                                    : std::vector<Case>{{200, 200, 2, 4, 2, 64, true, false},
-                                                        {128, 128, 1, 8, 2, 128, true, false},
-                                                        {96, 160, 2, 2, 2, 128, false, false},
-                                                        {130, 130, 1, 4, 1, 64, false, true},
-                                                        {256, 256, 1, 4, 4, 128, true, false}};
+  const std::vector<FlashCase> cases = flash_cases();
   // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple;
   // 0: cuDNN SDPA (MEGATRON_ATTENTION_BACKEND=cudnn; not for explicit masks); 4: cuDNN forward,
   // our backward from cuDNN's out and lse (the lse contract that ring attention relies on).
   const bool have_cudnn = cu::cudnn_sdpa::available();
   check_true("cuDNN SDPA available", have_cudnn, cu::cudnn_sdpa::last_error());
   for (int impl : {0, 5, 4, 2, 3, 1})
-  for (auto cs : cases) {
+  for (const FlashCase& cs : cases) {
     if ((impl == 0 || impl == 4 || impl == 5) && (cs.mask || !have_cudnn)) continue;
     cu::variants::forced().flash_v1 = impl == 1;
     cu::variants::forced().flash_small = impl == 3 ? 1 : 0;
     setenv("MEGATRON_ATTENTION_BACKEND", impl == 0 || impl == 4 || impl == 5 ? "cudnn" : "flash", 1);
     const DType dt = impl == 5 ? DType::kFloat16 : DType::kBFloat16;  // 5: cuDNN SDPA in fp16 (--fp16)
-    const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
-    V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
-      v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
-    std::vector<uint8_t> mask((size_t)B * S * SK, 0);
-    if (cs.mask) {
-      std::bernoulli_distribution bm(0.3);
-      for (int bi = 0; bi < B; ++bi)
-        for (int i = 0; i < S; ++i)
-          for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
-    }
+    const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+    const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+    const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+    const std::vector<uint8_t>& mask = in.mask;
     ops::AttentionParams p;
     p.softmax_scale = 1.0f / std::sqrt((float)D);
     p.causal = cs.causal;
-    Tensor Mt;
-    if (cs.mask) {
-      Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
-      std::memcpy(mh.data_ptr(), mask.data(), mask.size());
-      Mt = mh.to(Device::cuda());
-      p.attention_mask = &Mt;
-    }
+    Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+    if (cs.mask) p.attention_mask = &Mt;
     Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
     Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
     cu::attention_forward(Q, K, Vv, p, O, L);
@@ -1007,54 +1114,9 @@ void test_attention() {
     Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
     if (impl == 4) setenv("MEGATRON_ATTENTION_BACKEND", "flash", 1);
     cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
-    // reference
-    VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
-        rdv(rdk.size(), 0.0);
-    auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
-    auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
-    std::vector<double> P(SK), dP(SK);
-    for (int bi = 0; bi < B; ++bi)
-      for (int h = 0; h < NP; ++h) {
-        const int g = h / npg;
-        for (int i = 0; i < S; ++i) {
-          double m = -1e300;
-          for (int j = 0; j < SK; ++j) {
-            bool vis = cs.mask ? !mask[((size_t)bi * S + i) * SK + j] : (!cs.causal || j <= i);
-            double s = -INFINITY;
-            if (vis) {
-              s = 0;
-              for (int c = 0; c < D; ++c) s += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
-              s *= p.softmax_scale;
-            }
-            P[j] = s;
-            m = std::max(m, s);
-          }
-          double sum = 0;
-          for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
-          for (int j = 0; j < SK; ++j) P[j] /= sum;
-          rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
-          for (int c = 0; c < D; ++c) {
-            double acc = 0;
-            for (int j = 0; j < SK; ++j) acc += P[j] * v[ki_(j, bi, g, c)];
-            ro[qi_(i, bi, h, c)] = acc;
-          }
-          double dsum = 0;
-          for (int j = 0; j < SK; ++j) {
-            double acc = 0;
-            for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
-            dP[j] = acc;
-            dsum += acc * P[j];
-          }
-          for (int j = 0; j < SK; ++j) {
-            double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
-            for (int c = 0; c < D; ++c) {
-              rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
-              rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
-              rdv[ki_(j, bi, g, c)] += P[j] * dout[qi_(i, bi, h, c)];
-            }
-          }
-        }
-      }
+    // reference (p.dropout_p = 0: every keep-scale 1)
+    const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
+    const VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
     char nm[128];
     std::snprintf(nm, sizeof nm, "attention%s s=%d sk=%d b=%d np=%d ng=%d d=%d %s",
                   impl == 0 ? " cudnn" : impl == 5 ? " cudnn fp16" : impl == 4 ? " cudnn-fwd+flash-bwd" : impl == 1 || S % 4 ? " v1" : impl == 3 ? " v2s" : " v2", S, SK, B, NP, NG, D, cs.mask ? "mask" : cs.causal ? "causal" : "full");
@@ -1156,25 +1218,11 @@ void test_attention_packed() {
 
 // Generic attention kernels (attention_generic.cu): odd head dims, float32 and bfloat16, GQA,
 // causal / full / explicit mask, attention dropout. Reference: float64 softmax attention written
-// here from the formulas (as in test_attention), with the dropout keep-scale F_ij of element
-// ((b*np + h)*s + i)*sk + j of the SplitMix64 stream (Steele, Lea & Flood 2014) re-derived here
-// from its definition (ops.h: keep iff uniform >= p, uniform = top 24 bits / 2^24).
+// here from the formulas (attention_reference), with the dropout keep-scale F_ij of element
+// ((b*np + h)*s + i)*sk + j of the SplitMix64 stream (ref_keep_scale).
 // Tolerances: float32 in/out 1e-5 (fp32 accumulation over <= 160 keys: ~1e-7 per op);
 // bfloat16 outputs 1e-2 (bf16 rounding of the outputs alone is ~2e-3); lse 1e-5 (fp32) / 1e-3
 // (bf16, as test_attention: the "auto" bf16 case may run cuDNN's tensor-core scores).
-uint64_t ref_mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-double ref_keep_scale(uint64_t seed, uint64_t offset, uint64_t idx, float p) {
-  if (p <= 0.0f) return 1.0;
-  const uint64_t stream = ref_mix64(seed ^ ref_mix64(offset));
-  const float u = static_cast<float>(ref_mix64(stream + idx) >> 40) * (1.0f / 16777216.0f);
-  return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
-}
-
 void test_attention_generic() {
   struct Case {
     int S, SK, B, NP, NG, D;
@@ -1196,90 +1244,32 @@ void test_attention_generic() {
     cases.push_back({33, 70, 1, 2, 1, 12, true, false, 0.0f, "generic"});  // causal top-left with sk > s
     cases.push_back({64, 64, 2, 4, 2, 64, true, false, 0.0f, "generic"});  // a flash head dim on the generic path
     cases.push_back({70, 70, 2, 4, 2, 3, true, false, 0.0f, "auto"});      // dispatch: odd dim -> generic
-    cases.push_back({64, 64, 2, 4, 2, 64, true, false, 0.1f, "auto"});     // dispatch: dropout -> generic
+    cases.push_back({64, 64, 2, 4, 2, 64, true, false, 0.1f, "auto"});     // dispatch: dropout -> flash (bf16), generic
     cases.push_back({64, 64, 2, 4, 2, 96, true, false, 0.0f, "auto"});     // dispatch: bf16 d=96 -> cuDNN if present
   }
   for (const Case& cs : cases)
     for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       setenv("MEGATRON_ATTENTION_BACKEND", cs.backend, 1);
-      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D, npg = NP / NG;
-      V q = rounded(randn((int64_t)S * B * NP * D), dt), k = rounded(randn((int64_t)SK * B * NG * D), dt),
-        v = rounded(randn((int64_t)SK * B * NG * D), dt), dout = rounded(randn((int64_t)S * B * NP * D), dt);
-      std::vector<uint8_t> mask((size_t)B * S * SK, 0);
-      if (cs.mask) {
-        std::bernoulli_distribution bm(0.3);
-        for (int bi = 0; bi < B; ++bi)
-          for (int i = 0; i < S; ++i)
-            for (int j = 0; j < SK; ++j) mask[((size_t)bi * S + i) * SK + j] = (i != j) && bm(g_rng);
-      }
+      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+      const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+      const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+      const std::vector<uint8_t>& mask = in.mask;
       ops::AttentionParams p;
       p.softmax_scale = 1.0f / std::sqrt((float)D);
       p.causal = cs.causal;
       p.dropout_p = cs.drop;
       p.seed = 1234;
       p.offset = 77;
-      Tensor Mt;
-      if (cs.mask) {
-        Tensor mh = Tensor::empty({B, 1, S, SK}, DType::kBool);
-        std::memcpy(mh.data_ptr(), mask.data(), mask.size());
-        Mt = mh.to(Device::cuda());
-        p.attention_mask = &Mt;
-      }
+      Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+      if (cs.mask) p.attention_mask = &Mt;
       Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt);
       Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
       cu::attention_forward(Q, K, Vv, p, O, L);
       Tensor DO = dev(dout, {S, B, NP, D}, dt);
       Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
       cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
-      // float64 reference
-      VD ro((size_t)S * B * NP * D), rl((size_t)B * NP * S), rdq(ro.size(), 0.0), rdk((size_t)SK * B * NG * D, 0.0),
-          rdv(rdk.size(), 0.0);
-      auto qi_ = [&](int i, int bi, int h, int c) { return (((size_t)i * B + bi) * NP + h) * D + c; };
-      auto ki_ = [&](int j, int bi, int g, int c) { return (((size_t)j * B + bi) * NG + g) * D + c; };
-      std::vector<double> P(SK), F(SK), dP(SK);
-      for (int bi = 0; bi < B; ++bi)
-        for (int h = 0; h < NP; ++h) {
-          const int g = h / npg;
-          for (int i = 0; i < S; ++i) {
-            double m = -1e300;
-            for (int j = 0; j < SK; ++j) {
-              const bool vis = cs.mask ? !mask[((size_t)bi * S + i) * SK + j] : (!cs.causal || j <= i);
-              double sc = -INFINITY;
-              if (vis) {
-                sc = 0;
-                for (int c = 0; c < D; ++c) sc += (double)q[qi_(i, bi, h, c)] * k[ki_(j, bi, g, c)];
-                sc *= p.softmax_scale;
-              }
-              P[j] = sc;
-              m = std::max(m, sc);
-              F[j] = ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + h) * S + i) * SK + j, p.dropout_p);
-            }
-            double sum = 0;
-            for (int j = 0; j < SK; ++j) sum += (P[j] = std::exp(P[j] - m));
-            for (int j = 0; j < SK; ++j) P[j] /= sum;
-            rl[((size_t)bi * NP + h) * S + i] = m + std::log(sum);
-            for (int c = 0; c < D; ++c) {
-              double acc = 0;
-              for (int j = 0; j < SK; ++j) acc += P[j] * F[j] * v[ki_(j, bi, g, c)];
-              ro[qi_(i, bi, h, c)] = acc;
-            }
-            double dsum = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
-            for (int j = 0; j < SK; ++j) {
-              double acc = 0;
-              for (int c = 0; c < D; ++c) acc += (double)dout[qi_(i, bi, h, c)] * v[ki_(j, bi, g, c)];
-              dP[j] = acc * F[j];
-              dsum += dP[j] * P[j];
-            }
-            for (int j = 0; j < SK; ++j) {
-              const double ds = P[j] * (dP[j] - dsum) * p.softmax_scale;
-              for (int c = 0; c < D; ++c) {
-                rdq[qi_(i, bi, h, c)] += ds * k[ki_(j, bi, g, c)];
-                rdk[ki_(j, bi, g, c)] += ds * q[qi_(i, bi, h, c)];
-                rdv[ki_(j, bi, g, c)] += P[j] * F[j] * dout[qi_(i, bi, h, c)];
-              }
-            }
-          }
-        }
+      const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
+      const VD &ro = r.o, &rl = r.lse, &rdq = r.dq, &rdk = r.dk, &rdv = r.dv;
       char nm[160];
       std::snprintf(nm, sizeof nm, "attn %s s=%d sk=%d b=%d np=%d ng=%d d=%d %s%s %s", cs.backend, S, SK, B, NP, NG,
                     D, cs.mask ? "mask" : cs.causal ? "causal" : "full", cs.drop > 0 ? " drop" : "", dn(dt));
@@ -1306,6 +1296,171 @@ void test_attention_generic() {
     check_true("dropout mask == cpu::dropout_forward mask (p=0.1)", same);
     check("dropout fwd == cpu::dropout_forward", host(y), to_d(cy.to_float_vector()), 0.0);
   }
+}
+
+// Attention dropout in the flash kernels (attention.cu kDrop kernels; docs/cuda.md "Attention").
+// 1. Mask probe, exact: Q = 0 makes every visible probability 1/n_i; V = the identity per K/V group
+//    (sk = d) makes out[i, h, c] = F_ic / n_i and dO = the identity per head (s = d) makes
+//    dv[j, g, c] = sum_h (P∘F)_cj: an element is zero iff it was dropped, so the forward's and the
+//    backward's masks are read out exactly and compared element for element with ref_keep_scale
+//    (the SplitMix64 stream re-derived here), for flash (v2 8 warps, v2 4 warps, v1) and generic.
+//    The dropped fraction of those draws is within 5 binomial sigma of p (with the mask equality
+//    this is the kernels' dropped fraction).
+// 2. Random inputs (flash_cases() and s = 100 at d 128): flash with dropout vs the float64 reference (attention_reference, the same
+//    F), tolerances as test_attention (out/dq/dk/dv 1e-2: P and dS rounded to bf16 for the tensor
+//    cores, bf16 outputs; lse 1e-3, fp32 of bf16 scores), and flash vs generic on the same inputs and
+//    stream key, 1e-2 (both are within 1e-2 of the reference; they differ by bf16 rounding of P, dS
+//    and summation order only, as the masks are equal by 1.).
+// 3. Negative control: a different stream key (offset + 1) must change the output (rel diff > 0.1:
+//    an independent mask moves O = (P∘F)V/l by ~sqrt(2p) of its norm, 0.45 at p = 0.1).
+void test_attention_dropout() {
+  const int impls[] = {2, 3, 1};  // flash v2 8 warps, v2 4 warps, v1 (as test_attention)
+  auto set_impl = [](int impl) {
+    cu::variants::forced().flash_v1 = impl == 1;
+    cu::variants::forced().flash_small = impl == 3 ? 1 : 0;
+  };
+  auto impl_name = [](int impl) { return impl == 1 ? "v1" : impl == 3 ? "v2s" : "v2"; };
+  // 1. mask probe
+  for (int D : {64, 128})
+    for (bool causal : {false, true})
+      for (float pdrop : {0.1f, 0.5f}) {
+        const int S = D, SK = D, B = 2, NP = 4, NG = 2, npg = NP / NG;
+        ops::AttentionParams p;
+        p.softmax_scale = 1.0f / std::sqrt((float)D);
+        p.causal = causal;
+        p.dropout_p = pdrop;
+        p.seed = 20260;
+        p.offset = 11;
+        V q((size_t)S * B * NP * D, 0.0f), k = rounded(randn((int64_t)SK * B * NG * D), DType::kBFloat16),
+            v((size_t)SK * B * NG * D, 0.0f), dout((size_t)S * B * NP * D, 0.0f);
+        for (int j = 0; j < SK; ++j)
+          for (int bi = 0; bi < B; ++bi)
+            for (int g = 0; g < NG; ++g) v[(((size_t)j * B + bi) * NG + g) * D + j] = 1.0f;
+        for (int i = 0; i < S; ++i)
+          for (int bi = 0; bi < B; ++bi)
+            for (int h = 0; h < NP; ++h) dout[(((size_t)i * B + bi) * NP + h) * D + i] = 1.0f;
+        Tensor Q = dev(q, {S, B, NP, D}, DType::kBFloat16), K = dev(k, {SK, B, NG, D}, DType::kBFloat16),
+               Vv = dev(v, {SK, B, NG, D}, DType::kBFloat16), DO = dev(dout, {S, B, NP, D}, DType::kBFloat16);
+        for (int impl : {2, 3, 1, -1}) {  // -1: generic
+          set_impl(impl);
+          setenv("MEGATRON_ATTENTION_BACKEND", impl < 0 ? "generic" : "flash", 1);
+          Tensor O = poisoned({S, B, NP, D}, DType::kBFloat16), L = poisoned({B, NP, S}, DType::kFloat32);
+          cu::attention_forward(Q, K, Vv, p, O, L);
+          Tensor DQ = poisoned({S, B, NP, D}, DType::kBFloat16), DK = poisoned({SK, B, NG, D}, DType::kBFloat16),
+                 DV = poisoned({SK, B, NG, D}, DType::kBFloat16);
+          cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
+          const V o = host(O), dv = host(DV);
+          int64_t fwd_bad = 0, bwd_bad = 0, drawn = 0, dropped = 0;
+          for (int bi = 0; bi < B; ++bi)
+            for (int h = 0; h < NP; ++h)
+              for (int i = 0; i < S; ++i)
+                for (int j = 0; j < (causal ? i + 1 : SK); ++j) {
+                  const uint64_t idx = (((uint64_t)bi * NP + h) * S + i) * SK + j;
+                  const bool keep = ref_keep_scale(p.seed, p.offset, idx, pdrop) != 0.0;
+                  ++drawn;
+                  dropped += !keep;
+                  const float got = o[(((size_t)i * B + bi) * NP + h) * D + j];
+                  if ((got != 0.0f) != keep || !std::isfinite(got)) ++fwd_bad;
+                }
+          // dv[j, g, c=i] = sum over the group's heads h of (P∘F)[h, i, j]: zero iff dropped in every head
+          for (int bi = 0; bi < B; ++bi)
+            for (int g = 0; g < NG; ++g)
+              for (int j = 0; j < SK; ++j)
+                for (int i = causal ? j : 0; i < S; ++i) {
+                  bool any = false;
+                  for (int hh = 0; hh < npg; ++hh)
+                    any |= ref_keep_scale(p.seed, p.offset, (((uint64_t)bi * NP + g * npg + hh) * S + i) * SK + j,
+                                          pdrop) != 0.0;
+                  const float got = dv[(((size_t)j * B + bi) * NG + g) * D + i];
+                  if ((got != 0.0f) != any || !std::isfinite(got)) ++bwd_bad;
+                }
+          char nm[160];
+          std::snprintf(nm, sizeof nm, "attn dropout %s mask probe d=%d %s p=%.1f", impl < 0 ? "generic" : impl_name(impl),
+                        D, causal ? "causal" : "full", pdrop);
+          check_true(std::string(nm) + " fwd mask == stream", fwd_bad == 0, std::to_string(fwd_bad) + " differ");
+          check_true(std::string(nm) + " bwd mask == stream", bwd_bad == 0, std::to_string(bwd_bad) + " differ");
+          const double frac = (double)dropped / (double)drawn;
+          const double sigma = std::sqrt(pdrop * (1.0 - pdrop) / (double)drawn);
+          check_true(std::string(nm) + " dropped fraction ~ p", std::fabs(frac - pdrop) < 5.0 * sigma,
+                     "dropped " + std::to_string(frac) + " of " + std::to_string(drawn));
+        }
+      }
+  // 2./3. random inputs
+  std::vector<FlashCase> cases = flash_cases();
+  if (!g_small) cases.push_back({100, 100, 1, 4, 2, 128, false, false});  // s % 64 != 0 at d 128, full
+  for (const FlashCase& cs : cases)
+    for (float pdrop : {0.1f, 0.5f}) {
+      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+      const DType dt = DType::kBFloat16;
+      const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+      const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+      const std::vector<uint8_t>& mask = in.mask;
+      ops::AttentionParams p;
+      p.softmax_scale = 1.0f / std::sqrt((float)D);
+      p.causal = cs.causal;
+      p.dropout_p = pdrop;
+      p.seed = 987;
+      p.offset = 5;
+      Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+      if (cs.mask) p.attention_mask = &Mt;
+      const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
+      Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt),
+             DO = dev(dout, {S, B, NP, D}, dt);
+      struct Res {
+        V o, l, dq, dk, dv;
+      };
+      auto run = [&](const char* backend, int impl, uint64_t offset) {
+        set_impl(impl);
+        setenv("MEGATRON_ATTENTION_BACKEND", backend, 1);
+        ops::AttentionParams pp = p;
+        pp.offset = offset;
+        Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
+        cu::attention_forward(Q, K, Vv, pp, O, L);
+        Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
+        cu::attention_backward(DO, Q, K, Vv, O, L, pp, DQ, DK, DV);
+        return Res{host(O), host(L), host(DQ), host(DK), host(DV)};
+      };
+      const Res gen = run("generic", 2, p.offset);
+      char base[128];
+      std::snprintf(base, sizeof base, "s=%d sk=%d b=%d np=%d ng=%d d=%d %s p=%.1f", S, SK, B, NP, NG, D,
+                    cs.mask ? "mask" : cs.causal ? "causal" : "full", pdrop);
+      for (int impl : impls) {
+        const Res fl = run("flash", impl, p.offset);
+        const std::string nm = std::string("attn dropout flash ") + (impl == 1 || S % 4 ? "v1" : impl_name(impl)) + " " + base;
+        check(nm + " out", fl.o, r.o, 1e-2);
+        check(nm + " lse", fl.l, r.lse, 1e-3);
+        check(nm + " dq", fl.dq, r.dq, 1e-2);
+        check(nm + " dk", fl.dk, r.dk, 1e-2);
+        check(nm + " dv", fl.dv, r.dv, 1e-2);
+        check(nm + " out == generic", fl.o, to_d(gen.o), 1e-2);
+        check(nm + " lse == generic", fl.l, to_d(gen.l), 1e-3);
+        check(nm + " dq == generic", fl.dq, to_d(gen.dq), 1e-2);
+        check(nm + " dk == generic", fl.dk, to_d(gen.dk), 1e-2);
+        check(nm + " dv == generic", fl.dv, to_d(gen.dv), 1e-2);
+      }
+      // auto sends bf16 dropout to the flash kernels (not cuDNN): same result as forced flash v2.
+      {
+        cu::variants::forced().flash_v1 = false;
+        cu::variants::forced().flash_small = -1;
+        setenv("MEGATRON_ATTENTION_BACKEND", "auto", 1);
+        Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
+        cu::attention_forward(Q, K, Vv, p, O, L);
+        check(std::string("attn dropout auto ") + base + " out == generic", host(O), to_d(gen.o), 1e-2);
+      }
+      // negative control: another stream key gives another mask
+      const Res other = run("flash", 2, p.offset + 1);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < other.o.size(); ++i) {
+        num += ((double)other.o[i] - gen.o[i]) * ((double)other.o[i] - gen.o[i]);
+        den += (double)gen.o[i] * gen.o[i];
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-300));
+      check_true(std::string("attn dropout flash ") + base + " other stream key differs", rel > 0.1,
+                 "rel diff " + std::to_string(rel));
+    }
+  cu::variants::forced().flash_v1 = false;
+  cu::variants::forced().flash_small = -1;
+  unsetenv("MEGATRON_ATTENTION_BACKEND");
 }
 
 void test_adam() {
@@ -2289,7 +2444,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"norms_few", test_norms_few}, {"rope", test_rope},
-      {"attention", test_attention}, {"attn_generic", test_attention_generic}, {"adam", test_adam},
+      {"attention", test_attention}, {"attn_generic", test_attention_generic},
+      {"attn_dropout", test_attention_dropout}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
       {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}, {"moe", test_moe}, {"router", test_router}};

@@ -10,12 +10,16 @@
 //
 // Layouts (ops.h): q, out [s, b, np, d]; k, v [sk, b, ng, d]; lse float32 [b, np, s].
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
-// [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only, no dropout.
+// [b, 1, s, sk] (true = masked). Head dims 64 and 128, bfloat16 only. Attention dropout (kDrop
+// kernels): FlashAttention-2's equations with dropout (forward O = (P∘F)V / l with m, l, lse of the
+// un-dropped P; backward dV = (P∘F)ᵀdO, dS = P∘(F∘dP − D)), F regenerated in registers from the
+// counter-based stream of dropout_stream.cuh at element (bh·s + i)·sk + j, so the masks equal the
+// generic kernel's and the CPU reference's bit for bit.
 // Dispatch (attention_forward / attention_backward below): a forward with one query row and no mask
 // (generation's decode step) runs the split-K kernel of attention_decode.cu; otherwise cuDNN's SDPA
-// or these kernels when the call is bfloat16, 16-byte aligned and without dropout (float16 calls:
-// cuDNN's SDPA only); every other call (float32, float16 without cuDNN, other head dims up to 256,
-// attention dropout) runs the generic kernels of attention_generic.cu.
+// or these kernels when the call is bfloat16 and 16-byte aligned (float16 calls: cuDNN's SDPA only;
+// dropout: these kernels only, cuDNN's stream differs); every other call (float32, float16 without
+// cuDNN or with dropout, other head dims up to 256) runs the generic kernels of attention_generic.cu.
 #include <cmath>
 #include <atomic>
 #include <cstdio>
@@ -30,6 +34,7 @@
 #include "megatron/core/ops/cuda/attention_decode.h"
 #include "megatron/core/ops/cuda/attention_generic.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
+#include "megatron/core/ops/cuda/dropout_stream.cuh"
 #include "megatron/core/ops/cuda/variants.h"
 
 namespace megatron::ops::cuda {
@@ -45,7 +50,26 @@ struct FaArgs {
   float scale, scale_log2;
   bool causal;
   const uint8_t* mask;  // [B, S, SK] or null
+  float drop_p;         // attention dropout probability (read only by the kDrop kernels)
+  float drop_scale;     // 1 / (1 - p)
+  uint64_t stream;      // dropout stream key ddropout_stream(seed, offset)
 };
+
+// Attention dropout keep-scale F of probability (bh, qi, kj): element e = (bh*S + qi)*SK + kj of
+// the counter-based stream, kept (1 / (1 - p)) iff its uniform >= p: the same element and test as
+// drop_factor() of attention_generic.cu and the CPU reference, so the masks are equal bit for bit.
+// The kernels split e = base + off, base the element of a tile corner (bh, qi, kj) and off a small
+// offset inside the tile: uniform number e of the stream is dmix64(stream + e), so with
+// key = drop_key(bh, qi, kj) = stream + base, formed once per tile, keep_scale(key, off) tests
+// element base + off (all sums mod 2^64, as in ddropout_uniform).
+__device__ __forceinline__ uint64_t drop_key(const FaArgs& a, int64_t bh, int qi, int kj) {
+  return a.stream + (static_cast<uint64_t>(bh) * static_cast<uint64_t>(a.S) + static_cast<uint64_t>(qi)) *
+                        static_cast<uint64_t>(a.SK) +
+         static_cast<uint64_t>(kj);
+}
+__device__ __forceinline__ float keep_scale(const FaArgs& a, uint64_t key, uint64_t off) {
+  return ddropout_uniform(key, off) >= a.drop_p ? a.drop_scale : 0.0f;
+}
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -92,10 +116,12 @@ __device__ __forceinline__ bool visible(const FaArgs& a, int b, int qi, int kj) 
 // scales this warp's scores s (16 query rows from qr0 = q0 + m0, kBN keys from k0) to log2 units,
 // masks them unless `full` (every key of the tile visible to every row), updates the running max
 // mrow and sum lrow (rescaling oacc), then O += P V with V's tile sV (row stride LD) in shared memory.
-template <int D, int LD>
+// kDrop: O += (P∘F) V with F the dropout keep-scales of row bh (keep_scale); m and l stay those of
+// the un-dropped P (FlashAttention-2 with dropout), so lse is dropout-free.
+template <int D, int LD, bool kDrop = false>
 __device__ __forceinline__ void fwd_softmax_pv(float (&s)[8][4], float (&oacc)[D / 8][4], float (&mrow)[2],
                                                float (&lrow)[2], const FaArgs& a, bool full, int bi, int qr0, int k0,
-                                               int g, int t, int lane, const bf16_t* sV) {
+                                               int g, int t, int lane, const bf16_t* sV, int bh = 0) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
@@ -110,6 +136,11 @@ __device__ __forceinline__ void fwd_softmax_pv(float (&s)[8][4], float (&oacc)[D
       mx[e >> 1] = fmaxf(mx[e >> 1], x);
     }
   float muse[2];
+  uint64_t dkey[2] = {0, 0};  // kDrop: stream keys of rows qr0 + g and qr0 + g + 8 at key k0
+  if constexpr (kDrop) {
+    dkey[0] = drop_key(a, bh, qr0 + g, k0);
+    dkey[1] = drop_key(a, bh, qr0 + g + 8, k0);
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -130,8 +161,9 @@ __device__ __forceinline__ void fwd_softmax_pv(float (&s)[8][4], float (&oacc)[D
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float p = exp2f(s[nt][e] - muse[e >> 1]);
-      s[nt][e] = p;
       lrow[e >> 1] += p;
+      if constexpr (kDrop) p *= keep_scale(a, dkey[e >> 1], nt * 8 + 2 * t + (e & 1));
+      s[nt][e] = p;
     }
   // O += P V
 #pragma unroll
@@ -174,7 +206,7 @@ __device__ __forceinline__ void fwd_store(const float (&oacc)[D / 8][4], const f
 // ---------------------------------------------------------------------------------------------
 // Forward: block = 4 warps x 16 query rows; loops over 64-key tiles.
 // ---------------------------------------------------------------------------------------------
-template <int D>
+template <int D, bool kDrop = false>
 __global__ void __launch_bounds__(128) fa_fwd_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                      const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                                      float* __restrict__ lse, FaArgs a) {
@@ -230,7 +262,7 @@ __global__ void __launch_bounds__(128) fa_fwd_kernel(const bf16_t* __restrict__ 
       }
     // scale, mask, online softmax; O += P V
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
-    fwd_softmax_pv<D, LD>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV);
+    fwd_softmax_pv<D, LD, kDrop>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV, bh);
   }
   // finalize
   fwd_store<D>(oacc, mrow, lrow, a, o, lse, bi, h, bh, q0 + m0, g, t);
@@ -334,6 +366,22 @@ __device__ __forceinline__ void bwd_dq_accumulate(const float (&dp)[BM / 8][4], 
   }
 }
 
+// One element of the backward's Pᵀ / dSᵀ tiles, shared by both backward kernels: st = P (dV's
+// operand) and dp = P (dP − D) (dSᵀ unscaled) from the recomputed probability p, dp = dP on entry and
+// d = D of the element's query row. kDrop: st = P∘F and dp = P (F∘dP − D), F = keep_scale(key, off).
+template <bool kDrop>
+__device__ __forceinline__ void bwd_p_ds(float& st, float& dp, float p, float d, const FaArgs& a, uint64_t key,
+                                         uint64_t off) {
+  if constexpr (kDrop) {
+    const float f = keep_scale(a, key, off);
+    st = p * f;
+    dp = p * (dp * f - d);
+  } else {
+    st = p;
+    dp = p * (dp - d);
+  }
+}
+
 // The backward's end: this warp's key rows (from kr0 = k0 + n0) of dK (times the softmax scale)
 // and dV in bf16, layout [sk, b, ng, D], K/V group grp.
 template <int D>
@@ -354,7 +402,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dka)[D / 8][4], con
   }
 }
 
-template <int D, int BM>
+template <int D, int BM, bool kDrop = false>
 __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                      const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                                      const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -428,8 +476,10 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
                    lds32(sdO + (nt * 8 + g) * LD + kk * 16 + 8 + 2 * t));
         }
       }
-      // P^T and dS^T = P^T * (dP^T - D)
+      // P^T and dS^T = P^T * (dP^T - D); kDrop: (P∘F)^T and dS^T = P^T * (F∘dP^T - D)
       const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+      uint64_t dkey = 0;  // kDrop: stream key of (query q0, key k0 + n0 + g) of this head
+      if constexpr (kDrop) dkey = drop_key(a, bh, q0, k0 + n0 + g);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -438,8 +488,7 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
           float x = st[nt][e] * a.scale_log2;
           if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
           const float p = exp2f(x - sL[ql]);
-          st[nt][e] = p;
-          dp[nt][e] = p * (dp[nt][e] - sD[ql]);
+          bwd_p_ds<kDrop>(st[nt][e], dp[nt][e], p, sD[ql], a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
         }
       // dV += P^T dO ; dK += dS^T Q (k-dim = queries)
       bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
@@ -490,7 +539,7 @@ __device__ __forceinline__ void ldsm_b_pair(uint32_t (&b)[4], const bf16_t* tile
   ldsm_x4(b[0], b[1], b[2], b[3], tile + ((nt + (mat >> 1)) * 8 + r) * ld + kk * 16 + (mat & 1) * 8);
 }
 
-template <int D, int kWarps>  // kWarps warps x 16 query rows per block
+template <int D, int kWarps, bool kDrop = false>  // kWarps warps x 16 query rows per block
 __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __restrict__ q,
                                                                  const bf16_t* __restrict__ k,
                                                                  const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
@@ -559,13 +608,13 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __
         mma16816(s[nt + 1], qf[kk], b[2], b[3]);
       }
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
-    fwd_softmax_pv<D, LD>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV);
+    fwd_softmax_pv<D, LD, kDrop>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV, bh);
     __syncthreads();  // this stage is refilled two iterations on
   }
   fwd_store<D>(oacc, mrow, lrow, a, o, lse, bi, h, bh, q0 + m0, g, t);
 }
 
-template <int D, int BM, int kWarps>  // kWarps warps x 16 keys per block
+template <int D, int BM, int kWarps, bool kDrop = false>  // kWarps warps x 16 keys per block
 __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                         const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -660,6 +709,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
       }
     }
     const bool full = !a.mask && k0 + kBNB <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBNB - 1 <= q0);
+    uint64_t dkey = 0;  // kDrop: stream key of (query q0, key k0 + n0 + g) of head h
+    if constexpr (kDrop) dkey = drop_key(a, bh, q0, k0 + n0 + g);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -669,8 +720,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
         if (!full && !visible(a, bi, q0 + ql, k0 + kl)) x = -INFINITY;
         const float l = sL[ql];
         const float p = l == -INFINITY ? 0.0f : exp2f(x - l * kLog2e);
-        st[nt][e] = p;
-        dp[nt][e] = p * (dp[nt][e] - sD[ql]);
+        bwd_p_ds<kDrop>(st[nt][e], dp[nt][e], p, sD[ql], a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
       }
     bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
     bwd_dq_accumulate<D, LD, LDS, BM, kBNB, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
@@ -702,6 +752,9 @@ FaArgs make_args(const Tensor& q, const Tensor& k, const AttentionParams& p) {
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.causal = p.causal;
   a.mask = p.attention_mask ? static_cast<const uint8_t*>(p.attention_mask->data_ptr()) : nullptr;
+  a.drop_p = p.dropout_p;
+  a.drop_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  a.stream = ddropout_stream(p.seed, p.offset);
   return a;
 }
 
@@ -714,7 +767,7 @@ void check_args(const char* name, const Tensor& q, const Tensor& k, const Tensor
   MEGATRON_CHECK(q.size(3) == 64 || q.size(3) == 128) << name << ": head dim " << q.size(3) << " (64 or 128 on CUDA)";
   MEGATRON_CHECK(aligned16(q.data_ptr()) && aligned16(k.data_ptr()) && aligned16(v.data_ptr()))
       << name << ": q/k/v must be 16-byte aligned";
-  MEGATRON_CHECK(p.dropout_p == 0.0f) << name << ": attention dropout is not implemented on CUDA (use p = 0)";
+  MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f) << name << ": dropout p " << p.dropout_p;
   if (p.attention_mask)
     MEGATRON_CHECK(p.attention_mask->is_cuda() && dtype_size(p.attention_mask->dtype()) == 1 &&
                    p.attention_mask->numel() == q.size(1) * q.size(0) * k.size(0))
@@ -756,8 +809,12 @@ void launch_bwd_v2(K kern, int warps, int d, int bm, const FaArgs& a, cudaStream
 // (docs/performance.md: LLaMA-3-8B fwd+bwd 3.8 vs 10.6 ms, GPT-2 1.6 vs 2.8 ms). Both produce the
 // same lse (natural-log log-sum-exp), so a forward from one and a backward from the other agree.
 // generic: always the generic kernels (attention_generic.cu). Calls the tensor-core paths cannot
-// take (float32, head dims other than 64/128 that cuDNN rejects, dropout) run the generic kernels
-// under auto and flash; under cudnn they are an error.
+// take (float32, head dims other than 64/128 that cuDNN rejects) run the generic kernels under auto
+// and flash; under cudnn they are an error. Attention dropout never runs cuDNN (its dropout random
+// stream is not ours, so its masks would differ from the CPU reference's and the generic kernel's):
+// under auto and flash a bfloat16 call with head dim 64/128 runs our flash kernels with dropout
+// (kDrop, the same stream as attention_generic.cu), any other dropout call the generic kernels;
+// under cudnn dropout is an error.
 enum class Backend { kAuto, kCudnn, kFlash, kGeneric };
 Backend attention_backend() {
   const char* e = std::getenv("MEGATRON_ATTENTION_BACKEND");
@@ -770,9 +827,8 @@ Backend attention_backend() {
 }
 
 // True when cuDNN / our flash kernels can take the call: every tensor bfloat16 (or every tensor
-// float16: cuDNN only) and 16-byte aligned, no dropout (head dims are checked by each path).
-bool tensor_core_ok(std::initializer_list<const Tensor*> ts, const AttentionParams& p) {
-  if (p.dropout_p != 0.0f) return false;
+// float16: cuDNN only) and 16-byte aligned (head dims and dropout are checked by each path).
+bool tensor_core_ok(std::initializer_list<const Tensor*> ts) {
   const DType dt = (*ts.begin())->dtype();
   if (dt != DType::kBFloat16 && dt != DType::kFloat16) return false;
   for (const Tensor* t : ts)
@@ -780,15 +836,25 @@ bool tensor_core_ok(std::initializer_list<const Tensor*> ts, const AttentionPara
   return true;
 }
 
-// Attention dropout moves bfloat16 calls off cuDNN/flash onto the (slower) generic kernels: said
-// once per process, with the way back.
-void note_dropout_once(const AttentionParams& p, const Tensor& q) {
-  static std::atomic<bool> said{false};
-  if (p.dropout_p == 0.0f || q.dtype() != DType::kBFloat16 || said.exchange(true)) return;
-  std::fprintf(stderr,
-               "note: attention dropout %g runs the generic CUDA attention kernel (cuDNN and the flash kernels take "
-               "no dropout); --attention-dropout 0 selects them\n",
-               p.dropout_p);
+// Which kernel runs attention dropout (never cuDNN, whose dropout stream is not ours): said once
+// per process and kernel (flash / generic), with the reason when a bfloat16 call lands on the
+// slower generic kernels.
+void note_dropout_once(const AttentionParams& p, const Tensor& q, bool flash, const char* why) {
+  static std::atomic<bool> said_flash{false}, said_generic{false};
+  if (p.dropout_p == 0.0f || q.dtype() != DType::kBFloat16) return;
+  if ((flash ? said_flash : said_generic).exchange(true)) return;
+  if (flash)
+    std::fprintf(stderr,
+                 "note: attention dropout %g runs the flash attention kernels with the CPU reference's dropout stream "
+                 "(not cuDNN, whose stream differs); MEGATRON_ATTENTION_BACKEND=generic selects the generic kernel\n",
+                 p.dropout_p);
+  else
+    std::fprintf(stderr, "note: attention dropout %g runs the generic CUDA attention kernel (%s)\n", p.dropout_p, why);
+}
+
+// The flash kernels take the call's head dim and dtype (bfloat16, 64 or 128).
+bool flash_shape_ok(const Tensor& q) {
+  return (q.size(3) == 64 || q.size(3) == 128) && q.dtype() == DType::kBFloat16;
 }
 
 // Shapes shared by every path (ops.h contract).
@@ -820,24 +886,28 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     return;
   }
   const Backend be = attention_backend();
-  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out}, p)) {
+  const bool drop = p.dropout_p != 0.0f;
+  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out}) || (drop && be == Backend::kCudnn)) {
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
                                              "bfloat16/float16 16-byte-aligned calls without dropout: q "
                                           << q.str() << " out " << out.str() << " dropout " << p.dropout_p;
-    note_dropout_once(p, q);
+    note_dropout_once(p, q, false, be == Backend::kGeneric ? "MEGATRON_ATTENTION_BACKEND=generic" : "unaligned or mixed-dtype tensors");
     return generic_attention::forward(q, k, v, p, out, lse);
   }
   // One query row per sequence (text generation's decode step against the KV cache): the
-  // split-K decode kernel. cuDNN would build a new plan for every cache length.
+  // split-K decode kernel (no dropout). cuDNN would build a new plan for every cache length.
   if (be != Backend::kCudnn && decode_attention::forward(q, k, v, p, out, lse)) return;
-  if (be != Backend::kFlash && q.size(0) > 0 && q.size(1) > 0) {
+  if (be != Backend::kFlash && !drop && q.size(0) > 0 && q.size(1) > 0) {
     if (cudnn_sdpa::forward(q, k, v, p, out, lse)) return;
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
-  // Our flash kernels: bfloat16, head dims 64 and 128.
-  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16)
+  // Our flash kernels: bfloat16, head dims 64 and 128, with or without dropout.
+  if (!flash_shape_ok(q)) {
+    note_dropout_once(p, q, false, "the flash kernels take head dims 64 and 128");
     return generic_attention::forward(q, k, v, p, out, lse);
+  }
+  note_dropout_once(p, q, true, "");
   check_args("attention_forward", q, k, v, p);
   MEGATRON_CHECK(out.shape() == q.shape() && out.dtype() == DType::kBFloat16 && lse.dtype() == DType::kFloat32 &&
                  lse.numel() == q.size(1) * q.size(2) * q.size(0))
@@ -851,31 +921,37 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   auto* vp = static_cast<const bf16_t*>(v.data_ptr());
   auto* op = static_cast<bf16_t*>(out.data_ptr());
   auto* lp = static_cast<float*>(lse.data_ptr());
-  if (use_v2(a, lse)) {
-    // 8 warps (128 query rows) share each K/V tile; small_blocks(): 4 warps (64 rows).
-    const bool small = small_blocks((int)q.size(3));
-    const dim3 g2(small ? (a.S + 63) / 64 : (a.S + 127) / 128, a.B * a.NP);
-    auto launch = [&](auto kern, int d, int warps) {
-      size_t smem = (16 * warps + 4 * kBN) * (d + 8) * 2;
-      set_smem(kern, smem);
-      kern<<<g2, warps * 32, smem, st>>>(qp, kp, vp, op, lp, a);
-    };
-    if (q.size(3) == 64) {
-      if (small) launch(fa_fwd_v2_kernel<64, 4>, 64, 4);
-      else launch(fa_fwd_v2_kernel<64, 8>, 64, 8);
+  // kDrop = false: the dropout-free kernels, compiled exactly as without dropout support.
+  auto run = [&](auto with_drop) {
+    constexpr bool kD = decltype(with_drop)::value;
+    if (use_v2(a, lse)) {
+      // 8 warps (128 query rows) share each K/V tile; small_blocks(): 4 warps (64 rows).
+      const bool small = small_blocks((int)q.size(3));
+      const dim3 g2(small ? (a.S + 63) / 64 : (a.S + 127) / 128, a.B * a.NP);
+      auto launch = [&](auto kern, int d, int warps) {
+        size_t smem = (16 * warps + 4 * kBN) * (d + 8) * 2;
+        set_smem(kern, smem);
+        kern<<<g2, warps * 32, smem, st>>>(qp, kp, vp, op, lp, a);
+      };
+      if (q.size(3) == 64) {
+        if (small) launch(fa_fwd_v2_kernel<64, 4, kD>, 64, 4);
+        else launch(fa_fwd_v2_kernel<64, 8, kD>, 64, 8);
+      } else {
+        if (small) launch(fa_fwd_v2_kernel<128, 4, kD>, 128, 4);
+        else launch(fa_fwd_v2_kernel<128, 8, kD>, 128, 8);
+      }
     } else {
-      if (small) launch(fa_fwd_v2_kernel<128, 4>, 128, 4);
-      else launch(fa_fwd_v2_kernel<128, 8>, 128, 8);
+      auto launch = [&](auto kern, int d) {
+        size_t smem = 3 * 64 * (d + 8) * 2;
+        set_smem(kern, smem);
+        kern<<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
+      };
+      if (q.size(3) == 64) launch(fa_fwd_kernel<64, kD>, 64);
+      else launch(fa_fwd_kernel<128, kD>, 128);
     }
-  } else {
-    auto launch = [&](auto kern, int d) {
-      size_t smem = 3 * 64 * (d + 8) * 2;
-      set_smem(kern, smem);
-      kern<<<grid, 128, smem, st>>>(qp, kp, vp, op, lp, a);
-    };
-    if (q.size(3) == 64) launch(fa_fwd_kernel<64>, 64);
-    else launch(fa_fwd_kernel<128>, 128);
-  }
+  };
+  if (drop) run(std::true_type{});
+  else run(std::false_type{});
   CUDA_CHECK_LAUNCH();
 }
 
@@ -883,20 +959,27 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& lse, const AttentionParams& p, Tensor& dq, Tensor& dk, Tensor& dv) {
   check_shapes("attention_backward", q, k, v, p);
   const Backend be = attention_backend();
-  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, p)) {
+  const bool drop = p.dropout_p != 0.0f;
+  if (be == Backend::kGeneric || !tensor_core_ok({&q, &k, &v, &out, &dout, &dq, &dk, &dv}) ||
+      (drop && be == Backend::kCudnn)) {
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN takes only "
                                              "bfloat16/float16 16-byte-aligned calls without dropout: q "
                                           << q.str() << " dq " << dq.str() << " dropout " << p.dropout_p;
+    note_dropout_once(p, q, false, be == Backend::kGeneric ? "MEGATRON_ATTENTION_BACKEND=generic" : "unaligned or mixed-dtype tensors");
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   }
-  if (be != Backend::kFlash && q.size(0) > 0 && q.size(1) > 0) {
+  if (be != Backend::kFlash && !drop && q.size(0) > 0 && q.size(1) > 0) {
     if (cudnn_sdpa::backward(dout, q, k, v, out, lse, p, dq, dk, dv)) return;
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
   // Our flash backward adds dq with atomics: not in deterministic mode (deterministic.h).
-  if ((q.size(3) != 64 && q.size(3) != 128) || q.dtype() != DType::kBFloat16 || megatron::cuda::deterministic())
+  if (!flash_shape_ok(q) || megatron::cuda::deterministic()) {
+    note_dropout_once(p, q, false,
+                      flash_shape_ok(q) ? "backward in deterministic mode: the flash backward adds dQ with atomics"
+                                        : "the flash kernels take head dims 64 and 128");
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
+  }
   check_args("attention_backward", q, k, v, p);
   MEGATRON_CHECK(dout.shape() == q.shape() && out.shape() == q.shape() && dq.shape() == q.shape() &&
                  dk.shape() == k.shape() && dv.shape() == v.shape() && dout.dtype() == DType::kBFloat16 &&
@@ -926,22 +1009,29 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   unsigned g1 = grid_for(rows * 32, 256);
   // D = HD (64 or 128): Δ = rowsum(dO ∘ O), the dK/dV/dQ kernel (v2 with 4 or 8 warps, or v1),
   // then dQ from its fp32 accumulator.
-  auto run = [&](auto head_dim) {
+  // kDrop (with_drop) = false: the dropout-free kernels, compiled exactly as without dropout support.
+  auto run = [&](auto head_dim, auto with_drop) {
     constexpr int HD = decltype(head_dim)::value, BM = 64, LD = HD + 8;
+    constexpr bool kD = decltype(with_drop)::value;
     fa_bwd_dot_kernel<HD><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     if (v2) {
-      if (small_blocks(HD)) launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      if (small_blocks(HD)) launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4, kD>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      else launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8, kD>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<HD, BM>, smem);
-      fa_bwd_kernel<HD, BM><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      set_smem(fa_bwd_kernel<HD, BM, kD>, smem);
+      fa_bwd_kernel<HD, BM, kD><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
     }
     CUDA_CHECK_LAUNCH();
     fa_dq_convert_kernel<HD><<<grid_for(rows * HD, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
   };
-  if (D == 64) run(std::integral_constant<int, 64>{});
-  else run(std::integral_constant<int, 128>{});
+  if (D == 64) {
+    if (drop) run(std::integral_constant<int, 64>{}, std::true_type{});
+    else run(std::integral_constant<int, 64>{}, std::false_type{});
+  } else {
+    if (drop) run(std::integral_constant<int, 128>{}, std::true_type{});
+    else run(std::integral_constant<int, 128>{}, std::false_type{});
+  }
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(dvec, st));
   CUDA_CHECK(cudaFreeAsync(dq_acc, st));
