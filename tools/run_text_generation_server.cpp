@@ -199,7 +199,16 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 int run(int argc, char** argv) {
   TextGenerateArgs tg;
-  training::Arguments args = training::parse_args(take_text_generate_args(argc, argv, tg));
+  const std::vector<std::string> argv_list = take_text_generate_args(argc, argv, tg);
+  training::Arguments args = training::parse_args(argv_list);
+  const comm::LaunchEnv env = comm::detect_launch_env();
+  if (args.use_checkpoint_args) {  // Megatron: the checkpoint's model arguments, before validate_args
+    std::vector<std::string> lines;
+    args = training::load_args_from_checkpoint(argv_list, args, lines);
+    if (env.rank == 0)
+      for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    std::fflush(stdout);
+  }
   if (!tg.prompts.empty() && tg.top_p > 0.0 && tg.top_k > 0)  // before any rank waits on another
     user_error("--top_p ", tg.top_p, " with --top_k ", tg.top_k, ": cannot set both top-k and top-p samplings "
                "(--top_k defaults to 1, greedy, as Megatron's); pass --top_k 0 to sample with --top_p");
@@ -211,7 +220,6 @@ int run(int argc, char** argv) {
   if (!args.seq_length && args.max_position_embeddings) args.seq_length = args.max_position_embeddings;
   if (!args.train_iters && !args.train_samples) args.train_iters = 0;
   args.skip_train = true;  // no optimizer / learning-rate flags needed
-  const comm::LaunchEnv env = comm::detect_launch_env();
   args.world_size = env.world_size;
   args.rank = env.rank;
   training::validate_args(args);
@@ -241,7 +249,7 @@ int run(int argc, char** argv) {
 
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
   std::shared_ptr<tokenizers::MegatronTokenizer> tokenizer = tokenizers::build_tokenizer(args.tokenizer);
-  say(training::set_padded_vocab_size(args, tokenizer->vocab_size()));
+  if (const std::string l = training::set_padded_vocab_size(args, tokenizer->vocab_size()); !l.empty()) say(l);
   say("building GPT model ...");
   transformer::TransformerConfig config = training::core_transformer_config_from_args(args);
   config.sequence_parallel = false;  // generation runs 1-token steps; the weights are the same

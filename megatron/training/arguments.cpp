@@ -156,6 +156,7 @@ class Binder {
     std::vector<std::string> reads;    // kImplemented: the Arguments members the code reads
     std::string note;                  // kNoted: the note printed when the flag is given
     std::vector<std::string> aliases;  // Megatron's other spellings of the same option (same dest)
+    std::optional<bool> stores;        // a switch: the value its dest holds when it is given
   };
 
   Binder(CLI::App& app, Arguments& a) : app_(app), a_(a) {}
@@ -245,6 +246,7 @@ class Binder {
     const bool stores = m ? m->kind != 'F' : value;  // what Megatron's dest becomes when it is given
     record(flag, [&field, value, stores] { return py_str(field == value ? stores : !stores); }, "",
            FlagDisposition::kImplemented, {member(field_name)});
+    entries_.back().stores = stores;
     app_.add_flag_callback(names(flag), [this, flag, &field, value] {
       given(flag);
       field = value;
@@ -300,7 +302,7 @@ class Binder {
   void record(const std::string& flag, std::function<std::string()> show, std::string type, FlagDisposition d,
               std::vector<std::string> reads, std::string note = "") {
     entries_.push_back({flag, dest_of(flag), std::move(show), std::move(type), d, std::move(reads), std::move(note),
-                        aliases_of(flag)});
+                        aliases_of(flag), std::nullopt});
   }
   /// "a.b.member" -> "member" (the ARG() spelling of the bound field).
   static std::string member(const char* expr) {
@@ -393,6 +395,7 @@ class Binder {
     const std::string one = m->kind == 'i' ? "INT" : m->kind == 'f' ? "FLOAT" : "STR";
     record(flag, [m, &args] { return noted_value(*m, args); },
            arity == 0 ? std::string() : arity == 1 ? one : one + " ...", FlagDisposition::kNoted, {}, note);
+    if (arity == 0) entries_.back().stores = m->kind != 'F';
     auto note_given = [this, flag, note](std::vector<std::string> values) {
       given(flag);
       a_.notes.emplace_back(flag, note);
@@ -817,6 +820,11 @@ void bind_all(Binder& b, Arguments& a) {
   b.num("--ckpt-step", ARG(a.ckpt_step), 0);
   b.flag("--exit-on-missing-checkpoint", ARG(a.exit_on_missing_checkpoint), true);
   b.flag("--async-save", ARG(a.async_save), true);
+  // Megatron's load_args_from_checkpoint (checkpointing.h): the checkpoint's model arguments
+  // replace these flags' before validate_args.
+  b.flag("--use-checkpoint-args", ARG(a.use_checkpoint_args), true);
+  b.flag("--use-mp-args-from-checkpoint-args", ARG(a.use_mp_args_from_checkpoint_args), true);
+  b.flag("--no-use-tokenizer-model-from-checkpoint-args", ARG(a.use_tokenizer_model_from_checkpoint_args), false);
 
   // ---- profiling ----
   b.flag("--profile", ARG(a.profile), true);
@@ -847,6 +855,26 @@ std::string closest_flag(const std::string& flag) {
   return best;
 }
 
+namespace {
+/// argparse's reading of the command line (arg_utils.h argparse_normalize) against pretrain_gpt's
+/// flags in `app`: a value never starts like an option, the last occurrence of a flag wins,
+/// lists included. An unknown or unimplemented flag is a UserError naming it.
+std::vector<std::string> normalize_args(const CLI::App& app, const std::vector<std::string>& in) {
+  auto resolve = [&app](const std::string& name) -> std::string {
+    if (name == "-h" || app.get_option_no_throw(name) != nullptr) return name;
+    if (megatron_flag_map().count(name)) {
+      user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
+                       "(see docs/training.md for the supported flags)");
+    }
+    user_error("unknown flag ", name, "; did you mean ", closest_flag(name), "?");
+  };
+  auto stray = [](const std::string& tok) {
+    user_error("unrecognized arguments: ", tok, " (pretrain_gpt takes only --flags; each value follows its flag)");
+  };
+  return argparse_normalize(app, in, resolve, stray);
+}
+}  // namespace
+
 Arguments parse_args(const std::vector<std::string>& in) {
   Arguments a;
   CLI::App app{"pretrain_gpt: GPT/LLaMA pretraining with Megatron-LM's flags (megatron.cpp)"};
@@ -862,20 +890,7 @@ Arguments parse_args(const std::vector<std::string>& in) {
     if (o->get_description().empty()) o->description("default: " + e.value());
   }
 
-  // argparse's reading of the command line (arg_utils.h argparse_normalize): a value never
-  // starts like an option, the last occurrence of a flag wins, lists included.
-  auto resolve = [&app](const std::string& name) -> std::string {
-    if (name == "-h" || app.get_option_no_throw(name) != nullptr) return name;
-    if (megatron_flag_map().count(name)) {
-      user_error(name, " is a Megatron-LM flag that megatron.cpp does not implement yet; remove it "
-                       "(see docs/training.md for the supported flags)");
-    }
-    user_error("unknown flag ", name, "; did you mean ", closest_flag(name), "?");
-  };
-  auto stray = [](const std::string& tok) {
-    user_error("unrecognized arguments: ", tok, " (pretrain_gpt takes only --flags; each value follows its flag)");
-  };
-  std::vector<std::string> args = argparse_normalize(app, in, resolve, stray);
+  std::vector<std::string> args = normalize_args(app, in);
   std::vector<std::string> rev(args.rbegin(), args.rend());
   try {
     app.parse(rev);
@@ -910,6 +925,95 @@ Arguments parse_args(int argc, const char* const* argv) {
   std::vector<std::string> v;
   for (int i = 1; i < argc; ++i) v.emplace_back(argv[i]);
   return parse_args(v);
+}
+
+Arguments parse_args_with_overrides(const std::vector<std::string>& in,
+                                    const std::vector<std::pair<std::string, std::vector<std::string>>>& overrides) {
+  Arguments scratch;
+  CLI::App app;
+  Binder b(app, scratch);
+  bind_all(b, scratch);
+  std::map<std::string, std::string> dest_of_name;  // every spelling of a declared flag -> its dest
+  for (const auto& e : b.entries()) {
+    dest_of_name[e.flag] = e.dest;
+    for (const auto& al : e.aliases) dest_of_name[al] = e.dest;
+  }
+  std::set<std::string> replaced;
+  for (const auto& [dest, values] : overrides) replaced.insert(dest);
+  // `flag` and its value as argparse reads them back: two tokens, or "--flag=value" when the value
+  // looks like an option (argparse takes such a value only after "=").
+  std::vector<std::string> out;
+  auto give = [&out](const std::string& flag, const std::string& v) {
+    if (looks_like_option(v)) {
+      out.push_back(flag + "=" + v);
+    } else {
+      out.push_back(flag);
+      out.push_back(v);
+    }
+  };
+  // The command line without the replaced flags. Normalized (argparse_normalize), each occurrence
+  // is "--name", "--name=value" per value (a list option: one token per value) or "--name"
+  // followed by "" (an empty value); written back in argparse's form, a list option's values
+  // after one "--name" (each "--name=v" would be an occurrence of its own: the last would win).
+  bool dropping = false;
+  std::string list_flag;  // the list option whose values are being written
+  for (const auto& tok : normalize_args(app, in)) {
+    if (tok.empty()) {  // the "" after "--name" (every other normalized token is a flag)
+      if (!dropping) out.push_back(tok);
+      continue;
+    }
+    const size_t eq = tok.find('=');
+    const std::string name = tok.substr(0, eq);
+    auto it = dest_of_name.find(name);
+    dropping = it != dest_of_name.end() && replaced.count(it->second);
+    if (dropping) {
+      list_flag.clear();
+      continue;
+    }
+    const CLI::Option* o = app.get_option_no_throw(name);
+    const bool is_list = o != nullptr && o->get_items_expected_max() > 1;
+    const bool same_list = is_list && name == list_flag;
+    if (eq == std::string::npos) {
+      if (!same_list) out.push_back(name);  // a switch, a list without values, or before ""
+    } else if (same_list && !looks_like_option(tok.substr(eq + 1))) {
+      out.push_back(tok.substr(eq + 1));
+    } else {
+      give(name, tok.substr(eq + 1));
+    }
+    list_flag = is_list ? name : std::string();
+  }
+  for (const auto& [dest, values] : overrides) {
+    const Binder::Entry* one = nullptr;  // the first declared flag of this dest
+    const Binder::Entry* sw = nullptr;   // a switch of this dest that stores the value
+    for (const auto& e : b.entries()) {
+      if (e.dest != dest) continue;
+      if (!one) one = &e;
+      if (e.stores && values.size() == 1 && py_str(*e.stores) == values[0]) sw = &e;
+    }
+    MEGATRON_CHECK(one != nullptr) << "no declared flag has the dest " << dest;
+    if (values.empty()) continue;  // None: the flag left out (its default)
+    if (one->type.empty()) {  // a switch (all flags of a dest are switches, or none)
+      if (values.size() != 1 || (values[0] != "True" && values[0] != "False"))
+        user_error(dest, " (", one->flag, ") is a switch: True or False, got ",
+                   values.size() == 1 ? values[0] : std::to_string(values.size()) + " values");
+      if (sw) out.push_back(sw->flag);  // no flag stores it: the default, i.e. leave the flag out
+    } else if (one->type.find(' ') != std::string::npos) {  // a list flag: its elements
+      out.push_back(one->flag);
+      for (const auto& v : values) {
+        if (looks_like_option(v))
+          user_error(dest, " (", one->flag, "): the list element '", v, "' looks like a flag");
+        out.push_back(v);
+      }
+    } else {
+      std::string v = values.size() == 1 ? values[0] : "[";
+      if (values.size() != 1) {
+        for (size_t i = 0; i < values.size(); ++i) v += (i ? ", " : "") + values[i];
+        v += "]";
+      }
+      give(one->flag, v);
+    }
+  }
+  return parse_args(out);
 }
 
 namespace {
@@ -1285,6 +1389,16 @@ void validate_args(Arguments& a) {
 
 // flag-registry: consumers begin (code here acts on Arguments; flag_registry_test counts its reads)
 std::string set_padded_vocab_size(Arguments& a, int64_t vocab_size) {
+  if (a.padded_vocab_size > 0) {  // from the checkpoint (--use-checkpoint-args): kept, as Megatron's
+    if (a.padded_vocab_size < vocab_size)
+      user_error("--use-checkpoint-args: the checkpoint's padded_vocab_size (", a.padded_vocab_size,
+                 ") is smaller than the tokenizer's vocabulary (", vocab_size, "): use the checkpoint's tokenizer");
+    if (a.padded_vocab_size % a.tensor_model_parallel_size != 0)
+      user_error("--use-checkpoint-args: the checkpoint's padded_vocab_size (", a.padded_vocab_size,
+                 ") is not divisible by --tensor-model-parallel-size (", a.tensor_model_parallel_size,
+                 "): the embedding rows cannot be split; choose a tensor-parallel size that divides it");
+    return "";
+  }
   const int64_t multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size;
   if (multiple <= 0) user_error("--make-vocab-size-divisible-by must be > 0");
   a.padded_vocab_size = (vocab_size + multiple - 1) / multiple * multiple;
@@ -1411,6 +1525,13 @@ std::vector<std::pair<std::string, std::string>> declared_flag_dests() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& e : declared_entries(a)) out.emplace_back(e.flag, e.dest);
   return out;
+}
+
+bool declares_dest(const std::string& dest) {
+  Arguments a;
+  for (const auto& e : declared_entries(a))
+    if (e.dest == dest) return true;
+  return false;
 }
 
 static std::vector<std::string> declared_flags_of_type(const std::string& type) {

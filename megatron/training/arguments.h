@@ -246,6 +246,12 @@ struct Arguments {
   std::optional<int64_t> ckpt_step;
   bool exit_on_missing_checkpoint = false;
   bool async_save = false;
+  /// --use-checkpoint-args / --use-mp-args-from-checkpoint-args /
+  /// --no-use-tokenizer-model-from-checkpoint-args: read by load_args_from_checkpoint
+  /// (checkpointing.h) before validate_args.
+  bool use_checkpoint_args = false;
+  bool use_mp_args_from_checkpoint_args = false;
+  bool use_tokenizer_model_from_checkpoint_args = true;
 
   // ---- profiling ----
   bool profile = false;
@@ -315,6 +321,22 @@ Arguments parse_args(int argc, const char* const* argv);
 /// Same, from a list of arguments without the program name.
 Arguments parse_args(const std::vector<std::string>& args);
 
+/// Whether pretrain_gpt's parser declares a flag whose argparse dest is `dest`.
+bool declares_dest(const std::string& dest);
+
+/// `args` parsed as argparse would parse them if every flag whose dest is a key of `overrides`
+/// were left out and each override given instead (Megatron's setattr(args, dest, value) in
+/// load_args_from_checkpoint, done through our flags so that their checks and derived fields
+/// apply). An override's values are Python's str() of the value: "True"/"False" for a switch
+/// (given as the flag that stores it; nothing when no flag does: the default), one value for a
+/// one-value flag (several are joined as Python prints a list, "[1, 0]"), the elements for a
+/// list flag; no values: None (the flag is left out, so the dest keeps its default).
+/// Throws UserError for a value the flag refuses (the flag's own message) or a switch given
+/// anything but True/False, and InternalError for a dest no flag declares (check declares_dest
+/// first).
+Arguments parse_args_with_overrides(const std::vector<std::string>& args,
+                                    const std::vector<std::pair<std::string, std::vector<std::string>>>& overrides);
+
 /// Megatron's validate_args subset for pretrain_gpt (arguments.py): derives data_parallel_size
 /// from world_size, global_batch_size, ffn_hidden_size, kv_channels, start/end weight decay,
 /// dataloader_type, and checks the combinations (one UserError line each, naming the flags).
@@ -322,6 +344,9 @@ void validate_args(Arguments& args);
 
 /// Megatron's vocab padding (docs/megatron-reference.md#vocab-padding): sets args.padded_vocab_size from the tokenizer's vocab size
 /// and returns Megatron's log line " > padded vocab (size: V) with K dummy tokens (new size: Vp)".
+/// When args.padded_vocab_size is already set (by load_args_from_checkpoint) it is kept and ""
+/// returned (Megatron's _set_padded_vocab_size: only if None); UserError when it is below
+/// `vocab_size` or not divisible by --tensor-model-parallel-size.
 std::string set_padded_vocab_size(Arguments& args, int64_t vocab_size);
 
 /// The known Megatron flag closest to `flag` by edit distance (for error messages).

@@ -90,9 +90,14 @@ void check_checkpoint_args(const json& ck, const json& cur, const std::string& w
   for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "swiglu", "squared_relu",
                         "normalization", "layernorm_epsilon", "position_embedding_type", "add_bias_linear",
                         "qk_layernorm", "untie_embeddings_and_output_weights", "layernorm_zero_centered_gamma",
-                        "group_query_attention", "max_position_embeddings", "make_vocab_size_divisible_by",
-                        "ffn_hidden_size", "kv_channels", "mtp_num_layers"})
+                        "group_query_attention", "max_position_embeddings"})
     cmp(k);
+  // The divisor matters through the padded vocabulary only: with the checkpoint's padded_vocab_size
+  // (--use-checkpoint-args takes it, not the divisor, as Megatron's) the model is the same.
+  if (!(ck.contains("padded_vocab_size") && cur.contains("padded_vocab_size") &&
+        ck["padded_vocab_size"] == cur["padded_vocab_size"]))
+    cmp("make_vocab_size_divisible_by");
+  for (const char* k : {"ffn_hidden_size", "kv_channels", "mtp_num_layers"}) cmp(k);
   // Effective values: QKV bias is add_bias_linear or --add-qkv-bias; the group count matters
   // only with grouped-query attention; rotary settings only with rope.
   if (ck.contains("add_qkv_bias") && cur.contains("add_qkv_bias")) {

@@ -26,7 +26,8 @@ nlohmann::json py_str_to_json(const std::string& s);
 /// Megatron's check_checkpoint_args: compares the arguments that define the model between a
 /// checkpoint's args (`ckpt`) and this run's (`current`, from checkpoint_args()). Checked:
 /// Megatron's list (num_layers, hidden_size, num_attention_heads, max_position_embeddings,
-/// make_vocab_size_divisible_by) and the choices that would otherwise load into a different
+/// make_vocab_size_divisible_by -- only when the padded_vocab_size of the two differs or is
+/// missing, since the divisor matters through it alone) and the choices that would otherwise load into a different
 /// model without a shape error: swiglu, squared_relu, normalization, position_embedding_type,
 /// add_bias_linear, add_qkv_bias (effective: add_bias_linear or add_qkv_bias), qk_layernorm,
 /// untie_embeddings_and_output_weights, apply_layernorm_1p (layernorm_zero_centered_gamma),

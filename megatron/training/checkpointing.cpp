@@ -25,6 +25,7 @@
 #include "megatron/core/transformer/moe/router.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/param_version.h"
+#include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_args.h"
 #include "megatron/training/torch_dist_checkpoint.h"
 #include "megatron/training/training.h"
@@ -400,20 +401,35 @@ void save_checkpoint(const TrainingState& st, const CheckpointConfig& cfg, const
   }
 }
 
+namespace {
+/// The iteration (and release flag) --load reads: --ckpt-step when >= 0, else the tracker's;
+/// nullopt when there is no tracker. With none and `exit_on_missing`, Megatron's
+/// --exit-on-missing-checkpoint stop (UserError).
+std::optional<std::pair<int64_t, bool>> iteration_to_load(const std::string& load, int64_t ckpt_step,
+                                                          bool exit_on_missing) {
+  if (ckpt_step >= 0) return std::make_pair(ckpt_step, false);
+  auto tr = read_tracker(load);
+  if (!tr && exit_on_missing)
+    user_error("--load ", load, ": no checkpoint found (", tracker_filename(load),
+               " is missing) and --exit-on-missing-checkpoint is set");
+  return tr;
+}
+}  // namespace
+
+json load_checkpoint_common(const std::string& dir) {
+  return dc::torch_dist::is_torch_dist_checkpoint(dir) ? common_from_torch_dist(dc::torch_dist::load_common(dir))
+                                                       : dc::load_common_state(dir);
+}
+
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
                            comm::ProcessGroup* world) {
   LoadResult res;
   if (cfg.load.empty()) return res;
   int64_t it = 0;
   bool release = false;
-  if (cfg.ckpt_step >= 0) {
-    it = cfg.ckpt_step;
-  } else {
-    auto tr = read_tracker(cfg.load);
+  {
+    auto tr = iteration_to_load(cfg.load, cfg.ckpt_step, cfg.exit_on_missing_checkpoint);
     if (!tr) {
-      if (cfg.exit_on_missing_checkpoint)
-        user_error("--load ", cfg.load, ": no checkpoint found (", tracker_filename(cfg.load),
-                   " is missing) and --exit-on-missing-checkpoint is set");
       print0(world, "WARNING: could not find the metadata file " + tracker_filename(cfg.load));
       print0(world, "    will not load any checkpoints and will start from random");
       return res;
@@ -435,7 +451,7 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
   const bool torch_dist = dc::torch_dist::is_torch_dist_checkpoint(dir);
   TorchDistReadPlan td_plan;
   if (torch_dist) td_plan = plan_torch_dist_read(dir, want_optim);
-  json common = torch_dist ? common_from_torch_dist(dc::torch_dist::load_common(dir)) : dc::load_common_state(dir);
+  json common = load_checkpoint_common(dir);
   bool want_rng = !cfg.no_load_rng && !cfg.finetune && !release;
   if (torch_dist && !td_plan.ours && want_rng) {
     print0(world, "RNG state of a Megatron-LM torch_dist checkpoint (torch generators) is not used: the RNG starts "
@@ -658,6 +674,194 @@ void load_state_dict(const TrainingObjects& t, TrainCounters& counters, const Tr
   counters.consumed_train_samples = loaded.consumed_train_samples;
   counters.consumed_valid_samples = loaded.consumed_valid_samples;
   counters.floating_point_operations_so_far = loaded.num_floating_point_operations_so_far;
+}
+
+
+// ---- Megatron's load_args_from_checkpoint (--use-checkpoint-args) ----
+
+namespace {
+
+/// Python's str() of a checkpoint argument (as Megatron's "Setting ... from checkpoint" prints it).
+std::string py_str_of(const json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) return py_float_repr(v.get<double>());
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i)
+      out += (i ? ", " : "") + (v[i].is_string() ? py_str_repr(v[i].get<std::string>()) : py_str_of(v[i]));
+    return out + "]";
+  }
+  return v.dump();
+}
+
+/// The override values of parse_args_with_overrides for a checkpoint value: a list's elements,
+/// else the one value.
+std::vector<std::string> override_values(const json& v) {
+  std::vector<std::string> out;
+  if (v.is_array()) {
+    for (const auto& e : v) out.push_back(e.is_string() ? e.get<std::string>() : py_str_of(e));
+  } else {
+    out.push_back(py_str_of(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+Arguments load_args_from_checkpoint(const std::vector<std::string>& argv, const Arguments& args,
+                                    std::vector<std::string>& log) {
+  if (!args.load) user_error("--use-checkpoint-args requires --load (the checkpoint directory whose arguments to use)");
+  const std::string& load = *args.load;
+  const auto tr = iteration_to_load(load, args.ckpt_step.value_or(-1), args.exit_on_missing_checkpoint);
+  if (!tr) {
+    log.push_back("Checkpoint not found to provide arguments, using provided arguments.");
+    return args;
+  }
+  const std::string dir = checkpoint_dir_name(load, tr->first, tr->second);
+  const json common = load_checkpoint_common(dir);
+  if (!common.contains("args") || !common["args"].is_object() || common["args"].empty()) {
+    log.push_back("Checkpoint provided does not have arguments saved, using provided arguments.");
+    return args;
+  }
+  json ck = common["args"];
+  const double checkpoint_version = common.value("checkpoint_version", 0.0);
+  // Megatron's one-off conversion for foundation models, and its old hybrid-pattern name.
+  if (ck.contains("disable_bias_linear") && ck["disable_bias_linear"].is_boolean())
+    ck["add_bias_linear"] = !ck["disable_bias_linear"].get<bool>();
+  if (!ck.value("hybrid_override_pattern", json()).is_null() && ck.value("hybrid_layer_pattern", json()).is_null()) {
+    ck["hybrid_layer_pattern"] = ck["hybrid_override_pattern"];
+    if (ck.contains("num_layers")) ck["num_layers"] = nullptr;
+  }
+
+  // This run's values (str() as the arguments block prints them); dests pretrain_gpt does not
+  // declare hold Megatron's default.
+  std::map<std::string, std::string> current;
+  for (const auto& [dest, value] : args_items(args)) current.emplace(dest, value);
+  std::map<std::string, MegatronFlagInfo> megatron_dest;  // dest -> Megatron's first flag of it
+  for (const auto& m : megatron_flag_table()) megatron_dest.emplace(m.dest, m);
+  auto current_is_none = [&](const std::string& dest) {
+    if (dest == "padded_vocab_size") return args.padded_vocab_size <= 0;
+    if (auto it = current.find(dest); it != current.end()) return it->second == "None";
+    auto m = megatron_dest.find(dest);
+    return m == megatron_dest.end() || m->second.default_str == "None";
+  };
+
+  std::vector<std::pair<std::string, std::vector<std::string>>> overrides;
+  auto put = [&](const std::string& dest, std::vector<std::string> values) {
+    for (auto& o : overrides)
+      if (o.first == dest) {
+        o.second = std::move(values);
+        return;
+      }
+    overrides.emplace_back(dest, std::move(values));
+  };
+  int64_t padded_vocab_size = args.padded_vocab_size;
+  bool no_position_embedding = false;
+  // Megatron's setattr(args, name, value), for a value that is not None.
+  auto apply = [&](const std::string& name, const json& v) {
+    if (name == "padded_vocab_size") {
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+        user_error("--use-checkpoint-args: ", dir, ": padded_vocab_size is ", py_str_of(v), ", not a positive integer");
+      padded_vocab_size = v.get<int64_t>();
+    } else if (declares_dest(name)) {
+      put(name, override_values(v));
+    } else if (name == "virtual_pipeline_model_parallel_size") {
+      // No flag: validate_args derives it again from the virtual-stage flags, as Megatron's does.
+    } else if (name == "use_rotary_position_embeddings" && v == json(true)) {
+      put("position_embedding_type", {"rope"});  // Megatron's validate_args: legacy RoPE flag
+    } else if (name == "add_position_embedding" && v == json(false)) {
+      no_position_embedding = true;  // checked below against the position embedding type
+    } else {
+      auto m = megatron_dest.find(name);
+      const json dflt = m == megatron_dest.end() ? json() : py_str_to_json(m->second.default_str);
+      if (v != dflt)
+        user_error("--use-checkpoint-args: ", dir, " sets ", name,
+                   m == megatron_dest.end() ? std::string() : " (" + m->second.name + ")", " to ", py_str_of(v),
+                   ", which megatron.cpp does not implement; this checkpoint cannot be trained here");
+    }
+  };
+  // Megatron's _set_arg: without `force` only an argument that is None here is set; a None
+  // checkpoint value never is.
+  auto set_arg = [&](const std::string& name, const std::string& old_name = "", bool force = false) {
+    if (!force && !current_is_none(name)) return;
+    const json v = ck.value(old_name.empty() ? name : old_name, json());
+    if (v.is_null()) {
+      log.push_back("Checkpoint did not provide arguments " + name);
+      return;
+    }
+    log.push_back("Setting " + name + " to " + py_str_of(v) + " from checkpoint");
+    apply(name, v);
+  };
+  const bool F = true;  // force
+
+  // Model args (Megatron's list and order).
+  for (const char* n : {"num_layers", "hidden_size", "ffn_hidden_size", "seq_length", "num_attention_heads"}) set_arg(n);
+  set_arg("num_query_groups", "", F);
+  set_arg("group_query_attention", "", F);
+  set_arg("kv_channels");
+  set_arg("max_position_embeddings");
+  for (const char* n : {"position_embedding_type", "add_position_embedding", "use_rotary_position_embeddings",
+                        "rotary_base", "rotary_percent", "rotary_interleaved", "add_bias_linear", "add_qkv_bias",
+                        "squared_relu", "swiglu", "untie_embeddings_and_output_weights", "apply_layernorm_1p",
+                        "normalization", "apply_query_key_layer_scaling", "attention_dropout", "hidden_dropout",
+                        "mtp_hybrid_override_pattern", "mtp_num_layers", "mtp_use_repeated_layer", "spec",
+                        "num_experts", "mtp_num_layers", "moe_layer_freq"})
+    set_arg(n, "", F);
+  if (!ck.value("num_experts", json()).is_null()) {
+    set_arg("moe_ffn_hidden_size", "", F);
+  } else {
+    put("moe_ffn_hidden_size", {});  // Megatron: setattr(args, 'moe_ffn_hidden_size', None)
+  }
+  set_arg("moe_router_topk", "", F);
+  set_arg("moe_token_dispatcher_type");
+  for (const char* n : {"moe_router_pre_softmax", "moe_grouped_gemm", "moe_single_grouped_weight",
+                        "moe_single_grouped_bias", "moe_shared_expert_intermediate_size", "moe_router_score_function",
+                        "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor", "mamba_state_dim",
+                        "mamba_head_dim", "mamba_num_groups", "mamba_num_heads"})
+    set_arg(n, "", F);
+  // Checkpoints from before this argument existed used three reflections (Megatron).
+  if (!ck.contains("gdp_num_householder")) ck["gdp_num_householder"] = 3;
+  set_arg("gdp_num_householder", "", F);
+  set_arg("hybrid_layer_pattern");
+  for (const char* n : {"heterogeneous_layers_config_path", "heterogeneous_layers_config_encoded_json", "moe_latent_size"})
+    set_arg(n, "", F);
+  // Tokenizer args.
+  if (args.use_tokenizer_model_from_checkpoint_args) {
+    set_arg("tokenizer_model", "", F);
+    set_arg("tokenizer_type", "", F);
+  }
+  set_arg("tiktoken_pattern", "", F);
+  set_arg("padded_vocab_size");
+  // Checkpoint args.
+  set_arg("ckpt_format");
+  // Model parallelism args.
+  if (args.use_mp_args_from_checkpoint_args) {
+    if (checkpoint_version < 3.0) {
+      set_arg("tensor_model_parallel_size", "model_parallel_size");
+    } else {
+      set_arg("tensor_model_parallel_size", "", F);
+      set_arg("pipeline_model_parallel_size", "", F);
+      set_arg("virtual_pipeline_model_parallel_size", "", F);
+      set_arg("num_layers_per_virtual_pipeline_stage");
+      set_arg("expert_model_parallel_size", "", F);
+    }
+  }
+
+  Arguments out;
+  try {
+    out = parse_args_with_overrides(argv, overrides);
+  } catch (const UserError& e) {  // the command line itself parsed: the checkpoint's value is refused
+    user_error("--use-checkpoint-args: ", dir, ": the checkpoint's arguments: ", e.what());
+  }
+  out.padded_vocab_size = padded_vocab_size;
+  // Megatron's validate_args for the deprecated --no-position-embedding.
+  if (no_position_embedding && out.position_embedding_type != "rope")
+    user_error("--use-checkpoint-args: ", dir, " has add_position_embedding False (--no-position-embedding) with "
+               "position_embedding_type ", out.position_embedding_type,
+               ": --no-position-embedding is deprecated, use --position-embedding-type");
+  return out;
 }
 
 }  // namespace megatron::training

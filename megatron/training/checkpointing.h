@@ -47,6 +47,7 @@ class GPTModel;
 
 namespace megatron::training {
 
+struct Arguments;
 using dist_checkpointing::ShardedTensor;
 
 /// Checkpoint flags, named as Megatron's.
@@ -267,6 +268,43 @@ bool maybe_finalize_async_save(comm::ProcessGroup* world = nullptr, bool blockin
 /// "  successfully loaded checkpoint from {load} [ t a/b, p c/d ] at iteration {it}" on rank 0.
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
                            comm::ProcessGroup* world = nullptr);
+
+/// The common (non-tensor) state of checkpoint directory `dir` ("args", "iteration",
+/// "checkpoint_version", "opt_param_scheduler", "optimizer", ...): common.json of our layout, or a
+/// Megatron-LM torch_dist checkpoint's common state (torch_dist_checkpoint.h
+/// common_from_torch_dist; "args" is then its argparse.Namespace, {} when it has none). Throws
+/// UserError naming the file when it is missing or malformed.
+nlohmann::json load_checkpoint_common(const std::string& dir);
+
+/// Megatron's load_args_from_checkpoint (megatron/training/checkpointing.py), run for
+/// --use-checkpoint-args between parse_args and validate_args: the "args" of the checkpoint
+/// --load would read (--ckpt-step, else the tracker's iteration) replace the model arguments of
+/// `args`, which was parsed from `argv` (the command line without the program name); returns the
+/// arguments re-parsed with them (parse_args_with_overrides, so every flag's checks apply and the
+/// arguments block shows them). Megatron's rules, in its order: always taken from the checkpoint
+/// (when it holds a value other than None): num_query_groups, group_query_attention,
+/// position_embedding_type, rotary_base/percent/interleaved, add_bias_linear, add_qkv_bias,
+/// squared_relu, swiglu, untie_embeddings_and_output_weights, normalization,
+/// apply_query_key_layer_scaling, attention_dropout, hidden_dropout, mtp_num_layers, the MoE
+/// choices (num_experts, moe_layer_freq, moe_ffn_hidden_size -- None without experts --,
+/// moe_router_topk, ...), tokenizer_type and tokenizer_model (unless
+/// --no-use-tokenizer-model-from-checkpoint-args), tiktoken_pattern; taken only when this run's
+/// value is None: num_layers, hidden_size, ffn_hidden_size, seq_length, num_attention_heads,
+/// kv_channels, max_position_embeddings, padded_vocab_size (then kept by set_padded_vocab_size),
+/// moe_token_dispatcher_type and ckpt_format (never None, so never taken). With
+/// --use-mp-args-from-checkpoint-args also the tensor / pipeline / expert parallel sizes
+/// (always) and num_layers_per_virtual_pipeline_stage (when None). Megatron looks
+/// apply_layernorm_1p up under that name, which its parser no longer stores (the dest is
+/// layernorm_zero_centered_gamma), so --apply-layernorm-1p is never taken either.
+/// `log` gets Megatron's lines, for rank 0 to print: "Setting <name> to <value> from checkpoint",
+/// "Checkpoint did not provide arguments <name>", and, returning `args` unchanged, "Checkpoint not
+/// found to provide arguments, using provided arguments." (no tracker) or "Checkpoint provided does
+/// not have arguments saved, using provided arguments." (no or empty "args").
+/// Throws UserError (one line): without --load; with --exit-on-missing-checkpoint and no
+/// checkpoint; a checkpoint value our flag refuses or a non-default value of an argument
+/// megatron.cpp does not implement (naming it, e.g. hybrid_layer_pattern); an unreadable checkpoint.
+Arguments load_args_from_checkpoint(const std::vector<std::string>& argv, const Arguments& args,
+                                    std::vector<std::string>& log);
 
 // ---- The training state of a run: what save writes and load restores (one pair) ----
 

@@ -13,6 +13,7 @@
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/utils/errors.h"
 #include "megatron/core/utils/parse.h"
+#include "megatron/training/checkpointing.h"
 #include "megatron/training/config_from_args.h"
 
 namespace megatron::training {
@@ -108,12 +109,20 @@ Device choose_device(const std::string& w, int local_rank, const std::string& so
 MegatronRuntime initialize_megatron(int argc, char** argv) {
   MegatronRuntime rt;
   Arguments& args = rt.args;
-  args = parse_args(argc, argv);
-  {
-    const comm::LaunchEnv env = comm::detect_launch_env();
-    args.world_size = env.world_size;
-    args.rank = env.rank;
+  std::vector<std::string> argv_list(argv + 1, argv + argc);
+  args = parse_args(argv_list);
+  const comm::LaunchEnv env = comm::detect_launch_env();
+  // Megatron's parse_and_validate_args: --use-checkpoint-args takes the checkpoint's model
+  // arguments before validate_args (checkpointing.h load_args_from_checkpoint).
+  if (args.use_checkpoint_args) {
+    std::vector<std::string> lines;
+    args = load_args_from_checkpoint(argv_list, args, lines);
+    if (env.rank == 0)
+      for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    std::fflush(stdout);
   }
+  args.world_size = env.world_size;
+  args.rank = env.rank;
   apply_kernel_profile_env(args);
   // Megatron prints most setup lines on rank 0 (print_rank_0) and the training/validation log
   // lines on the last rank (print_rank_last).
@@ -176,7 +185,7 @@ MegatronRuntime initialize_megatron(int argc, char** argv) {
   say(format_args(args));
   say("> building " + args.tokenizer.tokenizer_type + " tokenizer ...");
   rt.tokenizer = tokenizers::build_tokenizer(args.tokenizer);
-  say(set_padded_vocab_size(args, rt.tokenizer->vocab_size()));
+  if (const std::string l = set_padded_vocab_size(args, rt.tokenizer->vocab_size()); !l.empty()) say(l);
   return rt;
 }
 

@@ -25,8 +25,9 @@ struct MegatronRuntime {
   bool ckpt_format_given = false;
 };
 
-/// Megatron's initialize_megatron: parse_args(argv); rank and world size from the launcher
-/// (torchrun / mpirun / megatron_launch); MEGATRON_KERNEL_PROFILE=FIRST:LAST as --profile
+/// Megatron's initialize_megatron: parse_args(argv); with --use-checkpoint-args the checkpoint's
+/// model arguments (checkpointing.h load_args_from_checkpoint; its lines printed on rank 0); rank
+/// and world size from the launcher (torchrun / mpirun / megatron_launch); MEGATRON_KERNEL_PROFILE=FIRST:LAST as --profile
 /// --profile-step-start FIRST-1 --profile-step-end LAST on every rank; prints "using world size:
 /// ..." then validate_args and its messages, UserWarnings (stderr) and "note: <flag> is accepted:"
 /// lines; checks the checkpoint I/O environment (with --save/--load) and the parallel layouts

@@ -266,3 +266,80 @@ TEST(CheckpointArgs, RopeScalingIsArchitecture) {
   ck["hf_model_type"] = "gpt2";
   EXPECT_NE(error_of([&] { hf::spec_from_args(ck, "ck"); }).find("--use-rope-scaling, which GPT-2"), std::string::npos);
 }
+
+// make_vocab_size_divisible_by matters only through the padded vocabulary: --use-checkpoint-args
+// takes padded_vocab_size (Megatron's list), not the divisor.
+TEST(CheckpointArgs, VocabDivisorComparedOnlyWithADifferentPaddedVocab) {
+  const json plain = run_args({});  // divisor 128, padded 128
+  json ck = plain;
+  ck["make_vocab_size_divisible_by"] = 32;  // the same padded vocabulary (128)
+  EXPECT_EQ(error_of([&] { check_checkpoint_args(ck, plain, "ck"); }), "");
+  ck["padded_vocab_size"] = 160;
+  EXPECT_NE(error_of([&] { check_checkpoint_args(ck, plain, "ck"); }).find("make_vocab_size_divisible_by"), std::string::npos);
+  ck.erase("padded_vocab_size");
+  EXPECT_NE(error_of([&] { check_checkpoint_args(ck, plain, "ck"); }).find("make_vocab_size_divisible_by"), std::string::npos);
+}
+
+// parse_args_with_overrides (Megatron's setattr of load_args_from_checkpoint, through our flags):
+// the expected values are what parse_args gives for the command line a user would type.
+TEST(CheckpointArgs, OverridesReplaceTheFlagsOfTheirDest) {
+  const auto f = test::with(base_flags(), {"--swiglu", "--disable-bias-linear", "--attention-dropout", "0.1",
+                                           "--moe-ffn-hidden-size", "32", "--normalization", "RMSNorm",
+                                           "--profile-ranks", "2", "3", "--moe-layer-freq", "[1, 1]"});
+  const Arguments a = parse_args_with_overrides(
+      f, {{"swiglu", {"False"}},                 // no flag stores False: --swiglu is left out
+          {"add_bias_linear", {"True"}},         // the default: --disable-bias-linear is left out
+          {"squared_relu", {"True"}},            // a switch that stores it: given
+          {"hidden_size", {"48"}},               // a value replaces the user's
+          {"attention_dropout", {"0.0"}},
+          {"moe_ffn_hidden_size", {}},           // None: left out
+          {"data_path", {"x", "y"}}});           // a list flag: its elements
+  EXPECT_FALSE(a.swiglu);
+  EXPECT_TRUE(a.add_bias_linear);
+  EXPECT_TRUE(a.squared_relu);
+  EXPECT_EQ(a.hidden_size, 48);
+  EXPECT_EQ(a.attention_dropout, 0.0);
+  EXPECT_FALSE(a.moe_ffn_hidden_size.has_value());
+  EXPECT_EQ(a.data_path, (std::vector<std::string>{"x", "y"}));
+  // Flags without an override stay as given (a list's values all, a value with a space whole).
+  EXPECT_EQ(a.profile_ranks, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.moe_layer_freq, "[1, 1]");
+  EXPECT_EQ(a.normalization, "RMSNorm");
+  EXPECT_EQ(a.num_layers, 2);
+  // The same as typing the flags.
+  const Arguments typed = parse_args(test::with(base_flags(), {"--normalization", "RMSNorm", "--squared-relu",
+                                                               "--hidden-size", "48", "--attention-dropout", "0.0",
+                                                               "--profile-ranks", "2", "3", "--moe-layer-freq",
+                                                               "[1, 1]", "--data-path", "x", "y"}));
+  EXPECT_EQ(format_args(a), format_args(typed));
+  // Several values for a one-value flag: Python's str() of the list.
+  EXPECT_EQ(parse_args_with_overrides(test::with(base_flags(), {"--num-experts", "2"}), {{"moe_layer_freq", {"1", "0"}}})
+                .moe_layer_freq,
+            "[1, 0]");
+  // A value the flag refuses: the flag's own message.
+  try {
+    parse_args_with_overrides(base_flags(), {{"normalization", {"Foo"}}});
+    ADD_FAILURE() << "normalization Foo accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--normalization: invalid choice 'Foo'"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(declares_dest("layernorm_zero_centered_gamma"));  // --apply-layernorm-1p's dest
+  EXPECT_FALSE(declares_dest("apply_layernorm_1p"));
+  EXPECT_FALSE(declares_dest("hybrid_layer_pattern"));
+}
+
+// The flags themselves: implemented (not refused as unimplemented Megatron flags), with
+// Megatron's defaults and both spellings of the tokenizer switch.
+TEST(CheckpointArgs, UseCheckpointArgsFlagsParse) {
+  const Arguments d = parse_args(base_flags());
+  EXPECT_FALSE(d.use_checkpoint_args);
+  EXPECT_FALSE(d.use_mp_args_from_checkpoint_args);
+  EXPECT_TRUE(d.use_tokenizer_model_from_checkpoint_args);
+  const Arguments a = parse_args(test::with(base_flags(), {"--use-checkpoint-args", "--use-mp-args-from-checkpoint-args",
+                                                           "--disable-use-tokenizer-model-from-checkpoint-args"}));
+  EXPECT_TRUE(a.use_checkpoint_args);
+  EXPECT_TRUE(a.use_mp_args_from_checkpoint_args);
+  EXPECT_FALSE(a.use_tokenizer_model_from_checkpoint_args);
+  EXPECT_FALSE(parse_args(test::with(base_flags(), {"--no-use-tokenizer-model-from-checkpoint-args"}))
+                   .use_tokenizer_model_from_checkpoint_args);
+}
