@@ -697,7 +697,9 @@ bool moe_router_backward(const Tensor& logits, const Tensor& topk_idx, const Ten
   const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = T ? topk_idx.numel() / T : 0;
   if (E > kMaxExperts) return false;
   MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && k >= 1 && k <= E && topk_idx.numel() == T * k &&
-                 dprobs.dtype() == DType::kFloat32 && dprobs.numel() == T * k && row_of.dtype() == DType::kInt64 &&
+                 // dprobs: one per permuted row (T k dropless; the kept and padding rows with capacity)
+                 dprobs.dtype() == DType::kFloat32 && (dprobs.numel() > 0 || T == 0) &&
+                 row_of.dtype() == DType::kInt64 &&
                  row_of.numel() == T * k && dlogits.dtype() == DType::kFloat32 && dlogits.numel() == T * E &&
                  bsz >= 1 && T % bsz == 0 && score_function >= 0 && score_function <= 2 &&
                  (!aux_coef || (aux_coef->dtype() == DType::kFloat32 && aux_coef->numel() == bsz * E)))

@@ -94,8 +94,9 @@ class TopKRouter {
   /// or expert-bias counts apply. Returns false (nothing done) where the op declines.
   bool forward_device(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
                       RouterCtx& ctx, bool grad_enabled = true);
-  /// backward() of forward_device: dprobs float32 [T k] (the gradient of the permuted probs, on
-  /// the device), row_of int64 [T, k] (the permuted row of each choice, ops::moe_permute_map) ->
+  /// backward() of forward_device: dprobs float32 [N] (the gradient of the permuted probs, on the
+  /// device; N = T k dropless, the kept and padding rows with capacity dropping), row_of int64
+  /// [T, k] (the permuted row of each choice, ops::moe_permute_map; -1 = dropped, no gradient) ->
   /// dx [T, h]; accumulates the router weight's gradient.
   Tensor backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx);
   /// After forward_device and TokenDispatcher::dispatch_device with --moe-expert-capacity-factor:
