@@ -7,10 +7,10 @@ set -euo pipefail
 SRC="$1"
 OUT="$2"
 mkdir -p "$(dirname "$OUT")"
-{ awk '/^\/\/ One block \(1024 threads\) per expert e: scans tokens in order/{p=1} /^template <class X, class O>/{p=0} p' "$SRC"
+{ awk '/^\/\/ ---- block scans/{p=1} /^template <class X, class O>/{p=0} p' "$SRC"
   awk '/^\/\/ ---- capacity dropping/{p=1} /^}  \/\/ namespace$/{p=0} p' "$SRC"; } |
   sed 's/extern __shared__ int64_t offs\[\];/int64_t* offs = g_offs;/' > "$OUT.tmp"
-for f in permute_rank_kernel permute_scatter_kernel capacity_select_kernel capacity_scatter_kernel "offs = g_offs"; do
+for f in block_scan_flag permute_rank_kernel permute_scatter_kernel capacity_select_kernel capacity_scatter_kernel "offs = g_offs"; do
   grep -q "$f" "$OUT.tmp" || { echo "moe_capacity_cut.sh: '$f' not found in $SRC"; rm -f "$OUT.tmp"; exit 1; }
 done
 mv "$OUT.tmp" "$OUT"

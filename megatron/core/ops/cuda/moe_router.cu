@@ -249,35 +249,57 @@ __global__ void router_stats_kernel(const float* __restrict__ aux_scores, const 
   }
 }
 
+// ---- block scans (permutation and capacity kernels) ----
+// Block-wide (every thread calls) exclusive prefix count of `flag` in thread order; *total gets
+// the block's count. warp_tot: 32 ints of shared memory.
+__device__ __forceinline__ int block_scan_flag(bool flag, int* warp_tot, int* total) {
+  const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+  const unsigned bal = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) warp_tot[wid] = __popc(bal);
+  __syncthreads();
+  int off = 0, tot = 0;
+  for (int i = 0; i < nw; ++i) {
+    if (i < wid) off += warp_tot[i];
+    tot += warp_tot[i];
+  }
+  __syncthreads();
+  *total = tot;
+  return off + __popc(bal & ((1u << lane) - 1u));
+}
+// Block-wide sum (every thread calls; every thread gets it). red: 32 long longs of shared memory.
+__device__ __forceinline__ long long block_sum_ll(long long v, long long* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  long long r = 0;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) r += red[i];
+  __syncthreads();
+  return r;
+}
+// Σ_{i < e} c[i] over the block.
+__device__ __forceinline__ long long block_prefix(const int64_t* c, int e, long long* red) {
+  long long v = 0;
+  for (int i = threadIdx.x; i < e; i += blockDim.x) v += c[i];
+  return block_sum_ll(v, red);
+}
 // One block (1024 threads) per expert e: scans tokens in order; rank_out[t k + j] = the rank of
 // token t among the tokens choosing e (for the j with topk_idx[t, j] == e); counts[e].
 __global__ void __launch_bounds__(1024)
     permute_rank_kernel(const int64_t* __restrict__ tidx, int T, int k, int64_t* __restrict__ rank_out,
                         int64_t* __restrict__ counts) {
   __shared__ int warp_tot[32];
-  __shared__ int64_t base;
-  const int e = blockIdx.x, lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-  if (threadIdx.x == 0) base = 0;
-  __syncthreads();
+  const int e = blockIdx.x;
+  int64_t base = 0;  // the same in every thread
   for (int t0 = 0; t0 < T; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     int jj = -1;
     if (t < T)
       for (int j = 0; j < k; ++j)
         if (tidx[(int64_t)t * k + j] == e) jj = j;
-    const unsigned bal = __ballot_sync(0xffffffffu, jj >= 0);
-    const int before = __popc(bal & ((1u << lane) - 1u));
-    if (lane == 0) warp_tot[wid] = __popc(bal);
-    __syncthreads();
-    int off = 0, tot = 0;
-    for (int i = 0; i < nw; ++i) {
-      if (i < wid) off += warp_tot[i];
-      tot += warp_tot[i];
-    }
-    if (jj >= 0) rank_out[(int64_t)t * k + jj] = base + off + before;
-    __syncthreads();
-    if (threadIdx.x == 0) base += tot;
-    __syncthreads();
+    int tot;
+    const int before = block_scan_flag(jj >= 0, warp_tot, &tot);
+    if (jj >= 0) rank_out[(int64_t)t * k + jj] = base + before;
+    base += tot;
   }
   if (threadIdx.x == 0) counts[e] = base;
 }
@@ -403,38 +425,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 
 // ---- capacity dropping (moe_capacity.h) ----
-// Block-wide (every thread calls) exclusive prefix count of `flag` in thread order; *total gets
-// the block's count. warp_tot: 32 ints of shared memory.
-__device__ __forceinline__ int block_scan_flag(bool flag, int* warp_tot, int* total) {
-  const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-  const unsigned bal = __ballot_sync(0xffffffffu, flag);
-  if (lane == 0) warp_tot[wid] = __popc(bal);
-  __syncthreads();
-  int off = 0, tot = 0;
-  for (int i = 0; i < nw; ++i) {
-    if (i < wid) off += warp_tot[i];
-    tot += warp_tot[i];
-  }
-  __syncthreads();
-  *total = tot;
-  return off + __popc(bal & ((1u << lane) - 1u));
-}
-// Block-wide sum (every thread calls; every thread gets it). red: 32 long longs of shared memory.
-__device__ __forceinline__ long long block_sum_ll(long long v, long long* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-  __syncthreads();
-  long long r = 0;
-  for (int i = 0; i < (int)blockDim.x / 32; ++i) r += red[i];
-  __syncthreads();
-  return r;
-}
-// Σ_{i < e} c[i] over the block.
-__device__ __forceinline__ long long block_prefix(const int64_t* c, int e, long long* red) {
-  long long v = 0;
-  for (int i = threadIdx.x; i < e; i += blockDim.x) v += c[i];
-  return block_sum_ll(v, red);
-}
 // The capacity key of a routed (token, expert): its prob ("probs") or 1 ("position"). Keys > 0
 // form the ranked set P; every other token (key 0: not routed, or routed with prob 0) ranks
 // after P in token order.
