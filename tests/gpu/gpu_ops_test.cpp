@@ -23,6 +23,7 @@
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/attention_decode.h"
+#include "megatron/core/ops/cuda/moe_capacity.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
@@ -2123,6 +2124,153 @@ void test_moe() {
 }
 
 
+// Capacity dropping on the device (ops::cuda::moe_permute_capacity; docs/moe.md "Kernels")
+// against the host's apply_router_token_dropping (moe_utils.cpp, Megatron's
+// apply_router_token_dropping with the tie rule: equal keys go to the lower token index). Shapes:
+// E 8 / 64 / 128 x top-k 1 / 2 / 8, capacity factors 0.5 / 1.0 / 1.5, drop policies probs /
+// position, with and without padding; uneven loads (a quarter of the experts get +1.5 on their
+// logits) and ties in the probs (every fifth token repeats the previous token's logits, every
+// seventh has all logits equal, bf16 rounding; top-1 without pre-softmax gives every token prob 1).
+// Rules (all exact, no tolerance):
+//  * on the device's own choice and probs (moe_router_forward), the kept / padded rows, their
+//    order (expert-major, tokens ascending), probs, the counts and the row of every choice (-1:
+//    dropped) equal the host function's routing map / probs and permute_indices;
+//  * against the whole host float64 router (probs rounded as probs.type_as(logits)): every expert
+//    whose pre-drop column (routed tokens and their float probs) is bitwise the same on both sides
+//    has the same final column (dropping is per expert given the capacity, so a column that agrees
+//    before agrees after); at least half the columns must be comparable for bf16 logits and for
+//    top-1 without pre-softmax (float32 probs often differ from float64's in the last bit);
+//  * moe_unpermute skips dropped choices (float32 sums of the kept rows, tol 1e-5) and
+//    moe_router_backward gives them no gradient (vs topk_routing_backward with their d prob 0,
+//    float32 vs float64 tol 2e-5 as test_router).
+void test_router_capacity() {
+  using namespace megatron::transformer::moe;
+  const int64_t T = g_small ? 200 : 1024;
+  int cfg = 0;
+  for (int64_t E : {8, 64, 128})
+    for (int64_t k : {1, 2, 8})
+      for (double cf : {0.5, 1.0, 1.5})
+        for (const char* policy : {"probs", "position"})
+          for (bool pad : {false, true}) {
+            if (k > E) continue;
+            const DType dt = cfg % 2 ? DType::kBFloat16 : DType::kFloat32;
+            const bool pre = k == 1 && cfg % 4 < 2;  // top-1 without pre-softmax: every prob is 1
+            ++cfg;
+            V lg = randn(T * E, 1.0f);
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t e = 0; e < E; ++e) {
+                if (e < E / 4) lg[t * E + e] += 1.5f;  // uneven load
+                if (t % 7 == 3) lg[t * E + e] = 0.5f;  // all experts tied
+                if (t % 5 == 1) lg[t * E + e] = lg[(t - 1) * E + e];  // the previous token's probs
+              }
+            lg = rounded(lg, dt);
+            char nm[160];
+            std::snprintf(nm, sizeof nm, "router capacity E=%ld k=%ld cf=%.1f %s%s%s %s", (long)E, (long)k, cf, policy,
+                          pad ? " pad" : "", pre ? " pre-softmax" : "", dn(dt));
+            const std::string tag = nm;
+            Tensor L = dev(lg, {T, E}, dt);
+            Tensor idx = Tensor::empty({T, k}, DType::kInt64, Device::cuda()), tp = poisoned({T, k}, DType::kFloat32);
+            if (!cu::moe_router_forward(L, nullptr, k, 0, pre, 1.0f, 0, 0, 1, idx, tp, nullptr)) {
+              check_true(tag + " forward", false, "declined");
+              continue;
+            }
+            Tensor idx_h = idx.to(Device::cpu());
+            const int64_t* di = idx_h.data<int64_t>();
+            const V dp = host(tp);
+            // The host function on the device's choice.
+            VD probs(T * E, 0.0);
+            std::vector<uint8_t> map(T * E, 0);
+            for (int64_t i = 0; i < T * k; ++i) probs[(i / k) * E + di[i]] = dp[i], map[(i / k) * E + di[i]] = 1;
+            VD rprobs = probs;
+            std::vector<uint8_t> rmap = map;
+            apply_router_token_dropping(rprobs, rmap, T, E, k, cf, policy, pad);
+            std::vector<int64_t> rtpe;
+            const std::vector<int64_t> ridx = permute_indices(rmap, T, E, 0, E, &rtpe);
+            const int64_t cap = get_capacity(T * k, E, cf), R = cu::moe_capacity_max_rows(T, k, E, cap, pad);
+            Tensor row_token = Tensor::empty({R}, DType::kInt64, Device::cuda()),
+                   row_of = Tensor::empty({T, k}, DType::kInt64, Device::cuda()), pp = poisoned({R}, DType::kFloat32),
+                   counts = Tensor::empty({E}, DType::kInt64, Device::cuda());
+            if (!cu::moe_permute_capacity(idx, tp, E, cap, std::string(policy) == "position", pad, row_token, row_of, pp,
+                                          counts)) {
+              check_true(tag + " permute", false, "declined");
+              continue;
+            }
+            Tensor rt_h = row_token.to(Device::cpu()), ro_h = row_of.to(Device::cpu()), c_h = counts.to(Device::cpu());
+            const V ppv = host(pp);
+            const int64_t *rt = rt_h.data<int64_t>(), *ro = ro_h.data<int64_t>(), *ct = c_h.data<int64_t>();
+            const int64_t N = static_cast<int64_t>(ridx.size());
+            bool ok = std::equal(rtpe.begin(), rtpe.end(), ct) && std::equal(ridx.begin(), ridx.end(), rt);
+            std::vector<int64_t> row_expert;
+            for (int64_t e = 0; e < E; ++e) row_expert.insert(row_expert.end(), rtpe[e], e);
+            for (int64_t r = 0; r < N && ok; ++r) ok = ppv[r] == static_cast<float>(rprobs[ridx[r] * E + row_expert[r]]);
+            for (int64_t i = 0; i < T * k && ok; ++i) {
+              const int64_t t = i / k, e = di[i];
+              ok = rmap[t * E + e] ? ro[i] >= 0 && ro[i] < N && rt[ro[i]] == t && row_expert[ro[i]] == e : ro[i] == -1;
+            }
+            int64_t dropped = 0;
+            for (int64_t i = 0; i < T * k; ++i) dropped += ro[i] < 0 ? 1 : 0;
+            check_true(tag + " rows, order, probs, counts, row of every choice", ok,
+                       "capacity " + std::to_string(cap) + ", " + std::to_string(N) + " rows, " + std::to_string(dropped) +
+                           " choices dropped");
+            // The whole host float64 router, column by column where the pre-drop columns agree.
+            TopKOptions o;
+            o.topk = k;
+            o.use_pre_softmax = pre;
+            VD hp;
+            std::vector<uint8_t> hmap;
+            TopKState hs;
+            const VD lgd(lg.begin(), lg.end());
+            topk_routing_with_score_function(lgd, T, E, o, hp, hmap, hs);
+            for (double& p : hp) p = dt == DType::kFloat32 ? static_cast<float>(p) : round_to(static_cast<float>(p), dt);
+            VD hprobs = hp;
+            std::vector<uint8_t> hfinal = hmap;
+            apply_router_token_dropping(hprobs, hfinal, T, E, k, cf, policy, pad);
+            int64_t comparable = 0, bad = 0;
+            for (int64_t e = 0; e < E; ++e) {
+              bool same = true;
+              for (int64_t t = 0; t < T && same; ++t)
+                same = hmap[t * E + e] == map[t * E + e] &&
+                       static_cast<float>(hp[t * E + e]) == static_cast<float>(probs[t * E + e]);
+              if (!same) continue;
+              ++comparable;
+              for (int64_t t = 0; t < T; ++t) bad += hfinal[t * E + e] != rmap[t * E + e] ? 1 : 0;
+            }
+            // float32 probs of distinct float64 values differ in the last bit often: only bf16
+            // (rounded) and top-1 without pre-softmax (prob 1) must leave most columns comparable.
+            const bool most = dt != DType::kFloat32 || (k == 1 && !pre);
+            check_true(tag + " vs the host float64 router", bad == 0 && (!most || comparable * 2 >= E),
+                       std::to_string(comparable) + " of " + std::to_string(E) + " columns comparable, " +
+                           std::to_string(bad) + " entries differ");
+            // unpermute and backward with dropped choices
+            const int64_t h = 40;
+            const V rows = randn(std::max<int64_t>(N, 1) * h);
+            Tensor Rw = dev(rows, {std::max<int64_t>(N, 1), h}, DType::kFloat32), out = poisoned({T, h}, DType::kFloat32);
+            cu::moe_unpermute(Rw, row_of, out);
+            VD uref(T * h, 0.0);
+            for (int64_t i = 0; i < T * k; ++i)
+              if (ro[i] >= 0)
+                for (int64_t q = 0; q < h; ++q) uref[(i / k) * h + q] += rows[ro[i] * h + q];
+            check(tag + " unpermute", host(out), uref, 1e-5);
+            const V dperm = randn(std::max<int64_t>(N, 1), 0.3f);
+            Tensor Dp = dev(dperm, {std::max<int64_t>(N, 1)}, DType::kFloat32), dl = poisoned({T, E}, DType::kFloat32);
+            cu::moe_router_backward(L, idx, Dp, row_of, 0, pre, 1.0f, 1, nullptr, 0.0f, dl);
+            VD dprobs(T * E, 0.0);
+            for (int64_t i = 0; i < T * k; ++i)
+              if (ro[i] >= 0) dprobs[(i / k) * E + di[i]] = dperm[ro[i]];
+            const VD bref = topk_routing_backward(dprobs, o, hs);
+            const V dlv = host(dl);
+            V g;
+            VD r;
+            for (int64_t t = 0; t < T; ++t) {
+              bool same = true;  // tokens whose host selection is the device's (near ties aside)
+              for (int64_t j = 0; j < k; ++j) same = same && di[t * k + j] == hs.top_indices[t * k + j];
+              if (same)
+                for (int64_t e = 0; e < E; ++e) g.push_back(dlv[t * E + e]), r.push_back(bref[t * E + e]);
+            }
+            check(tag + " backward dlogits", g, r, 2e-5);
+          }
+}
+
 // MoELayer forward + backward with the device router (MEGATRON_MOE_DEVICE_ROUTER=1) against the
 // host router (=0) on the same parameters and input (bounds in the header of test_router).
 void test_router_layer() {
@@ -2135,10 +2283,20 @@ void test_router_layer() {
     std::vector<std::string> lb;
     std::vector<double> coeff;
     bool bias;
+    double capacity = 0;  // --moe-expert-capacity-factor (0: dropless)
+    std::string policy = "probs";
+    bool pad = false;
   };
   const std::vector<Case> cases = {
       {"softmax E=8 k=2 aux+seq_aux+z", 8, 2, "softmax", {"aux_loss", "seq_aux_loss"}, {1e-2, 1e-3}, false},
-      {"sigmoid+bias E=32 k=4 global_aux+z", 32, 4, "sigmoid", {"global_aux_loss"}, {1e-2}, true}};
+      {"sigmoid+bias E=32 k=4 global_aux+z", 32, 4, "sigmoid", {"global_aux_loss"}, {1e-2}, true},
+      {"softmax E=8 k=2 capacity 1.0 probs", 8, 2, "softmax", {"aux_loss"}, {1e-2}, false, 1.0, "probs", false},
+      {"softmax E=8 k=2 capacity 0.5 position pad", 8, 2, "softmax", {"aux_loss"}, {1e-2}, false, 0.5, "position",
+       true},
+      {"sigmoid+bias E=32 k=4 capacity 1.5 probs pad", 32, 4, "sigmoid", {"global_aux_loss"}, {1e-2}, true, 1.5,
+       "probs", true},
+      {"sigmoid+bias E=32 k=4 capacity 0.5 position", 32, 4, "sigmoid", {"aux_loss"}, {1e-2}, true, 0.5, "position",
+       false}};
   for (const Case& cs : cases) {
     const int64_t s = 128, b = 2, H = 64, F = 48;
     TransformerConfig c = megatron::bench::moe_leg_config(H, F, cs.E, cs.k, DType::kFloat32);
@@ -2147,6 +2305,9 @@ void test_router_layer() {
     c.moe_aux_loss_coeff = cs.coeff;
     c.moe_z_loss_coeff = 1e-3;
     c.moe_router_enable_expert_bias = cs.bias;
+    if (cs.capacity > 0) c.moe_expert_capacity_factor = cs.capacity;
+    c.moe_token_drop_policy = cs.policy;
+    c.moe_pad_expert_input_to_capacity = cs.pad;
     c.validate();
     tensor_parallel::TPContext tp{comm::make_single_rank_group()};
     ParamRegistry reg;
@@ -2427,6 +2588,7 @@ void test_router() {
         for (int64_t e = 0; e < E; ++e) g.push_back(dlv[t * E + e]), r.push_back(ref[t * E + e]);
     check(tag + " backward dlogits", g, r, 2e-5);
   }
+  test_router_capacity();
   test_router_layer();
 }
 

@@ -50,13 +50,8 @@ for r in 0 1; do
 done
 
 # 3. 2-layer Mixtral-shaped pretrain_gpt, host vs device router
-MIXTRAL=(--num-layers 2 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention
-  --num-query-groups 8 --kv-channels 128 --seq-length 4096 --max-position-embeddings 4096 --position-embedding-type rope
-  --rotary-base 1000000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear
-  --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-router-load-balancing-type aux_loss
-  --moe-aux-loss-coeff 1e-2 --micro-batch-size 1 --global-batch-size 1 --bf16 --log-interval 1 --lr 3e-4 --min-lr 3e-5
-  --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --mock-data --tokenizer-type NullTokenizer
-  --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path "$LOG/cache" --train-iters 6)
+source "$(dirname "$0")/moe_mixtral2l_args.sh"
+mixtral2l_args "$LOG/cache"
 for r in 0 1; do
   MEGATRON_MOE_DEVICE_ROUTER=$r timeout 120 "$BIN/pretrain_gpt" "${MIXTRAL[@]}" > "$LOG/pretrain_router$r.log" 2>&1
   rc=$?

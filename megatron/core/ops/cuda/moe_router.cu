@@ -9,10 +9,19 @@
 //  * moe_permute_map: one block per expert scans the tokens in order (ballot + warp prefix sums),
 //    giving each (token, choice) its rank inside the expert; a second kernel adds the expert's
 //    offset (prefix sum of the counts) and writes the row map and the permuted probabilities.
-//  * moe_unpermute: one block per token sums its k rows in choice order in float32.
-//  * moe_router_backward: one warp per token, the same recomputed scores as the forward.
+//  * moe_unpermute: one block per token sums its k rows in choice order in float32 (a row -1, a
+//    choice dropped by the capacity, is skipped).
+//  * moe_router_backward: one warp per token, the same recomputed scores as the forward (a
+//    dropped choice, row -1, gets no gradient: its prob was zeroed).
+//  * moe_permute_capacity (moe_capacity.h, outside the op table): the dropless permutation, then
+//    one block per expert finds its capacity threshold (a bitwise radix select over the
+//    (prob desc, token asc) keys of its routed tokens) and a second writes the kept (and padding)
+//    rows in token order by block scans.
+#include <algorithm>
+
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/moe_capacity.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -240,35 +249,57 @@ __global__ void router_stats_kernel(const float* __restrict__ aux_scores, const 
   }
 }
 
+// ---- block scans (permutation and capacity kernels) ----
+// Block-wide (every thread calls) exclusive prefix count of `flag` in thread order; *total gets
+// the block's count. warp_tot: 32 ints of shared memory.
+__device__ __forceinline__ int block_scan_flag(bool flag, int* warp_tot, int* total) {
+  const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+  const unsigned bal = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) warp_tot[wid] = __popc(bal);
+  __syncthreads();
+  int off = 0, tot = 0;
+  for (int i = 0; i < nw; ++i) {
+    if (i < wid) off += warp_tot[i];
+    tot += warp_tot[i];
+  }
+  __syncthreads();
+  *total = tot;
+  return off + __popc(bal & ((1u << lane) - 1u));
+}
+// Block-wide sum (every thread calls; every thread gets it). red: 32 long longs of shared memory.
+__device__ __forceinline__ long long block_sum_ll(long long v, long long* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  long long r = 0;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) r += red[i];
+  __syncthreads();
+  return r;
+}
+// Σ_{i < e} c[i] over the block.
+__device__ __forceinline__ long long block_prefix(const int64_t* c, int e, long long* red) {
+  long long v = 0;
+  for (int i = threadIdx.x; i < e; i += blockDim.x) v += c[i];
+  return block_sum_ll(v, red);
+}
 // One block (1024 threads) per expert e: scans tokens in order; rank_out[t k + j] = the rank of
 // token t among the tokens choosing e (for the j with topk_idx[t, j] == e); counts[e].
 __global__ void __launch_bounds__(1024)
     permute_rank_kernel(const int64_t* __restrict__ tidx, int T, int k, int64_t* __restrict__ rank_out,
                         int64_t* __restrict__ counts) {
   __shared__ int warp_tot[32];
-  __shared__ int64_t base;
-  const int e = blockIdx.x, lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-  if (threadIdx.x == 0) base = 0;
-  __syncthreads();
+  const int e = blockIdx.x;
+  int64_t base = 0;  // the same in every thread
   for (int t0 = 0; t0 < T; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     int jj = -1;
     if (t < T)
       for (int j = 0; j < k; ++j)
         if (tidx[(int64_t)t * k + j] == e) jj = j;
-    const unsigned bal = __ballot_sync(0xffffffffu, jj >= 0);
-    const int before = __popc(bal & ((1u << lane) - 1u));
-    if (lane == 0) warp_tot[wid] = __popc(bal);
-    __syncthreads();
-    int off = 0, tot = 0;
-    for (int i = 0; i < nw; ++i) {
-      if (i < wid) off += warp_tot[i];
-      tot += warp_tot[i];
-    }
-    if (jj >= 0) rank_out[(int64_t)t * k + jj] = base + off + before;
-    __syncthreads();
-    if (threadIdx.x == 0) base += tot;
-    __syncthreads();
+    int tot;
+    const int before = block_scan_flag(jj >= 0, warp_tot, &tot);
+    if (jj >= 0) rank_out[(int64_t)t * k + jj] = base + before;
+    base += tot;
   }
   if (threadIdx.x == 0) counts[e] = base;
 }
@@ -298,7 +329,10 @@ __global__ void unpermute_kernel(const X* __restrict__ rows, const int64_t* __re
   const int64_t t = blockIdx.x;
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) acc += to_f(rows[row_of[t * k + j] * h + c]);
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = row_of[t * k + j];
+      if (r >= 0) acc += to_f(rows[r * h + c]);  // -1: a choice dropped by the capacity
+    }
     out[t * h + c] = from_f<O>(acc);
   }
 }
@@ -324,7 +358,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     sm[e] = expf(to_f(x[e]) - m) / sum;
     d[e] = 0.f;
   }
-  for (int j = lane; j < k; j += 32) dp[j] = dprobs[row_of[(int64_t)t * k + j]] * scale;
+  for (int j = lane; j < k; j += 32) {
+    const int64_t r = row_of[(int64_t)t * k + j];
+    dp[j] = r >= 0 ? dprobs[r] * scale : 0.f;  // a dropped choice: its prob was zeroed
+  }
   __syncwarp();
   const int64_t* sel = tidx + (int64_t)t * k;
   if (sf == 0 && !pre) {
@@ -384,6 +421,112 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   for (int e = lane; e < E; e += 32) dlogits[(int64_t)t * E + e] = d[e] + z_coef * lse * sm[e];
+}
+
+
+// ---- capacity dropping (moe_capacity.h) ----
+// The capacity key of a routed (token, expert): its prob ("probs") or 1 ("position"). Keys > 0
+// form the ranked set P; every other token (key 0: not routed, or routed with prob 0) ranks
+// after P in token order.
+__device__ __forceinline__ float cap_key(float p, bool by_position) { return by_position ? 1.0f : p; }
+// (key desc, token asc) as one unsigned order: a positive float's bits order as the float.
+__device__ __forceinline__ unsigned long long cap_rank_key(float key, int64_t t) {
+  return ((unsigned long long)__float_as_uint(key) << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)t);
+}
+
+// One block (1024 threads) per expert e over its segment of the dropless permutation (tokens
+// ascending; row_token0 / pprobs0 / counts0 of moe_permute_map): np[e] = |P|; thr[e] = the
+// cap-th largest cap_rank_key of P when |P| > cap (bitwise radix select: keys are distinct, so
+// exactly cap keys are >= it), else 0 (all of P kept); rows[e] = the expert's final rows.
+// cap = min(capacity, T). A token outside P is kept iff its rank among the non-P tokens (its index
+// minus the P tokens before it) is below need = cap - min(|P|, cap).
+__global__ void __launch_bounds__(1024)
+    capacity_select_kernel(const int64_t* __restrict__ row_token0, const float* __restrict__ pprobs0,
+                           const int64_t* __restrict__ counts0, int64_t cap, bool by_position, bool pad,
+                           unsigned long long* __restrict__ thr_out, int64_t* __restrict__ np_out,
+                           int64_t* __restrict__ rows_out) {
+  __shared__ long long red[32];
+  __shared__ int wt[32];
+  const int e = blockIdx.x;
+  const long long off0 = block_prefix(counts0, e, red);
+  const int64_t c = counts0[e];
+  const int64_t* tok = row_token0 + off0;
+  const float* pr = pprobs0 + off0;
+  long long np = 0;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) np += cap_key(pr[i], by_position) > 0.f ? 1 : 0;
+  np = block_sum_ll(np, red);
+  unsigned long long thr = 0;
+  if (np > cap) {
+    for (int b = 62; b >= 0; --b) {  // bit 63 is a positive float's sign bit
+      const unsigned long long cand = thr | (1ull << b);
+      long long n = 0;
+      for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+        const float kk = cap_key(pr[i], by_position);
+        n += kk > 0.f && cap_rank_key(kk, tok[i]) >= cand ? 1 : 0;
+      }
+      if (block_sum_ll(n, red) >= cap) thr = cand;
+    }
+  }
+  const long long need = cap - (np < cap ? np : cap);
+  long long rows = pad ? cap : (np < cap ? np : cap);
+  if (!pad && need > 0) {  // routed tokens with prob 0 ranked among the non-P tokens
+    long long pbase = 0, z = 0;
+    for (int64_t i0 = 0; i0 < c; i0 += blockDim.x) {
+      const int64_t i = i0 + threadIdx.x;
+      const bool valid = i < c, inp = valid && cap_key(pr[i], by_position) > 0.f;
+      int ptot;
+      const int pb = block_scan_flag(inp, wt, &ptot);
+      if (valid && !inp && tok[i] - (pbase + pb) < need) ++z;
+      pbase += ptot;
+    }
+    rows += block_sum_ll(z, red);
+  }
+  if (threadIdx.x == 0) thr_out[e] = thr, np_out[e] = np, rows_out[e] = rows;
+}
+
+// One block per expert: writes its final rows (tokens ascending) at offset Σ_{e' < e} rows[e'],
+// and row_of of its choices (-1: dropped). Without padding it scans its dropless segment; with
+// padding all T tokens (non-P tokens join as padding rows, prob 0 unless routed).
+__global__ void __launch_bounds__(1024)
+    capacity_scatter_kernel(const int64_t* __restrict__ tidx, const float* __restrict__ tprob,
+                            const int64_t* __restrict__ row_token0, const float* __restrict__ pprobs0,
+                            const int64_t* __restrict__ counts0, int T, int k, int64_t cap, bool by_position,
+                            bool pad, const unsigned long long* __restrict__ thr_in, const int64_t* __restrict__ np_in,
+                            const int64_t* __restrict__ rows_in, int64_t* __restrict__ row_token,
+                            float* __restrict__ pprobs, int64_t* __restrict__ row_of) {
+  __shared__ long long red[32];
+  __shared__ int wt[32];
+  const int e = blockIdx.x;
+  const long long off0 = block_prefix(counts0, e, red), off = block_prefix(rows_in, e, red);
+  const int64_t c = counts0[e], np = np_in[e];
+  const unsigned long long thr = thr_in[e];
+  const long long need = cap - (np < cap ? np : cap);
+  const int64_t n_scan = pad ? T : c;
+  long long pbase = 0, rbase = 0;
+  for (int64_t i0 = 0; i0 < n_scan; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x;
+    const bool valid = i < n_scan;
+    int64_t t = 0;
+    int jj = -1;
+    float p = 0.f;
+    if (valid) {
+      t = pad ? i : row_token0[off0 + i];
+      for (int j = 0; j < k; ++j)
+        if (tidx[t * k + j] == e) jj = j;
+      if (jj >= 0) p = pad ? tprob[t * k + jj] : pprobs0[off0 + i];
+    }
+    const float kk = jj >= 0 ? cap_key(p, by_position) : 0.f;
+    const bool inp = kk > 0.f;
+    int ptot, ktot;
+    const int pb = block_scan_flag(inp, wt, &ptot);
+    const bool keep = valid && (inp ? cap_rank_key(kk, t) >= thr : t - (pbase + pb) < need);
+    const int kb = block_scan_flag(keep, wt, &ktot);
+    const int64_t r = off + rbase + kb;
+    if (keep) row_token[r] = t, pprobs[r] = p;
+    if (jj >= 0) row_of[t * k + jj] = keep ? r : -1;
+    pbase += ptot;
+    rbase += ktot;
+  }
 }
 
 }  // namespace
@@ -468,6 +611,55 @@ bool moe_permute_map(const Tensor& topk_idx, const Tensor& topk_probs, int64_t n
   return true;
 }
 
+int64_t moe_capacity_max_rows(int64_t T, int64_t k, int64_t E, int64_t capacity, bool pad_to_capacity) {
+  return pad_to_capacity ? E * std::min(capacity, T) : T * k;
+}
+
+bool moe_permute_capacity(const Tensor& topk_idx, const Tensor& topk_probs, int64_t num_experts, int64_t capacity,
+                          bool by_position, bool pad_to_capacity, Tensor& row_token, Tensor& row_of,
+                          Tensor& permuted_probs, Tensor& counts) {
+  check_cuda(topk_idx, "moe_permute_capacity");
+  const int64_t E = num_experts, n = topk_idx.numel(), k = topk_idx.dim() == 2 ? topk_idx.size(1) : 0;
+  if (E > 65535) return false;
+  const int64_t T = k ? n / k : 0, R = moe_capacity_max_rows(T, k, E, capacity, pad_to_capacity);
+  MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && k > 0 && capacity > 0 && topk_probs.dtype() == DType::kFloat32 &&
+                 topk_probs.numel() == n && row_token.dtype() == DType::kInt64 && row_token.numel() >= R &&
+                 row_of.dtype() == DType::kInt64 && row_of.numel() == n &&
+                 permuted_probs.dtype() == DType::kFloat32 && permuted_probs.numel() >= R &&
+                 counts.dtype() == DType::kInt64 && counts.numel() == E)
+      << "moe_permute_capacity: topk_idx " << topk_idx.str() << " probs " << topk_probs.str() << " E " << E
+      << " capacity " << capacity << " rows " << row_token.str() << " / " << permuted_probs.str() << " for " << R;
+  MEGATRON_CHECK(n < (1ll << 31) && R < (1ll << 62)) << "moe_permute_capacity: " << n << " choices";
+  cudaStream_t st = megatron::cuda::current_stream();
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(counts.data_ptr(), 0, (size_t)E * sizeof(int64_t), st));
+    return true;
+  }
+  const Device dev = topk_idx.device();
+  // The dropless permutation first: each expert's routed tokens in order, with their probs.
+  Tensor row_token0 = Tensor::empty({n}, DType::kInt64, dev), pprobs0 = Tensor::empty({n}, DType::kFloat32, dev),
+         counts0 = Tensor::empty({E}, DType::kInt64, dev), scratch = Tensor::empty({3 * E}, DType::kInt64, dev);
+  MEGATRON_CHECK(moe_permute_map(topk_idx, topk_probs, E, row_token0, row_of, pprobs0, counts0))
+      << "moe_permute_capacity: moe_permute_map declined";
+  int64_t* sc = static_cast<int64_t*>(scratch.data_ptr());
+  auto* thr = reinterpret_cast<unsigned long long*>(sc);
+  const int64_t cap = std::min(capacity, T);
+  capacity_select_kernel<<<(unsigned)E, 1024, 0, st>>>(static_cast<const int64_t*>(row_token0.data_ptr()),
+                                                       static_cast<const float*>(pprobs0.data_ptr()),
+                                                       static_cast<const int64_t*>(counts0.data_ptr()), cap,
+                                                       by_position, pad_to_capacity, thr, sc + E,
+                                                       static_cast<int64_t*>(counts.data_ptr()));
+  CUDA_CHECK_LAUNCH();
+  capacity_scatter_kernel<<<(unsigned)E, 1024, 0, st>>>(
+      static_cast<const int64_t*>(topk_idx.data_ptr()), static_cast<const float*>(topk_probs.data_ptr()),
+      static_cast<const int64_t*>(row_token0.data_ptr()), static_cast<const float*>(pprobs0.data_ptr()),
+      static_cast<const int64_t*>(counts0.data_ptr()), (int)T, (int)k, cap, by_position, pad_to_capacity, thr, sc + E,
+      static_cast<const int64_t*>(counts.data_ptr()), static_cast<int64_t*>(row_token.data_ptr()),
+      static_cast<float*>(permuted_probs.data_ptr()), static_cast<int64_t*>(row_of.data_ptr()));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 bool moe_unpermute(const Tensor& rows, const Tensor& row_of, Tensor& out) {
   check_cuda(rows, "moe_unpermute");
   const int64_t h = out.dim() ? out.size(-1) : 0, T = h ? out.numel() / h : 0;
@@ -495,7 +687,9 @@ bool moe_router_backward(const Tensor& logits, const Tensor& topk_idx, const Ten
   const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = T ? topk_idx.numel() / T : 0;
   if (E > kMaxExperts) return false;
   MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && k >= 1 && k <= E && topk_idx.numel() == T * k &&
-                 dprobs.dtype() == DType::kFloat32 && dprobs.numel() == T * k && row_of.dtype() == DType::kInt64 &&
+                 // dprobs: one per permuted row (T k dropless; the kept and padding rows with capacity)
+                 dprobs.dtype() == DType::kFloat32 && (dprobs.numel() > 0 || T == 0) &&
+                 row_of.dtype() == DType::kInt64 &&
                  row_of.numel() == T * k && dlogits.dtype() == DType::kFloat32 && dlogits.numel() == T * E &&
                  bsz >= 1 && T % bsz == 0 && score_function >= 0 && score_function <= 2 &&
                  (!aux_coef || (aux_coef->dtype() == DType::kFloat32 && aux_coef->numel() == bsz * E)))

@@ -59,6 +59,7 @@ Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) cons
   if (dispatcher_->device_dispatch_supported() && router_->device_routing_supported(tokens) &&
       router_->forward_device(tokens, s, b, fc.training, fc.seed, offset, ctx.router, fc.grad_enabled)) {
     expert_in = dispatcher_->dispatch_device(tokens, ctx.router, &tpe, &pprobs, ctx.dispatch);
+    router_->add_dispatched_counts(tpe, ctx.router);
   } else {
     router_->forward(tokens, s, b, fc.training, fc.seed, offset, probs, map, ctx.router, fc.grad_enabled);
     expert_in = dispatcher_->dispatch(tokens, probs, map, &tpe, &pprobs, ctx.dispatch);

@@ -270,7 +270,7 @@ bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER
 
 bool TopKRouter::device_routing_supported(const Tensor& x) const {
   return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
-         !config_.moe_expert_capacity_factor && *config_.num_moe_experts <= 1024;
+         *config_.num_moe_experts <= 1024;
 }
 
 namespace {
@@ -290,6 +290,7 @@ bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz
   ctx.T = T;
   ctx.E = E;
   ctx.bsz = bsz;
+  ctx.count_after_dispatch = false;
   Tensor in = jittered_input(x, training, seed, offset, ctx);
   ctx.logits = gating_logits(in, ctx);
   ctx.topk_idx = Tensor::empty({T, k}, DType::kInt64, x.device());
@@ -340,10 +341,22 @@ bool TopKRouter::forward_device(const Tensor& x, int64_t seq_length, int64_t bsz
         });
     ctx.aux_coef = to_device_f32(coef, {BE}, x.device());
   }
-  // Expert-bias token counts (Megatron's _apply_expert_bias, on the routing map).
-  if (bias_counts)
+  // Expert-bias token counts (Megatron's _apply_expert_bias, on the routing map). With capacity
+  // dropping the final map is the dispatcher's (add_dispatched_counts).
+  if (bias_counts && config_.moe_expert_capacity_factor)
+    ctx.count_after_dispatch = true;
+  else if (bias_counts)
     for (int64_t e = 0; e < E; ++e) local_tokens_per_expert_[static_cast<size_t>(e)] += st[2 * BE + e];
   return true;
+}
+
+void TopKRouter::add_dispatched_counts(const std::vector<int64_t>& tokens_per_expert, RouterCtx& ctx) {
+  if (!ctx.count_after_dispatch) return;
+  MEGATRON_CHECK(tokens_per_expert.size() == local_tokens_per_expert_.size())
+      << prefix_ << ": " << tokens_per_expert.size() << " expert counts for " << local_tokens_per_expert_.size();
+  for (size_t e = 0; e < tokens_per_expert.size(); ++e)
+    local_tokens_per_expert_[e] += static_cast<double>(tokens_per_expert[e]);
+  ctx.count_after_dispatch = false;
 }
 
 Tensor TopKRouter::backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx) {

@@ -52,6 +52,9 @@ struct RouterCtx {
   int64_t bsz = 1;
   Tensor logits, topk_idx, topk_probs, aux_coef;
   double z_coef = 0;
+  // forward_device left the expert-bias token counts to add_dispatched_counts (capacity
+  // dropping: the final routing map is the dispatcher's).
+  bool count_after_dispatch = false;
 };
 
 /// MEGATRON_MOE_DEVICE_ROUTER: "1" / unset (the default since tests/gpu/moerouter_check.sh passed
@@ -79,7 +82,8 @@ class TopKRouter {
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
 
   /// True when forward_device can route x: x on CUDA, moe_device_router_enabled(), the router
-  /// dtype not fp64, no capacity / token dropping, E <= 1024 (the op may still decline a group-limited
+  /// dtype not fp64, E <= 1024 (capacity dropping and padding then run in the dispatcher's device
+  /// permutation, TokenDispatcher::dispatch_device; the op may still decline a group-limited
   /// shape whose shared memory is too large: forward_device then returns false). Otherwise
   /// (and on the CPU) the host float64 forward runs (docs/moe.md "Kernels").
   bool device_routing_supported(const Tensor& x) const;
@@ -90,10 +94,16 @@ class TopKRouter {
   /// or expert-bias counts apply. Returns false (nothing done) where the op declines.
   bool forward_device(const Tensor& x, int64_t seq_length, int64_t bsz, bool training, uint64_t seed, uint64_t offset,
                       RouterCtx& ctx, bool grad_enabled = true);
-  /// backward() of forward_device: dprobs float32 [T k] (the gradient of the permuted probs, on
-  /// the device), row_of int64 [T, k] (the permuted row of each choice, ops::moe_permute_map) ->
+  /// backward() of forward_device: dprobs float32 [N] (the gradient of the permuted probs, on the
+  /// device; N = T k dropless, the kept and padding rows with capacity dropping), row_of int64
+  /// [T, k] (the permuted row of each choice, ops::moe_permute_map; -1 = dropped, no gradient) ->
   /// dx [T, h]; accumulates the router weight's gradient.
   Tensor backward_device(const Tensor& dprobs, const Tensor& row_of, RouterCtx& ctx);
+  /// After forward_device and TokenDispatcher::dispatch_device with --moe-expert-capacity-factor:
+  /// adds the final rows per expert (tokens_per_expert [E], the routing map after dropping /
+  /// padding, as forward() counts it) to local_tokens_per_expert when forward_device counted
+  /// for the expert bias (ctx.count_after_dispatch; otherwise nothing).
+  void add_dispatched_counts(const std::vector<int64_t>& tokens_per_expert, RouterCtx& ctx);
 
   /// Megatron's reset_global_aux_loss_tracker (once per global batch).
   void reset_global_aux_loss_tracker();

@@ -4,6 +4,9 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/utils/errors.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/moe_capacity.h"
+#endif
 
 namespace megatron::transformer::moe {
 namespace {
@@ -68,18 +71,41 @@ Tensor TokenDispatcher::dispatch_device(const Tensor& tokens, const RouterCtx& r
       << "dispatch_device with an expert-TP x EP group of " << groups_.tp_ep->size();
   init_ctx(tokens, ctx);
   MEGATRON_CHECK(L_ == ctx.E) << "dispatch_device: " << L_ << " local experts of " << ctx.E;
-  const int64_t N = router.topk_idx.numel();
+  int64_t N = router.topk_idx.numel();
   const Device dev = tokens.device();
   ctx.device = true;
-  ctx.row_token = Tensor::empty({N}, DType::kInt64, dev);
   ctx.row_of = Tensor::empty(router.topk_idx.shape(), DType::kInt64, dev);
-  *permuted_probs = Tensor::empty({N}, DType::kFloat32, dev);
   Tensor counts = Tensor::empty({ctx.E}, DType::kInt64, dev);
-  MEGATRON_CHECK(ops::moe_permute_map(router.topk_idx, router.topk_probs, ctx.E, ctx.row_token, ctx.row_of,
-                                      *permuted_probs, counts))
-      << "moe_permute_map declined";
+  if (config_.moe_expert_capacity_factor) {
+    // Capacity dropping / padding on the device (Megatron's apply_router_token_dropping).
+#ifdef MEGATRON_WITH_CUDA
+    const int64_t k = router.topk_idx.size(1);
+    const int64_t cap = get_capacity(ctx.T * k, ctx.E, *config_.moe_expert_capacity_factor);
+    const bool pad = config_.moe_pad_expert_input_to_capacity;
+    const int64_t R = ops::cuda::moe_capacity_max_rows(ctx.T, k, ctx.E, cap, pad);
+    ctx.row_token = Tensor::empty({R}, DType::kInt64, dev);
+    *permuted_probs = Tensor::empty({R}, DType::kFloat32, dev);
+    MEGATRON_CHECK(ops::cuda::moe_permute_capacity(router.topk_idx, router.topk_probs, ctx.E, cap,
+                                                   config_.moe_token_drop_policy == "position", pad, ctx.row_token,
+                                                   ctx.row_of, *permuted_probs, counts))
+        << "moe_permute_capacity declined";
+#else
+    MEGATRON_CHECK(false) << "dispatch_device with capacity dropping in a build without CUDA";
+#endif
+  } else {
+    ctx.row_token = Tensor::empty({N}, DType::kInt64, dev);
+    *permuted_probs = Tensor::empty({N}, DType::kFloat32, dev);
+    MEGATRON_CHECK(ops::moe_permute_map(router.topk_idx, router.topk_probs, ctx.E, ctx.row_token, ctx.row_of,
+                                        *permuted_probs, counts))
+        << "moe_permute_map declined";
+  }
   Tensor ch = counts.to(Device::cpu());  // the grouped GEMM's sizes: the one sync of the dispatch
   tokens_per_expert->assign(ch.data<int64_t>(), ch.data<int64_t>() + ctx.E);
+  if (config_.moe_expert_capacity_factor) {  // the rows kept (and padded): the first N of the buffers
+    N = std::accumulate(tokens_per_expert->begin(), tokens_per_expert->end(), int64_t{0});
+    ctx.row_token = ctx.row_token.narrow0(0, N);
+    *permuted_probs = permuted_probs->narrow0(0, N);
+  }
   Tensor out = Tensor::empty({N, ctx.h}, tokens.dtype(), dev);
   if (N > 0) ops::embedding_forward(ctx.row_token, tokens.view({ctx.T, ctx.h}), out);
   return out;

@@ -29,7 +29,8 @@ struct DispatchCtx {
   int64_t n_local = 0, n_recv = 0;
   // The device permutation (TokenDispatcher::dispatch_device; one rank of expert-TP x EP): the
   // token of every permuted row int64 [N], the permuted row of every choice int64 [T, k], and
-  // (after dispatch_backward) the gradient of the permuted probs float32 [N].
+  // (after dispatch_backward) the gradient of the permuted probs float32 [N]. With capacity
+  // dropping row_of is -1 for a dropped choice and N the kept (and padding) rows.
   bool device = false;
   Tensor row_token, row_of, dpermuted_probs;
 };
@@ -54,7 +55,11 @@ class TokenDispatcher {
   /// dispatch() for a device router's choice (router.ctx.device): permutes on the device
   /// (ops::moe_permute_map + a row gather; Megatron's permute() order, expert-major, tokens
   /// ascending), ctx.device = true, and combine / combine_backward / dispatch_backward then run on
-  /// the device (ops::moe_unpermute: each token sums its k rows in choice order). The one
+  /// the device (ops::moe_unpermute: each token sums its k rows in choice order). With
+  /// --moe-expert-capacity-factor the permutation drops (and with
+  /// --moe-pad-expert-input-to-capacity pads) on the device (ops/cuda/moe_capacity.h): dropped
+  /// choices have row -1, padding rows of tokens that did not choose the expert carry prob 0 and
+  /// are left out of the unpermute sum (their expert output is exactly 0). The one
   /// device -> host copy is the E row counts (*tokens_per_expert, for the grouped GEMM's sizes).
   /// Throws unless device_dispatch_supported().
   Tensor dispatch_device(const Tensor& tokens, const RouterCtx& router, std::vector<int64_t>* tokens_per_expert,
