@@ -857,6 +857,20 @@ bool flash_shape_ok(const Tensor& q) {
   return (q.size(3) == 64 || q.size(3) == 128) && q.dtype() == DType::kBFloat16;
 }
 
+// Which attention backward --deterministic-mode runs: said once per process.
+void note_deterministic_backward_once(Backend be) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  if (be == Backend::kCudnn)
+    std::fprintf(stderr, "note: --deterministic-mode with MEGATRON_ATTENTION_BACKEND=cudnn: cuDNN's attention backward "
+                         "was measured not bitwise reproducible run to run; unset the variable for the deterministic "
+                         "generic backward\n");
+  else
+    std::fprintf(stderr, "note: --deterministic-mode: the attention backward runs the generic CUDA kernel (fixed-order "
+                         "sums; cuDNN's backward was measured not reproducible and the flash backward adds dQ with "
+                         "atomics), slower than the default backward\n");
+}
+
 // Shapes shared by every path (ops.h contract).
 void check_shapes(const char* name, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
   check_cuda(q, name);
@@ -968,13 +982,18 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     note_dropout_once(p, q, false, be == Backend::kGeneric ? "MEGATRON_ATTENTION_BACKEND=generic" : "unaligned or mixed-dtype tensors");
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   }
-  if (be != Backend::kFlash && !drop && q.size(0) > 0 && q.size(1) > 0) {
+  // Deterministic mode under auto skips cuDNN's backward: on an H200 (cuDNN 9, 2026-12-01) two
+  // --deterministic-mode runs of GPT-2 124M and of a LLaMA-8B-shaped layer differed after one step
+  // with it and matched bit for bit with the generic backward (docs/cuda.md "Attention").
+  const bool det = megatron::cuda::deterministic();
+  if (det) note_deterministic_backward_once(be);
+  if (be != Backend::kFlash && !drop && !(det && be == Backend::kAuto) && q.size(0) > 0 && q.size(1) > 0) {
     if (cudnn_sdpa::backward(dout, q, k, v, out, lse, p, dq, dk, dv)) return;
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
   // Our flash backward adds dq with atomics: not in deterministic mode (deterministic.h).
-  if (!flash_shape_ok(q) || megatron::cuda::deterministic()) {
+  if (!flash_shape_ok(q) || det) {
     note_dropout_once(p, q, false,
                       flash_shape_ok(q) ? "backward in deterministic mode: the flash backward adds dQ with atomics"
                                         : "the flash kernels take head dims 64 and 128");
