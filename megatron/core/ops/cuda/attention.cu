@@ -866,9 +866,9 @@ void note_deterministic_backward_once(Backend be) {
                          "was measured not bitwise reproducible run to run; unset the variable for the deterministic "
                          "generic backward\n");
   else
-    std::fprintf(stderr, "note: --deterministic-mode: the attention backward runs the generic CUDA kernel (fixed-order "
-                         "sums; cuDNN's backward was measured not reproducible and the flash backward adds dQ with "
-                         "atomics), slower than the default backward\n");
+    std::fprintf(stderr, "note: --deterministic-mode: attention runs our flash forward and the generic CUDA backward "
+                         "(fixed-order sums; cuDNN's attention was measured not reproducible run to run and the flash "
+                         "backward adds dQ with atomics), slower than the default backward\n");
 }
 
 // Shapes shared by every path (ops.h contract).
@@ -911,7 +911,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   // One query row per sequence (text generation's decode step against the KV cache): the
   // split-K decode kernel (no dropout). cuDNN would build a new plan for every cache length.
   if (be != Backend::kCudnn && decode_attention::forward(q, k, v, p, out, lse)) return;
-  if (be != Backend::kFlash && !drop && q.size(0) > 0 && q.size(1) > 0) {
+  // Deterministic mode under auto: our flash forward, not cuDNN's (on the H200, GPT-2 124M's
+  // deterministic runs still differed with cuDNN's forward + the generic backward, and matched
+  // with the flash forward + the generic backward; see attention_backward).
+  const bool det_auto = megatron::cuda::deterministic() && be == Backend::kAuto;
+  if (be != Backend::kFlash && !drop && !det_auto && q.size(0) > 0 && q.size(1) > 0) {
     if (cudnn_sdpa::forward(q, k, v, p, out, lse)) return;
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_forward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
@@ -982,9 +986,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     note_dropout_once(p, q, false, be == Backend::kGeneric ? "MEGATRON_ATTENTION_BACKEND=generic" : "unaligned or mixed-dtype tensors");
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   }
-  // Deterministic mode under auto skips cuDNN's backward: on an H200 (cuDNN 9, 2026-12-01) two
-  // --deterministic-mode runs of GPT-2 124M and of a LLaMA-8B-shaped layer differed after one step
-  // with it and matched bit for bit with the generic backward (docs/cuda.md "Attention").
+  // Deterministic mode under auto skips cuDNN's backward (and forward): on an H200 (cuDNN 9,
+  // 2026-12-01) two --deterministic-mode runs of GPT-2 124M and of a LLaMA-8B-shaped layer differed
+  // after one step with cuDNN and matched bit for bit with the flash forward + the generic backward
+  // (docs/cuda.md "Attention").
   const bool det = megatron::cuda::deterministic();
   if (det) note_deterministic_backward_once(be);
   if (be != Backend::kFlash && !drop && !(det && be == Backend::kAuto) && q.size(0) > 0 && q.size(1) > 0) {
