@@ -14,8 +14,11 @@
 #     each (iterations 3..6); PASS iff the iteration-1 lm loss agrees within 1e-5 relative (same
 #     logits and bf16 probs; the dropping is decided on those probs, so the two paths keep the same
 #     tokens unless a float32-vs-float64 prob rounds to another bf16 value at a capacity boundary)
-#     and every iteration within 1e-2 (bf16 Adam steps amplify last-bit differences, as in
-#     tests/gpu/moegemm_check.sh).
+#     and every iteration within 1e-1. The later bound is loose on purpose: two runs of the SAME
+#     host-router binary with capacity 1.0 differ by 1.1e-4, 3.8e-3, 1.3e-2 and 4.2e-2 relative at
+#     iterations 3-6 (H200, 2026-12-01: nondeterministic kernels flip tokens at the capacity
+#     boundary, and each flip moves the next steps), so a 1e-2 bound fails without any fault; the
+#     device path is judged exactly by gpu_ops_test (1.) and by iteration 1 here.
 set -u
 BIN=${1:?usage: tests/gpu/moecap_check.sh BIN_DIR LOGDIR}
 LOG=${2:?usage: tests/gpu/moecap_check.sh BIN_DIR LOGDIR}
@@ -68,8 +71,8 @@ for name, r in (('host', h), ('device', d)):
 if len(h) != 6 or sorted(h) != sorted(d):
     print('FAIL pretrain_gpt capacity 1.0 host vs device router: iterations %s vs %s' % (sorted(h), sorted(d))); sys.exit(1)
 rel = {i: abs(d[i][0] - h[i][0]) / abs(h[i][0]) for i in h}
-ok = rel[1] <= 1e-5 and max(rel.values()) <= 1e-2
-print('%s pretrain_gpt capacity 1.0 device vs host router: lm loss rel diff it1 %.2e (tol 1e-5) worst %.2e (tol 1e-2) (lm loss %.4f -> %.4f)'
+ok = rel[1] <= 1e-5 and max(rel.values()) <= 1e-1
+print('%s pretrain_gpt capacity 1.0 device vs host router: lm loss rel diff it1 %.2e (tol 1e-5) worst %.2e (tol 1e-1) (lm loss %.4f -> %.4f)'
       % ('PASS' if ok else 'FAIL', rel[1], max(rel.values()), h[1][0], h[6][0]))
 sys.exit(0 if ok else 1)
 PY
