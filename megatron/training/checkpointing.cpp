@@ -421,8 +421,9 @@ json load_checkpoint_common(const std::string& dir) {
                                                        : dc::load_common_state(dir);
 }
 
-LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
-                           comm::ProcessGroup* world) {
+namespace {
+LoadResult load_checkpoint_impl(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                                comm::ProcessGroup* world) {
   LoadResult res;
   if (cfg.load.empty()) return res;
   int64_t it = 0;
@@ -544,6 +545,21 @@ LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const
                     std::to_string(ranks.tp_size) + ", p " + std::to_string(ranks.pp_rank + 1) + "/" +
                     std::to_string(ranks.pp_size) + " ] at iteration " + std::to_string(res.iteration));
   return res;
+}
+}  // namespace
+
+// A damaged common state (a checkpoint without checksums whose common.json was edited: a field of
+// the wrong type) surfaces as a JSON type error deep in the reads above; it is the user's file, so
+// it becomes one line naming the checkpoint (found by tools/dev/flag_sweep.sh).
+LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
+                           comm::ProcessGroup* world) {
+  try {
+    return load_checkpoint_impl(st, cfg, ranks, world);
+  } catch (const json::exception& e) {
+    user_error("--load ", cfg.load, ": a field of the checkpoint's common state (common.json) is missing or of the "
+               "wrong type (", e.what(), "): the file was edited or damaged after the save; restore it from a copy "
+               "or re-save the checkpoint");
+  }
 }
 
 // ---- generate_state_dict / load_state_dict ----

@@ -50,4 +50,14 @@ CK=$(mktemp -d); mkdir "$CK/iter_0000001"; echo 1 > "$CK/latest_checkpointed_ite
 expect "error: $CK/iter_0000001/metadata.json: a field is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with array): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint" \
   "${BASE[@]}" --load "$CK"
 rm -rf "$CK"
+# A checkpoint without checksums (older) whose common.json has a field of the wrong type: one error
+# line naming the checkpoint (after the warning that nothing is verified), not a JSON exception.
+CK=$(mktemp -d); mkdir "$CK/iter_0000001"; echo 1 > "$CK/latest_checkpointed_iteration.txt"
+printf '%s' '{"sharded_backend":"megatron_cpp_safetensors","sharded_backend_version":1}' > "$CK/iter_0000001/metadata.json"
+echo '[]' > "$CK/iter_0000001/common.json"
+err=$("$BIN/pretrain_gpt" "${BASE[@]}" --load "$CK" 2>&1 >/dev/null); rc=$?
+want="error: --load $CK: a field of the checkpoint's common state (common.json) is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with array): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint"
+if [[ $rc -ne 0 && "$(grep '^error' <<<"$err")" == "$want" && $(grep -c . <<<"$err") -le 2 ]]; then echo "ok: $want"
+else echo "FAIL: rc $rc, got '$err' want '$want'"; fail=1; fi
+rm -rf "$CK"
 exit $fail
