@@ -13,13 +13,9 @@ source "$SRC/tests/functional_tests/train_log.inc"  # log_summary, summaries_equ
 source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS, moe_summary, moe_equal
 ARGS=("${MOE_ARGS[@]}" --train-iters 4 --eval-interval 2 --moe-layer-freq '([0]+[1])')
 
-run() {  # run NAME LAUNCHER... -- EXTRA ARGS
-  local name=$1; shift
-  local launch=()
-  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-  shift
-  timeout 180 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
-    || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
+run() {  # run NAME LAUNCHER... -- EXTRA ARGS (moe_common.inc moe_run), then the log's summaries
+  local name=$1
+  moe_run 180 "$@"
   log_summary "$LOGDIR/$name.log" >"$LOGDIR/$name.sum"
   [ "$name" = no_aux ] && return  # load_balancing_loss is 0 there, and a zero average is not printed
   moe_summary "$LOGDIR/$name.log" >"$LOGDIR/$name.moe" || fail "$name: MoE metrics missing from the iteration lines"

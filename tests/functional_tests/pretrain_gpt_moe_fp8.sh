@@ -23,14 +23,7 @@ source "$SRC/tests/functional_tests/moe_common.inc"  # MOE_ARGS
 export MEGATRON_DEVICE=cpu
 ARGS=("${MOE_ARGS[@]}" --train-iters 12 --eval-interval 100 --eval-iters 0 --moe-layer-freq 1 --bf16)
 FP8=(--fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max)
-run() {  # run NAME LAUNCHER... -- EXTRA ARGS
-  local name=$1; shift
-  local launch=()
-  while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-  shift
-  timeout 300 "${launch[@]}" "$BIN/pretrain_gpt" "${ARGS[@]}" "$@" >"$LOGDIR/$name.log" 2>&1 \
-    || { tail -30 "$LOGDIR/$name.log" >&2; fail "$name exited with status $?"; }
-}
+run() { moe_run 300 "$@"; }  # run NAME LAUNCHER... -- EXTRA ARGS
 loss() { grep " iteration *$2/ *12 " "$1" | sed 's/.*lm loss: \([0-9.E+-]*\) .*/\1/'; }
 
 run bf16 env --

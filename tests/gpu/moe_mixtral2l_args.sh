@@ -10,3 +10,15 @@ mixtral2l_args() {
     --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --log-throughput --mock-data --tokenizer-type NullTokenizer
     --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path "$1" --train-iters 6)
 }
+# mixtral2l_run_routers LOG_PREFIX TIMEOUT LABEL: pretrain_gpt "${MIXTRAL[@]}" with
+# MEGATRON_MOE_DEVICE_ROUTER=0 (host router) and =1 (device router), logs LOG_PREFIX0.log and
+# LOG_PREFIX1.log; a failed run prints "FAIL pretrain_gpt LABEL MEGATRON_MOE_DEVICE_ROUTER=r rc=N"
+# and its log's tail and sets status=1. Needs BIN and MIXTRAL.
+mixtral2l_run_routers() {
+  local r rc
+  for r in 0 1; do
+    MEGATRON_MOE_DEVICE_ROUTER=$r timeout "$2" "$BIN/pretrain_gpt" "${MIXTRAL[@]}" > "$1$r.log" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || { echo "FAIL pretrain_gpt ${3:+$3 }MEGATRON_MOE_DEVICE_ROUTER=$r rc=$rc"; tail -5 "$1$r.log"; status=1; }
+  done
+}

@@ -45,11 +45,7 @@ fi
 source "$(dirname "$0")/moe_mixtral2l_args.sh"
 mixtral2l_args "$LOG/cache"
 MIXTRAL+=(--moe-expert-capacity-factor 1.0 --moe-token-drop-policy probs)
-for r in 0 1; do
-  MEGATRON_MOE_DEVICE_ROUTER=$r timeout 40 "$BIN/pretrain_gpt" "${MIXTRAL[@]}" > "$LOG/pretrain_capacity_router$r.log" 2>&1
-  rc=$?
-  [ "$rc" = 0 ] || { echo "FAIL pretrain_gpt capacity 1.0 MEGATRON_MOE_DEVICE_ROUTER=$r rc=$rc"; tail -5 "$LOG/pretrain_capacity_router$r.log"; status=1; }
-done
+mixtral2l_run_routers "$LOG/pretrain_capacity_router" 40 "capacity 1.0"
 rm -rf "$LOG/cache"
 python3 - "$LOG/pretrain_capacity_router0.log" "$LOG/pretrain_capacity_router1.log" <<'PY' || status=1
 import re, sys

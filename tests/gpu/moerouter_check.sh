@@ -52,11 +52,7 @@ done
 # 3. 2-layer Mixtral-shaped pretrain_gpt, host vs device router
 source "$(dirname "$0")/moe_mixtral2l_args.sh"
 mixtral2l_args "$LOG/cache"
-for r in 0 1; do
-  MEGATRON_MOE_DEVICE_ROUTER=$r timeout 120 "$BIN/pretrain_gpt" "${MIXTRAL[@]}" > "$LOG/pretrain_router$r.log" 2>&1
-  rc=$?
-  [ "$rc" = 0 ] || { echo "FAIL pretrain_gpt MEGATRON_MOE_DEVICE_ROUTER=$r rc=$rc"; tail -5 "$LOG/pretrain_router$r.log"; status=1; }
-done
+mixtral2l_run_routers "$LOG/pretrain_router" 120 ""
 rm -rf "$LOG/cache"
 python3 - "$LOG/pretrain_router0.log" "$LOG/pretrain_router1.log" <<'PY' || status=1
 import re, sys
