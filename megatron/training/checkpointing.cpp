@@ -422,6 +422,23 @@ json load_checkpoint_common(const std::string& dir) {
 }
 
 namespace {
+/// Runs `read` (which reads a checkpoint's common state) with JSON type errors turned into one user
+/// line naming --load: a checkpoint without checksums whose common.json was edited (a field of the
+/// wrong type) fails deep in the field reads, and it is the user's file (found by
+/// tools/dev/flag_sweep.sh). Used by load_checkpoint and load_args_from_checkpoint.
+template <class F>
+auto with_common_state_errors(const std::string& load, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const json::exception& e) {
+    user_error("--load ", load, ": a field of the checkpoint's common state (common.json) is missing or of the "
+               "wrong type (", e.what(), "): the file was edited or damaged after the save; restore it from a copy "
+               "or re-save the checkpoint");
+  }
+}
+}  // namespace
+
+namespace {
 LoadResult load_checkpoint_impl(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
                                 comm::ProcessGroup* world) {
   LoadResult res;
@@ -548,18 +565,9 @@ LoadResult load_checkpoint_impl(TrainingState& st, const CheckpointConfig& cfg, 
 }
 }  // namespace
 
-// A damaged common state (a checkpoint without checksums whose common.json was edited: a field of
-// the wrong type) surfaces as a JSON type error deep in the reads above; it is the user's file, so
-// it becomes one line naming the checkpoint (found by tools/dev/flag_sweep.sh).
 LoadResult load_checkpoint(TrainingState& st, const CheckpointConfig& cfg, const ParallelRanks& ranks,
                            comm::ProcessGroup* world) {
-  try {
-    return load_checkpoint_impl(st, cfg, ranks, world);
-  } catch (const json::exception& e) {
-    user_error("--load ", cfg.load, ": a field of the checkpoint's common state (common.json) is missing or of the "
-               "wrong type (", e.what(), "): the file was edited or damaged after the save; restore it from a copy "
-               "or re-save the checkpoint");
-  }
+  return with_common_state_errors(cfg.load, [&] { return load_checkpoint_impl(st, cfg, ranks, world); });
 }
 
 // ---- generate_state_dict / load_state_dict ----
@@ -726,9 +734,9 @@ std::vector<std::string> override_values(const json& v) {
 
 }  // namespace
 
-Arguments load_args_from_checkpoint(const std::vector<std::string>& argv, const Arguments& args,
-                                    std::vector<std::string>& log) {
-  if (!args.load) user_error("--use-checkpoint-args requires --load (the checkpoint directory whose arguments to use)");
+namespace {
+Arguments load_args_from_checkpoint_impl(const std::vector<std::string>& argv, const Arguments& args,
+                                         std::vector<std::string>& log) {
   const std::string& load = *args.load;
   const auto tr = iteration_to_load(load, args.ckpt_step.value_or(-1), args.exit_on_missing_checkpoint);
   if (!tr) {
@@ -878,6 +886,13 @@ Arguments load_args_from_checkpoint(const std::vector<std::string>& argv, const 
                "position_embedding_type ", out.position_embedding_type,
                ": --no-position-embedding is deprecated, use --position-embedding-type");
   return out;
+}
+}  // namespace
+
+Arguments load_args_from_checkpoint(const std::vector<std::string>& argv, const Arguments& args,
+                                    std::vector<std::string>& log) {
+  if (!args.load) user_error("--use-checkpoint-args requires --load (the checkpoint directory whose arguments to use)");
+  return with_common_state_errors(*args.load, [&] { return load_args_from_checkpoint_impl(argv, args, log); });
 }
 
 }  // namespace megatron::training

@@ -59,5 +59,11 @@ err=$("$BIN/pretrain_gpt" "${BASE[@]}" --load "$CK" 2>&1 >/dev/null); rc=$?
 want="error: --load $CK: a field of the checkpoint's common state (common.json) is missing or of the wrong type ([json.exception.type_error.306] cannot use value() with array): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint"
 if [[ $rc -ne 0 && "$(grep '^error' <<<"$err")" == "$want" && $(grep -c . <<<"$err") -le 2 ]]; then echo "ok: $want"
 else echo "FAIL: rc $rc, got '$err' want '$want'"; fail=1; fi
+# The same file read for --use-checkpoint-args (the args, and checkpoint_version of the wrong type).
+echo '{"args": {"num_layers": 2}, "checkpoint_version": "x"}' > "$CK/iter_0000001/common.json"
+err=$("$BIN/pretrain_gpt" "${BASE[@]}" --load "$CK" --use-checkpoint-args 2>&1 >/dev/null); rc=$?
+want="error: --load $CK: a field of the checkpoint's common state (common.json) is missing or of the wrong type ([json.exception.type_error.302] type must be number, but is string): the file was edited or damaged after the save; restore it from a copy or re-save the checkpoint"
+if [[ $rc -ne 0 && "$(grep '^error' <<<"$err")" == "$want" && $(grep -c . <<<"$err") -le 2 ]]; then echo "ok: $want"
+else echo "FAIL: rc $rc, got '$err' want '$want'"; fail=1; fi
 rm -rf "$CK"
 exit $fail
