@@ -715,10 +715,14 @@ bool backward_packed(const Tensor& dout, const Tensor& qkv, int64_t heads, const
 
 namespace megatron::ops::cuda {
 namespace {
-// The packed path is cuDNN only: off under MEGATRON_ATTENTION_BACKEND=flash/generic and with
-// MEGATRON_PACKED_QKV=0 (A/B comparisons).
+// The packed path is cuDNN only: off under MEGATRON_ATTENTION_BACKEND=flash/generic, with
+// MEGATRON_PACKED_QKV=0 (A/B comparisons) and in deterministic mode, where the caller's split
+// path reaches attention_forward/backward, which choose the reproducible kernels and print the
+// note (on an H200 two --deterministic-mode GPT-2 runs differed after one step while this path
+// still ran cuDNN: docs/cuda.md "Attention").
 bool packed_enabled() {
   if (!env_switch("MEGATRON_PACKED_QKV", true)) return false;
+  if (megatron::cuda::deterministic()) return false;
   const char* be = std::getenv("MEGATRON_ATTENTION_BACKEND");
   return !be || !*be || !std::strcmp(be, "auto") || !std::strcmp(be, "cudnn");
 }
