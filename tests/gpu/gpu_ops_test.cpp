@@ -590,6 +590,20 @@ void test_grad_norm() {
   uint64_t bits;
   std::memcpy(&bits, &got, sizeof bits);
   std::printf("INFO sum_of_squares_many bits %016llx (%.17g)\n", (unsigned long long)bits, got);
+  // Stage 1 with two loads in flight per thread (the default) vs one (variants.h
+  // reduce_stage1_v1, the loop before Session 11): the same additions in the same order, so
+  // bit-identical. Tensors longer than one grid stride (at most 16 x SMs blocks of 2048 elements:
+  // 4.3M on 132 SMs), so the paired loop runs: 1, 2 and 3 strides and a tail, fp32 and bf16.
+  std::vector<Tensor> big;
+  for (int64_t n : {int64_t{9000001}, int64_t{4325377}, int64_t{17300000}})
+    big.push_back(dev(randn(n, 0.01f), {n}, DType::kFloat32));
+  big.push_back(dev(rounded(randn(5000003, 0.01f), DType::kBFloat16), {5000003}, DType::kBFloat16));
+  const double two = cu::sum_of_squares_many(big);
+  cu::variants::forced().reduce_stage1_v1 = true;
+  const double one = cu::sum_of_squares_many(big);
+  cu::variants::forced().reduce_stage1_v1 = false;
+  check_true("sum_of_squares_many stage 1 two loads in flight vs v1 bit-identical", std::memcmp(&two, &one, sizeof two) == 0,
+             std::to_string(two) + " vs " + std::to_string(one));
 }
 
 // cross_entropy_fused_ (training cross entropy without TP) and scale_rows against float64 host
@@ -1514,16 +1528,17 @@ void test_adam() {
     std::vector<Tensor> P, G, M, Vt, MP, P2, M2, V2, MP2, P3, M3, V3, MP3;
     std::vector<V> hp, hg, hm, hv;
     std::vector<ops::AdamTensor> ts;
+    auto view_at = [&](const V& x, const Tc& tc) {  // a view at element offset tc.off (off 1: not 16-byte aligned)
+      V big(tc.n + tc.off, 0.0f);
+      std::copy(x.begin(), x.end(), big.begin() + tc.off);
+      return dev(big, {tc.n + tc.off}, DType::kFloat32).flat_slice(tc.off, {tc.n});
+    };
     for (const auto& tc : tcs) {
       hp.push_back(randn(tc.n));
       hg.push_back(randn(tc.n, 0.1f));
       hm.push_back(randn(tc.n, 0.01f));
       hv.push_back(uniform(tc.n, 0.0f, 0.01f));
-      auto view = [&](const V& x) {  // a view at element offset tc.off (off 1: not 16-byte aligned)
-        V big(tc.n + tc.off, 0.0f);
-        std::copy(x.begin(), x.end(), big.begin() + tc.off);
-        return dev(big, {tc.n + tc.off}, DType::kFloat32).flat_slice(tc.off, {tc.n});
-      };
+      auto view = [&](const V& x) { return view_at(x, tc); };
       P.push_back(view(hp.back()));
       G.push_back(view(hg.back()));
       M.push_back(view(hm.back()));
@@ -1608,6 +1623,43 @@ void test_adam() {
       if (tcs[k].kind) {
         const V bm = host(MP[k]);
         check(nm + " model param", host(MP3[k]), VD(bm.begin(), bm.end()), 0.0);
+      }
+    }
+    // Every multi-tensor kernel (variants.h adam_kernel: v1 = the kernel before Session 11, u2,
+    // u4, ...; docs/cuda.md "Kernel variants") on fresh copies of the same inputs: bit-identical
+    // to the automatic choice's step above (the same per-element arithmetic, adam_update.cuh; only
+    // the element-to-thread mapping and the access hints differ), tolerance 0.
+    for (int kv = 0; cu::variants::adam_kernel_name(kv); ++kv) {
+      std::vector<Tensor> P4, M4, V4, MP4;
+      for (size_t k = 0; k < tcs.size(); ++k) {
+        P4.push_back(view_at(hp[k], tcs[k]));
+        M4.push_back(view_at(hm[k], tcs[k]));
+        V4.push_back(view_at(hv[k], tcs[k]));
+        MP4.push_back(tcs[k].kind ? poisoned({tcs[k].n}, tcs[k].kind == 1 ? DType::kBFloat16 : DType::kFloat16)
+                                  : Tensor());
+      }
+      std::vector<ops::AdamTensor> ts4 = ts;
+      for (size_t k = 0; k < tcs.size(); ++k) {
+        ts4[k].param = &P4[k];
+        ts4[k].exp_avg = &M4[k];
+        ts4[k].exp_avg_sq = &V4[k];
+        ts4[k].model_param = tcs[k].kind ? &MP4[k] : nullptr;
+      }
+      cu::variants::forced().adam_kernel = kv;
+      cu::adam_step_multi(ts4, ap);
+      cu::variants::forced().adam_kernel = -1;
+      for (size_t k = 0; k < tcs.size(); ++k) {
+        const std::string nm = std::string("adam_step_multi kernel ") + cu::variants::adam_kernel_name(kv) + " " +
+                               (dec ? "adamw" : "L2") + " n=" + std::to_string(tcs[k].n) +
+                               " off=" + std::to_string(tcs[k].off);
+        const V a = host(P[k]), am = host(M[k]), av = host(Vt[k]);
+        check(nm + " param", host(P4[k]), VD(a.begin(), a.end()), 0.0);
+        check(nm + " exp_avg", host(M4[k]), VD(am.begin(), am.end()), 0.0);
+        check(nm + " exp_avg_sq", host(V4[k]), VD(av.begin(), av.end()), 0.0);
+        if (tcs[k].kind) {
+          const V bm = host(MP[k]);
+          check(nm + " model param", host(MP4[k]), VD(bm.begin(), bm.end()), 0.0);
+        }
       }
     }
   }

@@ -11,7 +11,9 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
+#include "megatron/core/ops/cuda/streaming.cuh"
 #include "megatron/core/ops/cuda/variants.h"
+#include "megatron/core/utils/env.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -83,22 +85,43 @@ __global__ void scale_kernel(T* __restrict__ x, int64_t n, float alpha, bool vec
 // Reductions: kind 0 = sum of squares (double), 1 = zero count, 2 = non-finite count.
 // Stage 1 writes one partial per block; stage 2 (one block) sums the partials in a fixed
 // order, so results are deterministic.
+// Adds the reduction terms of f[0..8) = x[i..i+8) (those below n) to acc, in order.
+template <int kKind>
+__device__ __forceinline__ void reduce_add8(double& acc, const float (&f)[8], int64_t i, int64_t n) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (i + j >= n) break;
+    if (kKind == 0) acc += (double)f[j] * (double)f[j];
+    else if (kKind == 1) acc += (f[j] == 0.0f) ? 1.0 : 0.0;
+    else acc += isfinite(f[j]) ? 0.0 : 1.0;
+  }
+}
+
 // One block's partial of a reduction over x[0, n) split over `blocks` blocks (this one is
 // `block`): the body of reduce_stage1 and of reduce_stage1_multi, so both give identical partials.
-template <class T, int kKind>
+// Each thread adds the 8 elements at i, i + stride, i + 2 stride, ... (stride = blocks x 256 x 8)
+// in that order. kV1 (the loop before Session 11, variants.h reduce_stage1_v1): one 8-element load
+// per step; else two steps' loads in flight (evict-first, streaming.cuh) before their additions,
+// which happen in the same order, so both give the same bits.
+template <class T, int kKind, bool kV1>
 __device__ __forceinline__ void reduce_block(const T* __restrict__ x, int64_t n, bool vec, int64_t block,
                                              int64_t blocks, double* __restrict__ out) {
   double acc = 0.0;
-  for (int64_t i = (block * blockDim.x + threadIdx.x) * 8; i < n; i += blocks * blockDim.x * 8) {
+  const int64_t stride = blocks * blockDim.x * 8;
+  int64_t i = (block * blockDim.x + threadIdx.x) * 8;
+  if constexpr (!kV1) {
+    for (; i + stride < n; i += 2 * stride) {
+      float f[8], h[8];
+      ld8_hint<true>(x, i, n, vec, f);
+      ld8_hint<true>(x, i + stride, n, vec, h);
+      reduce_add8<kKind>(acc, f, i, n);
+      reduce_add8<kKind>(acc, h, i + stride, n);
+    }
+  }
+  for (; i < n; i += stride) {
     float f[8];
     ld8(x, i, n, vec, f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (i + j >= n) break;
-      if (kKind == 0) acc += (double)f[j] * (double)f[j];
-      else if (kKind == 1) acc += (f[j] == 0.0f) ? 1.0 : 0.0;
-      else acc += isfinite(f[j]) ? 0.0 : 1.0;
-    }
+    reduce_add8<kKind>(acc, f, i, n);
   }
   __shared__ double sh[kThreads];
   sh[threadIdx.x] = acc;
@@ -112,7 +135,7 @@ __device__ __forceinline__ void reduce_block(const T* __restrict__ x, int64_t n,
 
 template <class T, int kKind>
 __global__ void reduce_stage1(const T* __restrict__ x, int64_t n, bool vec, double* __restrict__ partial) {
-  reduce_block<T, kKind>(x, n, vec, blockIdx.x, gridDim.x, partial + blockIdx.x);
+  reduce_block<T, kKind, false>(x, n, vec, blockIdx.x, gridDim.x, partial + blockIdx.x);
 }
 
 // Multi-tensor stage 1: up to kMultiMax tensors of one dtype in one launch. Tensor k owns the
@@ -127,7 +150,7 @@ struct MultiReduceArgs {
   int count;
 };
 
-template <class T, int kKind>
+template <class T, int kKind, bool kV1>
 __global__ void reduce_stage1_multi(const MultiReduceArgs a, double* __restrict__ partial) {
   int lo = 0, hi = a.count - 1;  // the last k with start[k] <= blockIdx.x
   while (lo < hi) {
@@ -135,13 +158,20 @@ __global__ void reduce_stage1_multi(const MultiReduceArgs a, double* __restrict_
     if (a.start[mid] <= blockIdx.x) lo = mid;
     else hi = mid - 1;
   }
-  reduce_block<T, kKind>(static_cast<const T*>(a.ptr[lo]), a.n[lo], a.vec[lo], blockIdx.x - a.start[lo],
+  reduce_block<T, kKind, kV1>(static_cast<const T*>(a.ptr[lo]), a.n[lo], a.vec[lo], blockIdx.x - a.start[lo],
                          a.start[lo + 1] - a.start[lo], partial + blockIdx.x);
 }
 
 // One stage-1 launch per tensor in the *_many reductions when a dev/cuda driver forces it
 // (variants.h).
 bool reduce_multi_host() { return !variants::forced().reduce_per_tensor; }
+
+// Stage 1 with one load in flight per thread (the loop before Session 11) when a dev/cuda driver
+// forces it or MEGATRON_REDUCE_V1=1 (read once): same partials either way.
+bool reduce_stage1_v1() {
+  static const bool env = env_switch("MEGATRON_REDUCE_V1", false);
+  return variants::forced().reduce_stage1_v1 || env;
+}
 
 __global__ void reduce_stage2(const double* __restrict__ partial, int n, double* __restrict__ out) {
   __shared__ double sh[kThreads];
@@ -425,7 +455,11 @@ double reduce_many(const std::vector<Tensor>& xs, const char* name) {
     auto flush = [&] {
       if (!a.count) return;
       const unsigned blocks = a.start[a.count];
-      MCU_FLOAT_SWITCH(dt, T, reduce_stage1_multi<T, kKind><<<blocks, kThreads, 0, st>>>(a, buf + off));
+      if (reduce_stage1_v1()) {
+        MCU_FLOAT_SWITCH(dt, T, reduce_stage1_multi<T, kKind, true><<<blocks, kThreads, 0, st>>>(a, buf + off));
+      } else {
+        MCU_FLOAT_SWITCH(dt, T, reduce_stage1_multi<T, kKind, false><<<blocks, kThreads, 0, st>>>(a, buf + off));
+      }
       CUDA_CHECK_LAUNCH();
       off += blocks;
       a = MultiReduceArgs{};

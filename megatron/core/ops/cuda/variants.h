@@ -26,9 +26,17 @@ struct Forced {
   int flash_small = -1;          ///< attention.cu: -1 by head dim, 1 / 0 force the 4- / 8-warp kernels
   bool reduce_per_tensor = false;  ///< elementwise.cu: one stage-1 launch per tensor in the *_many reductions
   bool adam_per_tensor = false;  ///< adam_multi.cu: one Adam launch per tensor (not the multi-tensor kernel)
+  /// adam_multi.cu: which multi-tensor Adam kernel, -1 = automatic (MEGATRON_ADAM_KERNEL, else
+  /// the default), else an index into adam_kernel_names() (0 = v1, the kernel before Session 11).
+  int adam_kernel = -1;
+  bool reduce_stage1_v1 = false;  ///< elementwise.cu: reduction stage 1 with one load in flight (MEGATRON_REDUCE_V1)
 };
 
 /// The process-wide settings (defined in variants.cpp; all defaults in shipped programs).
 Forced& forced();
+
+/// The multi-tensor Adam kernels that Forced::adam_kernel and MEGATRON_ADAM_KERNEL select, by
+/// index (adam_multi.cu): "v1", "u2", "u4", "u2plain", "u2chunk", "u4chunk"; nullptr past the end.
+const char* adam_kernel_name(int index);
 
 }  // namespace megatron::ops::cuda::variants
