@@ -80,14 +80,42 @@ __global__ void __launch_bounds__(kThreads) adam_multi_kernel(const Desc* __rest
   }
 }
 
-// u2 / u4: tile `tile` of the launch is tile (tile - first_block) of tensor t (first_block here
-// counts tiles of kTile = 256 x 4 x U elements). Thread x loads, for u < U, the float4 at element
-// (tile base) + (u * 256 + x) * 4 of each of p, g, m, v (4U independent 16-byte loads), updates
-// the 4U elements with adam_update8 (pairs of float4s: the same per-element arithmetic as v1),
-// then stores p, m, v and the model param. Grid: any size; block b takes tiles b, b + gridDim.x,
-// ... and moves t forward through the table as its tiles pass tensor ends.
-constexpr int kT2 = 256;
+constexpr int kT2 = 256;  // threads of the u2/u4 kernels
 
+// One thread's part of a u2/u4 tile: the float4s at elements e0 + u * 256 * 4 (u < U) of p, g, m,
+// v (4U independent 16-byte loads, issued before any arithmetic), updated with adam_update8 (pairs
+// of float4s: the per-element arithmetic of v1), then p, m, v and the model param stored. kFull:
+// the caller checked that all of them are inside n and aligned.
+template <class M, int U, bool kCs, bool kFull>
+__device__ __forceinline__ void adam_tile(float* p, const float* g, float* m, float* v, M* mp, int64_t e0, int64_t n,
+                                          bool vec, float lr, float wd, float b1, float b2, float eps, float bc1,
+                                          float bc2, bool decoupled, float gscale) {
+  float pp[U / 2][8], gg[U / 2][8], mm[U / 2][8], vv[U / 2][8];
+#pragma unroll
+  for (int u = 0; u < U; ++u) ld4<kCs, kFull>(p, e0 + u * kT2 * 4, n, vec, &pp[u / 2][(u % 2) * 4]);
+#pragma unroll
+  for (int u = 0; u < U; ++u) ld4<kCs, kFull>(g, e0 + u * kT2 * 4, n, vec, &gg[u / 2][(u % 2) * 4]);
+#pragma unroll
+  for (int u = 0; u < U; ++u) ld4<kCs, kFull>(m, e0 + u * kT2 * 4, n, vec, &mm[u / 2][(u % 2) * 4]);
+#pragma unroll
+  for (int u = 0; u < U; ++u) ld4<kCs, kFull>(v, e0 + u * kT2 * 4, n, vec, &vv[u / 2][(u % 2) * 4]);
+#pragma unroll
+  for (int k = 0; k < U / 2; ++k)
+    adam_update8(pp[k], gg[k], mm[k], vv[k], gscale, lr, b1, b2, eps, wd, bc1, bc2, decoupled);  // as adam_kernel
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = e0 + u * kT2 * 4;
+    st4<kCs, kFull>(p, i, n, vec, &pp[u / 2][(u % 2) * 4]);
+    st4<kCs, kFull>(m, i, n, vec, &mm[u / 2][(u % 2) * 4]);
+    st4<kCs, kFull>(v, i, n, vec, &vv[u / 2][(u % 2) * 4]);
+    if (mp) st4<kCs, kFull>(mp, i, n, vec, &pp[u / 2][(u % 2) * 4]);
+  }
+}
+
+// u2 / u4: tile `tile` of the launch is tile (tile - first_block) of tensor t (first_block here
+// counts tiles of kTile = 256 x 4 x U elements); thread x takes the float4s at (tile base) +
+// (u * 256 + x) * 4, u < U (adam_tile). Grid: any size; block b takes tiles b, b + gridDim.x, ...
+// and moves t forward through the table as its tiles pass tensor ends.
 template <class M, int U, bool kCs>
 __global__ void __launch_bounds__(kT2, U == 2 ? 4 : 2)
     adam_multi_v2_kernel(const Desc* __restrict__ ds, int nt, int64_t tiles, float b1, float b2, float eps, float bc1,
@@ -118,26 +146,11 @@ __global__ void __launch_bounds__(kT2, U == 2 ? 4 : 2)
     const bool vec = d.vec != 0;
     const float lr = d.lr, wd = d.wd;
     const int64_t e0 = (tile - d.first_block) * kTile + threadIdx.x * 4;
-    float pp[U / 2][8], gg[U / 2][8], mm[U / 2][8], vv[U / 2][8];
-#pragma unroll
-    for (int u = 0; u < U; ++u) ld4<kCs>(p, e0 + u * kT2 * 4, n, vec, &pp[u / 2][(u % 2) * 4]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) ld4<kCs>(g, e0 + u * kT2 * 4, n, vec, &gg[u / 2][(u % 2) * 4]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) ld4<kCs>(m, e0 + u * kT2 * 4, n, vec, &mm[u / 2][(u % 2) * 4]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) ld4<kCs>(v, e0 + u * kT2 * 4, n, vec, &vv[u / 2][(u % 2) * 4]);
-#pragma unroll
-    for (int k = 0; k < U / 2; ++k)
-      adam_update8(pp[k], gg[k], mm[k], vv[k], gscale, lr, b1, b2, eps, wd, bc1, bc2, decoupled);  // as adam_kernel
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = e0 + u * kT2 * 4;
-      st4<kCs>(p, i, n, vec, &pp[u / 2][(u % 2) * 4]);
-      st4<kCs>(m, i, n, vec, &mm[u / 2][(u % 2) * 4]);
-      st4<kCs>(v, i, n, vec, &vv[u / 2][(u % 2) * 4]);
-      if (mp) st4<kCs>(mp, i, n, vec, &pp[u / 2][(u % 2) * 4]);
-    }
+    // Every float4 of this thread inside the tensor and aligned: straight-line 16-byte accesses.
+    if (vec && e0 + int64_t{U - 1} * kT2 * 4 + 4 <= n)
+      adam_tile<M, U, kCs, true>(p, g, m, v, mp, e0, n, vec, lr, wd, b1, b2, eps, bc1, bc2, decoupled, gscale);
+    else
+      adam_tile<M, U, kCs, false>(p, g, m, v, mp, e0, n, vec, lr, wd, b1, b2, eps, bc1, bc2, decoupled, gscale);
   }
 }
 

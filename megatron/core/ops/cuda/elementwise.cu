@@ -11,7 +11,6 @@
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/dropout_stream.cuh"
-#include "megatron/core/ops/cuda/streaming.cuh"
 #include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/utils/env.h"
 
@@ -101,8 +100,8 @@ __device__ __forceinline__ void reduce_add8(double& acc, const float (&f)[8], in
 // `block`): the body of reduce_stage1 and of reduce_stage1_multi, so both give identical partials.
 // Each thread adds the 8 elements at i, i + stride, i + 2 stride, ... (stride = blocks x 256 x 8)
 // in that order. kV1 (the loop before Session 11, variants.h reduce_stage1_v1): one 8-element load
-// per step; else two steps' loads in flight (evict-first, streaming.cuh) before their additions,
-// which happen in the same order, so both give the same bits.
+// per step; else two steps' loads in flight before their additions, which happen in the same
+// order, so both give the same bits.
 template <class T, int kKind, bool kV1>
 __device__ __forceinline__ void reduce_block(const T* __restrict__ x, int64_t n, bool vec, int64_t block,
                                              int64_t blocks, double* __restrict__ out) {
@@ -112,8 +111,8 @@ __device__ __forceinline__ void reduce_block(const T* __restrict__ x, int64_t n,
   if constexpr (!kV1) {
     for (; i + stride < n; i += 2 * stride) {
       float f[8], h[8];
-      ld8_hint<true>(x, i, n, vec, f);
-      ld8_hint<true>(x, i + stride, n, vec, h);
+      ld8(x, i, n, vec, f);
+      ld8(x, i + stride, n, vec, h);
       reduce_add8<kKind>(acc, f, i, n);
       reduce_add8<kKind>(acc, h, i + stride, n);
     }

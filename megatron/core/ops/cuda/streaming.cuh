@@ -1,7 +1,7 @@
-// Streaming 16-byte global accesses of the optimizer-path kernels (adam_multi.cu's multi-tensor
-// Adam, elementwise.cu's reduction stage 1), which touch every byte once: `ld.global.cs` /
-// `st.global.cs` ("cache streaming", evict-first in L1 and L2, PTX ISA "Cache operators") when
-// kCs, plain accesses otherwise (the comparison variants, docs/cuda.md "Kernel variants").
+// Streaming 16-byte global accesses of adam_multi.cu's multi-tensor Adam kernels, which touch
+// every byte once: `ld.global.cs` / `st.global.cs` ("cache streaming", evict-first in L1 and L2,
+// PTX ISA "Cache operators") when kCs, plain accesses otherwise (the comparison variants,
+// docs/cuda.md "Kernel variants").
 // Included by .cu files of the CUDA backend only; no arithmetic here, so the kernels using these
 // compute the same bits as with plain loads.
 #pragma once
@@ -17,13 +17,6 @@ __device__ __forceinline__ float4 ld_f4(const float* p) {
   else return *reinterpret_cast<const float4*>(p);
 }
 
-/// Loads the 16-byte-aligned uint4 at p (8 bf16/fp16 values; evict-first when kCs).
-template <bool kCs, class T>
-__device__ __forceinline__ uint4 ld_u4(const T* p) {
-  if constexpr (kCs) return __ldcs(reinterpret_cast<const uint4*>(p));
-  else return *reinterpret_cast<const uint4*>(p);
-}
-
 /// Stores f[0..4) to the 16-byte-aligned p (evict-first when kCs).
 template <bool kCs>
 __device__ __forceinline__ void st_f4(float* p, const float* f) {
@@ -33,10 +26,10 @@ __device__ __forceinline__ void st_f4(float* p, const float* f) {
 }
 
 /// Loads 4 consecutive floats x[i..i+4): one 16-byte access when `vec` (x 16-byte aligned) and
-/// all 4 lie inside n, else element loads (0 past n).
-template <bool kCs>
+/// all 4 lie inside n, else element loads (0 past n). kFull: the caller guarantees the first case.
+template <bool kCs, bool kFull = false>
 __device__ __forceinline__ void ld4(const float* x, int64_t i, int64_t n, bool vec, float* f) {
-  if (vec && i + 4 <= n) {
+  if (kFull || (vec && i + 4 <= n)) {
     const float4 a = ld_f4<kCs>(x + i);
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
   } else {
@@ -47,10 +40,10 @@ __device__ __forceinline__ void ld4(const float* x, int64_t i, int64_t n, bool v
 
 /// Stores f[0..4) to x[i..i+4) rounded to T (fp32: one 16-byte store, bf16/fp16: one 8-byte
 /// store when `vec` (x 16-byte aligned at element 0, i a multiple of 4) and all 4 lie inside n,
-/// else element stores), the counterpart of ld4.
-template <bool kCs, class T>
+/// else element stores), the counterpart of ld4 (kFull likewise).
+template <bool kCs, bool kFull = false, class T>
 __device__ __forceinline__ void st4(T* x, int64_t i, int64_t n, bool vec, const float* f) {
-  if (vec && i + 4 <= n) {
+  if (kFull || (vec && i + 4 <= n)) {
     if constexpr (sizeof(T) == 4) {
       st_f4<kCs>(reinterpret_cast<float*>(x + i), f);
     } else {
@@ -65,27 +58,6 @@ __device__ __forceinline__ void st4(T* x, int64_t i, int64_t n, bool vec, const 
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (i + j < n) x[i + j] = from_f<T>(f[j]);
-  }
-}
-
-/// ld8 (cuda_common.cuh) with evict-first 16-byte loads when kCs: the same 8 elements x[i..i+8)
-/// as float (0 past n).
-template <bool kCs, class T>
-__device__ __forceinline__ void ld8_hint(const T* p, int64_t i, int64_t n, bool vec, float (&f)[8]) {
-  if (vec && i + 8 <= n) {
-    if constexpr (sizeof(T) == 2) {
-      const uint4 w = ld_u4<kCs>(p + i);
-      const T* h = reinterpret_cast<const T*>(&w);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = to_f(h[j]);
-    } else {
-      const float4 a = ld_f4<kCs>(p + i), b = ld_f4<kCs>(p + i + 4);
-      f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-      f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = (i + j < n) ? to_f(p[i + j]) : 0.0f;
   }
 }
 
