@@ -70,6 +70,30 @@ void select(int k) {
   forced().adam_kernel = k == -2 ? 0 : k;
 }
 
+/// sum_of_squares_many over the grads of s with the stage-1 loop from before Session 11
+/// (reduce_stage1_v1) and with the default one: PASS iff both give the same double. With reps > 0
+/// also times both (and prints the bandwidth over `params` fp32 grads).
+void grad_norm_pair(const std::vector<State>& s, const std::string& label, int reps, int64_t params) {
+  std::vector<Tensor> grads;
+  for (const auto& x : s) grads.push_back(x.g);
+  double r[2];
+  for (int v1 : {1, 0}) {
+    forced().reduce_stage1_v1 = v1;
+    r[v1] = cu::sum_of_squares_many(grads);
+    if (reps > 0) {
+      const double ms = median_ms([&] { cu::sum_of_squares_many(grads); }, reps);
+      const std::string nm = "grad norm " + label + (v1 ? " v1" : " 2-in-flight");
+      time_line(nm, ms);
+      std::printf("BW %-26s %8.3f ms %6.2f TB/s\n", nm.c_str(), ms, 4.0 * params / 1e9 / ms);
+    }
+  }
+  forced().reduce_stage1_v1 = false;
+  const bool same = std::memcmp(&r[0], &r[1], sizeof(double)) == 0;
+  if (!same) ++failures();
+  std::printf("%s sum_of_squares_many stage 1 two loads in flight == v1 (%s): %.17g vs %.17g\n",
+              same ? "PASS" : "FAIL", label.c_str(), r[0], r[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,17 +172,7 @@ int main(int argc, char** argv) {
   select(-1);  // back to the automatic choice
   {
     std::vector<State> s = state(Device::cuda());
-    std::vector<Tensor> grads;
-    for (const auto& x : s) grads.push_back(x.g);
-    double r[2];
-    for (int v1 : {1, 0}) {
-      forced().reduce_stage1_v1 = v1;
-      r[v1] = cu::sum_of_squares_many(grads);
-    }
-    const bool same = std::memcmp(&r[0], &r[1], sizeof(double)) == 0;
-    if (!same) ++failures();
-    std::printf("%s sum_of_squares_many stage 1 two loads in flight == v1 (%s): %.17g vs %.17g\n",
-                same ? "PASS" : "FAIL", list.c_str(), r[0], r[1]);
+    grad_norm_pair(s, list, 0, 0);
   }
 
   // ---- 2. speed on the LLaMA-3-8B-shaped 4-layer list ----
@@ -207,22 +221,7 @@ int main(int argc, char** argv) {
       const double ms = median_ms([&] { b.copy_(a); }, args.reps);
       std::printf("BW copy (device to device, 2 GiB) %8.3f ms %6.2f TB/s\n", ms, 2.0 * 4.0 * n / 1e9 / ms);
     }
-    std::vector<Tensor> grads;
-    for (const auto& x : s) grads.push_back(x.g);
-    double r[2];
-    for (int v1 : {1, 0}) {
-      forced().reduce_stage1_v1 = v1;
-      r[v1] = cu::sum_of_squares_many(grads);
-      const double ms = median_ms([&] { cu::sum_of_squares_many(grads); }, args.reps);
-      const std::string nm = std::string("grad norm LLaMA ") + (v1 ? "v1" : "2-in-flight");
-      time_line(nm, ms);
-      std::printf("BW %-26s %8.3f ms %6.2f TB/s\n", nm.c_str(), ms, 4.0 * total / 1e9 / ms);
-    }
-    forced().reduce_stage1_v1 = false;
-    const bool same = std::memcmp(&r[0], &r[1], sizeof(double)) == 0;
-    if (!same) ++failures();
-    std::printf("%s sum_of_squares_many stage 1 two loads in flight == v1 (LLaMA grads): %.17g vs %.17g\n",
-                same ? "PASS" : "FAIL", r[0], r[1]);
+    grad_norm_pair(s, "LLaMA", args.reps, total);
   }
   return finish();
 }

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kT2, U == 2 ? 4 : 2)
   }
 }
 
-// The kernels by index (variants.h adam_kernel_names order): U (float4s per stream per thread;
+// The kernels by index (variants.h adam_kernel_name order): U (float4s per stream per thread;
 // 0 = v1), evict-first hints, persistent grid.
 struct KernelSpec {
   const char* name;
