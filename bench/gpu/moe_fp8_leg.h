@@ -99,7 +99,8 @@ inline MoEFp8AbResult moe_fp8_experts_ab(int64_t H, int64_t F, const std::vector
   const Out ref = once("0", false);
   res.same_bits = true;
   int64_t compared = 0;
-  for (auto [f, cache, name] : {std::tuple<const char*, bool, const char*>{"1", false, "on"}, {"1", true, "cache_first"}}) {
+  using Variant = std::tuple<const char*, bool, const char*>;  // MEGATRON_MOE_FP8_FUSE, cache, name
+  for (auto [f, cache, name] : {Variant{"1", false, "on"}, Variant{"1", true, "cache_first"}}) {
     const Out o = once(f, cache);
     if (o.dp != ref.dp) {
       res.same_bits = false;
@@ -111,12 +112,14 @@ inline MoEFp8AbResult moe_fp8_experts_ab(int64_t H, int64_t F, const std::vector
       ++compared;
       if (a.nbytes() != b.nbytes() || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) != 0) {
         res.same_bits = false;
-        res.detail = std::string(name) + ": " + (i == 0 ? "y" : i == 1 ? "dx" : r8.params()[i - 2].name) + " differs from off";
+        const std::string what = i == 0 ? "y" : i == 1 ? "dx" : r8.params()[i - 2].name;
+        res.detail = std::string(name) + ": " + what + " differs from off";
       }
     }
     if (!res.same_bits) break;
   }
-  if (res.same_bits) res.detail = std::to_string(compared) + " tensors and 2 x " + std::to_string(R) + " dprobs compared";
+  if (res.same_bits)
+    res.detail = std::to_string(compared) + " tensors and 2 x " + std::to_string(R) + " dprobs compared";
   unsetenv("MEGATRON_MOE_FP8_FUSE");
   return res;
 }

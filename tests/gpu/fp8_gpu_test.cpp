@@ -582,10 +582,28 @@ void test_fused_quantize() {
     }
 }
 
-// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
-// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
-// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
-// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
+// Runs unfused() then fused() (which sets `launched`: false if the fused kernel declined), reports
+// `name` as passed when their FP8 outputs u / f agree in every byte of both layouts and in the amax
+// bits; at 8192 rows also times both.
+void report_fused_vs_unfused(const std::string& name, int64_t R, const Fp8Out& u, const Fp8Out& f,
+                             const std::function<void()>& unfused, const std::function<void()>& fused,
+                             const bool& launched) {
+  unfused();
+  fused();
+  const int64_t bad = byte_mismatches(u, f);
+  const float au = host(u.amax)[0], af = host(f.amax)[0];
+  std::string t;
+  if (R == 8192) {
+    const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
+    char b[160];
+    std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+    t = b;
+  }
+  char d[300];
+  std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
+  report(name, launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+}
+
 // fp8_swiglu_backward_quantize (fc1's output gradient, E5M2) vs swiglu_backward + fp8_quantize
 // (q + q_t): bit-exact bytes of both layouts and the same amax bits; partial tiles and the
 // LLaMA-3-8B shape (8192 x 28672), with the fused and unfused times.
@@ -606,21 +624,9 @@ void test_fused_swiglu_backward() {
       cu::fp8_quantize(dx, fp(sc), fp(u.amax), &u.q, &u.qt);
     };
     auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(f.amax), &f.q, &f.qt); };
-    unfused();
-    fused();
-    const int64_t bad = byte_mismatches(u, f);
-    const float au = host(u.amax)[0], af = host(f.amax)[0];
-    std::string t;
-    if (R == 8192) {
-      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
-      char b[160];
-      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
-      t = b;
-    }
-    char d[300];
-    std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
-    report("swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C),
-           launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+    report_fused_vs_unfused(
+        "swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C), R, u, f,
+        unfused, fused, launched);
   }
 }
 
@@ -646,24 +652,16 @@ void test_fused_scale_rows() {
       cu::fp8_quantize(y, fp(sc), fp(u.amax), &u.q, &u.qt);
     };
     auto fused = [&] { launched = ops::fp8_scale_rows_quantize(x, p, fp(sc), fp(f.amax), &f.q, &f.qt); };
-    unfused();
-    fused();
-    const int64_t bad = byte_mismatches(u, f);
-    const float au = host(u.amax)[0], af = host(f.amax)[0];
-    std::string t;
-    if (R == 8192) {
-      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
-      char b[160];
-      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
-      t = b;
-    }
-    char d[300];
-    std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
-    report("scale_rows+quantize+transpose (E4M3) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C),
-           launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+    report_fused_vs_unfused(
+        "scale_rows+quantize+transpose (E4M3) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C), R, u, f,
+        unfused, fused, launched);
   }
 }
 
+// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
+// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
+// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
+// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
 void test_scale_update() {
   std::uniform_real_distribution<float> ud(0.0f, 8.0f);
   for (int H : {1, 4, 5})

@@ -309,8 +309,7 @@ Tensor Experts::backward_fp8(const Tensor& dy_in, ExpertsCtx& ctx, std::vector<d
   // transpose for the wgrad (CPU, tensorwise or blockwise recipe, unfused) or the wgrad is in the
   // model dtype: only then is it recomputed (as the bf16 path does).
   bool need_scaled = !fast || !st.config().wgrad;
-  for (int64_t i = 0; i < L; ++i)
-    need_scaled = need_scaled || (padded[static_cast<size_t>(i)] > 0 && !ctx.fc2_input_t[static_cast<size_t>(i)].defined());
+  for (size_t k = 0; k < padded.size(); ++k) need_scaled = need_scaled || (padded[k] > 0 && !ctx.fc2_input_t[k].defined());
   Tensor scaled;
   if (need_scaled) {
     scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
