@@ -8,7 +8,8 @@
 # shared memory poisoned with NaN). Checks the pipelined kernels' outputs bitwise against the
 # unpipelined ones (a development check of the stage/group indexing and of the rows per warp;
 # nvcc's own code is checked on the GPU by gpu_ops_test --only norms) and both against a float64
-# reference. About 20 s on 2 cores (thread-heavy).
+# reference. About 30 s on 2 idle cores, minutes on busy ones (thread-heavy: every shuffle is a
+# 32-thread barrier).
 #   tests/gpu/host_emulation/norm_pipe_run.sh [WORK_DIR]
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
