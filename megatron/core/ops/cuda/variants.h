@@ -30,7 +30,7 @@ struct Forced {
   bool reduce_per_tensor = false;  ///< elementwise.cu: one stage-1 launch per tensor in the *_many reductions
   bool adam_per_tensor = false;  ///< adam_multi.cu: one Adam launch per tensor (not the multi-tensor kernel)
   /// adam_multi.cu: which multi-tensor Adam kernel, -1 = automatic (MEGATRON_ADAM_KERNEL, else
-  /// the default), else an index into adam_kernel_names() (0 = v1, the kernel before Session 11).
+  /// the default), else an index into adam_kernel_name() (0 = v1, the kernel before Session 11).
   int adam_kernel = -1;
   bool reduce_stage1_v1 = false;  ///< elementwise.cu: reduction stage 1 with one load in flight (MEGATRON_REDUCE_V1)
 };
