@@ -124,6 +124,41 @@ TEST(TorchDistKeys, StackedLayersKeepTheLayerAxisInObjects) {
             "decoder.layers.3.input_layernorm.bias");
 }
 
+// --moe-shared-expert-gate: SharedExpertMLP.sharded_state_dict adds "<prefix>gate_weight" (a
+// make_sharded_tensor_for_checkpoint of the [1, h] parameter with the layer's sharded offsets:
+// stacked [layers, 1, h], per layer [1, h]); it is no linear module, so no _extra_state object.
+TEST(TorchDistKeys, SharedExpertGateKeys) {
+  for (bool stacked : {true, false}) {
+    transformer::TransformerConfig c = testing::tiny_llama_config(32, 2, 64);
+    c.num_moe_experts = 2;
+    c.moe_ffn_hidden_size = 16;
+    c.moe_router_topk = 1;
+    c.moe_router_pre_softmax = true;
+    c.moe_shared_expert_intermediate_size = 8;
+    c.moe_shared_expert_gate = true;
+    if (!stacked) {
+      c.moe_layer_pattern = {0, 1};
+      c.moe_non_homogeneous_layers = true;
+    }
+    c.validate();
+    models::gpt::GPTModel m(c, 128, 16, 1);
+    std::vector<dist_checkpointing::ShardedTensor> model;
+    std::map<std::string, Shape> shapes;
+    for (auto& p : m.parameters())
+      for (auto& t : training::parameter_sharded_tensors(p, c.num_layers)) {
+        shapes[training::torch_dist_model_key(t.key)] = t.global_shape;
+        model.push_back(t);
+      }
+    const std::string key = stacked ? "decoder.layers.mlp.shared_experts.gate_weight" : "decoder.layers.1.mlp.shared_experts.gate_weight";
+    ASSERT_TRUE(shapes.count(key)) << key;
+    EXPECT_EQ(shapes[key], stacked ? (Shape{2, 1, 32}) : (Shape{1, 32}));
+    if (!stacked) {
+      EXPECT_FALSE(shapes.count("decoder.layers.0.mlp.shared_experts.gate_weight"));  // the dense layer
+    }
+    for (const auto& k : training::torch_dist_extra_state_keys(model)) EXPECT_EQ(k.find("gate"), std::string::npos) << k;
+  }
+}
+
 // The key checks before a torch_dist load (docs/checkpointing.md, "What is read"): every missing key
 // is named once in one error, with the checkpoint key it was looked for under; the unused tensors
 // leave out what was loaded, the optimizer when it is not loaded and megatron.cpp's own tensors.
