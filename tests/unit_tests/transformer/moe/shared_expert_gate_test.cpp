@@ -14,6 +14,7 @@
 #include "megatron/core/tensor_parallel/random.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/moe/shared_experts.h"
+#include "megatron/core/utils/errors.h"
 
 namespace megatron::transformer::moe {
 namespace {
@@ -109,6 +110,19 @@ TEST(SharedExpertGate, RegistersMegatronsGateWeight) {
   SharedExpertMLP off(reg, "p", gate_config(false), tensor_parallel::TPContext{comm::make_single_rank_group()});
   EXPECT_FALSE(off.gated());
   EXPECT_EQ(reg.params().size(), 2u);
+}
+
+// Megatron's SharedExpertMLP asserts add_bias_linear == False: refused in validate, naming the flags.
+TEST(SharedExpertGate, SharedExpertWithBiasIsRefused) {
+  TransformerConfig c = gate_config(true);
+  c.add_bias_linear = true;
+  try {
+    c.validate();
+    ADD_FAILURE() << "a shared expert with linear biases was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("bias is not supported in the shared experts"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--disable-bias-linear"), std::string::npos) << e.what();
+  }
 }
 
 // float32 module vs the float64 reference. Forward: 1e-5 of the largest |y| (float32 GEMMs over
