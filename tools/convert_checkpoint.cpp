@@ -1,4 +1,4 @@
-// convert_checkpoint: Hugging Face LLaMA / GPT-2 / Mixtral / Qwen3-MoE checkpoints <-> our
+// convert_checkpoint: Hugging Face LLaMA / GPT-2 / Mixtral / Qwen3-MoE / Qwen2-MoE checkpoints <-> our
 // distributed checkpoints
 // (the role of Megatron-LM's tools/checkpoint/convert.py with the llama_mistral / mcore plugins).
 //
@@ -14,9 +14,10 @@
 //       size). Without --hf-config the model settings come from the checkpoint's args; with it,
 //       config.json must agree with the args the checkpoint was trained with (activation, sizes,
 //       norm, ...). An architecture the HF model cannot represent (e.g. --qk-layernorm, squared
-//       ReLU in LLaMA, a shared expert) is refused; squared ReLU in GPT-2 exports as
-//       activation_function "relu2"; an MoE checkpoint exports as Mixtral (Qwen3-MoE with
-//       --qk-layernorm) unless its args name the HF model type (docs/models.md).
+//       ReLU in LLaMA, a shared expert without --moe-shared-expert-gate) is refused; squared ReLU
+//       in GPT-2 exports as activation_function "relu2"; an MoE checkpoint exports as Mixtral
+//       (Qwen3-MoE with --qk-layernorm, Qwen2-MoE with a gated shared expert) unless its args
+//       name the HF model type (docs/models.md).
 //   convert_checkpoint --loader torch_dist --saver hf ...   the same from a Megatron-LM
 //       `--ckpt-format torch_dist` checkpoint (--loader mcore detects that format too). To turn
 //       one into our own layout, pretrain_gpt --load reads it directly.
@@ -162,7 +163,7 @@ int mcore_to_hf(const Args& a) {
     // (check_hf_export refuses MoE args; this catches checkpoints whose args do not say).
     if (!spec.is_moe() && (t.key.find(".mlp.router.") != std::string::npos || t.key.find(".mlp.experts.") != std::string::npos))
       user_error(dir, ": '", t.key, "' belongs to a mixture-of-experts layer; the ", spec.model_type,
-                 " Hugging Face layout has no experts (export it as mixtral or qwen3_moe)");
+                 " Hugging Face layout has no experts (export it as mixtral, qwen3_moe or qwen2_moe)");
     const bool per_layer = t.key.rfind(pre, 0) == 0 && t.key.size() > pre.size() && std::isdigit(static_cast<unsigned char>(t.key[pre.size()]));
     if (per_layer) {  // Megatron's per-layer key (non_homogeneous_layers): already one layer's tensor
       params[t.key] = t.data;

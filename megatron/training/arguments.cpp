@@ -450,6 +450,9 @@ void bind_moe(Binder& b, Arguments& a) {
     return is_int ? std::to_string(v[0]) : py_list(v);
   });
   b.num("--moe-shared-expert-intermediate-size", ARG(a.moe_shared_expert_intermediate_size), 1);
+  // Megatron's TransformerConfig.moe_shared_expert_gate (a store_true flag generated from the
+  // dataclass): "only effective when moe-shared-expert-intermediate-size is set", no check.
+  b.flag("--moe-shared-expert-gate", ARG(a.moe_shared_expert_gate), true);
   b.noted_str("--moe-shared-expert-overlap",
               "overlaps the shared expert with the token dispatch in Megatron; megatron.cpp runs it after "
               "the routed experts (same math, no overlap)",

@@ -142,6 +142,7 @@ struct Arguments {
   std::vector<int> moe_layer_pattern;                 // derived from moe_layer_freq
   std::optional<int64_t> moe_shared_expert_intermediate_size;
   bool moe_shared_expert_overlap = false;
+  bool moe_shared_expert_gate = false;  // --moe-shared-expert-gate
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
   std::vector<double> moe_aux_loss_coeff = {0.0};
   std::optional<double> moe_z_loss_coeff;

@@ -97,6 +97,7 @@ transformer::TransformerConfig core_transformer_config_from_args(const Arguments
     const std::vector<int64_t> freq = transformer::moe::eval_moe_layer_freq(a.moe_layer_freq, &is_int);
     c.moe_non_homogeneous_layers = !is_int || freq.front() > 1;
     c.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size.value_or(0);
+    c.moe_shared_expert_gate = a.moe_shared_expert_gate;
     c.moe_router_topk = a.moe_router_topk;
     c.moe_router_load_balancing_type = a.moe_router_load_balancing_type;
     c.moe_aux_loss_coeff = a.moe_aux_loss_coeff;

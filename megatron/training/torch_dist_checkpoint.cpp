@@ -20,7 +20,7 @@ namespace {
 // ("decoder.layers.<rest>") or per layer ("decoder.layers.<i>.<rest>", a --moe-layer-freq list or
 // > 1), the MTP modules ("mtp.layers.<k>.…", their transformer layer's keys as a decoder layer's),
 // dense and MoE MLPs (router, routed experts as SequentialMLP / TEGroupedMLP save them, shared
-// experts), and the optimizer states of them.
+// experts and their --moe-shared-expert-gate weight), and the optimizer states of them.
 const std::regex& model_key_re() {
   static const std::string layer =
       "((input_layernorm|pre_mlp_layernorm)\\.(weight|bias)"
@@ -30,7 +30,8 @@ const std::regex& model_key_re() {
       "|mlp\\.linear_fc1\\.layer_norm_(weight|bias)"
       "|mlp\\.router\\.(weight|expert_bias)"
       "|mlp\\.experts\\.experts\\.(linear_fc1|linear_fc2)\\.weight"
-      "|mlp\\.shared_experts\\.(linear_fc1|linear_fc2)\\.weight)";
+      "|mlp\\.shared_experts\\.(linear_fc1|linear_fc2)\\.weight"
+      "|mlp\\.shared_experts\\.gate_weight)";
   static const std::regex re(
       "(embedding\\.(word_embeddings|position_embeddings)\\.weight"
       "|decoder\\.final_layernorm\\.(weight|bias)"

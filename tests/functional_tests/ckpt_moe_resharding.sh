@@ -18,7 +18,9 @@
 #   EP2 -> EP1, EP1 -> EP2 x expert-DP2 with the distributed optimizer (4 ranks), EP2 with the
 #   distributed optimizer -> EP1 without, --moe-grouped-gemm EP2 -> SequentialMLP EP1
 #   (interchangeable as in Megatron), the router's expert bias (per-layer key) EP2 -> EP1, and
-#   all-MoE layers (stacked keys) EP2 -> EP1 and back.
+#   all-MoE layers (stacked keys) EP2 -> EP1 and back, and the shared expert with
+#   --moe-shared-expert-gate (its gate_weight [1, h] replicated over TP) TP2 + SP -> TP1, where a TP2
+#   run from the start must equal the TP1 one (the gate's gradient is all-reduced over TP with SP).
 # Args: bin dir, source dir.
 BIN=$1 SRC=$2
 source "$SRC/tests/functional_tests/dist_common.inc"
@@ -105,4 +107,25 @@ load_run all_ep2_to_ep1 ep2_all 1 --moe-layer-freq 1
 same all_ep2_to_ep1 ref_all
 load_run all_ep1_to_ep2 ref_all 2 --moe-layer-freq 1 --expert-model-parallel-size 2
 same all_ep1_to_ep2 ref_all
+# The gated shared expert (docs/moe.md "Shared-expert gate"): Megatron's key
+# decoder.layers.1.mlp.shared_experts.gate_weight [1, 64], one replica per TP rank; TP2 + SP from
+# the start equals TP1 (without the sequence-parallel all-reduce each rank would step on the partial
+# gradient of its own sequence shard and the replicas would drift apart);
+# TP2 -> TP1 resumes.
+GATE=("${MIXED[@]}" --moe-shared-expert-gate)
+save_run ref_gate 1 "${GATE[@]}"
+save_run tp2_gate 2 "${GATE[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+same tp2_gate ref_gate 1
+python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))['tensors']
+k = 'decoder.layers.1.mlp.shared_experts.gate_weight'
+sys.exit(0 if k in t and t[k]['global_shape'] == [1, 64] else '%s: %s' % (k, t.get(k, {}).get('global_shape')))
+" "$LOGDIR/tp2_gate/iter_0000002/.metadata" || fail "TP2 gated-shared-expert checkpoint: no gate_weight [1, 64]"
+load_run gate_tp2_to_tp1 tp2_gate 1 "${GATE[@]}"
+same gate_tp2_to_tp1 ref_gate
+a=$(loss "$LOGDIR/ref.log" 5); b=$(loss "$LOGDIR/ref_gate.log" 5)
+python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) > 1e-4*abs(a) else 1)" "$a" "$b" \
+  || fail "--moe-shared-expert-gate trained like the ungated run (iteration 5 loss $b vs $a): the gate has no effect"
+echo "OK the gated shared expert reshards TP2 -> TP1 and its TP2 run equals TP1 (iteration 5: $b, ungated $a)"
 echo "MoE checkpoints reshard across EP 1/2/4-rank layouts, both optimizers and both expert layouts"

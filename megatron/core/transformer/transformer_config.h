@@ -142,6 +142,10 @@ struct TransformerConfig {
   /// --moe-shared-expert-intermediate-size (0 = no shared expert): FFN size of the shared experts
   /// together (Megatron's SharedExpertMLP, one MLP of this size).
   int64_t moe_shared_expert_intermediate_size = 0;
+  /// --moe-shared-expert-gate: the shared expert's output times sigmoid(x @ gate_weight^T), a
+  /// [1, hidden] weight "<prefix>.shared_experts.gate_weight" (moe/shared_experts.h); no effect
+  /// without a shared expert (Megatron's moe_shared_expert_gate).
+  bool moe_shared_expert_gate = false;
   /// --moe-router-topk.
   int64_t moe_router_topk = 2;
   /// --moe-router-load-balancing-type (one or more of aux_loss, seq_aux_loss, global_aux_loss,

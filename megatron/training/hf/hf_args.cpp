@@ -36,20 +36,30 @@ std::string show(const json& v) {
 }
 
 /// Refuses (through `refuse`) the MoE settings the HF architecture spec.model_type cannot
-/// represent: experts in LLaMA / GPT-2; for Mixtral / Qwen3-MoE a shared expert, a score function
-/// other than softmax, top-k scaling, expert bias, group-limited routing, a dense layer in Mixtral
-/// and pre-softmax routing in Mixtral (its top-k probabilities are always renormalized).
+/// represent: experts in LLaMA / GPT-2; for Mixtral / Qwen3-MoE a shared expert; for Qwen2-MoE
+/// no shared expert or one without --moe-shared-expert-gate (Qwen2MoeSparseMoeBlock always has
+/// both); for all three a score function other than softmax, top-k scaling, expert bias,
+/// group-limited routing, a dense layer in Mixtral and pre-softmax routing in Mixtral (its top-k
+/// probabilities are always renormalized).
 template <class Refuse>
 void check_moe_export(const json& a, const HFModelSpec& s, const Refuse& refuse) {
   const bool moe = a.contains("num_experts") && a["num_experts"].is_number() && a["num_experts"].get<int64_t>() > 0;
-  if (s.model_type != "mixtral" && s.model_type != "qwen3_moe") {
-    if (moe) refuse("--num-experts " + show(a["num_experts"]) + " (mixture of experts; export as mixtral or qwen3_moe)");
+  if (s.model_type != "mixtral" && s.model_type != "qwen3_moe" && s.model_type != "qwen2_moe") {
+    if (moe)
+      refuse("--num-experts " + show(a["num_experts"]) + " (mixture of experts; export as mixtral, qwen3_moe or qwen2_moe)");
     return;
   }
   if (!moe) refuse("no --num-experts (a dense model)");
   auto set = [&](const char* k) { return a.contains(k) && !a[k].is_null() && !(a[k].is_number() && a[k].get<double>() == 0); };
-  if (set("moe_shared_expert_intermediate_size"))
-    refuse("--moe-shared-expert-intermediate-size " + show(a["moe_shared_expert_intermediate_size"]));
+  const bool gate = a.value("moe_shared_expert_gate", false);
+  if (s.model_type != "qwen2_moe" && set("moe_shared_expert_intermediate_size"))
+    refuse("--moe-shared-expert-intermediate-size " + show(a["moe_shared_expert_intermediate_size"]) +
+           (gate ? " --moe-shared-expert-gate (export as qwen2_moe)" : ""));
+  if (s.model_type == "qwen2_moe") {
+    if (!set("moe_shared_expert_intermediate_size"))
+      refuse("no --moe-shared-expert-intermediate-size (Qwen2-MoE always has a shared expert)");
+    if (!gate) refuse("a shared expert without --moe-shared-expert-gate (Qwen2-MoE's shared expert is always gated)");
+  }
   if (a.value("moe_router_score_function", std::string("softmax")) != "softmax")
     refuse("--moe-router-score-function " + a.value("moe_router_score_function", std::string()));
   if (set("moe_router_topk_scaling_factor") && a["moe_router_topk_scaling_factor"].get<double>() != 1.0)
@@ -107,7 +117,9 @@ json spec_to_args(const HFModelSpec& s, int64_t padded, int64_t divisible_by) {
     a["moe_router_load_balancing_type"] = "aux_loss";
     a["moe_aux_loss_coeff"] = s.moe_aux_loss_coeff;
     a["moe_router_score_function"] = "softmax";
-    a["moe_shared_expert_intermediate_size"] = nullptr;
+    a["moe_shared_expert_intermediate_size"] =
+        s.moe_shared_expert_intermediate_size > 0 ? json(s.moe_shared_expert_intermediate_size) : json(nullptr);
+    a["moe_shared_expert_gate"] = s.moe_shared_expert_gate;
     a["moe_router_topk_scaling_factor"] = nullptr;
     a["moe_router_enable_expert_bias"] = false;
   }
@@ -146,7 +158,10 @@ HFModelSpec spec_from_args(const json& a, const std::string& where) {
   HFModelSpec s;
   const bool moe = a.contains("num_experts") && a["num_experts"].is_number() && a["num_experts"].get<int64_t>() > 0;
   const bool qk = a.value("qk_layernorm", false);
-  s.model_type = a.value("hf_model_type", moe ? (qk ? "qwen3_moe" : "mixtral")
+  const bool gated_shared = a.value("moe_shared_expert_gate", false) && a.contains("moe_shared_expert_intermediate_size") &&
+                            a["moe_shared_expert_intermediate_size"].is_number() &&
+                            a["moe_shared_expert_intermediate_size"].get<int64_t>() > 0;
+  s.model_type = a.value("hf_model_type", moe ? (gated_shared ? "qwen2_moe" : qk ? "qwen3_moe" : "mixtral")
                                               : a.value("swiglu", false) || rms || rope ? "llama" : "gpt2");
   s.num_layers = need("num_layers").get<int64_t>();
   s.hidden_size = need("hidden_size").get<int64_t>();
@@ -183,15 +198,21 @@ HFModelSpec spec_from_args(const json& a, const std::string& where) {
     s.moe_router_pre_softmax = a.value("moe_router_pre_softmax", false);
     const json& c = a.value("moe_aux_loss_coeff", json(0.0));
     s.moe_aux_loss_coeff = c.is_number() ? c.get<double>() : 0.0;
+    if (s.model_type == "qwen2_moe") {
+      const json& f = a.value("moe_shared_expert_intermediate_size", json(nullptr));
+      s.moe_shared_expert_intermediate_size = f.is_number() ? f.get<int64_t>() : 0;
+      s.moe_shared_expert_gate = a.value("moe_shared_expert_gate", false);
+    }
   }
   check_hf_export(a, s, where);
   return s;
 }
 
 void check_hf_export(const json& a, const HFModelSpec& s, const std::string& where, const std::string& hf_config) {
-  const std::string arch = s.model_type == "llama"     ? "LLaMA (LlamaForCausalLM)"
-                           : s.model_type == "mixtral" ? "Mixtral (MixtralForCausalLM)"
+  const std::string arch = s.model_type == "llama"       ? "LLaMA (LlamaForCausalLM)"
+                           : s.model_type == "mixtral"   ? "Mixtral (MixtralForCausalLM)"
                            : s.model_type == "qwen3_moe" ? "Qwen3-MoE (Qwen3MoeForCausalLM)"
+                           : s.model_type == "qwen2_moe" ? "Qwen2-MoE (Qwen2MoeForCausalLM)"
                                                          : "GPT-2 (GPT2LMHeadModel)";
   const bool llama_like = s.model_type != "gpt2";
   auto refuse = [&](const std::string& what) {
@@ -227,7 +248,8 @@ void check_hf_export(const json& a, const HFModelSpec& s, const std::string& whe
       refuse("--position-embedding-type " + str("position_embedding_type", ""));
     if (num("rotary_percent", 1.0) != 1.0) refuse("--rotary-percent " + show(a["rotary_percent"]));
     if (flag("rotary_interleaved")) refuse("--rotary-interleaved");
-    if (a.contains("add_qkv_bias") && flag("add_qkv_bias") && !a.value("add_bias_linear", true))
+    // (Qwen2-MoE's q/k/v bias without o_proj's is exactly --add-qkv-bias --disable-bias-linear.)
+    if (s.model_type != "qwen2_moe" && a.contains("add_qkv_bias") && flag("add_qkv_bias") && !a.value("add_bias_linear", true))
       refuse("--add-qkv-bias with --disable-bias-linear (LLaMA's attention_bias also adds o_proj's bias)");
     if (s.is_moe() && a.value("add_bias_linear", false)) refuse("linear biases (no --disable-bias-linear)");
   } else {
@@ -294,6 +316,11 @@ void check_hf_export(const json& a, const HFModelSpec& s, const std::string& whe
     if (a.value("moe_router_pre_softmax", false) != s.moe_router_pre_softmax)
       differs("norm_topk_prob", s.moe_router_pre_softmax ? "false" : "true", "moe_router_pre_softmax",
               a.value("moe_router_pre_softmax", false));
+    if (s.model_type == "qwen2_moe") {
+      cmp_int("moe_shared_expert_intermediate_size", s.moe_shared_expert_intermediate_size, "shared_expert_intermediate_size");
+      if (a.contains("add_qkv_bias") && a["add_qkv_bias"].is_boolean() && a["add_qkv_bias"].get<bool>() != s.add_qkv_bias)
+        differs("qkv_bias", s.add_qkv_bias ? "true" : "false", "add_qkv_bias", a["add_qkv_bias"]);
+    }
   } else if (a.contains("num_experts") && a["num_experts"].is_number() && a["num_experts"].get<int64_t>() > 0) {
     differs("a dense model_type", s.model_type, "num_experts", a["num_experts"]);
   }

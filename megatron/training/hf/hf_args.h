@@ -19,8 +19,8 @@ namespace megatron::hf {
 nlohmann::json spec_to_args(const HFModelSpec& spec, int64_t padded_vocab_size, int64_t make_vocab_size_divisible_by);
 
 /// The HF model a checkpoint's args describe (no --hf-config). model_type: the args'
-/// hf_model_type, else for an MoE model (num_experts > 0) "qwen3_moe" with qk_layernorm and
-/// "mixtral" without, else "llama" for a SwiGLU / RMSNorm / rope model and "gpt2" otherwise.
+/// hf_model_type, else for an MoE model (num_experts > 0) "qwen2_moe" with a shared expert and
+/// --moe-shared-expert-gate, "qwen3_moe" with qk_layernorm and "mixtral" otherwise, else "llama" for a SwiGLU / RMSNorm / rope model and "gpt2" otherwise.
 /// Throws UserError "<where>: checkpoint args lack '<key>'; pass --hf-config ..." for a missing
 /// size, and whatever check_hf_export refuses.
 HFModelSpec spec_from_args(const nlohmann::json& args, const std::string& where);
@@ -29,13 +29,15 @@ HFModelSpec spec_from_args(const nlohmann::json& args, const std::string& where)
 /// args the HF architecture spec.model_type cannot represent: LLaMA needs SwiGLU, RMSNorm, plain
 /// rope (rotary_percent 1, not interleaved), QKV bias iff linear bias; GPT-2 needs LayerNorm,
 /// learned absolute positions, biases, no grouped-query attention, GeLU (exact or tanh) or
-/// squared ReLU ("relu2"); neither has qk_layernorm, apply_layernorm_1p or rope scaling. Mixtral
-/// and Qwen3-MoE are LLaMA's rules plus the MoE ones (no shared expert, softmax scores, no top-k
-/// scaling / expert bias / group routing; Mixtral: every layer MoE, no pre-softmax, no
-/// qk_layernorm; Qwen3-MoE: qk_layernorm); experts in LLaMA / GPT-2 are refused. When
+/// squared ReLU ("relu2"); neither has qk_layernorm, apply_layernorm_1p or rope scaling. Mixtral,
+/// Qwen3-MoE and Qwen2-MoE are LLaMA's rules plus the MoE ones (softmax scores, no top-k scaling /
+/// expert bias / group routing; Mixtral and Qwen3-MoE: no shared expert; Mixtral: every layer MoE,
+/// no pre-softmax, no qk_layernorm; Qwen3-MoE: qk_layernorm; Qwen2-MoE: a shared expert with
+/// --moe-shared-expert-gate, no qk_layernorm, QKV bias without linear bias allowed); experts in
+/// LLaMA / GPT-2 are refused. When
 /// `hf_config` names the --hf-config file, also refuses a config.json whose settings differ from
 /// the args the checkpoint was trained with (activation, sizes, normalization, epsilon, rope base,
-/// bias, tying). Keys the args lack (checkpoints that recorded only ~15 keys) are not checked.
+/// bias, tying; Qwen2-MoE: shared expert size, qkv_bias). Keys the args lack (checkpoints that recorded only ~15 keys) are not checked.
 void check_hf_export(const nlohmann::json& args, const HFModelSpec& spec, const std::string& where,
                      const std::string& hf_config = "");
 

@@ -93,14 +93,17 @@ void read_rope_object(const json& r, const std::string& path, const char* key, H
   s.rope_scaling_factor = factor;
 }
 
-/// The mixture-of-experts keys of a Mixtral / Qwen3-MoE config.json (docs/models.md, "Hugging
-/// Face"). Both route with a softmax over all experts and keep the top k; Mixtral always and
-/// Qwen3-MoE with norm_topk_prob renormalize the k probabilities, which is Megatron's softmax
-/// over the top-k logits (no --moe-router-pre-softmax); Qwen3-MoE without it is
-/// --moe-router-pre-softmax. Qwen3-MoE layer i is an MoE layer iff i is not in mlp_only_layers
-/// and (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer); its other layers are dense
-/// MLPs of intermediate_size. Qwen3's q_norm / k_norm are --qk-layernorm (RMSNorm over the head
-/// dim before RoPE, as Megatron's q_layernorm / k_layernorm).
+/// The mixture-of-experts keys of a Mixtral / Qwen3-MoE / Qwen2-MoE config.json (docs/models.md,
+/// "Hugging Face"). All route with a softmax over all experts and keep the top k; Mixtral always
+/// and the Qwen models with norm_topk_prob renormalize the k probabilities, which is Megatron's
+/// softmax over the top-k logits (no --moe-router-pre-softmax); without it they are
+/// --moe-router-pre-softmax. Qwen layer i is an MoE layer iff i is not in mlp_only_layers and
+/// (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer); their other
+/// layers are dense MLPs of intermediate_size. Qwen3's q_norm / k_norm are --qk-layernorm (RMSNorm
+/// over the head dim before RoPE, as Megatron's q_layernorm / k_layernorm). Qwen2-MoE adds a
+/// shared expert of shared_expert_intermediate_size on every token, scaled by
+/// sigmoid(shared_expert_gate(x)): Megatron's --moe-shared-expert-intermediate-size with
+/// --moe-shared-expert-gate.
 void read_moe_config(const Cfg& c, HFModelSpec& s) {
   const json& j = c.j;
   const std::string& path = c.path;
@@ -127,11 +130,23 @@ void read_moe_config(const Cfg& c, HFModelSpec& s) {
     s.num_moe_experts = c.req_int(has_new && !has_old ? "num_local_experts" : "num_experts");
     s.moe_ffn_hidden_size = c.req_int("moe_intermediate_size");
     s.moe_router_pre_softmax = !c.opt_bool("norm_topk_prob", false);
-    s.qk_layernorm = true;
+    s.qk_layernorm = s.model_type == "qwen3_moe";
+    if (s.model_type == "qwen2_moe") {
+      s.moe_shared_expert_intermediate_size = c.req_int("shared_expert_intermediate_size");
+      s.moe_shared_expert_gate = true;  // Qwen2MoeSparseMoeBlock always has shared_expert_gate
+    }
     if (c.opt_bool("use_sliding_window", false))
       user_error(path, ": use_sliding_window true is not supported (Megatron's attention is full causal)");
+    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+      if (!j["layer_types"].is_array()) user_error(path, ": layer_types must be a list");
+      for (const auto& v : j["layer_types"])
+        if (v != "full_attention")
+          user_error(path, ": layer_types entry ", v.dump(),
+                     " is not supported (Megatron's attention is full causal: every entry must be \"full_attention\")");
+    }
     if (c.opt_bool("attention_bias", false))
-      user_error(path, ": attention_bias true is not supported for qwen3_moe (Megatron's MoE experts have no bias)");
+      user_error(path, ": attention_bias true is not supported for ", s.model_type,
+                 " (Megatron's MoE experts have no bias", s.model_type == "qwen2_moe" ? "; Qwen2-MoE's q/k/v bias is qkv_bias)" : ")");
     const int64_t step = c.opt_int("decoder_sparse_step", 1);
     if (step < 1) user_error(path, ": decoder_sparse_step must be >= 1, got ", step);
     std::set<int64_t> dense;
@@ -175,11 +190,7 @@ HFModelSpec read_hf_config(const std::string& path) {
   Cfg c{j, path};
   HFModelSpec s;
   s.model_type = c.opt_str("model_type", "");
-  if (s.model_type == "qwen2_moe")
-    user_error(path, ": model_type 'qwen2_moe' is not supported: its shared expert (shared_expert_intermediate_size) "
-               "has a sigmoid gate (shared_expert_gate, Megatron's --moe-shared-expert-gate), which megatron.cpp does not "
-               "implement");
-  const bool moe = s.model_type == "mixtral" || s.model_type == "qwen3_moe";
+  const bool moe = s.model_type == "mixtral" || s.model_type == "qwen3_moe" || s.model_type == "qwen2_moe";
   if (s.model_type == "llama" || moe) {
     s.hidden_size = c.req_int("hidden_size");
     s.ffn_hidden_size = c.req_int("intermediate_size");
@@ -215,7 +226,9 @@ HFModelSpec read_hf_config(const std::string& path) {
       user_error(path, ": attention_bias=", ab ? "true" : "false", " with mlp_bias=", mb ? "true" : "false",
                  " is not supported (Megatron's --add-bias-linear covers attention and MLP together)");
     s.add_bias_linear = ab;
-    s.add_qkv_bias = ab;
+    // Qwen2-MoE: q/k/v have a bias (Qwen2MoeAttention, config qkv_bias, true by default), o_proj
+    // none: Megatron's --add-qkv-bias with --disable-bias-linear.
+    s.add_qkv_bias = s.model_type == "qwen2_moe" ? c.opt_bool("qkv_bias", true) : ab;
     s.untie_embeddings_and_output_weights = !c.opt_bool("tie_word_embeddings", false);
   } else if (s.model_type == "gpt2") {
     s.hidden_size = c.req_int("n_embd");
@@ -244,7 +257,7 @@ HFModelSpec read_hf_config(const std::string& path) {
     s.add_qkv_bias = true;
     s.untie_embeddings_and_output_weights = !c.opt_bool("tie_word_embeddings", true);
   } else {
-    user_error(path, ": model_type '", s.model_type, "' is not supported (llama, gpt2, mixtral or qwen3_moe)");
+    user_error(path, ": model_type '", s.model_type, "' is not supported (llama, gpt2, mixtral, qwen3_moe or qwen2_moe)");
   }
   return s;
 }
@@ -288,6 +301,9 @@ std::vector<std::string> HFModelSpec::megatron_args() const {
                        "--moe-layer-freq", moe_layer_freq(), "--moe-router-load-balancing-type", "aux_loss",
                        "--moe-aux-loss-coeff", num(moe_aux_loss_coeff)});
     if (moe_router_pre_softmax) a.push_back("--moe-router-pre-softmax");
+    if (moe_shared_expert_intermediate_size > 0)
+      a.insert(a.end(), {"--moe-shared-expert-intermediate-size", std::to_string(moe_shared_expert_intermediate_size)});
+    if (moe_shared_expert_gate) a.push_back("--moe-shared-expert-gate");
   }
   return a;
 }
@@ -300,9 +316,11 @@ std::string HFModelSpec::moe_layer_freq() const {
 }
 
 json hf_config_json(const HFModelSpec& s) {
-  if (s.model_type == "llama" || s.model_type == "mixtral" || s.model_type == "qwen3_moe") {
-    const char* arch = s.model_type == "llama" ? "LlamaForCausalLM" : s.model_type == "mixtral" ? "MixtralForCausalLM"
-                                                                                                : "Qwen3MoeForCausalLM";
+  if (s.model_type == "llama" || s.model_type == "mixtral" || s.model_type == "qwen3_moe" || s.model_type == "qwen2_moe") {
+    const char* arch = s.model_type == "llama"       ? "LlamaForCausalLM"
+                       : s.model_type == "mixtral"   ? "MixtralForCausalLM"
+                       : s.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                                     : "Qwen2MoeForCausalLM";
     json j = {{"architectures", {arch}},
             {"model_type", s.model_type},
             {"hidden_size", s.hidden_size},
@@ -350,6 +368,15 @@ json hf_config_json(const HFModelSpec& s) {
     j["mlp_only_layers"] = dense;
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
+    if (s.model_type == "qwen2_moe") {
+      // Qwen2MoeConfig has no attention_bias (its q/k/v bias is qkv_bias, true by default: written
+      // only when false) and no head_dim field (its attention reads one when present, else hidden /
+      // heads: written only when it differs).
+      j.erase("attention_bias");
+      if (s.kv_channels == s.hidden_size / s.num_attention_heads) j.erase("head_dim");
+      if (!s.add_qkv_bias) j["qkv_bias"] = false;
+      j["shared_expert_intermediate_size"] = s.moe_shared_expert_intermediate_size;
+    }
     return j;
   }
   MEGATRON_CHECK(s.model_type == "gpt2") << "model_type " << s.model_type;
@@ -505,6 +532,16 @@ std::vector<std::pair<std::string, Tensor>> hf_to_megatron(const HFWeights& w, c
                                                                   t.take(x + (mx ? "w3.weight" : "up_proj.weight"), {fe, h}))});
           out.push_back({m + "linear_fc2.weight", t.take(x + (mx ? "w2.weight" : "down_proj.weight"), {h, fe})});
         }
+        if (const int64_t fs = s.moe_shared_expert_intermediate_size; fs > 0) {
+          // Qwen2-MoE's shared_expert (a SwiGLU MLP: fc1 = [gate_proj; up_proj]) and its
+          // shared_expert_gate Linear(hidden, 1) = Megatron's shared_experts.gate_weight [1, h].
+          out.push_back({L(i) + "mlp.shared_experts.linear_fc1.weight",
+                         fc1_to_megatron(t.take(moe + "shared_expert.gate_proj.weight", {fs, h}),
+                                         t.take(moe + "shared_expert.up_proj.weight", {fs, h}))});
+          out.push_back({L(i) + "mlp.shared_experts.linear_fc2.weight", t.take(moe + "shared_expert.down_proj.weight", {h, fs})});
+          if (s.moe_shared_expert_gate)
+            out.push_back({L(i) + "mlp.shared_experts.gate_weight", t.take(moe + "shared_expert_gate.weight", {1, h})});
+        }
         continue;
       }
       out.push_back({L(i) + "mlp.linear_fc1.weight",
@@ -603,6 +640,14 @@ std::vector<std::pair<std::string, Tensor>> megatron_to_hf(const std::map<std::s
           out.push_back({x + (mx ? "w1.weight" : "gate_proj.weight"), egu[0]});
           out.push_back({x + (mx ? "w2.weight" : "down_proj.weight"), get(m + "linear_fc2.weight")});
           out.push_back({x + (mx ? "w3.weight" : "up_proj.weight"), egu[1]});
+        }
+        if (s.moe_shared_expert_intermediate_size > 0) {
+          auto sgu = fc1_from_megatron(get(L(i) + "mlp.shared_experts.linear_fc1.weight"));
+          out.push_back({moe + "shared_expert.gate_proj.weight", sgu[0]});
+          out.push_back({moe + "shared_expert.up_proj.weight", sgu[1]});
+          out.push_back({moe + "shared_expert.down_proj.weight", get(L(i) + "mlp.shared_experts.linear_fc2.weight")});
+          if (s.moe_shared_expert_gate)
+            out.push_back({moe + "shared_expert_gate.weight", get(L(i) + "mlp.shared_experts.gate_weight")});
         }
         continue;
       }

@@ -1,6 +1,6 @@
 // Hugging Face checkpoints (config.json + model.safetensors, or model-0000k-of-0000n.safetensors
-// with model.safetensors.index.json) for LLaMA, GPT-2 and the mixture-of-experts Mixtral and
-// Qwen3-MoE (docs/models.md, "Hugging Face"): the file layer of convert_checkpoint.
+// with model.safetensors.index.json) for LLaMA, GPT-2 and the mixture-of-experts Mixtral,
+// Qwen3-MoE and Qwen2-MoE (docs/models.md, "Hugging Face"): the file layer of convert_checkpoint.
 //
 // Import: read_hf_config() turns config.json into Megatron's model settings (HFModelSpec, field
 // names as TransformerConfig / the flags); HFWeights reads the tensors; hf_to_megatron() maps them
@@ -29,7 +29,7 @@ namespace megatron::hf {
 
 /// Model settings read from config.json, named like Megatron's TransformerConfig / flags.
 struct HFModelSpec {
-  std::string model_type;                 // "llama" | "gpt2" | "mixtral" | "qwen3_moe"
+  std::string model_type;                 // "llama" | "gpt2" | "mixtral" | "qwen3_moe" | "qwen2_moe"
   int64_t num_layers = 0;                 // --num-layers
   int64_t hidden_size = 0;                // --hidden-size
   int64_t ffn_hidden_size = 0;            // --ffn-hidden-size
@@ -50,13 +50,17 @@ struct HFModelSpec {
   bool add_qkv_bias = false;              // --add-qkv-bias
   bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
   bool qk_layernorm = false;              // --qk-layernorm (Qwen3-MoE's q_norm / k_norm)
-  // Mixture of experts (mixtral, qwen3_moe); num_moe_experts 0 = dense.
+  // Mixture of experts (mixtral, qwen3_moe, qwen2_moe); num_moe_experts 0 = dense.
   int64_t num_moe_experts = 0;            // --num-experts (num_local_experts / num_experts)
   int64_t moe_ffn_hidden_size = 0;        // --moe-ffn-hidden-size (moe_intermediate_size; Mixtral: intermediate_size)
   int64_t moe_router_topk = 0;            // --moe-router-topk (num_experts_per_tok)
   std::vector<int> moe_layer_pattern;     // --moe-layer-freq per layer (1 = MoE); empty = every layer
   bool moe_router_pre_softmax = false;    // --moe-router-pre-softmax (Qwen3-MoE norm_topk_prob = false)
   double moe_aux_loss_coeff = 0.0;        // --moe-aux-loss-coeff (router_aux_loss_coef)
+  // Qwen2-MoE's shared expert (shared_expert_intermediate_size) and its sigmoid gate
+  // (shared_expert_gate); 0 / false = none.
+  int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size
+  bool moe_shared_expert_gate = false;              // --moe-shared-expert-gate
 
   bool is_moe() const { return num_moe_experts > 0; }
   /// Whether decoder layer i (0-based) is an MoE layer.
@@ -70,12 +74,14 @@ struct HFModelSpec {
   std::vector<std::string> megatron_args() const;
 };
 
-/// Parses a LLaMA, GPT-2, Mixtral (MixtralForCausalLM) or Qwen3-MoE (Qwen3MoeForCausalLM)
-/// config.json. MoE: num_local_experts / num_experts, num_experts_per_tok, moe_intermediate_size,
-/// router_aux_loss_coef, norm_topk_prob (false = --moe-router-pre-softmax), decoder_sparse_step
-/// and mlp_only_layers (the --moe-layer-freq pattern). Refused with the key named: Qwen2-MoE
-/// (shared_expert_intermediate_size: its sigmoid shared-expert gate is not implemented), a
-/// sliding window, router_jitter_noise != 0, Qwen3-MoE attention_bias. Also throws UserError
+/// Parses a LLaMA, GPT-2, Mixtral (MixtralForCausalLM), Qwen3-MoE (Qwen3MoeForCausalLM) or
+/// Qwen2-MoE (Qwen2MoeForCausalLM) config.json. MoE: num_local_experts / num_experts,
+/// num_experts_per_tok, moe_intermediate_size, router_aux_loss_coef, norm_topk_prob (false =
+/// --moe-router-pre-softmax), decoder_sparse_step and mlp_only_layers (the --moe-layer-freq
+/// pattern); Qwen2-MoE also shared_expert_intermediate_size (a shared expert behind
+/// --moe-shared-expert-gate) and qkv_bias (default true: --add-qkv-bias, o_proj without bias).
+/// Refused with the key named: a sliding window (use_sliding_window, layer_types other than
+/// full_attention), router_jitter_noise != 0, attention_bias in Qwen3-MoE / Qwen2-MoE. Also throws UserError
 /// "<path>: <key> ..." for a missing key, an unsupported model_type, rope_scaling / rope_parameters.rope_type other than default or
 /// llama3 (llama3 with low_freq_factor != 1, high_freq_factor != 4 or
 /// original_max_position_embeddings != 8192, which Megatron's flags cannot express),

@@ -40,6 +40,8 @@ transformer::TransformerConfig transformer_config_from_hf(const HFModelSpec& s) 
     c.moe_router_pre_softmax = s.moe_router_pre_softmax;
     c.moe_router_load_balancing_type = {"aux_loss"};
     c.moe_aux_loss_coeff = {s.moe_aux_loss_coeff};
+    c.moe_shared_expert_intermediate_size = s.moe_shared_expert_intermediate_size;
+    c.moe_shared_expert_gate = s.moe_shared_expert_gate;
   }
   return c;
 }

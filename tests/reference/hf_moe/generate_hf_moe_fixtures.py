@@ -6,12 +6,16 @@ machine's Python), from the repository root:
 
     python3 tests/reference/hf_moe/generate_hf_moe_fixtures.py tests/reference/hf_moe/
 
-writes OUT_DIR/<name>/ for name in mixtral_tiny (MixtralForCausalLM) and qwen3_moe_tiny
-(Qwen3MoeForCausalLM), the format of tests/reference/hf/generate_hf_fixtures.py:
+writes OUT_DIR/<name>/ for name in mixtral_tiny (MixtralForCausalLM), qwen3_moe_tiny
+(Qwen3MoeForCausalLM) and qwen2_moe_tiny (Qwen2MoeForCausalLM), the format of
+tests/reference/hf/generate_hf_fixtures.py; "--only qwen2_moe_tiny" (comma-separated names) writes
+just those:
     config.json                      transformers' config.save_pretrained
     model.safetensors                the weights in the Hugging Face Hub layout (per-expert
                                      tensors: block_sparse_moe.experts.E.w1/w2/w3 for Mixtral,
-                                     mlp.experts.E.gate_proj/up_proj/down_proj for Qwen3-MoE)
+                                     mlp.experts.E.gate_proj/up_proj/down_proj for Qwen3-MoE
+                                     and Qwen2-MoE; Qwen2-MoE adds mlp.shared_expert.* and
+                                     mlp.shared_expert_gate.weight [1, hidden] and q/k/v biases)
     inputs.json                      tokens [b][s], labels [b][s] (labels = next token)
     logits.safetensors               "logits" float32 [b, s, V]
     grads.safetensors                d(mean CE loss)/d(weight) for every tensor of model.safetensors
@@ -30,7 +34,9 @@ elsewhere (tests/reference/moe/).
 
 Router weights are drawn large enough that no token's k-th and (k+1)-th router logits are
 within 1e-3 (checked; meta.json "min_topk_margin"): summation-order differences (~1e-6) between
-transformers and megatron.cpp cannot change which experts a token goes to.
+transformers and megatron.cpp cannot change which experts a token goes to. A seed that gives a
+smaller margin is replaced by the next one (meta.json "seed" records the one used), so the script
+never needs a second run.
 
 Export check (after convert_checkpoint --loader mcore --saver hf wrote EXPORT_DIR):
 
@@ -48,7 +54,7 @@ import sys
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 VOCAB, B, S = 128, 2, 16
 MARGIN = 1e-3
@@ -76,9 +82,37 @@ def qwen3_moe_config():
         use_sliding_window=False, attention_dropout=0.0, tie_word_embeddings=True, hidden_act="silu")
 
 
+def qwen2_moe_config():
+    # Qwen1.5-MoE-A2.7B's structure, tiny: q/k/v biases (Qwen2 attention; qkv_bias defaults to
+    # true), a shared expert of its own width (32, neither the routed 16 nor the dense 48) behind a
+    # sigmoid gate, decoder_sparse_step 2 -> layers 1 and 3 are MoE ((i + 1) % 2 == 0), 0 and 2
+    # dense -> --moe-layer-freq [0,1,0,1]; top-4 of 8 without renormalization (norm_topk_prob
+    # false, as the real model); untied; head_dim = hidden / heads (Qwen2-MoE has no head_dim).
+    return Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        num_experts=8, num_experts_per_tok=4, norm_topk_prob=False, decoder_sparse_step=2,
+        mlp_only_layers=[], router_aux_loss_coef=0.001, output_router_logits=False,
+        use_sliding_window=False, attention_dropout=0.0, tie_word_embeddings=False, hidden_act="silu")
+
+
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+def is_moe_layer(kind, cfg, i):
+    """Which decoder layers are sparse, as each transformers model decides it."""
+    if kind == "mixtral":
+        return True
+    if i in (cfg.mlp_only_layers or []):
+        return False
+    return cfg.num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0
+
+
 def hub_weights(kind, cfg, gen):
     """Random weights under the Hub's names and [out, in] Linear layouts."""
-    h, nh, ng, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    h, nh, ng = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or h // nh
     w = {}
 
     def lin(name, out, inp, gain=1.0):
@@ -96,13 +130,16 @@ def hub_weights(kind, cfg, gen):
         lin(p + "self_attn.k_proj.weight", ng * d, h)
         lin(p + "self_attn.v_proj.weight", ng * d, h)
         lin(p + "self_attn.o_proj.weight", h, nh * d)
+        if kind == "qwen2_moe":  # O(1) biases, comparable to x @ W^T, so that their gradients matter
+            for proj, n in (("q_proj", nh * d), ("k_proj", ng * d), ("v_proj", ng * d)):
+                w[p + f"self_attn.{proj}.bias"] = 0.5 * torch.randn((n,), generator=gen)
         if kind == "qwen3_moe":
             norm(p + "self_attn.q_norm.weight", d)
             norm(p + "self_attn.k_norm.weight", d)
         norm(p + "post_attention_layernorm.weight", h)
         if kind == "mixtral":
             m, names, E, f = p + "block_sparse_moe.", ("w1", "w3", "w2"), cfg.num_local_experts, cfg.intermediate_size
-        elif i in cfg.mlp_only_layers:
+        elif not is_moe_layer(kind, cfg, i):
             lin(p + "mlp.gate_proj.weight", cfg.intermediate_size, h)
             lin(p + "mlp.up_proj.weight", cfg.intermediate_size, h)
             lin(p + "mlp.down_proj.weight", h, cfg.intermediate_size)
@@ -114,6 +151,12 @@ def hub_weights(kind, cfg, gen):
             lin(m + f"experts.{e}.{names[0]}.weight", f, h)
             lin(m + f"experts.{e}.{names[1]}.weight", f, h)
             lin(m + f"experts.{e}.{names[2]}.weight", h, f)
+        if kind == "qwen2_moe":
+            fs = cfg.shared_expert_intermediate_size
+            lin(m + "shared_expert.gate_proj.weight", fs, h)
+            lin(m + "shared_expert.up_proj.weight", fs, h)
+            lin(m + "shared_expert.down_proj.weight", h, fs)
+            lin(m + "shared_expert_gate.weight", 1, h)  # logits O(1): the sigmoid is not saturated
     norm("model.norm.weight", h)
     if not cfg.tie_word_embeddings:
         lin("lm_head.weight", VOCAB, h)
@@ -193,7 +236,8 @@ def router_margins(model, hub, topk):
     """Registers pre-hooks on the router modules; returns the list the hooks append margins to."""
     margins, params = [], dict(model.named_parameters())
     for pn, p in params.items():
-        if not pn.endswith("gate.weight") or p.dim() != 2 or p.shape[0] >= p.shape[1]:
+        if (not pn.endswith("gate.weight") or pn.endswith("shared_expert_gate.weight") or p.dim() != 2
+                or p.shape[0] >= p.shape[1]):
             continue
         mod = model.get_submodule(pn[: -len(".weight")])
 
@@ -206,12 +250,18 @@ def router_margins(model, hub, topk):
     return margins
 
 
+class MarginTooSmall(Exception):
+    pass
+
+
 def generate(name, cfg, out, seed):
+    """Writes OUT/NAME/; raises MarginTooSmall when this seed puts a token's top-k router logits
+    within MARGIN (the caller tries the next seed)."""
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     hub = hub_weights(cfg.model_type, cfg, gen)
-    cfg.architectures = ["MixtralForCausalLM" if cfg.model_type == "mixtral" else "Qwen3MoeForCausalLM"]
+    cfg.architectures = [ARCHITECTURES[cfg.model_type]]
     cfg.save_pretrained(d)
     save_file({k: v.contiguous() for k, v in hub.items()}, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     model = load(d)
@@ -224,7 +274,7 @@ def generate(name, cfg, out, seed):
     if not margins:
         sys.exit(f"{name}: found no router modules to check the top-k margins")
     if min(margins) < MARGIN:
-        sys.exit(f"{name}: a token's top-k router logits are within {min(margins):.2e} (< {MARGIN}); change the seed")
+        raise MarginTooSmall(f"{name}: seed {seed}: a token's top-k router logits are within {min(margins):.2e} (< {MARGIN})")
     grads = {}
     for pn, p in model.named_parameters():
         grads.update(back[pn](p.grad.detach()))
@@ -277,21 +327,39 @@ def check_export(export_dir, fixture):
     return 0 if ok else 1
 
 
+# name -> (config, first seed). mixtral and qwen3 keep the seeds their committed fixtures used.
+CASES = {"mixtral_tiny": (mixtral_config, 11), "qwen3_moe_tiny": (qwen3_moe_config, 12),
+         "qwen2_moe_tiny": (qwen2_moe_config, 13)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
     ap.add_argument("--check-export")
     ap.add_argument("--fixture")
+    ap.add_argument("--only", help="comma-separated fixture names to write (default: all of " + ", ".join(CASES) + ")")
     a = ap.parse_args()
     if a.check_export:
         if not a.fixture:
             sys.exit("--check-export needs --fixture FIXTURE_DIR (the generated <name> folder)")
         sys.exit(check_export(a.check_export, a.fixture))
     if not a.out:
-        sys.exit("usage: generate_hf_moe_fixtures.py OUT_DIR | --check-export DIR --fixture FIXTURE_DIR")
-    torch.manual_seed(0)
-    generate("mixtral_tiny", mixtral_config(), a.out, seed=11)
-    generate("qwen3_moe_tiny", qwen3_moe_config(), a.out, seed=12)
+        sys.exit("usage: generate_hf_moe_fixtures.py OUT_DIR [--only NAME,...] | --check-export DIR --fixture FIXTURE_DIR")
+    names = a.only.split(",") if a.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit(f"--only: unknown fixture {unknown}; the fixtures are {', '.join(CASES)}")
+    for name in names:
+        config, seed = CASES[name]
+        for attempt in range(20):  # a seed with a too-small router margin is replaced by the next
+            torch.manual_seed(0)
+            try:
+                generate(name, config(), a.out, seed=seed + 100 * attempt)
+                break
+            except MarginTooSmall as e:
+                print(f"{e}; trying seed {seed + 100 * (attempt + 1)}")
+        else:
+            sys.exit(f"{name}: 20 seeds gave router top-k margins below {MARGIN}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 # (BIN_DIR/unit_tests --gtest_filter='HFMoE*') and tests/functional_tests/ckpt_convert_hf_moe.sh
 # (round trip + generation) when BIN_DIR has unit_tests / run_text_generation_server.
 #   bash tests/reference/hf_moe/run_on_gpu_machine.sh BIN_DIR OUT_DIR
+# MODELS="qwen2_moe_tiny" (space-separated fixture names) limits every step to those fixtures.
 # OUT_DIR/summary.txt: one PASS/FAIL line per step; OUT_DIR/hf_moe/ holds the fixtures to commit
 # as tests/reference/hf_moe/ (cp -r OUT_DIR/hf_moe/* tests/reference/hf_moe/). Exit 1 on any FAIL.
 set -u
@@ -19,8 +20,8 @@ step() {  # step NAME LOG CMD...: runs CMD, logs to LOG, records PASS/FAIL NAME
   local name=$1 log=$2; shift 2
   if "$@" > "$log" 2>&1; then echo "PASS $name" | tee -a "$SUM"; else echo "FAIL $name (see $log)" | tee -a "$SUM"; fi
 }
-step generate "$OUT/generate.log" python3 "$HERE/generate_hf_moe_fixtures.py" "$FIX"
-for m in mixtral_tiny qwen3_moe_tiny; do
+step generate "$OUT/generate.log" python3 "$HERE/generate_hf_moe_fixtures.py" "$FIX" ${MODELS:+--only "${MODELS// /,}"}
+for m in ${MODELS:-mixtral_tiny qwen3_moe_tiny qwen2_moe_tiny}; do
   step "$m import" "$OUT/$m.import.log" "$BIN/convert_checkpoint" --loader hf --saver mcore --load-dir "$FIX/$m" \
     --save-dir "$WORK/$m.ckpt"
   step "$m export" "$OUT/$m.export.log" "$BIN/convert_checkpoint" --loader mcore --saver hf --load-dir "$WORK/$m.ckpt" \

@@ -1,4 +1,5 @@
-// Hugging Face mixture-of-experts models (MixtralForCausalLM, Qwen3MoeForCausalLM) through the
+// Hugging Face mixture-of-experts models (MixtralForCausalLM, Qwen3MoeForCausalLM,
+// Qwen2MoeForCausalLM) through the
 // convert_checkpoint code (megatron/training/hf/): config.json -> Megatron flags and back, the
 // refusals of what Megatron cannot represent, and -- against transformers' own numbers
 // (tests/reference/hf_moe/, written by generate_hf_moe_fixtures.py on the GPU machine) -- logits,
@@ -38,7 +39,8 @@ const std::string kDir = std::string(MEGATRON_SOURCE_DIR) + "/tests/reference/hf
 // n <= 128 values (hidden 64, q/k/v width <= 96, vocab 128, 2-3 layers), each adding at most n*u
 // (u = 2^-24, ~8e-6 in the worst case, no cancellation assumed) and typically sqrt(n)*u (~7e-7);
 // the norms renormalize between layers and the generator guarantees a router top-k margin of
-// 1e-3 >> these errors, so both sides route every token to the same experts. 1e-5 relative to
+// 1e-3 >> these errors, so both sides route every token to the same experts. (Qwen2-MoE adds q/k/v
+// biases and a shared expert of 32 behind a sigmoid gate: sums of the same lengths.) 1e-5 relative to
 // the largest magnitude is the project's CPU-vs-reference bound (as tests/reference/hf/).
 constexpr double kTol = 1e-5;
 // Where the fixture also holds the float64 run of the same transformers model (logits64 /
@@ -83,6 +85,103 @@ json qwen3_moe_json() {
           {"norm_topk_prob", false}, {"decoder_sparse_step", 1}, {"mlp_only_layers", {1}},
           {"router_aux_loss_coef", 0.001}, {"attention_bias", false}, {"use_sliding_window", false},
           {"tie_word_embeddings", true}, {"hidden_act", "silu"}};
+}
+
+// Qwen2MoeConfig's keys (transformers 5; qkv_bias is absent from older versions, whose attention
+// always has the q/k/v bias): Qwen1.5-MoE-A2.7B's structure, tiny.
+json qwen2_moe_json() {
+  return {{"model_type", "qwen2_moe"}, {"architectures", {"Qwen2MoeForCausalLM"}}, {"vocab_size", 128},
+          {"hidden_size", 64}, {"intermediate_size", 48}, {"moe_intermediate_size", 16},
+          {"shared_expert_intermediate_size", 32}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6},
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}}, {"num_experts", 8},
+          {"num_experts_per_tok", 4}, {"norm_topk_prob", false}, {"decoder_sparse_step", 2},
+          {"mlp_only_layers", json::array()}, {"router_aux_loss_coef", 0.001}, {"output_router_logits", false},
+          {"use_sliding_window", false}, {"sliding_window", nullptr}, {"max_window_layers", 28},
+          {"layer_types", {"full_attention", "full_attention", "full_attention", "full_attention"}},
+          {"qkv_bias", true}, {"attention_dropout", 0.0}, {"tie_word_embeddings", false}, {"hidden_act", "silu"},
+          {"initializer_range", 0.02}, {"use_cache", true}};
+}
+
+TEST(HFMoEConfig, Qwen2MoeMapsToMegatronFlags) {
+  std::string d = tmp_dir("q2cfg");
+  write_json(d + "/config.json", qwen2_moe_json());
+  HFModelSpec q = read_hf_config(d + "/config.json");
+  EXPECT_EQ(q.num_moe_experts, 8);
+  EXPECT_EQ(q.moe_router_topk, 4);
+  EXPECT_EQ(q.ffn_hidden_size, 48);
+  EXPECT_EQ(q.moe_ffn_hidden_size, 16);
+  EXPECT_EQ(q.moe_shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(q.moe_shared_expert_gate);  // shared_expert_gate is always there
+  EXPECT_EQ(q.kv_channels, 16);           // no head_dim: hidden / heads
+  EXPECT_EQ(q.moe_layer_pattern, (std::vector<int>{0, 1, 0, 1}));  // (i + 1) % 2 == 0
+  EXPECT_TRUE(q.moe_router_pre_softmax);
+  EXPECT_FALSE(q.qk_layernorm);
+  EXPECT_TRUE(q.add_qkv_bias);
+  EXPECT_FALSE(q.add_bias_linear);  // o_proj and the MLPs have no bias
+  EXPECT_TRUE(q.untie_embeddings_and_output_weights);
+  auto qa = q.megatron_args();
+  EXPECT_TRUE(has(qa, {"--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate"}));
+  EXPECT_TRUE(has(qa, {"--disable-bias-linear", "--add-qkv-bias"}));
+  EXPECT_TRUE(has(qa, {"--moe-layer-freq", "[0,1,0,1]"}));
+  EXPECT_TRUE(has(qa, {"--moe-router-pre-softmax"}));
+  EXPECT_FALSE(has(qa, {"--qk-layernorm"}));
+  auto qc = transformer_config_from_hf(q);
+  EXPECT_EQ(qc.moe_shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(qc.moe_shared_expert_gate);
+  EXPECT_TRUE(qc.add_qkv_bias);
+  EXPECT_FALSE(qc.add_bias_linear);
+  // qkv_bias false (transformers versions with the field): no q/k/v bias; older configs without
+  // the key keep it (their attention always has it).
+  auto j = qwen2_moe_json();
+  j["qkv_bias"] = false;
+  j["num_local_experts"] = 8;  // transformers 5's name for the count (an attribute map of num_experts)
+  j.erase("num_experts");
+  j["head_dim"] = 24;          // honoured by the attention (getattr(config, "head_dim", hidden / heads))
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  write_json(d + "/config.json", j);
+  HFModelSpec q2 = read_hf_config(d + "/config.json");
+  EXPECT_FALSE(q2.add_qkv_bias);
+  EXPECT_EQ(q2.num_moe_experts, 8);
+  EXPECT_EQ(q2.kv_channels, 24);
+  EXPECT_TRUE(q2.moe_layer_pattern.empty());
+  EXPECT_FALSE(q2.moe_router_pre_softmax);
+  EXPECT_FALSE(has(q2.megatron_args(), {"--add-qkv-bias"}));
+  j = qwen2_moe_json();
+  j.erase("qkv_bias");
+  write_json(d + "/config.json", j);
+  EXPECT_TRUE(read_hf_config(d + "/config.json").add_qkv_bias);
+  // export -> import keeps every setting (config.json and the checkpoint args); the export's
+  // model type is found from the args without hf_model_type (a gated shared expert).
+  for (const auto& s : {q, q2}) {
+    const json cfg = hf_config_json(s);
+    EXPECT_EQ(cfg["architectures"], json({"Qwen2MoeForCausalLM"}));
+    EXPECT_EQ(cfg["shared_expert_intermediate_size"], 32);
+    EXPECT_FALSE(cfg.contains("attention_bias"));                     // not a Qwen2MoeConfig field
+    EXPECT_EQ(cfg.contains("qkv_bias"), !s.add_qkv_bias);             // written only when false
+    EXPECT_EQ(cfg.contains("head_dim"), s.kv_channels != 16);         // written only when not hidden / heads
+    write_json(d + "/config.json", cfg);
+    EXPECT_EQ(read_hf_config(d + "/config.json").megatron_args(), s.megatron_args());
+    json args = spec_to_args(s, 128, 128);
+    EXPECT_EQ(spec_from_args(args, "ckpt").megatron_args(), s.megatron_args());
+    args.erase("hf_model_type");
+    EXPECT_EQ(spec_from_args(args, "ckpt").model_type, "qwen2_moe");
+    check_hf_export(args, s, "ckpt", d + "/config.json");
+  }
+  // --hf-config naming another shared-expert size or qkv_bias than the checkpoint's args.
+  json args = spec_to_args(q, 128, 128);
+  j = qwen2_moe_json();
+  j["shared_expert_intermediate_size"] = 64;
+  write_json(d + "/config.json", j);
+  expect_user_error([&] { check_hf_export(args, read_hf_config(d + "/config.json"), "ck", d + "/config.json"); },
+                    "shared_expert_intermediate_size 64");
+  j = qwen2_moe_json();
+  j["qkv_bias"] = false;
+  write_json(d + "/config.json", j);
+  expect_user_error([&] { check_hf_export(args, read_hf_config(d + "/config.json"), "ck", d + "/config.json"); },
+                    "qkv_bias false");
+  fs::remove_all(d);
 }
 
 TEST(HFMoEConfig, MixtralAndQwen3MoeMapToMegatronFlags) {
@@ -148,11 +247,18 @@ TEST(HFMoEConfig, UnrepresentableFieldsNameTheKey) {
     write_json(d + "/config.json", j);
     return d + "/config.json";
   };
-  expect_user_error([&] { read_hf_config(with(qwen3_moe_json(), [](json& j) {
-                      j["model_type"] = "qwen2_moe";
-                      j["shared_expert_intermediate_size"] = 64;
-                    })); },
-                    "shared_expert_intermediate_size");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j.erase("shared_expert_intermediate_size"); })); },
+                    "'shared_expert_intermediate_size'");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j["use_sliding_window"] = true; })); },
+                    "use_sliding_window");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j["layer_types"][1] = "sliding_attention"; })); },
+                    "layer_types entry \"sliding_attention\"");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j["attention_bias"] = true; })); },
+                    "qkv_bias");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j["hidden_act"] = "gelu"; })); },
+                    "hidden_act 'gelu'");
+  expect_user_error([&] { read_hf_config(with(qwen2_moe_json(), [](json& j) { j["model_type"] = "qwen2_moe_vl"; })); },
+                    "qwen2_moe)");
   expect_user_error([&] { read_hf_config(with(mixtral_json(), [](json& j) { j["sliding_window"] = 4096; })); },
                     "sliding_window 4096");
   expect_user_error([&] { read_hf_config(with(mixtral_json(), [](json& j) { j["router_jitter_noise"] = 0.1; })); },
@@ -186,6 +292,35 @@ TEST(HFMoEConfig, ExportRefusesWhatTheHFModelCannotRepresent) {
   };
   expect_user_error([&] { spec_from_args(edited([](json& a) { a["moe_shared_expert_intermediate_size"] = 64; }), "ck"); },
                     "--moe-shared-expert-intermediate-size 64");
+  expect_user_error([&] { spec_from_args(edited([](json& a) {
+                      a["moe_shared_expert_intermediate_size"] = 64;
+                      a["moe_shared_expert_gate"] = true;
+                    }), "ck"); },
+                    "--moe-shared-expert-gate (export as qwen2_moe)");
+  // Qwen2-MoE: its shared expert is always there and always gated; no q/k norm.
+  expect_user_error([&] { spec_from_args(edited([](json& a) { a["hf_model_type"] = "qwen2_moe"; }), "ck"); },
+                    "no --moe-shared-expert-intermediate-size");
+  expect_user_error([&] { spec_from_args(edited([](json& a) {
+                      a["hf_model_type"] = "qwen2_moe";
+                      a["moe_shared_expert_intermediate_size"] = 64;
+                    }), "ck"); },
+                    "without --moe-shared-expert-gate");
+  expect_user_error([&] { spec_from_args(edited([](json& a) {
+                      a["hf_model_type"] = "qwen2_moe";
+                      a["moe_shared_expert_intermediate_size"] = 64;
+                      a["moe_shared_expert_gate"] = true;
+                      a["qk_layernorm"] = true;
+                    }), "ck"); },
+                    "--qk-layernorm");
+  // ... but its q/k/v bias without o_proj's is exactly --add-qkv-bias --disable-bias-linear.
+  EXPECT_TRUE(spec_from_args(edited([](json& a) {
+                               a["hf_model_type"] = "qwen2_moe";
+                               a["moe_shared_expert_intermediate_size"] = 64;
+                               a["moe_shared_expert_gate"] = true;
+                               a["add_qkv_bias"] = true;
+                             }), "ck").add_qkv_bias);
+  expect_user_error([&] { spec_from_args(edited([](json& a) { a["add_qkv_bias"] = true; }), "ck"); },
+                    "--add-qkv-bias with --disable-bias-linear");
   expect_user_error([&] { spec_from_args(edited([](json& a) { a["moe_router_score_function"] = "sigmoid"; }), "ck"); },
                     "--moe-router-score-function sigmoid");
   expect_user_error([&] { spec_from_args(edited([](json& a) { a["moe_router_topk_scaling_factor"] = 2.5; }), "ck"); },
@@ -286,11 +421,12 @@ void compare_with_transformers(const std::string& name) {
 
 TEST(HFMoE, MixtralEqualsMixtralForCausalLM) { compare_with_transformers("mixtral_tiny"); }
 TEST(HFMoE, Qwen3MoeEqualsQwen3MoeForCausalLM) { compare_with_transformers("qwen3_moe_tiny"); }
+TEST(HFMoE, Qwen2MoeEqualsQwen2MoeForCausalLM) { compare_with_transformers("qwen2_moe_tiny"); }
 
 // Import -> export gives back every tensor of the transformers-side file bit for bit, and
 // importing the export gives back the same Megatron tensors.
 TEST(HFMoE, ImportExportRoundTripIsBitwise) {
-  for (const char* m : {"mixtral_tiny", "qwen3_moe_tiny"}) {
+  for (const char* m : {"mixtral_tiny", "qwen3_moe_tiny", "qwen2_moe_tiny"}) {
     if (!fixture_present(m)) continue;
     const std::string dir = kDir + m;
     HFModelSpec spec = read_hf_config(dir + "/config.json");

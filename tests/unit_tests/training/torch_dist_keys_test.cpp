@@ -39,16 +39,32 @@ transformer::TransformerConfig mixed_config() {
   return c;
 }
 
-TEST(TorchDistKeys, MixedDenseMoEWithMtpIsMegatronsNaming) {
-  const auto c = mixed_config();
-  models::gpt::GPTModel m(c, 128, 16, 1);
-  std::vector<dist_checkpointing::ShardedTensor> model;
-  std::map<std::string, Shape> shapes;
+// The two-layer MoE model of the stacked-layer and gate tests: 2 experts of 16, top-1 (pre-softmax).
+transformer::TransformerConfig tiny_moe_config() {
+  transformer::TransformerConfig c = testing::tiny_llama_config(32, 2, 64);
+  c.num_moe_experts = 2;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_router_topk = 1;
+  c.moe_router_pre_softmax = true;
+  return c;
+}
+
+// The model's sharded tensors (`model`) and their global shapes by torch_dist key (`shapes`).
+void sharded_tensors(models::gpt::GPTModel& m, const transformer::TransformerConfig& c,
+                     std::vector<dist_checkpointing::ShardedTensor>& model, std::map<std::string, Shape>& shapes) {
   for (auto& p : m.parameters())
     for (auto& t : training::parameter_sharded_tensors(p, c.num_layers)) {
       shapes[training::torch_dist_model_key(t.key)] = t.global_shape;
       model.push_back(t);
     }
+}
+
+TEST(TorchDistKeys, MixedDenseMoEWithMtpIsMegatronsNaming) {
+  const auto c = mixed_config();
+  models::gpt::GPTModel m(c, 128, 16, 1);
+  std::vector<dist_checkpointing::ShardedTensor> model;
+  std::map<std::string, Shape> shapes;
+  sharded_tensors(m, c, model, shapes);
   auto layer = [](const std::string& pre, bool moe) {
     std::vector<std::string> k = {pre + "self_attention.linear_qkv.layer_norm_weight", pre + "self_attention.linear_qkv.weight",
                                   pre + "self_attention.linear_proj.weight", pre + "mlp.linear_fc1.layer_norm_weight"};
@@ -102,11 +118,7 @@ TEST(TorchDistKeys, MixedDenseMoEWithMtpIsMegatronsNaming) {
 // Stacked layers (a homogeneous model): Megatron's "decoder.layers.X" keys with the layer axis,
 // the objects at shard_<layer>_<L> (and shard_<layer>.<expert>_<L>.<E> for experts).
 TEST(TorchDistKeys, StackedLayersKeepTheLayerAxisInObjects) {
-  transformer::TransformerConfig c = testing::tiny_llama_config(32, 2, 64);
-  c.num_moe_experts = 2;
-  c.moe_ffn_hidden_size = 16;
-  c.moe_router_topk = 1;
-  c.moe_router_pre_softmax = true;
+  transformer::TransformerConfig c = tiny_moe_config();
   c.validate();
   models::gpt::GPTModel m(c, 128, 16, 1);
   std::vector<dist_checkpointing::ShardedTensor> model;
@@ -122,6 +134,33 @@ TEST(TorchDistKeys, StackedLayersKeepTheLayerAxisInObjects) {
   EXPECT_EQ(training::torch_dist_model_key("decoder.layers.pre_mlp_layernorm.weight"), "decoder.layers.mlp.linear_fc1.layer_norm_weight");
   EXPECT_EQ(training::model_key_from_torch_dist("decoder.layers.3.self_attention.linear_qkv.layer_norm_bias"),
             "decoder.layers.3.input_layernorm.bias");
+}
+
+// --moe-shared-expert-gate: SharedExpertMLP.sharded_state_dict adds "<prefix>gate_weight" (a
+// make_sharded_tensor_for_checkpoint of the [1, h] parameter with the layer's sharded offsets:
+// stacked [layers, 1, h], per layer [1, h]); it is no linear module, so no _extra_state object.
+TEST(TorchDistKeys, SharedExpertGateKeys) {
+  for (bool stacked : {true, false}) {
+    transformer::TransformerConfig c = tiny_moe_config();
+    c.moe_shared_expert_intermediate_size = 8;
+    c.moe_shared_expert_gate = true;
+    if (!stacked) {
+      c.moe_layer_pattern = {0, 1};
+      c.moe_non_homogeneous_layers = true;
+    }
+    c.validate();
+    models::gpt::GPTModel m(c, 128, 16, 1);
+    std::vector<dist_checkpointing::ShardedTensor> model;
+    std::map<std::string, Shape> shapes;
+    sharded_tensors(m, c, model, shapes);
+    const std::string key = stacked ? "decoder.layers.mlp.shared_experts.gate_weight" : "decoder.layers.1.mlp.shared_experts.gate_weight";
+    ASSERT_TRUE(shapes.count(key)) << key;
+    EXPECT_EQ(shapes[key], stacked ? (Shape{2, 1, 32}) : (Shape{1, 32}));
+    if (!stacked) {
+      EXPECT_FALSE(shapes.count("decoder.layers.0.mlp.shared_experts.gate_weight"));  // the dense layer
+    }
+    for (const auto& k : training::torch_dist_extra_state_keys(model)) EXPECT_EQ(k.find("gate"), std::string::npos) << k;
+  }
 }
 
 // The key checks before a torch_dist load (docs/checkpointing.md, "What is read"): every missing key

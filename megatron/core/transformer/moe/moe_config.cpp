@@ -208,6 +208,11 @@ void TransformerConfig::validate_moe() {
                "add --disable-bias-linear");
   if (moe_shared_expert_intermediate_size < 0)
     user_error("--moe-shared-expert-intermediate-size must be positive, got ", moe_shared_expert_intermediate_size);
+  // Megatron's SharedExpertMLP: assert config.add_bias_linear == False, "bias is not supported in
+  // the shared experts, please set '--disable-bias-linear' instead."
+  if (moe_shared_expert_intermediate_size > 0 && add_bias_linear)
+    user_error("--moe-shared-expert-intermediate-size: bias is not supported in the shared experts (Megatron's "
+               "SharedExpertMLP); add --disable-bias-linear");
   // The shared expert is a dense MLP on the tensor-parallel group (Megatron's SharedExpertMLP), its
   // fc1 split by TP like --ffn-hidden-size; without this line the error named the parameter only.
   if (moe_shared_expert_intermediate_size > 0 && moe_shared_expert_intermediate_size % tensor_model_parallel_size != 0)

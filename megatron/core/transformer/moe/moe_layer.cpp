@@ -69,7 +69,7 @@ Tensor MoELayer::run(const Tensor& x, ForwardContext& fc, MoELayerCtx& ctx) cons
   if (shared_ && fc.training && selective(config_, "shared_experts")) {
     // Megatron's shared_experts_recompute (tensor_parallel.checkpoint of the shared expert): only
     // its input is kept, the MLP's activations are dropped here and rebuilt in backward.
-    MLPCtx dropped;
+    SharedExpertCtx dropped;
     ops::add_(out, shared_->forward(x, dropped));
     ctx.shared_input = x;
   } else if (shared_) {

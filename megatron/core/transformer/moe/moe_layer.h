@@ -18,7 +18,7 @@ struct MoELayerCtx {
   RouterCtx router;
   DispatchCtx dispatch;
   ExpertsCtx experts;
-  MLPCtx shared;
+  SharedExpertCtx shared;
   Shape shape;
   // --recompute-granularity selective --recompute-modules moe: the layer's input and forward
   // context, the rest rebuilt in backward (Megatron's tensor_parallel.checkpoint of the layer).

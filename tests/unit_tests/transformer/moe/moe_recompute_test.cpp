@@ -222,6 +222,21 @@ TEST(MoERecompute, SelectiveMoeActAndSharedExpertsAreBitwise) {
   expect_same(ref, step(none), "no granularity");
 }
 
+// --moe-shared-expert-gate under recomputation: the gate's scores, input and ungated output are
+// rebuilt with the shared expert (shared_experts) or the whole layer (moe); same bits as without.
+TEST(MoERecompute, SharedExpertGateRecomputeIsBitwise) {
+  TransformerConfig plain = moe_shared_config();
+  plain.moe_shared_expert_gate = true;
+  const StepResult ref = step(plain);
+  ASSERT_EQ(ref.grads.size(), step(moe_shared_config()).grads.size() + 2) << "one gate_weight per MoE layer";
+  for (const std::vector<std::string>& mods : std::vector<std::vector<std::string>>{{"shared_experts"}, {"moe"}}) {
+    TransformerConfig sel = plain;
+    sel.recompute_granularity = RecomputeGranularity::kSelective;
+    sel.recompute_modules = mods;
+    expect_same(ref, step(sel), "gate, selective " + mods[0]);
+  }
+}
+
 // What the two modules stop storing, per MoE layer (2 here), fp32 (4 bytes), T = kB * kS tokens:
 //   moe_act: the experts' SwiGLU output [T * topk routed rows, moe_ffn_hidden_size] (fc1's output
 //            stays: the recompute's input; the probs-scaled fc2 input is never kept, experts.cpp);
