@@ -23,6 +23,7 @@
 #include "megatron/core/ops/cpu/cpu_ops.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/attention_decode.h"
+#include "megatron/core/ops/cuda/expert_lanes.h"
 #include "megatron/core/ops/cuda/moe_capacity.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
@@ -2003,6 +2004,90 @@ void test_decode() {
 }
 
 // ------------------------------------------------------------------------------------------
+// One grouped GEMM case of the moe group: x [Σ counts, in], one [out, in] weight per count.
+struct MoeGemmCase {
+  const char* name;
+  int64_t in, out;
+  std::vector<int64_t> counts;
+};
+
+// The per-expert loop on several streams (MEGATRON_MOE_GEMM_STREAMS=2, 3, 4; docs/moe.md
+// "Kernels") against the serial loop (=1): forward, dgrad, wgrad accumulated into fp32 main grads
+// and wgrad overwritten, bf16 and fp32, with both MEGATRON_MOE_GROUPED_GEMM paths (the grouped
+// one still loops the bf16 -> fp32 wgrad). The experts write disjoint outputs with the same
+// cuBLASLt plans on every stream, so the bytes must be equal (memcmp, no tolerance). The inputs
+// are written on the compute stream just before each call and the outputs read on it just after
+// (poisoned with NaN before), so a missing fork or join shows as a NaN or a stale value; the
+// largest case has GEMMs of ~0.1 ms so that such a race would be wide. The lane counters must show
+// that the calls did fork into min(S, experts with rows) lanes, so the comparison cannot pass on a
+// path that never left the compute stream.
+void test_moe_streams() {
+  using Case = MoeGemmCase;
+  std::vector<Case> cases = {{"6 experts 192->320", 192, 320, {0, 170, 1, 0, 333, 96}},
+                             {"one expert with rows", 128, 64, {0, 0, 77, 0}}};
+  if (!g_small) cases.push_back({"8 experts 1024->2048", 1024, 2048, {900, 1100, 1024, 0, 700, 1300, 1, 1024}});
+  for (const char* mode : {"1", "0"}) {
+    setenv("MEGATRON_MOE_GROUPED_GEMM", mode, 1);
+    for (DType dt : {DType::kBFloat16, DType::kFloat32}) {
+      for (const Case& c : cases) {
+        const int64_t E = static_cast<int64_t>(c.counts.size()), in = c.in, out = c.out;
+        int64_t N = 0, busy = 0;
+        for (int64_t n : c.counts) N += n, busy += n > 0;
+        const V x = rounded(randn(N * in), dt), dyv = rounded(randn(N * out), dt);
+        std::vector<V> w(E), g0(E);
+        for (int64_t e = 0; e < E; ++e) w[e] = rounded(randn(out * in, 0.05f), dt), g0[e] = randn(out * in, 0.1f);
+        // All outputs of one forward + backward (accumulate) + backward (overwrite, no dgrad), as bytes.
+        auto run = [&](const char* streams) {
+          setenv("MEGATRON_MOE_GEMM_STREAMS", streams, 1);
+          std::vector<Tensor> W, G, G2;
+          for (int64_t e = 0; e < E; ++e) {
+            W.push_back(dev(w[e], {out, in}, dt));
+            G.push_back(dev(g0[e], {out, in}, DType::kFloat32));
+            G2.push_back(poisoned({out, in}, DType::kFloat32));
+          }
+          Tensor X = dev(x, {N, in}, dt), DY = dev(dyv, {N, out}, dt), Y = poisoned({N, out}, dt),
+                 DX = poisoned({N, in}, dt);
+          cu::grouped_linear_forward(X, W, c.counts, Y);
+          cu::grouped_linear_backward(DY, X, W, c.counts, &DX, &G, true);
+          cu::grouped_linear_backward(DY, X, W, c.counts, nullptr, &G2, false);
+          std::vector<char> bytes;
+          auto put = [&](const Tensor& t) {
+            Tensor h = t.to(Device::cpu());
+            const char* p = static_cast<const char*>(h.data_ptr());
+            bytes.insert(bytes.end(), p, p + h.numel() * dtype_size(h.dtype()));
+          };
+          put(Y);
+          put(DX);
+          for (const Tensor& t : G) put(t);
+          for (const Tensor& t : G2) put(t);
+          return bytes;
+        };
+        const std::string tag = std::string("moe streams ") + (mode[0] == '1' ? "grouped " : "loop ") + dn(dt) +
+                                " " + c.name;
+        cu::expert_lane_counts(true);
+        const std::vector<char> serial = run("1");
+        const cu::ExpertLaneCounts sc = cu::expert_lane_counts(true);
+        check_true(tag + " streams=1 stays serial", sc.forked == 0 && sc.serial > 0,
+                   "forked " + std::to_string(sc.forked));
+        for (const char* streams : {"2", "3", "4"}) {
+          const std::vector<char> got = run(streams);
+          const cu::ExpertLaneCounts lc = cu::expert_lane_counts(true);
+          const int want = static_cast<int>(std::min<int64_t>(std::atoi(streams), busy));
+          const bool forked_ok = want > 1 ? lc.forked > 0 && lc.max_lanes == want : lc.forked == 0;
+          check_true(tag + " streams=" + streams + " bitwise = serial",
+                     forked_ok && got.size() == serial.size() &&
+                         std::memcmp(got.data(), serial.data(), got.size()) == 0,
+                     "forked " + std::to_string(lc.forked) + " calls, lanes " + std::to_string(lc.max_lanes) +
+                         " (want " + std::to_string(want) + ")");
+        }
+      }
+    }
+  }
+  unsetenv("MEGATRON_MOE_GEMM_STREAMS");
+  unsetenv("MEGATRON_MOE_GROUPED_GEMM");
+}
+
+// ------------------------------------------------------------------------------------------
 // MoE grouped GEMM (grouped_linear_forward / _backward; docs/moe.md "Kernels"): forward y_e =
 // x_e w_e^T, dgrad dx_e = dy_e w_e, wgrad dw_e (+)= dy_e^T x_e over experts with uneven counts
 // (zeros included), against float64 products of the same (rounded) inputs, for the grouped cuBLAS
@@ -2012,11 +2097,7 @@ void test_decode() {
 // relative Frobenius error is <= 2^-8 = 3.9e-3: tol 4e-3); a float32 output keeps only the
 // accumulation error (tol 1e-4 >= 768 * 2^-24 = 4.6e-5; float32 inputs: the loop in true fp32).
 void test_moe() {
-  struct Case {
-    const char* name;
-    int64_t in, out;
-    std::vector<int64_t> counts;
-  };
+  using Case = MoeGemmCase;
   std::vector<Case> cases = {{"6 experts 192->320", 192, 320, {0, 170, 1, 0, 333, 96}},
                              {"odd 72->40", 72, 40, {17, 0, 5, 33}},
                              {"16 experts 256->96", 256, 96, {}},
@@ -2095,6 +2176,7 @@ void test_moe() {
     }
   }
   unsetenv("MEGATRON_MOE_GROUPED_GEMM");
+  test_moe_streams();
   // row_dot_f64 (the experts' d probs): the products of float-widened inputs are exact in float64,
   // only the summation order differs from the host loop: relative error <= h 2^-53 Σ|t| / |Σ t|
   // (h <= 3000, Σ|t| / |Σ t| ~ sqrt(h) for random signs: <= 2e-11); tol 1e-9.
