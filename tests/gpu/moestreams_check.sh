@@ -6,8 +6,11 @@
 #  1. gpu_ops_test --only moe: the grouped GEMM ops against float64 products (both paths, bf16 and
 #     fp32), and the per-expert loop on 2, 3 and 4 streams byte for byte equal to the serial loop
 #     (forward, dgrad, wgrad accumulated into fp32 and overwritten; the lane counters must show the
-#     calls forked). gpu_ops_test --only router: the device router against the host float64 router.
-#     PASS = the group's every check passed.
+#     calls forked). gpu_ops_test --only router: the device router against the host float64 router,
+#     with the float64 device router of --moe-router-dtype fp64 (first run on a GPU: six float64-logit
+#     shapes with differences below float32's resolution, the float64 gating kernels bitwise
+#     against the host loops, two MoELayer cases device vs host with fp64; "router ... fp64" and
+#     "router gating fp64" lines). PASS = the group's every check passed.
 #  2. gpu_bench moe_gemms: the Mixtral-8x7B-shaped (8 experts x 1024 rows, hidden 4096, ffn 14336)
 #     and Qwen3-30B-A3B-shaped (128 x 256, 2048, 768) expert GEMMs fwd + bwd with the loop on 1, 2,
 #     4 streams, the auto rule with 1 stream and with the default, beside the dense GEMMs of the same
@@ -37,7 +40,7 @@ for group in moe router; do
   grep -E '^FAIL' "$L" | head -20
   np=$(grep -c '^PASS' "$L"); nf=$(grep -c '^FAIL' "$L")
   if [ "$rc" = 0 ] && [ "$nf" = 0 ] && [ "$np" -gt 20 ]; then
-    pass "gpu_ops_test --only $group ($np checks; streams: $(grep -c '^PASS moe streams' "$L"))"
+    pass "gpu_ops_test --only $group ($np checks; streams / fp64 ones: $(grep -cE '^PASS +(moe streams|router.*fp64)' "$L"))"
   else
     fail "gpu_ops_test --only $group rc=$rc, $np passed, $nf failed ($L)"; tail -3 "$L"
   fi
