@@ -10,7 +10,8 @@
 #     with the float64 device router of --moe-router-dtype fp64 (first run on a GPU: six float64-logit
 #     shapes with differences below float32's resolution, the float64 gating kernels bitwise
 #     against the host loops, two MoELayer cases device vs host with fp64; "router ... fp64" and
-#     "router gating fp64" lines). PASS = the group's every check passed.
+#     "router gating fp64" lines; --small: T = 256 for the large shapes, to stay in the budget).
+#     PASS = the group's every check passed.
 #  2. gpu_bench moe_gemms: the Mixtral-8x7B-shaped (8 experts x 1024 rows, hidden 4096, ffn 14336)
 #     and Qwen3-30B-A3B-shaped (128 x 256, 2048, 768) expert GEMMs fwd + bwd with the loop on 1, 2,
 #     4 streams, the auto rule with 1 stream and with the default, beside the dense GEMMs of the same
@@ -35,7 +36,8 @@ result() { echo "RESULT $1 $2 $3" | tee -a "$O/summary.txt"; }
 # ---- 1. ops ------------------------------------------------------------------------------------
 for group in moe router; do
   L="$O/gpu_ops_test_$group.log"
-  timeout 60 "$BIN/gpu_ops_test" --only "$group" > "$L" 2>&1
+  small=(); [ "$group" = router ] && small=(--small)  # the router group in full: tests/gpu/moerouter_check.sh
+  timeout 60 "$BIN/gpu_ops_test" --only "$group" "${small[@]}" > "$L" 2>&1
   rc=$?
   grep -E '^FAIL' "$L" | head -20
   np=$(grep -c '^PASS' "$L"); nf=$(grep -c '^FAIL' "$L")
