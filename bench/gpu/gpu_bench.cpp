@@ -24,6 +24,7 @@
 #include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/moe/moe_layer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
+#include "bench/gpu/moe_fp8_leg.h"
 #include "bench/gpu/moe_layer_leg.h"
 
 using namespace megatron;
@@ -285,6 +286,25 @@ void bench_moe_layer(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E
   }
   std::fflush(stdout);
 }
+// The FP8 experts' A/B leg (bench/gpu/moe_fp8_leg.h): one line of times, one line of the bitwise check.
+void bench_moe_fp8_ab(const char* tag, int64_t H, int64_t F, const std::vector<int64_t>& counts, int64_t K,
+                      const megatron::fp8::Fp8Config& f8) {
+  int64_t R = 0;
+  for (int64_t n : counts) R += n;
+  try {
+    const megatron::bench::MoEFp8AbResult r = megatron::bench::moe_fp8_experts_ab(
+        H, F, counts, K, DType::kBFloat16, Device::cuda(), f8,
+        [](const Shape& s, DType dt, float std) { return rnd(s, dt, std); },
+        [](const std::function<void()>& fn) { return static_cast<double>(time_ms(fn, 2, 5)); });
+    std::printf("moe %s fp8 experts a/b rows=%ld: bf16 %.3f off %.3f on %.3f cache_first %.3f cache_later %.3f ms\n",
+                tag, (long)R, r.bf16_ms, r.off_ms, r.on_ms, r.cache_first_ms, r.cache_later_ms);
+    std::printf("moe %s fp8 experts bits on,cache_first vs off: %s (%s)\n", tag, r.same_bits ? "SAME" : "DIFFER",
+                r.detail.c_str());
+  } catch (const std::exception& e) {
+    std::printf("moe %s fp8 experts a/b: FAILED: %s\n", tag, e.what());
+  }
+  std::fflush(stdout);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -396,6 +416,12 @@ int main(int argc, char** argv) {
     megatron::fp8::Fp8Config f8;  // hybrid, delayed (Megatron's defaults)
     bench_moe_layer("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
     bench_moe_layer("mixtral-8x7b-fp8", 4096, 4096, 14336, 8, 2, &f8);
+    // Session 11 (docs/moe.md "FP8 experts"): the layer with MEGATRON_MOE_FP8_FUSE=0, then the
+    // Experts module's A/B leg (bench/gpu/moe_fp8_leg.h) on fixed uneven counts (8192 rows).
+    setenv("MEGATRON_MOE_FP8_FUSE", "0", 1);
+    bench_moe_layer("mixtral-8x7b-fp8-off", 4096, 4096, 14336, 8, 2, &f8);
+    unsetenv("MEGATRON_MOE_FP8_FUSE");
+    bench_moe_fp8_ab("mixtral-8x7b", 4096, 14336, {1000, 1100, 950, 1075, 1010, 990, 1040, 1027}, 2, f8);
   }
   if (only == "moe_gemms") {  // the expert GEMMs at the two main shapes alone (tests/gpu/moestreams_check.sh)
     bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);

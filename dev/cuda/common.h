@@ -83,6 +83,21 @@ inline void check(const std::string& name, const Tensor& got, const Tensor& ref,
   std::printf("%s %-44s max err / max |ref| %.3e (tol %.0e)\n", ok ? "PASS" : "FAIL", name.c_str(), err / scale, tol);
 }
 
+/// Whether a and b (same shape and dtype, any devices) hold the same bytes: prints PASS/FAIL.
+/// The check for a variant that must reproduce another one's bits (same operations, same order).
+inline void same_bits(const std::string& name, const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  const bool ok = ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
+                  std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
+  if (!ok) ++failures();
+  std::printf("%s %-44s bitwise equal\n", ok ? "PASS" : "FAIL", name.c_str());
+}
+
+/// Prints "TIME <label> <ms> ms  <GB/s> GB/s" for `bytes` moved (read + written) in `ms`.
+inline void time_bw_line(const std::string& label, double ms, double bytes) {
+  std::printf("TIME %-44s %9.4f ms %7.0f GB/s\n", label.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
+}
+
 /// Median over `reps` launches of fn (after 3 warm-up launches), in milliseconds, from CUDA events.
 inline double median_ms(const std::function<void()>& fn, int reps) {
   for (int i = 0; i < 3; ++i) fn();

@@ -1,9 +1,14 @@
-// Norm backward: the register kernel (automatic for h <= 1024, 16-byte rows, fp32/bf16) against
-// the shared-memory-atomics kernel (the fallback for other shapes and for deterministic mode,
-// forced here at h = 768) on GPT-2's shape (65536 x 768 bf16, fp32 gamma), RMSNorm and
-// LayerNorm, checked against the CPU reference (ops/cpu/norm.cpp). Tolerances: dx within 1e-2
-// of max |dx| (bf16 output); dgamma/dbeta within 1e-4 (fp32 sums over 65536 rows in another
-// order: relative error ~ sqrt(N) * 2^-24 per partial).
+// Norm backward on GPT-2's shape (65536 x 768 bf16, bf16 gamma as --bf16 trains it, fp32
+// dgamma/dbeta), RMSNorm and LayerNorm, plain and with the residual gradient added in the same
+// pass (*_backward_residual: 24 of GPT-2 124M's 25 calls per step), three kernels: the shipped one
+// (the register kernel with the cp.async row pipeline, automatic for h <= 1024, 16-byte rows,
+// fp32/bf16), the register kernel without it (norm_bwd_no_pipe, Session 4) and the
+// shared-memory-atomics kernel (norm_bwd_v1: the fallback for other shapes), each checked
+// against the CPU reference (ops/cpu/norm.cpp; + dres on the host for the residual form), and
+// the pipelined kernel's dx/dgamma/dbeta bitwise against the unpipelined one (same rows per
+// warp, same operations and summation order). Tolerances vs the CPU: dx within 1e-2 of max |dx|
+// (bf16 output); dgamma/dbeta within 1e-4 (fp32 sums over 65536 rows in another order: relative
+// error ~ sqrt(N) * 2^-24 per partial). Time lines carry GB/s of x, dy (, dres) read + dx written.
 #include "dev/cuda/common.h"
 
 using namespace megatron;
@@ -12,8 +17,8 @@ using namespace megatron::dev;
 int main(int argc, char** argv) {
   Args args(argc, argv);
   const int64_t N = 65536, h = 768;
-  const DType dt = DType::kBFloat16, gt = DType::kFloat32, f32 = DType::kFloat32;
-  const auto x = randn(N * h, dt), dy = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
+  const DType dt = DType::kBFloat16, gt = DType::kBFloat16, f32 = DType::kFloat32;
+  const auto x = randn(N * h, dt), dy = randn(N * h, dt), dr = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
   const Device C = Device::cpu(), G = Device::cuda();
   for (bool ln : {false, true}) {
     Tensor xc = make(x, {N, h}, dt, C), dyc = make(dy, {N, h}, dt, C), gc = make(g, {h}, gt, C),
@@ -24,23 +29,44 @@ int main(int argc, char** argv) {
     Tensor dxr = Tensor::empty({N, h}, dt, C), dgr = Tensor::empty({h}, f32, C), dbr = Tensor::empty({h}, f32, C);
     if (ln) cpu::layernorm_backward(dyc, xc, gc, mc, rc, false, dxr, dgr, dbr, false);
     else cpu::rmsnorm_backward(dyc, xc, gc, rc, false, dxr, dgr, false);
-    Tensor xg = xc.to(G), dyg = dyc.to(G), gg = gc.to(G), mg = mc.to(G), rg = rc.to(G);
-    Tensor dx = Tensor::empty({N, h}, dt, G), dg = Tensor::empty({h}, f32, G), db = Tensor::empty({h}, f32, G);
-    auto run = [&] {
-      if (ln) cu::layernorm_backward(dyg, xg, gg, mg, rg, false, dx, dg, db, false);
-      else cu::rmsnorm_backward(dyg, xg, gg, rg, false, dx, dg, false);
-    };
-    for (bool v1 : {false, true}) {
-      forced().norm_bwd_v1 = v1;
-      const std::string nm =
-          std::string(ln ? "layernorm" : "rmsnorm") + "_backward " + (v1 ? "v1 (forced)" : "shipped");
-      run();
-      check(nm + " dx", dx, dxr, 1e-2);
-      check(nm + " dgamma", dg, dgr, 1e-4);
-      if (ln) check(nm + " dbeta", db, dbr, 1e-4);
-      time_line(nm, median_ms(run, args.reps));
+    // dx + dres as the fused kernel forms it: fp32 sum, one rounding (the CPU dx is already
+    // rounded once, so this reference is within one more bf16 rounding of the kernel's).
+    std::vector<float> dxrv = dxr.to_float_vector();
+    for (int64_t i = 0; i < N * h; ++i) dxrv[i] += dr[i];
+    Tensor dxr_res = make(dxrv, {N, h}, f32, C);
+    Tensor xg = xc.to(G), dyg = dyc.to(G), gg = gc.to(G), mg = mc.to(G), rg = rc.to(G), drg = make(dr, {N, h}, dt, G);
+    for (bool res : {false, true}) {
+      const double bytes = (res ? 4.0 : 3.0) * N * h * dtype_size(dt);
+      std::vector<Tensor> o[3];
+      const char* names[3] = {"shipped (pipelined)", "no pipe (forced)", "v1 (forced)"};
+      for (int v = 0; v < 3; ++v) {
+        forced().norm_bwd_no_pipe = v == 1;
+        forced().norm_bwd_v1 = v == 2;
+        Tensor dx = Tensor::empty({N, h}, dt, G), dg = Tensor::empty({h}, f32, G), db = Tensor::empty({h}, f32, G);
+        auto run = [&] {
+          if (res) {
+            if (ln) cu::layernorm_backward_residual(dyg, xg, gg, mg, rg, false, drg, dx, dg, db, false);
+            else cu::rmsnorm_backward_residual(dyg, xg, gg, rg, false, drg, dx, dg, false);
+          } else {
+            if (ln) cu::layernorm_backward(dyg, xg, gg, mg, rg, false, dx, dg, db, false);
+            else cu::rmsnorm_backward(dyg, xg, gg, rg, false, dx, dg, false);
+          }
+        };
+        const std::string nm = std::string(ln ? "layernorm" : "rmsnorm") + "_backward" + (res ? "_residual " : " ") +
+                               names[v];
+        run();
+        check(nm + " dx", dx, res ? dxr_res : dxr, 1e-2);
+        check(nm + " dgamma", dg, dgr, 1e-4);
+        if (ln) check(nm + " dbeta", db, dbr, 1e-4);
+        time_bw_line(nm, median_ms(run, args.reps), bytes);
+        o[v] = {dx, dg, db};
+      }
+      forced().norm_bwd_no_pipe = forced().norm_bwd_v1 = false;
+      const std::string nm = std::string(ln ? "layernorm" : "rmsnorm") + "_backward" + (res ? "_residual" : "");
+      same_bits(nm + " dx pipelined vs no pipe", o[0][0], o[1][0]);
+      same_bits(nm + " dgamma pipelined vs no pipe", o[0][1], o[1][1]);
+      if (ln) same_bits(nm + " dbeta pipelined vs no pipe", o[0][2], o[1][2]);
     }
-    forced().norm_bwd_v1 = false;
   }
   return finish();
 }

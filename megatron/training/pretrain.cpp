@@ -16,6 +16,7 @@
 #include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"
+#include "megatron/core/transformer/moe/experts.h"
 #include "megatron/core/transformer/moe/router.h"
 #include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
@@ -120,6 +121,7 @@ void check_env_switches() {
   (void)optim_overlap_priority_switch();
   (void)optim_overlap_full_wait_switch();
   (void)transformer::moe::moe_device_router_enabled();
+  (void)transformer::moe::moe_fp8_fuse_enabled();
   (void)ops::parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM"));
   (void)ops::parse_moe_gemm_streams(std::getenv("MEGATRON_MOE_GEMM_STREAMS"));
   (void)ops::block_fused_from_env();

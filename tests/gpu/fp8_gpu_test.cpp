@@ -26,7 +26,10 @@
 //     host recipe (bit-exact histories and scales); residual_gemm: the FP8 GEMM with the residual in
 //     its epilogue vs GEMM + add (within one bf16 rounding);
 // 10. blockwise (--fp8-recipe blockwise): the block quantize kernels bit-exact vs the CPU reference,
-//     the cuBLASLt block-scaled GEMMs vs float64, the blockwise linear vs the CPU emulation, timings.
+//     the cuBLASLt block-scaled GEMMs vs float64, the blockwise linear vs the CPU emulation, timings;
+// 11. moe_experts: the FP8 Experts module with MEGATRON_MOE_FP8_FUSE on and the weight cache
+//     bit-identical to the switch off (test_moe_experts); fused_scale_rows: the experts' fused fc2
+//     input quantize (ops/fp8_moe.h) vs scale_rows + fp8_quantize (bit-exact bytes and amax);
 // Exit status 0 iff every check passed.
 #include <cuda_runtime.h>
 
@@ -35,16 +38,19 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/gpu/moe_fp8_leg.h"
 #include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/fp8/fp8_param.h"
 #include "megatron/core/fp8/fp8_recipe.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/fp8_moe.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/utils/param_version.h"
@@ -576,10 +582,28 @@ void test_fused_quantize() {
     }
 }
 
-// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
-// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
-// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
-// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
+// Runs unfused() then fused() (which sets `launched`: false if the fused kernel declined), reports
+// `name` as passed when their FP8 outputs u / f agree in every byte of both layouts and in the amax
+// bits; at 8192 rows also times both.
+void report_fused_vs_unfused(const std::string& name, int64_t R, const Fp8Out& u, const Fp8Out& f,
+                             const std::function<void()>& unfused, const std::function<void()>& fused,
+                             const bool& launched) {
+  unfused();
+  fused();
+  const int64_t bad = byte_mismatches(u, f);
+  const float au = host(u.amax)[0], af = host(f.amax)[0];
+  std::string t;
+  if (R == 8192) {
+    const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
+    char b[160];
+    std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
+    t = b;
+  }
+  char d[300];
+  std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
+  report(name, launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+}
+
 // fp8_swiglu_backward_quantize (fc1's output gradient, E5M2) vs swiglu_backward + fp8_quantize
 // (q + q_t): bit-exact bytes of both layouts and the same amax bits; partial tiles and the
 // LLaMA-3-8B shape (8192 x 28672), with the fused and unfused times.
@@ -600,24 +624,44 @@ void test_fused_swiglu_backward() {
       cu::fp8_quantize(dx, fp(sc), fp(u.amax), &u.q, &u.qt);
     };
     auto fused = [&] { launched = cu::fp8_swiglu_backward_quantize(dy, x, fp(sc), fp(f.amax), &f.q, &f.qt); };
-    unfused();
-    fused();
-    const int64_t bad = byte_mismatches(u, f);
-    const float au = host(u.amax)[0], af = host(f.amax)[0];
-    std::string t;
-    if (R == 8192) {
-      const double tu = time_ms(unfused, 5, 1), tf = time_ms(fused, 5, 1);
-      char b[160];
-      std::snprintf(b, sizeof b, "; unfused %.3f ms, fused %.3f ms", tu, tf);
-      t = b;
-    }
-    char d[300];
-    std::snprintf(d, sizeof d, "%lld byte mismatches, amax %.9g vs %.9g%s", (long long)bad, af, au, t.c_str());
-    report("swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C),
-           launched && bad == 0 && std::memcmp(&au, &af, 4) == 0, d);
+    report_fused_vs_unfused(
+        "swiglu_bwd+quantize+transpose (E5M2) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C), R, u, f,
+        unfused, fused, launched);
   }
 }
 
+// ops::fp8_scale_rows_quantize (the FP8 MoE experts' fc2 input act * prob, E4M3; ops/fp8_moe.h) vs
+// scale_rows + fp8_quantize (q + q_t): bit-exact bytes of both layouts and the same amax bits, with
+// a zero factor (a padding row) among the rows; partial tiles and the Mixtral expert shapes
+// (1024 x 14336 per expert, 8192 x 14336 all experts), with the fused and unfused times.
+void test_fused_scale_rows() {
+  for (auto sh : {std::pair<int64_t, int64_t>{272, 272}, {16, 16}, {144, 400}, {1024, 14336}, {8192, 14336}}) {
+    const int64_t R = sh.first, C = sh.second;
+    std::vector<float> xv(R * C), pv(R);
+    fast_fill(xv, 4.0f);
+    fast_fill(pv, 1.0f);
+    pv[R / 2] = 0.0f;
+    Tensor x = Tensor::from_vector(xv, {R, C}).to(DType::kBFloat16).to(Device::cuda());
+    Tensor p = Tensor::from_vector(pv, {R}).to(Device::cuda());
+    Tensor sc = dev_scalar(24.0f);
+    Fp8Out u(R, C, DType::kFloat8E4M3), f(R, C, DType::kFloat8E4M3);  // unfused, fused
+    Tensor y = Tensor::empty({R, C}, DType::kBFloat16, Device::cuda());
+    bool launched = true;
+    auto unfused = [&] {
+      cu::scale_rows(x, p, y);
+      cu::fp8_quantize(y, fp(sc), fp(u.amax), &u.q, &u.qt);
+    };
+    auto fused = [&] { launched = ops::fp8_scale_rows_quantize(x, p, fp(sc), fp(f.amax), &f.q, &f.qt); };
+    report_fused_vs_unfused(
+        "scale_rows+quantize+transpose (E4M3) fused vs unfused " + std::to_string(R) + "x" + std::to_string(C), R, u, f,
+        unfused, fused, launched);
+  }
+}
+
+// The GPU step-boundary update (one fp8_update_scales launch, histories on the device) against the
+// CPU Fp8State (the host recipe, fp8_recipe.cpp) fed the same amaxes: every history entry and
+// scale bit-equal over 7 steps, for history lengths 1/4/5, max and most_recent, delayed and
+// tensorwise (history only), margin 0/1, with 0, NaN, +inf and huge amaxes among them.
 void test_scale_update() {
   std::uniform_real_distribution<float> ud(0.0f, 8.0f);
   for (int H : {1, 4, 5})
@@ -1295,6 +1339,38 @@ void test_blockwise() {
 // Usage: fp8_gpu_test [--no-timing] [--groups a,b,...] (groups: casts quantize quantize_fast gemm
 // linear weight_cache fused_quantize fused_swiglu_backward scale_update residual_gemm param_gather
 // blockwise timing; default all, timing off with --no-timing).
+// FP8 routed experts (docs/moe.md "FP8 experts", Session 11): the Experts module's forward +
+// backward on CUDA with MEGATRON_MOE_FP8_FUSE=1 (no recompute of fc2's bf16 input, SwiGLU backward
+// fused into fc1's grad-output quantization per expert, unpadding without zero fill), and with the
+// weight cache's one-pass cast, bit-identical to MEGATRON_MOE_FP8_FUSE=0 without the cache: y, dx,
+// the probability gradients and every main grad (bench/gpu/moe_fp8_leg.h, the check gpu_bench runs
+// at the Mixtral shape), on uneven counts with an empty expert and counts that are not multiples
+// of 16 (row padding).
+void test_moe_experts() {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](const Shape& s, DType dt, float sd) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = nd(g_rng) * sd;
+    return Tensor::from_vector(v, s).to(dt).to(Device::cuda());
+  };
+  struct Case {
+    int64_t H, F;
+    std::vector<int64_t> counts;
+  };
+  for (const Case& c : {Case{256, 128, {37, 0, 50, 21, 16}}, Case{512, 384, {130, 3, 0, 255}}}) {
+    fp8::Fp8Config f8;  // hybrid, delayed
+    const bench::MoEFp8AbResult r = bench::moe_fp8_experts_ab(
+        c.H, c.F, c.counts, 2, DType::kBFloat16, Device::cuda(), f8, rnd, [](const std::function<void()>& fn) {
+          fn();
+          return 0.0;
+        });
+    report("moe experts fp8 fuse on / weight cache == off, h " + std::to_string(c.H) + " ffn " + std::to_string(c.F),
+           r.same_bits, r.detail);
+  }
+}
+
 int main(int argc, char** argv) {
   // The fused blockwise producers are on by default (docs/environment.md);
   // MEGATRON_FP8_BLOCK_FUSED=0 makes test_blockwise_fused_linear FAIL by design.
@@ -1309,7 +1385,8 @@ int main(int argc, char** argv) {
       {"casts", test_casts},   {"quantize", test_quantize},         {"quantize_fast", test_quantize_fast},
       {"gemm", test_gemm},     {"linear", test_linear},             {"weight_cache", test_weight_cache_cuda},
       {"fused_quantize", test_fused_quantize}, {"fused_swiglu_backward", test_fused_swiglu_backward},
-      {"scale_update", test_scale_update},
+      {"fused_scale_rows", test_fused_scale_rows},
+      {"scale_update", test_scale_update},     {"moe_experts", test_moe_experts},
       {"residual_gemm", test_residual_gemm},   {"param_gather", test_param_gather},
       {"blockwise", test_blockwise}};
   if (!quick) groups.push_back({"timing", time_gemms});

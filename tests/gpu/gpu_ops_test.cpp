@@ -109,6 +109,13 @@ void check_true(const std::string& name, bool ok, const std::string& detail = ""
   if (!ok) ++g_fail;
   std::printf("%-4s %-58s %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
 }
+// Whether two tensors hold the same bytes (any devices).
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
+         std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()) == 0;
+}
+
 double tol_for(DType out) { return out == DType::kFloat32 ? 1e-5 : 1e-2; }
 VD to_d(const V& v) { return VD(v.begin(), v.end()); }
 
@@ -617,7 +624,15 @@ void test_ce_fused() {
       labels[N - 1] = vs + Vl - 1;
       Tensor L = dev(logits, {N, Vl}, dt), LB = dev_i64(labels, {N});
       Tensor loss = poisoned({N}, DType::kFloat32), lse = poisoned({N}, DType::kFloat32);
+      Tensor L2 = L.clone(), loss2 = poisoned({N}, DType::kFloat32), lse2 = poisoned({N}, DType::kFloat32);
       cu::cross_entropy_fused_(L, LB, vs, loss, lse);
+      // The bulk-copy kernel (V = 50304 bf16/fp16 on sm_90) against the stash kernel, bitwise
+      // (same chunks per thread, same combine order); elsewhere both runs take the same kernel.
+      cu::variants::forced().ce_fused_no_bulk = true;
+      cu::cross_entropy_fused_(L2, LB, vs, loss2, lse2);
+      cu::variants::forced().ce_fused_no_bulk = false;
+      check_true("cross_entropy_fused_ V=" + std::to_string(Vl) + " " + dn(dt) + " bulk copy == stash bitwise",
+                 same_bytes(L, L2) && same_bytes(loss, loss2) && same_bytes(lse, lse2));
       VD rl(N), rlse(N), rg(N * Vl);
       for (int64_t i = 0; i < N; ++i) {
         double m = -1e300, s = 0;
@@ -734,11 +749,64 @@ void test_norms_once(bool v1);
 // the block-per-row kernel of test_norms_few where the GPU has >= 130 SMs, float16 the general one); 768 with 3000 rows makes every warp of
 // the one-wave grid loop over several rows. Run twice: the automatic choice, then the general
 // (v1) forward and backward forced on the same shapes (variants.h; they are the fallbacks).
+// Also a third pass with the register kernels' cp.async row pipeline off (variants.h
+// norm_*_no_pipe, the Session 4 kernels), and test_norm_pipe_bits.
+void test_norm_pipe_bits();
 void test_norms() {
   test_norms_once(false);
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = true;
   test_norms_once(true);
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = false;
+  cu::variants::forced().norm_fwd_no_pipe = cu::variants::forced().norm_bwd_no_pipe = true;
+  test_norms_once(false);
+  cu::variants::forced().norm_fwd_no_pipe = cu::variants::forced().norm_bwd_no_pipe = false;
+  test_norm_pipe_bits();
+}
+
+// The pipelined register norm kernels (norm.cu, Session 11) reproduce the unpipelined ones bit
+// for bit: forward y/mean/rstd, backward dx (plain and + dres) and the accumulated dgamma/dbeta,
+// at h = 768 (GPT-2, 3 chunks per lane, 3 stages), 1024 and 1000 (4 chunks, 2 stages; 1000: a
+// partial last chunk), 256 (1 chunk) and 520 (3 chunks, the last one partial), bf16 rows with
+// bf16 and fp32 gamma (fp32 rows take the unpipelined kernel both times). The invariant is exact:
+// same rows per warp, same fp32 operations in the same order.
+void test_norm_pipe_bits() {
+  auto& f = cu::variants::forced();
+  const DType dt = DType::kBFloat16;
+  for (int64_t h : {768, 1024, 1000, 256, 520})
+    for (DType gt : {DType::kBFloat16, DType::kFloat32}) {
+      const int64_t N = g_small ? 40 : (h == 768 ? 5000 : 777);
+      V x = rounded(randn(N * h, 2.0f), dt), g = rounded(uniform(h, 0.5f, 1.5f), dt), be = rounded(randn(h), dt);
+      V dy = rounded(randn(N * h), dt), dr = rounded(randn(N * h), dt), dg0 = randn(h), db0 = randn(h);
+      Tensor X = dev(x, {N, h}, dt), G = dev(g, {h}, gt), B = dev(be, {h}, gt), DY = dev(dy, {N, h}, dt),
+             DR = dev(dr, {N, h}, dt);
+      for (bool ln : {true, false})
+        for (bool res : {false, true}) {
+          Tensor out[2][6];  // [no pipe, pipe] x {y, mean, rstd, dx, dgamma, dbeta}
+          for (int pipe = 0; pipe < 2; ++pipe) {
+            f.norm_fwd_no_pipe = f.norm_bwd_no_pipe = pipe == 0;
+            Tensor* o = out[pipe];
+            o[0] = poisoned({N, h}, dt);
+            o[1] = poisoned({N}, DType::kFloat32);
+            o[2] = poisoned({N}, DType::kFloat32);
+            if (ln) cu::layernorm_forward(X, G, B, 1e-5f, false, o[0], o[1], o[2]);
+            else cu::rmsnorm_forward(X, G, 1e-5f, false, o[0], o[2]);
+            o[3] = poisoned({N, h}, dt);
+            o[4] = dev(dg0, {h}, DType::kFloat32);
+            o[5] = dev(db0, {h}, DType::kFloat32);
+            if (res && ln) cu::layernorm_backward_residual(DY, X, G, o[1], o[2], false, DR, o[3], o[4], o[5], true);
+            else if (res) cu::rmsnorm_backward_residual(DY, X, G, o[2], false, DR, o[3], o[4], true);
+            else if (ln) cu::layernorm_backward(DY, X, G, o[1], o[2], false, o[3], o[4], o[5], true);
+            else cu::rmsnorm_backward(DY, X, G, o[2], false, o[3], o[4], true);
+          }
+          f.norm_fwd_no_pipe = f.norm_bwd_no_pipe = false;
+          char nm[128];
+          std::snprintf(nm, sizeof nm, "%s h=%ld bf16 gamma %s%s pipelined == unpipelined bitwise:",
+                        ln ? "layernorm" : "rmsnorm", (long)h, dn(gt), res ? " residual" : "");
+          const char* what[6] = {"y", "mean", "rstd", "dx", "dgamma", "dbeta"};
+          for (int i = 0; i < 6; ++i)
+            if (ln || (i != 1 && i != 5)) check_true(std::string(nm) + " " + what[i], same_bytes(out[0][i], out[1][i]));
+        }
+    }
 }
 
 // Float64 statistics of row i of x [N, h]: LayerNorm's mean (0 for RMSNorm) and

@@ -27,6 +27,15 @@
 #    run already differs by up to 13% at iteration 8 through routing flips (H200, 2026-12-01,
 #    docs/moe.md "FP8 experts"). The FP8 experts' accuracy check is the real-text one:
 #    CONV_MOE=1 tests/gpu/fp8head_convergence.sh.
+# 3. Session 11 (docs/moe.md "FP8 experts", "Session 11 prediction"): MEGATRON_MOE_FP8_FUSE on (the
+#    default; the RESULT names of 2. above) vs off (session 10's path): gpu_bench moe_fp8 also runs
+#    the layer with the switch off (RESULT moefp8_mixtral_{layer,experts}_fp8_off / _speedup_off) and
+#    the Experts module's A/B leg (bench/gpu/moe_fp8_leg.h, 8192 fixed uneven rows): bf16, off, on,
+#    on + weight cache at a step's first micro-batch (one pass casts each weight and its transpose)
+#    and at a later one (no cast) -- RESULT moefp8_ab_*; PASS/FAIL moefp8_ab_bits: off, on and
+#    the cached first micro-batch give the same bits (y, dx, dprobs, every main grad) at the Mixtral
+#    shape; PASS/FAIL fp8_gpu_test fused_scale_rows,moe_experts: the fused fc2-input quantize bit-exact
+#    vs scale_rows + quantize, and the A/B bits at small uneven shapes with an empty expert.
 set -u
 BIN=${1:?usage: tests/gpu/moefp8_check.sh BIN_DIR [LOGDIR]}
 BIN=$(cd "$BIN" && pwd)
@@ -93,22 +102,45 @@ run tiny_fp8_cuda cuda 60 "${TINY[@]}" && OMP_NUM_THREADS=8 run tiny_fp8_cpu cpu
 # module alone on the router's counts, 4096 tokens top-2, bf16 vs FP8 experts; each call casts the
 # weights, as one micro-batch per step). RESULT: ms of both, the experts module's and the layer's
 # FP8 speed-up (the prediction in docs/moe.md "FP8 experts").
-if CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 90 "$BIN/gpu_bench" moe_fp8 >"$OUTD/gpu_bench_moe_fp8.log" 2>&1; then
+if CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout 120 "$BIN/gpu_bench" moe_fp8 >"$OUTD/gpu_bench_moe_fp8.log" 2>&1; then
   python3 - "$OUTD/gpu_bench_moe_fp8.log" <<'PY' || status=1
 import re, sys
-t = {}
+t, ab, bits = {}, None, None
 for line in open(sys.argv[1]):
-    m = re.match(r'moe (mixtral-8x7b(?:-fp8)?) (layer|experts module) fwd\+bwd T=\d+ +([0-9.]+) ms', line)
-    if m: t[(m.group(1).endswith('fp8'), m.group(2))] = float(m.group(3))
+    m = re.match(r'moe mixtral-8x7b(|-fp8|-fp8-off) (layer|experts module) fwd\+bwd T=\d+ +([0-9.]+) ms', line)
+    if m: t[({'': 'bf16', '-fp8': 'fp8', '-fp8-off': 'fp8_off'}[m.group(1)], m.group(2))] = float(m.group(3))
+    m = re.match(r'moe mixtral-8x7b fp8 experts a/b rows=\d+: bf16 ([0-9.]+) off ([0-9.]+) on ([0-9.]+) '
+                 r'cache_first ([0-9.]+) cache_later ([0-9.]+) ms', line)
+    if m: ab = [float(v) for v in m.groups()]
+    m = re.match(r'moe mixtral-8x7b fp8 experts bits on,cache_first vs off: (SAME|DIFFER) \((.*)\)', line)
+    if m: bits = m.groups()
     if 'FAILED' in line: print('FAIL gpu_bench moe_fp8: ' + line.strip()); sys.exit(1)
-if len(t) != 4: print('FAIL gpu_bench moe_fp8: figures %s' % t); sys.exit(1)
+if len(t) != 6 or ab is None or bits is None:
+    print('FAIL gpu_bench moe_fp8: figures %s, a/b %s, bits %s' % (t, ab, bits)); sys.exit(1)
 for part, key in (('experts', 'experts module'), ('layer', 'layer')):
-    print('RESULT moefp8_mixtral_%s_bf16 %.3f ms' % (part, t[(False, key)]))
-    print('RESULT moefp8_mixtral_%s_fp8 %.3f ms' % (part, t[(True, key)]))
-    print('RESULT moefp8_mixtral_%s_speedup %.3f x' % (part, t[(False, key)] / t[(True, key)]))
+    print('RESULT moefp8_mixtral_%s_bf16 %.3f ms' % (part, t[('bf16', key)]))
+    print('RESULT moefp8_mixtral_%s_fp8 %.3f ms' % (part, t[('fp8', key)]))
+    print('RESULT moefp8_mixtral_%s_speedup %.3f x' % (part, t[('bf16', key)] / t[('fp8', key)]))
+    print('RESULT moefp8_mixtral_%s_fp8_off %.3f ms' % (part, t[('fp8_off', key)]))
+    print('RESULT moefp8_mixtral_%s_speedup_off %.3f x' % (part, t[('bf16', key)] / t[('fp8_off', key)]))
+for name, v in zip(('bf16', 'off', 'on', 'cache_first', 'cache_later'), ab):
+    print('RESULT moefp8_ab_experts_%s %.3f ms' % (name, v))
+    if name != 'bf16': print('RESULT moefp8_ab_speedup_%s %.3f x' % (name, ab[0] / v))
+print('%s moefp8_ab_bits: MEGATRON_MOE_FP8_FUSE on and the cached first micro-batch vs off at the Mixtral shape: %s (%s)'
+      % ('PASS' if bits[0] == 'SAME' else 'FAIL', bits[0], bits[1]))
+sys.exit(0 if bits[0] == 'SAME' else 1)
 PY
 else
   echo "FAIL gpu_bench moe_fp8 exited with an error (see $OUTD/gpu_bench_moe_fp8.log)"; tail -5 "$OUTD/gpu_bench_moe_fp8.log"; status=1
+fi
+
+# ---- 3. the Session 11 switch's bits at small uneven shapes (an empty expert, padded rows)
+if timeout 60 "$BIN/fp8_gpu_test" --no-timing --groups fused_scale_rows,moe_experts >"$OUTD/fp8_gpu_test_moe_experts.log" 2>&1; then
+  echo "PASS fp8_gpu_test fused_scale_rows,moe_experts: $(grep -c '^ok' "$OUTD/fp8_gpu_test_moe_experts.log") checks"
+  grep 'fused vs unfused 8192x14336' "$OUTD/fp8_gpu_test_moe_experts.log" | sed 's/^/INFO /'
+else
+  echo "FAIL fp8_gpu_test fused_scale_rows,moe_experts (see $OUTD/fp8_gpu_test_moe_experts.log)"; grep '^FAIL' "$OUTD/fp8_gpu_test_moe_experts.log" | head -3
+  status=1
 fi
 
 # ---- 2b. Mixtral-shaped pretrain_gpt, bf16 vs FP8

@@ -1,6 +1,6 @@
 // Host emulation of the FP8 quantize kernels of megatron/core/ops/cuda/fp8_cast.cu (see
 // fp8_cast_run.sh): the kernel source (pack8, quantize_rows_kernel, quantize_transpose_vec_kernel and
-// the fused swiglu/rmsnorm quantize kernels on the same tile)
+// the fused swiglu/rmsnorm/scale_rows quantize kernels on the same tile)
 // compiled as C++ with host stand-ins for the CUDA intrinsics; each block's 256 threads run as
 // std::threads meeting at a std::barrier at every __syncthreads. The FP8 conversions are the CPU
 // emulation's float_to_e4m3_bits / float_to_e5m2_bits (proven bit-exact to CUDA's cvt on the H200
@@ -130,7 +130,7 @@ int main() {
   // kernel writes in bf16 (computed here by the same formulas), then quantized; q + q_t, amax.
   auto bf = [](float f) { return from_f<bf16_t>(f); };
   for (auto sh : {std::pair<int64_t, int64_t>{272, 264}, {144, 392}, {16, 8}, {272, 272}, {144, 400}, {16, 16}})
-    for (int which = 0; which < 3; ++which) {  // 0: SwiGLU, 1: RMSNorm, 2: SwiGLU backward (C = 2f)
+    for (int which = 0; which < 4; ++which) {  // 0: SwiGLU, 1: RMSNorm, 2: SwiGLU backward (C = 2f), 3: scale_rows
       const int64_t R = sh.first, C = sh.second;
       if (which == 2 && C % 16 != 0) continue;
       const int64_t F = C / 2;
@@ -140,6 +140,7 @@ int main() {
       for (auto& v : x) v = bf(nd(rng));
       for (auto& v : gamma) v = bf(0.2f * nd(rng));
       for (auto& v : rstd) v = 0.5f + std::fabs(nd(rng));
+      if (which == 3) rstd[R - 1] = 0.0f;  // scale_rows' factors (an MoE padding row: prob 0)
       std::vector<float> ref(R * C);
       float amax_ref = 0;
       for (int64_t r = 0; r < R; ++r)
@@ -153,6 +154,8 @@ int main() {
             const float g = to_f(x[r * C + cc]), u = to_f(x[r * C + F + cc]), d = to_f(dy[r * F + cc]);
             const float sg = 1.0f / (1.0f + expf(-g)), s = g * sg;
             v = to_f(bf(c >= F ? d * s : d * u * sg * (1.0f + g * (1.0f - sg))));
+          } else if (which == 3) {  // x [R, C] * p[r], p = rstd here
+            v = to_f(bf(to_f(x[r * C + c]) * rstd[r]));
           } else {
             v = to_f(bf((to_f(x[r * C + c]) - 0.0f) * rstd[r] * (to_f(gamma[c]) + 1.0f) + 0.0f));
           }
@@ -164,6 +167,8 @@ int main() {
       launch((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128), [&] {
         if (which == 0)
           swiglu_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), R, C, &scale, &amax, q.data(), qt.data());
+        else if (which == 3)
+          scale_rows_quantize_kernel<bf16_t, 0>(x.data(), rstd.data(), R, C, &scale, &amax, q.data(), qt.data());
         else if (which == 2)
           swiglu_bwd_quantize_kernel<bf16_t, bf16_t, 0>(x.data(), dy.data(), R, F, &scale, &amax, q.data(), qt.data());
         else
@@ -178,7 +183,7 @@ int main() {
         }
       char name[120];
       std::snprintf(name, sizeof name, "%s+quantize+transpose %lldx%lld e4m3",
-                    which == 2 ? "swiglu_bwd" : which ? "rmsnorm" : "swiglu",
+                    which == 3 ? "scale_rows" : which == 2 ? "swiglu_bwd" : which ? "rmsnorm" : "swiglu",
                     (long long)R, (long long)C);
       report(bad == 0 && amax == amax_ref, name, bad, amax, amax_ref);
     }

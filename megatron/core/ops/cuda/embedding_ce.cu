@@ -4,6 +4,9 @@
 #include <cfloat>
 #include <cstdlib>
 
+#include "megatron/core/utils/env.h"
+
+#include "megatron/core/ops/cuda/async_copy.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
@@ -181,9 +184,19 @@ __global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ label
 // shared memory; pass 2 writes g = softmax - onehot over the row from that copy and re-reads the
 // rest from global memory (partly L2 hits). The unfused path reads the row twice from DRAM
 // (ce_stats_kernel, ce_bwd_kernel) and writes it once; this one reads the stashed part once.
+//
+// kBulk (Session 11, gpt2mem; sm_90, the whole row in shared memory, two rows per SM: GPT-2's
+// 100 KB bf16 rows): thread 0 fetches the whole row into shared memory with bulk copies (the TMA
+// engine, one mbarrier) and both passes read it from there. The thread loads above keep at most
+// a third of a row in flight per block (four 16-byte loads per thread, then a wait: ~4 DRAM round
+// trips per pass 1) and none while the block writes, so the kernel ran at ~2.7 TB/s (4.9 ms per
+// GPT-2 step); with the bulk copy the whole row is in flight at once and one SM's second block
+// computes while the first one's row arrives. Same chunks per thread, same order of the
+// max/sum-exp combines, same values read: the same bits as the stash.
 constexpr int kFusedThreads = 512;
+constexpr unsigned kBulkPiece = 16384;  // bytes per bulk copy instruction
 
-template <class L, bool kStash>
+template <class L, bool kStash, bool kBulk = false>
 __global__ void __launch_bounds__(kFusedThreads)
     ce_fused_kernel(L* logits, const int64_t* __restrict__ labels, int64_t V, int64_t vstart, float* __restrict__ loss,
                     float* __restrict__ lse_out, int64_t stash, bool vec) {
@@ -195,6 +208,20 @@ __global__ void __launch_bounds__(kFusedThreads)
   // The label's logit, read before any thread of this block overwrites the row.
   float pred = 0.0f;
   if (threadIdx.x == 0 && t >= 0 && t < V) pred = to_f(lr[t]);
+  if constexpr (kBulk) {
+    __shared__ __align__(8) uint64_t bar;
+    if (threadIdx.x == 0) {
+      const unsigned bytes = static_cast<unsigned>(V * sizeof(L));  // a multiple of 16 (V % 8 == 0)
+      mbarrier_init(&bar, 1);
+      mbarrier_arrive_expect_tx(&bar, bytes);
+      for (unsigned o = 0; o < bytes; o += kBulkPiece)
+        bulk_copy_g2s(ce_fused_smem + o, reinterpret_cast<const unsigned char*>(lr) + o,
+                      bytes - o < kBulkPiece ? bytes - o : kBulkPiece, &bar);
+    }
+    __syncthreads();  // the barrier is initialised before anyone waits on it
+    mbarrier_wait(&bar, 0);
+  }
+  const L* src = kBulk ? srow : lr;  // pass 1 reads
   float m = -INFINITY, s = 0.0f;
   constexpr int64_t kStep = kFusedThreads * 8;
   int64_t c = threadIdx.x * 8;
@@ -202,7 +229,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     for (; c + 3 * kStep < V; c += 4 * kStep) {
       float f[4][8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) ld8(lr, c + u * kStep, V, true, f[u]);
+      for (int u = 0; u < 4; ++u) ld8(src, c + u * kStep, V, true, f[u]);
       if constexpr (kStash) {
 #pragma unroll
         for (int u = 0; u < 4; ++u)
@@ -223,7 +250,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   for (; c < V; c += kStep) {
     float f[8];
-    ld8(lr, c, V, vec, f);
+    ld8(src, c, V, vec, f);
     if constexpr (kStash)
       if (c < stash) st8(srow, c, V, vec, f);
     float bm = -INFINITY;
@@ -262,7 +289,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const float l = row_lse;
   for (c = threadIdx.x * 8; c < V; c += kStep) {
     float f[8];
-    ld8(kStash && c < stash ? srow : lr, c, V, vec, f);
+    ld8(kBulk || (kStash && c < stash) ? srow : lr, c, V, vec, f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = __expf(f[j] - l) - (c + j == t ? 1.0f : 0.0f);
     st8(lr, c, V, vec, f);
@@ -272,6 +299,13 @@ __global__ void __launch_bounds__(kFusedThreads)
 // Pass 2 re-reads the whole row from global memory (L2) instead of shared memory when a dev/cuda
 // driver forces it (variants.h).
 bool ce_fused_stash_host() { return !variants::forced().ce_fused_no_stash; }
+
+// MEGATRON_CE_FUSED_BULK=0 (A/B runs, docs/environment.md) or a dev/cuda driver (variants.h): the
+// stash kernel (threads load the row) where the bulk-copy kernel would run (same bits).
+bool ce_fused_bulk_host() {
+  static const bool on = env_switch("MEGATRON_CE_FUSED_BULK", true);
+  return on && !variants::forced().ce_fused_no_bulk;
+}
 
 template <class X>
 __global__ void scale_rows_kernel(const X* x, const float* __restrict__ scale, X* out, int64_t rows, int64_t h,
@@ -450,12 +484,25 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
   if (!ce_fused_stash_host() || 2 * stash_elems < V) stash_elems = 0;
   const bool stash = stash_elems > 0;
   const size_t stash_bytes = static_cast<size_t>(stash_elems) * esz;
+  // The bulk-copy kernel where the whole row fits twice per SM (GPT-2 bf16: 2 x 100.6 KB of 228;
+  // 1 KB per block is the runtime's) and the row is 16-byte aligned; else the stash kernel.
+  int per_sm = 0, major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const bool bulk = vec && stash && stash_elems == V && major >= 9 &&
+                    2 * (stash_bytes + 2048) <= static_cast<size_t>(per_sm) && ce_fused_bulk_host();
   MCU_FLOAT_SWITCH(logits.dtype(), L, {
     L* p = static_cast<L*>(logits.data_ptr());
     const int64_t* lab = static_cast<const int64_t*>(labels.data_ptr());
     float* lo = static_cast<float*>(loss.data_ptr());
     float* ls = static_cast<float*>(lse.data_ptr());
-    if (stash) {
+    if (bulk) {
+      auto kern = ce_fused_kernel<L, false, true>;
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stash_bytes)));
+      CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+      kern<<<(unsigned)N, kFusedThreads, stash_bytes, st>>>(p, lab, V, vocab_start, lo, ls, stash_elems, vec);
+    } else if (stash) {
       CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<L, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(stash_bytes)));
       // All of the unified L1/shared memory as shared memory: two 100 KB bf16 rows (GPT-2) per SM.

@@ -222,6 +222,17 @@ __global__ void __launch_bounds__(256) rmsnorm_quantize_kernel(const X* __restri
                                                        amax, q, qt);
 }
 
+// Row scaling + quantize (+ transpose): q/q_t [rows, cols] of x[r, :] * p[r] (the FP8 MoE experts'
+// fc2 input, ops/fp8_moe.h).
+template <class X, int kFmt>
+__global__ void __launch_bounds__(256) scale_rows_quantize_kernel(const X* __restrict__ x, const float* __restrict__ p,
+                                                                  int64_t rows, int64_t cols,
+                                                                  const float* __restrict__ scale,
+                                                                  float* __restrict__ amax, uint8_t* __restrict__ q,
+                                                                  uint8_t* __restrict__ qt) {
+  quantize_transpose_tile<ScaleRowsSrc<X>, kFmt>(ScaleRowsSrc<X>{x, p, cols}, rows, cols, scale, amax, q, qt);
+}
+
 // Tile (by, bx) covers rows [by*64, +64) and cols [bx*64, +64) of x [rows, cols].
 template <class T, int kFmt>
 __global__ void quantize_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
@@ -473,6 +484,33 @@ bool fp8_rmsnorm_quantize(const Tensor& x, const Tensor& gamma, const Tensor& rs
     else
       rmsnorm_quantize_kernel<X, G, Y, 1><<<grid, kThreads, 0, st>>>(xp, gp, rp, rows, h, gofs, scale, amax, qp, qtp);
   })));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+// ops/fp8_moe.h's fused row scaling + quantize (declared here and in ops/fp8_moe.cpp, the dispatch,
+// so that cuda_ops.h -- included by every CUDA object -- stays unchanged).
+bool fp8_scale_rows_quantize(const Tensor& x, const Tensor& row_scale, const float* scale, float* amax, Tensor* q,
+                             Tensor* q_t);
+bool fp8_scale_rows_quantize(const Tensor& x, const Tensor& row_scale, const float* scale, float* amax, Tensor* q,
+                             Tensor* q_t) {
+  check_cuda(x, "fp8_scale_rows_quantize");
+  const int64_t cols = x.dim() ? x.size(-1) : 0, rows = cols ? x.numel() / cols : 0;
+  if (rows == 0 || !row_scale.is_cuda() || row_scale.dtype() != DType::kFloat32 || row_scale.numel() != rows)
+    return false;
+  if (!fused_tile_ok(rows, cols, q, q_t) || !aligned16(x.data_ptr())) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat32) return false;
+  const int fmt = fmt_of(q->dtype());
+  uint8_t* qp = static_cast<uint8_t*>(q->data_ptr());
+  uint8_t* qtp = static_cast<uint8_t*>(q_t->data_ptr());
+  const float* pp = static_cast<const float*>(row_scale.data_ptr());
+  dim3 grid((unsigned)((cols + kVTile - 1) / kVTile), (unsigned)((rows + kVTile - 1) / kVTile));
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(x.dtype(), X, {
+    const X* xp = static_cast<const X*>(x.data_ptr());
+    if (fmt == 0) scale_rows_quantize_kernel<X, 0><<<grid, kThreads, 0, st>>>(xp, pp, rows, cols, scale, amax, qp, qtp);
+    else scale_rows_quantize_kernel<X, 1><<<grid, kThreads, 0, st>>>(xp, pp, rows, cols, scale, amax, qp, qtp);
+  });
   CUDA_CHECK_LAUNCH();
   return true;
 }

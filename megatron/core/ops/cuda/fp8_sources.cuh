@@ -70,5 +70,20 @@ struct RmsnormSrc {
     for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<Y>((f[j] - mean) * rs * (g[j] + gofs) + 0.0f));
   }
 };
+// x times its row's factor exactly as ops/cuda/embedding_ce.cu's scale_rows_kernel computes it
+// (rounded to x's type X): the FP8 MoE experts' fc2 input act * prob (docs/moe.md "FP8 experts").
+template <class X>
+struct ScaleRowsSrc {
+  const X* x;
+  const float* p;
+  int64_t cols;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&o)[8]) const {
+    float f[8];
+    ld8(x + r * cols, c, c + 8, true, f);
+    const float a = p[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = to_f(from_f<X>(f[j] * a));
+  }
+};
 // ---- end of sources
 }  // namespace megatron::ops::cuda::detail

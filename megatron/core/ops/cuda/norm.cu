@@ -5,6 +5,9 @@
 // written as partial rows and summed in a fixed order by a second kernel.
 #include <cstdlib>
 
+#include "megatron/core/utils/env.h"
+
+#include "megatron/core/ops/cuda/async_copy.cuh"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/deterministic.h"
@@ -184,6 +187,48 @@ struct alignas(16) Pack8 {
 constexpr int kRegMaxChunks = 4;  // h <= 4 * 256 = 1024 columns per row
 constexpr int kRegWarps = 4;      // 4 warps per block, 3 blocks per SM: <= 168 registers, no spills
 
+// The per-row arithmetic of the register forward kernels (norm_fwd_reg_kernel and its pipelined
+// version): lane `lane` holds the row's chunks xp[k] (columns 8 lane + 256 k .. + 8, k < NC, those
+// below h); writes the row's y at yr and returns its mean (0 for RMSNorm) and rstd. One source for
+// both kernels, so they run the same fp32 operations in the same order (the same bits).
+template <bool kLN, int NC, class T, class G>
+__device__ __forceinline__ void norm_fwd_row(const Pack8<T> (&xp)[NC], const G* __restrict__ gamma,
+                                             const G* __restrict__ beta, T* __restrict__ yr, int h, int lane,
+                                             float eps, float gofs, float& mean_o, float& rstd_o) {
+  float mean = 0.0f;
+  if (kLN) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NC; ++k)
+      if (lane * 8 + 256 * k < h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += to_f(xp[k].v[j]);
+    mean = warp_sum(s) / h;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NC; ++k)
+    if (lane * 8 + 256 * k < h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += (to_f(xp[k].v[j]) - mean) * (to_f(xp[k].v[j]) - mean);
+  const float rstd = rsqrtf(warp_sum(ss) / h + eps);
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = lane * 8 + 256 * k;
+    if (c >= h) continue;
+    float g[8], b[8];
+    ld8(gamma, c, h, true, g);
+    if (kLN) ld8(beta, c, h, true, b);
+    Pack8<T> o;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      o.v[j] = from_f<T>((to_f(xp[k].v[j]) - mean) * rstd * (g[j] + gofs) + (kLN ? b[j] : 0.0f));
+    *reinterpret_cast<Pack8<T>*>(yr + c) = o;
+  }
+  mean_o = mean;
+  rstd_o = rstd;
+}
+
 // Norm forward for h <= 1024, h % 8 == 0, 16-byte aligned rows, x and y of one dtype: like
 // norm_fwd_kernel (warp per row, same sums in the same order, so the same bits) but the row is
 // loaded once into registers instead of read three times.
@@ -197,40 +242,86 @@ __global__ void norm_fwd_reg_kernel(const T* __restrict__ x, const G* __restrict
 #pragma unroll
     for (int k = 0; k < kRegMaxChunks; ++k)
       if (lane * 8 + 256 * k < h) xp[k] = *reinterpret_cast<const Pack8<T>*>(x + r * h + lane * 8 + 256 * k);
-    float mean = 0.0f;
-    if (kLN) {
-      float s = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kRegMaxChunks; ++k)
-        if (lane * 8 + 256 * k < h)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) s += to_f(xp[k].v[j]);
-      mean = warp_sum(s) / h;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kRegMaxChunks; ++k)
-      if (lane * 8 + 256 * k < h)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) ss += (to_f(xp[k].v[j]) - mean) * (to_f(xp[k].v[j]) - mean);
-    const float rstd = rsqrtf(warp_sum(ss) / h + eps);
-#pragma unroll
-    for (int k = 0; k < kRegMaxChunks; ++k) {
-      const int c = lane * 8 + 256 * k;
-      if (c >= h) continue;
-      float g[8], b[8];
-      ld8(gamma, c, h, true, g);
-      if (kLN) ld8(beta, c, h, true, b);
-      Pack8<T> o;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        o.v[j] = from_f<T>((to_f(xp[k].v[j]) - mean) * rstd * (g[j] + gofs) + (kLN ? b[j] : 0.0f));
-      *reinterpret_cast<Pack8<T>*>(y + r * h + c) = o;
-    }
+    float mean, rstd;
+    norm_fwd_row<kLN, kRegMaxChunks, T, G>(xp, gamma, beta, y + r * h, h, lane, eps, gofs, mean, rstd);
     if (lane == 0) {
       if (kLN) mean_out[r] = mean;
       rstd_out[r] = rstd;
     }
+  }
+}
+
+// The per-row arithmetic of the register backward kernels (norm_bwd_reg_kernel and its pipelined
+// version): xk(k), dk(k), rk(k) give lane `lane`'s chunk k of the row's x, dy and (when `res`)
+// residual gradient; adds the row's dgamma/dbeta terms to the lane's accumulators ag/ab and writes
+// its dx at dxr. One source for both kernels (same operations in the same order: the same bits).
+// Same per-element formulas as norm_bwd_kernel.
+template <bool kLN, int NC, class T, class G, class XK, class DK, class RK>
+__device__ __forceinline__ void norm_bwd_row(const XK& xk, const DK& dk, const RK& rk, bool res,
+                                             const G* __restrict__ gamma, float mean, float rstd, float gofs, int h,
+                                             int lane, float (&ag)[NC][8], float (&ab)[NC][8], T* __restrict__ dxr) {
+  // gamma is re-read per row (an L1 hit) rather than held: registers go to the accumulators.
+  auto gam = [&](int k) { return *reinterpret_cast<const Pack8<G>*>(gamma + lane * 8 + 256 * k); };
+  float a = 0.0f, b = 0.0f;  // sum(dxhat), sum(dxhat * xhat)
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    if (lane * 8 + 256 * k >= h) continue;
+    const Pack8<G> gp = gam(k);
+    const Pack8<T> xp = xk(k), dp = dk(k);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float xh = (to_f(xp.v[j]) - mean) * rstd, d = to_f(dp.v[j]);
+      const float dxh = d * (to_f(gp.v[j]) + gofs);
+      a += dxh;
+      b += dxh * xh;
+      ag[k][j] += d * xh;
+      if (kLN) ab[k][j] += d;
+    }
+  }
+  a = warp_sum(a) / h;
+  b = warp_sum(b) / h;
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = lane * 8 + 256 * k;
+    if (c >= h) continue;
+    Pack8<T> rp, out;
+    if (res) rp = rk(k);  // + the residual branch's gradient
+    const Pack8<G> gp = gam(k);
+    const Pack8<T> xp = xk(k), dp = dk(k);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float xh = (to_f(xp.v[j]) - mean) * rstd, dxh = to_f(dp.v[j]) * (to_f(gp.v[j]) + gofs);
+      const float v = rstd * (dxh - (kLN ? a : 0.0f) - xh * b) + (res ? to_f(rp.v[j]) : 0.0f);
+      out.v[j] = from_f<T>(v);
+    }
+    *reinterpret_cast<Pack8<T>*>(dxr + c) = out;
+  }
+}
+
+// The block partials of the register backward kernels: warp w's value of column c at
+// red[w * h + c] (red: kRegWarps * h floats of shared memory), summed over w in order into
+// part_[gb][blockIdx.x, h] (deterministic).
+template <bool kLN, int NC>
+__device__ __forceinline__ void norm_bwd_block_partials(float* red, const float (&ag)[NC][8],
+                                                        const float (&ab)[NC][8], float* __restrict__ part_g,
+                                                        float* __restrict__ part_b, int h, int lane, int warp) {
+  for (int part = 0; part < (kLN ? 2 : 1); ++part) {
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = lane * 8 + 256 * k;
+      if (c >= h) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red[warp * h + c + j] = part ? ab[k][j] : ag[k][j];
+    }
+    __syncthreads();
+    float* out = part ? part_b : part_g;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kRegWarps; ++w) s += red[w * h + c];
+      out[(int64_t)blockIdx.x * h + c] = s;
+    }
+    __syncthreads();
   }
 }
 
@@ -239,7 +330,7 @@ __global__ void norm_fwd_reg_kernel(const T* __restrict__ x, const G* __restrict
 // accumulate in registers over the warp's rows (no shared-memory float atomics, which are
 // compare-and-swap loops); x and dy are loaded once per row (kept in registers between the two
 // passes). At the end the block's 4 warp partials are summed in warp order into part_[gb]
-// [blockIdx.x, h] (deterministic). Same per-element formulas as norm_bwd_kernel.
+// [blockIdx.x, h] (deterministic).
 template <bool kLN, class T, class G>
 __global__ void __launch_bounds__(kRegWarps * 32, 3)
     norm_bwd_reg_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
@@ -256,8 +347,6 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
       ag[k][j] = 0.0f;
       ab[k][j] = 0.0f;
     }
-  // gamma is re-read per row (an L1 hit) rather than held: registers go to the accumulators.
-  auto gam = [&](int k) { return *reinterpret_cast<const Pack8<G>*>(gamma + lane * 8 + 256 * k); };
   for (int64_t r = blockIdx.x * (int64_t)kRegWarps + warp; r < rows; r += (int64_t)gridDim.x * kRegWarps) {
     const float mean = kLN ? mean_in[r] : 0.0f, rstd = rstd_in[r];
     Pack8<T> xp[kRegMaxChunks], dp[kRegMaxChunks];
@@ -269,58 +358,140 @@ __global__ void __launch_bounds__(kRegWarps * 32, 3)
         dp[k] = *reinterpret_cast<const Pack8<T>*>(dy + r * h + c);
       }
     }
-    float a = 0.0f, b = 0.0f;  // sum(dxhat), sum(dxhat * xhat)
+    norm_bwd_row<kLN, kRegMaxChunks, T, G>(
+        [&](int k) { return xp[k]; }, [&](int k) { return dp[k]; },
+        [&](int k) { return *reinterpret_cast<const Pack8<T>*>(dres + r * h + lane * 8 + 256 * k); }, dres != nullptr,
+        gamma, mean, rstd, gofs, h, lane, ag, ab, dx + r * h);
+  }
+  norm_bwd_block_partials<kLN, kRegMaxChunks>(red, ag, ab, part_g, part_b, h, lane, warp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined register kernels (Session 11, gpt2mem): the same warp-per-row computation as
+// norm_fwd_reg_kernel / norm_bwd_reg_kernel (norm_fwd_row / norm_bwd_row; the same rows per warp
+// in the backward, so the same bits), but every lane fetches its 16-byte chunks of the warp's
+// next kPipeStages rows with cp.async into its own shared-memory slots while it computes the
+// current row. bfloat16 rows (the training dtype; float32 rows keep the register kernels, whose
+// 32-byte chunks would need twice the stage memory). The register kernels have one row's loads
+// in flight per warp and none while the warp reduces and stores: the backward runs 12 warps per
+// SM (168 registers), so at most ~36 KB per SM is in flight, and the dres chunks (GPT-2's
+// residual gradient) were loaded only in the second pass, a second dependent DRAM round trip per
+// row (149 us per GPT-2 call, 2.7 TB/s of 403 MB); the forward took 94 registers (2 blocks of 8
+// warps per SM, 84 us, 2.4 TB/s). Each lane reads back only the slots it filled itself, so no
+// barrier is needed between copy and use (cp.async.wait_group orders them for the issuing
+// thread); a stage is refilled only after every value read from it has been consumed (the row's
+// stores depend on them).
+// ---------------------------------------------------------------------------------------------
+constexpr int kPipeStages = 3;   // rows in flight per warp (backward with h > 768: 2, shared memory)
+constexpr int kFwdPipeWarps = 8;  // forward: 8 warps per block, 4 blocks per SM (<= 64 registers)
+
+// Number of row stages of the backward for NC 256-column chunks: 3 up to h = 768, else 2 (so 3
+// blocks of 4 warps still fit the SM's 228 KB of shared memory).
+constexpr int bwd_pipe_stages(int nc) { return nc <= 3 ? 3 : 2; }
+
+template <bool kLN, int NC, class T, class G>
+__global__ void __launch_bounds__(kFwdPipeWarps * 32, 4)
+    norm_fwd_pipe_kernel(const T* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                         T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+                         int h, float eps, float gofs) {
+  static_assert(sizeof(T) == 2, "one 16-byte copy per 8-element chunk: bfloat16 rows");
+  extern __shared__ uint4 norm_pipe_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint4* slots = norm_pipe_smem + warp * (kPipeStages * NC * 32);  // [stage][chunk][lane]
+  const int64_t w0 = blockIdx.x * (int64_t)kFwdPipeWarps + warp, nw = (int64_t)gridDim.x * kFwdPipeWarps;
+  auto issue = [&](int64_t r, int s) {
+    if (r < rows)
 #pragma unroll
-    for (int k = 0; k < kRegMaxChunks; ++k) {
-      if (lane * 8 + 256 * k >= h) continue;
-      const Pack8<G> gp = gam(k);
+      for (int k = 0; k < NC; ++k)
+        if (lane * 8 + 256 * k < h) cp_async_16(&slots[(s * NC + k) * 32 + lane], x + r * h + lane * 8 + 256 * k);
+    cp_async_commit_group();  // one group per stage, empty past the last row
+  };
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float xh = (to_f(xp[k].v[j]) - mean) * rstd, d = to_f(dp[k].v[j]);
-        const float dxh = d * (to_f(gp.v[j]) + gofs);
-        a += dxh;
-        b += dxh * xh;
-        ag[k][j] += d * xh;
-        if (kLN) ab[k][j] += d;
+  for (int s = 0; s < kPipeStages; ++s) issue(w0 + s * nw, s);
+  int s = 0;
+  for (int64_t r = w0; r < rows; r += nw) {
+    cp_async_wait_group<kPipeStages - 1>();  // this row's group (the oldest) has landed
+    Pack8<T> xp[NC];
+#pragma unroll
+    for (int k = 0; k < NC; ++k)
+      if (lane * 8 + 256 * k < h) xp[k] = *reinterpret_cast<const Pack8<T>*>(&slots[(s * NC + k) * 32 + lane]);
+    float mean, rstd;
+    norm_fwd_row<kLN, NC, T, G>(xp, gamma, beta, y + r * h, h, lane, eps, gofs, mean, rstd);
+    if (lane == 0) {
+      if (kLN) mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+    issue(r + kPipeStages * nw, s);  // the row's values are consumed (stored): refill its stage
+    s = s + 1 == kPipeStages ? 0 : s + 1;
+  }
+  cp_async_wait_group<0>();
+}
+
+// Shared-memory bytes of norm_bwd_pipe_kernel per block: per warp and stage the x, dy (and dres)
+// chunks of one row plus one 16-byte slot per lane for its (mean, rstd).
+constexpr size_t bwd_pipe_smem(int nc, bool dres) {
+  return sizeof(uint4) * kRegWarps * bwd_pipe_stages(nc) * ((dres ? 3 : 2) * nc + 1) * 32;
+}
+
+// The pipelined norm_bwd_reg_kernel: same grid (so the same rows per warp, the same dgamma/dbeta
+// accumulation order and the same block partials), same row arithmetic.
+template <bool kLN, int NC, class T, class G>
+__global__ void __launch_bounds__(kRegWarps * 32, 3)
+    norm_bwd_pipe_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                         const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                         float* __restrict__ part_g, float* __restrict__ part_b, int64_t rows, int h, float gofs,
+                         const T* __restrict__ dres) {
+  static_assert(sizeof(T) == 2, "one 16-byte copy per 8-element chunk: bfloat16 rows");
+  constexpr int S = bwd_pipe_stages(NC);
+  extern __shared__ uint4 norm_pipe_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nbuf = dres ? 3 : 2;                 // x, dy (, dres)
+  const int stage_slots = (nbuf * NC + 1) * 32;  // + one (mean, rstd) slot per lane
+  uint4* slots = norm_pipe_smem + warp * S * stage_slots;
+  // Slot of chunk k of buffer b (0 x, 1 dy, 2 dres) in stage s, and the stage's statistics slot.
+  auto slot = [&](int s, int b, int k) { return &slots[s * stage_slots + (b * NC + k) * 32 + lane]; };
+  auto stat = [&](int s) { return reinterpret_cast<float*>(&slots[s * stage_slots + nbuf * NC * 32 + lane]); };
+  const int64_t w0 = blockIdx.x * (int64_t)kRegWarps + warp, nw = (int64_t)gridDim.x * kRegWarps;
+  auto issue = [&](int64_t r, int s) {
+    if (r < rows) {
+      if (kLN) cp_async_4(stat(s), mean_in + r);
+      cp_async_4(stat(s) + 1, rstd_in + r);
+#pragma unroll
+      for (int k = 0; k < NC; ++k) {
+        const int c = lane * 8 + 256 * k;
+        if (c < h) {
+          cp_async_16(slot(s, 0, k), x + r * h + c);
+          cp_async_16(slot(s, 1, k), dy + r * h + c);
+          if (dres) cp_async_16(slot(s, 2, k), dres + r * h + c);
+        }
       }
     }
-    a = warp_sum(a) / h;
-    b = warp_sum(b) / h;
+    cp_async_commit_group();
+  };
+  float ag[NC][8], ab[NC][8];
 #pragma unroll
-    for (int k = 0; k < kRegMaxChunks; ++k) {
-      const int c = lane * 8 + 256 * k;
-      if (c >= h) continue;
-      Pack8<T> rp, out;
-      if (dres) rp = *reinterpret_cast<const Pack8<T>*>(dres + r * h + c);  // + the residual branch's gradient
-      const Pack8<G> gp = gam(k);
+  for (int k = 0; k < NC; ++k)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float xh = (to_f(xp[k].v[j]) - mean) * rstd, dxh = to_f(dp[k].v[j]) * (to_f(gp.v[j]) + gofs);
-        const float v = rstd * (dxh - (kLN ? a : 0.0f) - xh * b) + (dres ? to_f(rp.v[j]) : 0.0f);
-        out.v[j] = from_f<T>(v);
-      }
-      *reinterpret_cast<Pack8<T>*>(dx + r * h + c) = out;
+    for (int j = 0; j < 8; ++j) {
+      ag[k][j] = 0.0f;
+      ab[k][j] = 0.0f;
     }
+#pragma unroll
+  for (int s = 0; s < S; ++s) issue(w0 + s * nw, s);
+  int s = 0;
+  for (int64_t r = w0; r < rows; r += nw) {
+    cp_async_wait_group<S - 1>();
+    const float mean = kLN ? stat(s)[0] : 0.0f, rstd = stat(s)[1];
+    auto ld = [&](int b) { return [&, b](int k) { return *reinterpret_cast<const Pack8<T>*>(slot(s, b, k)); }; };
+    norm_bwd_row<kLN, NC, T, G>(ld(0), ld(1), ld(2), dres != nullptr, gamma, mean, rstd, gofs, h, lane, ag, ab,
+                                dx + r * h);
+    issue(r + S * nw, s);
+    s = s + 1 == S ? 0 : s + 1;
   }
-  // Block partials: warp w's value of column c at red[w * h + c], summed over w in order.
-  for (int part = 0; part < (kLN ? 2 : 1); ++part) {
-#pragma unroll
-    for (int k = 0; k < kRegMaxChunks; ++k) {
-      const int c = lane * 8 + 256 * k;
-      if (c >= h) continue;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) red[warp * h + c + j] = part ? ab[k][j] : ag[k][j];
-    }
-    __syncthreads();
-    float* out = part ? part_b : part_g;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-      float s = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kRegWarps; ++w) s += red[w * h + c];
-      out[(int64_t)blockIdx.x * h + c] = s;
-    }
-    __syncthreads();
-  }
+  cp_async_wait_group<0>();
+  __syncthreads();  // every warp is done with its stages: the block partials reuse them
+  // 4 h floats fit in the block's stages: 16 h <= 4 S (2 NC + 1) 512 bytes.
+  norm_bwd_block_partials<kLN, NC>(reinterpret_cast<float*>(norm_pipe_smem), ag, ab, part_g, part_b, h, lane, warp);
 }
 
 constexpr int kRowThreads = 256;  // norm_fwd_row_kernel: one block of 8 warps per row
@@ -409,6 +580,46 @@ bool norm_fwd_v1_forced() { return variants::forced().norm_fwd_v1; }
 // Forced by the dev/cuda drivers only (variants.h): always the shared-memory-atomics kernel.
 bool norm_bwd_v1_forced() { return variants::forced().norm_bwd_v1; }
 
+// MEGATRON_NORM_PIPELINE=0 (A/B runs, docs/environment.md) or a dev/cuda driver (variants.h):
+// the register kernels without the cp.async row pipeline (same bits, slower).
+bool norm_pipe_env() {
+  static const bool on = env_switch("MEGATRON_NORM_PIPELINE", true);
+  return on;
+}
+bool norm_fwd_pipe() { return norm_pipe_env() && !variants::forced().norm_fwd_no_pipe; }
+bool norm_bwd_pipe() { return norm_pipe_env() && !variants::forced().norm_bwd_no_pipe; }
+
+// NC = the number of 256-column chunks of a row (h <= 256 * NC), 1..4, as a constant.
+#define NORM_NC_SWITCH(nc, NC, ...)   \
+  switch (nc) {                       \
+    case 1: {                         \
+      constexpr int NC = 1;           \
+      __VA_ARGS__;                    \
+    } break;                          \
+    case 2: {                         \
+      constexpr int NC = 2;           \
+      __VA_ARGS__;                    \
+    } break;                          \
+    case 3: {                         \
+      constexpr int NC = 3;           \
+      __VA_ARGS__;                    \
+    } break;                          \
+    default: {                        \
+      constexpr int NC = 4;           \
+      __VA_ARGS__;                    \
+    }                                 \
+  }
+
+// Shared memory as the pipelined kernels need it: `bytes` of dynamic shared memory and the whole
+// unified L1/shared array offered as shared memory (3-4 blocks per SM).
+template <class K>
+void pipe_smem_attrs(K kern, size_t bytes) {
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+}
+
 template <bool kLN>
 void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const Tensor* beta, float eps, bool zc,
                   Tensor& y, Tensor* mean, Tensor& rstd) {
@@ -445,6 +656,26 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   // general kernel below, which skips the store.
   if (vec && has_y && h <= 256 * kRegMaxChunks && x.dtype() == y.dtype() && f32_or_bf16(x.dtype()) &&
       f32_or_bf16(gamma.dtype()) && !norm_fwd_v1_forced()) {
+    if (norm_fwd_pipe() && x.dtype() == DType::kBFloat16) {
+      // Rows split evenly over the warps of one wave of 4 blocks per SM (every row is one warp's
+      // independent computation, so the split does not change any bit).
+      const int64_t wave = (int64_t)sm_count() * 4 * kFwdPipeWarps, per_warp = (rows + wave - 1) / wave;
+      const unsigned pg = static_cast<unsigned>((rows + per_warp * kFwdPipeWarps - 1) / (per_warp * kFwdPipeWarps));
+      const int nc = static_cast<int>((h + 255) / 256);
+      const size_t smem = sizeof(uint4) * kFwdPipeWarps * kPipeStages * nc * 32;
+      using T = bf16_t;
+      MCU_F32_BF16_SWITCH(gamma.dtype(), G, NORM_NC_SWITCH(nc, NC, {
+                            auto kern = norm_fwd_pipe_kernel<kLN, NC, T, G>;
+                            pipe_smem_attrs(kern, smem);
+                            kern<<<pg, kFwdPipeWarps * 32, smem, st>>>(
+                                static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
+                                kLN ? static_cast<const G*>(beta->data_ptr()) : nullptr,
+                                static_cast<T*>(y.data_ptr()), kLN ? static_cast<float*>(mean->data_ptr()) : nullptr,
+                                static_cast<float*>(rstd.data_ptr()), rows, (int)h, eps, zc ? 1.0f : 0.0f);
+                          }));
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
     MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
                           norm_fwd_reg_kernel<kLN, T, G><<<grid, kWarps * 32, 0, st>>>(
                               static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
@@ -496,7 +727,21 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   float* part = nullptr;
   CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * prow * h * nparts, st));
   if (det) CUDA_CHECK(cudaMemsetAsync(part, 0, sizeof(float) * prow * h * nparts, st));
-  if (reg) {
+  if (reg && norm_bwd_pipe() && x.dtype() == DType::kBFloat16) {
+    const int nc = static_cast<int>((h + 255) / 256);
+    const size_t smem = bwd_pipe_smem(nc, dres != nullptr);
+    using T = bf16_t;
+    MCU_F32_BF16_SWITCH(gamma.dtype(), G, NORM_NC_SWITCH(nc, NC, {
+          auto kern = norm_bwd_pipe_kernel<kLN, NC, T, G>;
+          pipe_smem_attrs(kern, smem);
+          kern<<<grid, kRegWarps * 32, smem, st>>>(
+              static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+              static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+              static_cast<const float*>(rstd.data_ptr()), static_cast<T*>(dx.data_ptr()), part,
+              part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f,
+              dres ? static_cast<const T*>(dres->data_ptr()) : nullptr);
+        }));
+  } else if (reg) {
     MCU_F32_BF16_SWITCH(
         x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
           norm_bwd_reg_kernel<kLN, T, G><<<grid, kRegWarps * 32, 0, st>>>(

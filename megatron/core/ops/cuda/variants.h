@@ -19,9 +19,12 @@ namespace megatron::ops::cuda::variants {
 struct Forced {
   bool norm_fwd_v1 = false;      ///< norm.cu: norm_fwd_kernel at every shape (not the register kernel)
   bool norm_bwd_v1 = false;      ///< norm.cu: the shared-memory-atomics backward at every shape
+  bool norm_fwd_no_pipe = false;  ///< norm.cu: the register forward without the cp.async row pipeline
+  bool norm_bwd_no_pipe = false;  ///< norm.cu: the register backward without the cp.async row pipeline
   bool ce_stats_v1 = false;      ///< embedding_ce.cu: one load per iteration in cross_entropy_stats
   bool embed_bwd_v1 = false;     ///< embedding_ce.cu: embedding backward with scalar atomics only
   bool ce_fused_no_stash = false;  ///< embedding_ce.cu: fused cross entropy re-reads the row from L2
+  bool ce_fused_no_bulk = false;  ///< embedding_ce.cu: fused cross entropy loads the row by threads, not one bulk copy
   bool flash_v1 = false;         ///< attention.cu: the first (simple) flash kernels at every shape
   int flash_small = -1;          ///< attention.cu: -1 by head dim, 1 / 0 force the 4- / 8-warp kernels
   bool reduce_per_tensor = false;  ///< elementwise.cu: one stage-1 launch per tensor in the *_many reductions

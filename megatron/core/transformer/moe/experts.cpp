@@ -5,11 +5,16 @@
 
 #include "megatron/core/fp8/fp8_linear.h"
 #include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/ops/fp8_moe.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 namespace megatron::transformer::moe {
+
+bool moe_fp8_fuse_enabled() { return env_switch("MEGATRON_MOE_FP8_FUSE", true); }
+
 namespace {
 
 ParamRef add_expert_param(ParamRegistry& reg, const std::string& name, Shape global, int partition_dim, int stride,
@@ -114,13 +119,15 @@ void activation_backward(const TransformerConfig& c, const Tensor& dact, const T
 // FP8 row padding per expert (TE's Fp8Padding / Fp8Unpadding as TEGroupedMLP applies them): expert
 // i's n[i] rows move from the start of its src_rows[i]-row block of src to the start of its
 // dst_rows[i]-row block of the result; every other row of the result is zero.
+// `zero_fill`: start from zeros (needed when dst has rows no expert writes: the padding rows);
+// false when every row of dst is copied (unpadding), which skips one memset of the whole result.
 Tensor regroup_rows(const Tensor& src, const std::vector<int64_t>& n, const std::vector<int64_t>& src_rows,
-                    const std::vector<int64_t>& dst_rows) {
+                    const std::vector<int64_t>& dst_rows, bool zero_fill = true) {
   int64_t total = 0;
   for (int64_t r : dst_rows) total += r;
   Shape s = src.shape();
   s[0] = total;
-  Tensor dst = Tensor::zeros(s, src.dtype(), src.device());
+  Tensor dst = zero_fill ? Tensor::zeros(s, src.dtype(), src.device()) : Tensor::empty(s, src.dtype(), src.device());
   int64_t o = 0, od = 0;
   for (size_t i = 0; i < n.size(); ++i) {
     if (n[i] > 0) dst.narrow0(od, n[i]).copy_(src.narrow0(o, n[i]));
@@ -132,8 +139,9 @@ Tensor regroup_rows(const Tensor& src, const std::vector<int64_t>& n, const std:
 Tensor pad_rows(const Tensor& x, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
   return regroup_rows(x, counts, counts, padded);
 }
+// Every row of the result is one of y's real rows, so no zero fill (MEGATRON_MOE_FP8_FUSE=0 keeps it).
 Tensor unpad_rows(const Tensor& y, const std::vector<int64_t>& counts, const std::vector<int64_t>& padded) {
-  return regroup_rows(y, counts, padded, counts);
+  return regroup_rows(y, counts, padded, counts, /*zero_fill=*/!moe_fp8_fuse_enabled());
 }
 }  // namespace
 
@@ -222,31 +230,66 @@ Tensor Experts::forward_fp8(const Tensor& x_in, const std::vector<int64_t>& coun
   const int64_t fc1_local = config_.gated_linear_unit ? 2 * ffn_local_ : ffn_local_;
   Tensor f1 = Tensor::empty({N, fc1_local}, x.dtype(), x.device());
   Tensor act = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
-  Tensor scaled = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+  Tensor scaled;  // act * probs in bf16, unless every expert's is quantized by the fused producer
   Tensor y = Tensor::empty({N, h}, x.dtype(), x.device());
   // One linear of every local expert; an expert without rows only casts its weight (as TE).
+  // `in_q[i]` defined: expert i's input already quantized by its producer (in's rows not read).
   auto linear = [&](const std::vector<ParamRef>& w, const std::vector<int>& base, const Tensor& in, Tensor& out,
-                    std::vector<Tensor>& keep_t) {
+                    std::vector<Tensor>& keep_t, const std::vector<fp8::Fp8Input>* in_q) {
     int64_t o = 0;
     for (int64_t i = 0; i < L; ++i) {
-      const int64_t n = padded[static_cast<size_t>(i)];
-      const Tensor& wi = w[static_cast<size_t>(i)].data();
+      const size_t k = static_cast<size_t>(i);
+      const int64_t n = padded[k];
+      const Tensor& wi = w[k].data();
       if (n == 0) {
-        fp8::cast_weight(st, base[static_cast<size_t>(i)], wi);
+        fp8::cast_weight(st, base[k], wi);
         continue;
       }
       Tensor yi = out.narrow0(o, n);
-      fp8::linear_forward(st, base[static_cast<size_t>(i)], in.narrow0(o, n), wi, nullptr, yi, nullptr,
-                          &keep_t[static_cast<size_t>(i)]);
+      if (in_q && (*in_q)[k].defined()) {
+        fp8::linear_forward(st, base[k], Tensor(), wi, nullptr, yi, &(*in_q)[k]);
+        keep_t[k] = (*in_q)[k].q_t;  // the wgrad's transpose, as keep_x_t would hold it
+      } else {
+        fp8::linear_forward(st, base[k], in.narrow0(o, n), wi, nullptr, yi, nullptr, &keep_t[k]);
+      }
       o += n;
     }
   };
-  linear(fc1_, fp8_fc1_, x, f1, ctx.fc1_input_t);
-  if (N > 0) {
-    activation_forward(config_, f1, act);
-    ops::scale_rows(act, probs, scaled);
+  linear(fc1_, fp8_fc1_, x, f1, ctx.fc1_input_t, nullptr);
+  if (N > 0) activation_forward(config_, f1, act);
+  // fc2's input act * probs quantized per expert by the fused producer (ops/fp8_moe.h: the same
+  // bytes and amax as scale_rows + the quantize; CUDA, delayed recipe, MEGATRON_MOE_FP8_FUSE): its
+  // bf16 copy is neither written nor read. Experts the kernel does not take get the unfused pair.
+  std::vector<fp8::Fp8Input> in2_q(static_cast<size_t>(L));
+  int64_t fused = 0, with_rows = 0;
+  if (N > 0 && moe_fp8_fuse_enabled() && st.config().recipe == fp8::Fp8Recipe::kDelayed &&
+      fp8::fused_input_ok(st, act)) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const int64_t n = padded[k];
+      if (n == 0) continue;
+      ++with_rows;
+      const int r = fp8_fc2_[k] + fp8::kInput;
+      fp8::Fp8Input q;
+      q.q = Tensor::empty({n, ffn_local_}, st.dtype(r), act.device());
+      q.q_t = Tensor::empty({ffn_local_, n}, st.dtype(r), act.device());
+      q.shape = {n, ffn_local_};
+      q.dtype = act.dtype();
+      float* amax = st.recording() ? static_cast<float*>(st.amax(r).data_ptr()) : nullptr;
+      if (ops::fp8_scale_rows_quantize(act.narrow0(o, n), probs.narrow0(o, n),
+                                       static_cast<const float*>(st.scale(r).data_ptr()), amax, &q.q, &q.q_t)) {
+        in2_q[k] = q;
+        ++fused;
+      }
+      o += n;
+    }
   }
-  linear(fc2_, fp8_fc2_, scaled, y, ctx.fc2_input_t);
+  if (with_rows == 0 || fused < with_rows) {
+    scaled = Tensor::empty({N, ffn_local_}, x.dtype(), x.device());
+    if (N > 0) ops::scale_rows(act, probs, scaled);
+  }
+  linear(fc2_, fp8_fc2_, scaled, y, ctx.fc2_input_t, &in2_q);
   ctx.fc1_out = f1;
   ctx.act = act;
   return pad ? unpad_rows(y, counts, padded) : y;
@@ -261,14 +304,25 @@ Tensor Experts::backward_fp8(const Tensor& dy_in, ExpertsCtx& ctx, std::vector<d
   const int64_t N = dy.size(0);
   const Tensor& act = ctx.act;
   const Tensor& f1 = ctx.fc1_out;
-  Tensor scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
-  ops::scale_rows(act, ctx.probs, scaled);  // recomputed, as the bf16 path
+  const bool fast = moe_fp8_fuse_enabled();
+  // fc2's bf16 input (act * probs) is read by the backward only where the forward kept no FP8
+  // transpose for the wgrad (CPU, tensorwise or blockwise recipe, unfused) or the wgrad is in the
+  // model dtype: only then is it recomputed (as the bf16 path does).
+  bool need_scaled = !fast || !st.config().wgrad;
+  for (size_t k = 0; k < padded.size(); ++k) need_scaled = need_scaled || (padded[k] > 0 && !ctx.fc2_input_t[k].defined());
+  Tensor scaled;
+  if (need_scaled) {
+    scaled = Tensor::empty(act.shape(), act.dtype(), act.device());
+    ops::scale_rows(act, ctx.probs, scaled);
+  }
   Tensor dscaled = Tensor::empty(act.shape(), dy.dtype(), dy.device());
   Tensor dx = Tensor::empty({N, h}, dy.dtype(), dy.device());
   // dgrad + wgrad of one linear of every local expert with rows (no rows: nothing to quantize, and
-  // the accumulated main_grad stays as it is).
+  // the accumulated main_grad stays as it is). `d_out_q[i]` defined: expert i's d_out already
+  // quantized by its producer (d_out's rows of i are then not read).
   auto linear = [&](const std::vector<ParamRef>& w, const std::vector<int>& base, const Tensor& d_out,
-                    const Tensor& in, Tensor& d_in, const std::vector<Tensor>& in_t) {
+                    const Tensor& in, Tensor& d_in, const std::vector<Tensor>& in_t,
+                    const std::vector<fp8::Fp8Input>* d_out_q) {
     int64_t o = 0;
     for (int64_t i = 0; i < L; ++i) {
       const size_t k = static_cast<size_t>(i);
@@ -276,18 +330,53 @@ Tensor Experts::backward_fp8(const Tensor& dy_in, ExpertsCtx& ctx, std::vector<d
       if (n == 0) continue;
       Tensor di = d_in.narrow0(o, n);
       Tensor dw = w[k].grad();
-      fp8::linear_backward(st, base[k], d_out.narrow0(o, n), in.narrow0(o, n), w[k].data(), &di, &dw, nullptr,
-                           /*accumulate=*/true, &in_t[k]);
+      const fp8::Fp8Input* q = d_out_q && (*d_out_q)[k].defined() ? &(*d_out_q)[k] : nullptr;
+      fp8::linear_backward(st, base[k], q ? Tensor() : d_out.narrow0(o, n), in.defined() ? in.narrow0(o, n) : Tensor(),
+                           w[k].data(), &di, &dw, nullptr, /*accumulate=*/true, &in_t[k], q);
       o += n;
     }
   };
-  linear(fc2_, fp8_fc2_, dy, scaled, dscaled, ctx.fc2_input_t);
+  linear(fc2_, fp8_fc2_, dy, scaled, dscaled, ctx.fc2_input_t, nullptr);
   std::vector<double> dp = row_dot(dscaled, act);  // padding rows: 0, dropped below
   Tensor dact = Tensor::empty(act.shape(), dy.dtype(), dy.device());
   ops::scale_rows(dscaled, ctx.probs, dact);
-  Tensor df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
-  activation_backward(config_, dact, f1, df1);
-  linear(fc1_, fp8_fc1_, df1, ctx.input, dx, ctx.fc1_input_t);
+  // SwiGLU's backward fused with the quantization of fc1's grad-output, per expert on its rows
+  // (fp8::swiglu_backward_fp8: the same bytes and amax as swiglu_backward + the quantize; CUDA,
+  // delayed recipe): fc1's bf16 output gradient is neither written nor read again. Experts the
+  // fused kernel does not take (and everything when it is off) get the unfused activation backward.
+  std::vector<fp8::Fp8Input> df1_q(static_cast<size_t>(L));
+  int64_t fused = 0, with_rows = 0;
+  if (fast && config_.gated_linear_unit && st.config().recipe == fp8::Fp8Recipe::kDelayed &&
+      fp8::fused_input_ok(st, f1)) {
+    int64_t o = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const int64_t n = padded[k];
+      if (n == 0) continue;
+      df1_q[k] = fp8::swiglu_backward_fp8(st, fp8_fc1_[k], dact.narrow0(o, n), f1.narrow0(o, n));
+      fused += df1_q[k].defined() ? 1 : 0;
+      ++with_rows;
+      o += n;
+    }
+  }
+  Tensor df1;
+  if (fused == 0) {
+    df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
+    activation_backward(config_, dact, f1, df1);
+  } else if (fused < with_rows) {  // elementwise: per expert the same values as on all rows
+    df1 = Tensor::empty(f1.shape(), dy.dtype(), dy.device());
+    int64_t o = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      const int64_t n = padded[k];
+      if (n > 0 && !df1_q[k].defined()) {
+        Tensor dfi = df1.narrow0(o, n);
+        activation_backward(config_, dact.narrow0(o, n), f1.narrow0(o, n), dfi);
+      }
+      o += n;
+    }
+  }
+  linear(fc1_, fp8_fc1_, df1, ctx.input, dx, ctx.fc1_input_t, &df1_q);
   if (!pad) {
     *dprobs = std::move(dp);
     return dx;

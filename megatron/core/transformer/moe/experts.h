@@ -19,7 +19,8 @@
 // / linear_backward on row views. Rows are padded per expert with zero rows to the FP8 GEMMs' row
 // multiple (16; 128 for the blockwise recipe) where the tensors live on a GPU, as TEGroupedMLP's
 // Fp8Padding does (zero rows change no amax, output or gradient); an expert without tokens still
-// casts its weight (TE casts every GEMM's weight), and records no input / grad-output amax.
+// casts its weight (TE casts every GEMM's weight), and records no input / grad-output amax. On CUDA
+// fc2's input and fc1's grad-output are quantized by their producers (moe_fp8_fuse_enabled below).
 #pragma once
 
 #include <memory>
@@ -34,6 +35,16 @@ class Fp8State;
 }
 
 namespace megatron::transformer::moe {
+
+/// MEGATRON_MOE_FP8_FUSE (docs/environment.md; read at every FP8 Experts forward and backward):
+/// unset or "1" (default) -> the FP8 experts' byte savings of docs/moe.md "FP8 experts" (Session 11):
+/// on CUDA with the delayed recipe the forward quantizes fc2's input act * prob in the row-scaling
+/// pass (ops/fp8_moe.h) and the backward fuses SwiGLU's backward into fc1's grad-output
+/// quantization, per expert; the backward skips recomputing fc2's bf16 input where the forward's
+/// FP8 transposes replace it; unpadding skips its zero fill. "0" -> the session-10 path.
+/// Bit-identical results either way.
+/// Other values: UserError naming the variable.
+bool moe_fp8_fuse_enabled();
 
 struct ExpertsCtx {
   std::vector<int64_t> tokens_per_expert;  // rows per local expert of the tensors below (FP8: padded)

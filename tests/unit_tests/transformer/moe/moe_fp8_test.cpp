@@ -22,9 +22,12 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "bench/gpu/moe_fp8_leg.h"
 #include "bench/gpu/moe_layer_leg.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/transformer/moe/experts.h"
@@ -483,6 +486,61 @@ TEST(MoEFp8Experts, FlagCombinations) {
   }
 }
 
+// MEGATRON_MOE_FP8_FUSE (docs/moe.md "FP8 experts", Session 11): on and off give the same bits --
+// outputs, input and weight gradients, probability gradients and every scale after each of two
+// steps -- without and with the GPU's row padding forced (on the CPU the switch changes the
+// unpadding's fill; the device-only parts are compared on an H200 by fp8_gpu_test moe_experts).
+// A value other than 0 / 1 is refused naming the variable.
+TEST(MoEFp8Experts, FuseSwitchOnAndOffGiveTheSameBits) {
+  struct Run {
+    std::vector<std::vector<float>> out;  // per step: y, dx, dprobs, then every main grad; then scales
+  };
+  auto run = [](const char* fuse, int64_t mult) {
+    setenv("MEGATRON_MOE_FP8_FUSE", fuse, 1);
+    std::mt19937 rng(99);
+    Layer l(rng);
+    l.ex->set_fp8_host_row_multiple(mult);
+    const std::vector<int64_t> counts = {5, 0, 7};
+    Run r;
+    for (int step = 0; step < 2; ++step) {
+      Tensor x = randn(rng, {12, H}, 1.5f), dy = randn(rng, {12, H}, 0.01f);
+      std::vector<float> pv(12);
+      std::uniform_real_distribution<float> u(0.2f, 1.0f);
+      for (float& v : pv) v = u(rng);
+      for (auto& p : l.reg.params()) p.main_grad.zero_();
+      ExpertsCtx ctx;
+      r.out.push_back(l.ex->forward(x, counts, Tensor::from_vector(pv, {12}), ctx).to_float_vector());
+      std::vector<double> dp;
+      r.out.push_back(l.ex->backward(dy, ctx, &dp).to_float_vector());
+      r.out.emplace_back(dp.begin(), dp.end());
+      for (auto& p : l.reg.params()) r.out.push_back(p.main_grad.to_float_vector());
+      l.st->reduce_and_update(nullptr);
+      std::vector<float> sc;
+      for (int k = 0; k < l.st->num_roles(); ++k) sc.push_back(l.st->host_scale(k));
+      r.out.push_back(sc);
+    }
+    unsetenv("MEGATRON_MOE_FP8_FUSE");
+    return r;
+  };
+  for (int64_t mult : {int64_t{1}, int64_t{16}}) {
+    SCOPED_TRACE("row multiple " + std::to_string(mult));
+    const Run on = run("1", mult), off = run("0", mult);
+    ASSERT_EQ(on.out.size(), off.out.size());
+    for (size_t i = 0; i < on.out.size(); ++i) {
+      ASSERT_EQ(on.out[i].size(), off.out[i].size()) << "output " << i;
+      EXPECT_EQ(0, std::memcmp(on.out[i].data(), off.out[i].data(), on.out[i].size() * sizeof(float))) << "output " << i;
+    }
+  }
+  setenv("MEGATRON_MOE_FP8_FUSE", "yes", 1);
+  try {
+    (void)moe_fp8_fuse_enabled();
+    ADD_FAILURE() << "expected an error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("MEGATRON_MOE_FP8_FUSE=yes"), std::string::npos) << e.what();
+  }
+  unsetenv("MEGATRON_MOE_FP8_FUSE");
+}
+
 // The FP8 leg of `gpu_bench moe_fp8` (bench/gpu/moe_layer_leg.h with an FP8 config) runs the same
 // code on the CPU: the MoE layer and the Experts module with FP8 experts, on the router's counts.
 TEST(MoEFp8Experts, LayerLegRunsWithFp8Experts) {
@@ -502,6 +560,26 @@ TEST(MoEFp8Experts, LayerLegRunsWithFp8Experts) {
   for (int64_t n : r.tokens_per_expert) total += n;
   EXPECT_EQ(total, 24 * 2);
   EXPECT_EQ(calls, 2);
+}
+
+// The A/B leg of `gpu_bench moe_fp8` (bench/gpu/moe_fp8_leg.h) on the CPU: five timed variants,
+// and its bit comparison of off / on / cache_first finds them equal (on the CPU the variants share
+// every kernel; the same comparison on CUDA is fp8_gpu_test moe_experts).
+TEST(MoEFp8Experts, Fp8AbLegRunsAndComparesBits) {
+  std::mt19937 rng(5);
+  auto rnd = [&](const Shape& s, DType dt, float std) { return randn(rng, s, std).to(dt); };
+  fp8::Fp8Config f8;
+  int calls = 0;
+  const bench::MoEFp8AbResult r = bench::moe_fp8_experts_ab(16, 8, {5, 0, 7, 12}, 2, DType::kBFloat16, Device::cpu(), f8,
+                                                            rnd, [&](const std::function<void()>& fn) {
+                                                              fn();
+                                                              ++calls;
+                                                              return 1.0;
+                                                            });
+  EXPECT_TRUE(r.same_bits) << r.detail;
+  EXPECT_EQ(r.detail, "20 tensors and 2 x 24 dprobs compared");  // (y, dx, 8 main grads) x 2 variants
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(std::getenv("MEGATRON_MOE_FP8_FUSE"), nullptr) << "the leg unsets its switch";
 }
 
 }  // namespace

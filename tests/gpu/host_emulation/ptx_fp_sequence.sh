@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Same-bits evidence without a GPU (needs nvcc, no GPU): compiles norm.cu and embedding_ce.cu to
+# sm_90a PTX and compares the sequence of fp32 instructions (add/sub/mul/fma/div/rsqrt/max/ex2/
+# lg2/setp .f32 and the shuffles, in program order) of each Session 11 kernel with the kernel it
+# must reproduce bit for bit: the pipelined norm kernels at 4 chunks vs the register kernels (bf16
+# rows, bf16 and fp32 gamma, LayerNorm and RMSNorm), the bulk-copy cross entropy vs the stash
+# kernel (bf16, fp16). PASS per pair iff the sequences are identical. Not proof (ptxas schedules
+# and may fuse the unrounded mul/add the same way only if it sees the same pattern, which it
+# does here); the GPU checks are gpu_ops_test --only norms,ce_fused and tests/gpu/gpt2mem_check.sh.
+# A few minutes on 2 cores.
+#   tests/gpu/host_emulation/ptx_fp_sequence.sh [WORK_DIR]
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$HERE/../../.."
+W="${1:-$(mktemp -d /tmp/ptx_fp.XXXXXX)}"
+mkdir -p "$W"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+for f in norm embedding_ce; do
+  "$NVCC" -I"$ROOT" -DMEGATRON_WITH_CUDA=1 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -std=c++17 -ptx \
+    "$ROOT/megatron/core/ops/cuda/$f.cu" -o "$W/$f.ptx"
+done
+# body PTX NAME_PART: the kernel whose mangled name contains NAME_PART (up to the next .entry).
+body() { awk -v n="$2" '/\.entry / {p = index($0, n) > 0} p' "$1"; }
+fpseq() { grep -E "^\s+(@%p[0-9]+ )?(fma|mul|add|sub|div|rsqrt|sqrt|neg|max|min|ex2|rcp|lg2|setp)\.[a-z.]*f32|shfl" |
+  awk '{print ($1 ~ /^@/ ? $2 : $1)}'; }
+fails=0
+pair() {  # pair PTX LABEL OLD NEW
+  body "$1" "$3" | fpseq > "$W/a.seq"; body "$1" "$4" | fpseq > "$W/b.seq"
+  local n; n=$(wc -l < "$W/a.seq")
+  if [ "$n" -gt 0 ] && cmp -s "$W/a.seq" "$W/b.seq"; then echo "PASS $2: the same $n fp32 instructions in the same order"
+  else echo "FAIL $2: $n vs $(wc -l < "$W/b.seq") fp32 instructions, sequences differ"; fails=$((fails + 1)); fi
+}
+B=13__nv_bfloat16
+for ln in 1 0; do
+  for g in S4_ f; do
+    pair "$W/norm.ptx" "norm fwd ln=$ln gamma=$g pipe<4> vs reg" "19norm_fwd_reg_kernelILb${ln}E${B}${g}E" "20norm_fwd_pipe_kernelILb${ln}ELi4E${B}${g}E"
+    pair "$W/norm.ptx" "norm bwd ln=$ln gamma=$g pipe<4> vs reg" "19norm_bwd_reg_kernelILb${ln}E${B}${g}E" "20norm_bwd_pipe_kernelILb${ln}ELi4E${B}${g}E"
+  done
+done
+for t in "$B" 6__half; do
+  pair "$W/embedding_ce.ptx" "ce_fused $t bulk vs stash" "15ce_fused_kernelI${t}Lb1ELb0E" "15ce_fused_kernelI${t}Lb0ELb1E"
+done
+echo "$fails failed"
+[ "$fails" = 0 ]
