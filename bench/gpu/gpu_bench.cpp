@@ -17,6 +17,7 @@
 
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/cuda_utils.h"
+#include "megatron/core/ops/cuda/expert_lanes.h"
 #include "megatron/core/ops/cuda/variants.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/comm/process_group.h"
@@ -191,7 +192,8 @@ std::string grouped_paths() {
   return s.empty() ? "none" : s;
 }
 void report_paths(const std::string& name) {
-  std::printf("%s paths: %s\n", name.c_str(), grouped_paths().c_str());
+  const cu::ExpertLaneCounts l = cu::expert_lane_counts(true);
+  std::printf("%s paths: %s; loop streams %d\n", name.c_str(), grouped_paths().c_str(), l.forked ? l.max_lanes : 1);
   std::fflush(stdout);
 }
 
@@ -199,9 +201,10 @@ void report_paths(const std::string& name) {
 // bf16, EP1: the routed experts' six GEMMs (fc1/fc2 forward, dgrad, wgrad into fp32 main grads)
 // over a balanced split (T k / E rows each) through grouped_linear_* with
 // MEGATRON_MOE_GROUPED_GEMM=1 (grouped cuBLAS where cuBLAS takes the types), =0 (per-expert loop)
-// and =auto (the per-call rule of ops/grouped_gemm.h, the default that training runs), each followed by a line
-// naming the path each GEMM kind took; beside the same six GEMMs as ONE dense GEMM of T k rows
-// (same FLOPs).
+// with MEGATRON_MOE_GEMM_STREAMS=1, 2 and 4 (the loop's GEMMs on that many streams) and =auto
+// (the per-call rule of ops/grouped_gemm.h) with 1 stream and with the default stream count (what
+// training runs); each figure is followed by a line naming the path each GEMM kind took and how
+// many streams the loop used; beside the same six GEMMs as ONE dense GEMM of T k rows (same FLOPs).
 void bench_moe_gemms(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E, int64_t K) {
   const int64_t R = T * K, n = R / E;
   std::vector<int64_t> counts(E, n);
@@ -224,15 +227,23 @@ void bench_moe_gemms(const char* tag, int64_t T, int64_t H, int64_t F, int64_t E
     cu::grouped_linear_backward(y, a, w2, counts, &da, &g2, true);
     cu::grouped_linear_backward(f1, x, w1, counts, &dx, &g1, true);
   };
-  for (const char* mode : {"1", "0", "auto"}) {
-    setenv("MEGATRON_MOE_GROUPED_GEMM", mode, 1);
+  struct Run {
+    const char* mode;     // MEGATRON_MOE_GROUPED_GEMM
+    const char* streams;  // MEGATRON_MOE_GEMM_STREAMS (nullptr: unset, the default)
+    const char* label;
+  };
+  for (const Run& r : {Run{"1", nullptr, "grouped"}, Run{"0", "1", "loop streams=1"}, Run{"0", "2", "loop streams=2"},
+                       Run{"0", "4", "loop streams=4"}, Run{"auto", "1", "auto streams=1"}, Run{"auto", nullptr, "auto"}}) {
+    setenv("MEGATRON_MOE_GROUPED_GEMM", r.mode, 1);
+    if (r.streams) setenv("MEGATRON_MOE_GEMM_STREAMS", r.streams, 1);
+    else unsetenv("MEGATRON_MOE_GEMM_STREAMS");
     grouped_paths();  // reset the counters
     float t = time_ms(experts_gemms);
-    std::snprintf(nm, sizeof nm, "moe %s expert gemms %s E=%ld rows=%ld fwd+bwd", tag,
-                  mode[0] == '1' ? "grouped" : mode[0] == '0' ? "loop" : "auto", (long)E, (long)n);
+    std::snprintf(nm, sizeof nm, "moe %s expert gemms %s E=%ld rows=%ld fwd+bwd", tag, r.label, (long)E, (long)n);
     report_flops(nm, t, flops);
     report_paths(nm);
   }
+  unsetenv("MEGATRON_MOE_GEMM_STREAMS");
   unsetenv("MEGATRON_MOE_GROUPED_GEMM");
   // The same FLOPs as one expert of T k rows (dense rate at the expert's shapes).
   Tensor w1d = w1[0], w2d = w2[0];
@@ -411,6 +422,10 @@ int main(int argc, char** argv) {
     bench_moe_layer("mixtral-8x7b-fp8-off", 4096, 4096, 14336, 8, 2, &f8);
     unsetenv("MEGATRON_MOE_FP8_FUSE");
     bench_moe_fp8_ab("mixtral-8x7b", 4096, 14336, {1000, 1100, 950, 1075, 1010, 990, 1040, 1027}, 2, f8);
+  }
+  if (only == "moe_gemms") {  // the expert GEMMs at the two main shapes alone (tests/gpu/moestreams_check.sh)
+    bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);
+    bench_moe_gemms("qwen3-30b-a3b", 4096, 2048, 768, 128, 8);
   }
   if (only == "moe") {  // not in the default run: bench/gpu/moe_bench.sh
     bench_moe_gemms("mixtral-8x7b", 4096, 4096, 14336, 8, 2);

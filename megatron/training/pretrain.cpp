@@ -12,6 +12,7 @@
 #include "megatron/core/ops/fp8_env.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/device.h"
+#include "megatron/core/ops/grouped_gemm.h"
 #include "megatron/core/optimizer/distributed_optimizer.h"
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/tensor_parallel/random.h"
@@ -121,6 +122,8 @@ void check_env_switches() {
   (void)optim_overlap_full_wait_switch();
   (void)transformer::moe::moe_device_router_enabled();
   (void)transformer::moe::moe_fp8_fuse_enabled();
+  (void)ops::parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM"));
+  (void)ops::parse_moe_gemm_streams(std::getenv("MEGATRON_MOE_GEMM_STREAMS"));
   (void)ops::block_fused_from_env();
   ops::refuse_removed_block_quant_env();
   (void)ops::block_wgrad_algo_from_env();

@@ -87,6 +87,48 @@ inline GroupedGemmPath choose_grouped_gemm_path(GroupedGemmMode mode, DType in, 
                                                                               : GroupedGemmPath::kLoop;
 }
 
+/// MEGATRON_MOE_GEMM_STREAMS (docs/environment.md, docs/moe.md "Kernels"): how many CUDA streams
+/// the per-expert loop of one grouped call spreads its GEMMs over. 1 is the serial loop on the
+/// compute stream; S > 1 runs expert lanes 1..S-1 on side streams forked from the compute stream
+/// (lane 0 stays on it) and joined back before the call returns. The GEMMs write disjoint outputs,
+/// so every S gives bitwise the same results. Default 4, from the prediction of docs/moe.md
+/// "Session 11" (written before the first GPU run): at Mixtral's shape one concurrent GEMM already
+/// fills the other's last wave (2 and 4 streams alike), while the small wgrad GEMMs of many-expert
+/// layers (Qwen3: 96-192 output tiles on 132 SMs, always the loop) gain up to the 4th stream.
+inline constexpr int kDefaultMoeGemmStreams = 4;
+inline constexpr int kMaxMoeGemmStreams = 8;
+
+/// Parses the value of MEGATRON_MOE_GEMM_STREAMS (nullptr or "" = unset: kDefaultMoeGemmStreams).
+/// Throws UserError naming the variable unless it is a whole number 1..kMaxMoeGemmStreams.
+inline int parse_moe_gemm_streams(const char* v) {
+  if (v == nullptr || *v == '\0') return kDefaultMoeGemmStreams;
+  int n = 0;
+  const char* p = v;
+  for (; *p >= '0' && *p <= '9' && n <= kMaxMoeGemmStreams; ++p) n = n * 10 + (*p - '0');
+  if (*p != '\0' || n < 1 || n > kMaxMoeGemmStreams)
+    user_error("MEGATRON_MOE_GEMM_STREAMS=", v, ": expected a whole number from 1 (the serial per-expert loop) to ",
+               kMaxMoeGemmStreams, " (CUDA streams for the experts' GEMMs)");
+  return n;
+}
+
+/// The lane (0..lanes-1) of every expert of a per-expert loop over `counts` (-1 for experts
+/// without rows): experts in order, each to the lane with the fewest rows so far (the lowest such
+/// lane on ties), so that equal counts go round-robin and the lanes' rows stay balanced when the
+/// router's split is not. lanes >= 1.
+inline std::vector<int> assign_expert_lanes(const std::vector<int64_t>& counts, int lanes) {
+  std::vector<int> lane(counts.size(), -1);
+  std::vector<int64_t> rows(static_cast<size_t>(lanes), 0);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] <= 0) continue;
+    int best = 0;
+    for (int l = 1; l < lanes; ++l)
+      if (rows[l] < rows[best]) best = l;
+    lane[e] = best;
+    rows[best] += counts[e];
+  }
+  return lane;
+}
+
 /// Calls fn(e, first_row, rows) for every expert e with rows = counts[e] > 0, first_row being the
 /// sum of the counts before it (the expert-major row blocks of a grouped call).
 template <class Fn>

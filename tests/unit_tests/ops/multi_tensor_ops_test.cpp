@@ -337,6 +337,33 @@ TEST(GroupedGemmRule, PicksTheFasterMeasuredPath) {
   }
 }
 
+// MEGATRON_MOE_GEMM_STREAMS (ops/grouped_gemm.h): unset / empty -> the default (4), 1..8 as
+// given, anything else (0, 9, a sign, a suffix, a word) refused by name. The lanes of the
+// per-expert loop: equal counts go round-robin; each expert goes to the lane with the fewest rows
+// so far (hand-worked below); experts without rows get no lane; one lane takes every expert.
+TEST(GroupedGemmRule, StreamsSwitchAndExpertLanes) {
+  EXPECT_EQ(ops::parse_moe_gemm_streams(nullptr), 4);
+  EXPECT_EQ(ops::parse_moe_gemm_streams(""), 4);
+  EXPECT_EQ(ops::parse_moe_gemm_streams("1"), 1);
+  EXPECT_EQ(ops::parse_moe_gemm_streams("2"), 2);
+  EXPECT_EQ(ops::parse_moe_gemm_streams("8"), 8);
+  for (const char* bad : {"0", "9", "12", "-1", "+2", "2x", " 2", "two", "1000000000000"}) {
+    try {
+      ops::parse_moe_gemm_streams(bad);
+      ADD_FAILURE() << "MEGATRON_MOE_GEMM_STREAMS=" << bad << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("MEGATRON_MOE_GEMM_STREAMS=") + bad), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(ops::assign_expert_lanes({5, 5, 5, 5, 5}, 2), (std::vector<int>{0, 1, 0, 1, 0}));
+  EXPECT_EQ(ops::assign_expert_lanes({5, 5, 5, 5, 5}, 4), (std::vector<int>{0, 1, 2, 3, 0}));
+  // Rows per lane after each expert: [100,0] [100,10] [100,30] [100,60] [100,61] [100,161] [107,161].
+  EXPECT_EQ(ops::assign_expert_lanes({100, 10, 20, 30, 1, 100, 7}, 2), (std::vector<int>{0, 1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ(ops::assign_expert_lanes({0, 3, 0, 4, 2}, 3), (std::vector<int>{-1, 0, -1, 1, 2}));
+  EXPECT_EQ(ops::assign_expert_lanes({0, 3, 0, 4, 2}, 1), (std::vector<int>{-1, 0, -1, 0, 0}));
+}
+
 // Products of two floats are exact in float64 and the reference sums j ascending like this loop:
 // equal exactly (bf16 and fp32 inputs, a row length over the OpenMP threshold).
 TEST(RowDotF64, EqualsTheSequentialFloat64Sum) {

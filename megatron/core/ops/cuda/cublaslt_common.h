@@ -5,8 +5,13 @@
 
 #include <cublasLt.h>
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "megatron/core/tensor/dtype.h"
 #include "megatron/core/utils/errors.h"
@@ -30,12 +35,23 @@ struct Plan {
 };
 
 /// The process-lifetime cuBLASLt handle and workspace of CUDA device `dev` (created on first use;
-/// thread-safe). Throws (internal check) if cuBLASLt or the allocation fails.
+/// thread-safe). Throws (internal check) if cuBLASLt or the allocation fails. `workspace` serves
+/// every stream without its own; a stream given one by add_stream_workspace gets that one from
+/// workspace_for (two GEMMs running at once on different streams must not share a workspace;
+/// GEMMs on one stream run one after the other, so one per stream is enough).
 struct DeviceContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  std::mutex streams_mu;
+  std::vector<std::pair<cudaStream_t, void*>> stream_workspaces;  // kWorkspaceBytes each
 };
 DeviceContext& device_context(int dev);
+
+/// The workspace (kWorkspaceBytes) for a cuBLASLt call of `ctx`'s device on stream `st`.
+void* workspace_for(DeviceContext& ctx, cudaStream_t st);
+/// Gives stream `st` of device `dev` its own workspace for the process's lifetime (no-op if it
+/// has one). Throws (internal check) if the allocation fails.
+void add_stream_workspace(int dev, cudaStream_t st);
 
 /// Largest power of two <= 256 that divides the address (the alignment cuBLASLt may assume).
 /// cuBLAS / cuBLASLt data type of a float dtype (float32, bfloat16, float16); internal check otherwise.

@@ -116,7 +116,8 @@ bool run_fp8_gemm(const Tensor& a, const float* a_scale_inv, const Tensor& b, co
   const float alpha = 1.0f;
   const void* c_read = c_in ? c_in->data_ptr() : c.data_ptr();
   FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c_read, p.c,
-                                  c.data_ptr(), p.c, &p.algo, s.workspace, lt::kWorkspaceBytes,
+                                  c.data_ptr(), p.c, &p.algo,
+                                  lt::workspace_for(s, megatron::cuda::current_stream()), lt::kWorkspaceBytes,
                                   megatron::cuda::current_stream()));
   return true;
 }
@@ -238,7 +239,8 @@ bool run_block_gemm(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor&
   FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(void*)));
   const float alpha = 1.0f;
   FP8_CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta, c.data_ptr(),
-                                  p.c, c.data_ptr(), p.c, &bp.algos[algo], s.workspace, lt::kWorkspaceBytes,
+                                  p.c, c.data_ptr(), p.c, &bp.algos[algo],
+                                  lt::workspace_for(s, megatron::cuda::current_stream()), lt::kWorkspaceBytes,
                                   megatron::cuda::current_stream()));
   return true;
 }

@@ -3,7 +3,7 @@
 // Row-major C[m,n] = op(A) op(B) is computed as the column-major product C^T = op(B)^T op(A)^T,
 // so no data is transposed. bf16/fp16 inputs use fp32 accumulation (CUBLAS_COMPUTE_32F) with an
 // fp32 or same-type output; fp32 inputs run in true fp32 (no TF32). One cuBLASLt handle and one
-// 32 MiB workspace per device; the descriptors and the heuristic's algorithm are cached per
+// 32 MiB workspace per device (and one per side stream given one, cublaslt_common.h); the descriptors and the heuristic's algorithm are cached per
 // (shape, transposes, dtypes, alignment, epilogue), so a steady-state call does no allocation
 // and no heuristic query. Everything runs on current_stream().
 #include <cublasLt.h>
@@ -36,6 +36,23 @@ lt::DeviceContext& lt::device_context(int dev) {
   CUDA_CHECK(cudaMalloc(&c->workspace, kWorkspaceBytes));  // once per device, never per call
   contexts[dev] = c;
   return *c;
+}
+
+void* lt::workspace_for(DeviceContext& ctx, cudaStream_t st) {
+  std::lock_guard<std::mutex> g(ctx.streams_mu);
+  for (const auto& [s, ws] : ctx.stream_workspaces)
+    if (s == st) return ws;
+  return ctx.workspace;
+}
+
+void lt::add_stream_workspace(int dev, cudaStream_t st) {
+  DeviceContext& ctx = device_context(dev);
+  std::lock_guard<std::mutex> g(ctx.streams_mu);
+  for (const auto& sw : ctx.stream_workspaces)
+    if (sw.first == st) return;
+  void* ws = nullptr;
+  CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));  // once per stream, never per call
+  ctx.stream_workspaces.emplace_back(st, ws);
 }
 
 cublasStatus_t lt::pick_algorithms(const DeviceContext& ctx, const Plan& p, int align_a, int align_b, int align_c,
@@ -153,8 +170,9 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
   if (e.aux)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
   const void* c_read = e.c_in ? e.c_in : C;
+  cudaStream_t st = megatron::cuda::current_stream();
   CUBLAS_CHECK(cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, c_read, p.c, C, p.c, &p.algo,
-                              s.workspace, lt::kWorkspaceBytes, megatron::cuda::current_stream()));
+                              lt::workspace_for(s, st), lt::kWorkspaceBytes, st));
   return true;
 }
 

@@ -10,7 +10,17 @@
 // has no bf16 -> fp32 entry), for float32 and for a single expert with tokens.
 // MEGATRON_MOE_GROUPED_GEMM=1 / 0 forces either path (A/B runs, bench/gpu/gpu_bench moe); a type
 // pair cuBLAS still refuses falls back to the loop with a one-time stderr line. Row-major products
-// are issued as their column-major transposes (as gemm.cu does). Everything runs on current_stream().
+// are issued as their column-major transposes (as gemm.cu does). Everything runs on current_stream(),
+// except that the loop spreads its experts over MEGATRON_MOE_GEMM_STREAMS streams (default 4,
+// ops/grouped_gemm.h parse_moe_gemm_streams): lane 0 is the current stream, lanes 1.. are side
+// streams forked from it with an event before the first GEMM and joined back with one event each
+// after the last, so the caller sees one stream-ordered op. Experts write disjoint rows of dx / y
+// and their own dw, so the results are bitwise those of the serial loop (same cuBLASLt plan per
+// shape, whichever stream). Each side stream has its own cuBLASLt workspace
+// (cublaslt_common.h add_stream_workspace). No memory is allocated or freed on a side stream by
+// the plain GEMMs the loop issues; any that were (a kernel's temporary) would be stream-ordered on
+// it by the allocator (cudaMallocAsync on current_stream()) and freed there before the join, and
+// memory the caller frees afterwards on the compute stream is ordered behind the join.
 #include <cublas_v2.h>
 
 #include <atomic>
@@ -19,12 +29,14 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/expert_lanes.h"
 #include "megatron/core/ops/grouped_gemm.h"
 
 #define CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
@@ -122,6 +134,91 @@ bool run_grouped(int kind, const std::vector<Problem>& ps, DType ab, DType ct, f
   return ran;
 }
 
+// The side streams of the per-expert loop of one thread on one device for compute streams of one
+// priority: non-blocking (they never wait for the legacy default stream's other work, nor it for
+// theirs: the fork / join events are the only ordering), of the compute stream's priority (the
+// overlapped optimizer step's low-priority stream must not get ahead of the experts' GEMMs), each
+// with its own cuBLASLt workspace. Created on first use, grown on demand, kept for the process.
+struct Lanes {
+  std::vector<cudaStream_t> side;    // lanes 1..
+  std::vector<cudaEvent_t> joined;   // one per side stream, recorded behind its last GEMM
+  cudaEvent_t forked = nullptr;      // recorded on the compute stream before the first GEMM
+};
+
+Lanes& lanes_for(int dev, int priority, int n_side) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::thread::id, int, int>, Lanes*> all;
+  std::lock_guard<std::mutex> g(mu);
+  Lanes*& l = all[{std::this_thread::get_id(), dev, priority}];
+  if (!l) {
+    l = new Lanes();  // lives for the process, like the cuBLASLt handle
+    CUDA_CHECK(cudaEventCreateWithFlags(&l->forked, cudaEventDisableTiming));
+  }
+  while (static_cast<int>(l->side.size()) < n_side) {
+    cudaStream_t s = nullptr;
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    lt::add_stream_workspace(dev, s);
+    l->side.push_back(s);
+    l->joined.push_back(e);
+  }
+  return *l;
+}
+
+std::mutex g_lane_mu;
+ExpertLaneCounts g_lane_counts;
+
+// for_each_expert_rows(counts, fn) with expert e's work issued on lane assign_expert_lanes(counts,
+// S)[e] (ops/grouped_gemm.h; S = MEGATRON_MOE_GEMM_STREAMS, at most the number of experts with
+// rows): fn runs with current_stream() set to its lane's stream; the side lanes wait for the
+// compute stream's work so far before their first GEMM, and the compute stream waits for every
+// side lane after the last (also when fn throws). The variable is read at every call, so that one
+// process (gpu_bench moe, gpu_ops_test) can compare stream counts.
+template <class Fn>
+void for_each_expert_on_lanes(const std::vector<int64_t>& counts, Fn&& fn) {
+  int busy = 0;
+  for (int64_t c : counts) busy += c > 0;
+  const int lanes = std::min(parse_moe_gemm_streams(std::getenv("MEGATRON_MOE_GEMM_STREAMS")), busy);
+  {
+    std::lock_guard<std::mutex> g(g_lane_mu);
+    if (lanes > 1) {
+      ++g_lane_counts.forked;
+      g_lane_counts.max_lanes = std::max(g_lane_counts.max_lanes, lanes);
+    } else {
+      ++g_lane_counts.serial;
+    }
+  }
+  if (lanes <= 1) {
+    for_each_expert_rows(counts, fn);
+    return;
+  }
+  const cudaStream_t main = megatron::cuda::current_stream();
+  int dev = 0, priority = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (main) CUDA_CHECK(cudaStreamGetPriority(main, &priority));  // the legacy stream: priority 0
+  Lanes& l = lanes_for(dev, priority, lanes - 1);
+  const std::vector<int> lane = assign_expert_lanes(counts, lanes);
+  CUDA_CHECK(cudaEventRecord(l.forked, main));
+  for (int i = 0; i + 1 < lanes; ++i) CUDA_CHECK(cudaStreamWaitEvent(l.side[i], l.forked, 0));
+  struct Join {  // back on the compute stream, behind every side lane (no throw: also on unwinding)
+    const cudaStream_t main;
+    Lanes& l;
+    int n_side;
+    ~Join() {
+      megatron::cuda::set_current_stream(main);
+      for (int i = 0; i < n_side; ++i) {
+        cudaEventRecord(l.joined[i], l.side[i]);
+        cudaStreamWaitEvent(main, l.joined[i], 0);
+      }
+    }
+  } join{main, l, lanes - 1};
+  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+    megatron::cuda::set_current_stream(lane[e] == 0 ? main : l.side[lane[e] - 1]);
+    fn(e, off, n);
+  });
+}
+
 const char* at(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.data_ptr()) + row * t.size(1) * static_cast<int64_t>(dtype_size(t.dtype()));
 }
@@ -139,7 +236,10 @@ void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, cons
     ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
   });
   if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(0, ps, x.dtype(), y.dtype(), 0.0f)) return;
-  per_expert_forward(x, ws, counts, y, linear_forward);
+  for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
+    Tensor ye = y.narrow0(off, n);
+    linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
+  });
 }
 
 void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& ws,
@@ -157,7 +257,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
       ps.push_back({false, false, in, n, out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
     });
     if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(1, ps, dy.dtype(), dx->dtype(), 0.0f)))
-      for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+      for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
         Tensor dxe = dx->narrow0(off, n);
         linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], &dxe, nullptr, nullptr, accumulate);
       });
@@ -176,7 +276,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
     ps.push_back({false, true, in, out, n, at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
   });
   if (nonempty && same_type && run_grouped(2, ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
-  for_each_expert_rows(counts, [&](size_t e, int64_t off, int64_t n) {
+  for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
     linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], nullptr, &(*dws)[e], nullptr, accumulate);
   });
 }
@@ -187,6 +287,13 @@ GroupedGemmPathCounts grouped_gemm_path_counts(bool reset) {
     c.grouped[k] = reset ? g_grouped_calls[k].exchange(0) : g_grouped_calls[k].load();
     c.loop[k] = reset ? g_loop_calls[k].exchange(0) : g_loop_calls[k].load();
   }
+  return c;
+}
+
+ExpertLaneCounts expert_lane_counts(bool reset) {
+  std::lock_guard<std::mutex> g(g_lane_mu);
+  const ExpertLaneCounts c = g_lane_counts;
+  if (reset) g_lane_counts = ExpertLaneCounts{};
   return c;
 }
 

@@ -5,6 +5,9 @@
 //    in shared memory; the top-k by k warp arg-max rounds (larger key wins, ties the lower expert
 //    index: the host's stable sort); scores in float32 with expf / logf (no fast math), as
 //    Megatron computes them (torch.softmax(..., dtype=float32), torch.sigmoid(logits.float())).
+//    float64 logits (--moe-router-dtype fp64) run the same kernels in double (exp / log, RC<L>);
+//    the outputs keep their types (probs float32, the backward's dlogits float32; op_table.h
+//    lists the float logit dtypes, float64 is accepted here as well).
 //    The statistics: one block per column (fixed-order float64 block sums, so reproducible).
 //  * moe_permute_map: one block per expert scans the tokens in order (ballot + warp prefix sums),
 //    giving each (token, choice) its rank inside the expert; a second kernel adds the expert's
@@ -13,15 +16,19 @@
 //    choice dropped by the capacity, is skipped).
 //  * moe_router_backward: one warp per token, the same recomputed scores as the forward (a
 //    dropped choice, row -1, gets no gradient: its prob was zeroed).
+//  * moe_gating_f64_forward / _backward (moe_gating_f64.h, outside the op table): the float64
+//    gating GEMM of the fp64 router, one thread per output, in the host fp64 router's order.
 //  * moe_permute_capacity (moe_capacity.h, outside the op table): the dropless permutation, then
 //    one block per expert finds its capacity threshold (a bitwise radix select over the
 //    (prob desc, token asc) keys of its routed tokens) and a second writes the kept (and padding)
 //    rows in token order by block scans.
 #include <algorithm>
+#include <type_traits>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/moe_capacity.h"
+#include "megatron/core/ops/cuda/moe_gating_f64.h"
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -30,91 +37,145 @@ namespace {
 constexpr int kWarps = 4;       // tokens per block in the per-token kernels
 constexpr int kMaxExperts = 1024;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// MCU_FLOAT_SWITCH plus float64 logits (--moe-router-dtype fp64; the only float64 kernels here).
+#define ROUTER_LOGITS_SWITCH(dtype, L, ...)              \
+  if ((dtype) == ::megatron::DType::kFloat64) {          \
+    using L = double;                                    \
+    __VA_ARGS__;                                         \
+  } else {                                               \
+    MCU_FLOAT_SWITCH(dtype, L, __VA_ARGS__);             \
+  }
+
+// The router's compute type: double for float64 logits (--moe-router-dtype fp64), float otherwise
+// (float32 / bf16 / fp16 logits are widened to float, as Megatron's torch.softmax(..., dtype=float32)).
+template <class L>
+using RC = std::conditional_t<std::is_same_v<L, double>, double, float>;
+template <class C>
+__device__ __forceinline__ C ld(float x) { return x; }
+template <class C>
+__device__ __forceinline__ C ld(bf16_t x) { return to_f(x); }
+template <class C>
+__device__ __forceinline__ C ld(fp16_t x) { return to_f(x); }
+template <class C>
+__device__ __forceinline__ C ld(double x) { return x; }
+// The math functions in the compute type (no fast math).
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+__device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
+__device__ __forceinline__ double log1p_(double x) { return log1p(x); }
+__device__ __forceinline__ float expm1_(float x) { return expm1f(x); }
+__device__ __forceinline__ double expm1_(double x) { return expm1(x); }
+__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
+__device__ __forceinline__ float max_(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_(double a, double b) { return fmax(a, b); }
+// The normalization epsilon of the scores (Megatron's 1e-20, in the compute type).
+template <class C>
+__device__ __forceinline__ C eps20() { return C(1e-20); }
+
+template <class C>
+__device__ __forceinline__ C warp_max(C v) {
+  for (int o = 16; o > 0; o >>= 1) v = max_(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
+template <class C>
+__device__ __forceinline__ C warp_sum(C v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 // a beats b: larger key, or equal key and lower index; NaN keys (taken) never win. Keys are
 // stored through clean_key, so a NaN score competes as -inf and the k <= E rounds always find one.
-__device__ __forceinline__ float clean_key(float v) { return isnan(v) ? -INFINITY : v; }
-__device__ __forceinline__ bool key_better(float va, int ia, float vb, int ib) {
+template <class C>
+__device__ __forceinline__ C clean_key(C v) { return isnan(v) ? C(-INFINITY) : v; }
+template <class C>
+__device__ __forceinline__ bool key_better(C va, int ia, C vb, int ib) {
   if (isnan(va)) return false;
   if (isnan(vb) || ib < 0) return true;
   return va > vb || (va == vb && ia < ib);
 }
 // Arg-max of key[0..E) over the warp (every lane gets the result); -1 if all are taken.
-__device__ __forceinline__ int warp_argmax(const float* key, int E, int lane) {
-  float bv = NAN;
+template <class C>
+__device__ __forceinline__ int warp_argmax(const C* key, int E, int lane) {
+  C bv = C(NAN);
   int bi = -1;
   for (int e = lane; e < E; e += 32)
     if (key_better(key[e], e, bv, bi)) bv = key[e], bi = e;
   for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const C ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
     if (oi >= 0 && key_better(ov, oi, bv, bi)) bv = ov, bi = oi;
   }
   return bi;
 }
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+template <class C>
+__device__ __forceinline__ C sigmoid_(C x) { return C(1) / (C(1) + exp_(-x)); }
+template <class C>
+__device__ __forceinline__ C softplus_(C x) { return x > C(20) ? x : log1p_(exp_(x)); }
 // Score of a logit for score function 1 (sigmoid) / 2 (sqrtsoftplus).
-__device__ __forceinline__ float score_of(int sf, float x) { return sf == 1 ? sigmoidf_(x) : sqrtf(softplusf_(x)); }
+template <class C>
+__device__ __forceinline__ C score_of(int sf, C x) { return sf == 1 ? sigmoid_(x) : sqrt_(softplus_(x)); }
 // Its derivative from the logit (aux-loss scores) ...
-__device__ __forceinline__ float score_grad_x(int sf, float x) {
+template <class C>
+__device__ __forceinline__ C score_grad_x(int sf, C x) {
   if (sf == 1) {
-    const float s = sigmoidf_(x);
-    return s * (1.0f - s);
+    const C s = sigmoid_(x);
+    return s * (C(1) - s);
   }
-  const float r = sqrtf(softplusf_(x));
-  return r > 0 ? sigmoidf_(x) / (2.0f * r) : 0.0f;
+  const C r = sqrt_(softplus_(x));
+  return r > C(0) ? sigmoid_(x) / (C(2) * r) : C(0);
 }
 // ... and from the score itself (routing probs; the host's topk_routing_backward).
-__device__ __forceinline__ float score_grad_s(int sf, float s) {
-  if (sf == 1) return s * (1.0f - s);
-  return s > 0 ? -expm1f(-s * s) / (2.0f * s) : 0.0f;
+template <class C>
+__device__ __forceinline__ C score_grad_s(int sf, C s) {
+  if (sf == 1) return s * (C(1) - s);
+  return s > C(0) ? -expm1_(-s * s) / (C(2) * s) : C(0);
 }
+// A routing prob as probs.type_as(logits), then stored in float32 (topk_probs): bf16 / fp16
+// logits round it to their type; float64 ones keep it as the nearest float.
 template <class L>
-__device__ __forceinline__ float round_to(float p) {
-  return to_f(from_f<L>(p));
+__device__ __forceinline__ float round_to(RC<L> p) {
+  if constexpr (std::is_same_v<L, double>) return static_cast<float>(p);
+  else return to_f(from_f<L>(p));
 }
 
-// Row max and Σ exp(x - max) of logits row x over the warp.
-template <class L>
-__device__ __forceinline__ void row_lse(const L* x, int E, int lane, float& m, float& sum) {
-  m = -INFINITY;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, to_f(x[e]));
+// Row max and Σ exp(x - max) of logits row x over the warp, in the compute type C.
+template <class C, class L>
+__device__ __forceinline__ void row_lse(const L* x, int E, int lane, C& m, C& sum) {
+  m = C(-INFINITY);
+  for (int e = lane; e < E; e += 32) m = max_(m, ld<C>(x[e]));
   m = warp_max(m);
-  sum = 0.f;
-  for (int e = lane; e < E; e += 32) sum += expf(to_f(x[e]) - m);
+  sum = C(0);
+  for (int e = lane; e < E; e += 32) sum += exp_(ld<C>(x[e]) - m);
   sum = warp_sum(sum);
 }
 
-// Shared memory per warp: s[E] scores, key[E] selection keys, sel[E] chosen experts (int).
+// Shared memory per warp (warp_bytes, moe_router_forward): s[E] scores, key[E] selection keys,
+// gs[G] group scores in the compute type C, then sel[E] chosen experts (int).
 template <class L>
 __global__ void __launch_bounds__(kWarps * 32)
     router_fwd_kernel(const L* __restrict__ logits, const float* __restrict__ bias, int T, int E, int k, int sf,
                       bool pre, float scale, int G, int gtopk, int64_t* __restrict__ tidx, float* __restrict__ tprob,
-                      float* __restrict__ aux_scores, uint8_t* __restrict__ aux_map, float* __restrict__ lse_out) {
-  extern __shared__ float sh[];
+                      RC<L>* __restrict__ aux_scores, uint8_t* __restrict__ aux_map, RC<L>* __restrict__ lse_out,
+                      size_t warp_bytes) {
+  using C = RC<L>;
+  extern __shared__ __align__(16) unsigned char router_sh[];
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kWarps + w;
   if (t >= T) return;  // whole warps only; no block barrier below
-  float* s = sh + (size_t)w * (3 * E + G);
-  float* key = s + E;
-  int* sel = reinterpret_cast<int*>(key + E);
-  float* gs = reinterpret_cast<float*>(sel + E);  // [G] group scores (group-limited routing)
+  C* s = reinterpret_cast<C*>(router_sh + (size_t)w * warp_bytes);
+  C* key = s + E;
+  C* gs = key + E;  // [G] group scores (group-limited routing)
+  int* sel = reinterpret_cast<int*>(gs + G);
   const L* x = logits + (int64_t)t * E;
-  float m, sum;
+  C m, sum;
   row_lse(x, E, lane, m, sum);
-  if (lse_out && lane == 0) lse_out[t] = m + logf(sum);
+  if (lse_out && lane == 0) lse_out[t] = m + log_(sum);
   for (int e = lane; e < E; e += 32) {
-    const float xe = to_f(x[e]);
+    const C xe = ld<C>(x[e]);
     if (sf == 0) {
-      s[e] = expf(xe - m) / sum;
+      s[e] = exp_(xe - m) / sum;
       key[e] = clean_key(pre ? s[e] : xe);
     } else {
       s[e] = score_of(sf, xe);
@@ -128,13 +189,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     // -inf (as the host's masked_fill), then the top-k below.
     const int per = E / G, take = k / gtopk;
     for (int g = lane; g < G; g += 32) {
-      float acc = 0.f, pv = INFINITY;
+      C acc = C(0), pv = C(INFINITY);
       int pi = -1;
       for (int r = 0; r < take; ++r) {  // the next key after (pv, pi) in (key desc, index asc) order
-        float bv = NAN;
+        C bv = C(NAN);
         int bi = -1;
         for (int e = g * per; e < (g + 1) * per; ++e) {
-          const float v = key[e];
+          const C v = key[e];
           if ((v < pv || (v == pv && e > pi)) && key_better(v, e, bv, bi)) bv = v, bi = e;
         }
         acc += bv;
@@ -145,51 +206,51 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
     for (int j = 0; j < gtopk; ++j) {
       const int b = warp_argmax(gs, G, lane);
-      if (lane == 0) gs[b] = NAN;  // chosen
+      if (lane == 0) gs[b] = C(NAN);  // chosen
       __syncwarp();
     }
     for (int e = lane; e < E; e += 32)
-      if (!isnan(gs[e / per])) key[e] = -INFINITY;
+      if (!isnan(gs[e / per])) key[e] = C(-INFINITY);
     __syncwarp();
   }
   for (int j = 0; j < k; ++j) {
     const int b = warp_argmax(key, E, lane);
     if (lane == 0) {
       sel[j] = b;
-      key[b] = NAN;
+      key[b] = C(NAN);
     }
     __syncwarp();
   }
   // Probabilities of the chosen experts (as the host's topk_routing_with_score_function).
   if (sf == 0 && !pre) {
-    const float mx = to_f(x[sel[0]]);  // the largest chosen logit
-    float den = 0.f;
-    for (int j = lane; j < k; j += 32) den += expf(to_f(x[sel[j]]) - mx);
+    const C mx = ld<C>(x[sel[0]]);  // the largest chosen logit
+    C den = C(0);
+    for (int j = lane; j < k; j += 32) den += exp_(ld<C>(x[sel[j]]) - mx);
     den = warp_sum(den);
     for (int j = lane; j < k; j += 32)
-      tprob[(int64_t)t * k + j] = round_to<L>(expf(to_f(x[sel[j]]) - mx) / den * scale);
+      tprob[(int64_t)t * k + j] = round_to<L>(exp_(ld<C>(x[sel[j]]) - mx) / den * C(scale));
   } else if (sf == 0) {
-    for (int j = lane; j < k; j += 32) tprob[(int64_t)t * k + j] = round_to<L>(s[sel[j]] * scale);
+    for (int j = lane; j < k; j += 32) tprob[(int64_t)t * k + j] = round_to<L>(s[sel[j]] * C(scale));
   } else {
-    float ssum = 0.f;
+    C ssum = C(0);
     for (int j = lane; j < k; j += 32) ssum += s[sel[j]];
     ssum = warp_sum(ssum);
     for (int j = lane; j < k; j += 32) {
-      const float p = k > 1 ? s[sel[j]] / (ssum + 1e-20f) : s[sel[j]];
-      tprob[(int64_t)t * k + j] = round_to<L>(p * scale);
+      const C p = k > 1 ? s[sel[j]] / (ssum + eps20<C>()) : s[sel[j]];
+      tprob[(int64_t)t * k + j] = round_to<L>(p * C(scale));
     }
   }
   for (int j = lane; j < k; j += 32) tidx[(int64_t)t * k + j] = sel[j];
   if (!aux_scores) return;
   // compute_routing_scores_for_aux_loss: softmax, or the scores normalized per token; its top-k map.
   __syncwarp();
-  float nsum = 0.f;
+  C nsum = C(0);
   if (sf != 0) {
     for (int e = lane; e < E; e += 32) nsum += s[e];
     nsum = warp_sum(nsum);
   }
   for (int e = lane; e < E; e += 32) {
-    const float a = sf == 0 ? s[e] : s[e] / (nsum + 1e-20f);
+    const C a = sf == 0 ? s[e] : s[e] / (nsum + eps20<C>());
     aux_scores[(int64_t)t * E + e] = a;
     key[e] = clean_key(a);
     aux_map[(int64_t)t * E + e] = 0;
@@ -198,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int j = 0; j < k; ++j) {
     const int b = warp_argmax(key, E, lane);
     if (lane == 0) {
-      key[b] = NAN;
+      key[b] = C(NAN);
       aux_map[(int64_t)t * E + b] = 1;
     }
     __syncwarp();
@@ -220,8 +281,9 @@ __device__ __forceinline__ double block_sum(double v, double* red) {
 
 // Blocks [0, B E): column sums of the aux scores / map of sequence b = c / E; [B E, B E + E):
 // tokens routed to e; the last: Σ lse². stats layout of moe_router_forward.
-__global__ void router_stats_kernel(const float* __restrict__ aux_scores, const uint8_t* __restrict__ aux_map,
-                                    const int64_t* __restrict__ tidx, const float* __restrict__ lse, int T, int E, int k,
+template <class C>
+__global__ void router_stats_kernel(const C* __restrict__ aux_scores, const uint8_t* __restrict__ aux_map,
+                                    const int64_t* __restrict__ tidx, const C* __restrict__ lse, int T, int E, int k,
                                     int B, double* __restrict__ stats) {
   __shared__ double red[32];
   const int c = blockIdx.x, BE = B * E;
@@ -247,6 +309,37 @@ __global__ void router_stats_kernel(const float* __restrict__ aux_scores, const 
     a = block_sum(a, red);
     if (threadIdx.x == 0) stats[2 * BE + E] = a;
   }
+}
+
+// ---- the float64 gating GEMM (moe_gating_f64.h) ----
+// Σ_i a[i sa] b[i sb] for i ascending in float64 with __dmul_rn / __dadd_rn (no contraction into
+// an FMA: the host loop's rounding).
+template <class A, class B>
+__device__ __forceinline__ double dot_f64(const A* a, int64_t sa, const B* b, int64_t sb, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) acc = __dadd_rn(acc, __dmul_rn((double)to_f(a[i * sa]), (double)to_f(b[i * sb])));
+  return acc;
+}
+// out[t, e] = Σ_j x[t, j] w[e, j]; one thread per (t, e), e fastest (a warp shares x's row).
+template <class X>
+__global__ void gating_f64_fwd_kernel(const X* __restrict__ x, const X* __restrict__ w, int64_t T, int64_t E,
+                                      int64_t h, double* __restrict__ out) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < T * E) out[i] = dot_f64(x + (i / E) * h, 1, w + (i % E) * h, 1, h);
+}
+// dx[t, j] = Σ_e dl[t, e] w[e, j]; one thread per (t, j), j fastest (coalesced).
+template <class X>
+__global__ void gating_f64_dx_kernel(const float* __restrict__ dl, const X* __restrict__ w, int64_t T, int64_t E,
+                                     int64_t h, X* __restrict__ dx) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < T * h) dx[i] = from_f<X>((float)dot_f64(dl + (i / h) * E, 1, w + i % h, h, E));
+}
+// dw[e, j] += Σ_t dl[t, e] x[t, j]; one thread per (e, j), j fastest (coalesced).
+template <class X, class G>
+__global__ void gating_f64_dw_kernel(const float* __restrict__ dl, const X* __restrict__ x, int64_t T, int64_t E,
+                                     int64_t h, G* __restrict__ dw) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < E * h) dw[i] = from_f<G>(to_f(dw[i]) + to_f(from_f<G>((float)dot_f64(dl + i / h, E, x + i % h, h, T))));
 }
 
 // ---- block scans (permutation and capacity kernels) ----
@@ -337,66 +430,67 @@ __global__ void unpermute_kernel(const X* __restrict__ rows, const int64_t* __re
   }
 }
 
-// Shared memory per warp: s[E] scores (routing), d[E] dlogits accumulator, sel[k] (int).
+// Shared memory per warp, in the compute type C: sm[E] softmax, d[E] dlogits accumulator, dp[E].
 template <class L>
 __global__ void __launch_bounds__(kWarps * 32)
     router_bwd_kernel(const L* __restrict__ logits, const int64_t* __restrict__ tidx, const float* __restrict__ dprobs,
                       const int64_t* __restrict__ row_of, int T, int E, int k, int sf, bool pre, float scale, int B,
                       const float* __restrict__ aux_coef, float z_coef, float* __restrict__ dlogits) {
-  extern __shared__ float sh[];
+  using C = RC<L>;
+  extern __shared__ __align__(16) unsigned char router_sh[];
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kWarps + w;
   if (t >= T) return;
-  float* sm = sh + (size_t)w * 3 * E;  // softmax of the row
-  float* d = sm + E;
-  float* dp = d + E;                    // dp[j] = d prob_j * scale (k <= E)
+  C* sm = reinterpret_cast<C*>(router_sh) + (size_t)w * 3 * E;  // softmax of the row
+  C* d = sm + E;
+  C* dp = d + E;                    // dp[j] = d prob_j * scale (k <= E)
   const L* x = logits + (int64_t)t * E;
-  float m, sum;
+  C m, sum;
   row_lse(x, E, lane, m, sum);
-  const float lse = m + logf(sum);
+  const C lse = m + log_(sum);
   for (int e = lane; e < E; e += 32) {
-    sm[e] = expf(to_f(x[e]) - m) / sum;
-    d[e] = 0.f;
+    sm[e] = exp_(ld<C>(x[e]) - m) / sum;
+    d[e] = C(0);
   }
   for (int j = lane; j < k; j += 32) {
     const int64_t r = row_of[(int64_t)t * k + j];
-    dp[j] = r >= 0 ? dprobs[r] * scale : 0.f;  // a dropped choice: its prob was zeroed
+    dp[j] = r >= 0 ? C(dprobs[r]) * C(scale) : C(0);  // a dropped choice: its prob was zeroed
   }
   __syncwarp();
   const int64_t* sel = tidx + (int64_t)t * k;
   if (sf == 0 && !pre) {
     // p = softmax(x[sel]): dx[sel_j] = p_j (dp_j - <p, dp>).
-    const float mx = to_f(x[sel[0]]);
-    float den = 0.f;
-    for (int j = lane; j < k; j += 32) den += expf(to_f(x[sel[j]]) - mx);
+    const C mx = ld<C>(x[sel[0]]);
+    C den = C(0);
+    for (int j = lane; j < k; j += 32) den += exp_(ld<C>(x[sel[j]]) - mx);
     den = warp_sum(den);
-    float dot = 0.f;
-    for (int j = lane; j < k; j += 32) dot += expf(to_f(x[sel[j]]) - mx) / den * dp[j];
+    C dot = C(0);
+    for (int j = lane; j < k; j += 32) dot += exp_(ld<C>(x[sel[j]]) - mx) / den * dp[j];
     dot = warp_sum(dot);
     for (int j = lane; j < k; j += 32) {
-      const float p = expf(to_f(x[sel[j]]) - mx) / den;
+      const C p = exp_(ld<C>(x[sel[j]]) - mx) / den;
       d[sel[j]] += p * (dp[j] - dot);  // distinct experts: no two lanes write one entry
     }
   } else if (sf == 0) {
     // p = softmax(x)[sel]: dx_e = s_e (dtmp_e - Σ_j s_sel_j dp_j).
-    float dot = 0.f;
+    C dot = C(0);
     for (int j = lane; j < k; j += 32) dot += sm[sel[j]] * dp[j];
     dot = warp_sum(dot);
     for (int e = lane; e < E; e += 32) d[e] -= sm[e] * dot;
     __syncwarp();
     for (int j = lane; j < k; j += 32) d[sel[j]] += sm[sel[j]] * dp[j];
   } else {
-    float D = 0.f, dot = 0.f;
+    C D = C(0), dot = C(0);
     for (int j = lane; j < k; j += 32) {
-      const float sc = score_of(sf, to_f(x[sel[j]]));
+      const C sc = score_of(sf, ld<C>(x[sel[j]]));
       D += sc;
       dot += dp[j] * sc;
     }
-    D = warp_sum(D) + 1e-20f;
+    D = warp_sum(D) + eps20<C>();
     dot = warp_sum(dot);
     for (int j = lane; j < k; j += 32) {
-      const float sc = score_of(sf, to_f(x[sel[j]]));
-      const float ds = k > 1 ? dp[j] / D - dot / (D * D) : dp[j];
+      const C sc = score_of(sf, ld<C>(x[sel[j]]));
+      const C ds = k > 1 ? dp[j] / D - dot / (D * D) : dp[j];
       d[sel[j]] += ds * score_grad_s(sf, sc);
     }
   }
@@ -404,23 +498,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (aux_coef) {
     const float* c = aux_coef + (int64_t)(t % B) * E;
     if (sf == 0) {
-      float dot = 0.f;
-      for (int e = lane; e < E; e += 32) dot += sm[e] * c[e];
+      C dot = C(0);
+      for (int e = lane; e < E; e += 32) dot += sm[e] * C(c[e]);
       dot = warp_sum(dot);
-      for (int e = lane; e < E; e += 32) d[e] += sm[e] * (c[e] - dot);
+      for (int e = lane; e < E; e += 32) d[e] += sm[e] * (C(c[e]) - dot);
     } else {
-      float D = 0.f, dot = 0.f;
+      C D = C(0), dot = C(0);
       for (int e = lane; e < E; e += 32) {
-        const float r = score_of(sf, to_f(x[e]));
+        const C r = score_of(sf, ld<C>(x[e]));
         D += r;
-        dot += c[e] * r;
+        dot += C(c[e]) * r;
       }
-      D = warp_sum(D) + 1e-20f;
+      D = warp_sum(D) + eps20<C>();
       dot = warp_sum(dot);
-      for (int e = lane; e < E; e += 32) d[e] += (c[e] / D - dot / (D * D)) * score_grad_x(sf, to_f(x[e]));
+      for (int e = lane; e < E; e += 32) d[e] += (C(c[e]) / D - dot / (D * D)) * score_grad_x(sf, ld<C>(x[e]));
     }
   }
-  for (int e = lane; e < E; e += 32) dlogits[(int64_t)t * E + e] = d[e] + z_coef * lse * sm[e];
+  for (int e = lane; e < E; e += 32)
+    dlogits[(int64_t)t * E + e] = static_cast<float>(d[e] + C(z_coef) * lse * sm[e]);
 }
 
 
@@ -538,8 +633,16 @@ bool moe_router_forward(const Tensor& logits, const Tensor* expert_bias, int64_t
   const int64_t E = logits.size(-1), T = E ? logits.numel() / E : 0, k = topk;
   const int64_t G = group_topk > 0 ? num_groups : 0;
   if (E > kMaxExperts || k < 1 || k > E) return false;
+  const bool f64 = logits.dtype() == DType::kFloat64;
+  // Per warp: s, key (E each) and the G group scores in the compute type, then sel[E] ints
+  // (8-byte multiples, so every warp's block stays aligned for double).
+  const size_t csize = f64 ? sizeof(double) : sizeof(float);
+  const size_t warp_bytes = ((2 * E + G) * csize + E * sizeof(int) + 7) / 8 * 8;
+  // ... and the backward's rows (3 E in the compute type: more than the forward's for double),
+  // so that a routed forward always has its backward.
+  if ((size_t)kWarps * warp_bytes > 48 * 1024 || (size_t)kWarps * 3 * E * csize > 48 * 1024) return false;
   if (G > 0 && (E % G != 0 || group_topk > G || k % group_topk != 0 || k / group_topk > E / G ||
-                k > group_topk * (E / G) || (size_t)kWarps * (3 * E + G) * sizeof(float) > 48 * 1024))
+                k > group_topk * (E / G)))
     return false;
   MEGATRON_CHECK(topk_idx.dtype() == DType::kInt64 && topk_idx.numel() == T * k &&
                  topk_probs.dtype() == DType::kFloat32 && topk_probs.numel() == T * k && bsz >= 1 && T % bsz == 0 &&
@@ -552,32 +655,32 @@ bool moe_router_forward(const Tensor& logits, const Tensor* expert_bias, int64_t
   if (T == 0) return true;
   MEGATRON_CHECK(T * E < (1ll << 31)) << "moe_router_forward: " << T << " x " << E;
   cudaStream_t st = megatron::cuda::current_stream();
+  const DType ct = f64 ? DType::kFloat64 : DType::kFloat32;  // the compute type's
   Tensor aux_scores, aux_map, lse;
   if (stats) {
-    aux_scores = Tensor::empty({T, E}, DType::kFloat32, logits.device());
+    aux_scores = Tensor::empty({T, E}, ct, logits.device());
     aux_map = Tensor::empty({T, E}, DType::kUInt8, logits.device());
-    lse = Tensor::empty({T}, DType::kFloat32, logits.device());
+    lse = Tensor::empty({T}, ct, logits.device());
   }
-  const size_t shm = (size_t)kWarps * (3 * E + G) * sizeof(float);
+  const size_t shm = (size_t)kWarps * warp_bytes;
   const unsigned blocks = (unsigned)((T + kWarps - 1) / kWarps);
-  MCU_FLOAT_SWITCH(logits.dtype(), L,
-                   router_fwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
-                       static_cast<const L*>(logits.data_ptr()),
-                       expert_bias ? static_cast<const float*>(expert_bias->data_ptr()) : nullptr, (int)T, (int)E,
-                       (int)k, (int)score_function, pre_softmax, scaling, (int)G, (int)group_topk,
-                       static_cast<int64_t*>(topk_idx.data_ptr()),
-                       static_cast<float*>(topk_probs.data_ptr()),
-                       stats ? static_cast<float*>(aux_scores.data_ptr()) : nullptr,
-                       stats ? static_cast<uint8_t*>(aux_map.data_ptr()) : nullptr,
-                       stats ? static_cast<float*>(lse.data_ptr()) : nullptr));
-  CUDA_CHECK_LAUNCH();
-  if (stats) {
-    router_stats_kernel<<<(unsigned)(bsz * E + E + 1), 256, 0, st>>>(
-        static_cast<const float*>(aux_scores.data_ptr()), static_cast<const uint8_t*>(aux_map.data_ptr()),
-        static_cast<const int64_t*>(topk_idx.data_ptr()), static_cast<const float*>(lse.data_ptr()), (int)T, (int)E,
-        (int)k, (int)bsz, static_cast<double*>(stats->data_ptr()));
-    CUDA_CHECK_LAUNCH();
-  }
+  ROUTER_LOGITS_SWITCH(
+      logits.dtype(), L, using C = RC<L>;
+      router_fwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
+          static_cast<const L*>(logits.data_ptr()),
+          expert_bias ? static_cast<const float*>(expert_bias->data_ptr()) : nullptr, (int)T, (int)E, (int)k,
+          (int)score_function, pre_softmax, scaling, (int)G, (int)group_topk, static_cast<int64_t*>(topk_idx.data_ptr()),
+          static_cast<float*>(topk_probs.data_ptr()), stats ? static_cast<C*>(aux_scores.data_ptr()) : nullptr,
+          stats ? static_cast<uint8_t*>(aux_map.data_ptr()) : nullptr,
+          stats ? static_cast<C*>(lse.data_ptr()) : nullptr, warp_bytes);
+      CUDA_CHECK_LAUNCH();
+      if (stats) {
+        router_stats_kernel<C><<<(unsigned)(bsz * E + E + 1), 256, 0, st>>>(
+            static_cast<const C*>(aux_scores.data_ptr()), static_cast<const uint8_t*>(aux_map.data_ptr()),
+            static_cast<const int64_t*>(topk_idx.data_ptr()), static_cast<const C*>(lse.data_ptr()), (int)T, (int)E,
+            (int)k, (int)bsz, static_cast<double*>(stats->data_ptr()));
+        CUDA_CHECK_LAUNCH();
+      });
   return true;
 }
 
@@ -698,9 +801,10 @@ bool moe_router_backward(const Tensor& logits, const Tensor& topk_idx, const Ten
   if (T == 0) return true;
   MEGATRON_CHECK(T * E < (1ll << 31)) << "moe_router_backward: " << T << " x " << E;
   cudaStream_t st = megatron::cuda::current_stream();
-  const size_t shm = (size_t)kWarps * 3 * E * sizeof(float);
+  const size_t shm = (size_t)kWarps * 3 * E * (logits.dtype() == DType::kFloat64 ? sizeof(double) : sizeof(float));
+  if (shm > 48 * 1024) return false;
   const unsigned blocks = (unsigned)((T + kWarps - 1) / kWarps);
-  MCU_FLOAT_SWITCH(logits.dtype(), L,
+  ROUTER_LOGITS_SWITCH(logits.dtype(), L,
                    router_bwd_kernel<L><<<blocks, kWarps * 32, shm, st>>>(
                        static_cast<const L*>(logits.data_ptr()), static_cast<const int64_t*>(topk_idx.data_ptr()),
                        static_cast<const float*>(dprobs.data_ptr()), static_cast<const int64_t*>(row_of.data_ptr()),
@@ -709,6 +813,48 @@ bool moe_router_backward(const Tensor& logits, const Tensor& topk_idx, const Ten
                        static_cast<float*>(dlogits.data_ptr())));
   CUDA_CHECK_LAUNCH();
   return true;
+}
+
+void moe_gating_f64_forward(const Tensor& x, const Tensor& w, Tensor& logits) {
+  check_cuda(x, "moe_gating_f64_forward");
+  const int64_t h = w.dim() == 2 ? w.size(1) : -1, E = w.dim() == 2 ? w.size(0) : 0, T = h > 0 ? x.numel() / h : 0;
+  MEGATRON_CHECK(w.is_cuda() && logits.is_cuda() && x.dtype() == w.dtype() &&
+                 (x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16) && x.size(-1) == h &&
+                 logits.dtype() == DType::kFloat64 && logits.numel() == T * E)
+      << "moe_gating_f64_forward: x " << x.str() << " w " << w.str() << " logits " << logits.str();
+  if (T * E == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  const unsigned blocks = (unsigned)((T * E + 255) / 256);
+  MCU_F32_BF16_SWITCH(x.dtype(), X,
+                      gating_f64_fwd_kernel<X><<<blocks, 256, 0, st>>>(
+                          static_cast<const X*>(x.data_ptr()), static_cast<const X*>(w.data_ptr()), T, E, h,
+                          static_cast<double*>(logits.data_ptr())));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_gating_f64_backward(const Tensor& dlogits, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw) {
+  check_cuda(dlogits, "moe_gating_f64_backward");
+  const int64_t h = w.dim() == 2 ? w.size(1) : -1, E = w.dim() == 2 ? w.size(0) : 0, T = h > 0 ? x.numel() / h : 0;
+  MEGATRON_CHECK(x.is_cuda() && w.is_cuda() && dx.is_cuda() && dw.is_cuda() && x.dtype() == w.dtype() &&
+                 (x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16) && x.size(-1) == h &&
+                 dlogits.dtype() == DType::kFloat32 && dlogits.numel() == T * E && dx.dtype() == x.dtype() &&
+                 dx.numel() == T * h && dw.numel() == E * h &&
+                 (dw.dtype() == DType::kFloat32 || dw.dtype() == DType::kBFloat16))
+      << "moe_gating_f64_backward: dlogits " << dlogits.str() << " x " << x.str() << " w " << w.str() << " dx "
+      << dx.str() << " dw " << dw.str();
+  if (T * h == 0) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  MCU_F32_BF16_SWITCH(
+      x.dtype(), X,
+      gating_f64_dx_kernel<X><<<(unsigned)((T * h + 255) / 256), 256, 0, st>>>(
+          static_cast<const float*>(dlogits.data_ptr()), static_cast<const X*>(w.data_ptr()), T, E, h,
+          static_cast<X*>(dx.data_ptr()));
+      CUDA_CHECK_LAUNCH();
+      MCU_F32_BF16_SWITCH(dw.dtype(), G,
+                          gating_f64_dw_kernel<X, G><<<(unsigned)((E * h + 255) / 256), 256, 0, st>>>(
+                              static_cast<const float*>(dlogits.data_ptr()), static_cast<const X*>(x.data_ptr()), T,
+                              E, h, static_cast<G*>(dw.data_ptr()))));
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace megatron::ops::cuda

@@ -5,6 +5,9 @@
 #include <random>
 
 #include "megatron/core/ops/ops.h"
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/core/ops/cuda/moe_gating_f64.h"
+#endif
 #include "megatron/core/parallel_state.h"
 #include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
@@ -97,6 +100,19 @@ Tensor TopKRouter::jittered_input(const Tensor& x, bool training, uint64_t seed,
 
 Tensor TopKRouter::gating_logits(const Tensor& in, RouterCtx& ctx) const {
   const int64_t E = *config_.num_moe_experts, T = in.size(0);
+  if (config_.moe_router_dtype == "fp64") {
+    // The device router's float64 gating (device_routing_supported checked the dtypes); the host
+    // forward() computes its own float64 logits.
+#ifdef MEGATRON_WITH_CUDA
+    MEGATRON_CHECK(in.is_cuda()) << "router: float64 gating of a host tensor " << in.str();
+    Tensor lg = Tensor::empty({T, E}, DType::kFloat64, in.device());
+    ops::cuda::moe_gating_f64_forward(in, weight_.data(), lg);
+    ctx.logits_dtype = DType::kFloat64;
+    return lg;
+#else
+    MEGATRON_CHECK(false) << "router: float64 gating on the device in a build without CUDA";
+#endif
+  }
   const bool f32 = config_.moe_router_dtype == "fp32" && in.dtype() != DType::kFloat32;
   Tensor xi = f32 ? ops::cast_to(in, DType::kFloat32) : in;
   Tensor wi = f32 ? ops::cast_to(weight_.data(), DType::kFloat32) : weight_.data();
@@ -269,8 +285,18 @@ Tensor jitter_backward(const Tensor& dx, const RouterCtx& ctx) {
 bool moe_device_router_enabled() { return env_switch("MEGATRON_MOE_DEVICE_ROUTER", true); }
 
 bool TopKRouter::device_routing_supported(const Tensor& x) const {
-  return moe_device_router_enabled() && !x.is_cpu() && config_.moe_router_dtype != "fp64" &&
-         *config_.num_moe_experts <= 1024;
+  if (!moe_device_router_enabled() || x.is_cpu() || *config_.num_moe_experts > 1024) return false;
+  if (config_.moe_router_dtype != "fp64") return true;
+#ifdef MEGATRON_WITH_CUDA
+  // fp64: the float64 gating kernels (ops/cuda/moe_gating_f64.h) take float32 or bfloat16 input
+  // and weight of one dtype; other runs (fp16) keep the host float64 router.
+  const DType wd = weight_.data().dtype();
+  return x.is_cuda() && weight_.data().is_cuda() && wd == x.dtype() &&
+         (wd == DType::kFloat32 || wd == DType::kBFloat16) &&
+         (weight_.grad().dtype() == DType::kFloat32 || weight_.grad().dtype() == DType::kBFloat16);
+#else
+  return false;
+#endif
 }
 
 namespace {
@@ -408,6 +434,15 @@ Tensor TopKRouter::gating_backward(Tensor dlt, RouterCtx& ctx) {
   const int64_t T = ctx.T, h = config_.hidden_size;
   const Tensor& in = ctx.input;
   const DType ld = ctx.logits_dtype;
+  if (ld == DType::kFloat64) {  // the device router's float64 gating (backward_device)
+#ifdef MEGATRON_WITH_CUDA
+    Tensor dx = Tensor::empty({T, h}, in.dtype(), in.device());
+    ops::cuda::moe_gating_f64_backward(dlt, in, weight_.data(), dx, weight_.grad());
+    return jitter_backward(dx, ctx);
+#else
+    MEGATRON_CHECK(false) << "router: float64 gating backward on the device in a build without CUDA";
+#endif
+  }
   if (ld != DType::kFloat32) dlt = ops::cast_to(dlt, ld);
   Tensor xi = in.dtype() == ld ? in : ops::cast_to(in, ld);
   Tensor wi = weight_.data().dtype() == ld ? weight_.data() : ops::cast_to(weight_.data(), ld);

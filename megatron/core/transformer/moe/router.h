@@ -81,14 +81,16 @@ class TopKRouter {
   /// dprobs [T, E] (host) -> dx [T, h] (x's dtype); accumulates the router weight's gradient.
   Tensor backward(const std::vector<double>& dprobs, RouterCtx& ctx);
 
-  /// True when forward_device can route x: x on CUDA, moe_device_router_enabled(), the router
-  /// dtype not fp64, E <= 1024 (capacity dropping and padding then run in the dispatcher's device
+  /// True when forward_device can route x: x on CUDA, moe_device_router_enabled(), E <= 1024,
+  /// and for the router dtype fp64 float32 or bfloat16 input and weight of one dtype (the float64
+  /// gating kernels, ops/cuda/moe_gating_f64.h) (capacity dropping and padding then run in the dispatcher's device
   /// permutation, TokenDispatcher::dispatch_device; the op may still decline a group-limited
   /// shape whose shared memory is too large: forward_device then returns false). Otherwise
   /// (and on the CPU) the host float64 forward runs (docs/moe.md "Kernels").
   bool device_routing_supported(const Tensor& x) const;
   /// forward() on the device (ops::moe_router_forward): the same routing, aux losses, z-loss,
-  /// metric records and expert-bias counts, computed in float32 with float64 column sums; the
+  /// metric records and expert-bias counts, computed in float32 (float64 with the router dtype
+  /// fp64: float64 logits, scores and statistics, float32 probs) with float64 column sums; the
   /// choice stays on the device in ctx (ctx.device = true; no host probs / routing map). One
   /// device -> host copy of the statistics (2 bsz E + E + 1 doubles) when the aux losses, z-loss
   /// or expert-bias counts apply. Returns false (nothing done) where the op declines.
@@ -136,7 +138,7 @@ class TopKRouter {
                                  const std::function<std::vector<double>(int64_t)>& map_counts,
                                  const std::function<double(const std::vector<double>&, double, double)>& loss_of);
   Tensor jittered_input(const Tensor& x, bool training, uint64_t seed, uint64_t offset, RouterCtx& ctx) const;
-  Tensor gating_logits(const Tensor& in, RouterCtx& ctx) const;  // x W^T (not fp64)
+  Tensor gating_logits(const Tensor& in, RouterCtx& ctx) const;  // x W^T (fp64: the device's float64 gating)
   Tensor gating_backward(Tensor dl, RouterCtx& ctx);  // dl float32 [T, E] on the device -> dx
   const TransformerConfig& config_;
   int64_t layer_number_;
