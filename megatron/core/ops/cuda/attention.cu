@@ -22,6 +22,8 @@
 // or these kernels when the call is bfloat16 and 16-byte aligned (float16 calls: cuDNN's SDPA only;
 // dropout: these kernels only, cuDNN's stream differs); every other call (float32, float16 without
 // cuDNN or with dropout, other head dims up to 256) runs the generic kernels of attention_generic.cu.
+// Deterministic mode (deterministic.h) skips cuDNN under auto, and the flash backward takes the
+// two-pass dQ.
 #include <cmath>
 #include <atomic>
 #include <cstdio>
