@@ -1396,6 +1396,17 @@ void test_attention_generic() {
   }
 }
 
+// out, lse, dq, dk, dv of a flash call against attention_reference's, tolerances as test_attention
+// (1e-2 for the bf16 outputs of bf16 tensor-core arithmetic, 1e-3 for the fp32 lse).
+void check_attn_vs_ref(const std::string& nm, const V& o, const V& l, const V& dq, const V& dk, const V& dv,
+                       const AttnRef& r) {
+  check(nm + " out", o, r.o, 1e-2);
+  check(nm + " lse", l, r.lse, 1e-3);
+  check(nm + " dq", dq, r.dq, 1e-2);
+  check(nm + " dk", dk, r.dk, 1e-2);
+  check(nm + " dv", dv, r.dv, 1e-2);
+}
+
 // Attention dropout in the flash kernels (attention.cu kDrop kernels; docs/cuda.md "Attention").
 // 1. Mask probe, exact: Q = 0 makes every visible probability 1/n_i; V = the identity per K/V group
 //    (sk = d) makes out[i, h, c] = F_ic / n_i and dO = the identity per head (s = d) makes
@@ -1519,11 +1530,7 @@ void test_attention_dropout() {
       for (int impl : impls) {
         const Res fl = run("flash", impl, p.offset);
         const std::string nm = std::string("attn dropout flash ") + (impl == 1 || S % 4 ? "v1" : impl_name(impl)) + " " + base;
-        check(nm + " out", fl.o, r.o, 1e-2);
-        check(nm + " lse", fl.l, r.lse, 1e-3);
-        check(nm + " dq", fl.dq, r.dq, 1e-2);
-        check(nm + " dk", fl.dk, r.dk, 1e-2);
-        check(nm + " dv", fl.dv, r.dv, 1e-2);
+        check_attn_vs_ref(nm, fl.o, fl.l, fl.dq, fl.dk, fl.dv, r);
         check(nm + " out == generic", fl.o, to_d(gen.o), 1e-2);
         check(nm + " lse == generic", fl.l, to_d(gen.l), 1e-3);
         check(nm + " dq == generic", fl.dq, to_d(gen.dq), 1e-2);
@@ -1621,11 +1628,7 @@ void test_attention_deterministic() {
         check_true(nm + " two calls bitwise equal", nd == 0, std::to_string(nd) + " elements differ");
         std::printf("INFO %-58s atomics dq: %lld of %zu elements differ between two calls\n", nm.c_str(),
                     (long long)bits_differ(at.dq, at2.dq), at.dq.size());
-        check(nm + " out", a.o, r.o, 1e-2);
-        check(nm + " lse", a.l, r.lse, 1e-3);
-        check(nm + " dq", a.dq, r.dq, 1e-2);
-        check(nm + " dk", a.dk, r.dk, 1e-2);
-        check(nm + " dv", a.dv, r.dv, 1e-2);
+        check_attn_vs_ref(nm, a.o, a.l, a.dq, a.dk, a.dv, r);
         check(nm + " dq == atomics dq", a.dq, to_d(at.dq), 1e-2);
         if (impl != 0) {  // auto outside deterministic mode may run cuDNN: compare the forced flash variants only
           const int64_t kv = bits_differ(a.dk, at.dk) + bits_differ(a.dv, at.dv);

@@ -589,6 +589,24 @@ __device__ __forceinline__ void ldsm_a_rows(uint32_t (&f)[D / 16][4], const bf16
   }
 }
 
+// c [16][kBN] = A · tileᵀ: A the warp's 16 rows as fragments (ldsm_a_rows), tile kBN row-major rows
+// of D (row stride LD) as the B operand (S = Q Kᵀ, dP = dO Vᵀ).
+template <int D, int LD>
+__device__ __forceinline__ void mma_rows_tile_t(float (&c)[8][4], const uint32_t (&f)[D / 16][4], const bf16_t* tile,
+                                                int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2) {
+      uint32_t b[4];
+      ldsm_b_pair(b, tile, LD, nt, kk, lane);
+      mma16816(c[nt], f[kk], b[0], b[1]);
+      mma16816(c[nt + 1], f[kk], b[2], b[3]);
+    }
+}
+
 template <int D, int kWarps, bool kDrop = false>  // kWarps warps x 16 query rows per block
 __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __restrict__ q,
                                                                  const bf16_t* __restrict__ k,
@@ -630,17 +648,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __
     const bf16_t* sK = sKV + (kb & 1) * 2 * kBN * LD;
     const bf16_t* sV = sK + kBN * LD;
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < 8; nt += 2) {
-        uint32_t b[4];
-        ldsm_b_pair(b, sK, LD, nt, kk, lane);
-        mma16816(s[nt], qf[kk], b[0], b[1]);
-        mma16816(s[nt + 1], qf[kk], b[2], b[3]);
-      }
+    mma_rows_tile_t<D, LD>(s, qf, sK, lane);
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
     fwd_softmax_pv<D, LD, kDrop>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV, bh);
     __syncthreads();  // this stage is refilled two iterations on
@@ -832,22 +840,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel(const bf16_t* __
     const bf16_t* sV = sK + kBN * LD;
     // S = Q Kᵀ and dP = dO Vᵀ (rows: this warp's 16 queries; columns: the tile's 64 keys)
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < 8; nt += 2) {
-        uint32_t b[4];
-        ldsm_b_pair(b, sK, LD, nt, kk, lane);
-        mma16816(s[nt], qf[kk], b[0], b[1]);
-        mma16816(s[nt + 1], qf[kk], b[2], b[3]);
-        ldsm_b_pair(b, sV, LD, nt, kk, lane);
-        mma16816(dp[nt], df[kk], b[0], b[1]);
-        mma16816(dp[nt + 1], df[kk], b[2], b[3]);
-      }
+    mma_rows_tile_t<D, LD>(s, qf, sK, lane);
+    mma_rows_tile_t<D, LD>(dp, df, sV, lane);
     // P from lse, dS = P (dP − D) (kDrop: P (F∘dP − D)), as the dK/dV kernels compute them
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
     uint64_t dkey[2] = {0, 0};  // kDrop: stream keys of rows qr0 + g and qr0 + g + 8 at key k0
