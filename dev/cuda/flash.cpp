@@ -4,7 +4,9 @@
 // causal, on GPT-2's shape (s 1024, b 8, 12 heads of 64) and a LLaMA-3-8B-like shape (s 1024,
 // b 1, 32 query / 8 key-value heads of 128), checked against the CPU reference
 // (ops/cpu/attention.cpp). Tolerance 2e-2 of the max: bf16 P and outputs (2^-8 relative) with
-// fp32 accumulation in another order, as gpu_ops_test's attention checks.
+// fp32 accumulation in another order, as gpu_ops_test's attention checks. The two-pass rows time the
+// backward of --deterministic-mode (dK/dV without dQ atomics, then the query-block dQ kernel)
+// outside deterministic mode, against the atomics dQ of the rows above.
 #include "dev/cuda/common.h"
 
 using namespace megatron;
@@ -34,11 +36,14 @@ int main(int argc, char** argv) {
            dv = Tensor::empty(ks, bf, G);
     auto fwd = [&] { cu::attention_forward(qg, kg, vg, p, o, lse); };
     auto bwd = [&] { cu::attention_backward(dg, qg, kg, vg, o, lse, p, dq, dk, dv); };
-    struct Var { const char* name; bool v1; int small; };
-    for (Var var : {Var{"shipped (automatic)", false, -1}, Var{"pipelined 8 warps", false, 0},
-                    Var{"pipelined 4 warps", false, 1}, Var{"v1 simple (forced)", true, -1}}) {
+    struct Var { const char* name; bool v1; int small; bool two_pass; };
+    for (Var var : {Var{"shipped (automatic)", false, -1, false}, Var{"pipelined 8 warps", false, 0, false},
+                    Var{"pipelined 4 warps", false, 1, false}, Var{"v1 simple (forced)", true, -1, false},
+                    Var{"two-pass dQ (deterministic)", false, -1, true},
+                    Var{"two-pass dQ 8 warps", false, 0, true}, Var{"two-pass dQ 4 warps", false, 1, true}}) {
       forced().flash_v1 = var.v1;
       forced().flash_small = var.small;
+      forced().flash_dq_two_pass = var.two_pass;
       const std::string nm = std::string(s.name) + " " + var.name;
       fwd();
       bwd();
@@ -52,6 +57,7 @@ int main(int argc, char** argv) {
     }
     forced().flash_v1 = false;
     forced().flash_small = -1;
+    forced().flash_dq_two_pass = false;
   }
   return finish();
 }

@@ -8,7 +8,8 @@
 // Usage: gpu_ops_test [--seed N] [--small] [--only GROUP,...]   (--small: tiny shapes, for
 // compute-sanitizer; --only: run the named groups, e.g. attention,elementwise; attn_generic = the
 // generic attention kernels and the CPU-equal dropout stream; attn_dropout = attention dropout in the
-// flash kernels against the stream, the float64 reference and the generic kernels)
+// flash kernels against the stream, the float64 reference and the generic kernels; attn_det = the
+// deterministic flash backward: two calls bitwise equal, against the float64 reference)
 // Exit status 0 iff every check passed.
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,7 @@
 #include "megatron/core/ops/cuda/moe_gating_f64.h"
 #include "megatron/core/ops/cuda/cudnn_attention.h"
 #include "megatron/core/ops/cuda/variants.h"
+#include "megatron/core/ops/deterministic.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/inference/text_generation.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -1173,6 +1175,19 @@ std::vector<FlashCase> flash_cases() {
           {256, 256, 1, 4, 4, 128, true, false}};
 }
 
+// The AttentionParams of a flash case: softmax scale 1/sqrt(d), the case's causal flag, dropout p
+// with stream (seed, offset), and the explicit mask tensor `mt` (attn_mask_tensor) if the case has one.
+ops::AttentionParams flash_case_params(const FlashCase& cs, float pdrop, uint64_t seed, uint64_t offset, const Tensor& mt) {
+  ops::AttentionParams p;
+  p.softmax_scale = 1.0f / std::sqrt((float)cs.D);
+  p.causal = cs.causal;
+  p.dropout_p = pdrop;
+  p.seed = seed;
+  p.offset = offset;
+  if (cs.mask) p.attention_mask = &mt;
+  return p;
+}
+
 void test_attention() {
   const std::vector<FlashCase> cases = flash_cases();
   // impl 2: pipelined kernels, 8 warps (used when s % 4 == 0); 3: pipelined, 4 warps; 1: simple;
@@ -1388,6 +1403,17 @@ void test_attention_generic() {
   }
 }
 
+// out, lse, dq, dk, dv of a flash call against attention_reference's, tolerances as test_attention
+// (1e-2 for the bf16 outputs of bf16 tensor-core arithmetic, 1e-3 for the fp32 lse).
+void check_attn_vs_ref(const std::string& nm, const V& o, const V& l, const V& dq, const V& dk, const V& dv,
+                       const AttnRef& r) {
+  check(nm + " out", o, r.o, 1e-2);
+  check(nm + " lse", l, r.lse, 1e-3);
+  check(nm + " dq", dq, r.dq, 1e-2);
+  check(nm + " dk", dk, r.dk, 1e-2);
+  check(nm + " dv", dv, r.dv, 1e-2);
+}
+
 // Attention dropout in the flash kernels (attention.cu kDrop kernels; docs/cuda.md "Attention").
 // 1. Mask probe, exact: Q = 0 makes every visible probability 1/n_i; V = the identity per K/V group
 //    (sk = d) makes out[i, h, c] = F_ic / n_i and dO = the identity per head (s = d) makes
@@ -1485,14 +1511,8 @@ void test_attention_dropout() {
       const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
       const V &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
       const std::vector<uint8_t>& mask = in.mask;
-      ops::AttentionParams p;
-      p.softmax_scale = 1.0f / std::sqrt((float)D);
-      p.causal = cs.causal;
-      p.dropout_p = pdrop;
-      p.seed = 987;
-      p.offset = 5;
-      Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
-      if (cs.mask) p.attention_mask = &Mt;
+      const Tensor Mt = cs.mask ? attn_mask_tensor(mask, B, S, SK) : Tensor();
+      const ops::AttentionParams p = flash_case_params(cs, pdrop, 987, 5, Mt);
       const AttnRef r = attention_reference(q, k, v, dout, cs.mask ? &mask : nullptr, S, SK, B, NP, NG, D, p);
       Tensor Q = dev(q, {S, B, NP, D}, dt), K = dev(k, {SK, B, NG, D}, dt), Vv = dev(v, {SK, B, NG, D}, dt),
              DO = dev(dout, {S, B, NP, D}, dt);
@@ -1517,11 +1537,7 @@ void test_attention_dropout() {
       for (int impl : impls) {
         const Res fl = run("flash", impl, p.offset);
         const std::string nm = std::string("attn dropout flash ") + (impl == 1 || S % 4 ? "v1" : impl_name(impl)) + " " + base;
-        check(nm + " out", fl.o, r.o, 1e-2);
-        check(nm + " lse", fl.l, r.lse, 1e-3);
-        check(nm + " dq", fl.dq, r.dq, 1e-2);
-        check(nm + " dk", fl.dk, r.dk, 1e-2);
-        check(nm + " dv", fl.dv, r.dv, 1e-2);
+        check_attn_vs_ref(nm, fl.o, fl.l, fl.dq, fl.dk, fl.dv, r);
         check(nm + " out == generic", fl.o, to_d(gen.o), 1e-2);
         check(nm + " lse == generic", fl.l, to_d(gen.l), 1e-3);
         check(nm + " dq == generic", fl.dq, to_d(gen.dq), 1e-2);
@@ -1547,6 +1563,88 @@ void test_attention_dropout() {
       const double rel = std::sqrt(num / std::max(den, 1e-300));
       check_true(std::string("attn dropout flash ") + base + " other stream key differs", rel > 0.1,
                  "rel diff " + std::to_string(rel));
+    }
+  cu::variants::forced().flash_v1 = false;
+  cu::variants::forced().flash_small = -1;
+  unsetenv("MEGATRON_ATTENTION_BACKEND");
+}
+
+// The deterministic flash backward (--deterministic-mode; attention.cu fa_bwd_dq_kernel after the
+// dK/dV kernels without their dQ atomics; docs/cuda.md "Deterministic mode"). For flash_cases()
+// (causal, full with s != sk, explicit mask with s % 4 != 0, GQA, head dims 64/128), attention
+// dropout 0 and 0.1, each flash variant (v2 8 warps, v2 4 warps, v1) and auto:
+// 1. two forward+backward calls in deterministic mode give bitwise-equal out, lse, dq, dk, dv
+//    (fresh NaN-poisoned outputs each call; the atomics backward's dq, called twice the same way, is
+//    printed as INFO: it may or may not differ at these sizes, so it is no check);
+// 2. out, lse, dq, dk, dv against the float64 reference (attention_reference, the same dropout
+//    keep-scales), tolerances as test_attention (1e-2: P and dS rounded to bf16 for the tensor
+//    cores, bf16 outputs; lse 1e-3);
+// 3. dk and dv equal the atomics backward's bit for bit (the same dK/dV code with its dQ part
+//    skipped), dq within 1e-2 of it (both within 1e-2 of float64);
+// 4. the forced variant flash_dq_two_pass outside deterministic mode equals deterministic mode bit
+//    for bit (the same kernels: what dev/cuda/flash times).
+void test_attention_deterministic() {
+  auto set_impl = [](int impl) {
+    cu::variants::forced().flash_v1 = impl == 1;
+    cu::variants::forced().flash_small = impl == 3 ? 1 : impl == 2 ? 0 : -1;
+  };
+  auto impl_name = [](int impl) { return impl == 1 ? "v1" : impl == 3 ? "v2s" : impl == 2 ? "v2" : "auto"; };
+  auto bits_differ = [](const V& x, const V& y) {
+    int64_t n = x.size() != y.size() ? 1 : 0;
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) n += std::memcmp(&x[i], &y[i], sizeof(float)) != 0;
+    return n;
+  };
+  for (const FlashCase& cs : flash_cases())
+    for (float pdrop : {0.0f, 0.1f}) {
+      const int S = cs.S, SK = cs.SK, B = cs.B, NP = cs.NP, NG = cs.NG, D = cs.D;
+      const DType dt = DType::kBFloat16;
+      const AttnInputs in = attn_inputs(S, SK, B, NP, NG, D, dt, cs.mask);
+      const Tensor Mt = cs.mask ? attn_mask_tensor(in.mask, B, S, SK) : Tensor();
+      const ops::AttentionParams p = flash_case_params(cs, pdrop, 4242, 3, Mt);
+      const AttnRef r = attention_reference(in.q, in.k, in.v, in.dout, cs.mask ? &in.mask : nullptr, S, SK, B, NP, NG, D, p);
+      Tensor Q = dev(in.q, {S, B, NP, D}, dt), K = dev(in.k, {SK, B, NG, D}, dt), Vv = dev(in.v, {SK, B, NG, D}, dt),
+             DO = dev(in.dout, {S, B, NP, D}, dt);
+      struct Res {
+        V o, l, dq, dk, dv;
+      };
+      // det: deterministic mode; two_pass: the forced variant (outside deterministic mode)
+      auto run = [&](const char* backend, int impl, bool det, bool two_pass) {
+        set_impl(impl);
+        setenv("MEGATRON_ATTENTION_BACKEND", backend, 1);
+        ops::set_deterministic_mode(det);
+        cu::variants::forced().flash_dq_two_pass = two_pass;
+        Tensor O = poisoned({S, B, NP, D}, dt), L = poisoned({B, NP, S}, DType::kFloat32);
+        cu::attention_forward(Q, K, Vv, p, O, L);
+        Tensor DQ = poisoned({S, B, NP, D}, dt), DK = poisoned({SK, B, NG, D}, dt), DV = poisoned({SK, B, NG, D}, dt);
+        cu::attention_backward(DO, Q, K, Vv, O, L, p, DQ, DK, DV);
+        Res res{host(O), host(L), host(DQ), host(DK), host(DV)};
+        ops::set_deterministic_mode(false);
+        cu::variants::forced().flash_dq_two_pass = false;
+        return res;
+      };
+      char base[128];
+      std::snprintf(base, sizeof base, "s=%d sk=%d b=%d np=%d ng=%d d=%d %s p=%.1f", S, SK, B, NP, NG, D,
+                    cs.mask ? "mask" : cs.causal ? "causal" : "full", pdrop);
+      for (int impl : {2, 3, 1, 0}) {  // 0: auto (deterministic mode's own choice of backend and variant)
+        const char* backend = impl == 0 ? "auto" : "flash";
+        const Res a = run(backend, impl, true, false), b = run(backend, impl, true, false);
+        const Res at = run("flash", impl, false, false), at2 = run("flash", impl, false, false);
+        const std::string nm = std::string("attn det ") + (impl == 1 || (impl != 0 && S % 4) ? "v1" : impl_name(impl)) + " " + base;
+        const int64_t nd = bits_differ(a.o, b.o) + bits_differ(a.l, b.l) + bits_differ(a.dq, b.dq) +
+                           bits_differ(a.dk, b.dk) + bits_differ(a.dv, b.dv);
+        check_true(nm + " two calls bitwise equal", nd == 0, std::to_string(nd) + " elements differ");
+        std::printf("INFO %-58s atomics dq: %lld of %zu elements differ between two calls\n", nm.c_str(),
+                    (long long)bits_differ(at.dq, at2.dq), at.dq.size());
+        check_attn_vs_ref(nm, a.o, a.l, a.dq, a.dk, a.dv, r);
+        check(nm + " dq == atomics dq", a.dq, to_d(at.dq), 1e-2);
+        if (impl != 0) {  // auto outside deterministic mode may run cuDNN: compare the forced flash variants only
+          const int64_t kv = bits_differ(a.dk, at.dk) + bits_differ(a.dv, at.dv);
+          check_true(nm + " dk, dv == atomics backward's bitwise", kv == 0, std::to_string(kv) + " elements differ");
+          const Res f = run("flash", impl, false, true);
+          const int64_t fd = bits_differ(a.dq, f.dq) + bits_differ(a.dk, f.dk) + bits_differ(a.dv, f.dv);
+          check_true(nm + " forced two-pass variant == deterministic mode", fd == 0, std::to_string(fd) + " elements differ");
+        }
+      }
     }
   cu::variants::forced().flash_v1 = false;
   cu::variants::forced().flash_small = -1;
@@ -2894,7 +2992,7 @@ int main(int argc, char** argv) {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
       {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"norms_few", test_norms_few}, {"rope", test_rope},
       {"attention", test_attention}, {"attn_generic", test_attention_generic},
-      {"attn_dropout", test_attention_dropout}, {"adam", test_adam},
+      {"attn_dropout", test_attention_dropout}, {"attn_det", test_attention_deterministic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},
       {"reduce_many", test_reduce_many}, {"gelu_bgrad", test_gelu_bgrad}, {"qkvpacked", test_attention_packed},
       {"ce_fused", test_ce_fused}, {"grad_norm", test_grad_norm}, {"decode", test_decode}, {"moe", test_moe}, {"router", test_router}};

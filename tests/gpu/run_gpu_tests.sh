@@ -29,8 +29,8 @@
 #     6. --deterministic-mode: GPT and LLaMA --bf16 (and LLaMA with MEGATRON_ATTENTION_BACKEND=generic,
 #       to tell cuDNN's SDPA backward from our kernels), 50 steps, twice each: every lm loss and grad
 #       norm and every trained parameter (MEGATRON_DUMP_PARAMS) bitwise equal between the two runs,
-#       and within the bf16 tolerance of the CPU fp32 run; gpu_ops_test's norm, embedding and
-#       generic attention groups with MEGATRON_DETERMINISTIC=1 (the deterministic kernels).
+#       and within the bf16 tolerance of the CPU fp32 run; gpu_ops_test's norm, embedding, generic
+#       attention and attn_det groups with MEGATRON_DETERMINISTIC=1 (the deterministic kernels).
 #  B (background, GPU) 4. compute-sanitizer memcheck, racecheck, initcheck, synccheck on
 #       gpu_ops_test --small and on fp8_gpu_test --groups quantize,gemm,linear,weight_cache; memcheck
 #       on 2 steps of pretrain_gpt (2-layer GPT bf16, LLaMA bf16 + fp8, GPT fp16). Each tool's error
@@ -274,11 +274,11 @@ if [ "$WHAT" != bench ]; then
       from_py A "deterministic $m" 0 "$HERE/train_log_compare.py" "${m} bf16 --deterministic-mode GPU vs ${mod}_fp32 CPU" \
         "$OUTD/${m}_det1.log" "$r" --iters "$ITERS" --loss-tol 2e-2 --mean-tol 1e-2 --gn-tol 5e-2
     done
-    # the deterministic-mode kernels (norm and embedding backward without atomics, attention
-    # backward on a deterministic cuDNN engine or the generic kernels) against the float64 references
-    timed 90 "$OUTD/gpu_ops_test_det.log" env MEGATRON_DETERMINISTIC=1 "$BIN/gpu_ops_test" --only norms,embedding_ce,attn_generic
+    # the deterministic-mode kernels (norm and embedding backward without atomics, the two-pass flash
+    # attention backward and the generic kernels) against the float64 references
+    timed 90 "$OUTD/gpu_ops_test_det.log" env MEGATRON_DETERMINISTIC=1 "$BIN/gpu_ops_test" --only norms,embedding_ce,attn_generic,attn_det
     summ=$(grep -E "^gpu_ops_test: [0-9]+ of [0-9]+ checks passed" "$OUTD/gpu_ops_test_det.log" | tail -1)
-    if [ $RC = 0 ] && [ -n "$summ" ]; then result A PASS "deterministic kernels" "$SEC" "MEGATRON_DETERMINISTIC=1 gpu_ops_test --only norms,embedding_ce,attn_generic: ${summ#gpu_ops_test: }"
+    if [ $RC = 0 ] && [ -n "$summ" ]; then result A PASS "deterministic kernels" "$SEC" "MEGATRON_DETERMINISTIC=1 gpu_ops_test --only norms,embedding_ce,attn_generic,attn_det: ${summ#gpu_ops_test: }"
     else result A FAIL "deterministic kernels" "$SEC" "MEGATRON_DETERMINISTIC=1 gpu_ops_test: exit $RC, ${summ:-no summary} (log gpu_ops_test_det.log)"; fi
   fi
 

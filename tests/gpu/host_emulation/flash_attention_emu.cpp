@@ -11,7 +11,10 @@
 // the generic kernels of attention_generic.cu (emulated alongside); (2) out, lse, dq, dk, dv against
 // a float64 reference of FlashAttention-2's equations with the same keep-scales and against the
 // generic kernels on the same inputs (bf16 1e-2 relative norm error as gpu_ops_test: P and dS
-// rounded to bf16 for the MMAs, bf16 outputs; lse 1e-3).
+// rounded to bf16 for the MMAs, bf16 outputs; lse 1e-3); (3) the two-pass backward of deterministic
+// mode (dK/dV kernels with kTwoPassDq, then fa_bwd_dq_kernel): dq/dk/dv against the float64
+// reference, dk/dv bit for bit the atomics backward's, dq near its dq, and a rerun with the grid's
+// blocks in reverse order bit for bit equal (where the atomics backward's dq changes: the control).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -137,36 +140,40 @@ namespace megatron::ops::cuda {
 using namespace detail;
 #include "flash_kernels.inc"
 }  // namespace
-// launch: grid x.y blocks of `threads` threads, smem bytes of shared memory per block
+// launch: grid x.y blocks of `threads` threads, smem bytes of shared memory per block, one block
+// after the other in grid order, or in the reverse order when g_reverse_blocks (another legal
+// schedule of the grid: a kernel whose result depends on the block order, such as the atomics into
+// dq, changes its bits; one whose every output element is written by one block does not).
+bool g_reverse_blocks = false;
 void launch(unsigned gx, unsigned gy, int threads, size_t smem, const std::function<void()>& kern) {
   std::vector<unsigned char> sm(smem + 16);
   unsigned char* base = sm.data() + (16 - reinterpret_cast<uintptr_t>(sm.data()) % 16) % 16;
-  for (unsigned by = 0; by < gy; ++by)
-    for (unsigned bx = 0; bx < gx; ++bx) {
-      std::barrier<> block_bar(threads);
-      const int warps = threads / 32;
-      std::vector<std::unique_ptr<std::barrier<>>> wbars;
-      for (int w = 0; w < warps; ++w) wbars.push_back(std::make_unique<std::barrier<>>(32));
-      std::vector<WarpCtx> ctx(warps);
-      for (int w = 0; w < warps; ++w) ctx[w].bar = wbars[w].get();
-      std::vector<std::thread> th;
-      for (int l = 0; l < threads; ++l)
-        th.emplace_back([&, l] {
-          threadIdx.x = l;
-          blockIdx.x = bx;
-          blockIdx.y = by;
-          gridDim.x = gx;
-          gridDim.y = gy;
-          blockDim.x = threads;
-          g_bar = &block_bar;
-          g_smem = base;
-          g_smem_f = reinterpret_cast<float*>(base);
-          g_w = &ctx[l / 32];
-          g_lane = l % 32;
-          kern();
-        });
-      for (auto& t : th) t.join();
-    }
+  for (unsigned n = 0; n < gx * gy; ++n) {
+    const unsigned i = g_reverse_blocks ? gx * gy - 1 - n : n, by = i / gx, bx = i % gx;
+    std::barrier<> block_bar(threads);
+    const int warps = threads / 32;
+    std::vector<std::unique_ptr<std::barrier<>>> wbars;
+    for (int w = 0; w < warps; ++w) wbars.push_back(std::make_unique<std::barrier<>>(32));
+    std::vector<WarpCtx> ctx(warps);
+    for (int w = 0; w < warps; ++w) ctx[w].bar = wbars[w].get();
+    std::vector<std::thread> th;
+    for (int l = 0; l < threads; ++l)
+      th.emplace_back([&, l] {
+        threadIdx.x = l;
+        blockIdx.x = bx;
+        blockIdx.y = by;
+        gridDim.x = gx;
+        gridDim.y = gy;
+        blockDim.x = threads;
+        g_bar = &block_bar;
+        g_smem = base;
+        g_smem_f = reinterpret_cast<float*>(base);
+        g_w = &ctx[l / 32];
+        g_lane = l % 32;
+        kern();
+      });
+    for (auto& t : th) t.join();
+  }
 }
 }  // namespace megatron::ops::cuda
 using namespace megatron::ops::cuda;
@@ -184,6 +191,7 @@ double keep(uint64_t seed, uint64_t off, uint64_t idx, float p) {
   return u >= p ? (double)(1.0f / (1.0f - p)) : 0.0;
 }
 int fails = 0;
+int g_atomics_order_differs = 0;  // cases where the atomics backward's dq changed with the block order
 void check(const char* nm, const std::vector<float>& got, const std::vector<double>& ref, double tol) {
   double num = 0, den = 0;
   bool nan = false;
@@ -206,10 +214,14 @@ void check_count(const char* nm, int64_t bad) {
 // Runs the forward and backward as attention_forward / attention_backward launch them (impl 2:
 // pipelined 8 warps, 3: pipelined 4 warps, 1: simple kernels; D 64 or 128).
 template <int D, bool kDrop>
+void flash_bwd(int impl, bool two_pass, const FaArgs& a, const std::vector<bf16_t>& Q, const std::vector<bf16_t>& K,
+               const std::vector<bf16_t>& V, const std::vector<bf16_t>& DO, const std::vector<bf16_t>& O,
+               const std::vector<float>& L, std::vector<bf16_t>& DQ, std::vector<bf16_t>& DK, std::vector<bf16_t>& DV,
+               std::vector<float>* acc_out = nullptr);
+template <int D, bool kDrop>
 void flash(int impl, const FaArgs& a, const std::vector<bf16_t>& Q, const std::vector<bf16_t>& K,
            const std::vector<bf16_t>& V, const std::vector<bf16_t>& DO, std::vector<bf16_t>& O, std::vector<float>& L,
            std::vector<bf16_t>& DQ, std::vector<bf16_t>& DK, std::vector<bf16_t>& DV) {
-  constexpr int LD = D + 8, BM = 64;
   const bool v2 = impl != 1 && a.S % 4 == 0;
   const int W = impl == 3 ? 4 : 8;
   if (v2) {
@@ -223,29 +235,59 @@ void flash(int impl, const FaArgs& a, const std::vector<bf16_t>& Q, const std::v
     launch((a.S + 63) / 64, a.B * a.NP, 128, 3 * 64 * (D + 8) * 2,
            [&] { fa_fwd_kernel<D, kDrop>(Q.data(), K.data(), V.data(), O.data(), L.data(), a); });
   }
+  flash_bwd<D, kDrop>(impl, false, a, Q, K, V, DO, O, L, DQ, DK, DV);
+}
+// The backward alone; two_pass: the dK/dV kernel with kTwoPassDq, then fa_bwd_dq_kernel (4 warps
+// for impl 3, else 8), as attention_backward launches them in deterministic mode. acc_out: the
+// atomics backward's fp32 dq accumulator (before its bf16 conversion).
+template <int D, bool kDrop>
+void flash_bwd(int impl, bool two_pass, const FaArgs& a, const std::vector<bf16_t>& Q, const std::vector<bf16_t>& K,
+               const std::vector<bf16_t>& V, const std::vector<bf16_t>& DO, const std::vector<bf16_t>& O,
+               const std::vector<float>& L, std::vector<bf16_t>& DQ, std::vector<bf16_t>& DK, std::vector<bf16_t>& DV,
+               std::vector<float>* acc_out) {
+  constexpr int LD = D + 8, BM = 64;
+  const bool v2 = impl != 1 && a.S % 4 == 0;
+  const int W = impl == 3 ? 4 : 8;
   const int64_t rows = (int64_t)a.S * a.B * a.NP;
-  std::vector<float> dvec(rows), acc(rows * D, 0.0f);
+  std::vector<float> dvec(rows), acc(two_pass ? 0 : rows * D, 0.0f);
   launch(1, 1, 256, 0, [&] { fa_bwd_dot_kernel<D>(DO.data(), O.data(), dvec.data(), a); });
-  if (v2) {
-    const int keys = 16 * W;
-    const size_t smem = (2 * keys * LD + keys * (BM + 8) + 2 * (2 * BM * LD + 4 * BM)) * 2;
-    auto body = [&] {
-      if (W == 4)
-        fa_bwd_v2_kernel<D, BM, 4, kDrop>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), acc.data(),
-                                          DK.data(), DV.data(), a);
-      else
-        fa_bwd_v2_kernel<D, BM, 8, kDrop>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), acc.data(),
-                                          DK.data(), DV.data(), a);
-    };
-    launch((a.SK + keys - 1) / keys, a.B * a.NG, W * 32, smem, body);
-  } else {
-    const size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-    launch((a.SK + kBN - 1) / kBN, a.B * a.NG, 128, smem, [&] {
-      fa_bwd_kernel<D, BM, kDrop>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), acc.data(), DK.data(),
-                                  DV.data(), a);
-    });
+  auto dkdv = [&](auto tp) {
+    constexpr bool kTP = decltype(tp)::value;
+    if (v2) {
+      const int keys = 16 * W;
+      const size_t smem = (2 * keys * LD + (kTP ? 0 : keys * (BM + 8)) + 2 * (2 * BM * LD + 4 * BM)) * 2;
+      auto body = [&] {
+        if (W == 4)
+          fa_bwd_v2_kernel<D, BM, 4, kDrop, kTP>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(),
+                                                 acc.data(), DK.data(), DV.data(), a);
+        else
+          fa_bwd_v2_kernel<D, BM, 8, kDrop, kTP>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(),
+                                                 acc.data(), DK.data(), DV.data(), a);
+      };
+      launch((a.SK + keys - 1) / keys, a.B * a.NG, W * 32, smem, body);
+    } else {
+      const size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
+      launch((a.SK + kBN - 1) / kBN, a.B * a.NG, 128, smem, [&] {
+        fa_bwd_kernel<D, BM, kDrop, kTP>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), acc.data(),
+                                         DK.data(), DV.data(), a);
+      });
+    }
+  };
+  if (!two_pass) {
+    dkdv(std::false_type{});
+    launch(1, 1, 256, 0, [&] { fa_dq_convert_kernel<D>(acc.data(), DQ.data(), a); });
+    if (acc_out) *acc_out = acc;
+    return;
   }
-  launch(1, 1, 256, 0, [&] { fa_dq_convert_kernel<D>(acc.data(), DQ.data(), a); });
+  dkdv(std::true_type{});
+  const int qw = impl == 3 ? 4 : 8;
+  const size_t smem = (2 * 16 * qw + 4 * kBN) * LD * 2;
+  launch((a.S + 16 * qw - 1) / (16 * qw), a.B * a.NP, qw * 32, smem, [&] {
+    if (qw == 4)
+      fa_bwd_dq_kernel<D, 4, kDrop>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), DQ.data(), a);
+    else
+      fa_bwd_dq_kernel<D, 8, kDrop>(Q.data(), K.data(), V.data(), DO.data(), L.data(), dvec.data(), DQ.data(), a);
+  });
 }
 
 // The generic kernels on the same inputs (attention_generic.cu's forward / backward launches).
@@ -421,6 +463,47 @@ void run(int impl, int S, int SK, int B, int NP, int NG, bool causal, float drop
   check((base + " dq == generic").c_str(), tF(DQ), dd(tF(gDQ)), 1e-2);
   check((base + " dk == generic").c_str(), tF(DK), dd(tF(gDK)), 1e-2);
   check((base + " dv == generic").c_str(), tF(DV), dd(tF(gDV)), 1e-2);
+  // The two-pass (deterministic) backward on the same forward: dq/dk/dv against the float64
+  // reference (1e-2 as above), dk/dv bit for bit those of the atomics backward (the same dK/dV code,
+  // its dQ part skipped), dq within 1e-2 of the atomics backward's (both within 1e-2 of float64;
+  // they differ in the summation order of dS K and the rounding of dS to bf16 only); then a second
+  // two-pass run with the grid's blocks in reverse order equals the first bit for bit, while the
+  // atomics backward's fp32 dq accumulator under that schedule differs in its bits where three or
+  // more key blocks add to a row (the negative control: fp32 atomics in another order; printed per
+  // case, required in at least one case at the end).
+  std::vector<bf16_t> tDQ(q.size()), tDK(k.size()), tDV(k.size()), rDQ(q.size()), rDK(k.size()), rDV(k.size()),
+      aDQ(q.size()), aDK(k.size()), aDV(k.size());
+  std::vector<float> acc1, acc2;
+  auto bwd = [&](bool two, std::vector<bf16_t>& dq, std::vector<bf16_t>& dk, std::vector<bf16_t>& dv,
+                 std::vector<float>* acc) {
+    if (drop > 0) flash_bwd<D, true>(impl, two, a, Q, K, V, DO, O, L, dq, dk, dv, acc);
+    else flash_bwd<D, false>(impl, two, a, Q, K, V, DO, O, L, dq, dk, dv, acc);
+  };
+  bwd(true, tDQ, tDK, tDV, nullptr);
+  bwd(false, aDQ, aDK, aDV, &acc1);  // the atomics backward again, in grid order, for its fp32 accumulator
+  g_reverse_blocks = true;
+  bwd(true, rDQ, rDK, rDV, nullptr);
+  bwd(false, aDQ, aDK, aDV, &acc2);
+  g_reverse_blocks = false;
+  auto bits_differ = [](const std::vector<bf16_t>& x, const std::vector<bf16_t>& y) {
+    int64_t n = 0;
+    for (size_t i = 0; i < x.size(); ++i) n += x[i].b != y[i].b;
+    return n;
+  };
+  check((base + " two-pass dq").c_str(), tF(tDQ), rdq, 1e-2);
+  check((base + " two-pass dk").c_str(), tF(tDK), rdk, 1e-2);
+  check((base + " two-pass dv").c_str(), tF(tDV), rdv, 1e-2);
+  check((base + " two-pass dq == atomics dq").c_str(), tF(tDQ), dd(tF(DQ)), 1e-2);
+  check_count((base + " two-pass dk == atomics dk bitwise").c_str(), bits_differ(tDK, DK));
+  check_count((base + " two-pass dv == atomics dv bitwise").c_str(), bits_differ(tDV, DV));
+  check_count((base + " two-pass dq, blocks reversed: bitwise equal").c_str(), bits_differ(tDQ, rDQ));
+  check_count((base + " two-pass dk, blocks reversed: bitwise equal").c_str(), bits_differ(tDK, rDK));
+  check_count((base + " two-pass dv, blocks reversed: bitwise equal").c_str(), bits_differ(tDV, rDV));
+  int64_t adiff = 0;
+  for (size_t i = 0; i < acc1.size(); ++i) adiff += std::memcmp(&acc1[i], &acc2[i], sizeof(float)) != 0;
+  std::printf("INFO %-64s %lld of %zu fp32 dq accumulator elements differ\n",
+              (base + " atomics dq, blocks reversed").c_str(), (long long)adiff, acc1.size());
+  g_atomics_order_differs += adiff > 0;
 }
 
 int main() {
@@ -435,6 +518,12 @@ int main() {
   run<64>(1, 70, 70, 1, 2, 1, false, 0.1f, false);
   run<128>(2, 40, 96, 1, 2, 2, false, 0.1f, false);
   run<64>(2, 72, 72, 1, 2, 1, true, 0.0f, false);
+  run<64>(3, 136, 136, 1, 2, 1, true, 0.1f, false);  // 3 key blocks of 64 add to rows 128.. (the control)
+  // The reversed-schedule check must be able to fail: the atomics backward's dq has to change with
+  // the block order somewhere (it is a sum of fp32 partials from several key blocks).
+  fails += g_atomics_order_differs == 0;
+  std::printf("%s atomics dq changed with the block order in %d cases (negative control of the bitwise checks)\n",
+              g_atomics_order_differs ? "PASS" : "FAIL", g_atomics_order_differs);
   std::printf("%d failed\n", fails);
   return fails != 0;
 }

@@ -6,8 +6,11 @@
 # warp's lanes are threads meeting at a std::barrier at every warp-collective instruction), and checked:
 # the forward's and backward's dropout masks equal the SplitMix64 stream element for element (probe),
 # and those of the generic kernels (attention_generic.cu, emulated alongside), and out/lse/dq/dk/dv
-# match a float64 reference and the generic kernels (bf16 1e-2, lse 1e-3). A development check of the
-# kernel logic where no GPU is available; the GPU itself is checked by gpu_ops_test --only attn_dropout.
+# match a float64 reference and the generic kernels (bf16 1e-2, lse 1e-3), and the two-pass
+# (deterministic) backward's dq/dk/dv match the float64 reference, its dk/dv equal the atomics
+# backward's bit for bit and a rerun with the blocks in reverse order equals it bit for bit (the
+# atomics dq under that order differs: the control). A development check of the kernel logic where
+# no GPU is available; the GPU itself is checked by gpu_ops_test --only attn_dropout,attn_det.
 #   tests/gpu/host_emulation/flash_run.sh [WORK_DIR]
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"

@@ -6,7 +6,9 @@
 // sum per query row (online softmax) and saves lse = log-sum-exp of the scaled scores; the
 // backward recomputes the probabilities from lse, one thread block per 64 keys of one K/V group
 // looping over that group's query heads (grouped-query attention without repeating K/V), with
-// dK/dV in registers and dQ accumulated in fp32 through atomics.
+// dK/dV in registers and dQ accumulated in fp32 through atomics. The deterministic backward
+// (--deterministic-mode) runs the same dK/dV kernels without their dQ atomics and then a second
+// kernel over query blocks (fa_bwd_dq_kernel) that sums dQ over the key tiles in a fixed order.
 //
 // Layouts (ops.h): q, out [s, b, np, d]; k, v [sk, b, ng, d]; lse float32 [b, np, s].
 // Masking: causal (key j visible to query i iff j <= i) or an explicit boolean mask
@@ -20,6 +22,8 @@
 // or these kernels when the call is bfloat16 and 16-byte aligned (float16 calls: cuDNN's SDPA only;
 // dropout: these kernels only, cuDNN's stream differs); every other call (float32, float16 without
 // cuDNN or with dropout, other head dims up to 256) runs the generic kernels of attention_generic.cu.
+// Deterministic mode (deterministic.h) skips cuDNN under auto, and the flash backward takes the
+// two-pass dQ.
 #include <cmath>
 #include <atomic>
 #include <cstdio>
@@ -106,6 +110,30 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const bf16_t* g, int64_t st
   }
 }
 
+// The A fragment (m16n8k16, bf16) of k-chunk kc from a warp's fp32 accumulator tile x [16][8·NT]
+// (mma.sync's C layout: n-tiles 2kc and 2kc + 1 are the chunk's 16 columns).
+template <int NT>
+__device__ __forceinline__ void acc_a_frag(uint32_t (&f)[4], const float (&x)[NT][4], int kc) {
+  f[0] = pack_bf16(x[2 * kc][0], x[2 * kc][1]);
+  f[1] = pack_bf16(x[2 * kc][2], x[2 * kc][3]);
+  f[2] = pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]);
+  f[3] = pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3]);
+}
+
+// acc [16][D] += A · rows kc·16 .. kc·16 + 15 of the row-major [rows][D] tile (row stride LD), the
+// tile as the column-major B operand through ldmatrix .trans (O += P V, dQ += dS K).
+template <int D, int LD>
+__device__ __forceinline__ void mma_a_tile_rows(float (&acc)[D / 8][4], const uint32_t (&f)[4], const bf16_t* tile,
+                                                int kc, int lane) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; dt += 2) {
+    uint32_t b0, b1, b2, b3;
+    ldsm_x4_trans(b0, b1, b2, b3, tile + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
+    mma16816(acc[dt], f, b0, b1);
+    mma16816(acc[dt + 1], f, b2, b3);
+  }
+}
+
 __device__ __forceinline__ bool visible(const FaArgs& a, int b, int qi, int kj) {
   if (kj >= a.SK || qi >= a.S) return false;
   if (a.mask) return a.mask[((int64_t)b * a.S + qi) * a.SK + kj] == 0;
@@ -168,15 +196,9 @@ __device__ __forceinline__ void fwd_softmax_pv(float (&s)[8][4], float (&oacc)[D
   // O += P V
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
-    uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                      pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt += 2) {
-      uint32_t b0, b1, b2, b3;
-      ldsm_x4_trans(b0, b1, b2, b3, sV + (kc * 16 + (lane & 15)) * LD + dt * 8 + (lane >> 4) * 8);
-      mma16816(oacc[dt], pa, b0, b1);
-      mma16816(oacc[dt + 1], pa, b2, b3);
-    }
+    uint32_t pa[4];
+    acc_a_frag(pa, s, kc);
+    mma_a_tile_rows<D, LD>(oacc, pa, sV, kc, lane);
   }
 }
 
@@ -299,12 +321,9 @@ __device__ __forceinline__ void bwd_dkdv_accumulate(float (&dka)[D / 8][4], floa
                                                     const bf16_t* sQ, const bf16_t* sdO, int lane) {
 #pragma unroll
   for (int kc = 0; kc < BM / 16; ++kc) {
-    uint32_t pa[4] = {pack_bf16(st[2 * kc][0], st[2 * kc][1]), pack_bf16(st[2 * kc][2], st[2 * kc][3]),
-                      pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                      pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-    uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                      pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                      pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+    uint32_t pa[4], da[4];
+    acc_a_frag(pa, st, kc);
+    acc_a_frag(da, dp, kc);
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt += 2) {
       uint32_t b0, b1, b2, b3;
@@ -402,7 +421,8 @@ __device__ __forceinline__ void bwd_store_dkdv(const float (&dka)[D / 8][4], con
   }
 }
 
-template <int D, int BM, bool kDrop = false>
+// kTwoPassDq: dK/dV only (dQ comes from fa_bwd_dq_kernel; dq_acc unused): the deterministic backward.
+template <int D, int BM, bool kDrop = false, bool kTwoPassDq = false>
 __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                      const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                                      const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -493,7 +513,8 @@ __global__ void __launch_bounds__(128) fa_bwd_kernel(const bf16_t* __restrict__ 
       // dV += P^T dO ; dK += dS^T Q (k-dim = queries)
       bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
       // dS^T to shared memory for dQ = dS K
-      bwd_dq_accumulate<D, LD, LDS, BM, kBN, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
+      if constexpr (!kTwoPassDq)
+        bwd_dq_accumulate<D, LD, LDS, BM, kBN, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
     }
   }
   // write dK (scaled), dV
@@ -539,6 +560,53 @@ __device__ __forceinline__ void ldsm_b_pair(uint32_t (&b)[4], const bf16_t* tile
   ldsm_x4(b[0], b[1], b[2], b[3], tile + ((nt + (mat >> 1)) * 8 + r) * ld + kk * 16 + (mat & 1) * 8);
 }
 
+// The K/V loop of the query-tile kernels (fa_fwd_v2_kernel, fa_bwd_dq_kernel), at tile kb of nkb:
+// starts the copy of tile kb + 1 into the other stage of sKV (K, then V; stage st at
+// sKV + st·2·kBN·LD), waits for tile kb's copies and meets the block at a barrier.
+template <int D, int LD>
+__device__ __forceinline__ void kv_tile_ready(bf16_t* sKV, const bf16_t* kg, const bf16_t* vg, int64_t kstride,
+                                              const FaArgs& a, int kb, int nkb) {
+  const int k0 = kb * kBN;
+  if (kb + 1 < nkb) {
+    bf16_t* nk = sKV + ((kb + 1) & 1) * 2 * kBN * LD;
+    async_tile<D, LD>(nk, kg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
+    async_tile<D, LD>(nk + kBN * LD, vg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
+// A fragments (m16n8k16) of rows m0..m0+15 of a row-major [rows][D] tile (row stride LD), k-chunks 0..D/16-1.
+template <int D, int LD>
+__device__ __forceinline__ void ldsm_a_rows(uint32_t (&f)[D / 16][4], const bf16_t* tile, int m0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int mat = lane >> 3, r = lane & 7;
+    ldsm_x4(f[kk][0], f[kk][1], f[kk][2], f[kk][3], tile + (m0 + r + (mat & 1) * 8) * LD + kk * 16 + (mat >> 1) * 8);
+  }
+}
+
+// c [16][kBN] = A · tileᵀ: A the warp's 16 rows as fragments (ldsm_a_rows), tile kBN row-major rows
+// of D (row stride LD) as the B operand (S = Q Kᵀ, dP = dO Vᵀ).
+template <int D, int LD>
+__device__ __forceinline__ void mma_rows_tile_t(float (&c)[8][4], const uint32_t (&f)[D / 16][4], const bf16_t* tile,
+                                                int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2) {
+      uint32_t b[4];
+      ldsm_b_pair(b, tile, LD, nt, kk, lane);
+      mma16816(c[nt], f[kk], b[0], b[1]);
+      mma16816(c[nt + 1], f[kk], b[2], b[3]);
+    }
+}
+
 template <int D, int kWarps, bool kDrop = false>  // kWarps warps x 16 query rows per block
 __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __restrict__ q,
                                                                  const bf16_t* __restrict__ k,
@@ -575,38 +643,12 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int k0 = kb * kBN;
-    if (kb + 1 < nkb) {
-      bf16_t* nk = sKV + ((kb + 1) & 1) * 2 * kBN * LD;
-      async_tile<D, LD>(nk, kg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
-      async_tile<D, LD>(nk + kBN * LD, vg + (int64_t)(k0 + kBN) * kstride, kstride, kBN, a.SK - k0 - kBN);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    if (kb == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int mat = lane >> 3, r = lane & 7;
-        ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
-                sQ + (m0 + r + (mat & 1) * 8) * LD + kk * 16 + (mat >> 1) * 8);
-      }
-    }
+    kv_tile_ready<D, LD>(sKV, kg, vg, kstride, a, kb, nkb);
+    if (kb == 0) ldsm_a_rows<D, LD>(qf, sQ, m0, lane);
     const bf16_t* sK = sKV + (kb & 1) * 2 * kBN * LD;
     const bf16_t* sV = sK + kBN * LD;
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < 8; nt += 2) {
-        uint32_t b[4];
-        ldsm_b_pair(b, sK, LD, nt, kk, lane);
-        mma16816(s[nt], qf[kk], b[0], b[1]);
-        mma16816(s[nt + 1], qf[kk], b[2], b[3]);
-      }
+    mma_rows_tile_t<D, LD>(s, qf, sK, lane);
     const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
     fwd_softmax_pv<D, LD, kDrop>(s, oacc, mrow, lrow, a, full, bi, q0 + m0, k0, g, t, lane, sV, bh);
     __syncthreads();  // this stage is refilled two iterations on
@@ -614,7 +656,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_v2_kernel(const bf16_t* __
   fwd_store<D>(oacc, mrow, lrow, a, o, lse, bi, h, bh, q0 + m0, g, t);
 }
 
-template <int D, int BM, int kWarps, bool kDrop = false>  // kWarps warps x 16 keys per block
+// kWarps warps x 16 keys per block. kTwoPassDq: dK/dV only, no sdS (dQ comes from fa_bwd_dq_kernel).
+template <int D, int BM, int kWarps, bool kDrop = false, bool kTwoPassDq = false>
 __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                         const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -626,8 +669,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sV = sK + kBNB * LD;
-  bf16_t* sdS = sV + kBNB * LD;        // [kBNB][LDS]
-  bf16_t* sStage = sdS + kBNB * LDS;   // 2 stages of kStage bf16
+  bf16_t* sdS = sV + kBNB * LD;        // [kBNB][LDS] (none with kTwoPassDq)
+  bf16_t* sStage = sdS + (kTwoPassDq ? 0 : kBNB * LDS);  // 2 stages of kStage bf16
 
   const int kb = blockIdx.x, bg = blockIdx.y, bi = bg / a.NG, grp = bg % a.NG;
   const int npg = a.NP / a.NG;
@@ -723,11 +766,120 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_v2_kernel(const bf16_t* __
         bwd_p_ds<kDrop>(st[nt][e], dp[nt][e], p, sD[ql], a, dkey, (uint64_t)(uint32_t)ql * (uint32_t)a.SK + (e >= 2 ? 8 : 0));
       }
     bwd_dkdv_accumulate<D, LD, BM>(dka, dva, st, dp, sQ, sdO, lane);
-    bwd_dq_accumulate<D, LD, LDS, BM, kBNB, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
+    if constexpr (!kTwoPassDq)
+      bwd_dq_accumulate<D, LD, LDS, BM, kBNB, DC>(dp, sdS, sK, dq_acc, a, bh, q0, n0, dq_m0, dq_c0, g, t, lane);
     __syncthreads();  // sdS and this stage are rewritten later
   }
   cp_async_wait<0>();  // no copy may be in flight at exit (iters == 0 when sk > s, causal)
   bwd_store_dkdv<D>(dka, dva, dk, dv, a, bi, grp, k0 + n0, g, t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-pass dQ (the deterministic backward; variants::forced().flash_dq_two_pass elsewhere): the
+// dK/dV kernels above run with kTwoPassDq (their dQ atomics skipped) and this kernel computes dQ
+// without atomics. One block per BM = 16·kWarps query rows of one head (the forward's partition);
+// each warp owns 16 rows and loops over the visible 64-key tiles of the head's K/V group in
+// ascending order (K/V double-buffered by cp.async, as fa_fwd_v2_kernel), recomputing S = Q Kᵀ,
+// P = exp(S·scale − lse) from the forward's lse, dP = dO Vᵀ and dS = P∘(dP − D) with D = rowsum(dO∘O)
+// (kDrop: dS = P∘(F∘dP − D), F the forward's keep-scales of the same stream elements), then
+// dQ += dS K in fp32 registers; dQ·scale is written once, in bf16. Every sum has a fixed order, so
+// the result is bitwise reproducible run to run.
+// ---------------------------------------------------------------------------------------------
+template <int D, int kWarps, bool kDrop = false>
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                                 const bf16_t* __restrict__ v,
+                                                                 const bf16_t* __restrict__ dout,
+                                                                 const float* __restrict__ lse,
+                                                                 const float* __restrict__ dvec,
+                                                                 bf16_t* __restrict__ dq, FaArgs a) {
+  constexpr int BM = 16 * kWarps, LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sdO = sQ + BM * LD;
+  bf16_t* sKV = sdO + BM * LD;  // stage st: K at sKV + st*2*kBN*LD, V after it
+
+  const int qb = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+  const int bh = blockIdx.y, bi = bh / a.NP, h = bh % a.NP, grp = h / (a.NP / a.NG);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int q0 = qb * BM, m0 = warp * 16, qr0 = q0 + m0;
+  const int64_t qstride = (int64_t)a.B * a.NP * D, kstride = (int64_t)a.B * a.NG * D;
+  const int64_t qoff = ((int64_t)q0 * a.B + bi) * a.NP * D + (int64_t)h * D;
+  const bf16_t* kg = k + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+  const bf16_t* vg = v + (int64_t)bi * a.NG * D + (int64_t)grp * D;
+
+  int nkb = (a.SK + kBN - 1) / kBN;
+  if (a.causal && !a.mask) nkb = min(nkb, (min(a.S, q0 + BM) - 1) / kBN + 1);
+
+  async_tile<D, LD>(sQ, q + qoff, qstride, BM, a.S - q0);
+  async_tile<D, LD>(sdO, dout + qoff, qstride, BM, a.S - q0);
+  async_tile<D, LD>(sKV, kg, kstride, kBN, a.SK);
+  async_tile<D, LD>(sKV + kBN * LD, vg, kstride, kBN, a.SK);
+  cp_async_commit();
+
+  // lse and D of rows qr0 + g and qr0 + g + 8 (lse -inf: a fully masked row or one past s, P = 0)
+  float lrow[2], drow[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = qr0 + g + r * 8;
+    lrow[r] = qi < a.S ? lse[(int64_t)bh * a.S + qi] : -INFINITY;
+    drow[r] = qi < a.S ? dvec[(int64_t)bh * a.S + qi] : 0.0f;
+  }
+  uint32_t qf[D / 16][4], df[D / 16][4];
+  float dqa[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.0f;
+
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int k0 = kb * kBN;
+    kv_tile_ready<D, LD>(sKV, kg, vg, kstride, a, kb, nkb);
+    if (kb == 0) {
+      ldsm_a_rows<D, LD>(qf, sQ, m0, lane);
+      ldsm_a_rows<D, LD>(df, sdO, m0, lane);
+    }
+    const bf16_t* sK = sKV + (kb & 1) * 2 * kBN * LD;
+    const bf16_t* sV = sK + kBN * LD;
+    // S = Q Kᵀ and dP = dO Vᵀ (rows: this warp's 16 queries; columns: the tile's 64 keys)
+    float s[8][4], dp[8][4];
+    mma_rows_tile_t<D, LD>(s, qf, sK, lane);
+    mma_rows_tile_t<D, LD>(dp, df, sV, lane);
+    // P from lse, dS = P (dP − D) (kDrop: P (F∘dP − D)), as the dK/dV kernels compute them
+    const bool full = !a.mask && k0 + kBN <= a.SK && q0 + BM <= a.S && (!a.causal || k0 + kBN - 1 <= q0);
+    uint64_t dkey[2] = {0, 0};  // kDrop: stream keys of rows qr0 + g and qr0 + g + 8 at key k0
+    if constexpr (kDrop) {
+      dkey[0] = drop_key(a, bh, qr0 + g, k0);
+      dkey[1] = drop_key(a, bh, qr0 + g + 8, k0);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, qi = qr0 + g + r * 8, kl = nt * 8 + 2 * t + (e & 1);
+        float x = s[nt][e] * a.scale_log2;
+        if (!full && !visible(a, bi, qi, k0 + kl)) x = -INFINITY;
+        const float p = lrow[r] == -INFINITY ? 0.0f : exp2f(x - lrow[r] * kLog2e);
+        float pf;  // P∘F (dV's operand; unused here)
+        bwd_p_ds<kDrop>(pf, dp[nt][e], p, drow[r], a, dkey[r], (uint64_t)kl);
+      }
+    // dQ += dS K (K's tile [keys][D] as the column-major B operand: ldmatrix .trans, as V in P V)
+#pragma unroll
+    for (int kc = 0; kc < kBN / 16; ++kc) {
+      uint32_t da[4];
+      acc_a_frag(da, dp, kc);
+      mma_a_tile_rows<D, LD>(dqa, da, sK, kc, lane);
+    }
+    __syncthreads();  // this stage is refilled two iterations on
+  }
+  cp_async_wait<0>();  // no copy may be in flight at exit (nkb == 0 when sk == 0)
+  // dq [s, b, np, D] = scale · dS K, this warp's rows
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = qr0 + g + r * 8;
+    if (qi >= a.S) continue;
+    bf16_t* row = dq + ((int64_t)qi * a.B + bi) * a.NP * D + (int64_t)h * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) = pack_bf16(dqa[dt][2 * r] * a.scale, dqa[dt][2 * r + 1] * a.scale);
+  }
 }
 
 // dq[s, b, np, d] = dq_acc[b, np, s, d]
@@ -791,13 +943,13 @@ bool small_blocks(int head_dim) {
   return head_dim <= 64;
 }
 
-// Backward v2 with `warps` x 16 keys per block.
+// Backward v2 with `warps` x 16 keys per block; two_pass: a kTwoPassDq kernel (no dS tile in shared memory).
 template <class K>
 void launch_bwd_v2(K kern, int warps, int d, int bm, const FaArgs& a, cudaStream_t st, const bf16_t* qp,
                    const bf16_t* kp, const bf16_t* vp, const bf16_t* dop, const float* lp, const float* dvec,
-                   float* dq_acc, bf16_t* dkp, bf16_t* dvp) {
+                   float* dq_acc, bf16_t* dkp, bf16_t* dvp, bool two_pass = false) {
   const int keys = 16 * warps, ld = d + 8;
-  size_t smem = (2 * keys * ld + keys * (bm + 8) + 2 * (2 * bm * ld + 4 * bm)) * 2;
+  size_t smem = (2 * keys * ld + (two_pass ? 0 : keys * (bm + 8)) + 2 * (2 * bm * ld + 4 * bm)) * 2;
   set_smem(kern, smem);
   dim3 grid((a.SK + keys - 1) / keys, a.B * a.NG);
   kern<<<grid, warps * 32, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
@@ -864,12 +1016,17 @@ void note_deterministic_backward_once(Backend be) {
   if (be == Backend::kCudnn)
     std::fprintf(stderr, "note: --deterministic-mode with MEGATRON_ATTENTION_BACKEND=cudnn: cuDNN's attention backward "
                          "was measured not bitwise reproducible run to run; unset the variable for the deterministic "
-                         "generic backward\n");
+                         "flash backward\n");
   else
-    std::fprintf(stderr, "note: --deterministic-mode: attention runs our flash forward and the generic CUDA backward "
-                         "(fixed-order sums; cuDNN's attention was measured not reproducible run to run and the flash "
-                         "backward adds dQ with atomics), slower than the default backward\n");
+    std::fprintf(stderr, "note: --deterministic-mode: attention runs our flash forward and a flash backward with dQ "
+                         "from a second pass over the key tiles in a fixed order (no atomics; cuDNN's attention was "
+                         "measured not reproducible run to run); bf16 calls with head dims other than 64/128 and "
+                         "other dtypes run the generic CUDA backward\n");
 }
+
+// The flash backward computes dQ in a second kernel (fa_bwd_dq_kernel, no atomics): always in
+// deterministic mode; elsewhere when variants::forced().flash_dq_two_pass (dev/cuda/flash.cpp times it).
+bool dq_two_pass(bool det) { return det || variants::forced().flash_dq_two_pass; }
 
 // Shapes shared by every path (ops.h contract).
 void check_shapes(const char* name, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
@@ -997,11 +1154,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     MEGATRON_CHECK(be != Backend::kCudnn) << "attention_backward: MEGATRON_ATTENTION_BACKEND=cudnn but cuDNN cannot run q "
                                           << q.str() << " k " << k.str() << ": " << cudnn_sdpa::last_error();
   }
-  // Our flash backward adds dq with atomics: not in deterministic mode (deterministic.h).
-  if (!flash_shape_ok(q) || det) {
-    note_dropout_once(p, q, false,
-                      flash_shape_ok(q) ? "backward in deterministic mode: the flash backward adds dQ with atomics"
-                                        : "the flash kernels take head dims 64 and 128");
+  // Our flash backward; in deterministic mode with dQ from the second pass (no atomics, deterministic.h).
+  if (!flash_shape_ok(q)) {
+    note_dropout_once(p, q, false, "the flash kernels take head dims 64 and 128");
     return generic_attention::backward(dout, q, k, v, out, lse, p, dq, dk, dv);
   }
   check_args("attention_backward", q, k, v, p);
@@ -1016,10 +1171,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   cudaStream_t st = megatron::cuda::current_stream();
   const int D = (int)q.size(3);
   const int64_t rows = (int64_t)a.S * a.B * a.NP;
+  const bool two_pass = dq_two_pass(det);
   float *dvec = nullptr, *dq_acc = nullptr;
   CUDA_CHECK(cudaMallocAsync(&dvec, sizeof(float) * rows, st));
-  CUDA_CHECK(cudaMallocAsync(&dq_acc, sizeof(float) * rows * D, st));
-  CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st));
+  if (!two_pass) {
+    CUDA_CHECK(cudaMallocAsync(&dq_acc, sizeof(float) * rows * D, st));
+    CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st));
+  }
   auto* dop = static_cast<const bf16_t*>(dout.data_ptr());
   auto* qp = static_cast<const bf16_t*>(q.data_ptr());
   auto* kp = static_cast<const bf16_t*>(k.data_ptr());
@@ -1031,34 +1189,53 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   dim3 grid((a.SK + kBN - 1) / kBN, a.B * a.NG);
   const bool v2 = use_v2(a, lse);
   unsigned g1 = grid_for(rows * 32, 256);
+  auto* dqp = static_cast<bf16_t*>(dq.data_ptr());
   // D = HD (64 or 128): Δ = rowsum(dO ∘ O), the dK/dV/dQ kernel (v2 with 4 or 8 warps, or v1),
-  // then dQ from its fp32 accumulator.
+  // then dQ from its fp32 accumulator. Two-pass (kTP): the dK/dV kernel without its dQ atomics,
+  // then fa_bwd_dq_kernel (query blocks of 16 rows per warp, 4 or 8 warps as the forward) writes dQ.
   // kDrop (with_drop) = false: the dropout-free kernels, compiled exactly as without dropout support.
-  auto run = [&](auto head_dim, auto with_drop) {
+  auto run = [&](auto head_dim, auto with_drop, auto two) {
     constexpr int HD = decltype(head_dim)::value, BM = 64, LD = HD + 8;
-    constexpr bool kD = decltype(with_drop)::value;
+    constexpr bool kD = decltype(with_drop)::value, kTP = decltype(two)::value;
     fa_bwd_dot_kernel<HD><<<g1, 256, 0, st>>>(dop, outp, dvec, a);
     if (v2) {
-      if (small_blocks(HD)) launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4, kD>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
-      else launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8, kD>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp);
+      if (small_blocks(HD))
+        launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 4, kD, kTP>, 4, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, kTP);
+      else
+        launch_bwd_v2(fa_bwd_v2_kernel<HD, BM, 8, kD, kTP>, 8, HD, BM, a, st, qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, kTP);
     } else {
       size_t smem = (2 * kBN * LD + 2 * BM * LD + kBN * (BM + 8)) * 2 + 2 * BM * 4;
-      set_smem(fa_bwd_kernel<HD, BM, kD>, smem);
-      fa_bwd_kernel<HD, BM, kD><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
+      set_smem(fa_bwd_kernel<HD, BM, kD, kTP>, smem);
+      fa_bwd_kernel<HD, BM, kD, kTP><<<grid, 128, smem, st>>>(qp, kp, vp, dop, lp, dvec, dq_acc, dkp, dvp, a);
     }
     CUDA_CHECK_LAUNCH();
-    fa_dq_convert_kernel<HD><<<grid_for(rows * HD, 256), 256, 0, st>>>(dq_acc, static_cast<bf16_t*>(dq.data_ptr()), a);
+    if constexpr (kTP) {
+      auto launch = [&](auto kern, int warps) {
+        const size_t smem = (2 * 16 * warps + 4 * kBN) * LD * 2;
+        set_smem(kern, smem);
+        kern<<<dim3((a.S + 16 * warps - 1) / (16 * warps), a.B * a.NP), warps * 32, smem, st>>>(qp, kp, vp, dop, lp,
+                                                                                                 dvec, dqp, a);
+      };
+      if (small_blocks(HD)) launch(fa_bwd_dq_kernel<HD, 4, kD>, 4);
+      else launch(fa_bwd_dq_kernel<HD, 8, kD>, 8);
+    } else {
+      fa_dq_convert_kernel<HD><<<grid_for(rows * HD, 256), 256, 0, st>>>(dq_acc, dqp, a);
+    }
+  };
+  auto run_dq = [&](auto head_dim, auto with_drop) {
+    if (two_pass) run(head_dim, with_drop, std::true_type{});
+    else run(head_dim, with_drop, std::false_type{});
   };
   if (D == 64) {
-    if (drop) run(std::integral_constant<int, 64>{}, std::true_type{});
-    else run(std::integral_constant<int, 64>{}, std::false_type{});
+    if (drop) run_dq(std::integral_constant<int, 64>{}, std::true_type{});
+    else run_dq(std::integral_constant<int, 64>{}, std::false_type{});
   } else {
-    if (drop) run(std::integral_constant<int, 128>{}, std::true_type{});
-    else run(std::integral_constant<int, 128>{}, std::false_type{});
+    if (drop) run_dq(std::integral_constant<int, 128>{}, std::true_type{});
+    else run_dq(std::integral_constant<int, 128>{}, std::false_type{});
   }
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaFreeAsync(dvec, st));
-  CUDA_CHECK(cudaFreeAsync(dq_acc, st));
+  if (dq_acc) CUDA_CHECK(cudaFreeAsync(dq_acc, st));
 }
 
 }  // namespace megatron::ops::cuda

@@ -10,10 +10,13 @@ namespace megatron::cuda {
 ///  * LayerNorm/RMSNorm backward: dgamma/dbeta from per-warp partial rows (no shared-memory
 ///    atomics), summed in row order by the column-sum kernel (norm.cu);
 ///  * embedding backward: one thread per column adds the token rows in order (no atomics);
-///  * attention backward: cuDNN's SDPA only with an engine that does not report
-///    CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC and with deterministic reductions, else the generic
-///    kernels (no atomics); our flash backward (atomics into dq) is not used.
-/// Slower (the norm and embedding backward, and attention backward without a deterministic cuDNN
-/// engine); the default path is unchanged.
+///  * attention (under MEGATRON_ATTENTION_BACKEND=auto or flash): not cuDNN's SDPA (measured not
+///    reproducible run to run on an H200, docs/cuda.md "Deterministic mode"); our flash forward and
+///    the two-pass flash backward (attention.cu): the dK/dV kernels without their dQ atomics, then
+///    fa_bwd_dq_kernel, one block per query tile summing dS K over the key tiles in ascending order
+///    and writing dQ once. bf16 calls with other head dims and other dtypes run the generic kernels
+///    (no atomics). MEGATRON_ATTENTION_BACKEND=cudnn still runs cuDNN, with a note.
+/// Slower (the embedding backward; the flash attention backward than cuDNN's); the default path is
+/// unchanged.
 inline bool deterministic() { return ops::deterministic_mode(); }
 }  // namespace megatron::cuda

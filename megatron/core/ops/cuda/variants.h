@@ -27,6 +27,7 @@ struct Forced {
   bool ce_fused_no_bulk = false;  ///< embedding_ce.cu: fused cross entropy loads the row by threads, not one bulk copy
   bool flash_v1 = false;         ///< attention.cu: the first (simple) flash kernels at every shape
   int flash_small = -1;          ///< attention.cu: -1 by head dim, 1 / 0 force the 4- / 8-warp kernels
+  bool flash_dq_two_pass = false;  ///< attention.cu: the flash backward's dQ from its second kernel (no atomics), as in deterministic mode
   bool reduce_per_tensor = false;  ///< elementwise.cu: one stage-1 launch per tensor in the *_many reductions
   bool adam_per_tensor = false;  ///< adam_multi.cu: one Adam launch per tensor (not the multi-tensor kernel)
   /// adam_multi.cu: which multi-tensor Adam kernel, -1 = automatic (MEGATRON_ADAM_KERNEL, else
