@@ -201,9 +201,9 @@ int main(int argc, char** argv) {
     for (int64_t n : ll) {
       State x{Tensor::empty({n}, f32, G), Tensor::empty({n}, f32, G), Tensor::empty({n}, f32, G),
               Tensor::empty({n}, f32, G), Tensor::empty({n}, bf, G)};
-      x.p.fill_(0.01f);
-      x.m.fill_(1e-4f);
-      x.v.fill_(1e-6f);
+      cu::fill(x.p, 0.01f);  // device tensors: Tensor::fill_ is host-only
+      cu::fill(x.m, 1e-4f);
+      cu::fill(x.v, 1e-6f);
       for (int64_t o = 0; o < n; o += kChunkInit) {
         const int64_t len = std::min(kChunkInit, n - o);
         Tensor dst = x.g.flat_slice(o, {len});

@@ -61,7 +61,7 @@ Category categorize(ActivityKind kind, const std::string& raw) {
     if (has(n, g)) return Category::kGemm;
   // adam_multi: the multi-tensor Adam (ops/cuda/adam_multi.cu), the step of every device run.
   for (const char* o :
-       {"adam_kernel", "adam_multi_kernel", "sgd_kernel", "reduce_stage1", "reduce_stage2", "multi_tensor"})
+       {"adam_kernel", "adam_multi_kernel", "adam_multi_v2_kernel", "sgd_kernel", "reduce_stage1", "reduce_stage2", "multi_tensor"})
     if (has(n, o)) return Category::kOptimizer;
   return Category::kOther;
 }

@@ -165,7 +165,10 @@ constexpr KernelSpec kKernels[] = {{"v1", 0, false, false},     {"u2", 2, true, 
                                    {"u4", 4, true, true},       {"u2plain", 2, false, true},
                                    {"u2chunk", 2, true, false}, {"u4chunk", 4, true, false}};
 constexpr int kNumKernels = static_cast<int>(sizeof(kKernels) / sizeof(kKernels[0]));
-constexpr int kDefaultKernel = 1;  // u2 (predicted fastest; MEGATRON_ADAM_KERNEL=v1 reverts)
+// v1: on an H200 (device call 20, LLaMA-8B-shaped 4 layers, 1.92e9 params) u2 took 16.49 ms per
+// step against v1's 16.11 ms (docs/performance.md "Session 11: optimizer bandwidth"), so the
+// prediction (u2 fastest) failed and v1 stays the default; MEGATRON_ADAM_KERNEL selects the others.
+constexpr int kDefaultKernel = 0;
 
 // The kernel index: forced by a dev/cuda driver, else MEGATRON_ADAM_KERNEL (read once), else the default.
 int kernel_choice() {
