@@ -6,6 +6,7 @@
 // bit casts and cuda_common.cuh's value helpers (bf16_t, to_f, from_f, ld8) the kernels use.
 #pragma once
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -40,6 +41,7 @@ struct alignas(16) uint4 {
 inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 inline uint32_t __float_as_uint(float f) { return megatron::float_bits(f); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }  // one rounding
 inline float __uint_as_float(uint32_t u) { return megatron::bits_float(u); }
 
 // bf16 as its bits; cuda_common.cuh's conversions and 8-value loads (scalar here).

@@ -246,7 +246,8 @@ int main() {
   run<false, 3, float>(rows, 768, true, rng);  // fp32 gamma
   run<true, 4, float>(rows, 1000, true, rng);  // 4 chunks, the last partial; 2 backward stages
   run<false, 4, bf16_t>(rows, 1024, false, rng);
-  run<true, 1, bf16_t>(rows, 256, true, rng);
+  run<true, 1, bf16_t>(rows, 256, true, rng);  // 1 chunk (+ dres: the NC = 1 fma case of norm_bwd_row)
+  run<false, 1, float>(rows, 256, true, rng);
   run<true, 3, float>(rows, 520, false, rng);  // 3 chunks, the last partial
   run<true, 2, bf16_t>(7, 512, true, rng);     // fewer rows than warps
   std::printf("%d failed\n", fails);

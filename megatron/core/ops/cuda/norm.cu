@@ -291,7 +291,13 @@ __device__ __forceinline__ void norm_bwd_row(const XK& xk, const DK& dk, const R
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float xh = (to_f(xp.v[j]) - mean) * rstd, dxh = to_f(dp.v[j]) * (to_f(gp.v[j]) + gofs);
-      const float v = rstd * (dxh - (kLN ? a : 0.0f) - xh * b) + (res ? to_f(rp.v[j]) : 0.0f);
+      // One explicit fused multiply-add, not `rstd * (...) + dres`: nvcc contracts that per
+      // instantiation, and for NC = 1 (h <= 256) it hoisted element 0's product above the `res`
+      // branch (shared with the no-residual path) and added dres with a separate add.f32 (two
+      // roundings), while the register kernel (NC = 4) and NC = 2..4 fused all eight: the h = 256
+      // residual dx then differed from the unpipelined kernel's in the last bit (H200, device
+      // call 19). fma(p, q, +0) == round(p q) + 0, so without dres the bits are unchanged.
+      const float v = __fmaf_rn(rstd, dxh - (kLN ? a : 0.0f) - xh * b, res ? to_f(rp.v[j]) : 0.0f);
       out.v[j] = from_f<T>(v);
     }
     *reinterpret_cast<Pack8<T>*>(dxr + c) = out;
