@@ -91,10 +91,8 @@ inline GroupedGemmPath choose_grouped_gemm_path(GroupedGemmMode mode, DType in, 
 /// the per-expert loop of one grouped call spreads its GEMMs over. 1 is the serial loop on the
 /// compute stream; S > 1 runs expert lanes 1..S-1 on side streams forked from the compute stream
 /// (lane 0 stays on it) and joined back before the call returns. The GEMMs write disjoint outputs,
-/// so every S gives bitwise the same results. Default 4, from the prediction of docs/moe.md
-/// "Session 11" (written before the first GPU run): at Mixtral's shape one concurrent GEMM already
-/// fills the other's last wave (2 and 4 streams alike), while the small wgrad GEMMs of many-expert
-/// layers (Qwen3: 96-192 output tiles on 132 SMs, always the loop) gain up to the 4th stream.
+/// so every S gives bitwise the same results. Unset: moe_gemm_streams_for's rule (4 streams for
+/// small per-expert GEMMs, the serial loop for large ones).
 inline constexpr int kDefaultMoeGemmStreams = 4;
 inline constexpr int kMaxMoeGemmStreams = 8;
 
@@ -109,6 +107,20 @@ inline int parse_moe_gemm_streams(const char* v) {
     user_error("MEGATRON_MOE_GEMM_STREAMS=", v, ": expected a whole number from 1 (the serial per-expert loop) to ",
                kMaxMoeGemmStreams, " (CUDA streams for the experts' GEMMs)");
   return n;
+}
+
+/// The stream count of one per-expert loop: MEGATRON_MOE_GEMM_STREAMS when set (`v`, parsed as
+/// above), else kDefaultMoeGemmStreams when the call's mean GEMM (total_flops / groups, 2 m n k
+/// per expert with rows) is below kGroupedGemmMaxMeanFlops and 1 (the serial loop) otherwise.
+/// Measured on an H200 (docs/moe.md "Session 11", device calls 19 and 21, gpu_bench moe_gemms):
+/// at Mixtral's shape (120-240 GFLOP per expert GEMM) the default path with 4 streams ran at
+/// 0.74-0.76 of the dense rate in all three passes against 0.85-0.86 with 1, while the many small
+/// wgrad GEMMs of Qwen3's shape (0.8-1.6 GFLOP) ran 1.27x faster on 4 streams. Throws as
+/// parse_moe_gemm_streams for a bad value.
+inline int moe_gemm_streams_for(const char* v, double total_flops, int64_t groups) {
+  if (v != nullptr && *v != '\0') return parse_moe_gemm_streams(v);
+  if (groups < 1) return 1;
+  return total_flops / static_cast<double>(groups) < kGroupedGemmMaxMeanFlops ? kDefaultMoeGemmStreams : 1;
 }
 
 /// The lane (0..lanes-1) of every expert of a per-expert loop over `counts` (-1 for experts

@@ -356,6 +356,17 @@ TEST(GroupedGemmRule, StreamsSwitchAndExpertLanes) {
           << e.what();
     }
   }
+  // Unset: 4 streams below the grouped rule's 10 GFLOP mean per expert GEMM, the serial loop above
+  // (the two measured H200 points, docs/moe.md "Session 11": Qwen3's wgrad loop, 128 experts x
+  // 2*256*768*2048 = 0.8 GFLOP each, 1.27x faster on 4 streams; Mixtral's, 8 x 2*1024*28672*4096
+  // = 240 GFLOP, slower on 4); a set value wins either way.
+  const double qwen3 = 128 * 2.0 * 256 * 768 * 2048, mixtral = 8 * 2.0 * 1024 * 28672 * 4096;
+  EXPECT_EQ(ops::moe_gemm_streams_for(nullptr, qwen3, 128), 4);
+  EXPECT_EQ(ops::moe_gemm_streams_for("", qwen3, 128), 4);
+  EXPECT_EQ(ops::moe_gemm_streams_for(nullptr, mixtral, 8), 1);
+  EXPECT_EQ(ops::moe_gemm_streams_for("4", mixtral, 8), 4);
+  EXPECT_EQ(ops::moe_gemm_streams_for("1", qwen3, 128), 1);
+  EXPECT_THROW(ops::moe_gemm_streams_for("0", mixtral, 8), UserError);
   EXPECT_EQ(ops::assign_expert_lanes({5, 5, 5, 5, 5}, 2), (std::vector<int>{0, 1, 0, 1, 0}));
   EXPECT_EQ(ops::assign_expert_lanes({5, 5, 5, 5, 5}, 4), (std::vector<int>{0, 1, 2, 3, 0}));
   // Rows per lane after each expert: [100,0] [100,10] [100,30] [100,60] [100,61] [100,161] [107,161].

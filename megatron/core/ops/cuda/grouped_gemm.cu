@@ -11,8 +11,8 @@
 // MEGATRON_MOE_GROUPED_GEMM=1 / 0 forces either path (A/B runs, bench/gpu/gpu_bench moe); a type
 // pair cuBLAS still refuses falls back to the loop with a one-time stderr line. Row-major products
 // are issued as their column-major transposes (as gemm.cu does). Everything runs on current_stream(),
-// except that the loop spreads its experts over MEGATRON_MOE_GEMM_STREAMS streams (default 4,
-// ops/grouped_gemm.h parse_moe_gemm_streams): lane 0 is the current stream, lanes 1.. are side
+// except that the loop spreads its experts over MEGATRON_MOE_GEMM_STREAMS streams (unset: 4 for
+// small per-expert GEMMs, 1 for large ones, ops/grouped_gemm.h moe_gemm_streams_for): lane 0 is the current stream, lanes 1.. are side
 // streams forked from it with an event before the first GEMM and joined back with one event each
 // after the last, so the caller sees one stream-ordered op. Experts write disjoint rows of dx / y
 // and their own dw, so the results are bitwise those of the serial loop (same cuBLASLt plan per
@@ -170,16 +170,19 @@ std::mutex g_lane_mu;
 ExpertLaneCounts g_lane_counts;
 
 // for_each_expert_rows(counts, fn) with expert e's work issued on lane assign_expert_lanes(counts,
-// S)[e] (ops/grouped_gemm.h; S = MEGATRON_MOE_GEMM_STREAMS, at most the number of experts with
+// S)[e] (ops/grouped_gemm.h; S = moe_gemm_streams_for(MEGATRON_MOE_GEMM_STREAMS, the call's FLOPs), at most the number of experts with
 // rows): fn runs with current_stream() set to its lane's stream; the side lanes wait for the
 // compute stream's work so far before their first GEMM, and the compute stream waits for every
 // side lane after the last (also when fn throws). The variable is read at every call, so that one
 // process (gpu_bench moe, gpu_ops_test) can compare stream counts.
 template <class Fn>
-void for_each_expert_on_lanes(const std::vector<int64_t>& counts, Fn&& fn) {
+void for_each_expert_on_lanes(const std::vector<int64_t>& counts, const std::vector<Problem>& ps, Fn&& fn) {
   int busy = 0;
   for (int64_t c : counts) busy += c > 0;
-  const int lanes = std::min(parse_moe_gemm_streams(std::getenv("MEGATRON_MOE_GEMM_STREAMS")), busy);
+  double flops = 0;
+  for (const Problem& p : ps) flops += 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  const int lanes = std::min(
+      moe_gemm_streams_for(std::getenv("MEGATRON_MOE_GEMM_STREAMS"), flops, static_cast<int64_t>(ps.size())), busy);
   {
     std::lock_guard<std::mutex> g(g_lane_mu);
     if (lanes > 1) {
@@ -236,7 +239,7 @@ void grouped_linear_forward(const Tensor& x, const std::vector<Tensor>& ws, cons
     ps.push_back({true, false, out, n, in, ws[e].data_ptr(), in, at(x, off), in, at(y, off), out});
   });
   if (in > 0 && out > 0 && y.dtype() == x.dtype() && run_grouped(0, ps, x.dtype(), y.dtype(), 0.0f)) return;
-  for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
+  for_each_expert_on_lanes(counts, ps, [&](size_t e, int64_t off, int64_t n) {
     Tensor ye = y.narrow0(off, n);
     linear_forward(x.narrow0(off, n), ws[e], nullptr, ye);
   });
@@ -257,7 +260,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
       ps.push_back({false, false, in, n, out, ws[e].data_ptr(), in, at(dy, off), out, at(*dx, off), in});
     });
     if (!(nonempty && dx->dtype() == dy.dtype() && run_grouped(1, ps, dy.dtype(), dx->dtype(), 0.0f)))
-      for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
+      for_each_expert_on_lanes(counts, ps, [&](size_t e, int64_t off, int64_t n) {
         Tensor dxe = dx->narrow0(off, n);
         linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], &dxe, nullptr, nullptr, accumulate);
       });
@@ -276,7 +279,7 @@ void grouped_linear_backward(const Tensor& dy, const Tensor& x, const std::vecto
     ps.push_back({false, true, in, out, n, at(x, off), in, at(dy, off), out, (*dws)[e].data_ptr(), in});
   });
   if (nonempty && same_type && run_grouped(2, ps, dy.dtype(), dws->front().dtype(), accumulate ? 1.0f : 0.0f)) return;
-  for_each_expert_on_lanes(counts, [&](size_t e, int64_t off, int64_t n) {
+  for_each_expert_on_lanes(counts, ps, [&](size_t e, int64_t off, int64_t n) {
     linear_backward(dy.narrow0(off, n), x.narrow0(off, n), ws[e], nullptr, &(*dws)[e], nullptr, accumulate);
   });
 }
