@@ -113,9 +113,9 @@ inline int parse_moe_gemm_streams(const char* v) {
 /// above), else kDefaultMoeGemmStreams when the call's mean GEMM (total_flops / groups, 2 m n k
 /// per expert with rows) is below kGroupedGemmMaxMeanFlops and 1 (the serial loop) otherwise.
 /// Measured on an H200 (docs/moe.md "Session 11", device calls 19 and 21, gpu_bench moe_gemms):
-/// at Mixtral's shape (120-240 GFLOP per expert GEMM) the default path with 4 streams ran at
-/// 0.74-0.76 of the dense rate in all three passes against 0.85-0.86 with 1, while the many small
-/// wgrad GEMMs of Qwen3's shape (0.8-1.6 GFLOP) ran 1.27x faster on 4 streams. Throws as
+/// at Mixtral's shape (120-240 GFLOP per expert GEMM) the loop on 4 streams ran at 0.81-0.87 of
+/// the dense rate against 0.85-0.86 serially (never more than 1 % ahead, up to 6 % behind), while
+/// the many small wgrad GEMMs of Qwen3's shape (0.8-1.6 GFLOP) ran 1.27x faster on 4 streams. Throws as
 /// parse_moe_gemm_streams for a bad value.
 inline int moe_gemm_streams_for(const char* v, double total_flops, int64_t groups) {
   if (v != nullptr && *v != '\0') return parse_moe_gemm_streams(v);
