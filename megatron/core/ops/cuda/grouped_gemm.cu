@@ -123,9 +123,15 @@ bool run_grouped_cublas(const std::vector<Problem>& ps, DType ab, DType ct, floa
 // Runs `ps` (GEMM kind `kind`, 0 forward, 1 dgrad, 2 wgrad) as one cublasGemmGroupedBatchedEx_64
 // call (alpha 1, the given beta) when choose_grouped_gemm_path picks the grouped path and cuBLAS
 // takes the types. Returns false (nothing launched) otherwise; the caller then loops.
-bool run_grouped(int kind, const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
+// 2 m n k summed over the problems of one grouped call (the FLOPs both path rules read).
+double total_flops(const std::vector<Problem>& ps) {
   double flops = 0;
   for (const Problem& p : ps) flops += 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  return flops;
+}
+
+bool run_grouped(int kind, const std::vector<Problem>& ps, DType ab, DType ct, float beta) {
+  const double flops = total_flops(ps);
   // MEGATRON_MOE_GROUPED_GEMM is read at every call so that one process (gpu_bench moe) can time both paths.
   const GroupedGemmPath path = choose_grouped_gemm_path(parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM")),
                                                         ab, ct, static_cast<int64_t>(ps.size()), flops);
@@ -179,10 +185,9 @@ template <class Fn>
 void for_each_expert_on_lanes(const std::vector<int64_t>& counts, const std::vector<Problem>& ps, Fn&& fn) {
   int busy = 0;
   for (int64_t c : counts) busy += c > 0;
-  double flops = 0;
-  for (const Problem& p : ps) flops += 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
   const int lanes = std::min(
-      moe_gemm_streams_for(std::getenv("MEGATRON_MOE_GEMM_STREAMS"), flops, static_cast<int64_t>(ps.size())), busy);
+      moe_gemm_streams_for(std::getenv("MEGATRON_MOE_GEMM_STREAMS"), total_flops(ps), static_cast<int64_t>(ps.size())),
+      busy);
   {
     std::lock_guard<std::mutex> g(g_lane_mu);
     if (lanes > 1) {
