@@ -392,6 +392,13 @@ int main(int argc, char** argv) {
       report_bw("qkv_split_rope fwd 8192x6144 bf16", t, 2.0 * T * 6144 * 2);
       t = time_ms([&] { cu::qkv_split_rope_backward(q, k, v, 32, 8, rp, nullptr, qkv); });
       report_bw("qkv_split_rope bwd 8192x6144 bf16", t, 2.0 * T * 6144 * 2);
+      // The same without the per-call (cos, sin) table (rope.cu, Session 12): every channel's angle.
+      cu::variants::forced().rope_no_table = true;
+      t = time_ms([&] { cu::qkv_split_rope_forward(qkv, 32, 8, rp, nullptr, q, k, v); });
+      report_bw("qkv_split_rope fwd 8192x6144 bf16 (no angle table)", t, 2.0 * T * 6144 * 2);
+      t = time_ms([&] { cu::qkv_split_rope_backward(q, k, v, 32, 8, rp, nullptr, qkv); });
+      report_bw("qkv_split_rope bwd 8192x6144 bf16 (no angle table)", t, 2.0 * T * 6144 * 2);
+      cu::variants::forced().rope_no_table = false;
       const int64_t R = 65536, C = 768;
       Tensor x = rnd({R, C}, DType::kBFloat16), y = rnd({R, C}, DType::kBFloat16), dx = rnd({R, C}, DType::kBFloat16);
       Tensor g = rnd({C}, DType::kFloat32), b = rnd({C}, DType::kFloat32), dg = rnd({C}, DType::kFloat32),

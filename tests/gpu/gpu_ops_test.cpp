@@ -1049,6 +1049,64 @@ void test_rope() {
     }
 }
 
+// The vector RoPE kernel's per-call (cos, sin) table (rope.cu, Session 12) reproduces the
+// per-channel angles bit for bit: forward q/k/v and backward dqkv with the table and without it
+// (variants::forced().rope_no_table), rotate-half and interleaved, with and without position ids,
+// 50 % partial rotary, Llama-3.1 scaling with interpolated positions, at a LLaMA-3-8B-like head
+// layout (GQA 8 query heads per group, d 128, base 500000) and a small MHA one (d 32), b = 2 and
+// positions up to 8191. The invariant is exact: the table holds the values of the same
+// rope_inv_freq / rope_angle / sincosf calls, and both paths round the rotation the same way.
+void test_rope_table_bits() {
+  auto& f = cu::variants::forced();
+  struct Case { int64_t s, np, ng, d; int variant; };
+  const int64_t S = g_small ? 16 : 520;
+  const Case cases[] = {{S, 16, 2, 128, 0}, {S, 16, 2, 128, 1}, {S, 16, 2, 128, 2}, {S, 16, 2, 128, 3},
+                        {S, 4, 4, 32, 0}, {S, 4, 4, 32, 1}};
+  for (DType dt : {DType::kBFloat16, DType::kFloat32})
+    for (const Case& c : cases) {
+      const int64_t b = 2, npg = c.np / c.ng, W = c.ng * (npg + 2) * c.d;
+      ops::RopeParams rp;
+      rp.enabled = true;
+      rp.interleaved = c.variant == 1;
+      rp.percent = c.variant == 2 ? 0.5f : 1.0f;
+      rp.base = 500000.0f;
+      if (c.variant == 3) {
+        rp.scaling.enabled = true;
+        rp.scaling.factor = 8.0f;
+        rp.position_scale = ops::rope_position_scale(4.0);
+      }
+      V qkv = rounded(randn(c.s * b * W), dt);
+      std::vector<int64_t> pos(c.s * b);
+      std::uniform_int_distribution<int64_t> dp(0, 8191);
+      for (auto& p : pos) p = dp(g_rng);
+      const bool use_pos = c.variant != 0;
+      Tensor QKV = dev(qkv, {c.s, b, W}, dt), P = dev_i64(pos, {c.s, b});
+      V dq = rounded(randn(c.s * b * c.np * c.d), dt), dk = rounded(randn(c.s * b * c.ng * c.d), dt),
+        dv = rounded(randn(c.s * b * c.ng * c.d), dt);
+      Tensor DQ = dev(dq, {c.s, b, c.np, c.d}, dt), DK = dev(dk, {c.s, b, c.ng, c.d}, dt),
+             DV = dev(dv, {c.s, b, c.ng, c.d}, dt);
+      Tensor out[2][4];  // [no table, table] x {q, k, v, dqkv}
+      for (int t = 0; t < 2; ++t) {
+        f.rope_no_table = t == 0;
+        Tensor* o = out[t];
+        o[0] = poisoned({c.s, b, c.np, c.d}, dt);
+        o[1] = poisoned({c.s, b, c.ng, c.d}, dt);
+        o[2] = poisoned({c.s, b, c.ng, c.d}, dt);
+        o[3] = poisoned({c.s, b, W}, dt);
+        cu::qkv_split_rope_forward(QKV, c.np, c.ng, rp, use_pos ? &P : nullptr, o[0], o[1], o[2]);
+        cu::qkv_split_rope_backward(DQ, DK, DV, c.np, c.ng, rp, use_pos ? &P : nullptr, o[3]);
+      }
+      f.rope_no_table = false;
+      char nm[160];
+      std::snprintf(nm, sizeof nm, "qkv_split_rope table == per-channel angles bitwise: %s np=%ld ng=%ld d=%ld %s:",
+                    c.variant == 0 ? "half" : c.variant == 1 ? "interleaved+pos" : c.variant == 2 ? "half 50%+pos"
+                                                                                     : "half+pos llama3-scaled interp4",
+                    (long)c.np, (long)c.ng, (long)c.d, dn(dt));
+      const char* what[4] = {"q", "k", "v", "dqkv"};
+      for (int i = 0; i < 4; ++i) check_true(std::string(nm) + " " + what[i], same_bytes(out[0][i], out[1][i]));
+    }
+}
+
 // Random attention inputs rounded to dt: q, dout [s, b, np, d], k, v [sk, b, ng, d] (standard
 // normal), and the explicit mask [b, s, sk] (30% masked, never the diagonal) when `with_mask`, else
 // all visible; drawn in that order from g_rng.
@@ -2990,7 +3048,7 @@ int main(int argc, char** argv) {
   std::printf("gpu_ops_test seed %llu%s\n", (unsigned long long)seed, g_small ? " (small)" : "");
   std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"elementwise", test_elementwise}, {"activations", test_activations}, {"gemm", test_gemm},
-      {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"norms_few", test_norms_few}, {"rope", test_rope},
+      {"embedding_ce", test_embedding_ce}, {"norms", test_norms}, {"norms_few", test_norms_few}, {"rope", test_rope}, {"rope_table", test_rope_table_bits},
       {"attention", test_attention}, {"attn_generic", test_attention_generic},
       {"attn_dropout", test_attention_dropout}, {"attn_det", test_attention_deterministic}, {"adam", test_adam},
       {"model_ops", test_model_ops}, {"epilogues", test_gemm_epilogues}, {"h2d_staging", test_h2d_staging},

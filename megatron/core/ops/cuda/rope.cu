@@ -3,11 +3,14 @@
 // rope.percent) with fp32 angles pos * base^(-2i/rot_dim) (rope_freq.h: also Llama-3.1 frequency
 // scaling and position interpolation, the same inline functions the CPU reference calls). One thread per 8 channels of a row
 // (rope_vec_kernel) when the shapes allow and fill a GPU wave (the backward: whenever they
-// allow), else one thread per output element (rope_kernel: a decode step's few tokens).
+// allow), else one thread per output element (rope_kernel: a decode step's few tokens). The vector
+// kernel reads each token's (cos, sin) from a per-call table (rope_table_kernel) by default.
 #include <initializer_list>
 
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/variants.h"
+#include "megatron/core/utils/env.h"
 #include "megatron/core/ops/rope_freq.h"
 
 namespace megatron::ops::cuda {
@@ -43,6 +46,18 @@ __device__ __forceinline__ void rope_partner(int c, int rot, bool inter, int& pa
       fi = c - half;
     }
   }
+}
+
+// The rotation of one channel, with its roundings written out so that every kernel below rounds
+// the same way whatever nvcc would contract in its context (it fuses `a * b + c` per
+// instantiation): forward x cs + sign pv sn as one fma over the rounded product sn (sign pv),
+// backward x cs - sign pv sn with three rounded products and a rounded difference. These are the
+// roundings nvcc chose for rope_vec_kernel before they were written out (its fp32 PTX is
+// unchanged: tests/gpu/host_emulation/ptx_fp_sequence.sh).
+template <bool kBwd>
+__device__ __forceinline__ float rope_rotate(float x, float pv, float cs, float sn, float sign) {
+  const float t = __fmul_rn(sn, __fmul_rn(sign, pv));
+  return kBwd ? __fsub_rn(__fmul_rn(x, cs), t) : __fmaf_rn(x, cs, t);
 }
 
 // kBwd=false: out (q/k/v) from qkv. kBwd=true: dqkv from dq/dk/dv (inverse rotation).
@@ -82,7 +97,7 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
       sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
       const float pv = to_f(src[partner]);
       // forward: out[c] = x[c] cos + sign * x[partner] sin; backward: the transpose.
-      val = kBwd ? val * cs - sign * pv * sn : val * cs + sign * pv * sn;
+      val = rope_rotate<kBwd>(val, pv, cs, sn, sign);
     }
     if (kBwd) qkv_out[qidx + c] = from_f<T>(val);
     else other[oidx + c] = from_f<T>(val);
@@ -96,10 +111,16 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
 // Same per-element formulas as rope_kernel, so results are identical.
 // Measured on the H200 (LLaMA-3-8B shape, qkv 8192 x 6144 bf16): rope_kernel took 0.78 ms
 // forward and 0.73 ms backward (docs/performance.md); this moves 2 x 100 MB.
-template <class T, bool kBwd>
+// kTable: (cos, sin) of each (position row, pair) come from `tab` (rope_table_kernel: the same
+// rope_inv_freq / rope_angle / sincosf calls, so the same values) instead of being computed per
+// channel: the 8 powf + 8 sincosf per thread made this kernel compute-bound, ~0.32 ms forward and
+// ~0.38 ms backward per LLaMA-3-8B-shaped call (8192 x 6144 bf16, 200 MB moved: ~0.6 TB/s; device
+// call 17's kernel profile, docs/performance.md "Session 12: RoPE"), while the table row of a token
+// is read by all of its heads. tab rows: the token (tok = si * b + bi) with position ids, else si.
+template <class T, bool kBwd, bool kTable = false>
 __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_out, T* __restrict__ q,
                                 T* __restrict__ k, T* __restrict__ v, const int64_t* __restrict__ pos_ids, RopeArgs a,
-                                int64_t rows) {
+                                int64_t rows, const float2* __restrict__ tab = nullptr) {
   const int tpr = static_cast<int>(a.d / 8);
   const int npg = static_cast<int>(a.np / a.ng), per_group = npg + 2, slots = static_cast<int>(a.ng) * per_group;
   const int64_t total = rows * tpr;
@@ -124,7 +145,6 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
     float x[8], y[8];
     ld8(src, c0, a.d, true, x);
     if (a.rot > 0 && within <= npg && c0 < a.rot) {
-      const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / a.b);
       float pv[8];
       if (a.interleaved) {
 #pragma unroll
@@ -133,15 +153,42 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
         const int half = a.rot / 2;
         ld8(src, c0 < half ? c0 + half : c0 - half, a.d, true, pv);
       }
+      if constexpr (kTable) {
+        // The chunk's pairs: 8 consecutive (rotate-half: both halves map onto fi = c mod rot/2,
+        // rot % 16 == 0 keeps a chunk in one half) or 4 (interleaved: fi = c / 2); rot/2 % 8 == 0
+        // keeps the row's 8-pair groups 64-byte aligned.
+        const int half = a.rot / 2;
+        const float2* tr = tab + (pos_ids ? tok : tok / a.b) * half +
+                           (a.interleaved ? (c0 >> 1) : (c0 < half ? c0 : c0 - half));
+        float2 e[8];
+        const float4* t4 = reinterpret_cast<const float4*>(tr);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        int partner, fi;
-        float sign;
-        rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
-        const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
-        float sn, cs;
-        sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
-        y[j] = kBwd ? x[j] * cs - sign * pv[j] * sn : x[j] * cs + sign * pv[j] * sn;
+        for (int j = 0; j < 4; ++j) {
+          if (a.interleaved && j >= 2) break;
+          const float4 w = t4[j];
+          e[2 * j] = make_float2(w.x, w.y);
+          e[2 * j + 1] = make_float2(w.z, w.w);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          int partner, fi;
+          float sign;
+          rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
+          const float2 cssn = e[a.interleaved ? (j >> 1) : j];
+          y[j] = rope_rotate<kBwd>(x[j], pv[j], cssn.x, cssn.y, sign);
+        }
+      } else {
+        const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / a.b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          int partner, fi;
+          float sign;
+          rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
+          const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
+          float sn, cs;
+          sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
+          y[j] = rope_rotate<kBwd>(x[j], pv[j], cs, sn, sign);
+        }
       }
     } else {
 #pragma unroll
@@ -149,6 +196,53 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
     }
     st8(dst, c0, a.d, true, y);
   }
+}
+
+// tab[r * rot/2 + fi] = (cos, sin) of pair fi at the position of row r: pos_ids[r] (r over the
+// s * b tokens) or r (= si, r < s) without position ids; the same calls as rope_vec_kernel's
+// per-channel path, so the same float values.
+__global__ void rope_table_kernel(float2* __restrict__ tab, const int64_t* __restrict__ pos_ids, RopeArgs a,
+                                  int64_t nrows) {
+  const int half = a.rot / 2;
+  const int64_t total = nrows * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int fi = static_cast<int>(i % half);
+    const int64_t r = i / half;
+    const float pos = pos_ids ? static_cast<float>(pos_ids[r]) : static_cast<float>(r);
+    const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
+    float sn, cs;
+    sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
+    tab[i] = make_float2(cs, sn);
+  }
+}
+
+// MEGATRON_ROPE_TABLE=0 (A/B runs, docs/environment.md) or variants::forced().rope_no_table: the
+// vector kernel computes every channel's angle itself (same bits, slower).
+bool rope_table_on() {
+  static const bool on = env_switch("MEGATRON_ROPE_TABLE", true);
+  return on && !variants::forced().rope_no_table;
+}
+
+// Launches rope_vec_kernel over `rows` rows of qkv, through the angle table when rope_table_on()
+// and the rotation covers at least one 8-pair group (the table is allocated stream-ordered and
+// freed behind the kernel).
+template <class T, bool kBwd>
+void launch_rope_vec(const T* qkv_in, T* qkv_out, T* q, T* k, T* v, const int64_t* pos, const RopeArgs& a,
+                     int64_t rows, cudaStream_t st) {
+  const unsigned grid = grid_for(rows * (a.d / 8), kThreads);
+  if (!rope_table_on() || a.rot < 16) {
+    rope_vec_kernel<T, kBwd, false><<<grid, kThreads, 0, st>>>(qkv_in, qkv_out, q, k, v, pos, a, rows);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t ntok = a.s * a.b, trows = pos ? ntok : a.s, tn = trows * (a.rot / 2);
+  float2* tab = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&tab, sizeof(float2) * tn, st));
+  rope_table_kernel<<<grid_for(tn, kThreads), kThreads, 0, st>>>(tab, pos, a, trows);
+  CUDA_CHECK_LAUNCH();
+  rope_vec_kernel<T, kBwd, true><<<grid, kThreads, 0, st>>>(qkv_in, qkv_out, q, k, v, pos, a, rows, tab);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaFreeAsync(tab, st));
 }
 
 bool rope_vec_ok(const RopeArgs& a, std::initializer_list<const void*> ptrs) {
@@ -195,10 +289,9 @@ void qkv_split_rope_forward(const Tensor& qkv, int64_t num_heads, int64_t num_qu
       total / 8 >= (int64_t)sm_count() * kThreads) {
     const int64_t rows = total / a.d;
     MCU_FLOAT_SWITCH(qkv.dtype(), T,
-                     rope_vec_kernel<T, false><<<grid_for(rows * (a.d / 8), kThreads), kThreads, 0, st>>>(
-                         static_cast<const T*>(qkv.data_ptr()), nullptr, static_cast<T*>(q.data_ptr()),
-                         static_cast<T*>(k.data_ptr()), static_cast<T*>(v.data_ptr()), pos, a, rows));
-    CUDA_CHECK_LAUNCH();
+                     launch_rope_vec<T, false>(static_cast<const T*>(qkv.data_ptr()), nullptr,
+                                               static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()),
+                                               static_cast<T*>(v.data_ptr()), pos, a, rows, st));
     return;
   }
   MCU_FLOAT_SWITCH(qkv.dtype(), T,
@@ -225,11 +318,10 @@ void qkv_split_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   if (rope_vec_ok(a, {dqkv.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()})) {
     const int64_t rows = total / a.d;
     MCU_FLOAT_SWITCH(dqkv.dtype(), T,
-                     rope_vec_kernel<T, true><<<grid_for(rows * (a.d / 8), kThreads), kThreads, 0, st>>>(
-                         nullptr, static_cast<T*>(dqkv.data_ptr()), const_cast<T*>(static_cast<const T*>(dq.data_ptr())),
-                         const_cast<T*>(static_cast<const T*>(dk.data_ptr())),
-                         const_cast<T*>(static_cast<const T*>(dv.data_ptr())), pos, a, rows));
-    CUDA_CHECK_LAUNCH();
+                     launch_rope_vec<T, true>(nullptr, static_cast<T*>(dqkv.data_ptr()),
+                                              const_cast<T*>(static_cast<const T*>(dq.data_ptr())),
+                                              const_cast<T*>(static_cast<const T*>(dk.data_ptr())),
+                                              const_cast<T*>(static_cast<const T*>(dv.data_ptr())), pos, a, rows, st));
     return;
   }
   MCU_FLOAT_SWITCH(dqkv.dtype(), T,

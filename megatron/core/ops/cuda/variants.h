@@ -33,6 +33,7 @@ struct Forced {
   /// adam_multi.cu: which multi-tensor Adam kernel, -1 = automatic (MEGATRON_ADAM_KERNEL, else
   /// the default), else an index into adam_kernel_name() (0 = v1, the kernel before Session 11).
   int adam_kernel = -1;
+  bool rope_no_table = false;  ///< rope.cu: the vector RoPE kernel computes each channel's angle (no per-call cos/sin table)
   bool reduce_stage1_v1 = false;  ///< elementwise.cu: reduction stage 1 with one load in flight (MEGATRON_REDUCE_V1)
 };
 
