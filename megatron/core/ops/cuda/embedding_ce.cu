@@ -193,6 +193,11 @@ __global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ label
 // GPT-2 step); with the bulk copy the whole row is in flight at once and one SM's second block
 // computes while the first one's row arrives. Same chunks per thread, same order of the
 // max/sum-exp combines, same values read: the same bits as the stash.
+// Partial rows (Session 12; LLaMA-3's 128256-wide bf16 rows, 250 KB): the bulk copy fetches the
+// stashed part (`stash` elements, ~90% of the row; one block per SM), the threads load the rest
+// in both passes as the stash kernel does. The stash kernel's threads had 32 KB of the row in
+// flight per SM (four 16-byte loads each), ~2.1 TB/s; the bulk copy puts the whole stashed part
+// in flight. Same chunks and values: the same bits as the stash kernel.
 constexpr int kFusedThreads = 512;
 constexpr unsigned kBulkPiece = 16384;  // bytes per bulk copy instruction
 
@@ -211,7 +216,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   if constexpr (kBulk) {
     __shared__ __align__(8) uint64_t bar;
     if (threadIdx.x == 0) {
-      const unsigned bytes = static_cast<unsigned>(V * sizeof(L));  // a multiple of 16 (V % 8 == 0)
+      // The stashed part: all of the row or a multiple of 8 elements, a multiple of 16 bytes either
+      // way (16-bit logits; V % 8 == 0).
+      const unsigned bytes = static_cast<unsigned>(stash * sizeof(L));
       mbarrier_init(&bar, 1);
       mbarrier_arrive_expect_tx(&bar, bytes);
       for (unsigned o = 0; o < bytes; o += kBulkPiece)
@@ -221,7 +228,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     __syncthreads();  // the barrier is initialised before anyone waits on it
     mbarrier_wait(&bar, 0);
   }
-  const L* src = kBulk ? srow : lr;  // pass 1 reads
+  // Pass 1 reads chunk cc from the copy when it is stashed (kBulk), else from global memory.
+  auto src = [&](int64_t cc) -> const L* { return kBulk && cc < stash ? srow : lr; };
   float m = -INFINITY, s = 0.0f;
   constexpr int64_t kStep = kFusedThreads * 8;
   int64_t c = threadIdx.x * 8;
@@ -229,7 +237,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     for (; c + 3 * kStep < V; c += 4 * kStep) {
       float f[4][8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) ld8(src, c + u * kStep, V, true, f[u]);
+      for (int u = 0; u < 4; ++u) ld8(src(c + u * kStep), c + u * kStep, V, true, f[u]);
       if constexpr (kStash) {
 #pragma unroll
         for (int u = 0; u < 4; ++u)
@@ -250,7 +258,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
   for (; c < V; c += kStep) {
     float f[8];
-    ld8(src, c, V, vec, f);
+    ld8(src(c), c, V, vec, f);
     if constexpr (kStash)
       if (c < stash) st8(srow, c, V, vec, f);
     float bm = -INFINITY;
@@ -289,7 +297,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const float l = row_lse;
   for (c = threadIdx.x * 8; c < V; c += kStep) {
     float f[8];
-    ld8(kBulk || (kStash && c < stash) ? srow : lr, c, V, vec, f);
+    ld8((kBulk || kStash) && c < stash ? srow : lr, c, V, vec, f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = __expf(f[j] - l) - (c + j == t ? 1.0f : 0.0f);
     st8(lr, c, V, vec, f);
@@ -485,12 +493,14 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
   const bool stash = stash_elems > 0;
   const size_t stash_bytes = static_cast<size_t>(stash_elems) * esz;
   // The bulk-copy kernel where the whole row fits twice per SM (GPT-2 bf16: 2 x 100.6 KB of 228;
-  // 1 KB per block is the runtime's) and the row is 16-byte aligned; else the stash kernel.
+  // 1 KB per block is the runtime's) or only a part of it fits (LLaMA-3 bf16, one block per SM,
+  // the rest loaded by the threads), with 16-byte aligned rows of 16-bit logits (fp32 rows fit
+  // at most half: no stash, see above); else the stash kernel.
   int per_sm = 0, major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  const bool bulk = vec && stash && stash_elems == V && major >= 9 &&
-                    2 * (stash_bytes + 2048) <= static_cast<size_t>(per_sm) && ce_fused_bulk_host();
+  const bool whole = stash_elems == V && 2 * (stash_bytes + 2048) <= static_cast<size_t>(per_sm);
+  const bool bulk = vec && stash && esz == 2 && major >= 9 && (whole || stash_elems < V) && ce_fused_bulk_host();
   MCU_FLOAT_SWITCH(logits.dtype(), L, {
     L* p = static_cast<L*>(logits.data_ptr());
     const int64_t* lab = static_cast<const int64_t*>(labels.data_ptr());
