@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -283,10 +284,23 @@ struct GraphBuilder {
 struct Plan {
   std::unique_ptr<Descs> ds;
   cudnnBackendDescriptor_t plan = nullptr;
-  int64_t workspace = 0;
+  int64_t workspace = 0;  // with autotuning: the largest workspace of the candidates
   bool ok = false;
   std::string err;
+  // Autotuning (autotune_on()): every finalized plan of the heuristics' configs, in their order;
+  // the first call of the shape times each and keeps the fastest in `plan`.
+  std::vector<cudnnBackendDescriptor_t> cands;
+  bool tuned = false;
 };
+
+// MEGATRON_CUDNN_AUTOTUNE=1 (read once; docs/environment.md): time every engine config cuDNN's
+// heuristics offer for an attention graph at its first call and keep the fastest, as
+// cudnn-frontend's autotuning and torch.backends.cudnn.benchmark do for convolutions; 0 takes
+// the heuristics' first config.
+bool autotune_on() {
+  static const bool on = env_switch("MEGATRON_CUDNN_AUTOTUNE", false);
+  return on;
+}
 
 // True when the engine of engine config `cfg` does not report CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
 // (false when cuDNN cannot tell).
@@ -350,12 +364,17 @@ void make_plan(Plan& pl, GraphBuilder& gb, cudnnHandle_t hd, bool det) {
       int64_t ws = 0, cnt = 0;
       ck(g_api.getAttr(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws),
          "plan workspace size");
-      pl.plan = plan;
-      pl.workspace = ws;
-      pl.ok = true;
-      return;
+      if (!pl.ok) {
+        pl.plan = plan;
+        pl.ok = true;
+      }
+      pl.workspace = std::max(pl.workspace, ws);
+      if (!autotune_on()) return;
+      pl.cands.push_back(plan);
     }
+    if (pl.ok && pl.cands.size() > 1) return;  // mode A offered a choice: the fallback list is not needed
   }
+  if (pl.ok) return;
   throw CudnnError{"no cuDNN engine supports this attention graph" + errs};
 }
 
@@ -588,6 +607,59 @@ void execute(Plan& pl, const std::vector<int64_t>& uids, std::vector<void*>& ptr
   ck(g_api.execute(hd, pl.plan, vp), "cudnnBackendExecute");
 }
 
+// Autotuning (autotune_on()): at the first call of a shape with several candidate plans, runs
+// each on the call's own tensors (once to warm up, then 3 times between CUDA events) and keeps
+// the one with the smallest mean; a candidate that fails to execute is skipped. Every candidate
+// overwrites the same outputs (cuDNN's attention graphs write out/lse or dq/dk/dv, they do not
+// accumulate), and the caller then runs the kept plan once more. Not while the stream is being
+// captured into a CUDA graph (events cannot be waited on there): then the first plan stays.
+void autotune(Plan& pl, const Shape& x, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
+  // Deterministic mode keeps the heuristics' first config: a choice by timing could differ
+  // between two runs and with it the bits.
+  if (pl.tuned || pl.cands.size() < 2 || x.det || megatron::cuda::deterministic()) return;
+  cudaStream_t st = megatron::cuda::current_stream();
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+  pl.tuned = true;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::string line;
+  float best = 0.0f;
+  size_t best_i = 0;
+  bool any = false;
+  for (size_t i = 0; i < pl.cands.size(); ++i) {
+    pl.plan = pl.cands[i];
+    float ms = 0.0f;
+    try {
+      execute(pl, uids, ptrs, ws);
+      CUDA_CHECK(cudaEventRecord(e0, st));
+      for (int r = 0; r < 3; ++r) execute(pl, uids, ptrs, ws);
+      CUDA_CHECK(cudaEventRecord(e1, st));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      ms /= 3.0f;
+    } catch (const CudnnError&) {
+      line += " cfg" + std::to_string(i) + ":failed";
+      continue;
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " cfg%zu:%.3f", i, ms);
+    line += buf;
+    if (!any || ms < best) {
+      best = ms;
+      best_i = i;
+      any = true;
+    }
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  pl.plan = pl.cands[best_i];
+  std::fprintf(stderr, "cuDNN attention autotune %s b=%ld hq=%ld hk=%ld s=%ld d=%ld%s: ms%s -> cfg%zu\n",
+               x.bwd ? "bwd" : "fwd", (long)x.b, (long)x.hq, (long)x.hk, (long)x.s, (long)x.d,
+               x.causal ? " causal" : "", line.c_str(), best_i);
+}
+
 // Executes; on a cuDNN error the plan is marked unusable (later calls of this shape go to our
 // kernels) and false is returned so that the caller runs its fallback now.
 bool run_plan(Plan& pl, const Shape& x, const std::vector<int64_t>& uids, std::vector<void*>& ptrs, void* ws) {
@@ -618,6 +690,7 @@ bool run_forward(const Shape& x, float softmax_scale, void* q, void* k, void* v,
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
+  autotune(*pl, x, uids, ptrs, ws);
   bool ok = run_plan(*pl, x, uids, ptrs, ws);
   if (ws) CUDA_CHECK(cudaFreeAsync(ws, st));
   return ok;
@@ -644,6 +717,7 @@ bool run_backward(const Shape& x, float softmax_scale, void* q, void* k, void* v
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
   }
+  autotune(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
   bool ok = run_plan(*pl, x, uids, ptrs, pl->workspace > 0 ? buf : nullptr);
   CUDA_CHECK(cudaFreeAsync(buf, st));
   return ok;
