@@ -1,6 +1,7 @@
 // LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h]
 // (forward with few wide rows, as in decode: one block per row), fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums
-// are accumulated per block (in registers for h <= 1024, else with shared-memory atomics, whose
+// are accumulated per block (in registers for h <= 1024 and, with one block per row, for
+// 1024 < h <= 8192 bf16 rows (norm_bwd_rowblk_kernel); else with shared-memory atomics, whose
 // order varies run to run; per warp without atomics in deterministic mode, deterministic.h),
 // written as partial rows and summed in a fixed order by a second kernel.
 #include <algorithm>
