@@ -4,7 +4,8 @@
 # or variants.h norm_bwd_no_row = the old norm_bwd_kernel). One H200, < 120 s. Prediction:
 # docs/performance.md "Session 12: large-h norm backward".
 #   tests/gpu/normrow_check.sh BIN_DIR LOGDIR
-# BIN_DIR: gpu_ops_test and dev/dev_cuda_norm_bwd of a CUDA build (ninja gpu_ops_test dev_cuda_norm_bwd);
+# BIN_DIR: gpu_ops_test and dev/dev_cuda_norm_{bwd,fwd} of a CUDA build (ninja gpu_ops_test dev_cuda_norm_bwd
+# dev_cuda_norm_fwd);
 # pretrain_gpt too for step 3 (skipped with an INFO line when absent).
 # Every line that matters starts with PASS/FAIL/RESULT/INFO; exit status 1 iff a FAIL:
 #   1. gpu_ops_test --only norms: every norm kernel against float64, including test_norm_rowblk
@@ -12,6 +13,8 @@
 #      float64, new vs old within tolerance, new twice bitwise).
 #   2. dev_cuda_norm_bwd: GPT-2's shape (unchanged kernels) and 8192 x 4096 bf16 (row-block vs old,
 #      both vs the CPU, new vs old within tolerance, new twice bitwise) -> RESULT us per call, GB/s.
+#   2b. dev_cuda_norm_fwd (if built): the 8192 x 4096 forward, shipped warp-per-row kernel vs the
+#      block-per-row kernel forced (timing only: RESULT speedup; the forward is not changed).
 #   3. LLaMA-3-8B-shaped 4 layers, seq 8192, 10 iterations, new and MEGATRON_NORM_BWD_ROW=0:
 #      RESULT ms/iter (mean of iterations 4-10) and the saving.
 set -u
@@ -66,11 +69,26 @@ else
 fi
 echo "INFO elapsed $(( $(date +%s) - T0 )) s"
 
+echo "== 2b. dev_cuda_norm_fwd at 8192 x 4096: is the block-per-row forward (forced) >= 20 % faster? (timing only)"
+D="$BIN/dev/dev_cuda_norm_fwd"
+if [ -x "$D" ]; then
+  timeout 60 "$D" --reps 20 > "$O/dev_norm_fwd.log" 2>&1
+  rc=$?
+  grep -E "^(PASS|FAIL) .*8192x4096" "$O/dev_norm_fwd.log" | sed "s/^\(PASS\|FAIL\) /\1 [dev norm_fwd] /"
+  grep -E "^FAIL " "$O/dev_norm_fwd.log" | grep -v 8192x4096 | sed "s/^/FAIL [dev norm_fwd] /"
+  grep -E "^(TIME|SPEEDUP) .*8192x4096" "$O/dev_norm_fwd.log" | sed "s/^/INFO [dev norm_fwd] /"
+  grep -E "^SPEEDUP " "$O/dev_norm_fwd.log" | awk '{printf "RESULT fwd_block_per_row_speedup_%s %s\n", $2, $4}'
+  [ $rc = 0 ] || fail "dev_cuda_norm_fwd exit $rc ($O/dev_norm_fwd.log)"
+else
+  echo "INFO no $D: step 2b skipped"
+fi
+echo "INFO elapsed $(( $(date +%s) - T0 )) s"
+
 echo "== 3. LLaMA-3-8B-shaped 4 layers, seq 8192: new vs MEGATRON_NORM_BWD_ROW=0"
 LL="--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192 --max-position-embeddings 8192 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 --micro-batch-size 1 --global-batch-size 1 --bf16 --train-iters 10 --log-interval 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/normrow_cache"
 if [ ! -x "$BIN/pretrain_gpt" ]; then
   echo "INFO no $BIN/pretrain_gpt: step 3 skipped"
-elif [ $(( $(date +%s) - T0 )) -gt 70 ]; then
+elif [ $(( $(date +%s) - T0 )) -gt 80 ]; then
   echo "INFO $(( $(date +%s) - T0 )) s used: step 3 skipped (budget)"
 else
   declare -A T

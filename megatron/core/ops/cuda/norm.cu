@@ -803,9 +803,10 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   const DType ydt = has_y ? y.dtype() : x.dtype();
   const bool one_dtype = x.dtype() == ydt && f32_or_bf16(x.dtype()) && f32_or_bf16(gamma.dtype());
   // Few rows of a wide row (decode): a block per row. Training's many-row shapes (rows > the SM
-  // count) keep the warp-per-row kernels below and their bits.
-  if (vec && one_dtype && rows <= sm_count() && h > 256 * kRegMaxChunks && h <= kRowThreads * 8 * kRowChunks &&
-      !norm_fwd_v1_forced()) {
+  // count) keep the warp-per-row kernels below and their bits (variants.h norm_fwd_row_many: the
+  // block-per-row kernel for them too, for dev/cuda/norm_fwd's timing only).
+  if (vec && one_dtype && (rows <= sm_count() || variants::forced().norm_fwd_row_many) && h > 256 * kRegMaxChunks &&
+      h <= kRowThreads * 8 * kRowChunks && !norm_fwd_v1_forced()) {
     MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
                           norm_fwd_row_kernel<kLN, T, G><<<static_cast<unsigned>(rows), kRowThreads, 0, st>>>(
                               static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
