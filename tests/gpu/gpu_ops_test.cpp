@@ -778,13 +778,16 @@ void test_embedding_ce() {
 void test_norms_once(bool v1);
 
 // h <= 1024 with h % 8 == 0 runs the register-accumulating kernels (gpt2perf; 768 = GPT-2, 1000 =
-// a partial last 256-column chunk), 4096 the general ones (backward; the forward's 130 rows take
+// a partial last 256-column chunk), 4096 the general ones (backward: float32/float16 rows; bf16 rows
+// take the row-block backward, test_norm_rowblk; the forward's 130 rows take
 // the block-per-row kernel of test_norms_few where the GPU has >= 130 SMs, float16 the general one); 768 with 3000 rows makes every warp of
 // the one-wave grid loop over several rows. Run twice: the automatic choice, then the general
 // (v1) forward and backward forced on the same shapes (variants.h; they are the fallbacks).
 // Also a third pass with the register kernels' cp.async row pipeline off (variants.h
-// norm_*_no_pipe, the Session 4 kernels), and test_norm_pipe_bits.
+// norm_*_no_pipe, the Session 4 kernels), test_norm_pipe_bits and test_norm_rowblk (the
+// row-block backward for 1024 < h <= 8192, which the 4096 shapes here take for bf16 rows).
 void test_norm_pipe_bits();
+void test_norm_rowblk();
 void test_norms() {
   test_norms_once(false);
   cu::variants::forced().norm_fwd_v1 = cu::variants::forced().norm_bwd_v1 = true;
@@ -794,6 +797,100 @@ void test_norms() {
   test_norms_once(false);
   cu::variants::forced().norm_fwd_no_pipe = cu::variants::forced().norm_bwd_no_pipe = false;
   test_norm_pipe_bits();
+  test_norm_rowblk();
+}
+
+// The row-block norm backward (norm.cu norm_bwd_rowblk_kernel, Session 12; the default for
+// 1024 < h <= 8192 with h % 8 == 0, 16-byte rows, bf16 x/dy/dx/dres, bf16 or fp32 gamma): one
+// block per row, persistent blocks over the rows, dgamma/dbeta in per-thread registers, no
+// atomics. h = 2048 (128 threads), 4096 (LLaMA-3-8B), 5120 (320 threads), 8192 (512), 1032 (most
+// threads' second chunk empty); rows not a multiple of the one-wave grid (1000, 777, 600, 301)
+// and 3 rows (fewer than blocks per wave: the grid is cut to the rows); LayerNorm and RMSNorm,
+// with and without the residual gradient, gofs 0 and 1 (by gamma dtype). Checks: float64
+// reference from the same rounded inputs and the rounded reference statistics (dx: one bf16
+// rounding, 1e-2; dgamma/dbeta: fp32 sums of <= 1000 rows into an fp32 +=, 1e-5, as test_norms);
+// the old kernel (variants.h norm_bwd_no_row: norm_bwd_kernel) within the same tolerances of the
+// new one (not bitwise: the row and column sums run in another order); two calls of the new
+// kernel bitwise equal (no atomics: deterministic by construction).
+void ref_norm_stats(const V& x, int64_t i, int64_t h, bool ln, float eps, double& mean, double& rstd);
+void test_norm_rowblk() {
+  auto& f = cu::variants::forced();
+  const DType dt = DType::kBFloat16, f32 = DType::kFloat32;
+  struct Case {
+    int64_t h, N;
+  };
+  const std::vector<Case> cases = g_small ? std::vector<Case>{{2048, 5}, {4096, 3}}
+                                          : std::vector<Case>{{2048, 1000}, {4096, 1000}, {4096, 3}, {5120, 301},
+                                                              {8192, 600}, {1032, 777}};
+  for (const Case& cs : cases)
+    for (DType gt : {DType::kBFloat16, DType::kFloat32}) {
+      const int64_t h = cs.h, N = cs.N;
+      const bool zc = gt == DType::kFloat32;
+      const double gofs = zc ? 1.0 : 0.0;
+      V x = rounded(randn(N * h, 2.0f), dt), g = rounded(uniform(h, 0.5f, 1.5f), dt), be = rounded(randn(h), dt);
+      if (zc)
+        for (auto& v : g) v = round_to(v - 1.0f, dt);
+      V dy = rounded(randn(N * h), dt), dr = rounded(randn(N * h), dt), dg0 = randn(h), db0 = randn(h);
+      Tensor X = dev(x, {N, h}, dt), G = dev(g, {h}, gt), DY = dev(dy, {N, h}, dt), DR = dev(dr, {N, h}, dt);
+      for (bool ln : {true, false}) {
+        VD rm(N), rr(N), rdx(N * h), rdg = to_d(dg0), rdb = to_d(db0);
+        for (int64_t i = 0; i < N; ++i) {
+          double mean, rstd;
+          ref_norm_stats(x, i, h, ln, 1e-5f, mean, rstd);
+          rm[i] = (float)mean;  // the kernel consumes float32 statistics: the reference uses the same
+          rr[i] = (float)rstd;
+          double a = 0, b2 = 0;
+          for (int64_t c = 0; c < h; ++c) {
+            const double xh = (x[i * h + c] - rm[i]) * rr[i], dxh = dy[i * h + c] * (g[c] + gofs);
+            a += dxh;
+            b2 += dxh * xh;
+            rdg[c] += dy[i * h + c] * xh;
+            rdb[c] += dy[i * h + c];
+          }
+          a /= h;
+          b2 /= h;
+          for (int64_t c = 0; c < h; ++c) {
+            const double xh = (x[i * h + c] - rm[i]) * rr[i], dxh = dy[i * h + c] * (g[c] + gofs);
+            rdx[i * h + c] = rr[i] * (dxh - (ln ? a : 0.0) - xh * b2);
+          }
+        }
+        V rmf(rm.begin(), rm.end()), rrf(rr.begin(), rr.end());
+        Tensor M = dev(rmf, {N}, f32), R = dev(rrf, {N}, f32);
+        for (bool res : {false, true}) {
+          // out[v] = {dx, dgamma, dbeta}: v 0, 1 the new kernel twice, 2 the old one.
+          Tensor out[3][3];
+          for (int v = 0; v < 3; ++v) {
+            f.norm_bwd_no_row = v == 2;
+            Tensor* o = out[v];
+            o[0] = poisoned({N, h}, dt);
+            o[1] = dev(dg0, {h}, f32);
+            o[2] = dev(db0, {h}, f32);
+            if (res && ln) cu::layernorm_backward_residual(DY, X, G, M, R, zc, DR, o[0], o[1], o[2], true);
+            else if (res) cu::rmsnorm_backward_residual(DY, X, G, R, zc, DR, o[0], o[1], true);
+            else if (ln) cu::layernorm_backward(DY, X, G, M, R, zc, o[0], o[1], o[2], true);
+            else cu::rmsnorm_backward(DY, X, G, R, zc, o[0], o[1], true);
+          }
+          f.norm_bwd_no_row = false;
+          char nm[128];
+          std::snprintf(nm, sizeof nm, "rowblk %s h=%ld rows=%ld gamma %s%s%s", ln ? "layernorm" : "rmsnorm", (long)h,
+                        (long)N, dn(gt), zc ? " 1p" : "", res ? " +dres" : "");
+          const std::string t(nm);
+          VD rdxr = rdx;
+          if (res)
+            for (int64_t i = 0; i < N * h; ++i) rdxr[i] += dr[i];
+          check(t + " dx", host(out[0][0]), rdxr, tol_for(dt));
+          check(t + " dgamma fp32 +=", host(out[0][1]), rdg, 1e-5);
+          if (ln) check(t + " dbeta fp32 +=", host(out[0][2]), rdb, 1e-5);
+          check(t + " old dx vs float64", host(out[2][0]), rdxr, tol_for(dt));
+          check(t + " dx new vs old", host(out[0][0]), to_d(host(out[2][0])), tol_for(dt));
+          check(t + " dgamma new vs old", host(out[0][1]), to_d(host(out[2][1])), 1e-5);
+          if (ln) check(t + " dbeta new vs old", host(out[0][2]), to_d(host(out[2][2])), 1e-5);
+          check_true(t + " twice bitwise (dx, dgamma" + (ln ? ", dbeta)" : ")"),
+                     same_bytes(out[0][0], out[1][0]) && same_bytes(out[0][1], out[1][1]) &&
+                         (!ln || same_bytes(out[0][2], out[1][2])));
+        }
+      }
+    }
 }
 
 // The pipelined register norm kernels (norm.cu, Session 11) reproduce the unpipelined ones bit

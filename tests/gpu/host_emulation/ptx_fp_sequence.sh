@@ -8,7 +8,8 @@
 # and may fuse the unrounded mul/add the same way only if it sees the same pattern, which it
 # does here); the GPU checks are gpu_ops_test --only norms,ce_fused and tests/gpu/gpt2mem_check.sh.
 # The pairs cover only NC = 4 (the register kernels' chunk count); for every NC, and for the
-# register kernels themselves, it also checks that each bfloat16 dx of the norm backward
+# register kernels themselves and the row-block backward (Session 12), it also checks that each
+# bfloat16 dx of the norm backward
 # (cvt.rn.bf16.f32) comes straight from an fma.rn.f32, dx = round(rstd * t + dres) with one fp32
 # rounding: nvcc contracts `p * q + r` per instantiation, and before norm_bwd_row wrote the fma
 # explicitly it computed element 0 at NC = 1 as mul.f32 then add.f32 (two roundings), so the
@@ -45,11 +46,11 @@ for ln in 1 0; do
     pair "$W/norm.ptx" "norm bwd ln=$ln gamma=$g pipe<4> vs reg" "19norm_bwd_reg_kernelILb${ln}E${B}${g}E" "20norm_bwd_pipe_kernelILb${ln}ELi4E${B}${g}E"
   done
 done
-# dx_fma PTX: per norm_bwd_{reg,pipe}_kernel, the defining instruction of every cvt.rn.bf16.f32
+# dx_fma PTX: per norm_bwd_{reg,pipe,rowblk}_kernel, the defining instruction of every cvt.rn.bf16.f32
 # source register must be fma.rn.f32 (fp32-row kernels store the fp32 value: no conversion, skipped).
 dx_fma() {
   awk '
-    /^\.entry / { name = ""; if ($2 ~ /norm_bwd_(pipe|reg)_kernel/) { name = $2; sub(/\(.*/, "", name); n++ } delete def; next }
+    /^\.entry / { name = ""; if ($2 ~ /norm_bwd_(pipe|reg|rowblk)_kernel/) { name = $2; sub(/\(.*/, "", name); n++ } delete def; next }
     name == "" { next }
     /^}/ { name = ""; next }
     {

@@ -8,7 +8,9 @@ namespace megatron::cuda {
 /// MEGATRON_DETERMINISTIC=1 in the environment). Then every reduction of the CUDA backend
 /// runs in a fixed order, so two runs of the same job give bitwise-equal results:
 ///  * LayerNorm/RMSNorm backward: dgamma/dbeta from per-warp partial rows (no shared-memory
-///    atomics), summed in row order by the column-sum kernel (norm.cu);
+///    atomics), summed in row order by the column-sum kernel (norm.cu); the register kernels
+///    (h <= 1024) and the row-block kernel (1024 < h <= 8192, bf16 rows) have no atomics and run
+///    as in the default mode;
 ///  * embedding backward: one thread per column adds the token rows in order (no atomics);
 ///  * attention (under MEGATRON_ATTENTION_BACKEND=auto or flash): not cuDNN's SDPA (measured not
 ///    reproducible run to run on an H200, docs/cuda.md "Deterministic mode"); our flash forward and

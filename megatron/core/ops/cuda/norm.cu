@@ -1,9 +1,12 @@
 // LayerNorm and RMSNorm forward/backward on CUDA (ops.h contract): one warp per row of x [N, h]
 // (forward with few wide rows, as in decode: one block per row), fp32 statistics; float32/bfloat16 (any mix) or float16. The backward's dgamma/dbeta column sums
-// are accumulated per block (in registers for h <= 1024, else with shared-memory atomics, whose
+// are accumulated per block (in registers for h <= 1024 and, with one block per row, for
+// 1024 < h <= 8192 bf16 rows (norm_bwd_rowblk_kernel); else with shared-memory atomics, whose
 // order varies run to run; per warp without atomics in deterministic mode, deterministic.h),
 // written as partial rows and summed in a fixed order by a second kernel.
+#include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "megatron/core/utils/env.h"
 
@@ -576,6 +579,140 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// ---- norm_bwd_rowblk begin (cut out by tests/gpu/host_emulation/norm_rowblk_run.sh)
+// Norm backward for the large rows of LLaMA-class models (Session 12, normrow): 1024 < h <= 8192,
+// h % 8 == 0, 16-byte aligned rows, bfloat16 x/dy/dx (and dres), bfloat16 or float32 gamma.
+// norm_bwd_kernel puts one warp on such a row (16 dependent 16-byte loads per lane at h = 4096,
+// then a second pass re-reading x, gamma and dy, dgamma through shared-memory float atomics):
+// ~1 TB/s on an H200. Here one block of kRbThreads(h) threads owns a row at a time: thread t
+// holds the columns 8t + 8 blockDim.x k + j (k < kRbChunks, j < 8) of x, dy (and dres) from one
+// 16-byte load each, and its gamma columns (+ gofs) for the whole kernel. The blocks are
+// persistent (one wave, launched by norm_backward): block b visits rows b, b + gridDim.x, ...
+// and loads the next row into registers before it does the current row's arithmetic, so every
+// block has a row's loads in flight while it reduces and stores. The row sums (sum dxhat,
+// sum dxhat xhat) are a warp_sum per warp, then the warps' values added in warp order (one
+// barrier per row; the partials alternate between two shared-memory slots so the next row's
+// writes cannot overtake this row's reads). Every (thread, column) pair is fixed, so dgamma/dbeta
+// accumulate in registers in row order and each block writes one partial row at the end: no
+// atomics, the same bits every run (this kernel also serves deterministic mode). The per-element
+// formulas are norm_bwd_row's; only the order of the row and column sums differs from
+// norm_bwd_kernel's.
+constexpr int kRbChunks = 2;                  // 16-byte chunks per thread and tensor
+constexpr int kRbMaxThreads = 512;            // h <= 512 * 8 * 2 = 8192
+constexpr int kRbMaxH = kRbMaxThreads * 8 * kRbChunks;
+
+// Threads of the row block for h columns: h / 16 rounded up to whole warps (256 at h = 4096).
+constexpr int rowblk_threads(int64_t h) {
+  return static_cast<int>((h + 8 * kRbChunks * 32 - 1) / (8 * kRbChunks * 32)) * 32;
+}
+
+template <bool kLN, bool kRes, class T, class G>
+__global__ void __launch_bounds__(kRbMaxThreads, 1)
+    norm_bwd_rowblk_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                           const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                           T* __restrict__ dx, float* __restrict__ part_g, float* __restrict__ part_b,
+                           int64_t rows, int h, float gofs, const T* __restrict__ dres) {
+  static_assert(sizeof(T) == 2, "one 16-byte load per 8-element chunk: bfloat16 rows");
+  constexpr int NC = kRbChunks;
+  __shared__ float red[2][kRbMaxThreads / 32][2];  // [row parity][warp][sum dxhat, sum dxhat xhat]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  auto col = [&](int k) { return static_cast<int>(threadIdx.x) * 8 + static_cast<int>(blockDim.x) * 8 * k; };
+  float gg[NC][8], ag[NC][8], ab[NC][8];
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = col(k);
+    Pack8<G> gp;
+    if (c < h) gp = *reinterpret_cast<const Pack8<G>*>(gamma + c);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      gg[k][j] = c < h ? to_f(gp.v[j]) + gofs : 0.0f;
+      ag[k][j] = 0.0f;
+      ab[k][j] = 0.0f;
+    }
+  }
+  struct Row {
+    Pack8<T> x[NC], d[NC], r[NC];
+    float mean, rstd;
+  };
+  auto load = [&](int64_t r, Row& o) {
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = col(k);
+      if (c < h) {
+        o.x[k] = *reinterpret_cast<const Pack8<T>*>(x + r * h + c);
+        o.d[k] = *reinterpret_cast<const Pack8<T>*>(dy + r * h + c);
+        if (kRes) o.r[k] = *reinterpret_cast<const Pack8<T>*>(dres + r * h + c);
+      }
+    }
+    o.mean = kLN ? mean_in[r] : 0.0f;
+    o.rstd = rstd_in[r];
+  };
+  Row cur, nxt;
+  int64_t r = blockIdx.x;
+  if (r < rows) load(r, cur);
+  int par = 0;
+  for (; r < rows; r += gridDim.x) {
+    if (r + gridDim.x < rows) load(r + gridDim.x, nxt);  // in flight during this row's work
+    const float mean = cur.mean, rstd = cur.rstd;
+    float a = 0.0f, b = 0.0f;  // sum(dxhat), sum(dxhat * xhat)
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      if (col(k) >= h) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xh = (to_f(cur.x[k].v[j]) - mean) * rstd, d = to_f(cur.d[k].v[j]);
+        const float dxh = d * gg[k][j];
+        a += dxh;
+        b += dxh * xh;
+        ag[k][j] += d * xh;
+        if (kLN) ab[k][j] += d;
+      }
+    }
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (lane == 0) {
+      red[par][warp][0] = a;
+      red[par][warp][1] = b;
+    }
+    __syncthreads();
+    a = 0.0f;
+    b = 0.0f;
+    for (int w = 0; w < nwarps; ++w) {
+      a += red[par][w][0];
+      b += red[par][w][1];
+    }
+    a /= h;
+    b /= h;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = col(k);
+      if (c >= h) continue;
+      Pack8<T> out;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xh = (to_f(cur.x[k].v[j]) - mean) * rstd, dxh = to_f(cur.d[k].v[j]) * gg[k][j];
+        // norm_bwd_row's formula: one explicit fused multiply-add (+0 without dres).
+        out.v[j] = from_f<T>(__fmaf_rn(rstd, dxh - (kLN ? a : 0.0f) - xh * b, kRes ? to_f(cur.r[k].v[j]) : 0.0f));
+      }
+      *reinterpret_cast<Pack8<T>*>(dx + r * h + c) = out;
+    }
+    cur = nxt;
+    par ^= 1;
+  }
+  // The block's partial row: every column is written by the one thread that owns it.
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = col(k);
+    if (c >= h) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part_g[(int64_t)blockIdx.x * h + c + j] = ag[k][j];
+      if (kLN) part_b[(int64_t)blockIdx.x * h + c + j] = ab[k][j];
+    }
+  }
+}
+// ---- norm_bwd_rowblk end
+
 // The register kernels are instantiated for float32 and bfloat16 only; other dtypes take the
 // general kernels.
 bool f32_or_bf16(DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; }
@@ -594,6 +731,29 @@ bool norm_pipe_env() {
 }
 bool norm_fwd_pipe() { return norm_pipe_env() && !variants::forced().norm_fwd_no_pipe; }
 bool norm_bwd_pipe() { return norm_pipe_env() && !variants::forced().norm_bwd_no_pipe; }
+
+// MEGATRON_NORM_BWD_ROW=0 (A/B runs, docs/environment.md) or a dev/cuda driver / gpu_ops_test
+// (variants.h norm_bwd_no_row, or norm_bwd_v1): 1024 < h <= 8192 takes norm_bwd_kernel (shared-
+// memory atomics; per-warp partials in deterministic mode) instead of norm_bwd_rowblk_kernel.
+bool norm_bwd_row_on() {
+  static const bool on = env_switch("MEGATRON_NORM_BWD_ROW", true);
+  return on && !variants::forced().norm_bwd_no_row && !variants::forced().norm_bwd_v1;
+}
+
+// One wave of norm_bwd_rowblk_kernel<kLN, kRes, T, G> at `threads` per block: the SM count times
+// the blocks that fit per SM (the occupancy calculator, cached per thread count), never more
+// blocks than rows. The grid fixes which rows each block sums into its partial row.
+template <bool kLN, bool kRes, class T, class G>
+unsigned rowblk_grid(int threads, int64_t rows) {
+  static int per_sm[kRbMaxThreads / 32 + 1] = {};
+  int& n = per_sm[threads / 32];
+  if (n == 0) {
+    int b = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, norm_bwd_rowblk_kernel<kLN, kRes, T, G>, threads, 0));
+    n = std::max(b, 1);
+  }
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t)sm_count() * n)));
+}
 
 // NC = the number of 256-column chunks of a row (h <= 256 * NC), 1..4, as a constant.
 #define NORM_NC_SWITCH(nc, NC, ...)   \
@@ -643,9 +803,10 @@ void norm_forward(const char* name, const Tensor& x, const Tensor& gamma, const 
   const DType ydt = has_y ? y.dtype() : x.dtype();
   const bool one_dtype = x.dtype() == ydt && f32_or_bf16(x.dtype()) && f32_or_bf16(gamma.dtype());
   // Few rows of a wide row (decode): a block per row. Training's many-row shapes (rows > the SM
-  // count) keep the warp-per-row kernels below and their bits.
-  if (vec && one_dtype && rows <= sm_count() && h > 256 * kRegMaxChunks && h <= kRowThreads * 8 * kRowChunks &&
-      !norm_fwd_v1_forced()) {
+  // count) keep the warp-per-row kernels below and their bits (variants.h norm_fwd_row_many: the
+  // block-per-row kernel for them too, for dev/cuda/norm_fwd's timing only).
+  if (vec && one_dtype && (rows <= sm_count() || variants::forced().norm_fwd_row_many) && h > 256 * kRegMaxChunks &&
+      h <= kRowThreads * 8 * kRowChunks && !norm_fwd_v1_forced()) {
     MCU_F32_BF16_SWITCH(x.dtype(), T, MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
                           norm_fwd_row_kernel<kLN, T, G><<<static_cast<unsigned>(rows), kRowThreads, 0, st>>>(
                               static_cast<const T*>(x.data_ptr()), static_cast<const G*>(gamma.data_ptr()),
@@ -722,6 +883,39 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   // Register kernel: h <= 1024, 16-byte rows, x/dy/dx (and dres) of one dtype.
   const bool reg = vec && h <= 256 * kRegMaxChunks && x.dtype() == dy.dtype() && f32_or_bf16(x.dtype()) &&
                    f32_or_bf16(gamma.dtype()) && !norm_bwd_v1_forced();
+  // Row-block kernel: 1024 < h <= 8192, 16-byte rows, bf16 x/dy/dx (and dres); deterministic.
+  const bool rowblk = vec && h > 256 * kRegMaxChunks && h <= kRbMaxH && x.dtype() == DType::kBFloat16 &&
+                      dy.dtype() == DType::kBFloat16 && f32_or_bf16(gamma.dtype()) && norm_bwd_row_on();
+  if (rowblk) {
+    const int threads = rowblk_threads(h), nparts = kLN ? 2 : 1;
+    using T = bf16_t;
+    MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+      auto launch = [&](auto res_tag) {
+        constexpr bool kRes = decltype(res_tag)::value;
+        const unsigned grid = rowblk_grid<kLN, kRes, T, G>(threads, rows);
+        float* part = nullptr;
+        CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
+        norm_bwd_rowblk_kernel<kLN, kRes, T, G><<<grid, threads, 0, st>>>(
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+            static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
+            static_cast<const float*>(rstd.data_ptr()), static_cast<T*>(dx.data_ptr()), part,
+            part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f,
+            kRes ? static_cast<const T*>(dres->data_ptr()) : nullptr);
+        CUDA_CHECK_LAUNCH();
+        dim3 cg(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>(nparts));
+        MCU_FLOAT_SWITCH(dgamma.dtype(), GO, {
+          colsum_kernel<GO><<<cg, dim3(32, 8), 0, st>>>(part, (int)grid, (int)h, static_cast<GO*>(dgamma.data_ptr()),
+                                                        kLN ? static_cast<GO*>(dbeta->data_ptr()) : nullptr,
+                                                        accumulate);
+        });
+        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cudaFreeAsync(part, st));
+      };
+      if (dres) launch(std::true_type{});
+      else launch(std::false_type{});
+    });
+    return;
+  }
   const int wpb = reg ? kRegWarps : kWarps;  // warps per block
   unsigned grid = static_cast<unsigned>(std::max<int64_t>(
       1, std::min<int64_t>((rows + wpb - 1) / wpb, (int64_t)sm_count() * (reg ? 3 : 2))));  // reg: one wave of 3 blocks per SM

@@ -21,6 +21,8 @@ struct Forced {
   bool norm_bwd_v1 = false;      ///< norm.cu: the shared-memory-atomics backward at every shape
   bool norm_fwd_no_pipe = false;  ///< norm.cu: the register forward without the cp.async row pipeline
   bool norm_bwd_no_pipe = false;  ///< norm.cu: the register backward without the cp.async row pipeline
+  bool norm_fwd_row_many = false;  ///< norm.cu: the block-per-row forward also for many rows (1024 < h <= 8192; timing only)
+  bool norm_bwd_no_row = false;  ///< norm.cu: 1024 < h <= 8192 bf16 rows take norm_bwd_kernel, not the row-block kernel
   bool ce_stats_v1 = false;      ///< embedding_ce.cu: one load per iteration in cross_entropy_stats
   bool embed_bwd_v1 = false;     ///< embedding_ce.cu: embedding backward with scalar atomics only
   bool ce_fused_no_stash = false;  ///< embedding_ce.cu: fused cross entropy re-reads the row from L2
