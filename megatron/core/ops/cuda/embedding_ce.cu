@@ -1,8 +1,6 @@
 // Embedding forward/backward and the vocab cross-entropy statistics/backward on CUDA (ops.h).
 // Cross entropy reads each logit once per pass (online max/sum-exp), never materializes a
 // softmax, and may write dlogits over the logits.
-#include <cooperative_groups.h>
-
 #include <cfloat>
 #include <cstdlib>
 
@@ -306,108 +304,6 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
 }
 
-// Fused cross entropy for rows wider than one SM's shared memory (Session 12; LLaMA-3's 128256
-// bf16 logits = 250 KB): one cluster of `gridDim.x / rows` CTAs per row (the cluster dimension),
-// CTA k of the cluster holds slice k of the row, [k W, min(V, (k+1) W)), fetched into its shared
-// memory by bulk copies on one mbarrier. Each CTA reduces its slice to (max, sum-exp), publishes
-// the pair in shared memory, and after a cluster barrier every CTA combines the pairs of all the
-// cluster's CTAs in rank order (distributed shared memory), so all of them hold the same lse; then
-// each writes g = softmax - onehot over its slice from its copy. The row is read from DRAM once
-// and written once, and with slices of ~64 KB three CTAs share an SM, so one CTA's copy is in
-// flight while another computes or writes; the stash kernels above have one 226 KB block per SM
-// whose phases run one after the other (2.2 TB/s, docs/performance.md "Session 12: fused cross
-// entropy"). The slice reductions and their combine order differ from the stash kernel's, so the
-// results equal it only to rounding (tested against float64); they are the same on every run.
-// The loss is written by the CTA whose slice holds the label (rank 0 when the label is outside
-// the shard), lse by rank 0. 16-bit logits, V % 8 == 0 and 16-byte aligned rows (W % 8 == 0).
-constexpr int kClusterThreads = 256;
-
-template <class L>
-__global__ void __launch_bounds__(kClusterThreads)
-    ce_fused_cluster_kernel(L* logits, const int64_t* __restrict__ labels, int64_t V, int64_t vstart,
-                            float* __restrict__ loss, float* __restrict__ lse_out, int64_t W) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ __align__(16) unsigned char ce_fused_smem[];
-  L* srow = reinterpret_cast<L*>(ce_fused_smem);
-  __shared__ __align__(8) uint64_t bar;
-  __shared__ float part[2];  // this CTA's (max, sum-exp), read by the whole cluster
-  constexpr int kWarps = kClusterThreads / 32;
-  __shared__ float sm[kWarps], ss[kWarps];
-  const unsigned rank = cluster.block_rank(), cs = cluster.num_blocks();
-  const int64_t r = blockIdx.x / cs;
-  const int64_t c0 = static_cast<int64_t>(rank) * W;
-  const int64_t n = c0 >= V ? 0 : (V - c0 < W ? V - c0 : W);  // this slice's width, a multiple of 8
-  L* lr = logits + r * V + c0;
-  const int64_t t = labels[r] - vstart;
-  if (threadIdx.x == 0) {
-    const unsigned bytes = static_cast<unsigned>(n * sizeof(L));
-    mbarrier_init(&bar, 1);
-    mbarrier_arrive_expect_tx(&bar, bytes);
-    for (unsigned o = 0; o < bytes; o += kBulkPiece)
-      bulk_copy_g2s(ce_fused_smem + o, reinterpret_cast<const unsigned char*>(lr) + o,
-                    bytes - o < kBulkPiece ? bytes - o : kBulkPiece, &bar);
-  }
-  __syncthreads();  // the barrier is initialised before anyone waits on it
-  mbarrier_wait(&bar, 0);
-  float m = -INFINITY, s = 0.0f;
-  for (int64_t c = threadIdx.x * 8; c < n; c += kClusterThreads * 8) {
-    float f[8];
-    ld8(srow, c, n, true, f);
-    float bm = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) bm = fmaxf(bm, f[j]);
-    float bs = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) bs += __expf(f[j] - bm);
-    ms_combine(m, s, bm, bs);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    ms_combine(m, s, m2, s2);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sm[warp] = m;
-    ss[warp] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float M = sm[0], S = ss[0];
-    for (int w = 1; w < kWarps; ++w) ms_combine(M, S, sm[w], ss[w]);
-    part[0] = M;
-    part[1] = S;
-  }
-  cluster.sync();  // every CTA's pair is published (release/acquire across the cluster)
-  float M = -INFINITY, S = 0.0f;
-  for (unsigned j = 0; j < cs; ++j) {
-    const float* pj = cluster.map_shared_rank(part, j);
-    ms_combine(M, S, pj[0], pj[1]);
-  }
-  const float l = logf(S) + M;  // as ce_loss_kernel
-  if (threadIdx.x == 0) {
-    if (rank == 0) lse_out[r] = l;
-    if (t >= c0 && t < c0 + n) loss[r] = l - to_f(srow[t - c0]);
-    else if (rank == 0 && (t < 0 || t >= V)) loss[r] = l;
-  }
-  for (int64_t c = threadIdx.x * 8; c < n; c += kClusterThreads * 8) {
-    float f[8];
-    ld8(srow, c, n, true, f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = __expf(f[j] - l) - (c0 + c + j == t ? 1.0f : 0.0f);
-    st8(lr, c, n, true, f);
-  }
-  cluster.sync();  // no CTA leaves while another may still read its pair
-}
-
-// MEGATRON_CE_CLUSTER=0 (A/B runs, docs/environment.md) or variants::forced().ce_fused_no_cluster:
-// rows wider than shared memory take the stash/bulk kernels instead of ce_fused_cluster_kernel.
-bool ce_fused_cluster_host() {
-  static const bool on = env_switch("MEGATRON_CE_CLUSTER", true);
-  return on && !variants::forced().ce_fused_no_cluster;
-}
-
 // Pass 2 re-reads the whole row from global memory (L2) instead of shared memory when a dev/cuda
 // driver forces it (variants.h).
 bool ce_fused_stash_host() { return !variants::forced().ce_fused_no_stash; }
@@ -605,39 +501,11 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   const bool whole = stash_elems == V && 2 * (stash_bytes + 2048) <= static_cast<size_t>(per_sm);
   const bool bulk = vec && stash && esz == 2 && major >= 9 && (whole || stash_elems < V) && ce_fused_bulk_host();
-  // The cluster kernel where a 16-bit row does not fit in one block's shared memory: slices of at
-  // most 72 KB (three CTAs per SM), 2..8 CTAs per row (the portable cluster size), sm_90.
-  const int64_t row_bytes = V * static_cast<int64_t>(esz);
-  const int64_t cs = (row_bytes + 72 * 1024 - 1) / (72 * 1024);
-  const bool cluster = vec && esz == 2 && major >= 9 && V > cap && cs >= 2 && cs <= 8 && ce_fused_cluster_host();
   MCU_FLOAT_SWITCH(logits.dtype(), L, {
     L* p = static_cast<L*>(logits.data_ptr());
     const int64_t* lab = static_cast<const int64_t*>(labels.data_ptr());
     float* lo = static_cast<float*>(loss.data_ptr());
     float* ls = static_cast<float*>(lse.data_ptr());
-    {
-      if (cluster) {  // (16-bit L only: `cluster` is false for fp32 logits)
-        const int64_t W = ((V + cs - 1) / cs + 7) / 8 * 8;  // a multiple of 8 elements: 16-byte slices
-        const size_t smem = static_cast<size_t>(W) * esz;
-        auto kern = ce_fused_cluster_kernel<L>;
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(static_cast<unsigned>(N * cs));
-        cfg.blockDim = dim3(kClusterThreads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = static_cast<unsigned>(cs);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, p, lab, V, vocab_start, lo, ls, W));
-        CUDA_CHECK_LAUNCH();
-        return;
-      }
-    }
     if (bulk) {
       auto kern = ce_fused_kernel<L, false, true>;
       CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(stash_bytes)));

@@ -27,7 +27,6 @@ struct Forced {
   bool embed_bwd_v1 = false;     ///< embedding_ce.cu: embedding backward with scalar atomics only
   bool ce_fused_no_stash = false;  ///< embedding_ce.cu: fused cross entropy re-reads the row from L2
   bool ce_fused_no_bulk = false;  ///< embedding_ce.cu: fused cross entropy loads the row by threads, not one bulk copy
-  bool ce_fused_no_cluster = false;  ///< embedding_ce.cu: rows wider than shared memory take the stash/bulk kernels, not one CTA cluster per row
   bool flash_v1 = false;         ///< attention.cu: the first (simple) flash kernels at every shape
   int flash_small = -1;          ///< attention.cu: -1 by head dim, 1 / 0 force the 4- / 8-warp kernels
   bool flash_dq_two_pass = false;  ///< attention.cu: the flash backward's dQ from its second kernel (no atomics), as in deterministic mode
