@@ -626,9 +626,10 @@ void test_grad_norm() {
 // references: lse = log sum exp, loss = lse - logit[label] (0 term for labels outside the
 // shard), g = softmax - onehot written over the logits. Row widths: GPT-2's 50304 (whole row in
 // shared memory, vector loads), 50257 (odd: element loads), 128256 (LLaMA-3: bf16/fp16 ~90% of the
-// row in shared memory and the rest re-read; fp32 under half fits -> all re-read), 1000.
+// row in shared memory and the rest re-read; fp32 under half fits -> all re-read), 152064 (Qwen2:
+// ~75% stashed), 1000.
 void test_ce_fused() {
-  std::vector<int64_t> widths = g_small ? std::vector<int64_t>{300, 8200, 8201} : std::vector<int64_t>{1000, 50304, 50257, 128256};
+  std::vector<int64_t> widths = g_small ? std::vector<int64_t>{300, 8200, 8201} : std::vector<int64_t>{1000, 50304, 50257, 128256, 152064};
   for (int64_t Vl : widths)
     for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       const int64_t N = g_small ? 4 : (Vl > 10000 ? 19 : 70), vs = Vl / 3;
