@@ -169,13 +169,24 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
           e[2 * j] = make_float2(w.x, w.y);
           e[2 * j + 1] = make_float2(w.z, w.w);
         }
+        // Two loops so that every e[] index is a compile-time constant (a runtime index put e in
+        // local memory: 64 bytes of stack per thread).
+        if (a.interleaved) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          int partner, fi;
-          float sign;
-          rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
-          const float2 cssn = e[a.interleaved ? (j >> 1) : j];
-          y[j] = rope_rotate<kBwd>(x[j], pv[j], cssn.x, cssn.y, sign);
+          for (int j = 0; j < 8; ++j) {
+            int partner, fi;
+            float sign;
+            rope_partner(c0 + j, a.rot, true, partner, sign, fi);
+            y[j] = rope_rotate<kBwd>(x[j], pv[j], e[j >> 1].x, e[j >> 1].y, sign);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            int partner, fi;
+            float sign;
+            rope_partner(c0 + j, a.rot, false, partner, sign, fi);
+            y[j] = rope_rotate<kBwd>(x[j], pv[j], e[j].x, e[j].y, sign);
+          }
         }
       } else {
         const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / a.b);
