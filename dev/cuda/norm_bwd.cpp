@@ -22,27 +22,62 @@ using namespace megatron;
 using namespace megatron::dev;
 
 namespace {
-// 8192 x 4096 bf16: row-block (shipped) vs norm_bwd_kernel (forced), see the header.
-void llama_shape(const Args& args) {
-  const int64_t N = 8192, h = 4096;
-  const DType dt = DType::kBFloat16, gt = DType::kBFloat16, f32 = DType::kFloat32;
-  const auto x = randn(N * h, dt), dy = randn(N * h, dt), dr = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
-  const Device C = Device::cpu(), G = Device::cuda();
-  for (bool ln : {false, true}) {
+// One norm-backward problem of N x h bf16 rows (bf16 gamma, fp32 dgamma/dbeta): the inputs on the
+// GPU and the CPU references (ops/cpu/norm.cpp; dx + dres formed on the host in fp32 for the
+// residual form, so within one more bf16 rounding of the fused kernel's dx).
+struct NormCase {
+  int64_t N, h;
+  bool ln;
+  Tensor xg, dyg, gg, mg, rg, drg;  // GPU inputs: x, dy, gamma, mean, rstd, dres
+  Tensor dxr, dxr_res, dgr, dbr;    // CPU references: dx, dx + dres, dgamma, dbeta
+
+  NormCase(int64_t n, int64_t width, bool layernorm) : N(n), h(width), ln(layernorm) {
+    const DType dt = DType::kBFloat16, gt = DType::kBFloat16, f32 = DType::kFloat32;
+    const auto x = randn(N * h, dt), dy = randn(N * h, dt), dr = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
+    const Device C = Device::cpu(), G = Device::cuda();
     Tensor xc = make(x, {N, h}, dt, C), dyc = make(dy, {N, h}, dt, C), gc = make(g, {h}, gt, C),
            bc = make(b, {h}, gt, C);
     Tensor y = Tensor::empty({N, h}, dt, C), mc = Tensor::empty({N}, f32, C), rc = Tensor::empty({N}, f32, C);
     if (ln) cpu::layernorm_forward(xc, gc, bc, 1e-5f, false, y, mc, rc);
     else cpu::rmsnorm_forward(xc, gc, 1e-5f, false, y, rc);
-    Tensor dxr = Tensor::empty({N, h}, dt, C), dgr = Tensor::empty({h}, f32, C), dbr = Tensor::empty({h}, f32, C);
+    dxr = Tensor::empty({N, h}, dt, C);
+    dgr = Tensor::empty({h}, f32, C);
+    dbr = Tensor::empty({h}, f32, C);
     if (ln) cpu::layernorm_backward(dyc, xc, gc, mc, rc, false, dxr, dgr, dbr, false);
     else cpu::rmsnorm_backward(dyc, xc, gc, rc, false, dxr, dgr, false);
     std::vector<float> dxrv = dxr.to_float_vector();
     for (int64_t i = 0; i < N * h; ++i) dxrv[i] += dr[i];
-    Tensor dxr_res = make(dxrv, {N, h}, f32, C);
-    Tensor xg = xc.to(G), dyg = dyc.to(G), gg = gc.to(G), mg = mc.to(G), rg = rc.to(G), drg = make(dr, {N, h}, dt, G);
+    dxr_res = make(dxrv, {N, h}, f32, C);
+    xg = xc.to(G);
+    dyg = dyc.to(G);
+    gg = gc.to(G);
+    mg = mc.to(G);
+    rg = rc.to(G);
+    drg = make(dr, {N, h}, dt, G);
+  }
+  /// The CUDA backward (with the residual gradient when `res`) into dx [N, h] bf16, dg/db [h] fp32.
+  void run(bool res, Tensor& dx, Tensor& dg, Tensor& db) const {
+    if (res) {
+      if (ln) cu::layernorm_backward_residual(dyg, xg, gg, mg, rg, false, drg, dx, dg, db, false);
+      else cu::rmsnorm_backward_residual(dyg, xg, gg, rg, false, drg, dx, dg, false);
+    } else {
+      if (ln) cu::layernorm_backward(dyg, xg, gg, mg, rg, false, dx, dg, db, false);
+      else cu::rmsnorm_backward(dyg, xg, gg, rg, false, dx, dg, false);
+    }
+  }
+  /// Bytes of x, dy (, dres) read and dx written per call.
+  double bytes(bool res) const { return (res ? 4.0 : 3.0) * N * h * 2; }
+};
+
+// 8192 x 4096 bf16: row-block (shipped) vs norm_bwd_kernel (forced), see the header.
+void llama_shape(const Args& args) {
+  const int64_t N = 8192, h = 4096;
+  const DType dt = DType::kBFloat16, f32 = DType::kFloat32;
+  const Device G = Device::cuda();
+  for (bool ln : {false, true}) {
+    const NormCase k(N, h, ln);
     for (bool res : {false, true}) {
-      const double bytes = (res ? 4.0 : 3.0) * N * h * dtype_size(dt);
+      const double bytes = k.bytes(res);
       const std::string base = std::string(ln ? "layernorm" : "rmsnorm") + "_backward" + (res ? "_residual" : "") +
                                " 8192x4096";
       std::vector<Tensor> o[3];
@@ -50,22 +85,14 @@ void llama_shape(const Args& args) {
       for (int v = 0; v < 3; ++v) {  // 0 row-block, 1 row-block again (bits), 2 old
         forced().norm_bwd_no_row = v == 2;
         Tensor dx = Tensor::empty({N, h}, dt, G), dg = Tensor::empty({h}, f32, G), db = Tensor::empty({h}, f32, G);
-        auto run = [&] {
-          if (res) {
-            if (ln) cu::layernorm_backward_residual(dyg, xg, gg, mg, rg, false, drg, dx, dg, db, false);
-            else cu::rmsnorm_backward_residual(dyg, xg, gg, rg, false, drg, dx, dg, false);
-          } else {
-            if (ln) cu::layernorm_backward(dyg, xg, gg, mg, rg, false, dx, dg, db, false);
-            else cu::rmsnorm_backward(dyg, xg, gg, rg, false, dx, dg, false);
-          }
-        };
+        auto run = [&] { k.run(res, dx, dg, db); };
         run();
         o[v] = {dx.clone(), dg.clone(), db.clone()};
         if (v == 1) continue;
         const std::string nm = base + (v == 0 ? " row-block (shipped)" : " old (forced)");
-        check(nm + " dx", o[v][0], res ? dxr_res : dxr, 1e-2);
-        check(nm + " dgamma", o[v][1], dgr, 1e-4);
-        if (ln) check(nm + " dbeta", o[v][2], dbr, 1e-4);
+        check(nm + " dx", o[v][0], res ? k.dxr_res : k.dxr, 1e-2);
+        check(nm + " dgamma", o[v][1], k.dgr, 1e-4);
+        if (ln) check(nm + " dbeta", o[v][2], k.dbr, 1e-4);
         ms[v / 2] = median_ms(run, args.reps);
         time_bw_line(nm, ms[v / 2], bytes);
       }
@@ -86,47 +113,25 @@ void llama_shape(const Args& args) {
 int main(int argc, char** argv) {
   Args args(argc, argv);
   const int64_t N = 65536, h = 768;
-  const DType dt = DType::kBFloat16, gt = DType::kBFloat16, f32 = DType::kFloat32;
-  const auto x = randn(N * h, dt), dy = randn(N * h, dt), dr = randn(N * h, dt), g = randn(h, gt), b = randn(h, gt);
-  const Device C = Device::cpu(), G = Device::cuda();
+  const DType dt = DType::kBFloat16, f32 = DType::kFloat32;
+  const Device G = Device::cuda();
   for (bool ln : {false, true}) {
-    Tensor xc = make(x, {N, h}, dt, C), dyc = make(dy, {N, h}, dt, C), gc = make(g, {h}, gt, C),
-           bc = make(b, {h}, gt, C);
-    Tensor y = Tensor::empty({N, h}, dt, C), mc = Tensor::empty({N}, f32, C), rc = Tensor::empty({N}, f32, C);
-    if (ln) cpu::layernorm_forward(xc, gc, bc, 1e-5f, false, y, mc, rc);
-    else cpu::rmsnorm_forward(xc, gc, 1e-5f, false, y, rc);
-    Tensor dxr = Tensor::empty({N, h}, dt, C), dgr = Tensor::empty({h}, f32, C), dbr = Tensor::empty({h}, f32, C);
-    if (ln) cpu::layernorm_backward(dyc, xc, gc, mc, rc, false, dxr, dgr, dbr, false);
-    else cpu::rmsnorm_backward(dyc, xc, gc, rc, false, dxr, dgr, false);
-    // dx + dres as the fused kernel forms it: fp32 sum, one rounding (the CPU dx is already
-    // rounded once, so this reference is within one more bf16 rounding of the kernel's).
-    std::vector<float> dxrv = dxr.to_float_vector();
-    for (int64_t i = 0; i < N * h; ++i) dxrv[i] += dr[i];
-    Tensor dxr_res = make(dxrv, {N, h}, f32, C);
-    Tensor xg = xc.to(G), dyg = dyc.to(G), gg = gc.to(G), mg = mc.to(G), rg = rc.to(G), drg = make(dr, {N, h}, dt, G);
+    const NormCase k(N, h, ln);
     for (bool res : {false, true}) {
-      const double bytes = (res ? 4.0 : 3.0) * N * h * dtype_size(dt);
+      const double bytes = k.bytes(res);
       std::vector<Tensor> o[3];
       const char* names[3] = {"shipped (pipelined)", "no pipe (forced)", "v1 (forced)"};
       for (int v = 0; v < 3; ++v) {
         forced().norm_bwd_no_pipe = v == 1;
         forced().norm_bwd_v1 = v == 2;
         Tensor dx = Tensor::empty({N, h}, dt, G), dg = Tensor::empty({h}, f32, G), db = Tensor::empty({h}, f32, G);
-        auto run = [&] {
-          if (res) {
-            if (ln) cu::layernorm_backward_residual(dyg, xg, gg, mg, rg, false, drg, dx, dg, db, false);
-            else cu::rmsnorm_backward_residual(dyg, xg, gg, rg, false, drg, dx, dg, false);
-          } else {
-            if (ln) cu::layernorm_backward(dyg, xg, gg, mg, rg, false, dx, dg, db, false);
-            else cu::rmsnorm_backward(dyg, xg, gg, rg, false, dx, dg, false);
-          }
-        };
+        auto run = [&] { k.run(res, dx, dg, db); };
         const std::string nm = std::string(ln ? "layernorm" : "rmsnorm") + "_backward" + (res ? "_residual " : " ") +
                                names[v];
         run();
-        check(nm + " dx", dx, res ? dxr_res : dxr, 1e-2);
-        check(nm + " dgamma", dg, dgr, 1e-4);
-        if (ln) check(nm + " dbeta", db, dbr, 1e-4);
+        check(nm + " dx", dx, res ? k.dxr_res : k.dxr, 1e-2);
+        check(nm + " dgamma", dg, k.dgr, 1e-4);
+        if (ln) check(nm + " dbeta", db, k.dbr, 1e-4);
         time_bw_line(nm, median_ms(run, args.reps), bytes);
         o[v] = {dx, dg, db};
       }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_host_shim.h"  // CUDA keywords, threadIdx / blockIdx, bf16_t, to_f / from_f, ld8
+#include "emu_check.h"        // fails, report, same, near
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 
@@ -102,27 +103,6 @@ void launch(unsigned grid, int threads, size_t smem_floats, const std::function<
   }
 }
 
-int fails = 0;
-void report(const std::string& nm, bool ok) {
-  fails += !ok;
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", nm.c_str());
-}
-// Relative norm error of got against ref (NaN or a size mismatch fails).
-template <class T>
-void near(const std::string& nm, const std::vector<T>& got, const std::vector<double>& ref, double tol) {
-  double num = 0, den = 0;
-  bool fin = got.size() == ref.size();
-  for (size_t i = 0; fin && i < got.size(); ++i) {
-    const double g = to_f(got[i]);
-    if (!std::isfinite(g)) fin = false;
-    num += (g - ref[i]) * (g - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  const double e = std::sqrt(num / std::max(den, 1e-300));
-  const bool ok = fin && e <= tol;
-  fails += !ok;
-  std::printf("%s %-78s rel err %.2e (tol %.0e)\n", ok ? "PASS" : "FAIL", nm.c_str(), e, tol);
-}
 template <class T>
 std::vector<double> as_d(const std::vector<T>& v) {
   std::vector<double> d(v.size());
