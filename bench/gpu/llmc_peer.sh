@@ -98,7 +98,7 @@ run() {
   source "$ROOT/tests/gpu/cuda_libs.sh"
   local missing; missing=$(ldd "$bin" 2>/dev/null | awk '/not found/ {printf "%s ", $1}')
   [ -z "$missing" ] || { echo "PEER llmc GBS=$gbs FAILED libraries not found: $missing(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"; return 1; }
-  mkdir -p "$data" "$(dirname "$log")"
+  mkdir -p "$data" "$(dirname "$log")" && data=$(cd "$data" && pwd)  # absolute: llm.c runs in it
   # Train shard: 64 x 1024 x 8 sequences (+1 token) cover gbs 512 for 1 step without wrapping;
   # the loader wraps around to the start of the shard when it runs out, so any STEPS works.
   if [ ! -f "$data/llmc_train_000000.bin" ] || [ ! -f "$data/llmc_val_000000.bin" ]; then

@@ -150,7 +150,8 @@ def main():
     g.add_argument("--eager", dest="compile", action="store_false")
     # repeat (default): K/V repeated to all 32 heads, then plain causal SDPA, which every fused
     # backend (FlashAttention, cuDNN) takes; < 1 % of the step (two [1, 32, S, 128] bf16 copies
-    # per layer). native: enable_gqa=True, fused only where the backend supports GQA.
+    # per layer). native: enable_gqa=True, fused only where the backend supports GQA
+    # (the math backend is disabled then).
     ap.add_argument("--gqa", choices=("native", "repeat"), default="repeat",
                     help="repeat: repeat K/V to all heads first (default); native: SDPA enable_gqa=True")
     ap.add_argument("--hidden", type=int, default=4096)
@@ -184,8 +185,10 @@ def run(a, tag):
     torch.cuda.set_device(dev)
     print(f"torch {torch.__version__} cuda {torch.version.cuda} cudnn {torch.backends.cudnn.version()} "
           f"{torch.cuda.get_device_name(0)} gqa={a.gqa}", flush=True)
-    # The math SDPA fallback would materialise S x S scores per head: fail loudly instead.
-    torch.backends.cuda.enable_math_sdp(False)
+    if a.gqa == "native":
+        # enable_gqa is fused only by some backends; the math fallback would materialise S x S
+        # scores per head: fail loudly instead. (Plain MHA shapes of --gqa repeat always fuse.)
+        torch.backends.cuda.enable_math_sdp(False)
     model = build_model(torch, a)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
