@@ -14,6 +14,7 @@ Raises SystemExit on a token count outside [1, 2**31-1] or a vocabulary outside 
 """
 import argparse
 import array
+import os
 import random
 import struct
 import sys
@@ -36,9 +37,11 @@ def write_shard(path, n_tokens, seed, vocab):
     toks = array.array("H", (rng.randrange(vocab) for _ in range(n_tokens)))
     if sys.byteorder != "little":
         toks.byteswap()
-    with open(path, "wb") as f:
+    tmp = path + ".tmp"  # written whole, then renamed: a killed run leaves no short shard behind
+    with open(tmp, "wb") as f:
         f.write(struct.pack("<%di" % HEADER_INTS, *header))
         f.write(toks.tobytes())
+    os.replace(tmp, path)
     return HEADER_INTS * 4 + 2 * n_tokens
 
 

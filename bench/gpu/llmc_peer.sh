@@ -96,11 +96,17 @@ run() {
   [ -x "$bin" ] || { echo "PEER llmc GBS=$gbs FAILED no $bin (build it with: bench/gpu/llmc_peer.sh build .device/peers/llmc)"; return 1; }
   # cuBLAS/cuDNN/NVRTC as our GPU scripts find them (toolkit lib64, then the PyTorch wheel's nvidia/*/lib).
   source "$ROOT/tests/gpu/cuda_libs.sh"
-  local missing; missing=$(ldd "$bin" 2>/dev/null | awk '/not found/ {printf "%s ", $1}')
+  # Any library ldd still misses (libcublasLt.so.13, libcudnn.so.9, libnvrtc.so.13): found anywhere
+  # on the disk, as tests/gpu/gpucheck_lib.sh does for pretrain_gpt.
+  local l f missing
+  for l in $(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}'); do
+    f=$(find / -xdev -name "$l" 2>/dev/null | head -1); [ -n "$f" ] && export LD_LIBRARY_PATH="$(dirname "$f"):$LD_LIBRARY_PATH"
+  done
+  missing=$(ldd "$bin" 2>/dev/null | awk '/not found/ {printf "%s ", $1}')
   [ -z "$missing" ] || { echo "PEER llmc GBS=$gbs FAILED libraries not found: $missing(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"; return 1; }
   mkdir -p "$data" "$(dirname "$log")" && data=$(cd "$data" && pwd)  # absolute: llm.c runs in it
-  # Train shard: 64 x 1024 x 8 sequences (+1 token) cover gbs 512 for 1 step without wrapping;
-  # the loader wraps around to the start of the shard when it runs out, so any STEPS works.
+  # Train shard: 4096 sequences of 1024 tokens (+1): 64 micro-batches of 64, i.e. 64 steps at gbs
+  # 64 or 8 at gbs 512 before llm.c's loader starts the shard again (reshuffled), so any STEPS works.
   if [ ! -f "$data/llmc_train_000000.bin" ] || [ ! -f "$data/llmc_val_000000.bin" ]; then
     python3 "$HERE/llmc_data.py" "$data/llmc_train_000000.bin" --tokens 4194305 --seed 1234 \
       && python3 "$HERE/llmc_data.py" "$data/llmc_val_000000.bin" --tokens 65537 --seed 4321 \

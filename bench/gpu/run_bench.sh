@@ -27,7 +27,8 @@
 #                  ll4 bf16 gbs 1, bench/gpu/torch_llama_peer.py (torch.compile) gbs 1, ll4 gbs 8,
 #                  torch peer gbs 8, gpt2 (mbs 64) gbs 64, llm.c (bench/gpu/llmc_peer.sh run) gbs 64,
 #                  gpt2 gbs 512, llm.c gbs 512. LLMC_DIR: the dir `llmc_peer.sh build` wrote
-#                  (default .device/peers/llmc); PEERS_ONLY=torch|llmc: only the LLaMA or the GPT-2
+#                  (default .device/peers/llmc); LLMC_DATA: where its random-token shards go
+#                  (default /tmp/llmc_peer_data, outside OUT); PEERS_ONLY=torch|llmc: only the LLaMA or the GPT-2
 #                  pairs; PEERS_OURS=0: the peers without ours. A step that would not fit is skipped
 #                  with a "== SKIP" line. Peer rows: value = ours, peer_value = the peer.   1 GPU
 #   check NAME     tests/gpu/NAME_check.sh BIN_DIR (hostgap, fp8perf, fp8fuse, fp8pg, gpt2perf,
@@ -150,7 +151,7 @@ case $SUITE in
       local g=$1 it=$2 n=gpt2_124m_mbs64_gbs$1
       ours && go 30 120 "$n" && TRAIN_TIMEOUT=$LIM train "$n" $(( 1024 * g )) "$it" $GPT2 --global-batch-size "$g"
       if go 30 120 "llm.c gbs $g"; then
-        LLMC_TIMEOUT=$LIM bash "$HERE/llmc_peer.sh" run "$LLMC_DIR" "$O/llmc_data" "$g" "$it" "$O/llmc_gbs$g.log" > "$O/llmc_gbs$g.summary" 2>&1
+        LLMC_TIMEOUT=$LIM bash "$HERE/llmc_peer.sh" run "$LLMC_DIR" "${LLMC_DATA:-/tmp/llmc_peer_data}" "$g" "$it" "$O/llmc_gbs$g.log" > "$O/llmc_gbs$g.summary" 2>&1
         echo "== llm.c gbs $g rc=$?"; cat "$O/llmc_gbs$g.summary"
         cat "$O/llmc_gbs$g.summary" >> "$O/llmc_gbs$g.log"
         local lc; lc=$(sed -n 's/^llm.c \(.......\).*/\1/p' "$LLMC_DIR/llmc_commit.txt" 2>/dev/null)

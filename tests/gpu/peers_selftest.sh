@@ -82,7 +82,7 @@ EOF
 chmod +x "$T/bin/pretrain_gpt" "$T/py/python3" "$T/llmc/train_gpt2cu"
 echo "llm.c f1e2ace651495b74ae22d45d1723443fd00ecd3a" > "$T/llmc/llmc_commit.txt"
 echo 0000000 > "$T/bin/commit.txt"
-REAL_PYTHON3=$(command -v python3) PATH="$T/py:$PATH" OUT="$T/out" BENCH_MACHINE=selftest LLMC_DIR="$T/llmc" \
+REAL_PYTHON3=$(command -v python3) PATH="$T/py:$PATH" OUT="$T/out" BENCH_MACHINE=selftest LLMC_DIR="$T/llmc" LLMC_DATA="$T/data" \
   bash "$ROOT/bench/gpu/run_bench.sh" peers "$T/bin" > "$T/suite.log" 2>&1
 grep -q '^PASS peers: figures from ll4_bf16_gbs1 ll4_bf16_gbs1-peer ll4_bf16_gbs8 ll4_bf16_gbs8-peer gpt2_124m_mbs64_gbs64 gpt2_124m_mbs64_gbs64-peer gpt2_124m_mbs64_gbs512 gpt2_124m_mbs64_gbs512-peer$' "$T/suite.log" \
   && ok "peers suite with stand-ins: all 8 runs gave figures" || { bad "peers suite: no PASS line"; tail -20 "$T/suite.log"; }
