@@ -92,6 +92,7 @@ build() {
 
 run() {
   local dir=${1:?usage: llmc_peer.sh run LLMC_DIR DATADIR GBS STEPS LOG} data=${2:?} gbs=${3:?} steps=${4:?} log=${5:?}
+  [ -d "$dir" ] && dir=$(cd "$dir" && pwd)  # absolute: llm.c runs in DATADIR
   local bin=$dir/train_gpt2cu
   [ -x "$bin" ] || { echo "PEER llmc GBS=$gbs FAILED no $bin (build it with: bench/gpu/llmc_peer.sh build .device/peers/llmc)"; return 1; }
   # cuBLAS/cuDNN/NVRTC as our GPU scripts find them (toolkit lib64, then the PyTorch wheel's nvidia/*/lib).
