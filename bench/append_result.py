@@ -38,6 +38,13 @@ Parsers (subcommands), each reading one log and appending rows:
   ckpt LOG          "RESULT key value ..." and "dd ...: N MB/s" / "save|load N MB/s" lines of
         bench/checkpoint/device_ckpt_bench.sh and checkpoint_bench.
   smi-peak CSV[.gz] [--name NAME]  peak memory.used (MiB) per GPU of an nvidia-smi -lms sample file.
+  peer LOG --name NAME [--peer P] [--ours-log OURS --iters A-B --tokens-per-iter N]  the
+        "PEER <tag>: ms/iter X tokens/s Y [TFLOP/s Z] [peak_mem_GiB W] [steps n]" summary line of
+        bench/gpu/torch_llama_peer.py / llmc_peer.sh; one row per quantity with ours (the mean of
+        OURS's iterations A..B, as `pretrain`) as value and the peer's figure as peer_value. A
+        quantity ours lacks (or an OURS log without iteration lines) becomes a peer-only row: the
+        peer's figure as value, the metric saying "peer ... alone". A "PEER <tag> FAILED" line
+        is an error naming the reason.
   value --metric M --value V --unit U [--peer P --peer-value PV]  one row given on the command line.
 
 Common options: --results FILE (default $RESULTS, else bench/results.csv next to this script), --date, --commit,
@@ -148,6 +155,57 @@ def parse_pretrain(path, first, last, tokens_per_iter=None, name="", each=False)
     for rank, (alloc, maxres) in sorted(last.items(), key=lambda kv: int(kv[0])):
         rows.append((f"{pre}rank {rank} max allocated (last report)", float(alloc), "MB", "", ""))
         rows.append((f"{pre}rank {rank} max reserved (last report)", float(maxres), "MB", "", ""))
+    return rows
+
+
+PEER_LINE = re.compile(r"^PEER (?P<tag>\S.*?): ms/iter (?P<ms>[0-9.]+) tokens/s (?P<tok>[0-9.]+)"
+                       r"(?: TFLOP/s (?P<tf>[0-9.]+))?(?: peak_mem_GiB (?P<mem>[0-9.]+))?(?: steps (?P<n>\d+))?")
+PEER_FAILED = re.compile(r"^PEER (?P<tag>\S.*?) FAILED (?P<why>.*)$")
+
+
+def parse_peer(path, name, peer="", ours_log=None, first=None, last=None, tokens_per_iter=None):
+    """Rows pairing a peer's summary line with ours: (metric, ours, unit, peer, peer value)."""
+    text = _read(path)
+    m = next((PEER_LINE.match(ln) for ln in text.splitlines() if PEER_LINE.match(ln)), None)
+    if not m:
+        f = next((PEER_FAILED.match(ln) for ln in text.splitlines() if PEER_FAILED.match(ln)), None)
+        if f:
+            raise LogError(f"{path}: peer {f.group('tag')} FAILED {f.group('why')[:200]}")
+        raise LogError(f"{path}: no 'PEER <tag>: ms/iter X tokens/s Y' line")
+    tag = m.group("tag")
+    peer = peer or tag
+    nsteps = f", mean of {m.group('n')} steps" if m.group("n") else ""
+    ours = {}
+    if ours_log:
+        ms, tf = [], []
+        try:
+            for ln in _read(ours_log).splitlines():
+                it = ITER_LINE.search(ln)
+                if it and first <= int(it.group(1)) <= last:
+                    ms.append(float(it.group(2)))
+                    if it.group(3):
+                        tf.append(float(it.group(3)))
+        except LogError:
+            pass
+        if ms:
+            ours["ms/iter"] = round(sum(ms) / len(ms), 3)
+            if tf:
+                ours["TFLOP/s/GPU"] = round(sum(tf) / len(tf), 2)
+            if tokens_per_iter:
+                ours["tokens/s"] = round(tokens_per_iter / ours["ms/iter"] * 1000.0, 1)
+    win = f"ours iters {first}-{last}" if ours_log else "ours not run"
+    rows = []
+    for key, unit, grp in (("ms/iter", "ms", "ms"), ("tokens/s", "tokens/s", "tok"), ("TFLOP/s/GPU", "TFLOP/s", "tf")):
+        if m.group(grp) is None:
+            continue
+        pv = float(m.group(grp))
+        if key in ours:
+            rows.append((f"{name} {key} ({win}; peer: {tag}{nsteps})", ours[key], unit, peer, pv))
+        else:
+            rows.append((f"{name} {key}: peer {tag} alone ({win if not ours_log else 'no ours figure'}{nsteps})",
+                         pv, unit, "", ""))
+    if m.group("mem"):
+        rows.append((f"{name}: peer {tag} peak memory (torch.cuda.max_memory_allocated)", float(m.group("mem")), "GiB", "", ""))
     return rows
 
 
@@ -380,6 +438,9 @@ def main(argv=None):
     p = sub.add_parser("info"); p.add_argument("log"); p.add_argument("--grep")
     p = sub.add_parser("ckpt"); p.add_argument("log")
     p = sub.add_parser("smi-peak"); p.add_argument("log"); p.add_argument("--name", default="")
+    p = sub.add_parser("peer"); p.add_argument("log"); p.add_argument("--name", required=True)
+    p.add_argument("--peer", default=""); p.add_argument("--ours-log"); p.add_argument("--iters")
+    p.add_argument("--tokens-per-iter", type=float)
     p = sub.add_parser("value"); p.add_argument("--metric", required=True)
     p.add_argument("--value", required=True, type=float); p.add_argument("--unit", required=True)
     p.add_argument("--peer", default=""); p.add_argument("--peer-value", default="")
@@ -394,6 +455,14 @@ def main(argv=None):
             if not m:
                 ap.error(f"--iters {a.iters!r}: expected FIRST-LAST, e.g. 11-30")
             rows = parse_pretrain(a.log, int(m.group(1)), int(m.group(2)), a.tokens_per_iter, a.name, a.each)
+        elif a.kind == "peer":
+            first = last = None
+            if a.ours_log:
+                m = re.fullmatch(r"(\d+)-(\d+)", a.iters or "")
+                if not m:
+                    ap.error("peer --ours-log needs --iters FIRST-LAST")
+                first, last = int(m.group(1)), int(m.group(2))
+            rows = parse_peer(a.log, a.name, a.peer, a.ours_log, first, last, a.tokens_per_iter)
         elif a.kind == "kprof":
             rows = parse_kprof(a.log, a.name)
         elif a.kind == "preprocess":

@@ -23,6 +23,14 @@
 #   llama8b        examples/llama/train_llama3_8b_h100_fp8.sh through
 #                  bench/gpu/llama3_8b_bench_args.sh; DTYPE, BENCH_GBS, BENCH_ITERS, BENCH_TP,
 #                  BENCH_CKPT, EXTRA_ARGS as there; NPROC_PER_NODE (default 2)           2 GPUs
+#   peers          ours beside the issue-21 peers, interleaved, one GPU, <= BUDGET_S (540) s:
+#                  ll4 bf16 gbs 1, bench/gpu/torch_llama_peer.py (torch.compile) gbs 1, ll4 gbs 8,
+#                  torch peer gbs 8, gpt2 (mbs 64) gbs 64, llm.c (bench/gpu/llmc_peer.sh run) gbs 64,
+#                  gpt2 gbs 512, llm.c gbs 512. LLMC_DIR: the dir `llmc_peer.sh build` wrote
+#                  (default .device/peers/llmc); LLMC_DATA: where its random-token shards go
+#                  (default /tmp/llmc_peer_data, outside OUT); PEERS_ONLY=torch|llmc: only the LLaMA or the GPT-2
+#                  pairs; PEERS_OURS=0: the peers without ours. A step that would not fit is skipped
+#                  with a "== SKIP" line. Peer rows: value = ours, peer_value = the peer.   1 GPU
 #   check NAME     tests/gpu/NAME_check.sh BIN_DIR (hostgap, fp8perf, fp8fuse, fp8pg, gpt2perf,
 #                  cefuse, ...): every "INFO ... <number> <unit>" of its output
 #   ckptio         bench/checkpoint/device_ckpt_bench.sh (our save/load beside dd)
@@ -62,7 +70,7 @@ train() {
   local n=$1 tok=$2 it=$3; shift 3
   local cmd="bench/gpu/run_bench.sh $SUITE BIN_DIR${KPROF:+ (KPROF=$KPROF)} [$n]"
   CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} MEGATRON_KERNEL_PROFILE=${KPROF:-} MEGATRON_KERNEL_PROFILE_OUT=$O \
-    timeout 300 "$BIN/pretrain_gpt" "$@" $COMMON --train-iters "$it" > "$O/$n.log" 2>&1
+    timeout "${TRAIN_TIMEOUT:-300}" "$BIN/pretrain_gpt" "$@" $COMMON --train-iters "$it" > "$O/$n.log" 2>&1
   echo "== $n rc=$? $(grep -cE ' iteration +[0-9]+/' "$O/$n.log") iterations logged"
   rows "$cmd" pretrain "$O/$n.log" --iters "3-$it" --tokens-per-iter "$tok" --name "$n" --each
   [ -n "${KPROF:-}" ] && rows "$cmd" kprof "$O/$n.log" --name "$n"
@@ -94,6 +102,71 @@ case $SUITE in
         --unit % --source "$O/gpu_bench_moe.log"
     done
     [ "${MOE_PRETRAIN:-1}" = 1 ] && train "mixtral_${MOE_LAYERS:-2}l_s4096_gbs1" 4096 "${ITERS:-8}" $MIXTRAL ;;
+  peers)
+    # Issue 21's "measured in the same run as its peer": ours and the peer alternate on GPU 0.
+    budget=${BUDGET_S:-540}; t0=$SECONDS; only=${PEERS_ONLY:-all}
+    LLMC_DIR=${LLMC_DIR:-$ROOT/.device/peers/llmc}
+    # go NEED LIMIT NAME: true (and LIM = min(LIMIT, seconds left)) when NEED seconds remain.
+    go() {
+      local left=$(( budget - (SECONDS - t0) ))
+      if [ "$left" -lt "$1" ]; then echo "== SKIP $3: ${left} s of BUDGET_S=$budget left, it needs ~$1 s"; return 1; fi
+      LIM=$(( $2 < left ? $2 : left )); echo "== $3 (limit $LIM s, $(( SECONDS - t0 )) s into the suite)"; return 0
+    }
+    ours() { [ "${PEERS_OURS:-1}" = 1 ]; }
+    GOT=""; MISSED=""
+    # result NAME OURS_LOG FIRST PEER_LOG TOKENS: one "RESULT" line (ours and the peer, ms/iter,
+    # tokens/s, ours/peer speed ratio); records which runs gave no figure for the PASS/FAIL line.
+    result() {
+      local om pm
+      om=$(awk -v f="$3" 'match($0, / iteration +[0-9]+\//) { split(substr($0, RSTART, RLENGTH), a, /[ \/]+/); it = a[3] + 0 }
+                          /elapsed time per iteration \(ms\): / && it >= f { sub(/.*elapsed time per iteration \(ms\): /, ""); s += $1 + 0; n++ }
+                          END { if (n) printf "%.2f", s / n }' "$2" 2>/dev/null)
+      pm=$(sed -n 's/^PEER [^:]*: ms\/iter \([0-9.]*\) .*/\1/p' "$4" 2>/dev/null | head -1)
+      if ours; then if [ -n "$om" ]; then GOT="$GOT $1"; else MISSED="$MISSED $1"; fi; fi
+      if [ -n "$pm" ]; then GOT="$GOT $1-peer"; else MISSED="$MISSED $1-peer"; fi
+      awk -v n="$1" -v o="$om" -v p="$pm" -v t="$5" 'BEGIN {
+        printf "RESULT %s ours %s ms/iter (%s tokens/s) peer %s ms/iter (%s tokens/s)%s\n", n,
+          o == "" ? "-" : o, o == "" ? "-" : sprintf("%.0f", t * 1000 / o), p == "" ? "-" : p,
+          p == "" ? "-" : sprintf("%.0f", t * 1000 / p), (o != "" && p != "") ? sprintf(" ours/peer speed %.3fx", p / o) : "" }'
+    }
+    # torch_pair GBS ITERS PEER_ITERS: our ll4 bf16 at GBS (ITERS iterations, rows of 3..ITERS),
+    # then the torch.compile peer (2 warm-up steps, which compile, and PEER_ITERS timed steps).
+    torch_pair() {
+      local g=$1 it=$2 pit=$3 n=ll4_bf16_gbs$1
+      ours && go 45 150 "$n" && TRAIN_TIMEOUT=$LIM train "$n" $(( 8192 * g )) "$it" $LL --global-batch-size "$g"
+      if go 90 240 "torch_llama compile gbs $g"; then
+        CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout -k 10 "$LIM" python3 "$HERE/torch_llama_peer.py" \
+          --layers 4 --seq 8192 --gbs "$g" --iters "$pit" --warmup 2 --compile > "$O/torch_llama_gbs$g.log" 2>&1
+        echo "== torch_llama gbs $g rc=$?"; grep -E '^PEER ' "$O/torch_llama_gbs$g.log" || tail -5 "$O/torch_llama_gbs$g.log"
+        local tv; tv=$(sed -n 's/^torch \([^ ]*\) .*/\1/p' "$O/torch_llama_gbs$g.log" | head -1)
+        rows "bench/gpu/run_bench.sh peers BIN_DIR [$n vs torch_llama_peer.py --gbs $g --iters $pit --warmup 2 --compile]" \
+          peer "$O/torch_llama_gbs$g.log" --name "$n" --peer "PyTorch ${tv:-?} torch.compile (bench/gpu/torch_llama_peer.py)" \
+          $(ours && echo --ours-log "$O/$n.log" --iters "3-$it" --tokens-per-iter $(( 8192 * g )))
+        result "$n" "$O/$n.log" 3 "$O/torch_llama_gbs$g.log" $(( 8192 * g ))
+      fi
+    }
+    # llmc_pair GBS ITERS: our GPT-2 124M mbs 64 at GBS sequences, then llm.c, ITERS steps each
+    # (rows: the mean of steps 3..ITERS of both).
+    llmc_pair() {
+      local g=$1 it=$2 n=gpt2_124m_mbs64_gbs$1
+      ours && go 30 120 "$n" && TRAIN_TIMEOUT=$LIM train "$n" $(( 1024 * g )) "$it" $GPT2 --global-batch-size "$g"
+      if go 30 120 "llm.c gbs $g"; then
+        LLMC_TIMEOUT=$LIM bash "$HERE/llmc_peer.sh" run "$LLMC_DIR" "${LLMC_DATA:-/tmp/llmc_peer_data}" "$g" "$it" "$O/llmc_gbs$g.log" > "$O/llmc_gbs$g.summary" 2>&1
+        echo "== llm.c gbs $g rc=$?"; cat "$O/llmc_gbs$g.summary"
+        cat "$O/llmc_gbs$g.summary" >> "$O/llmc_gbs$g.log"
+        local lc; lc=$(sed -n 's/^llm.c \(.......\).*/\1/p' "$LLMC_DIR/llmc_commit.txt" 2>/dev/null)
+        rows "bench/gpu/run_bench.sh peers BIN_DIR [$n vs llmc_peer.sh run LLMC_DIR DATA $g $it]" \
+          peer "$O/llmc_gbs$g.log" --name "$n" --peer "llm.c ${lc:-?} train_gpt2cu cuDNN (bench/gpu/llmc_peer.sh)" \
+          $(ours && echo --ours-log "$O/$n.log" --iters "3-$it" --tokens-per-iter $(( 1024 * g )))
+        result "$n" "$O/$n.log" 3 "$O/llmc_gbs$g.log" $(( 1024 * g ))
+      fi
+    }
+    echo "== peers suite: BUDGET_S=$budget PEERS_ONLY=$only LLMC_DIR=$LLMC_DIR ($(head -1 "$LLMC_DIR/llmc_commit.txt" 2>/dev/null || echo 'no llmc_commit.txt'))"
+    if [ "$only" = all ] || [ "$only" = torch ]; then torch_pair 1 10 8; torch_pair 8 6 5; fi
+    if [ "$only" = all ] || [ "$only" = llmc ]; then llmc_pair 64 12; llmc_pair 512 6; fi
+    echo "== peers suite done in $(( SECONDS - t0 )) s"
+    if [ -z "$MISSED" ] && [ -n "$GOT" ]; then echo "PASS peers: figures from$GOT"
+    else echo "FAIL peers: no figure from${MISSED:- any run}${GOT:+ (figures from$GOT)}"; fi ;;
   gpt2) train gpt2_124m_mbs64 65536 "${ITERS:-12}" $GPT2 ;;
   ll4) ll4 "${DTYPE:-bf16}" "${GBS:-1}" ;;
   e2e) train gpt2_124m_mbs64 65536 "${ITERS:-12}" $GPT2; ll4 bf16 1 ;;
@@ -136,6 +209,6 @@ case $SUITE in
     d=${1:?usage: run_bench.sh preprocess BIN_DIR DIR (see bench/preprocess/device_bench.sh)}
     OUT=$O bash "$ROOT/bench/preprocess/device_bench.sh" "$d" > /dev/null 2>&1  # it writes $O/bench.log
     rows "bench/gpu/run_bench.sh preprocess BIN_DIR DIR" preprocess "$O/bench.log" ;;
-  *) echo "run_bench.sh: unknown suite '$SUITE' (kernels, kernels-mem, gpt2, ll4, e2e, fp8, mtp, dist, cp, llama8b, check, ckptio, preprocess)" >&2; exit 2 ;;
+  *) echo "run_bench.sh: unknown suite '$SUITE' (kernels, kernels-mem, gpt2, ll4, e2e, fp8, mtp, moe, peers, dist, cp, llama8b, check, ckptio, preprocess)" >&2; exit 2 ;;
 esac
-echo "rows appended to $RESULTS: $(($(wc -l < "$RESULTS") - 1)) in all"
+if [ -f "$RESULTS" ]; then echo "rows appended to $RESULTS: $(($(wc -l < "$RESULTS") - 1)) in all"; else echo "no rows in $RESULTS"; fi
