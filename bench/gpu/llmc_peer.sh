@@ -19,7 +19,8 @@
 #       Only the parsing of the run mode (for tests on sample lines).
 #
 # Environment: LLMC_MIRROR, CUDNN_FE_MIRROR (bare git dirs), NVCC (default /usr/local/cuda/bin/nvcc),
-# LLMC_TIMEOUT (seconds, run mode, default 200), CUDA_VISIBLE_DEVICES (default 0).
+# LLMC_TIMEOUT (seconds, run mode, default 200), LLMC_ARGS (run mode: more train_gpt2cu flags,
+# appended), CUDA_VISIBLE_DEVICES (default 0).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 
@@ -121,6 +122,9 @@ run() {
   # fp32 master weights (-w 1), recompute GELU (-r 1), GELU fusion 2 on SM90, ZeRO stage 0, tf32 on.
   local cmd=("$bin" -i "$data/llmc_train_*.bin" -j "$data/llmc_val_*.bin" -e d12 -b 64 -t 1024
              -d $((gbs * 1024)) -x "$steps" -v 1000000 -m 1 -s 0 -h 0 -n 0)
+  # LLMC_ARGS: more train_gpt2cu flags, appended (e.g. "-r 0": no GELU recompute, llm.c's faster
+  # setting when memory allows).
+  [ -n "${LLMC_ARGS:-}" ] && read -r -a extra <<< "$LLMC_ARGS" && cmd+=("${extra[@]}")
   echo "command: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout ${LLMC_TIMEOUT:-200} ${cmd[*]}" > "$log"
   # llm.c reads gpt2_tokenizer.bin from the working directory only for sampling and warns without
   # it; run from DATADIR so no stray file is picked up.
