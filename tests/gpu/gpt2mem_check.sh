@@ -66,8 +66,8 @@ result norm_bwd_ln_res_new norm_bwd "layernorm_backward_residual shipped (pipeli
 result norm_bwd_ln_res_old norm_bwd "layernorm_backward_residual no pipe (forced)"
 result norm_bwd_ln_new norm_bwd "layernorm_backward shipped (pipelined)"
 result norm_bwd_ln_old norm_bwd "layernorm_backward no pipe (forced)"
-result ce_fused_16384_new ce_fused "cross_entropy_fused_ shipped (bulk copy) 16384 rows"
-result ce_fused_16384_old ce_fused "cross_entropy_fused_ no bulk: stash (forced) 16384 rows"
+result ce_fused_16384_new ce_fused "cross_entropy_fused_ gpt2 shipped (bulk copy) 16384 rows"
+result ce_fused_16384_old ce_fused "cross_entropy_fused_ gpt2 no bulk: stash (forced) 16384 rows"
 
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/gpt2mem_cache"
 GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --bf16 --lr 6e-4 --lr-warmup-iters 0 --clip-grad 1.0 --log-interval 1"
