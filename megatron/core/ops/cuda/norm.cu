@@ -886,48 +886,41 @@ void norm_backward(const char* name, const Tensor& dy, const Tensor& x, const Te
   // Row-block kernel: 1024 < h <= 8192, 16-byte rows, bf16 x/dy/dx (and dres); deterministic.
   const bool rowblk = vec && h > 256 * kRegMaxChunks && h <= kRbMaxH && x.dtype() == DType::kBFloat16 &&
                       dy.dtype() == DType::kBFloat16 && f32_or_bf16(gamma.dtype()) && norm_bwd_row_on();
+  const int rb_threads = rowblk ? rowblk_threads(h) : 0;
+  unsigned grid = 0;
   if (rowblk) {
-    const int threads = rowblk_threads(h), nparts = kLN ? 2 : 1;
+    MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
+      grid = dres ? rowblk_grid<kLN, true, bf16_t, G>(rb_threads, rows) : rowblk_grid<kLN, false, bf16_t, G>(rb_threads, rows);
+    });
+  } else {
+    const int wpb = reg ? kRegWarps : kWarps;  // warps per block
+    grid = static_cast<unsigned>(std::max<int64_t>(
+        1, std::min<int64_t>((rows + wpb - 1) / wpb, (int64_t)sm_count() * (reg ? 3 : 2))));  // reg: one wave of 3 blocks per SM
+  }
+  const int nparts = kLN ? 2 : 1;
+  // Partial rows: one per block (the register and row-block kernels sum their rows in order), or
+  // one per warp for the general kernel in deterministic mode (zeroed: the warps accumulate into them).
+  const bool det = !reg && !rowblk && megatron::cuda::deterministic();
+  const int64_t prow = det ? (int64_t)grid * kWarps : (int64_t)grid;
+  float* part = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * prow * h * nparts, st));
+  if (det) CUDA_CHECK(cudaMemsetAsync(part, 0, sizeof(float) * prow * h * nparts, st));
+  if (rowblk) {
     using T = bf16_t;
     MCU_F32_BF16_SWITCH(gamma.dtype(), G, {
       auto launch = [&](auto res_tag) {
         constexpr bool kRes = decltype(res_tag)::value;
-        const unsigned grid = rowblk_grid<kLN, kRes, T, G>(threads, rows);
-        float* part = nullptr;
-        CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * grid * h * nparts, st));
-        norm_bwd_rowblk_kernel<kLN, kRes, T, G><<<grid, threads, 0, st>>>(
+        norm_bwd_rowblk_kernel<kLN, kRes, T, G><<<grid, rb_threads, 0, st>>>(
             static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
             static_cast<const G*>(gamma.data_ptr()), kLN ? static_cast<const float*>(mean->data_ptr()) : nullptr,
             static_cast<const float*>(rstd.data_ptr()), static_cast<T*>(dx.data_ptr()), part,
             part + (int64_t)grid * h, rows, (int)h, zc ? 1.0f : 0.0f,
             kRes ? static_cast<const T*>(dres->data_ptr()) : nullptr);
-        CUDA_CHECK_LAUNCH();
-        dim3 cg(static_cast<unsigned>((h + 31) / 32), static_cast<unsigned>(nparts));
-        MCU_FLOAT_SWITCH(dgamma.dtype(), GO, {
-          colsum_kernel<GO><<<cg, dim3(32, 8), 0, st>>>(part, (int)grid, (int)h, static_cast<GO*>(dgamma.data_ptr()),
-                                                        kLN ? static_cast<GO*>(dbeta->data_ptr()) : nullptr,
-                                                        accumulate);
-        });
-        CUDA_CHECK_LAUNCH();
-        CUDA_CHECK(cudaFreeAsync(part, st));
       };
       if (dres) launch(std::true_type{});
       else launch(std::false_type{});
     });
-    return;
-  }
-  const int wpb = reg ? kRegWarps : kWarps;  // warps per block
-  unsigned grid = static_cast<unsigned>(std::max<int64_t>(
-      1, std::min<int64_t>((rows + wpb - 1) / wpb, (int64_t)sm_count() * (reg ? 3 : 2))));  // reg: one wave of 3 blocks per SM
-  const int nparts = kLN ? 2 : 1;
-  // Partial rows: one per block (the register kernel sums its warps in order), or one per warp for
-  // the general kernel in deterministic mode (zeroed: the warps accumulate into them).
-  const bool det = !reg && megatron::cuda::deterministic();
-  const int64_t prow = det ? (int64_t)grid * kWarps : (int64_t)grid;
-  float* part = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&part, sizeof(float) * prow * h * nparts, st));
-  if (det) CUDA_CHECK(cudaMemsetAsync(part, 0, sizeof(float) * prow * h * nparts, st));
-  if (reg && norm_bwd_pipe() && x.dtype() == DType::kBFloat16) {
+  } else if (reg && norm_bwd_pipe() && x.dtype() == DType::kBFloat16) {
     const int nc = static_cast<int>((h + 255) / 256);
     const size_t smem = bwd_pipe_smem(nc, dres != nullptr);
     using T = bf16_t;
