@@ -52,12 +52,21 @@ __device__ __forceinline__ void rope_partner(int c, int rot, bool inter, int& pa
 // the same way whatever nvcc would contract in its context (it fuses `a * b + c` per
 // instantiation): forward x cs + sign pv sn as one fma over the rounded product sn (sign pv),
 // backward x cs - sign pv sn with three rounded products and a rounded difference. These are the
-// roundings nvcc chose for rope_vec_kernel before they were written out (its fp32 PTX is
-// unchanged: tests/gpu/host_emulation/ptx_fp_sequence.sh).
+// roundings nvcc chose for rope_vec_kernel before they were written out (its fp32 PTX was compared
+// by hand when they were, Session 12: the same instructions, `mul.f32` spelled `mul.rn.f32`); the
+// GPU test gpu_ops_test --only rope_table holds the table path to the per-channel path bitwise.
 template <bool kBwd>
 __device__ __forceinline__ float rope_rotate(float x, float pv, float cs, float sn, float sign) {
   const float t = __fmul_rn(sn, __fmul_rn(sign, pv));
   return kBwd ? __fsub_rn(__fmul_rn(x, cs), t) : __fmaf_rn(x, cs, t);
+}
+
+// (cos, sin) of rotary pair fi at position pos (rope_freq.h: Megatron's float32 inverse frequency,
+// the Llama-3.1 scaling, the interpolated position): the one angle computation every kernel
+// below and the angle table use, so all of them hold the same values.
+__device__ __forceinline__ void rope_cos_sin(float pos, int fi, int rot, float base, const RopeScaling& sc,
+                                             float pos_scale, float& cs, float& sn) {
+  sincosf(rope_angle(pos, pos_scale, rope_inv_freq(base, fi, rot, sc)), &sn, &cs);
 }
 
 // kBwd=false: out (q/k/v) from qkv. kBwd=true: dqkv from dq/dk/dv (inverse rotation).
@@ -92,9 +101,8 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
       rope_partner(c, a.rot, a.interleaved, partner, sign, fi);
       const int64_t si = tok / a.b;
       const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(si);
-      const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
       float sn, cs;
-      sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
+      rope_cos_sin(pos, fi, a.rot, a.base, a.scaling, a.pos_scale, cs, sn);
       const float pv = to_f(src[partner]);
       // forward: out[c] = x[c] cos + sign * x[partner] sin; backward: the transpose.
       val = rope_rotate<kBwd>(val, pv, cs, sn, sign);
@@ -115,7 +123,7 @@ __global__ void rope_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_ou
 // rope_inv_freq / rope_angle / sincosf calls, so the same values) instead of being computed per
 // channel: the 8 powf + 8 sincosf per thread made this kernel compute-bound, ~0.32 ms forward and
 // ~0.38 ms backward per LLaMA-3-8B-shaped call (8192 x 6144 bf16, 200 MB moved: ~0.6 TB/s; device
-// call 17's kernel profile, docs/performance.md "Session 12: RoPE"), while the table row of a token
+// call 17's kernel profile, docs/performance.md "Session 12: RoPE angle table"), while the table row of a token
 // is read by all of its heads. tab rows: the token (tok = si * b + bi) with position ids, else si.
 template <class T, bool kBwd, bool kTable = false>
 __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qkv_out, T* __restrict__ q,
@@ -195,9 +203,8 @@ __global__ void rope_vec_kernel(const T* __restrict__ qkv_in, T* __restrict__ qk
           int partner, fi;
           float sign;
           rope_partner(c0 + j, a.rot, a.interleaved, partner, sign, fi);
-          const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
           float sn, cs;
-          sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
+          rope_cos_sin(pos, fi, a.rot, a.base, a.scaling, a.pos_scale, cs, sn);
           y[j] = rope_rotate<kBwd>(x[j], pv[j], cs, sn, sign);
         }
       }
@@ -220,9 +227,8 @@ __global__ void rope_table_kernel(float2* __restrict__ tab, const int64_t* __res
     const int fi = static_cast<int>(i % half);
     const int64_t r = i / half;
     const float pos = pos_ids ? static_cast<float>(pos_ids[r]) : static_cast<float>(r);
-    const float inv_freq = rope_inv_freq(a.base, fi, a.rot, a.scaling);
     float sn, cs;
-    sincosf(rope_angle(pos, a.pos_scale, inv_freq), &sn, &cs);
+    rope_cos_sin(pos, fi, a.rot, a.base, a.scaling, a.pos_scale, cs, sn);
     tab[i] = make_float2(cs, sn);
   }
 }
@@ -363,9 +369,8 @@ __global__ void rope_pairs_kernel(const T* x, T* y, const int64_t* __restrict__ 
     }
     const int ca = inter ? 2 * w : w, cb = inter ? 2 * w + 1 : w + rot / 2;
     const float pos = pos_ids ? static_cast<float>(pos_ids[tok]) : static_cast<float>(tok / b);
-    const float inv_freq = rope_inv_freq(base, w, rot, sc);
     float sn, cs;
-    sincosf(rope_angle(pos, pos_scale, inv_freq), &sn, &cs);
+    rope_cos_sin(pos, w, rot, base, sc, pos_scale, cs, sn);
     if (kInverse) sn = -sn;
     const float xa = to_f(x[off + ca]), xb = to_f(x[off + cb]);
     y[off + ca] = from_f<T>(xa * cs - xb * sn);
