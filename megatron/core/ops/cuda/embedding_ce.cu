@@ -195,9 +195,10 @@ __global__ void ce_bwd_kernel(const L* logits, const int64_t* __restrict__ label
 // max/sum-exp combines, same values read: the same bits as the stash.
 // Partial rows (Session 12; LLaMA-3's 128256-wide bf16 rows, 250 KB): the bulk copy fetches the
 // stashed part (`stash` elements, ~90% of the row; one block per SM), the threads load the rest
-// in both passes as the stash kernel does. The stash kernel's threads had 32 KB of the row in
-// flight per SM (four 16-byte loads each), ~2.1 TB/s; the bulk copy puts the whole stashed part
-// in flight. Same chunks and values: the same bits as the stash kernel.
+// in both passes as the stash kernel does. Same chunks and values: the same bits as the stash
+// kernel. It was meant to lift the stash kernel's ~2.1 TB/s (32 KB of the row in flight per SM);
+// on the H200 it gained only 1.93 vs 2.00 ms per 8192-row call (docs/performance.md "Session 12:
+// fused cross entropy on LLaMA-3 rows by bulk copy").
 constexpr int kFusedThreads = 512;
 constexpr unsigned kBulkPiece = 16384;  // bytes per bulk copy instruction
 
@@ -494,8 +495,8 @@ void cross_entropy_fused_(Tensor& logits, const Tensor& labels, int64_t vocab_st
   const size_t stash_bytes = static_cast<size_t>(stash_elems) * esz;
   // The bulk-copy kernel where the whole row fits twice per SM (GPT-2 bf16: 2 x 100.6 KB of 228;
   // 1 KB per block is the runtime's) or only a part of it fits (LLaMA-3 bf16, one block per SM,
-  // the rest loaded by the threads), with 16-byte aligned rows of 16-bit logits (fp32 rows fit
-  // at most half: no stash, see above); else the stash kernel.
+  // the rest loaded by the threads), with 16-byte aligned rows of 16-bit logits (fp32 rows keep
+  // the stash kernel: a whole fp32 GPT-2 row fits only once per SM); else the stash kernel.
   int per_sm = 0, major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
