@@ -797,6 +797,8 @@ void test_norms() {
 // new one (not bitwise: the row and column sums run in another order); two calls of the new
 // kernel bitwise equal (no atomics: deterministic by construction).
 void ref_norm_stats(const V& x, int64_t i, int64_t h, bool ln, float eps, double& mean, double& rstd);
+void ref_norm_bwd_row(const V& x, const V& dy, const V& g, double gofs, int64_t i, int64_t h, bool ln, double mean,
+                      double rstd, VD& rdx, VD& rdg, VD& rdb);
 void test_norm_rowblk() {
   auto& f = cu::variants::forced();
   const DType dt = DType::kBFloat16, f32 = DType::kFloat32;
@@ -823,20 +825,7 @@ void test_norm_rowblk() {
           ref_norm_stats(x, i, h, ln, 1e-5f, mean, rstd);
           rm[i] = (float)mean;  // the kernel consumes float32 statistics: the reference uses the same
           rr[i] = (float)rstd;
-          double a = 0, b2 = 0;
-          for (int64_t c = 0; c < h; ++c) {
-            const double xh = (x[i * h + c] - rm[i]) * rr[i], dxh = dy[i * h + c] * (g[c] + gofs);
-            a += dxh;
-            b2 += dxh * xh;
-            rdg[c] += dy[i * h + c] * xh;
-            rdb[c] += dy[i * h + c];
-          }
-          a /= h;
-          b2 /= h;
-          for (int64_t c = 0; c < h; ++c) {
-            const double xh = (x[i * h + c] - rm[i]) * rr[i], dxh = dy[i * h + c] * (g[c] + gofs);
-            rdx[i * h + c] = rr[i] * (dxh - (ln ? a : 0.0) - xh * b2);
-          }
+          ref_norm_bwd_row(x, dy, g, gofs, i, h, ln, rm[i], rr[i], rdx, rdg, rdb);
         }
         V rmf(rm.begin(), rm.end()), rrf(rr.begin(), rr.end());
         Tensor M = dev(rmf, {N}, f32), R = dev(rrf, {N}, f32);
@@ -936,6 +925,28 @@ void ref_norm_stats(const V& x, int64_t i, int64_t h, bool ln, float eps, double
   rstd = 1.0 / std::sqrt(var / h + eps);
 }
 
+// Float64 LayerNorm (ln) / RMSNorm backward of row i of x, dy [N, h] with gamma g (+ gofs, the
+// zero-centred offset) at the statistics (mean, rstd): writes dx's row into rdx and adds the row's
+// dgamma (dy * xhat) and dbeta (dy) terms to rdg / rdb. Megatron's formulas: dx = rstd (dxhat -
+// mean(dxhat) [LayerNorm only] - xhat mean(dxhat xhat)), dxhat = dy (g + gofs).
+void ref_norm_bwd_row(const V& x, const V& dy, const V& g, double gofs, int64_t i, int64_t h, bool ln, double mean,
+                      double rstd, VD& rdx, VD& rdg, VD& rdb) {
+  double a = 0, b2 = 0;
+  for (int64_t c = 0; c < h; ++c) {
+    const double xh = (x[i * h + c] - mean) * rstd, dxh = dy[i * h + c] * (g[c] + gofs);
+    a += dxh;
+    b2 += dxh * xh;
+    rdg[c] += dy[i * h + c] * xh;
+    rdb[c] += dy[i * h + c];
+  }
+  a /= h;
+  b2 /= h;
+  for (int64_t c = 0; c < h; ++c) {
+    const double xh = (x[i * h + c] - mean) * rstd, dxh = dy[i * h + c] * (g[c] + gofs);
+    rdx[i * h + c] = rstd * (dxh - (ln ? a : 0.0) - xh * b2);
+  }
+}
+
 // Few wide rows (decode: rows <= the SM count, 1024 < h <= 8192) run the block-per-row forward
 // (norm.cu's norm_fwd_row_kernel): rows 1..8; h = 2056 leaves most threads' second 2048-column
 // chunk empty, 8192 fills all four; x/gamma dtype mixes of float32/bfloat16 (float16 takes the
@@ -1006,22 +1017,8 @@ void test_norms_once(bool v1) {
             ref_norm_stats(x, i, h, ln, eps, mean, rstd);
             rm[i] = mean;
             rr[i] = rstd;
-            double a = 0, b2 = 0;
-            for (int64_t c = 0; c < h; ++c) {
-              double xh = (x[i * h + c] - mean) * rstd, gg = g[c] + gofs;
-              ry[i * h + c] = xh * gg + (ln ? be[c] : 0.0);
-              double dxh = dy[i * h + c] * gg;
-              a += dxh;
-              b2 += dxh * xh;
-              rdg[c] += dy[i * h + c] * xh;
-              rdb[c] += dy[i * h + c];
-            }
-            a /= h;
-            b2 /= h;
-            for (int64_t c = 0; c < h; ++c) {
-              double xh = (x[i * h + c] - mean) * rstd, dxh = dy[i * h + c] * (g[c] + gofs);
-              rdx[i * h + c] = rstd * (dxh - (ln ? a : 0.0) - xh * b2);
-            }
+            for (int64_t c = 0; c < h; ++c) ry[i * h + c] = (x[i * h + c] - mean) * rstd * (g[c] + gofs) + (ln ? be[c] : 0.0);
+            ref_norm_bwd_row(x, dy, g, gofs, i, h, ln, mean, rstd, rdx, rdg, rdb);
           }
           char nm[128];
           std::snprintf(nm, sizeof nm, "%s h=%ld %s%s%s", ln ? "layernorm" : "rmsnorm", (long)h, dn(dt),
