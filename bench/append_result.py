@@ -121,9 +121,9 @@ def parse_bench_lines(path, peer_path=None):
     return rows
 
 
-def parse_pretrain(path, first, last, tokens_per_iter=None, name="", each=False):
-    """Mean step time / throughput over logged iterations first..last of a pretrain_gpt log;
-    with each=True also one row per logged line (its interval's ms/iter and TFLOP/s)."""
+def _iter_window(path, first, last):
+    """The logged iterations first..last of a pretrain_gpt log: (ms/iter values, TFLOP/s values,
+    [(iteration, ms, TFLOP/s string or None)]), in log order."""
     ms, tf, per = [], [], []
     for ln in _read(path).splitlines():
         m = ITER_LINE.search(ln)
@@ -132,6 +132,13 @@ def parse_pretrain(path, first, last, tokens_per_iter=None, name="", each=False)
             per.append((int(m.group(1)), float(m.group(2)), m.group(3)))
             if m.group(3):
                 tf.append(float(m.group(3)))
+    return ms, tf, per
+
+
+def parse_pretrain(path, first, last, tokens_per_iter=None, name="", each=False):
+    """Mean step time / throughput over logged iterations first..last of a pretrain_gpt log;
+    with each=True also one row per logged line (its interval's ms/iter and TFLOP/s)."""
+    ms, tf, per = _iter_window(path, first, last)
     if not ms:
         raise LogError(f"{path}: no 'elapsed time per iteration' line for iterations {first}-{last}")
     pre = f"{name} " if name else ""
@@ -177,16 +184,10 @@ def parse_peer(path, name, peer="", ours_log=None, first=None, last=None, tokens
     nsteps = f", mean of {m.group('n')} steps" if m.group("n") else ""
     ours = {}
     if ours_log:
-        ms, tf = [], []
         try:
-            for ln in _read(ours_log).splitlines():
-                it = ITER_LINE.search(ln)
-                if it and first <= int(it.group(1)) <= last:
-                    ms.append(float(it.group(2)))
-                    if it.group(3):
-                        tf.append(float(it.group(3)))
+            ms, tf, _ = _iter_window(ours_log, first, last)
         except LogError:
-            pass
+            ms, tf = [], []
         if ms:
             ours["ms/iter"] = round(sum(ms) / len(ms), 3)
             if tf:
