@@ -93,6 +93,14 @@ build() {
 
 run() {
   local dir=${1:?usage: llmc_peer.sh run LLMC_DIR DATADIR GBS STEPS LOG} data=${2:?} gbs=${3:?} steps=${4:?} log=${5:?}
+  # GBS sequences of 1024 per step in micro-batches of 64: a positive multiple of 64; STEPS >= 3
+  # (the figure is the mean of steps 3..STEPS).
+  if ! [[ "$gbs" =~ ^[0-9]+$ ]] || [ "$gbs" -lt 64 ] || [ $((gbs % 64)) -ne 0 ]; then
+    echo "PEER llmc GBS=$gbs FAILED GBS must be a positive multiple of 64 (the micro-batch), got '$gbs'"; return 1
+  fi
+  if ! [[ "$steps" =~ ^[0-9]+$ ]] || [ "$steps" -lt 3 ]; then
+    echo "PEER llmc GBS=$gbs FAILED STEPS must be an integer >= 3 (the figure is the mean of steps 3..STEPS), got '$steps'"; return 1
+  fi
   [ -d "$dir" ] && dir=$(cd "$dir" && pwd)  # absolute: llm.c runs in DATADIR
   local bin=$dir/train_gpt2cu
   [ -x "$bin" ] || { echo "PEER llmc GBS=$gbs FAILED no $bin (build it with: bench/gpu/llmc_peer.sh build .device/peers/llmc)"; return 1; }

@@ -102,5 +102,14 @@ r = one("gpt2_124m_mbs64_gbs512 tokens/s (ours iters 3-6")
 assert abs(float(r["value"]) - 524288 / 51204.5 * 1000) < 0.1 and float(r["peer_value"]) == round(524288 / 1024 * 1000), r
 assert r["peer"].startswith("llm.c f1e2ace"), r
 EOF
+# Bad arguments to llmc_peer.sh run: one FAILED line naming the argument, before anything runs.
+for args in "abc 12|GBS must be a positive multiple of 64 (the micro-batch), got 'abc'" \
+            "96 12|GBS must be a positive multiple of 64 (the micro-batch), got '96'" \
+            "64 2|STEPS must be an integer >= 3 (the figure is the mean of steps 3..STEPS), got '2'"; do
+  a=${args%%|*}; want=${args#*|}
+  got=$(bash "$ROOT/bench/gpu/llmc_peer.sh" run "$T/nollmc" "$T/nodata" $a "$T/bad.log" 2>&1); rc=$?
+  if [ $rc -ne 0 ] && [ "$got" = "PEER llmc GBS=${a%% *} FAILED $want" ] && [ ! -e "$T/nodata" ]; then ok "llmc_peer.sh run $a refused: $want"
+  else bad "llmc_peer.sh run $a: rc $rc, '$got'"; fi
+done
 echo "peers_selftest: $passes passed, $fails failed"
 [ $fails -eq 0 ]
