@@ -73,6 +73,12 @@ bool optim_overlap_priority_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP
 // the forward overlaps none of it): tells a forward that reads before its stage's wait from any
 // other difference of the overlapped path (tests/gpu/optoverlap_check.sh).
 bool optim_overlap_full_wait_switch() { return env_switch("MEGATRON_OPTIM_OVERLAP_FULL_WAIT", false); }
+// MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=N (0..64, default 0; A/B): with the overlap on, the
+// forward's GEMMs that run while Adam chunks are still pending on the side stream leave N SMs to
+// them (ops::set_gemm_sm_margin: cuBLASLt's SM count target); from the last forward stage's wait
+// on, GEMMs use every SM again. Session 9 measured that without a margin the Adam blocks find no
+// SM beside cuBLASLt's persistent GEMMs (docs/performance.md "Session 13: GEMM SM margin").
+int optim_overlap_gemm_sm_margin() { return env_int_in("MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN", 0, 64, 0); }
 
 std::string optim_overlap_unsupported(const Arguments& args, const ModelAndOptimizer& mo, const Device& device) {
   if (!optim_overlap_switch()) return "MEGATRON_OPTIM_OVERLAP=0";
@@ -120,6 +126,7 @@ void check_env_switches() {
   (void)optim_overlap_switch();
   (void)optim_overlap_priority_switch();
   (void)optim_overlap_full_wait_switch();
+  (void)optim_overlap_gemm_sm_margin();
   (void)transformer::moe::moe_device_router_enabled();
   (void)transformer::moe::moe_fp8_fuse_enabled();
   (void)ops::parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM"));
@@ -487,11 +494,19 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     opt.enable_step_overlap(std::move(stage), model.num_forward_stages(), std::move(grad_buffers));
     const bool full_wait = optim_overlap_full_wait_switch();
     const size_t whole_step = std::numeric_limits<size_t>::max();  // wait_for_params: >= chunks = the whole step
-    model.set_param_wait_hook(
-        [&opt, full_wait, whole_step](size_t s) { opt.wait_for_params(full_wait ? whole_step : s); });
+    const int sm_margin = optim_overlap_gemm_sm_margin();
+    const size_t last_stage = model.num_forward_stages() - 1;
+    model.set_param_wait_hook([&opt, full_wait, whole_step, sm_margin, last_stage](size_t s) {
+      opt.wait_for_params(full_wait ? whole_step : s);
+      // Chunks after s still pending: leave their Adam blocks SMs beside this stage's GEMMs.
+      if (sm_margin > 0) ops::set_gemm_sm_margin(s < last_stage && opt.step_in_flight() ? sm_margin : 0);
+    });
     say(" > optimizer step overlapped with the next forward (MEGATRON_OPTIM_OVERLAP=1): " +
         std::to_string(model.num_forward_stages()) + " chunks on a side stream" +
-        (full_wait ? " (MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1: every forward stage waits for the whole step)" : ""));
+        (full_wait ? " (MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1: every forward stage waits for the whole step)" : "") +
+        (sm_margin > 0 ? "; GEMMs beside pending chunks leave " + std::to_string(sm_margin) +
+                             " SMs to them (MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN)"
+                       : ""));
   } else if (device.is_cuda() || optim_overlap_switch()) {
     // Also on the CPU when asked for: the switch does not apply there, and the run says so.
     say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");

@@ -24,7 +24,8 @@ uint64_t profiler_range_start(const char* name) { return nvtxRangeStartA(name); 
 void profiler_range_end(uint64_t handle) {
   if (handle) nvtxRangeEnd(handle);
 }
-// compute_stream_*, stream_create, event_* and graph_*: defined in ops/cuda/step_graph.cpp.
+// compute_stream_*, stream_create, event_* and graph_*: defined in ops/cuda/step_graph.cpp;
+// set_gemm_sm_margin / gemm_sm_margin in ops/cuda/gemm.cu.
 #else
 bool cuda_available() { return false; }
 unsigned long long host_sync_count() { return 0; }
@@ -51,6 +52,8 @@ void* graph_capture(const std::function<void()>&, std::string* error) {
 }
 void graph_launch(void*) { MEGATRON_CHECK(false) << "ops::graph_launch: this build has no CUDA backend"; }
 void graph_destroy(void*) {}
+void set_gemm_sm_margin(int) {}
+int gemm_sm_margin() { return 0; }
 #endif
 
 }  // namespace megatron::ops

@@ -66,6 +66,19 @@ void event_record(void* event, void* stream);
 /// synchronization). InternalError on a CUDA error or without the CUDA backend.
 void stream_wait_event(void* stream, void* event);
 
+/// Leaves `sms` streaming multiprocessors to concurrent work on other streams in the GEMMs
+/// issued after the call (all dtypes of ops/cuda/gemm.cu): cuBLASLt plans them for the device's
+/// SM count minus `sms` (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, what Transformer Engine's
+/// `sm_margin` sets for its communication overlap), so a persistent GEMM kernel launches that
+/// many fewer CTAs and the overlapped optimizer step's Adam blocks find SMs beside it (issue 21,
+/// docs/performance.md "Session 13: GEMM SM margin"). 0 (the default) = every SM. Process-wide,
+/// not per stream: the plan cache keys on it, so each margin in use costs one plan per shape.
+/// `sms` outside 0..(SM count - 1) throws InternalError on the first GEMM. No-op without the
+/// CUDA backend.
+void set_gemm_sm_margin(int sms);
+/// The margin set by set_gemm_sm_margin (0 without the CUDA backend).
+int gemm_sm_margin();
+
 /// Captures the work `fn` issues on the calling thread's compute stream (which must not be the
 /// legacy stream) into a CUDA graph (cudaStreamCaptureModeThreadLocal: this thread's unsafe calls,
 /// e.g. a synchronization, fail the capture) and instantiates it. Nothing runs during the

@@ -104,6 +104,9 @@ class MegatronOptimizer {
   void enable_step_overlap(std::vector<size_t> chunk_of_param, size_t num_chunks, std::vector<Tensor> zero_after,
                            std::unique_ptr<StepStreamBackend> backend = nullptr);
   bool step_overlap_enabled() const { return overlap_ != nullptr; }
+  /// An overlapped step has been queued and the compute stream has not yet waited for all of it
+  /// (OptimizerStepOverlap::in_flight; false without the overlap).
+  bool step_in_flight() const { return overlap_ && overlap_->in_flight(); }
   /// The compute stream waits for the update of the params of chunk `chunk` (and of every chunk
   /// before it); chunk >= the number of chunks: finish_optimizer_step(). No-op without a step in
   /// flight. The hot path: one call per forward stage (GPTModel::set_param_wait_hook).

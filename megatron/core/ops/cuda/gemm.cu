@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -18,9 +19,18 @@
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/device.h"
 #include "megatron/core/utils/env.h"
 
 #define CUBLAS_CHECK MEGATRON_CUBLAS_CHECK
+
+namespace megatron::ops {
+namespace {
+std::atomic<int> g_gemm_sm_margin{0};  // ops/device.h set_gemm_sm_margin
+}  // namespace
+void set_gemm_sm_margin(int sms) { g_gemm_sm_margin.store(sms, std::memory_order_relaxed); }
+int gemm_sm_margin() { return g_gemm_sm_margin.load(std::memory_order_relaxed); }
+}  // namespace megatron::ops
 
 namespace megatron::ops::cuda {
 using namespace detail;
@@ -99,7 +109,7 @@ struct Epilogue {
 };
 
 using Key = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int, int, int, int, int,
-                       int64_t>;
+                       int64_t, int>;
 using lt::Plan;
 using lt::pointer_alignment;
 
@@ -125,8 +135,9 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
             al_c = std::min(pointer_alignment(C), e.c_in ? pointer_alignment(e.c_in) : 256);
   const bool has_bias = e.bias != nullptr;
   const int al_bias = has_bias ? pointer_alignment(e.bias) : 0, al_aux = e.aux ? pointer_alignment(e.aux) : 0;
+  const int sm_margin = ops::gemm_sm_margin();
   Key key{dev, ta, tb, M, N, K, (int)at, (int)bt, (int)ct, has_bias ? (int)e.bias_type : -1, al_a, al_b, al_c,
-          beta != 0.0f, (int)e.kind, al_bias, al_aux, e.aux_ld};
+          beta != 0.0f, (int)e.kind, al_bias, al_aux, e.aux_ld, sm_margin};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     CachedPlan cp;
@@ -135,6 +146,16 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    if (sm_margin != 0) {
+      // ops/device.h set_gemm_sm_margin: plan (and, for persistent kernels, launch) for fewer SMs.
+      int sms = 0;
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      MEGATRON_CHECK(sm_margin > 0 && sm_margin < sms)
+          << "gemm: SM margin " << sm_margin << " outside 0.." << sms - 1 << " (this device has " << sms << " SMs)";
+      const int32_t target = sms - sm_margin;
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
+    }
     if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
       cublasLtEpilogue_t epi = e.kind;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
