@@ -115,6 +115,44 @@ void bench_gemm(const char* name, int64_t m, int64_t n, int64_t k, bool ta, bool
                 tb ? "T" : "N", dtype_name(out));
   report_flops(nm, t, 2.0 * m * n * k);
 }
+// The bf16 GEMM ceiling two ways (docs/performance.md "Session 13"): "burst" = bench_gemm's
+// median of 10 launches after 3 warm-ups (about 20 ms of work: the GPU still at its boost clock);
+// "sustained" = the same 8192^3 GEMM back to back for `seconds`, one TFLOP/s figure per batch of
+// 64 launches (about 0.1 s) from CUDA events, then the mean of the last half of the batches:
+// what the chip holds at its power limit, as inside a training step. The last line prints both.
+void bench_gemm_sustained(double seconds) {
+  const int64_t n = 8192;
+  Tensor a = rnd({n, n}, DType::kBFloat16, 0.1f), b = rnd({n, n}, DType::kBFloat16, 0.1f);
+  Tensor c = Tensor::empty({n, n}, DType::kBFloat16, Device::cuda());
+  const double flop = 2.0 * n * n * n;
+  const float burst = time_ms([&] { cu::gemm(a, false, b, true, c, 1.0f, 0.0f); });
+  std::printf("gemm_sustained burst 8192^3 bf16: %.3f ms, %.1f TFLOP/s\n", burst, flop / (burst * 1e-3) / 1e12);
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> tf;
+  double elapsed = 0.0;
+  const int per_batch = 64;
+  while (elapsed < seconds * 1e3) {
+    CUDA_CHECK(cudaEventRecord(e0, megatron::cuda::current_stream()));
+    for (int i = 0; i < per_batch; ++i) cu::gemm(a, false, b, true, c, 1.0f, 0.0f);
+    CUDA_CHECK(cudaEventRecord(e1, megatron::cuda::current_stream()));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    elapsed += ms;
+    tf.push_back(per_batch * flop / (ms * 1e-3) / 1e12);
+    std::printf("gemm_sustained batch %zu at %.2f s: %.1f TFLOP/s\n", tf.size(), elapsed / 1e3, tf.back());
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  double sum = 0.0;
+  const size_t from = tf.size() / 2;
+  for (size_t i = from; i < tf.size(); ++i) sum += tf[i];
+  std::printf("gemm_sustained 8192^3 bf16: burst %.1f TFLOP/s, sustained %.1f TFLOP/s (mean of batches %zu-%zu of %.1f s)\n",
+              flop / (burst * 1e-3) / 1e12, sum / double(tf.size() - from), from + 1, tf.size(), elapsed / 1e3);
+  std::fflush(stdout);
+}
 // Text generation's decode step (docs/inference.md#performance): the layer GEMMs at m = b rows
 // (weight-bandwidth bound: GB/s of weight bytes read), the q_len = 1 attention against a KV cache of
 // sk tokens (GB/s of K/V bytes) and the greedy argmax over the vocabulary.
@@ -346,6 +384,7 @@ int main(int argc, char** argv) {
     bench_gemm("lm-head fwd", T, 128256, H, false, true, DType::kBFloat16);
     bench_gemm("square 8192", 8192, 8192, 8192, false, true, DType::kBFloat16);
   }
+  if (only == "gemm_sustained") bench_gemm_sustained(argc > 2 ? std::atof(argv[2]) : 20.0);
   if (only.empty() || only == "mem") {
     const int64_t T = 8192, H = 4096, Vv = 128256;
     {
