@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_ops.h"
 #include "megatron/core/ops/cuda/cuda_utils.h"
 #include "megatron/core/ops/cuda/expert_lanes.h"
@@ -152,6 +153,90 @@ void bench_gemm_sustained(double seconds) {
   std::printf("gemm_sustained 8192^3 bf16: burst %.1f TFLOP/s, sustained %.1f TFLOP/s (mean of batches %zu-%zu of %.1f s)\n",
               flop / (burst * 1e-3) / 1e12, sum / double(tf.size() - from), from + 1, tf.size(), elapsed / 1e3);
   std::fflush(stdout);
+}
+// cuBLASLt's candidate algorithms of one row-major GEMM C[m,n] (+)= op(A) op(B) (the layout
+// ops/cuda/gemm.cu plans: the column-major C^T = op(B)^T op(A)^T), each held for `hold_s` seconds
+// back to back with the chip at its power limit (a `warm_s` warm-up on the heuristic's first
+// choice before the first), TFLOP/s = the mean of the second half of 16-launch batches; the first
+// choice is timed again last, so drift shows. Answers whether the heuristic's pick, made for the
+// boost clock, is also the fastest at the sustained clock of a training step (Session 13).
+void bench_gemm_algos_sustained(const char* name, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType out,
+                                float beta, double warm_s, double hold_s) {
+  namespace lt = megatron::ops::cuda::lt;
+  Tensor a = rnd(ta ? Shape{k, m} : Shape{m, k}, DType::kBFloat16, 0.1f);
+  Tensor b = rnd(tb ? Shape{n, k} : Shape{k, n}, DType::kBFloat16, 0.1f);
+  Tensor c = rnd({m, n}, out, 0.1f);
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  lt::DeviceContext& ctx = lt::device_context(dev);
+  // Column-major problem: M = n, N = m; first operand B (transposed iff tb), second A (iff ta).
+  const int64_t M = n, N = m, K = k, lda = b.size(-1), ldb = a.size(-1), ldc = n;
+  lt::Plan p;
+  MEGATRON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MEGATRON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  MEGATRON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  MEGATRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, tb ? K : M, tb ? M : K, lda));
+  MEGATRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, ta ? N : K, ta ? K : N, ldb));
+  MEGATRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, lt::cuda_type(out), M, N, ldc));
+  cublasLtMatmulHeuristicResult_t res[8];
+  int found = 0;
+  MEGATRON_CUBLAS_CHECK(lt::pick_algorithms(ctx, p, lt::pointer_alignment(b.data_ptr()),
+                                            lt::pointer_alignment(a.data_ptr()), lt::pointer_alignment(c.data_ptr()),
+                                            8, res, found));
+  cudaStream_t st = megatron::cuda::current_stream();
+  void* ws = lt::workspace_for(ctx, st);
+  const float alpha = 1.0f;
+  auto launch = [&](int i) {
+    MEGATRON_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.op, &alpha, b.data_ptr(), p.a, a.data_ptr(), p.b, &beta,
+                                         c.data_ptr(), p.c, c.data_ptr(), p.c, &res[i].algo, ws, lt::kWorkspaceBytes,
+                                         st));
+  };
+  const double flop = 2.0 * m * n * k;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  auto hold = [&](int i, double seconds) {
+    std::vector<double> tf;
+    double elapsed = 0.0;
+    while (elapsed < seconds * 1e3) {
+      CUDA_CHECK(cudaEventRecord(e0, st));
+      for (int r = 0; r < 16; ++r) launch(i);
+      CUDA_CHECK(cudaEventRecord(e1, st));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      elapsed += ms;
+      tf.push_back(16 * flop / (ms * 1e-3) / 1e12);
+    }
+    double sum = 0.0;
+    for (size_t j = tf.size() / 2; j < tf.size(); ++j) sum += tf[j];
+    return sum / double(tf.size() - tf.size() / 2);
+  };
+  hold(0, warm_s);
+  std::vector<double> got(found);
+  for (int i = 0; i < found; ++i) {
+    got[i] = hold(i, hold_s);
+    int tile = 0, stages = 0, splitk = 0;
+    size_t w = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &w);
+    std::printf("gemm_algos %s %ldx%ldx%ld ->%s candidate %d (tile id %d, stages id %d, split-k %d, workspace %zu): "
+                "sustained %.1f TFLOP/s (%.3fx candidate 0)\n",
+                name, (long)m, (long)n, (long)k, dtype_name(out), i, tile, stages, splitk, res[i].workspaceSize, got[i],
+                got[i] / got[0]);
+    std::fflush(stdout);
+  }
+  const double again = hold(0, hold_s);
+  std::printf("gemm_algos %s candidate 0 again: sustained %.1f TFLOP/s (drift %.3fx)\n", name, again, again / got[0]);
+  std::fflush(stdout);
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.c);
+  cublasLtMatmulDescDestroy(p.op);
 }
 // Text generation's decode step (docs/inference.md#performance): the layer GEMMs at m = b rows
 // (weight-bandwidth bound: GB/s of weight bytes read), the q_len = 1 attention against a KV cache of
@@ -385,6 +470,19 @@ int main(int argc, char** argv) {
     bench_gemm("square 8192", 8192, 8192, 8192, false, true, DType::kBFloat16);
   }
   if (only == "gemm_sustained") bench_gemm_sustained(argc > 2 ? std::atof(argv[2]) : 20.0);
+  if (only == "gemm_algos") {
+    // The LLaMA-3-8B layer's largest GEMMs and the output layer (shapes of "gemm" above).
+    const double hold_s = argc > 2 ? std::atof(argv[2]) : 2.0;
+    const int64_t T = 8192, H = 4096, F = 14336;
+    bench_gemm_algos_sustained("fc1 fwd", T, 2 * F, H, false, true, DType::kBFloat16, 0.0f, 4.0, hold_s);
+    bench_gemm_algos_sustained("fc1 dgrad", T, H, 2 * F, false, false, DType::kBFloat16, 0.0f, 1.0, hold_s);
+    bench_gemm_algos_sustained("fc1 wgrad fp32+=", 2 * F, H, T, true, false, DType::kFloat32, 1.0f, 1.0, hold_s);
+    bench_gemm_algos_sustained("lm-head fwd", T, 128256, H, false, true, DType::kBFloat16, 0.0f, 1.0, hold_s);
+    // GPT-2 124M at micro-batch 64 (65536 tokens, h 768): the output layer and the fc1 wgrad.
+    bench_gemm_algos_sustained("gpt2 lm-head fwd", 65536, 50304, 768, false, true, DType::kBFloat16, 0.0f, 1.0, hold_s);
+    bench_gemm_algos_sustained("gpt2 fc1 wgrad fp32+=", 3072, 768, 65536, true, false, DType::kFloat32, 1.0f, 1.0,
+                               hold_s);
+  }
   if (only.empty() || only == "mem") {
     const int64_t T = 8192, H = 4096, Vv = 128256;
     {
