@@ -127,6 +127,7 @@ void check_env_switches() {
   (void)optim_overlap_priority_switch();
   (void)optim_overlap_full_wait_switch();
   (void)optim_overlap_gemm_sm_margin();
+  (void)env_switch("MEGATRON_GEMM_AUTOTUNE", false);  // read by ops/cuda/gemm.cu at the first GEMM plan
   (void)transformer::moe::moe_device_router_enabled();
   (void)transformer::moe::moe_fp8_fuse_enabled();
   (void)ops::parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM"));

@@ -2,7 +2,7 @@
 # The A/B and tuning switches that only some runs read (docs/environment.md: MEGATRON_OPTIM_OVERLAP,
 # MEGATRON_OPTIM_OVERLAP_PRIORITY, MEGATRON_MOE_DEVICE_ROUTER, MEGATRON_MOE_FP8_FUSE, MEGATRON_FP8_BLOCK_FUSED,
 # MEGATRON_FP8_BLOCK_WGRAD_ALGO, MEGATRON_MOE_GROUPED_GEMM, MEGATRON_MOE_GEMM_STREAMS,
-# MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN): a bad value
+# MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN, MEGATRON_GEMM_AUTOTUNE): a bad value
 # stops every pretrain_gpt run with one line naming the variable -- also a CPU run of a dense bf16 model, which reaches none of the code that uses
 # them (before, such runs trained and ignored the value); so does any value of the removed
 # MEGATRON_FP8_BLOCK_QUANT, with a line saying it was removed;
@@ -23,7 +23,7 @@ for bad in MEGATRON_OPTIM_OVERLAP=2 MEGATRON_OPTIM_OVERLAP_PRIORITY=yes MEGATRON
            MEGATRON_FP8_BLOCK_QUANT=legacy MEGATRON_FP8_BLOCK_WGRAD_ALGO=16 MEGATRON_FP8_BLOCK_WGRAD_ALGO=3x \
            MEGATRON_FP8_BLOCK_WGRAD_ALGO=-1 MEGATRON_MOE_GROUPED_GEMM=yes MEGATRON_MOE_GEMM_STREAMS=0 \
            MEGATRON_MOE_GEMM_STREAMS=9 MEGATRON_MOE_GEMM_STREAMS=two MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=65 \
-           MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=-1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16sm; do
+           MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=-1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16sm MEGATRON_GEMM_AUTOTUNE=yes; do
   name=${bad%%=*}
   if env "$bad" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/err.log" 2>&1; then fail "$bad: the run trained"; fi
   grep -q "^error: $name=" "$OUT/err.log" || fail "$bad: no one-line error naming $name: $(tail -2 "$OUT/err.log")"
@@ -34,11 +34,11 @@ for bad in MEGATRON_OPTIM_OVERLAP=2 MEGATRON_OPTIM_OVERLAP_PRIORITY=yes MEGATRON
       fail "$bad: the error does not say the switch was removed: $(grep '^error:' "$OUT/err.log")"
   fi
 done
-echo "OK: bad values of the nine switches, and any value of the removed MEGATRON_FP8_BLOCK_QUANT, are refused by name before training"
+echo "OK: bad values of the ten switches, and any value of the removed MEGATRON_FP8_BLOCK_QUANT, are refused by name before training"
 for good in MEGATRON_FP8_BLOCK_QUANT= MEGATRON_FP8_BLOCK_WGRAD_ALGO=15 MEGATRON_OPTIM_OVERLAP_PRIORITY=0 \
             MEGATRON_FP8_BLOCK_FUSED=1 MEGATRON_FP8_BLOCK_FUSED=0 MEGATRON_MOE_FP8_FUSE=0 MEGATRON_MOE_GROUPED_GEMM=auto \
             MEGATRON_MOE_GEMM_STREAMS=1 MEGATRON_MOE_GEMM_STREAMS=8 MEGATRON_MOE_GEMM_STREAMS= \
-            MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=0 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=64; do
+            MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=0 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=64 MEGATRON_GEMM_AUTOTUNE=1; do
   env "$good" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/ok.log" 2>&1 || fail "$good refused: $(tail -2 "$OUT/ok.log")"
 done
 echo "OK: the documented values are accepted (an empty MEGATRON_FP8_BLOCK_QUANT counts as unset)"

@@ -10,15 +10,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "megatron/core/ops/cuda/cublaslt_common.h"
 #include "megatron/core/ops/cuda/cuda_common.cuh"
 #include "megatron/core/ops/cuda/cuda_ops.h"
+#include "megatron/core/ops/cuda/deterministic.h"
 #include "megatron/core/ops/device.h"
 #include "megatron/core/utils/env.h"
 
@@ -120,6 +123,87 @@ struct CachedPlan {
 std::mutex g_plans_mu;
 std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
+// MEGATRON_GEMM_AUTOTUNE=0|1 (read once; docs/environment.md; default 0): at the first call of
+// each GEMM plan, time cuBLASLt's top candidates with the GPU held at its power limit and keep
+// the fastest. Never in --deterministic-mode (the pick would vary between runs) or while a CUDA
+// graph is being captured.
+bool gemm_autotune_on() {
+  static const bool on = env_switch("MEGATRON_GEMM_AUTOTUNE", false);
+  return on;
+}
+
+// The autotuner (docs/performance.md "Session 13: GEMM autotuning at the power limit"): a
+// training step runs at the H200's 700 W limit (SM clock ≈ 1500 of 1980 MHz), where cuBLASLt's
+// heuristic pick, which is made for the boost clock, was measured up to 1.10x slower than another
+// candidate held for seconds (gpu_bench gemm_algos). Timing a candidate alone for a few launches
+// would measure it at the boost clock again, so the candidates are timed in rounds after a warm-up
+// of ~150 ms of back-to-back launches: the chip is then at its limit, and every candidate is
+// measured in each round under the same condition. The operands are the call's own (their values
+// do not change a kernel's speed much); D is the call's when the real call overwrites it (beta 0,
+// or C read from e.c_in), else a scratch buffer, so nothing the call reads is changed. Returns the
+// index of the fastest of `n` candidates (0 when tuning is not possible); one line on stderr.
+int tune_candidates(lt::DeviceContext& s, const lt::Plan& p, const cublasLtMatmulHeuristicResult_t* res, int n,
+                    const void* A, const void* B, void* C, const void* c_read_real, bool d_is_overwritten,
+                    size_t d_bytes, float alpha, float beta, int64_t M, int64_t N, int64_t K) {
+  cudaStream_t st = megatron::cuda::current_stream();
+  void* scratch = nullptr;
+  void* D = C;
+  const void* c_read = c_read_real;
+  if (!d_is_overwritten) {
+    if (cudaMallocAsync(&scratch, d_bytes, st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    CUDA_CHECK(cudaMemsetAsync(scratch, 0, d_bytes, st));
+    D = scratch;
+    c_read = scratch;
+  }
+  void* ws = lt::workspace_for(s, st);
+  auto launch = [&](int i) {
+    return cublasLtMatmul(s.handle, p.op, &alpha, A, p.a, B, p.b, &beta, c_read, p.c, D, p.c, &res[i].algo, ws,
+                          lt::kWorkspaceBytes, st) == CUBLAS_STATUS_SUCCESS;
+  };
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  // ms of `reps` launches of candidate i (-1: the candidate failed to launch).
+  auto timed = [&](int i, int reps) -> float {
+    CUDA_CHECK(cudaEventRecord(e0, st));
+    for (int r = 0; r < reps; ++r)
+      if (!launch(i)) return -1.0f;
+    CUDA_CHECK(cudaEventRecord(e1, st));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+  };
+  int best = 0;
+  const float one = timed(0, 1);
+  if (one > 0.0f) {
+    const int warm = std::max(1, std::min(2000, (int)(150.0f / one)));
+    const int reps = std::max(1, std::min(500, (int)(25.0f / one)));
+    timed(0, warm);
+    std::vector<double> total(n, 0.0);
+    std::vector<bool> ok(n, true);
+    for (int round = 0; round < 3; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (!ok[i]) continue;
+        const float ms = timed(i, reps);
+        if (ms < 0.0f) ok[i] = false;
+        else total[i] += ms;
+      }
+    for (int i = 1; i < n; ++i)
+      if (ok[i] && total[i] < total[best]) best = i;
+    std::fprintf(stderr, "cuBLASLt autotune M=%ld N=%ld K=%ld: candidate %d of %d, %.3fx the heuristic's time\n",
+                 (long)M, (long)N, (long)K, best, n, total[best] / total[0]);
+  }
+  (void)cudaGetLastError();  // a failed candidate's launch error is not the caller's
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  if (scratch) CUDA_CHECK(cudaFreeAsync(scratch, st));
+  return best;
+}
+
 // Column-major D[M,N] = op(A) op(B) (+ beta C) with the epilogue `e`, D == C.
 // A is stored [M,K] (ld lda) or, if ta, [K,M]; B is [K,N] or, if tb, [N,K].
 // Returns false (nothing launched) when cuBLASLt has no algorithm for a non-default epilogue;
@@ -177,6 +261,19 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
     int found = 0;
     const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
     cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cp.supported && gemm_autotune_on() && !megatron::cuda::deterministic() &&
+        cudaStreamIsCapturing(megatron::cuda::current_stream(), &capture) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusNone) {
+      cublasLtMatmulHeuristicResult_t res[8];
+      int n = 0;
+      if (lt::pick_algorithms(s, p, al_a, al_b, al_c, 8, res, n) == CUBLAS_STATUS_SUCCESS && n > 1) {
+        const size_t d_bytes = (size_t)ldc * (size_t)N * dtype_size(ct);
+        const int best = tune_candidates(s, p, res, n, A, B, C, e.c_in ? e.c_in : C, beta == 0.0f || e.c_in != nullptr,
+                                         d_bytes, alpha, beta, M, N, K);
+        p.algo = res[best].algo;
+      }
+    }
     const bool must = e.kind == CUBLASLT_EPILOGUE_DEFAULT || e.kind == CUBLASLT_EPILOGUE_BIAS;
     MEGATRON_CHECK(cp.supported || !must)
         << "gemm: cuBLASLt has no algorithm for M=" << M << " N=" << N << " K=" << K << " types "
