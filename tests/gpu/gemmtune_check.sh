@@ -14,16 +14,8 @@
 #      candidate only changes fp32 summation order; a wrong result would show here), and the
 #      last losses as INFO.
 set -u
-BIN=$(cd "${1:?usage: tests/gpu/gemmtune_check.sh BIN_DIR LOGDIR}" && pwd)
-O=${2:?usage: tests/gpu/gemmtune_check.sh BIN_DIR LOGDIR}
-mkdir -p "$O" && O=$(cd "$O" && pwd)
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-. "$HERE/gpucheck_lib.sh"  # gc_find_libs, gc_steptime, lm_losses
-gc_find_libs gemmtune
-T0=$(date +%s)
-status=0
-fail() { echo "FAIL $*"; status=1; }
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"  # gc_args_init, gc_steptime, lm_losses, pass/fail
+gc_args_init gemmtune tests/gpu/gemmtune_check.sh "$@"
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/cache_gt --log-interval 1 --clip-grad 1.0 --bf16 --log-throughput"
 LL="--num-layers 4 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length 8192 --max-position-embeddings 8192 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 --micro-batch-size 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2"
 GPT2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 5 --weight-decay 0.1 --micro-batch-size 64 --global-batch-size 64"

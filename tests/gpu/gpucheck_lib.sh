@@ -20,6 +20,21 @@ gc_check_init() {
   nvidia-smi --query-gpu="${2:-name,driver_version,clocks.sm}" --format=csv,noheader > "$O/gpu.txt" 2>&1
   info "gpu: $(cat "$O/gpu.txt")"
 }
+# gc_args_init NAME SCRIPT "$@": the opening of a check run as `SCRIPT BIN_DIR LOGDIR`: BIN and O
+# (created) from the two arguments (a usage line and exit 2 when one is missing), NVLink multicast
+# off, GPU 0 unless CUDA_VISIBLE_DEVICES says otherwise, the libraries (gc_find_libs NAME), T0 =
+# now, status = 0.
+gc_args_init() {
+  local name=$1 script=$2
+  shift 2
+  if [ $# -lt 2 ]; then echo "usage: $script BIN_DIR LOGDIR" >&2; exit 2; fi
+  BIN=$(cd "$1" && pwd) || exit 2
+  mkdir -p "$2" && O=$(cd "$2" && pwd) || exit 2
+  export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+  gc_find_libs "$name"
+  T0=$(date +%s)
+  status=0
+}
 pass() { echo "PASS $*" | tee -a "$O/summary.txt"; }
 fail() { echo "FAIL $*" | tee -a "$O/summary.txt"; status=1; }
 info() { echo "INFO $*" | tee -a "$O/summary.txt"; }

@@ -22,16 +22,8 @@
 #   5. nvidia-smi clocks.sm / power.draw sampled every 200 ms during a serial gbs-8 run (reading
 #      only): INFO lines with the median SM clock and power (the sustained clock the step runs at).
 set -u
-BIN=$(cd "${1:?usage: tests/gpu/smmargin_check.sh BIN_DIR LOGDIR}" && pwd)
-O=${2:?usage: tests/gpu/smmargin_check.sh BIN_DIR LOGDIR}
-mkdir -p "$O" && O=$(cd "$O" && pwd)
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-. "$HERE/gpucheck_lib.sh"  # gc_find_libs, gc_steptime
-gc_find_libs smmargin
-T0=$(date +%s)
-status=0
-fail() { echo "FAIL $*"; status=1; }
+. "$(dirname "${BASH_SOURCE[0]}")/gpucheck_lib.sh"  # gc_args_init, gc_steptime, lm_losses, pass/fail
+gc_args_init smmargin tests/gpu/smmargin_check.sh "$@"
 MARGINS=${MARGINS:-"8 16 32"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | sed 's/^/INFO gpu: /'
 
