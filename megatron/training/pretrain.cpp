@@ -512,6 +512,18 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     // Also on the CPU when asked for: the switch does not apply there, and the run says so.
     say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");
   }
+  // The two GEMM switches say when they do not apply, instead of being read and ignored.
+  if (!no_overlap.empty() && optim_overlap_gemm_sm_margin() > 0)
+    say(" > MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=" + std::to_string(optim_overlap_gemm_sm_margin()) +
+        " has no effect: the optimizer step is not overlapped (" + no_overlap + ")");
+  if (env_switch("MEGATRON_GEMM_AUTOTUNE", false)) {
+    if (!device.is_cuda())
+      say(" > MEGATRON_GEMM_AUTOTUNE=1 has no effect: it tunes cuBLASLt GEMMs, and this run is not on a CUDA device");
+    else if (args.deterministic_mode)
+      say(" > MEGATRON_GEMM_AUTOTUNE=1 has no effect with --deterministic-mode (the tuned pick could differ between runs)");
+    else
+      say(" > MEGATRON_GEMM_AUTOTUNE=1: each GEMM plan's cuBLASLt candidates are timed at its first call");
+  }
   HighPriorityComputeStream compute_stream(no_overlap.empty() && optim_overlap_priority_switch());
   // Megatron's finalize_model_grads reads the model's config: the norms marked their
   // sequence-parallel parameters, the tying comes from the TransformerConfig.

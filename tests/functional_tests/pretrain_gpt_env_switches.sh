@@ -59,3 +59,13 @@ grep -q "iteration *1/" "$OUT/err.log" && fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT
 MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/ok.log" 2>&1 ||
   fail "MEGATRON_OPTIM_OVERLAP_FULL_WAIT=1 refused: $(tail -2 "$OUT/ok.log")"
 echo "OK: MEGATRON_OPTIM_OVERLAP_FULL_WAIT=2 refused by name, 1 accepted"
+# The GEMM switches say on the CPU that they do not apply (not read and ignored).
+MEGATRON_GEMM_AUTOTUNE=1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16 "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/gemm.log" 2>&1 ||
+  fail "MEGATRON_GEMM_AUTOTUNE=1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16 run: $(tail -2 "$OUT/gemm.log")"
+grep -q "MEGATRON_GEMM_AUTOTUNE=1 has no effect: it tunes cuBLASLt GEMMs, and this run is not on a CUDA device" "$OUT/gemm.log" ||
+  fail "MEGATRON_GEMM_AUTOTUNE=1 on the CPU does not say that it does not apply"
+grep -q "MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16 has no effect: the optimizer step is not overlapped (MEGATRON_OPTIM_OVERLAP=0)" "$OUT/gemm.log" ||
+  fail "MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN without the overlap does not say that it does not apply"
+c=$(grep -o "lm loss: [0-9.E+-]*" "$OUT/gemm.log")
+[[ -n "$c" && "$c" == "$a" ]] || fail "losses differ with the GEMM switches on the CPU: '$c' vs '$a'"
+echo "OK: MEGATRON_GEMM_AUTOTUNE and MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN report that they do not apply on the CPU; losses unchanged"
