@@ -6,12 +6,13 @@
 #   Session 12's refactors (rope_cos_sin, the row-block norm backward tail) that were only compiled.
 # Prediction and outcome: docs/performance.md "Session 13: GEMM SM margin".
 #   tests/gpu/smmargin_check.sh BIN_DIR LOGDIR
-# BIN_DIR: gpu_ops_test, pretrain_gpt (and dev/dev_cuda_norm_bwd, dev/dev_cuda_ce_fused if built)
+# BIN_DIR: gpu_ops_test, pretrain_gpt and dev/dev_cuda_norm_bwd, dev/dev_cuda_ce_fused
 # of a CUDA build, lib.tar.xz beside them where the machine lacks the non-CUDA libraries. Every
 # line that matters starts with PASS/FAIL/RESULT/INFO; exit status 1 iff a FAIL:
 #   1. gpu_ops_test --only rope,rope_table,ce_fused,norms,adam: float64 references, bitwise pairs.
 #   2. dev_cuda_norm_bwd (row-block vs old, vs CPU, twice bitwise), dev_cuda_ce_fused (the fused
-#      cross entropy alone, incl. 8192 x 128256 rows): PASS/FAIL lines, timings as INFO.
+#      cross entropy alone, incl. 8192 x 128256 rows), by gc_dev_drivers: PASS/FAIL lines, timings
+#      as INFO; a driver that is not built is a FAIL.
 #   3. LLaMA-3-8B-shaped 4 layers, seq 8192, gbs 1, 12 iterations: serial step, overlap without
 #      margin, overlap with margins MARGINS (default "8 16 32"), in that order and then reversed
 #      (ABBA): RESULT ms/iter (mean of iterations 3-12) per run and per setting; the iteration-1
@@ -37,18 +38,7 @@ grep -E "^FAIL|checks passed|passed" "$O/gpu_ops_test.log" | head -20
 echo "INFO elapsed $(( $(date +%s) - T0 )) s"
 
 echo "== 2. dev drivers"
-for d in norm_bwd ce_fused; do
-  D="$BIN/dev/dev_cuda_$d"
-  if [ -x "$D" ]; then
-    timeout 90 "$D" --reps 10 > "$O/dev_$d.log" 2>&1
-    rc=$?
-    grep -E "^(PASS|FAIL) " "$O/dev_$d.log" | sed "s/^\(PASS\|FAIL\) /\1 [dev $d] /"
-    grep -E "^(TIME|SPEEDUP) " "$O/dev_$d.log" | sed "s/^/INFO [dev $d] /"
-    [ $rc = 0 ] || fail "dev_cuda_$d exit $rc ($O/dev_$d.log)"
-  else
-    echo "INFO dev_cuda_$d not built: skipped"
-  fi
-done
+gc_dev_drivers norm_bwd ce_fused
 echo "INFO elapsed $(( $(date +%s) - T0 )) s"
 
 COMMON="--mock-data --tokenizer-type NullTokenizer --attention-dropout 0 --hidden-dropout 0 --seed 1234 --eval-iters 0 --data-cache-path /tmp/cache_s13 --log-interval 1 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 1.0 --bf16 --micro-batch-size 1 --log-throughput"
