@@ -121,6 +121,41 @@ void bench_gemm(const char* name, int64_t m, int64_t n, int64_t k, bool ta, bool
 // "sustained" = the same 8192^3 GEMM back to back for `seconds`, one TFLOP/s figure per batch of
 // 64 launches (about 0.1 s) from CUDA events, then the mean of the last half of the batches:
 // what the chip holds at its power limit, as inside a training step. The last line prints both.
+// `launch` run back to back for `seconds` (GPU time), in batches of `per_batch` launches timed
+// with CUDA events: one TFLOP/s figure per batch (`flop` per launch) and the GPU time at its end
+// (s). Used by the two held-GEMM modes below.
+struct HeldBatches {
+  std::vector<double> tflops, end_s;
+  /// The mean of the second half of the batches (the part at the power limit).
+  double last_half_mean() const {
+    double sum = 0.0;
+    const size_t from = tflops.size() / 2;
+    for (size_t i = from; i < tflops.size(); ++i) sum += tflops[i];
+    return sum / double(tflops.size() - from);
+  }
+};
+HeldBatches hold_launches(const std::function<void()>& launch, double flop, int per_batch, double seconds) {
+  cudaStream_t st = megatron::cuda::current_stream();
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  HeldBatches h;
+  double elapsed = 0.0;
+  while (elapsed < seconds * 1e3) {
+    CUDA_CHECK(cudaEventRecord(e0, st));
+    for (int i = 0; i < per_batch; ++i) launch();
+    CUDA_CHECK(cudaEventRecord(e1, st));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    elapsed += ms;
+    h.tflops.push_back(per_batch * flop / (ms * 1e-3) / 1e12);
+    h.end_s.push_back(elapsed / 1e3);
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  return h;
+}
 void bench_gemm_sustained(double seconds) {
   const int64_t n = 8192;
   Tensor a = rnd({n, n}, DType::kBFloat16, 0.1f), b = rnd({n, n}, DType::kBFloat16, 0.1f);
@@ -128,30 +163,12 @@ void bench_gemm_sustained(double seconds) {
   const double flop = 2.0 * n * n * n;
   const float burst = time_ms([&] { cu::gemm(a, false, b, true, c, 1.0f, 0.0f); });
   std::printf("gemm_sustained burst 8192^3 bf16: %.3f ms, %.1f TFLOP/s\n", burst, flop / (burst * 1e-3) / 1e12);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> tf;
-  double elapsed = 0.0;
-  const int per_batch = 64;
-  while (elapsed < seconds * 1e3) {
-    CUDA_CHECK(cudaEventRecord(e0, megatron::cuda::current_stream()));
-    for (int i = 0; i < per_batch; ++i) cu::gemm(a, false, b, true, c, 1.0f, 0.0f);
-    CUDA_CHECK(cudaEventRecord(e1, megatron::cuda::current_stream()));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    elapsed += ms;
-    tf.push_back(per_batch * flop / (ms * 1e-3) / 1e12);
-    std::printf("gemm_sustained batch %zu at %.2f s: %.1f TFLOP/s\n", tf.size(), elapsed / 1e3, tf.back());
-  }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  double sum = 0.0;
-  const size_t from = tf.size() / 2;
-  for (size_t i = from; i < tf.size(); ++i) sum += tf[i];
+  const HeldBatches h = hold_launches([&] { cu::gemm(a, false, b, true, c, 1.0f, 0.0f); }, flop, 64, seconds);
+  for (size_t i = 0; i < h.tflops.size(); ++i)
+    std::printf("gemm_sustained batch %zu at %.2f s: %.1f TFLOP/s\n", i + 1, h.end_s[i], h.tflops[i]);
   std::printf("gemm_sustained 8192^3 bf16: burst %.1f TFLOP/s, sustained %.1f TFLOP/s (mean of batches %zu-%zu of %.1f s)\n",
-              flop / (burst * 1e-3) / 1e12, sum / double(tf.size() - from), from + 1, tf.size(), elapsed / 1e3);
+              flop / (burst * 1e-3) / 1e12, h.last_half_mean(), h.tflops.size() / 2 + 1, h.tflops.size(),
+              h.end_s.back());
   std::fflush(stdout);
 }
 // cuBLASLt's candidate algorithms of one row-major GEMM C[m,n] (+)= op(A) op(B) (the layout
@@ -193,26 +210,7 @@ void bench_gemm_algos_sustained(const char* name, int64_t m, int64_t n, int64_t 
                                          st));
   };
   const double flop = 2.0 * m * n * k;
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  auto hold = [&](int i, double seconds) {
-    std::vector<double> tf;
-    double elapsed = 0.0;
-    while (elapsed < seconds * 1e3) {
-      CUDA_CHECK(cudaEventRecord(e0, st));
-      for (int r = 0; r < 16; ++r) launch(i);
-      CUDA_CHECK(cudaEventRecord(e1, st));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      elapsed += ms;
-      tf.push_back(16 * flop / (ms * 1e-3) / 1e12);
-    }
-    double sum = 0.0;
-    for (size_t j = tf.size() / 2; j < tf.size(); ++j) sum += tf[j];
-    return sum / double(tf.size() - tf.size() / 2);
-  };
+  auto hold = [&](int i, double seconds) { return hold_launches([&] { launch(i); }, flop, 16, seconds).last_half_mean(); };
   hold(0, warm_s);
   std::vector<double> got(found);
   for (int i = 0; i < found; ++i) {
@@ -231,8 +229,6 @@ void bench_gemm_algos_sustained(const char* name, int64_t m, int64_t n, int64_t 
   const double again = hold(0, hold_s);
   std::printf("gemm_algos %s candidate 0 again: sustained %.1f TFLOP/s (drift %.3fx)\n", name, again, again / got[0]);
   std::fflush(stdout);
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
   cublasLtMatrixLayoutDestroy(p.a);
   cublasLtMatrixLayoutDestroy(p.b);
   cublasLtMatrixLayoutDestroy(p.c);

@@ -127,7 +127,7 @@ void check_env_switches() {
   (void)optim_overlap_priority_switch();
   (void)optim_overlap_full_wait_switch();
   (void)optim_overlap_gemm_sm_margin();
-  (void)env_switch("MEGATRON_GEMM_AUTOTUNE", false);  // read by ops/cuda/gemm.cu at the first GEMM plan
+  (void)ops::gemm_autotune_switch();
   (void)transformer::moe::moe_device_router_enabled();
   (void)transformer::moe::moe_fp8_fuse_enabled();
   (void)ops::parse_grouped_gemm_mode(std::getenv("MEGATRON_MOE_GROUPED_GEMM"));
@@ -485,6 +485,7 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
   // stream, each stage's forward waits for its update (GPTModel's param-wait hook), the grad
   // buffers are zeroed on that stream after the update.
   const std::string no_overlap = optim_overlap_unsupported(args, mo, device);
+  const int sm_margin = optim_overlap_gemm_sm_margin();
   if (no_overlap.empty()) {
     std::vector<Tensor> grad_buffers;
     for (auto* d : ddp_ptrs)
@@ -495,7 +496,6 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     opt.enable_step_overlap(std::move(stage), model.num_forward_stages(), std::move(grad_buffers));
     const bool full_wait = optim_overlap_full_wait_switch();
     const size_t whole_step = std::numeric_limits<size_t>::max();  // wait_for_params: >= chunks = the whole step
-    const int sm_margin = optim_overlap_gemm_sm_margin();
     const size_t last_stage = model.num_forward_stages() - 1;
     model.set_param_wait_hook([&opt, full_wait, whole_step, sm_margin, last_stage](size_t s) {
       opt.wait_for_params(full_wait ? whole_step : s);
@@ -513,10 +513,10 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
     say(" > optimizer step not overlapped with the next forward (" + no_overlap + ")");
   }
   // The two GEMM switches say when they do not apply, instead of being read and ignored.
-  if (!no_overlap.empty() && optim_overlap_gemm_sm_margin() > 0)
-    say(" > MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=" + std::to_string(optim_overlap_gemm_sm_margin()) +
+  if (!no_overlap.empty() && sm_margin > 0)
+    say(" > MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=" + std::to_string(sm_margin) +
         " has no effect: the optimizer step is not overlapped (" + no_overlap + ")");
-  if (env_switch("MEGATRON_GEMM_AUTOTUNE", false)) {
+  if (ops::gemm_autotune_switch()) {
     if (!device.is_cuda())
       say(" > MEGATRON_GEMM_AUTOTUNE=1 has no effect: it tunes cuBLASLt GEMMs, and this run is not on a CUDA device");
     else if (args.deterministic_mode)

@@ -1,6 +1,7 @@
 // Device capabilities (device.h): the CUDA backend's answers in CUDA builds, "no device" otherwise.
 #include "megatron/core/ops/device.h"
 
+#include "megatron/core/utils/env.h"
 #include "megatron/core/utils/errors.h"
 
 #ifdef MEGATRON_WITH_CUDA
@@ -15,6 +16,11 @@ int64_t device_free_bytes();  // ops/cuda/cuda_ops.h
 #endif
 
 namespace megatron::ops {
+
+bool gemm_autotune_switch() {
+  static const bool on = env_switch("MEGATRON_GEMM_AUTOTUNE", false);
+  return on;
+}
 
 #ifdef MEGATRON_WITH_CUDA
 bool cuda_available() { return true; }

@@ -78,6 +78,10 @@ void stream_wait_event(void* stream, void* event);
 void set_gemm_sm_margin(int sms);
 /// The margin set by set_gemm_sm_margin (0 without the CUDA backend).
 int gemm_sm_margin();
+/// MEGATRON_GEMM_AUTOTUNE=0|1 (read once, default 0; any other value throws UserError naming it):
+/// whether ops/cuda/gemm.cu times cuBLASLt's candidates at each plan's first call (docs/environment.md).
+/// Read in every build, so a CPU run refuses a bad value too; only CUDA GEMMs act on it.
+bool gemm_autotune_switch();
 
 /// Captures the work `fn` issues on the calling thread's compute stream (which must not be the
 /// legacy stream) into a CUDA graph (cudaStreamCaptureModeThreadLocal: this thread's unsafe calls,

@@ -123,15 +123,6 @@ struct CachedPlan {
 std::mutex g_plans_mu;
 std::map<Key, CachedPlan> g_plans;  // the key holds the device too
 
-// MEGATRON_GEMM_AUTOTUNE=0|1 (read once; docs/environment.md; default 0): at the first call of
-// each GEMM plan, time cuBLASLt's top candidates with the GPU held at its power limit and keep
-// the fastest. Never in --deterministic-mode (the pick would vary between runs) or while a CUDA
-// graph is being captured.
-bool gemm_autotune_on() {
-  static const bool on = env_switch("MEGATRON_GEMM_AUTOTUNE", false);
-  return on;
-}
-
 // The autotuner (docs/performance.md "Session 13: GEMM autotuning at the power limit"): a
 // training step runs at the H200's 700 W limit (SM clock ≈ 1500 of 1980 MHz), where cuBLASLt's
 // heuristic pick, which is made for the boost clock, was measured up to 1.10x slower than another
@@ -261,8 +252,10 @@ bool lt_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
     int found = 0;
     const cublasStatus_t st = lt::pick_algorithm(s, p, al_a, al_b, al_c, found);
     cp.supported = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    // MEGATRON_GEMM_AUTOTUNE=1 (ops/device.h gemm_autotune_switch): tune the new plan, never in
+    // --deterministic-mode (the pick would vary between runs) or while a CUDA graph is captured.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cp.supported && gemm_autotune_on() && !megatron::cuda::deterministic() &&
+    if (cp.supported && ops::gemm_autotune_switch() && !megatron::cuda::deterministic() &&
         cudaStreamIsCapturing(megatron::cuda::current_stream(), &capture) == cudaSuccess &&
         capture == cudaStreamCaptureStatusNone) {
       cublasLtMatmulHeuristicResult_t res[8];
