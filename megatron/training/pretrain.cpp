@@ -135,6 +135,7 @@ void check_env_switches() {
   (void)ops::block_fused_from_env();
   ops::refuse_removed_block_quant_env();
   (void)ops::block_wgrad_algo_from_env();
+  (void)ops::block_gemm_ours_from_env();
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -523,6 +524,13 @@ int pretrain(int argc, char** argv, const DatasetsProvider& train_valid_test_dat
       say(" > MEGATRON_GEMM_AUTOTUNE=1 has no effect with --deterministic-mode (the tuned pick could differ between runs)");
     else
       say(" > MEGATRON_GEMM_AUTOTUNE=1: each GEMM plan's cuBLASLt candidates are timed at its first call");
+  }
+  if (ops::block_gemm_ours_from_env()) {
+    if (!device.is_cuda() || !args.fp8 || args.fp8_recipe != "blockwise")
+      say(" > MEGATRON_FP8_BLOCK_GEMM=ours has no effect: it selects the GEMM of --fp8-recipe blockwise on a CUDA device");
+    else
+      say(" > MEGATRON_FP8_BLOCK_GEMM=ours: the block-scaled FP8 GEMMs run on our kernel (ops/cuda/fp8_block_gemm.cu), "
+          "not cuBLASLt's");
   }
   HighPriorityComputeStream compute_stream(no_overlap.empty() && optim_overlap_priority_switch());
   // Megatron's finalize_model_grads reads the model's config: the norms marked their

@@ -2,7 +2,7 @@
 # The A/B and tuning switches that only some runs read (docs/environment.md: MEGATRON_OPTIM_OVERLAP,
 # MEGATRON_OPTIM_OVERLAP_PRIORITY, MEGATRON_MOE_DEVICE_ROUTER, MEGATRON_MOE_FP8_FUSE, MEGATRON_FP8_BLOCK_FUSED,
 # MEGATRON_FP8_BLOCK_WGRAD_ALGO, MEGATRON_MOE_GROUPED_GEMM, MEGATRON_MOE_GEMM_STREAMS,
-# MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN, MEGATRON_GEMM_AUTOTUNE): a bad value
+# MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN, MEGATRON_GEMM_AUTOTUNE, MEGATRON_FP8_BLOCK_GEMM): a bad value
 # stops every pretrain_gpt run with one line naming the variable -- also a CPU run of a dense bf16 model, which reaches none of the code that uses
 # them (before, such runs trained and ignored the value); so does any value of the removed
 # MEGATRON_FP8_BLOCK_QUANT, with a line saying it was removed;
@@ -23,7 +23,8 @@ for bad in MEGATRON_OPTIM_OVERLAP=2 MEGATRON_OPTIM_OVERLAP_PRIORITY=yes MEGATRON
            MEGATRON_FP8_BLOCK_QUANT=legacy MEGATRON_FP8_BLOCK_WGRAD_ALGO=16 MEGATRON_FP8_BLOCK_WGRAD_ALGO=3x \
            MEGATRON_FP8_BLOCK_WGRAD_ALGO=-1 MEGATRON_MOE_GROUPED_GEMM=yes MEGATRON_MOE_GEMM_STREAMS=0 \
            MEGATRON_MOE_GEMM_STREAMS=9 MEGATRON_MOE_GEMM_STREAMS=two MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=65 \
-           MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=-1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16sm MEGATRON_GEMM_AUTOTUNE=yes; do
+           MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=-1 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16sm MEGATRON_GEMM_AUTOTUNE=yes \
+           MEGATRON_FP8_BLOCK_GEMM=wgmma MEGATRON_FP8_BLOCK_GEMM=Ours; do
   name=${bad%%=*}
   if env "$bad" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/err.log" 2>&1; then fail "$bad: the run trained"; fi
   grep -q "^error: $name=" "$OUT/err.log" || fail "$bad: no one-line error naming $name: $(tail -2 "$OUT/err.log")"
@@ -34,11 +35,12 @@ for bad in MEGATRON_OPTIM_OVERLAP=2 MEGATRON_OPTIM_OVERLAP_PRIORITY=yes MEGATRON
       fail "$bad: the error does not say the switch was removed: $(grep '^error:' "$OUT/err.log")"
   fi
 done
-echo "OK: bad values of the ten switches, and any value of the removed MEGATRON_FP8_BLOCK_QUANT, are refused by name before training"
+echo "OK: bad values of the eleven switches, and any value of the removed MEGATRON_FP8_BLOCK_QUANT, are refused by name before training"
 for good in MEGATRON_FP8_BLOCK_QUANT= MEGATRON_FP8_BLOCK_WGRAD_ALGO=15 MEGATRON_OPTIM_OVERLAP_PRIORITY=0 \
             MEGATRON_FP8_BLOCK_FUSED=1 MEGATRON_FP8_BLOCK_FUSED=0 MEGATRON_MOE_FP8_FUSE=0 MEGATRON_MOE_GROUPED_GEMM=auto \
             MEGATRON_MOE_GEMM_STREAMS=1 MEGATRON_MOE_GEMM_STREAMS=8 MEGATRON_MOE_GEMM_STREAMS= \
-            MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=0 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=64 MEGATRON_GEMM_AUTOTUNE=1; do
+            MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=0 MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=64 MEGATRON_GEMM_AUTOTUNE=1 \
+            MEGATRON_FP8_BLOCK_GEMM=cublaslt MEGATRON_FP8_BLOCK_GEMM=ours; do
   env "$good" "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/ok.log" 2>&1 || fail "$good refused: $(tail -2 "$OUT/ok.log")"
 done
 echo "OK: the documented values are accepted (an empty MEGATRON_FP8_BLOCK_QUANT counts as unset)"
@@ -66,6 +68,11 @@ grep -q "MEGATRON_GEMM_AUTOTUNE=1 has no effect: it tunes cuBLASLt GEMMs, and th
   fail "MEGATRON_GEMM_AUTOTUNE=1 on the CPU does not say that it does not apply"
 grep -q "MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN=16 has no effect: the optimizer step is not overlapped (MEGATRON_OPTIM_OVERLAP=0)" "$OUT/gemm.log" ||
   fail "MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN without the overlap does not say that it does not apply"
+MEGATRON_FP8_BLOCK_GEMM=ours "$BIN/pretrain_gpt" "${ARGS[@]}" > "$OUT/bgemm.log" 2>&1 || fail "MEGATRON_FP8_BLOCK_GEMM=ours run"
+grep -q "MEGATRON_FP8_BLOCK_GEMM=ours has no effect: it selects the GEMM of --fp8-recipe blockwise on a CUDA device" "$OUT/bgemm.log" ||
+  fail "MEGATRON_FP8_BLOCK_GEMM=ours on a CPU bf16 run does not say that it does not apply"
+d=$(grep -o "lm loss: [0-9.E+-]*" "$OUT/bgemm.log")
+[[ -n "$d" && "$d" == "$a" ]] || fail "losses differ with MEGATRON_FP8_BLOCK_GEMM=ours on the CPU: '$d' vs '$a'"
 c=$(grep -o "lm loss: [0-9.E+-]*" "$OUT/gemm.log")
 [[ -n "$c" && "$c" == "$a" ]] || fail "losses differ with the GEMM switches on the CPU: '$c' vs '$a'"
-echo "OK: MEGATRON_GEMM_AUTOTUNE and MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN report that they do not apply on the CPU; losses unchanged"
+echo "OK: MEGATRON_GEMM_AUTOTUNE, MEGATRON_OPTIM_OVERLAP_GEMM_SM_MARGIN and MEGATRON_FP8_BLOCK_GEMM report that they do not apply on the CPU; losses unchanged"

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1163,11 +1164,17 @@ void test_blockwise() {
 
   // 2. Block-scaled GEMM vs float64 of the dequantized operands: forward (x 1x128, W 128x128),
   // dgrad (dy 1x128 E5M2, W^T 128x128), wgrad (dy^T, x^T: 1x128 both, fp32 accumulate).
-  struct G { int64_t m, n, k; bool a2, b2; DType a, b, c; float beta; const char* what; };
-  const G gs[] = {{256, 384, 512, false, true, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "fwd"},
-                  {256, 512, 384, false, true, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "dgrad"},
-                  {384, 512, 256, false, false, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kFloat32, 1.0f, "wgrad"},
-                  {256, 384, 512, false, false, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "1dx1d"}};
+  // sweep: also each of cuBLASLt's other algorithms. The last three exercise our kernel's
+  // (fp8_block_gemm.cu) 6-stage ring wrapping within a tile (k 1024 = 8 blocks), the persistent
+  // loop (144 tiles > 132 SMs) with tiles walking along n, and E5M2 as the B operand.
+  struct G { int64_t m, n, k; bool a2, b2; DType a, b, c; float beta; const char* what; bool sweep; };
+  const G gs[] = {{256, 384, 512, false, true, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "fwd", true},
+                  {256, 512, 384, false, true, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "dgrad", true},
+                  {384, 512, 256, false, false, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kFloat32, 1.0f, "wgrad", true},
+                  {256, 384, 512, false, false, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "1dx1d", true},
+                  {384, 640, 1024, false, true, DType::kFloat8E4M3, DType::kFloat8E4M3, DType::kBFloat16, 0.0f, "fwd k-ring", false},
+                  {2048, 1152, 256, false, false, DType::kFloat8E5M2, DType::kFloat8E4M3, DType::kFloat32, 1.0f, "wgrad persistent", false},
+                  {256, 384, 256, false, false, DType::kFloat8E4M3, DType::kFloat8E5M2, DType::kFloat32, 0.5f, "B e5m2 beta 0.5", false}};
   for (const G& c : gs) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     auto make = [&](int64_t r, int64_t k, bool two_d, DType dt, BlockOut& o) {
@@ -1253,7 +1260,21 @@ void test_blockwise() {
     report(name, worst <= tol && worst_bug > 10 * tol, d);
     // The heuristic's other algorithms (MEGATRON_FP8_BLOCK_WGRAD_ALGO, the timing sweep below):
     // same operands and bound.
-    for (int algo = 1; algo < 16; ++algo) {
+    // Our kernel (MEGATRON_FP8_BLOCK_GEMM=ours): same operands, same bound; on an sm_90 device it
+    // must take every case here.
+    {
+      Tensor co = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
+      const bool ran = cu::fp8_block_gemm_tn_ours(A.q, A.s, c.a2, B.q, B.s, c.b2, co, c.beta);
+      double w = -1;
+      if (ran) {
+        const std::vector<float> go = host(co);
+        const std::vector<double> god(go.begin(), go.end());
+        w = max_err(da, db, &god);
+      }
+      std::snprintf(d, sizeof d, "%s max |err| / sum|ab| = %.3g (tol %.3g)", ran ? "ran:" : "NOT RUN (unsupported):", w, tol);
+      report(std::string(name) + " ours", ran && w <= tol, d);
+    }
+    for (int algo = 1; c.sweep && algo < 16; ++algo) {
       Tensor ca = Tensor::from_vector(c0, {c.m, c.n}).to(c.c).to(Device::cuda());
       if (!cu::fp8_block_gemm_tn_algo(A.q, A.s, c.a2, B.q, B.s, c.b2, ca, c.beta, algo)) break;
       const std::vector<float> ga = host(ca);
@@ -1306,13 +1327,28 @@ void test_blockwise() {
                   // The operands in the other order (dW^T = x^T dy): FP8 GEMMs on Hopper take only the
                   // TN form into a column-major D, so this order would need a transpose of the fp32
                   // dW (~0.25 ms at fc1's shape); timed to see whether cuBLASLt is faster this way.
-                  {"fc1 wgradT", 4096, 28672, 8192, false, true}};
+                  {"fc1 wgradT", 4096, 28672, 8192, false, true},
+                  // The output layer with --fp8-output-proj (vocab 128256).
+                  {"head fwd", 8192, 128256, 4096, true, false},  {"head dgrad", 8192, 4096, 128256, true, false},
+                  {"head wgrad", 128256, 4096, 8192, false, true}};
+  // Operands: N(0, 1) bf16 quantized by the block kernels (zero operands draw less power than
+  // real ones, and every step runs at the power limit: docs/performance.md, session 13).
+  auto random_block = [](int64_t r, int64_t k, bool two_d, uint64_t key) {
+    Tensor x = Tensor::empty({r, k}, DType::kBFloat16, Device::cuda());
+    ops::NormalInitSpec spec;
+    spec.key = key;
+    spec.std = 1.0f;
+    spec.nd = 2;
+    spec.local[0] = spec.global[0] = r;
+    spec.local[1] = spec.global[1] = k;
+    if (!ops::normal_init(x, spec)) throw std::runtime_error("normal_init: not fused on CUDA for bf16");
+    BlockOut o = block_out(r, k, two_d, DType::kFloat8E4M3, Device::cuda());
+    cu::fp8_block_quantize(x, two_d, true, &o.q, &o.s, nullptr, nullptr);
+    return o;
+  };
   for (const S& c : ss) {
-    BlockOut A = block_out(c.m, c.k, false, DType::kFloat8E4M3, Device::cuda());
-    BlockOut B = block_out(c.n, c.k, c.b2, DType::kFloat8E4M3, Device::cuda());
-    A.q.zero_(); B.q.zero_();
-    ops::fill(A.s, 1.0f);  // device tensors: Tensor::fill_ is host-only
-    ops::fill(B.s, 1.0f);
+    BlockOut A = random_block(c.m, c.k, false, 11);
+    BlockOut B = random_block(c.n, c.k, c.b2, 12);
     const DType ct = c.wgrad ? DType::kFloat32 : DType::kBFloat16;
     const float beta = c.wgrad ? 1.0f : 0.0f;
     Tensor cd = Tensor::zeros({c.m, c.n}, ct, Device::cuda());
@@ -1332,6 +1368,13 @@ void test_blockwise() {
                   fl / tt / 1e9, fl / ts / 1e9);
     }
     std::printf("best block-scaled %-10s algo %d %6.0f TFLOP/s\n", c.name, best_i, fl / best / 1e9);
+    if (cu::fp8_block_gemm_tn_ours(A.q, A.s, false, B.q, B.s, c.b2, cd, beta)) {
+      const double to = time_ms([&] { cu::fp8_block_gemm_tn_ours(A.q, A.s, false, B.q, B.s, c.b2, cd, beta); }, 10, 2);
+      std::printf("time ours block-scaled %-10s m%-6lld n%-6lld k%-6lld %7.3f ms %6.0f TFLOP/s (cuBLASLt best %6.0f, "
+                  "algo 0 %s)\n",
+                  c.name, (long long)c.m, (long long)c.n, (long long)c.k, to, fl / to / 1e9, fl / best / 1e9,
+                  best_i == 0 ? "is best" : "slower");
+    }
   }
 }
 }  // namespace

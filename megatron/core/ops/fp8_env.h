@@ -30,6 +30,14 @@ inline void refuse_removed_block_quant_env() {
 /// algorithm of the 1x128 x 1x128 wgrad GEMM. Other values: UserError naming the variable. Not cached.
 inline int block_wgrad_algo_from_env() { return env_int_in("MEGATRON_FP8_BLOCK_WGRAD_ALGO", 0, kMaxBlockAlgos - 1, 0); }
 
+/// MEGATRON_FP8_BLOCK_GEMM=cublaslt|ours (default cublaslt): which block-scaled FP8 GEMM the
+/// blockwise recipe runs on the GPU: cuBLASLt's, or our TMA + WGMMA kernel (ops/cuda/fp8_block_gemm.cu;
+/// problems it cannot take still go to cuBLASLt). True for `ours`. Other values: UserError naming
+/// the variable. Not cached.
+inline bool block_gemm_ours_from_env() {
+  return env_choice("MEGATRON_FP8_BLOCK_GEMM", {"cublaslt", "ours"}, "cublaslt") == "ours";
+}
+
 /// MEGATRON_FP8_BLOCK_FUSED=0|1 (default 1): the blockwise recipe's fused producers
 /// (fp8_linear.h block_fusion_enabled(), which caches it); 0 keeps the unfused path for A/B runs.
 /// Other values: UserError naming the variable. Not cached.

@@ -56,6 +56,29 @@ bool linear_dgelu_bgrad_backward(const Tensor& dy, const Tensor& w, const Tensor
 bool fp8_block_gemm_tn_algo(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
                             bool b_2d, Tensor& c, float beta, int algo);
 
+/// Number of SMs of the current device (cached at the first call; fp8_block_gemm.cu).
+int num_sms();
+
+/// Whether our block-scaled FP8 GEMM kernel (fp8_block_gemm.cu) can run this problem: an sm_90
+/// device, A 1 x 128 scaled (not a_2d), C bf16 or fp32, every buffer 16-byte aligned, sizes below
+/// 2^31. The shape rules (m, n, k multiples of 128, types) are fp8_block_gemm_tn's, checked first.
+bool block_gemm_wgmma_supported(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
+                                const Tensor& c);
+
+/// Our block-scaled FP8 GEMM (fp8_block_gemm.cu: TMA + WGMMA, fp32 promotion per 128 k): the
+/// problem of fp8_block_gemm_tn (op_table.h) with A 1 x 128 scaled, B 1 x 128 or (b_2d) 128 x 128,
+/// C bf16 / fp32 = sum + beta * C, on the current stream. Preconditions: check_block_args' shape
+/// rules and block_gemm_wgmma_supported (not re-checked). Throws Error if a tensor map cannot be
+/// encoded.
+void block_gemm_wgmma(const Tensor& a, const Tensor& a_s, const Tensor& b, const Tensor& b_s, bool b_2d, Tensor& c,
+                      float beta);
+
+/// fp8_block_gemm_tn through our kernel when block_gemm_wgmma_supported, else false (nothing run);
+/// the same argument checks and errors as fp8_block_gemm_tn (fp8_gemm.cu). For fp8_gpu_test's
+/// comparison with cuBLASLt whatever MEGATRON_FP8_BLOCK_GEMM says.
+bool fp8_block_gemm_tn_ours(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
+                            bool b_2d, Tensor& c, float beta);
+
 /// Free memory of the current device in bytes (cudaMemGetInfo); ops::device_free_bytes (device.h).
 int64_t device_free_bytes();
 

@@ -247,8 +247,18 @@ bool run_block_gemm(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor&
 #endif
 }  // namespace
 
+bool fp8_block_gemm_tn_ours(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s,
+                            bool b_2d, Tensor& c, float beta) {
+  check_block_args(a, a_s, a_2d, b, b_s, b_2d, c);
+  if (!block_gemm_wgmma_supported(a, a_s, a_2d, b, b_s, c)) return false;
+  if (a.size(0) != 0 && b.size(0) != 0) block_gemm_wgmma(a, a_s, b, b_s, b_2d, c, beta);
+  return true;
+}
+
 void fp8_block_gemm_tn(const Tensor& a, const Tensor& a_s, bool a_2d, const Tensor& b, const Tensor& b_s, bool b_2d,
                        Tensor& c, float beta) {
+  static const bool ours = megatron::ops::block_gemm_ours_from_env();
+  if (ours && fp8_block_gemm_tn_ours(a, a_s, a_2d, b, b_s, b_2d, c, beta)) return;
 #if CUBLAS_VERSION >= 120900
   run_block_gemm(a, a_s, a_2d, b, b_s, b_2d, c, beta, -1);
 #else
